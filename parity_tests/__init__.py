@@ -1,0 +1,1 @@
+"""Parity between torchtrain (the trainer) and jaxref (the oracle)."""

@@ -1,0 +1,1 @@
+"""torchtrain: the production PyTorch trainer on stock Hugging Face transformers models."""
