@@ -1,0 +1,122 @@
+"""`anchor.tokenizer`: GGUF tokenizers equal transformers' own, byte tokenizers, errors."""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+
+from anchor.errors import InputError
+from anchor.tokenizer import ByteTok, load_tokenizer
+
+# Code, prose, unicode, whitespace runs, special-token text, digits, contractions.
+SAMPLES = [
+    "def f(x):\n    return x**2  # square\n\n\n",
+    "class A:\n\tpass\r\n",
+    "Héllo wörld — ünïcödé 日本語 한국어 العربية 🤖🚀 emoji",
+    "   many    spaces\t\ttabs\r\n\n\n   \n",
+    "<|im_start|>user\nhi<|im_end|><|endoftext|>x",
+    "",
+    " ",
+    "123456789 3.14159 1e-10 0x1F",
+    "I'm sure they'll say we'd've CAN'T",
+    "\u00a0non-breaking\u2028line-sep\u200bzero-width",
+    "Zürich’s “quoted” text… and ‹more›",
+]
+
+
+def _varied_texts() -> list[str]:
+    import pydoc_data.topics
+
+    texts = list(SAMPLES)
+    texts += list(pydoc_data.topics.topics.values())[:40]
+    texts.append(inspect.getsource(json))
+    return texts
+
+
+@pytest.mark.model
+def test_gguf_tokenizer_equals_transformers(gguf_path):
+    transformers = pytest.importorskip("transformers")
+    ref = transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    tok = load_tokenizer(str(gguf_path))
+    texts = _varied_texts()
+    ours = tok.encode_batch(texts)
+    mismatches = 0
+    for text, ids in zip(texts, ours):
+        want = ref.encode(text, add_special_tokens=False)
+        if ids != want:
+            mismatches += 1
+            print("MISMATCH", repr(text[:60]), ids[:16], want[:16])
+        assert tok.decode(ids) == ref.decode(want, skip_special_tokens=False)
+    print(f"compared {len(texts)} texts, {sum(map(len, ours))} tokens, {mismatches} mismatches")
+    assert mismatches == 0
+    assert tok.bos_id == ref.bos_token_id == 1
+    assert tok.eos_id == ref.eos_token_id == 2
+    assert tok.first_token_id == 1
+    assert tok.vocab_size == len(ref) == 49152
+
+
+@pytest.mark.model
+def test_default_name_and_hf_dir_share_identity(gguf_path, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    tok = load_tokenizer("default")
+    assert load_tokenizer("smollm2").identity == tok.identity
+    ref = transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    ref.save_pretrained(tmp_path)
+    hf = load_tokenizer(str(tmp_path))
+    texts = _varied_texts()
+    assert hf.encode_batch(texts) == tok.encode_batch(texts)
+    assert (hf.bos_id, hf.eos_id) == (tok.bos_id, tok.eos_id)
+    assert hf.identity == tok.identity
+    assert load_tokenizer("random:llama").identity != tok.identity
+
+
+@pytest.mark.parametrize("preset", ["llama", "llama3", "mistral", "qwen2", "smollm2"])
+def test_random_byte_tokenizer(preset):
+    from anchor.spec import random_preset
+
+    tok = load_tokenizer(f"random:{preset}")
+    spec = random_preset(preset)
+    assert isinstance(tok, ByteTok)
+    assert tok.bos_id == spec.bos_token_id and tok.eos_id == spec.eos_token_id
+    assert tok.first_token_id == spec.first_token_id
+    assert tok.vocab_size <= spec.vocab_size
+    ids = tok.encode_batch(SAMPLES)
+    for text, row in zip(SAMPLES, ids):
+        assert row == [3 + b for b in text.encode("utf-8")]
+        assert tok.decode(row) == text
+        assert all(3 <= i < tok.vocab_size for i in row)
+
+
+def test_identity_depends_on_special_tokens():
+    assert load_tokenizer("random:llama").identity == load_tokenizer("random:mistral").identity
+    assert load_tokenizer("random:llama").identity != load_tokenizer("random:qwen2").identity
+
+
+def test_hf_dir_without_bos(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    t = Tokenizer(models.WordLevel({"<unk>": 0, "<|endoftext|>": 1, "a": 2}, unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.Whitespace()
+    t.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": None, "eos_token": "<|endoftext|>"}))
+    tok = load_tokenizer(str(tmp_path))
+    assert tok.bos_id is None and tok.eos_id == 1 and tok.first_token_id == 1
+    assert tok.encode_batch(["a a b"]) == [[2, 2, 0]]
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: str(p / "nope"), "no such model"),
+        (lambda p: (p / "w.bin").write_bytes(b"x") and str(p / "w.bin"), "unsupported model format"),
+        (lambda p: (p / "x.gguf").write_bytes(b"not gguf") and str(p / "x.gguf"), "GGUF"),
+        (lambda p: (p / "d").mkdir() or str(p / "d"), "no tokenizer.json"),
+        (lambda p: "random:gpt5", "unknown random preset"),
+    ],
+)
+def test_bad_model_names(tmp_path, make, message):
+    with pytest.raises(InputError, match=message) as e:
+        load_tokenizer(make(tmp_path))
+    assert "\n" not in str(e.value)
