@@ -1,9 +1,31 @@
-"""jaxref: the numerical oracle. A JAX reference of the Llama-family decoder, RoPE and every
-attention variant of CONTRACT §2, with a dtype policy per numerical stage (CONTRACT §4), so it
-plays fp64 truth or emulates a bf16 stack. It never imports torch.
+"""jaxref: the numerical oracle.
+
+A JAX reference of the Llama-family decoder, RoPE and every attention variant of CONTRACT §2,
+with a dtype policy per numerical stage (CONTRACT §4), so it plays fp64 truth or emulates a bf16
+stack. It never imports torch.
+
+    params, config = jaxref.load_model("random:llama")
+    logits = jaxref.forward(params, config, tokens, doc_ids=doc_ids, variant="anchor", policy="hf_bf16")
 """
 
-import jax
+import os
+
+# Keep every bf16 operation rounded where the emulated stack rounds: by default XLA may skip
+# the rounding between fused elementwise ops ("excess precision"), which torch never does.
+if "--xla_allow_excess_precision" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_allow_excess_precision=false").strip()
+
+import jax  # noqa: E402
 
 # fp64 is the oracle's truth; every array in jaxref is created with an explicit dtype.
 jax.config.update("jax_enable_x64", True)
+
+from jaxref.loading import load_model, restore_params, save_params  # noqa: E402
+from jaxref.model import forward, params_from_state  # noqa: E402
+from jaxref.policy import PRESETS, STAGES, DtypePolicy, get_policy, parse_policies  # noqa: E402
+from jaxref.variants import VARIANTS, Variant, attention_mask, positions  # noqa: E402
+
+__all__ = [
+    "PRESETS", "STAGES", "VARIANTS", "DtypePolicy", "Variant", "attention_mask", "forward", "get_policy",
+    "load_model", "params_from_state", "parse_policies", "positions", "restore_params", "save_params",
+]

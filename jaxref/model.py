@@ -1,0 +1,200 @@
+"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM2) as pure functions over a params pytree.
+
+Legend: B batch, T slots, H hidden, N query heads, K kv heads, D head dim, F MLP width, V vocab,
+L layers, R tapped query rows.
+
+Params (Hugging Face (out, in) layout, layer weights stacked on a leading L axis so the layers
+run under one `lax.scan`):
+  embed [V,H], final_norm [H], lm_head [V,H] (absent when tied),
+  layers: attn_norm [L,H], mlp_norm [L,H], wq [L,N*D,H], wk/wv [L,K*D,H], wo [L,H,N*D],
+          bq [L,N*D], bk/bv [L,K*D] (Qwen2 only), w_gate/w_up [L,F,H], w_down [L,H,F].
+
+Every stage runs in the dtype the policy names (CONTRACT §4); a linear layer accumulates in fp32
+when its activations are bf16/fp16 (as GPU and CPU matmuls do) and rounds to the activation dtype.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from anchor.spec import ModelSpec
+from jaxref import rope as rope_lib
+from jaxref.attention import attention, full_probs, row_scores_probs
+from jaxref.policy import DtypePolicy, get_policy
+from jaxref.variants import Variant, check_variant
+from jaxref.variants import positions as variant_positions
+
+Params = dict[str, Any]
+Probe = Callable[[jax.Array, jax.Array], Any]
+
+_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm",
+    "post_attention_layernorm.weight": "mlp_norm",
+    "self_attn.q_proj.weight": "wq",
+    "self_attn.k_proj.weight": "wk",
+    "self_attn.v_proj.weight": "wv",
+    "self_attn.o_proj.weight": "wo",
+    "self_attn.q_proj.bias": "bq",
+    "self_attn.k_proj.bias": "bk",
+    "self_attn.v_proj.bias": "bv",
+    "mlp.gate_proj.weight": "w_gate",
+    "mlp.up_proj.weight": "w_up",
+    "mlp.down_proj.weight": "w_down",
+}
+
+
+def params_from_state(spec: ModelSpec, state: dict[str, np.ndarray]) -> Params:
+    """Hugging Face-named float32 numpy state dict → the oracle's params pytree (float32, exact)."""
+    layers: dict[str, list[np.ndarray]] = {}
+    for i in range(spec.num_layers):
+        for hf, ours in _LAYER_NAMES.items():
+            name = f"model.layers.{i}.{hf}"
+            if name in state:
+                layers.setdefault(ours, []).append(state[name])
+    params: Params = {
+        "embed": jnp.asarray(state["model.embed_tokens.weight"], jnp.float32),
+        "final_norm": jnp.asarray(state["model.norm.weight"], jnp.float32),
+        "layers": {k: jnp.asarray(np.stack(v), jnp.float32) for k, v in layers.items()},
+    }
+    if not spec.tie_embeddings:
+        params["lm_head"] = jnp.asarray(state["lm_head.weight"], jnp.float32)
+    return params
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure building blocks
+
+
+def _acc(act) -> jnp.dtype:
+    return jnp.float32 if jnp.dtype(act).itemsize < 4 else jnp.dtype(act)
+
+
+def linear(x_BTI, w_OI, b_O, act, param):
+    """`x @ wᵀ (+ b)`: operands in `act`/`param`, fp32 accumulation for 16-bit activations, result in `act`."""
+    y = jnp.einsum("...I,OI->...O", x_BTI.astype(act), w_OI.astype(param), preferred_element_type=_acc(act))
+    if b_O is not None:
+        y = y + b_O.astype(param).astype(y.dtype)
+    return y.astype(act)
+
+
+def rms_norm(x_BTH, w_H, eps: float, norm, out, param):
+    """Hugging Face RMSNorm: statistics in `norm`, cast to `out` *before* the weight multiply."""
+    x = x_BTH.astype(norm)
+    var = jnp.mean(x * x, axis=-1, keepdims=True)
+    x = (x * jax.lax.rsqrt(var + jnp.asarray(eps, norm))).astype(out)
+    return (w_H.astype(param) * x).astype(out)
+
+
+def silu_mul(g, u, act):
+    """`silu(g) * u`; elementwise math in fp32 for 16-bit activations (as torch's kernels do), rounded per op."""
+    hi = _acc(act)
+    s = jax.nn.silu(g.astype(hi)).astype(act)
+    return (s.astype(hi) * u.astype(hi)).astype(act)
+
+
+def _decoder_layer(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Variant, cos, sin, doc_ids,
+                   tap: bool, tap_rows, probe):
+    """One pre-norm block. h [B,T,H] in `act`. Returns (h, per-layer taps)."""
+    act, param, norm = policy.dtype("act"), policy.dtype("param"), policy.dtype("norm")
+    B, T, _ = h.shape
+    N, K, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
+    scale = spec.head_dim ** -0.5
+    x = rms_norm(h, lp["attn_norm"], spec.rms_norm_eps, norm, act, param)
+    q = linear(x, lp["wq"], lp.get("bq"), act, param).reshape(B, T, N, D)
+    k = linear(x, lp["wk"], lp.get("bk"), act, param).reshape(B, T, K, D)
+    v = linear(x, lp["wv"], lp.get("bv"), act, param).reshape(B, T, K, D)
+    rope_dt = policy.dtype("rope_apply")
+    q = rope_lib.apply(q, cos, sin, spec.rope.layout, rope_dt)
+    k = rope_lib.apply(k, cos, sin, spec.rope.layout, rope_dt)
+    ctx = attention(q, k, v, doc_ids, variant, policy, scale).astype(act)
+    a = linear(ctx.reshape(B, T, N * D), lp["wo"], None, act, param)
+    h = (h + a).astype(act)
+    x = rms_norm(h, lp["mlp_norm"], spec.rms_norm_eps, norm, act, param)
+    m = silu_mul(linear(x, lp["w_gate"], None, act, param), linear(x, lp["w_up"], None, act, param), act)
+    m = linear(m, lp["w_down"], None, act, param)
+    h = (h + m).astype(act)
+    out: dict[str, Any] = {}
+    if tap:
+        out.update(q=q, k=k, attn_out=a, mlp_out=m, hidden=h)
+        if tap_rows:
+            s, p = row_scores_probs(q, k, doc_ids, jnp.asarray(tap_rows), variant, policy, scale)
+            out.update(scores=s, probs=p)
+    if probe is not None:
+        s, p = full_probs(q, k, doc_ids, variant, policy, scale)
+        out["probe"] = probe(s, p)
+    return h, out
+
+
+@partial(jax.jit, static_argnames=("spec", "policy", "variant", "tap", "tap_rows", "probe", "seq_len"))
+def _forward(params, tokens, pos, doc_ids, *, spec, policy, variant, tap, tap_rows, probe, seq_len):
+    act, param = policy.dtype("act"), policy.dtype("param")
+    cos, sin = rope_lib.rope_tables(spec.rope, spec.head_dim, pos, policy, seq_len=seq_len)
+    h = params["embed"].astype(param)[tokens].astype(act)
+    layer = partial(_decoder_layer, spec=spec, policy=policy, variant=variant, cos=cos, sin=sin,
+                    doc_ids=doc_ids, tap=tap, tap_rows=tap_rows, probe=probe)
+    h_out, per_layer = jax.lax.scan(layer, h, params["layers"])
+    head = policy.dtype("head")
+    x = rms_norm(h_out, params["final_norm"], spec.rms_norm_eps, policy.dtype("norm"), head, param)
+    w_out = params["embed"] if spec.tie_embeddings else params["lm_head"]
+    logits = linear(x, w_out, None, head, param)
+    if tap:
+        per_layer = dict(per_layer)
+        per_layer["embed"] = h
+        per_layer["logits"] = logits
+    return logits, per_layer
+
+
+def default_doc_ids(B: int, T: int, variant: str) -> np.ndarray:
+    """One document over the whole window (slot 0 is the anchor, doc 0, in the anchor variant)."""
+    doc = np.ones((B, T), dtype=np.int32)
+    if variant == "anchor":
+        doc[:, 0] = 0
+    return doc
+
+
+def forward(params: Params, config: ModelSpec, tokens, positions=None, doc_ids=None, variant: str = "full",
+            policy: DtypePolicy | str = "fp32", *, taps: bool = False, tap_rows=None, probe: Probe | None = None):
+    """Run the decoder.
+
+    Args:
+      params: from `load_model` / `params_from_state`.
+      config: the ModelSpec.
+      tokens: int [B, T] (or [T]).
+      positions: int [B, T]; default `jaxref.positions(doc_ids, variant)`.
+      doc_ids: int [B, T] (CONTRACT §1); default one document (anchor at slot 0 for `anchor`).
+      variant: `full`, `intra_doc`, `intra_doc_reset` or `anchor`.
+      policy: a DtypePolicy, preset name, YAML path or mapping.
+      taps: also return per-layer taps: q, k [L,B,T,N|K,D] after RoPE; attn_out, mlp_out, hidden
+        [L,B,T,H]; embed [B,T,H]; logits [B,T,V]; with `tap_rows` (query slots R) also scores and
+        probs [L,B,N,R,T] (scores unmasked, probabilities 0 where masked).
+      probe: f(scores [B,N,T,T], probs [B,N,T,T]) -> pytree, evaluated per layer and stacked
+        ([L, ...] under taps["probe"]); for reductions over whole attention maps at bounded memory.
+
+    Returns:
+      logits [B, T, V] in the policy's `head` dtype, or (logits, taps) when taps or probe is given.
+    """
+    variant = check_variant(variant)
+    policy = get_policy(policy)
+    tokens = np.asarray(tokens)
+    squeeze = tokens.ndim == 1
+    if squeeze:
+        tokens = tokens[None]
+    B, T = tokens.shape
+    doc_ids = default_doc_ids(B, T, variant) if doc_ids is None else np.asarray(doc_ids).reshape(B, T)
+    pos = variant_positions(doc_ids, variant) if positions is None else np.asarray(positions).reshape(B, T)
+    seq_len = int(pos.max()) + 1 if config.rope.kind == "dynamic" else None
+    logits, per_layer = _forward(
+        params, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos, jnp.int64), jnp.asarray(doc_ids, jnp.int32),
+        spec=config, policy=policy, variant=variant, tap=bool(taps),
+        tap_rows=None if tap_rows is None else tuple(int(r) for r in tap_rows), probe=probe, seq_len=seq_len,
+    )
+    if squeeze:
+        logits = logits[0]
+    if taps or probe is not None:
+        return logits, per_layer
+    return logits
