@@ -1,0 +1,231 @@
+"""Dtype policies: the dtype of every numerical stage of the decoder (CONTRACT §4).
+
+A `DtypePolicy` is a frozen value passed explicitly to every jaxref function; there is no global
+default. Presets emulate the stacks the paper compares (fp64 truth, fp32, Hugging Face bf16,
+FlashAttention-2 bf16 and the paper's bf16 recipe). A policy can also be written as YAML:
+
+    base: hf_bf16          # optional: a preset the keys below override
+    name: hf_bf16_rope32   # optional
+    rope_apply: float32    # any stage of STAGES
+    attention: dense       # dense | online
+    kv_block: 128          # key/value block of the online softmax
+
+Stages, in CONTRACT §4 order:
+  param       weights as stored
+  act         residual stream and layer inputs/outputs
+  norm        RMSNorm arithmetic
+  rope_angle  position * inv_freq
+  rope_table  cos/sin as used
+  rope_apply  x*cos + rotate(x)*sin
+  qk_in       operands of q·kᵀ
+  qk_acc      its accumulator
+  logits      the stored logits
+  softmax     softmax arithmetic
+  pv_in       operands of p·v (the probabilities are rounded to this)
+  pv_acc      its accumulator
+  head        final norm and lm-head
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import jax.numpy as jnp
+
+from anchor.errors import InputError
+
+STAGES: tuple[str, ...] = (
+    "param", "act", "norm", "rope_angle", "rope_table", "rope_apply",
+    "qk_in", "qk_acc", "logits", "softmax", "pv_in", "pv_acc", "head",
+)
+DTYPES: tuple[str, ...] = ("float64", "float32", "bfloat16", "float16")
+ATTENTIONS: tuple[str, ...] = ("dense", "online")
+# Spellings accepted on input; a policy always stores the canonical name.
+_ALIASES: dict[str, str] = {
+    "fp64": "float64", "f64": "float64", "double": "float64",
+    "fp32": "float32", "f32": "float32", "float": "float32",
+    "bf16": "bfloat16",
+    "fp16": "float16", "f16": "float16", "half": "float16",
+}
+_EXTRA_KEYS: tuple[str, ...] = ("name", "attention", "kv_block")
+
+
+def _dtype_name(value: object, *, what: str, path: object | None = None) -> str:
+    """Canonical dtype name of `value` (a name, an alias or a numpy/JAX dtype); InputError otherwise."""
+    if not isinstance(value, str):
+        try:
+            value = jnp.dtype(value).name  # type: ignore[arg-type]
+        except TypeError:
+            value = repr(value)
+    name = _ALIASES.get(str(value).lower(), str(value).lower())
+    if name not in DTYPES:
+        raise InputError(f"unknown dtype {value!r} for {what} (valid: {', '.join(DTYPES)})", path=path)
+    return name
+
+
+@dataclass(frozen=True)
+class DtypePolicy:
+    """The dtype of each numerical stage (CONTRACT §4) and the attention arithmetic.
+
+    Stage fields hold canonical dtype names ("float64", "float32", "bfloat16", "float16").
+    `attention`: "dense" (materialised logits, one softmax) or "online" (FlashAttention-2-style
+    blockwise online softmax over key/value blocks of `kv_block` slots).
+    """
+
+    param: str
+    act: str
+    norm: str
+    rope_angle: str
+    rope_table: str
+    rope_apply: str
+    qk_in: str
+    qk_acc: str
+    logits: str
+    softmax: str
+    pv_in: str
+    pv_acc: str
+    head: str
+    name: str
+    attention: Literal["dense", "online"] = "dense"
+    kv_block: int = 128
+
+    def __post_init__(self) -> None:
+        for stage in STAGES:
+            object.__setattr__(self, stage, _dtype_name(getattr(self, stage), what=f"stage {stage!r}"))
+        if self.attention not in ATTENTIONS:
+            raise InputError(f"unknown attention {self.attention!r} (valid: {', '.join(ATTENTIONS)})")
+        if isinstance(self.kv_block, bool) or not isinstance(self.kv_block, int) or self.kv_block < 1:
+            raise InputError(f"kv_block must be a positive integer, got {self.kv_block!r}")
+
+    def dtype(self, stage: str) -> jnp.dtype:
+        """The JAX dtype of `stage` (one of STAGES)."""
+        if stage not in STAGES:
+            raise InputError(f"unknown policy stage {stage!r} (valid: {', '.join(STAGES)})")
+        return jnp.dtype(getattr(self, stage))
+
+    def with_stages(self, **stages: object) -> DtypePolicy:
+        """A copy with some stages changed; the name records the change, e.g. "hf_bf16[softmax=float64]"."""
+        if not stages:
+            return self
+        changes = {}
+        for stage, value in stages.items():
+            if stage not in STAGES:
+                raise InputError(f"unknown policy stage {stage!r} (valid: {', '.join(STAGES)})")
+            changes[stage] = _dtype_name(value, what=f"stage {stage!r}")
+        note = ",".join(f"{k}={v}" for k, v in changes.items())
+        return dataclasses.replace(self, name=f"{self.name}[{note}]", **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain mapping (name, every stage, attention, kv_block) that `get_policy` reads back."""
+        return {"name": self.name, **{s: getattr(self, s) for s in STAGES},
+                "attention": self.attention, "kv_block": self.kv_block}
+
+
+def _preset(name: str, attention: Literal["dense", "online"] = "dense", **stages: str) -> DtypePolicy:
+    return DtypePolicy(name=name, attention=attention, **stages)
+
+
+def _uniform(dtype: str) -> dict[str, str]:
+    return {s: dtype for s in STAGES}
+
+
+# Hugging Face eager/sdpa in bf16 (TOOLCHAIN-FACTS: "bf16 numerics of Llama"): fp32 angles, cos/sin
+# cast to bf16, rotation in bf16, bf16 logits, fp32 softmax cast back to bf16.
+_HF_BF16 = dict(
+    param="bfloat16", act="bfloat16", norm="float32",
+    rope_angle="float32", rope_table="bfloat16", rope_apply="bfloat16",
+    qk_in="bfloat16", qk_acc="float32", logits="bfloat16", softmax="float32",
+    pv_in="bfloat16", pv_acc="float32", head="bfloat16",
+)
+
+PRESETS: dict[str, DtypePolicy] = {
+    "fp64": _preset("fp64", **_uniform("float64")),
+    "fp32": _preset("fp32", **_uniform("float32")),
+    "hf_bf16": _preset("hf_bf16", **_HF_BF16),
+    # FlashAttention-2: same RoPE as HF, fp32 logits in registers, online softmax, p rounded to bf16.
+    "fa2_bf16": _preset("fa2_bf16", "online", **{**_HF_BF16, "logits": "float32"}),
+    # The paper's recipe: RoPE entirely in fp32, rotated q/k cast to bf16, then FA-2 arithmetic.
+    "paper_bf16": _preset(
+        "paper_bf16", "online", **{**_HF_BF16, "rope_table": "float32", "rope_apply": "float32",
+                                   "logits": "float32"},
+    ),
+}
+
+
+def _from_mapping(d: Mapping[str, Any], *, path: object | None = None, default_name: str | None = None) -> DtypePolicy:
+    unknown = [k for k in d if k != "base" and k not in STAGES and k not in _EXTRA_KEYS]
+    if unknown:
+        raise InputError(
+            f"unknown policy key {unknown[0]!r} (valid: base, {', '.join(STAGES + _EXTRA_KEYS)})", path=path
+        )
+    stages = {s: _dtype_name(d[s], what=f"stage {s!r}", path=path) for s in STAGES if s in d}
+    if "base" in d:
+        base = d["base"]
+        if not isinstance(base, str) or base not in PRESETS:
+            raise InputError(f"unknown base preset {base!r} (valid: {', '.join(PRESETS)})", path=path)
+        policy = PRESETS[base].with_stages(**stages)
+    else:
+        missing = [s for s in STAGES if s not in stages]
+        if missing:
+            raise InputError(
+                f"policy without `base` must give every stage; missing: {', '.join(missing)}", path=path
+            )
+        policy = DtypePolicy(name=default_name or "custom", **stages)
+    changes: dict[str, Any] = {}
+    if "name" in d:
+        changes["name"] = str(d["name"])
+    elif default_name is not None:
+        changes["name"] = default_name
+    if "attention" in d:
+        changes["attention"] = d["attention"]
+    if "kv_block" in d:
+        changes["kv_block"] = d["kv_block"]
+    try:
+        return dataclasses.replace(policy, **changes)
+    except InputError as e:
+        raise InputError(str(e), path=path) from None
+
+
+def load_policy(path: str | Path) -> DtypePolicy:
+    """Read a YAML policy file (see the module docstring); its name defaults to the file's stem."""
+    import yaml
+
+    path = Path(path)
+    try:
+        d = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise InputError(f"cannot read policy file ({e.strerror or e})", path=path) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise InputError(f"not valid YAML{where}", path=path) from None
+    if not isinstance(d, Mapping):
+        raise InputError(f"a policy file must hold a YAML mapping, got {type(d).__name__}", path=path)
+    return _from_mapping(d, path=path, default_name=path.stem)
+
+
+def get_policy(x: DtypePolicy | str | Path | Mapping[str, Any]) -> DtypePolicy:
+    """A policy from a DtypePolicy, a preset name, a path to a YAML file, or a mapping (YAML form)."""
+    if isinstance(x, DtypePolicy):
+        return x
+    if isinstance(x, Mapping):
+        return _from_mapping(x)
+    if isinstance(x, Path) or (isinstance(x, str) and (x.endswith((".yaml", ".yml")) or "/" in x)):
+        return load_policy(x)
+    if isinstance(x, str):
+        if x in PRESETS:
+            return PRESETS[x]
+        raise InputError(f"unknown dtype policy {x!r} (presets: {', '.join(PRESETS)}; or a .yaml file)")
+    raise InputError(f"a dtype policy is a preset name, a YAML path or a mapping, got {type(x).__name__}")
+
+
+def parse_policies(text: str) -> list[DtypePolicy]:
+    """`"fp32,hf_bf16,configs/policies/x.yaml"` -> policies, in order (the `--policies` option)."""
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if not names:
+        raise InputError(f"--policies: no policy given (presets: {', '.join(PRESETS)}; or a .yaml file)")
+    return [get_policy(n) for n in names]
