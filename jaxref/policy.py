@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import jax.numpy as jnp
+import numpy as np
 
 from anchor.errors import InputError
 
@@ -56,11 +57,13 @@ _EXTRA_KEYS: tuple[str, ...] = ("name", "attention", "kv_block")
 
 def _dtype_name(value: object, *, what: str, path: object | None = None) -> str:
     """Canonical dtype name of `value` (a name, an alias or a numpy/JAX dtype); InputError otherwise."""
-    if not isinstance(value, str):
+    if isinstance(value, (np.dtype, type)):
         try:
-            value = jnp.dtype(value).name  # type: ignore[arg-type]
+            value = jnp.dtype(value).name
         except TypeError:
             value = repr(value)
+    elif not isinstance(value, str):  # None (an empty YAML value), numbers, lists: never a dtype
+        value = repr(value)
     name = _ALIASES.get(str(value).lower(), str(value).lower())
     if name not in DTYPES:
         raise InputError(f"unknown dtype {value!r} for {what} (valid: {', '.join(DTYPES)})", path=path)
