@@ -228,3 +228,24 @@ def test_dynamic_needs_original_length() -> None:
 
     with pytest.raises(InputError, match="original_max_position"):
         R.inv_freq(RopeSpec(kind="dynamic", factor=2.0), HEAD_DIM, dtype=jnp.float64, seq_len=10)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_bf16_apply_is_transformers_bit_for_bit(jit: bool) -> None:
+    """hf_bf16's rope_apply: bf16 q*cos, bf16 rotate(q)*sin, bf16 sum, as transformers' Llama in bf16."""
+    import jax
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 97, N_HEADS, HEAD_DIM)).astype(np.float32)
+    ang = rng.uniform(-20, 20, (2, 97, HEAD_DIM)).astype(np.float32)
+    cos_t, sin_t = torch.tensor(np.cos(ang)).bfloat16(), torch.tensor(np.sin(ang)).bfloat16()
+    q_t = torch.tensor(x).bfloat16().transpose(1, 2)
+    ref = modeling_llama.apply_rotary_pos_emb(q_t, q_t, cos_t, sin_t)[0].transpose(1, 2).float().numpy()
+    bf16 = PRESETS["hf_bf16"].dtype("rope_apply")
+    fn = lambda a, c, s: R.apply(a, c, s, "half", bf16)  # noqa: E731
+    fn = jax.jit(fn) if jit else fn
+    out = fn(jnp.asarray(x).astype(bf16), jnp.asarray(np.cos(ang)).astype(bf16), jnp.asarray(np.sin(ang)).astype(bf16))
+    err = np.abs(np.asarray(out.astype(jnp.float32)) - ref)
+    print(f"\nbf16 apply ({'jit' if jit else 'eager'}): max {err.max():.3g} mean {err.mean():.3g}, "
+          f"{int((err > 0).sum())}/{err.size} differ")
+    assert out.dtype == bf16 and err.max() == 0
