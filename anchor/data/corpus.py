@@ -1,0 +1,145 @@
+"""The embedded default corpus: real text every Python installation carries (CONTRACT §6).
+
+Domains, each in a deterministic order (sorted paths / keys):
+  code     the standard library's modules (`*.py`, test suites and site-packages left out)
+  docs     `pydoc_data.topics`: the language reference topics `help()` shows
+  prose    release notes, READMEs and help pages shipped with the standard library (idlelib,
+           email, ...), and the Zen of Python
+  license  the Python license (`LICENSE.txt`), one document per section
+
+    n = write_default_corpus(Path("runs/corpus"))   # runs/corpus/corpus.jsonl + corpus.json
+"""
+
+from __future__ import annotations
+
+import ast
+import codecs
+import html.parser
+import json
+import re
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Iterator
+
+from anchor.data.store import publish, staging_dir
+
+SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "__phello__"}
+PROSE_SUFFIXES = (".txt", ".rst", ".md")
+CORPUS_FILE = "corpus.jsonl"
+
+
+def stdlib_dir() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and not (set(p.relative_to(root).parts[:-1]) & SKIP_DIRS))
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+class _HTMLText(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[str] = []
+        self._skip = 0
+
+    def handle_starttag(self, tag: str, attrs: object) -> None:
+        self._skip += tag in ("script", "style")
+
+    def handle_endtag(self, tag: str) -> None:
+        self._skip -= tag in ("script", "style") and self._skip > 0
+
+    def handle_data(self, data: str) -> None:
+        if not self._skip:
+            self.parts.append(data)
+
+
+def html_to_text(text: str) -> str:
+    parser = _HTMLText()
+    parser.feed(text)
+    return re.sub(r"\n{3,}", "\n\n", "".join(parser.parts)).strip()
+
+
+def _zen(root: Path) -> str | None:
+    """The Zen of Python: rot13 text in `this.py` (read, not imported: importing it prints)."""
+    source = _read(root / "this.py")
+    if source is None:
+        return None
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "s" for t in node.targets):
+            return codecs.decode(ast.literal_eval(node.value), "rot13")
+    return None
+
+
+def default_corpus_documents(max_docs_per_domain: int | None = None) -> Iterator[dict[str, str]]:
+    """`{"text", "domain", "source"}` records of the default corpus, deterministically ordered.
+
+    `max_docs_per_domain` keeps that many documents of each domain, evenly spread over its order.
+    """
+    root = stdlib_dir()
+    files = _files(root)
+    domains: dict[str, list[tuple[str, str]]] = {"code": [], "docs": [], "prose": [], "license": []}
+    for p in files:
+        rel = p.relative_to(root).as_posix()
+        if p.suffix == ".py":
+            text = _read(p)
+            if text and text.strip():
+                domains["code"].append((rel, text))
+        elif p.name == "LICENSE.txt" and p.parent == root:
+            text = _read(p) or ""
+            sections = [s.strip() for s in re.split(r"\n(?=[A-Z][A-Z0-9 .,/-]{8,}\n[=-]{8,}\n)", text)]
+            domains["license"] += [(f"{rel}#{i}", s) for i, s in enumerate(sections) if s]
+        elif p.suffix in PROSE_SUFFIXES or p.name.startswith("README"):
+            text = _read(p)
+            if text and text.strip():
+                domains["prose"].append((rel, text))
+        elif p.suffix == ".html":
+            text = _read(p)
+            if text:
+                domains["prose"].append((rel, html_to_text(text)))
+    zen = _zen(root)
+    if zen:
+        domains["prose"].append(("this.py#zen", zen))
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # some distributions leave pydoc_data out
+        topics = {}
+    domains["docs"] = [(f"pydoc_data/topics.py#{k}", topics[k]) for k in sorted(topics)]
+    for domain, docs in domains.items():
+        if max_docs_per_domain is not None and len(docs) > max_docs_per_domain:
+            step = len(docs) / max_docs_per_domain
+            docs = [docs[int(i * step)] for i in range(max_docs_per_domain)]
+        for source, text in docs:
+            yield {"text": text, "domain": domain, "source": source}
+
+
+def write_default_corpus(out: Path, *, max_docs_per_domain: int | None = None, progress: bool = False) -> dict:
+    """Write `out/corpus.jsonl` (and `out/corpus.json`, a summary) via a temporary folder; returns the summary."""
+    out = Path(out)
+    counts: dict[str, dict[str, int]] = {}
+    records = default_corpus_documents(max_docs_per_domain)
+    if progress:
+        from tqdm import tqdm
+
+        records = tqdm(records, unit=" docs", desc="corpus", mininterval=0.5, leave=False)
+    with staging_dir(out) as tmp:
+        folder = tmp / "corpus"
+        folder.mkdir()
+        with open(folder / CORPUS_FILE, "w", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+                c = counts.setdefault(r["domain"], {"docs": 0, "chars": 0})
+                c["docs"] += 1
+                c["chars"] += len(r["text"])
+        summary = {"file": CORPUS_FILE, "python": sys.version.split()[0], "stdlib": str(stdlib_dir()),
+                   "max_docs_per_domain": max_docs_per_domain, "domains": counts}
+        (folder / "corpus.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+        publish(folder, out)
+    return summary

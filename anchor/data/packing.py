@@ -1,0 +1,214 @@
+"""Packing documents into windows of T slots (CONTRACT §1), with domain tags and interleaving.
+
+Legend: W windows, T slots per window, C = T - 1 stream slots per window, S selected documents.
+
+The stream is the selected documents back to back, each as `[tag tokens] + tokens + [EOS]`.
+Window `w` holds the first token (BOS, or EOS without BOS) at slot 0 and stream slots
+`[w C, (w + 1) C)` at slots 1..T-1; a document cut at a window's end continues as a new document
+in the next window; the last window is padded. Per slot the packer keeps three arrays, from which
+`anchor.data.batch.make_batch` derives every variant's `doc_ids`, `positions` and `loss_mask`:
+
+  tokens  uint32 [W, T]  token ids
+  seg     int32  [W, T]  0 at slot 0, then 1, 2, ... per document in order of first appearance, -1 padding
+  tag     uint8  [W, T]  1 on domain-tag slots
+
+Interleaving (`Layout.interleave`) works inside each window: every document's slots are cut at
+random points (a cut before each slot with probability 1 / mean_chunk, and always at document
+boundaries), the chunks are shuffled so that each document's chunks keep their order (every chunk
+draws a uniform key; each document's sorted keys go to its chunks in order; chunks are sorted by
+key), and documents are renumbered by first appearance. Padding stays at the end.
+
+Everything is vectorised over blocks of windows, so memory is bounded by the block size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from anchor.data.store import TokenStore
+from anchor.errors import InputError
+
+BLOCK_SLOTS = 1 << 22  # stream slots per packing block (bounds memory: ~100 bytes per slot)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The data layouts of CONTRACT §2; they combine with every attention variant."""
+
+    tags: bool = False
+    interleave: bool = False
+    mean_chunk: int = 0  # interleave: mean chunk length in slots; 0 means max(2, T // 8)
+
+    def chunk(self, seq_len: int) -> int:
+        return self.mean_chunk if self.mean_chunk > 0 else max(2, seq_len // 8)
+
+
+def tag_text(domain: str) -> str:
+    """The domain tag that precedes a document: SlimPajama's `RedPajamaWikipedia` -> `Wikipedia: `."""
+    name = domain[len("RedPajama"):] if domain.startswith("RedPajama") and len(domain) > 9 else domain
+    return f"{name}: "
+
+
+@dataclass
+class WindowBlock:
+    tokens: np.ndarray  # uint32 [n, T]
+    seg: np.ndarray  # int32 [n, T]
+    tag: np.ndarray  # uint8 [n, T]
+
+
+def _excl_cumsum(x: np.ndarray) -> np.ndarray:
+    out = np.zeros(x.shape[0], dtype=np.int64)
+    if x.shape[0] > 1:
+        np.cumsum(x[:-1], out=out[1:])
+    return out
+
+
+class Packer:
+    """Cuts the stream of `selection` into windows; `blocks()` yields them in order.
+
+    Args:
+      store: the token store (memory-mapped tokens, document index).
+      selection: int64 [S] document indices in stream order (repeats allowed).
+      seq_len: T >= 2.
+      first_token, eos: the ids at slot 0 and at the end of each document.
+      tag_tokens: per domain of the store, the tag's token ids (None: no tags).
+      layout: tags / interleave; seed: the interleaving's random stream.
+    """
+
+    def __init__(self, store: TokenStore, selection: np.ndarray, seq_len: int, *, first_token: int, eos: int,
+                 tag_tokens: list[list[int]] | None = None, interleave: bool = False, mean_chunk: int = 0,
+                 seed: int = 0):
+        if seq_len < 2:
+            raise InputError(f"--seq-len must be at least 2, got {seq_len}")
+        self.store = store
+        self.sel = np.asarray(selection, dtype=np.int64)
+        if self.sel.size == 0:
+            raise InputError("no documents selected to pack")
+        self.T = int(seq_len)
+        self.C = self.T - 1
+        self.first_token = int(first_token)
+        self.eos = int(eos)
+        self.interleave = interleave
+        self.p_cut = 1.0 / Layout(mean_chunk=mean_chunk).chunk(self.T)
+        self.seed = seed
+        ndom = max(1, len(store.domains))
+        if tag_tokens is None:
+            tag_tokens = [[] for _ in range(ndom)]
+        glen = np.array([len(t) for t in tag_tokens], dtype=np.int64)
+        self.tagmat = np.zeros((ndom, max(1, int(glen.max(initial=0)))), dtype=np.uint32)
+        for i, t in enumerate(tag_tokens):
+            self.tagmat[i, :len(t)] = t
+        self.dom = store.domain[self.sel].astype(np.int64)  # [S]
+        self.g = glen[self.dom]  # [S] tag length per piece
+        self.n = store.length[self.sel].astype(np.int64)  # [S]
+        self.off = store.offset[self.sel].astype(np.int64)  # [S]
+        size = self.g + self.n + 1
+        self.start = _excl_cumsum(size)
+        self.end = self.start + size
+        self.length = int(self.end[-1])
+        self.num_windows = -(-self.length // self.C)
+
+    def blocks(self, block_slots: int = BLOCK_SLOTS) -> Iterator[WindowBlock]:
+        per = max(1, block_slots // self.C)
+        rng = np.random.default_rng([self.seed, 0x1EAF])
+        for w0 in range(0, self.num_windows, per):
+            block = self.block(w0, min(self.num_windows, w0 + per))
+            if self.interleave:
+                block = interleave_block(block, self.p_cut, rng)
+            yield block
+
+    def block(self, w0: int, w1: int) -> WindowBlock:
+        """Windows `[w0, w1)` without interleaving."""
+        C, nw = self.C, w1 - w0
+        p0, p1 = w0 * C, min(w1 * C, self.length)
+        k_lo = int(np.searchsorted(self.end, p0, side="right"))
+        k_hi = int(np.searchsorted(self.start, p1, side="left"))
+        ks = np.arange(k_lo, k_hi)
+        a = np.maximum(self.start[ks], p0)
+        c = np.minimum(self.end[ks], p1) - a
+        kpos = np.repeat(ks, c)  # piece of each stream slot
+        m = kpos.size
+        o = np.arange(m, dtype=np.int64) + np.repeat(a - self.start[ks] - _excl_cumsum(c), c)  # offset in piece
+        g = self.g[kpos]
+        body = o - g
+        is_tag = body < 0
+        is_body = (body >= 0) & (body < self.n[kpos])
+        tok = np.full(nw * C, self.eos, dtype=np.uint32)
+        tok[m:] = 0
+        src = self.off[kpos[is_body]] + body[is_body]
+        tok[:m][is_body] = self.store.tokens[src]
+        if is_tag.any():
+            tok[:m][is_tag] = self.tagmat[self.dom[kpos[is_tag]], o[is_tag]]
+        seg = np.full(nw * C, -1, dtype=np.int64)
+        seg[:m] = kpos
+        seg = seg.reshape(nw, C)
+        seg = np.where(seg >= 0, seg - seg[:, :1] + 1, -1).astype(np.int32)
+        tag = np.zeros(nw * C, dtype=np.uint8)
+        tag[:m] = is_tag
+        out_tok = np.empty((nw, self.T), dtype=np.uint32)
+        out_tok[:, 0] = self.first_token
+        out_tok[:, 1:] = tok.reshape(nw, C)
+        out_seg = np.empty((nw, self.T), dtype=np.int32)
+        out_seg[:, 0] = 0
+        out_seg[:, 1:] = seg
+        out_tag = np.zeros((nw, self.T), dtype=np.uint8)
+        out_tag[:, 1:] = tag.reshape(nw, C)
+        return WindowBlock(out_tok, out_seg, out_tag)
+
+
+def interleave_block(block: WindowBlock, p_cut: float, rng: np.random.Generator) -> WindowBlock:
+    """Cut each window's documents (slots 1..T-1) into chunks and shuffle them, keeping each
+    document's chunk order; documents are renumbered by first appearance (module docstring)."""
+    nw, T = block.seg.shape
+    C = T - 1
+    seg = block.seg[:, 1:]
+    col = np.broadcast_to(np.arange(C), (nw, C))
+    new_doc = np.ones((nw, C), dtype=bool)
+    new_doc[:, 1:] = seg[:, 1:] != seg[:, :-1]
+    cut = new_doc | (rng.random((nw, C)) < p_cut)
+    cut_flat = cut.ravel()
+    starts = np.flatnonzero(cut_flat)  # chunk start (flat slot index)
+    lens = np.diff(np.append(starts, nw * C))
+    row = starts // C
+    doc = seg.ravel()[starts].astype(np.int64)
+    first_chunk = new_doc.ravel()[starts] | (col.ravel()[starts] == 0)
+    keys = rng.random(starts.size)
+    by_pos = np.lexsort((starts, doc, row))  # chunks grouped by (row, doc), in slot order
+    by_key = np.lexsort((keys, doc, row))  # same groups, in key order
+    assigned = np.empty_like(keys)
+    assigned[by_pos] = keys[by_key]
+    assigned[doc < 0] = 2.0 + starts[doc < 0] / (nw * C)  # padding stays last, in order
+    order = np.lexsort((assigned, row))
+    olens = lens[order]
+    src = np.arange(nw * C, dtype=np.int64) + np.repeat(starts[order] - _excl_cumsum(olens), olens)
+    # renumber documents by first appearance in the new order
+    firsts = order[first_chunk[order] & (doc[order] >= 0)]
+    frow = row[firsts]
+    rank = np.arange(firsts.size) - np.searchsorted(frow, frow, side="left") + 1
+    lut = np.full(nw * (C + 1), -1, dtype=np.int32)
+    lut[frow * (C + 1) + doc[firsts]] = rank
+    old = seg.ravel()[src].astype(np.int64)
+    srow = src // C
+    new = np.where(old >= 0, lut[srow * (C + 1) + np.maximum(old, 0)], -1)
+    tokens = block.tokens.copy()
+    tokens[:, 1:] = block.tokens[:, 1:].ravel()[src].reshape(nw, C)
+    out_seg = block.seg.copy()
+    out_seg[:, 1:] = new.reshape(nw, C)
+    tag = block.tag.copy()
+    tag[:, 1:] = block.tag[:, 1:].ravel()[src].reshape(nw, C)
+    return WindowBlock(tokens, out_seg, tag)
+
+
+def window_stats(seg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per window: documents (slots 1..T-1) and sum over documents of (slots + 1)^2 (the anchor's
+    attention cost against T^2 for full attention). Args: seg int [n, T]. Returns int64 [n], float64 [n]."""
+    n, T = seg.shape
+    docs = seg[:, 1:].max(axis=1).astype(np.int64)
+    flat = (np.arange(n)[:, None] * (T + 1) + seg[:, 1:]).ravel()
+    real = seg[:, 1:].ravel() >= 0
+    counts = np.bincount(flat[real], minlength=n * (T + 1)).reshape(n, T + 1).astype(np.float64)
+    cost = ((counts + 1.0) ** 2 * (counts > 0)).sum(axis=1)
+    return docs, cost

@@ -1,0 +1,217 @@
+"""The token store: every document tokenized once, in a memory-mapped file.
+
+Layout of a store folder:
+  tokens.bin     uint32 [N]: the documents' tokens back to back (no EOS: it is added at packing)
+  docs.npz       offset int64 [D], length int64 [D], domain int32 [D] (index into `domains`)
+  store.json     tokenizer identity and name, special ids, domains, read/skip counts
+
+    store = build_store(iter_documents(path), load_tokenizer("default"), out_dir)
+    store = TokenStore.open(out_dir, expect_identity=tok.identity)
+    store.doc(7)  # uint32 tokens of document 7 (a view into the memmap)
+
+Writing streams: documents are tokenized in batches (the tokenizer uses both cores) and appended
+to the file, so neither the corpus nor the token file has to fit in memory. The folder is written
+under a temporary name and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from anchor.data.readers import Document, ReadCounts
+from anchor.errors import InputError
+from anchor.tokenizer import Tok
+
+STORE_FORMAT = 1
+TOKEN_DTYPE = np.uint32
+BATCH_CHARS = 4_000_000  # characters per tokenizer call: big enough to keep both cores busy
+
+
+@dataclass
+class TokenStore:
+    """A read-only view of a store folder (or of in-memory arrays, for tests)."""
+
+    tokens: np.ndarray  # uint32 [N]
+    offset: np.ndarray  # int64 [D]
+    length: np.ndarray  # int64 [D]
+    domain: np.ndarray  # int32 [D]
+    domains: list[str]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_docs(self) -> int:
+        return int(self.length.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.length.sum())
+
+    @property
+    def identity(self) -> str | None:
+        return self.meta.get("tokenizer", {}).get("identity")
+
+    def doc(self, i: int) -> np.ndarray:
+        o = int(self.offset[i])
+        return self.tokens[o:o + int(self.length[i])]
+
+    @classmethod
+    def from_docs(cls, docs: list[list[int]] | list[np.ndarray], domains: list[int], domain_names: list[str],
+                  meta: dict[str, Any] | None = None) -> "TokenStore":
+        """An in-memory store of already tokenized documents (tests, benchmarks)."""
+        length = np.array([len(d) for d in docs], dtype=np.int64)
+        offset = np.zeros_like(length)
+        if len(length):
+            offset[1:] = np.cumsum(length)[:-1]
+        flat = np.concatenate([np.asarray(d, dtype=TOKEN_DTYPE) for d in docs]) if docs else np.zeros(0, TOKEN_DTYPE)
+        return cls(flat, offset, length, np.asarray(domains, dtype=np.int32), list(domain_names), meta or {})
+
+    @classmethod
+    def open(cls, folder: str | Path, *, expect_identity: str | None = None) -> "TokenStore":
+        folder = Path(folder)
+        meta_path = folder / "store.json"
+        if not meta_path.is_file():
+            raise InputError("not a token store (no store.json)", path=folder)
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise InputError(f"unreadable store.json: {e}", path=folder) from None
+        if meta.get("format") != STORE_FORMAT:
+            raise InputError(f"token store format {meta.get('format')!r} is not {STORE_FORMAT}", path=folder)
+        if expect_identity is not None and meta["tokenizer"]["identity"] != expect_identity:
+            raise InputError(
+                f"this token store was built with another tokenizer ({meta['tokenizer'].get('name')}, "
+                f"identity {meta['tokenizer']['identity'][:12]}) than the model's (identity {expect_identity[:12]})",
+                path=folder,
+            )
+        with np.load(folder / "docs.npz") as z:
+            offset, length, domain = z["offset"], z["length"], z["domain"]
+        n = int(meta["num_tokens"])
+        tokens = (np.memmap(folder / "tokens.bin", dtype=TOKEN_DTYPE, mode="r", shape=(n,)) if n
+                  else np.zeros(0, TOKEN_DTYPE))
+        return cls(tokens, offset, length, domain, list(meta["domains"]), meta)
+
+
+def is_store(path: str | Path) -> bool:
+    return (Path(path) / "store.json").is_file()
+
+
+def _batches(docs: Iterable[Document], max_chars: int) -> Iterator[list[Document]]:
+    batch: list[Document] = []
+    chars = 0
+    for d in docs:
+        batch.append(d)
+        chars += len(d.text)
+        if chars >= max_chars:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
+def write_store(docs: Iterable[Document], tok: Tok, folder: Path, *, counts: ReadCounts | None = None,
+                progress: bool = False, batch_chars: int = BATCH_CHARS) -> dict[str, Any]:
+    """Tokenize `docs` into a store at `folder` (which must not exist yet); returns store.json's dict.
+
+    Zero documents is an InputError. Documents that tokenize to nothing are skipped and counted.
+    """
+    counts = counts if counts is not None else ReadCounts()
+    domain_ids: dict[str, int] = {}
+    offsets: list[np.ndarray] = []
+    lengths: list[np.ndarray] = []
+    doms: list[np.ndarray] = []
+    total = 0
+    folder.mkdir(parents=True)
+    bar = _progress(progress)
+    with open(folder / "tokens.bin", "wb") as f:
+        for batch in _batches(docs, batch_chars):
+            ids = tok.encode_batch([d.text for d in batch])
+            lens = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+            keep = lens > 0
+            counts.skipped["no_tokens"] += int((~keep).sum())
+            if not keep.all():
+                ids = [x for x, k in zip(ids, keep) if k]
+                batch = [d for d, k in zip(batch, keep) if k]
+                lens = lens[keep]
+            if not len(ids):
+                continue
+            flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=TOKEN_DTYPE, count=int(lens.sum()))
+            f.write(flat.tobytes())
+            starts = np.zeros_like(lens)
+            starts[1:] = np.cumsum(lens)[:-1]
+            offsets.append(starts + total)
+            lengths.append(lens)
+            doms.append(np.array([domain_ids.setdefault(d.domain, len(domain_ids)) for d in batch], dtype=np.int32))
+            total += int(lens.sum())
+            if bar is not None:
+                bar.update(len(batch))
+    if bar is not None:
+        bar.close()
+    if not lengths:
+        skipped = ", ".join(f"{v} {k}" for k, v in sorted(counts.skipped.items()) if v) or "none skipped"
+        raise InputError(f"no documents to tokenize ({skipped})")
+    meta = {
+        "format": STORE_FORMAT,
+        "num_docs": int(sum(len(x) for x in lengths)),
+        "num_tokens": total,
+        "domains": list(domain_ids),
+        "tokenizer": {"name": tok.name, "identity": tok.identity, "bos_id": tok.bos_id, "eos_id": tok.eos_id,
+                      "vocab_size": tok.vocab_size},
+        "read": counts.to_dict(),
+    }
+    np.savez(folder / "docs.npz", offset=np.concatenate(offsets), length=np.concatenate(lengths),
+             domain=np.concatenate(doms))
+    (folder / "store.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+    return meta
+
+
+def build_store(docs: Iterable[Document], tok: Tok, out: str | Path, *, counts: ReadCounts | None = None,
+                progress: bool = False) -> TokenStore:
+    """`write_store` into a temporary sibling of `out`, renamed to `out` only when complete."""
+    out = Path(out)
+    with staging_dir(out) as tmp:
+        write_store(docs, tok, tmp / "store", counts=counts, progress=progress)
+        publish(tmp / "store", out)
+    return TokenStore.open(out)
+
+
+class staging_dir:
+    """A temporary folder next to `out` (same file system, so the final rename is atomic); removed on exit."""
+
+    def __init__(self, out: Path):
+        self.out = Path(out)
+
+    def __enter__(self) -> Path:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.path = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=self.out.parent))
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def publish(src: Path, out: Path) -> None:
+    """Move a finished folder into place, replacing an older one at `out`."""
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(src, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, out)
+
+
+def _progress(enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(unit=" docs", desc="tokenizing", mininterval=0.5, leave=False)
