@@ -1,0 +1,91 @@
+"""Attention variants of CONTRACT §2: the mask predicate first, dense masks second.
+
+Legend: B batch, T slots. `doc_ids` is int [B, T]: 0 is the anchor (slot 0, anchor variant only),
+documents are 1, 2, … in order of first appearance, -1 is padding.
+
+`mask_predicate(doc_ids, variant)` returns `(b, h, q_idx, kv_idx) -> bool`, the single source of
+truth: the dense masks of the eager/sdpa engines evaluate it on index grids, FlexAttention's block
+mask is built from it, and the varlen segments of `torchtrain.varlen` are tested against it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Literal, get_args
+
+import torch
+
+from anchor.errors import InputError
+
+Variant = Literal["full", "intra_doc", "intra_doc_reset", "anchor"]
+VARIANTS: tuple[str, ...] = get_args(Variant)
+
+MaskPredicate = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+# The variant's rule for a causal pair of real (non-padding) slots: query doc `dq`, key doc `dk`,
+# key slot `kv`. Every variant is defined here and nowhere else.
+_RULES: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "full": lambda dq, dk, kv: dq == dq,
+    "intra_doc": lambda dq, dk, kv: dq == dk,
+    "intra_doc_reset": lambda dq, dk, kv: dq == dk,
+    "anchor": lambda dq, dk, kv: (dq == dk) | (kv == 0),
+}
+
+
+def check_variant(variant: object) -> Variant:
+    """Return `variant` if it is one of the four; otherwise an InputError listing them."""
+    if variant not in VARIANTS:
+        raise InputError(f"unknown attention variant {variant!r} (known: {', '.join(VARIANTS)})")
+    return variant  # type: ignore[return-value]
+
+
+def check_doc_ids(doc_ids: torch.Tensor, variant: Variant) -> None:
+    """Reject doc_ids that break CONTRACT §1 for this variant (one-line InputError).
+
+    Args:
+      doc_ids: int [B, T].
+    """
+    if doc_ids.ndim != 2 or doc_ids.dtype.is_floating_point or doc_ids.dtype == torch.bool:
+        raise InputError(f"doc_ids must be an integer tensor [B, T], got {doc_ids.dtype} {tuple(doc_ids.shape)}")
+    if bool((doc_ids < -1).any()):
+        raise InputError("doc_ids hold values below -1 (0 anchor, 1, 2, … documents, -1 padding)")
+    if variant == "anchor":
+        if not bool((doc_ids[:, 0] == 0).all()) or bool((doc_ids[:, 1:] == 0).any()):
+            raise InputError("the anchor variant needs doc_ids 0 at slot 0 and nowhere else")
+    elif bool((doc_ids == 0).any()):
+        raise InputError(f"doc_ids 0 marks the anchor, which only the anchor variant has (variant {variant!r})")
+
+
+def mask_predicate(doc_ids: torch.Tensor, variant: Variant) -> MaskPredicate:
+    """CONTRACT §2 as a FlexAttention-style `mask_mod(b, h, q_idx, kv_idx) -> bool`; broadcasts.
+
+    Query slot i sees key slot j iff j <= i, neither is padding and the variant's rule holds;
+    a padding slot sees only itself.
+
+    Args:
+      doc_ids: int [B, T] (closed over; indexed as `doc_ids[b, q_idx]`).
+      variant: one of VARIANTS.
+    """
+    rule = _RULES[check_variant(variant)]
+
+    def allowed(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+        dq = doc_ids[b, q_idx]
+        dk = doc_ids[b, kv_idx]
+        real = (dq >= 0) & (dk >= 0)
+        return (q_idx == kv_idx) | ((kv_idx <= q_idx) & real & rule(dq, dk, kv_idx))
+
+    return allowed
+
+
+def dense_mask(doc_ids: torch.Tensor, variant: Variant, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The predicate on an index grid: bool [B, R, T], `[b, i, j]` = query slot i may see key slot j.
+
+    Args:
+      doc_ids: int [B, T].
+      rows: int [R] query slots (default: all T).
+    """
+    B, T = doc_ids.shape
+    dev = doc_ids.device
+    q = torch.arange(T, device=dev) if rows is None else rows.to(dev)
+    b = torch.arange(B, device=dev)[:, None, None]
+    h = torch.zeros((), dtype=torch.long, device=dev)
+    return mask_predicate(doc_ids, variant)(b, h, q[None, :, None], torch.arange(T, device=dev)[None, None, :])
