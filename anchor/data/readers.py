@@ -49,7 +49,7 @@ class ReadCounts:
     skipped: Counter = field(default_factory=Counter)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"read": self.read, "skipped": dict(sorted(self.skipped.items()))}
+        return {"read": self.read, "skipped": {k: v for k, v in sorted(self.skipped.items()) if v}}
 
 
 def _suffix_kind(path: Path) -> str | None:

@@ -1,0 +1,160 @@
+"""`anchor corpus` and `anchor pack` through the CLI: outputs, stats, and bad input (exit 2, one line, no
+half-written folder)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from anchor.cli import main
+from anchor.data.batch import VARIANTS
+from anchor.data.packed import Loader, PackedData
+
+
+def run(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    out, err = capsys.readouterr()
+    print(argv, e.value.code, out, err)
+    return e.value.code, out, err
+
+
+def pack_args(data, out, *extra, model="random:llama", seq_len=64):
+    return ["pack", "--model", model, "--data", str(data), "--seq-len", str(seq_len), "--out", str(out),
+            "--no-progress", *extra]
+
+
+def write_jsonl(path, lines):
+    path.write_bytes(b"".join(line if isinstance(line, bytes) else (json.dumps(line) + "\n").encode()
+                              for line in lines))
+    return path
+
+
+def no_leftovers(parent, name):
+    return [p.name for p in parent.iterdir() if p.name.startswith(f".{name}")] == []
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory):
+    """A synthetic corpus in three domains with long and short documents."""
+    rng = np.random.default_rng(0)
+    path = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
+    words = ["alpha", "beta", "gamma", "delta", "épsilon", "ζῆτα", "def", "return", "\n", "  "]
+    lines = []
+    for i in range(240):
+        domain = ["web", "code", "books"][i % 3]
+        n = int(rng.integers(300, 700)) if rng.random() < [0.1, 0.3, 0.6][i % 3] else int(rng.integers(3, 60))
+        lines.append({"text": " ".join(rng.choice(words, n)), "meta": {"redpajama_set_name": domain}})
+    return write_jsonl(path, lines)
+
+
+def test_corpus_command(tmp_path, capsys):
+    code, out, _ = run(["corpus", "--out", str(tmp_path / "c"), "--max-docs", "4", "--no-progress"], capsys)
+    assert code == 0
+    records = [json.loads(line) for line in (tmp_path / "c" / "corpus.jsonl").read_text().splitlines()]
+    domains = {r["domain"] for r in records}
+    assert {"code", "docs", "prose", "license"} <= domains
+    assert all(isinstance(r["text"], str) and r["text"].strip() for r in records)
+    assert no_leftovers(tmp_path, "c")
+
+
+def test_pack_end_to_end(small_corpus, tmp_path, capsys):
+    out = tmp_path / "packed"
+    code, _, _ = run(pack_args(small_corpus, out, "--mixture", "upsample_long", "--long-threshold", "2000",
+                               "--upsample-factor", "3", "--tags", "--interleave", "--seed", "4"), capsys)
+    assert code == 0
+    for name in ("pack.json", "stats.json", "stats.md", "doc_lengths.png", "store/store.json"):
+        assert (out / name).is_file(), name
+    stats = json.loads((out / "stats.json").read_text())
+    assert set(stats["domains"]) == {"web", "code", "books"}
+    for row in stats["domains"].values():
+        assert abs(row["token_ratio"] - row["source_token_ratio"]) < 0.01
+    assert 0 < stats["attention_compute_ratio_anchor_vs_full"] <= 1
+    assert 0 <= stats["windows"]["boundary_window_share"] <= 1
+    md = (out / "stats.md").read_text()
+    assert "| web |" in md and "mixture ratio" in md and "long share" in md
+    data = PackedData.open(out)
+    assert data.seq_len == 64 and data.num_windows == stats["windows"]["count"]
+    for variant in VARIANTS:
+        b = next(Loader(data, 4, variant, seed=0))
+        assert b.tokens.shape == (4, 64) and (b.tokens[:, 0] == 1).all()
+        assert (b.loss_mask[data.windows(Loader(data, 4, variant, seed=0).indices())[2].astype(bool)] == 0).all()
+
+
+def test_pack_reuses_store_and_rejects_other_tokenizer(small_corpus, tmp_path, capsys):
+    first = tmp_path / "p1"
+    assert run(pack_args(small_corpus, first), capsys)[0] == 0
+    assert run(pack_args(first / "store", tmp_path / "p2", "--seq-len", "32"), capsys)[0] == 0
+    code, _, err = run(pack_args(first / "store", tmp_path / "p3", model="random:qwen2"), capsys)
+    assert code == 2 and "another tokenizer" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "p3").exists() and no_leftovers(tmp_path, "p3")
+
+
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        ([{"text": "fine"}, b'{"text": broken\n'], "bad.jsonl:2: invalid JSON"),
+        ([{"text": "fine"}, {"body": "no text"}], "bad.jsonl:2: text field 'text' is missing"),
+        ([{"text": "fine"}, b'{"text": "\xc3\x28"}\n'], "bad.jsonl:2: invalid UTF-8"),
+        ([{"text": "  "}, {"text": ""}], "no documents to tokenize (2 empty)"),
+        ([], "no documents to tokenize"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(tmp_path, capsys, lines, message):
+    data = write_jsonl(tmp_path / "bad.jsonl", lines)
+    out = tmp_path / "out"
+    code, _, err = run(pack_args(data, out), capsys)
+    assert code == 2
+    assert message in err and err.startswith("anchor pack: error:")
+    assert len(err.strip().splitlines()) == 1
+    assert not out.exists() and no_leftovers(tmp_path, "out")
+
+
+def test_skip_bad_counts(tmp_path, capsys):
+    data = write_jsonl(tmp_path / "mixed.jsonl", [
+        {"text": "one"}, b'{"text": broken\n', {"body": "x"}, b'{"text": "\xff"}\n', {"text": " "}, {"text": "two"},
+    ])
+    code, _, _ = run(pack_args(data, tmp_path / "out", "--skip-bad"), capsys)
+    assert code == 0
+    read = json.loads((tmp_path / "out" / "stats.json").read_text())["read"]
+    assert read == {"read": 2, "skipped": {"bad_json": 1, "bad_utf8": 1, "empty": 1, "missing_text": 1}}
+
+
+def test_failed_pack_keeps_previous_output(small_corpus, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert run(pack_args(small_corpus, out), capsys)[0] == 0
+    before = (out / "pack.json").read_text()
+    bad = write_jsonl(tmp_path / "bad.jsonl", [b"{\n"])
+    assert run(pack_args(bad, out), capsys)[0] == 2
+    assert (out / "pack.json").read_text() == before and no_leftovers(tmp_path, "out")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model", "random:nope"], "unknown random preset"),
+        (["--mixture", "weird"], "unknown mixture"),
+        (["--model", "/no/such/model"], "no such model"),
+    ],
+)
+def test_bad_options(small_corpus, tmp_path, capsys, argv, message):
+    args = pack_args(small_corpus, tmp_path / "o")
+    for key, value in zip(argv[::2], argv[1::2]):
+        if key in args:
+            args[args.index(key) + 1] = value
+        else:
+            args += [key, value]
+    code, _, err = run(args, capsys)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.model
+def test_pack_with_smollm2(gguf_path, small_corpus, tmp_path, capsys):
+    out = tmp_path / "s"
+    assert run(pack_args(small_corpus, out, model="default", seq_len=128), capsys)[0] == 0
+    data = PackedData.open(out)
+    tokens, seg, _ = data.windows(range(data.num_windows))
+    assert (tokens[:, 0] == 1).all()  # SmolLM2's BOS
+    assert int((tokens[seg >= 0] == 2).sum()) >= json.loads((out / "stats.json").read_text())["mixture"]["selected_docs"] - 1
