@@ -32,48 +32,57 @@ SHARD_SLOTS = 1 << 26  # slots per shard file (256 MiB of tokens)
 
 
 class ShardWriter:
-    """Appends window blocks to shard files of at most `shard_slots` slots each."""
+    """Appends window blocks to `.npy` shard files of at most `shard_slots` slots each.
+
+    The header (with the shard's final shape) is written first and the rows are appended with
+    plain sequential writes, which is faster than filling a memmap.
+    """
+
+    KEYS = (("tokens", np.uint32), ("seg", np.int32), ("tag", np.uint8))
 
     def __init__(self, folder: Path, seq_len: int, num_windows: int, shard_slots: int = SHARD_SLOTS):
         self.folder, self.T = folder, seq_len
         self.per = max(1, shard_slots // seq_len)
         self.total = num_windows
         self.shards: list[dict[str, Any]] = []
-        self.arrays: tuple[np.ndarray, ...] | None = None
-        self.fill = 0
+        self.files: list[Any] | None = None
+        self.room = 0
         self.written = 0
 
     def _open(self) -> None:
-        i = len(self.shards)
         n = min(self.per, self.total - self.written)
-        name = f"shard-{i:05d}"
-        open_mm = np.lib.format.open_memmap
-        self.arrays = tuple(
-            open_mm(self.folder / f"{name}.{key}.npy", mode="w+", dtype=dt, shape=(n, self.T))
-            for key, dt in (("tokens", np.uint32), ("seg", np.int32), ("tag", np.uint8))
-        )
+        name = f"shard-{len(self.shards):05d}"
+        self.files = []
+        for key, dt in self.KEYS:
+            f = open(self.folder / f"{name}.{key}.npy", "wb")
+            header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dt)), "fortran_order": False,
+                      "shape": (n, self.T)}
+            np.lib.format.write_array_header_1_0(f, header)
+            self.files.append(f)
         self.shards.append({"name": name, "windows": n})
-        self.fill = 0
+        self.room = n
 
     def write(self, tokens: np.ndarray, seg: np.ndarray, tag: np.ndarray) -> None:
         i = 0
         while i < tokens.shape[0]:
-            if self.arrays is None or self.fill == self.arrays[0].shape[0]:
+            if self.files is None or self.room == 0:
                 self.close_shard()
                 self._open()
-            assert self.arrays is not None
-            k = min(tokens.shape[0] - i, self.arrays[0].shape[0] - self.fill)
-            for dst, src in zip(self.arrays, (tokens, seg, tag)):
-                dst[self.fill:self.fill + k] = src[i:i + k]
-            self.fill += k
+            assert self.files is not None
+            k = min(tokens.shape[0] - i, self.room)
+            for f, src, (_, dt) in zip(self.files, (tokens, seg, tag), self.KEYS):
+                f.write(np.ascontiguousarray(src[i:i + k], dtype=dt).data)
+            self.room -= k
             self.written += k
             i += k
 
     def close_shard(self) -> None:
-        if self.arrays is not None:
-            for a in self.arrays:
-                a.flush()
-            self.arrays = None
+        if self.files is not None:
+            if self.room:
+                raise AssertionError(f"shard closed with {self.room} windows missing")
+            for f in self.files:
+                f.close()
+            self.files = None
 
 
 @dataclass

@@ -122,39 +122,43 @@ class Packer:
 
     def block(self, w0: int, w1: int) -> WindowBlock:
         """Windows `[w0, w1)` without interleaving."""
-        C, nw = self.C, w1 - w0
+        C, T, nw = self.C, self.T, w1 - w0
         p0, p1 = w0 * C, min(w1 * C, self.length)
         k_lo = int(np.searchsorted(self.end, p0, side="right"))
         k_hi = int(np.searchsorted(self.start, p1, side="left"))
         ks = np.arange(k_lo, k_hi)
         a = np.maximum(self.start[ks], p0)
         c = np.minimum(self.end[ks], p1) - a
-        kpos = np.repeat(ks, c)  # piece of each stream slot
-        m = kpos.size
-        o = np.arange(m, dtype=np.int64) + np.repeat(a - self.start[ks] - _excl_cumsum(c), c)  # offset in piece
-        g = self.g[kpos]
-        body = o - g
-        is_tag = body < 0
-        is_body = (body >= 0) & (body < self.n[kpos])
-        tok = np.full(nw * C, self.eos, dtype=np.uint32)
-        tok[m:] = 0
-        src = self.off[kpos[is_body]] + body[is_body]
-        tok[:m][is_body] = self.store.tokens[src]
-        if is_tag.any():
-            tok[:m][is_tag] = self.tagmat[self.dom[kpos[is_tag]], o[is_tag]]
-        seg = np.full(nw * C, -1, dtype=np.int64)
-        seg[:m] = kpos
-        seg = seg.reshape(nw, C)
-        seg = np.where(seg >= 0, seg - seg[:, :1] + 1, -1).astype(np.int32)
-        tag = np.zeros(nw * C, dtype=np.uint8)
-        tag[:m] = is_tag
-        out_tok = np.empty((nw, self.T), dtype=np.uint32)
+        m = p1 - p0
+        # store index of stream slot p: off + (p - start - g); tag and EOS slots are overwritten below
+        src = np.repeat(self.off[ks] - self.g[ks] - self.start[ks], c)
+        src += np.arange(p0, p1, dtype=np.int64)
+        np.clip(src, 0, max(0, self.store.tokens.shape[0] - 1), out=src)
+        out_tok = np.zeros((nw, T), dtype=np.uint32)
         out_tok[:, 0] = self.first_token
-        out_tok[:, 1:] = tok.reshape(nw, C)
-        out_seg = np.empty((nw, self.T), dtype=np.int32)
-        out_seg[:, 0] = 0
-        out_seg[:, 1:] = seg
-        out_tag = np.zeros((nw, self.T), dtype=np.uint8)
+        flat = out_tok[:, 1:]
+        body = self.store.tokens[src]
+        tok = np.zeros(nw * C, dtype=np.uint32)
+        tok[:m] = body
+        eos_at = self.end[ks] - 1 - p0  # the EOS of a piece, if inside this block
+        eos_at = eos_at[eos_at < m]
+        tok[eos_at] = self.eos
+        tag = np.zeros(nw * C, dtype=np.uint8)
+        if self.g[k_lo:k_hi].any():
+            gk = self.g[ks]
+            rel = np.arange(int(gk.sum())) - np.repeat(_excl_cumsum(gk), gk)  # slot within the tag
+            pos = np.repeat(self.start[ks], gk) + rel - p0
+            inside = (pos >= 0) & (pos < m)
+            tok[pos[inside]] = self.tagmat[np.repeat(self.dom[ks], gk)[inside], rel[inside]]
+            tag[pos[inside]] = 1
+        flat[...] = tok.reshape(nw, C)
+        seg = np.full(nw * C, -1, dtype=np.int32)
+        seg[:m] = np.repeat(np.arange(ks.size, dtype=np.int32), c)
+        seg = seg.reshape(nw, C)
+        out_seg = np.zeros((nw, T), dtype=np.int32)
+        np.subtract(seg, seg[:, :1] - 1, out=out_seg[:, 1:], where=seg >= 0)
+        out_seg[:, 1:][seg < 0] = -1
+        out_tag = np.zeros((nw, T), dtype=np.uint8)
         out_tag[:, 1:] = tag.reshape(nw, C)
         return WindowBlock(out_tok, out_seg, out_tag)
 
@@ -164,41 +168,42 @@ def interleave_block(block: WindowBlock, p_cut: float, rng: np.random.Generator)
     document's chunk order; documents are renumbered by first appearance (module docstring)."""
     nw, T = block.seg.shape
     C = T - 1
-    seg = block.seg[:, 1:]
-    col = np.broadcast_to(np.arange(C), (nw, C))
-    new_doc = np.ones((nw, C), dtype=bool)
-    new_doc[:, 1:] = seg[:, 1:] != seg[:, :-1]
-    cut = new_doc | (rng.random((nw, C)) < p_cut)
-    cut_flat = cut.ravel()
-    starts = np.flatnonzero(cut_flat)  # chunk start (flat slot index)
-    lens = np.diff(np.append(starts, nw * C))
+    n = nw * C
+    seg = np.ascontiguousarray(block.seg[:, 1:]).ravel()
+    new_doc = np.ones(n, dtype=bool)
+    new_doc[1:] = seg[1:] != seg[:-1]
+    new_doc[::C] = True  # each window's slot 1
+    cut = new_doc.copy()
+    cut[rng.integers(0, n, rng.binomial(n, p_cut))] = True
+    starts = np.flatnonzero(cut)  # chunk start (flat slot index)
+    lens = np.diff(np.append(starts, n))
     row = starts // C
-    doc = seg.ravel()[starts].astype(np.int64)
-    first_chunk = new_doc.ravel()[starts] | (col.ravel()[starts] == 0)
+    doc = seg[starts].astype(np.int64)
+    first_chunk = new_doc[starts] & (doc >= 0)
     keys = rng.random(starts.size)
     by_pos = np.lexsort((starts, doc, row))  # chunks grouped by (row, doc), in slot order
     by_key = np.lexsort((keys, doc, row))  # same groups, in key order
     assigned = np.empty_like(keys)
     assigned[by_pos] = keys[by_key]
-    assigned[doc < 0] = 2.0 + starts[doc < 0] / (nw * C)  # padding stays last, in order
+    assigned[doc < 0] = 2.0 + starts[doc < 0] / n  # padding stays last, in order
     order = np.lexsort((assigned, row))
     olens = lens[order]
-    src = np.arange(nw * C, dtype=np.int64) + np.repeat(starts[order] - _excl_cumsum(olens), olens)
-    # renumber documents by first appearance in the new order
-    firsts = order[first_chunk[order] & (doc[order] >= 0)]
+    src = np.repeat(starts[order] - _excl_cumsum(olens), olens)
+    src += np.arange(n, dtype=np.int64)
+    # renumber documents by first appearance in the new order (per chunk, then per slot)
+    firsts = order[first_chunk[order]]
     frow = row[firsts]
     rank = np.arange(firsts.size) - np.searchsorted(frow, frow, side="left") + 1
     lut = np.full(nw * (C + 1), -1, dtype=np.int32)
     lut[frow * (C + 1) + doc[firsts]] = rank
-    old = seg.ravel()[src].astype(np.int64)
-    srow = src // C
-    new = np.where(old >= 0, lut[srow * (C + 1) + np.maximum(old, 0)], -1)
+    chunk_new = np.where(doc >= 0, lut[row * (C + 1) + np.maximum(doc, 0)], -1).astype(np.int32)
     tokens = block.tokens.copy()
-    tokens[:, 1:] = block.tokens[:, 1:].ravel()[src].reshape(nw, C)
+    tokens[:, 1:] = np.ascontiguousarray(block.tokens[:, 1:]).ravel()[src].reshape(nw, C)
     out_seg = block.seg.copy()
-    out_seg[:, 1:] = new.reshape(nw, C)
+    out_seg[:, 1:] = np.repeat(chunk_new[order], olens).reshape(nw, C)
     tag = block.tag.copy()
-    tag[:, 1:] = block.tag[:, 1:].ravel()[src].reshape(nw, C)
+    if block.tag.any():
+        tag[:, 1:] = np.ascontiguousarray(block.tag[:, 1:]).ravel()[src].reshape(nw, C)
     return WindowBlock(tokens, out_seg, tag)
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from anchor.data.mixture import MixtureSpec, mixture_table, select_documents
-from anchor.data.packed import PACK_FORMAT, ShardWriter
+from anchor.data.packed import PACK_FORMAT, SHARD_SLOTS, ShardWriter
 from anchor.data.packing import Layout, Packer, tag_text, window_stats
 from anchor.data.readers import ReadCounts, iter_documents
 from anchor.data.store import TokenStore, is_store, publish, staging_dir, write_store
@@ -39,8 +39,11 @@ class PackConfig:
 
 
 def pack_corpus(model: str, data: str | Path, out: str | Path, cfg: PackConfig, *, progress: bool = False,
-                tok: Tok | None = None) -> dict[str, Any]:
-    """Build the packed folder `out` from a corpus (or a token store) `data`; returns stats.json's dict."""
+                tok: Tok | None = None, shard_slots: int = SHARD_SLOTS) -> dict[str, Any]:
+    """Build the packed folder `out` from a corpus (or a token store) `data`; returns stats.json's dict.
+
+    `shard_slots` bounds the slots per shard file.
+    """
     t0 = time.perf_counter()
     tok = tok or load_tokenizer(model)
     out = Path(out)
@@ -65,7 +68,7 @@ def pack_corpus(model: str, data: str | Path, out: str | Path, cfg: PackConfig, 
         packer = Packer(store, selection, cfg.seq_len, first_token=tok.first_token_id, eos=tok.eos_id,
                         tag_tokens=tag_tokens, interleave=cfg.layout.interleave,
                         mean_chunk=cfg.layout.mean_chunk, seed=cfg.seed)
-        writer = ShardWriter(work, cfg.seq_len, packer.num_windows)
+        writer = ShardWriter(work, cfg.seq_len, packer.num_windows, shard_slots)
         docs_per_window, cost, tag_slots, pad_slots = [], 0.0, 0, 0
         bar = _bar(progress, packer.num_windows)
         for block in packer.blocks():

@@ -158,3 +158,16 @@ def test_pack_with_smollm2(gguf_path, small_corpus, tmp_path, capsys):
     tokens, seg, _ = data.windows(range(data.num_windows))
     assert (tokens[:, 0] == 1).all()  # SmolLM2's BOS
     assert int((tokens[seg >= 0] == 2).sum()) >= json.loads((out / "stats.json").read_text())["mixture"]["selected_docs"] - 1
+
+
+def test_shards_read_back_as_one(small_corpus, tmp_path):
+    from anchor.data.pipeline import PackConfig, pack_corpus
+
+    cfg = PackConfig(seq_len=48)
+    pack_corpus("random:mistral", small_corpus, tmp_path / "one", cfg)
+    pack_corpus("random:mistral", small_corpus, tmp_path / "many", cfg, shard_slots=48 * 7)
+    one, many = PackedData.open(tmp_path / "one"), PackedData.open(tmp_path / "many")
+    assert len(many.tokens) > 2 and len(one.tokens) == 1
+    idx = np.random.default_rng(0).permutation(one.num_windows)
+    for a, b in zip(one.windows(idx), many.windows(idx)):
+        assert np.array_equal(a, b)
