@@ -12,12 +12,16 @@ from anchor.cli import app
 
 @app.command()
 def pack(
-    model: Annotated[str, typer.Option("--model", help="HF folder, .gguf file, random:<preset> or default.")],
-    data: Annotated[str, typer.Option(
-        "--data", help="Corpus: .jsonl[.zst|.gz], .parquet, a saved `datasets` folder, a folder of those or of "
-                       "text files; or a token store folder made by an earlier `anchor pack` (its store/).")],
-    seq_len: Annotated[int, typer.Option("--seq-len", min=2, help="Slots per window (T).")],
+    ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", help="Output folder (replaced when complete).")],
+    model: Annotated[Optional[str], typer.Option(
+        "--model", help="HF folder, .gguf file, random:<preset> or default.")] = None,
+    data: Annotated[Optional[str], typer.Option(
+        "--data", help="Corpus: .jsonl[.zst|.gz], .parquet, a saved `datasets` folder, a folder of those or of "
+                       "text files; or a token store folder made by an earlier `anchor pack` (its store/).")] = None,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", min=2, help="Slots per window (T).")] = None,
+    config: Annotated[Optional[Path], typer.Option(
+        "--config", help="YAML with any of these options (configs/data/*.yaml); command-line options win.")] = None,
     mixture: Annotated[str, typer.Option("--mixture", help="original | upsample_long")] = "original",
     budget: Annotated[Optional[int], typer.Option(
         "--budget", min=1, help="Tokens to select (documents with their EOS); default: the whole source.")] = None,
@@ -38,18 +42,32 @@ def pack(
 ) -> None:
     """Tokenize (EOS per document), mix (original or long documents upsampled per domain) and pack into
     windows of T slots (CONTRACT §1); writes shards, pack.json, stats.json, stats.md, doc_lengths.png."""
+    from anchor.data.config import load_pack_config
     from anchor.data.mixture import MixtureSpec
     from anchor.data.packing import Layout
     from anchor.data.pipeline import PackConfig, pack_corpus
+    from anchor.errors import InputError
 
+    opts = dict(ctx.params)
+    if config is not None:
+        for key, value in load_pack_config(config).items():
+            source = ctx.get_parameter_source(key)
+            if source is None or source.name in ("DEFAULT", "DEFAULT_MAP"):
+                opts[key] = value
+    for key, flag in (("model", "--model"), ("data", "--data"), ("seq_len", "--seq-len")):
+        if opts.get(key) is None:
+            raise InputError(f"missing option {flag} (give it, or set `{key}` in --config)")
+    if opts["seq_len"] < 2:
+        raise InputError(f"--seq-len must be at least 2, got {opts['seq_len']}")
     cfg = PackConfig(
-        seq_len=seq_len,
-        mixture=MixtureSpec(kind=mixture, budget=budget, long_threshold=long_threshold,  # type: ignore[arg-type]
-                            upsample_factor=upsample_factor, seed=seed),
-        layout=Layout(tags=tags, interleave=interleave, mean_chunk=mean_chunk),
-        seed=seed, text_field=text_field, domain_field=domain_field, skip_bad=skip_bad,
+        seq_len=opts["seq_len"],
+        mixture=MixtureSpec(kind=opts["mixture"], budget=opts["budget"], long_threshold=opts["long_threshold"],
+                            upsample_factor=float(opts["upsample_factor"]), seed=opts["seed"]),
+        layout=Layout(tags=opts["tags"], interleave=opts["interleave"], mean_chunk=opts["mean_chunk"]),
+        seed=opts["seed"], text_field=opts["text_field"], domain_field=opts["domain_field"],
+        skip_bad=opts["skip_bad"],
     )
-    stats = pack_corpus(model, data, out, cfg, progress=progress)
+    stats = pack_corpus(opts["model"], opts["data"], out, cfg, progress=progress)
     w = stats["windows"]
     skipped = sum(stats["read"].get("skipped", {}).values())
     typer.echo(

@@ -171,3 +171,33 @@ def test_shards_read_back_as_one(small_corpus, tmp_path):
     idx = np.random.default_rng(0).permutation(one.num_windows)
     for a, b in zip(one.windows(idx), many.windows(idx)):
         assert np.array_equal(a, b)
+
+
+def test_config_file_and_overrides(small_corpus, tmp_path, capsys):
+    cfg = tmp_path / "d.yaml"
+    cfg.write_text(f"model: random:llama\ndata: {small_corpus}\nseq_len: 40\nmixture: upsample_long\n"
+                   "long_threshold: 1000\ntags: true\n")
+    code, _, _ = run(["pack", "--config", str(cfg), "--out", str(tmp_path / "o"), "--seq-len", "56",
+                      "--no-progress"], capsys)
+    assert code == 0
+    meta = json.loads((tmp_path / "o" / "pack.json").read_text())
+    assert meta["seq_len"] == 56 and meta["mixture"]["kind"] == "upsample_long" and meta["layout"]["tags"]
+    cfg.write_text("seq_len: 40\nsequence: 3\n")
+    code, _, err = run(["pack", "--config", str(cfg), "--out", str(tmp_path / "p")], capsys)
+    assert code == 2 and "unknown key 'sequence'" in err and len(err.strip().splitlines()) == 1
+    cfg.write_text("seq_len: forty\n")
+    code, _, err = run(["pack", "--config", str(cfg), "--out", str(tmp_path / "p")], capsys)
+    assert code == 2 and "seq_len: expected" in err
+    code, _, err = run(["pack", "--out", str(tmp_path / "p")], capsys)
+    assert code == 2 and "missing option --model" in err
+
+
+def test_shipped_data_configs_validate():
+    from pathlib import Path
+
+    from anchor.data.config import load_pack_config
+
+    files = sorted((Path(__file__).resolve().parents[2] / "configs" / "data").glob("*.yaml"))
+    assert files
+    for f in files:
+        assert load_pack_config(f)["seq_len"] >= 2

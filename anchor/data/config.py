@@ -1,0 +1,65 @@
+"""`anchor pack --config FILE`: the YAML schema of a data configuration (configs/data/*.yaml).
+
+Every key is optional and mirrors an `anchor pack` option of the same name (dashes become
+underscores); an option given on the command line wins over the file. Unknown keys and wrong
+types are InputErrors naming the file and the key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from anchor.data.mixture import MIXTURES
+from anchor.errors import InputError
+
+# key -> (accepted types, what it is)
+PACK_SCHEMA: dict[str, tuple[tuple[type, ...], str]] = {
+    "model": ((str,), "HF folder, .gguf file, random:<preset> or default"),
+    "data": ((str,), "corpus file or folder, or a token store"),
+    "seq_len": ((int,), "slots per window T"),
+    "mixture": ((str,), f"one of {', '.join(MIXTURES)}"),
+    "budget": ((int, type(None)), "tokens to select (documents with their EOS); null: the whole source"),
+    "long_threshold": ((int,), "documents longer than this many tokens are long"),
+    "upsample_factor": ((int, float), "upsample_long: copies of each long document per pass"),
+    "tags": ((bool,), "precede each document by its domain tag"),
+    "interleave": ((bool,), "interleave document chunks inside windows"),
+    "mean_chunk": ((int,), "interleave: mean chunk length in slots (0: T/8)"),
+    "seed": ((int,), "seed of the mixture and the interleaving"),
+    "skip_bad": ((bool,), "skip and count bad records"),
+    "text_field": ((str,), "dotted path of the text"),
+    "domain_field": ((str, type(None)), "dotted path of the domain; null: auto"),
+}
+
+
+def validate_pack_config(d: Any, *, source: str = "config") -> dict[str, Any]:
+    """Check a mapping against PACK_SCHEMA; returns it as a plain dict."""
+    if d is None:
+        return {}
+    if not isinstance(d, dict):
+        raise InputError("a data config must be a mapping of option names to values", path=source)
+    out = {}
+    for key, value in d.items():
+        if key not in PACK_SCHEMA:
+            raise InputError(f"unknown key {key!r} (known: {', '.join(PACK_SCHEMA)})", path=source)
+        types, what = PACK_SCHEMA[key]
+        if isinstance(value, bool) and bool not in types:
+            raise InputError(f"{key}: expected {what}, got {value!r}", path=source)
+        if not isinstance(value, types):
+            raise InputError(f"{key}: expected {what}, got {value!r}", path=source)
+        out[key] = value
+    return out
+
+
+def load_pack_config(path: str | Path) -> dict[str, Any]:
+    """Read and validate a data config YAML file."""
+    import yaml
+
+    path = Path(path)
+    try:
+        d = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise InputError(f"cannot read: {e.strerror or e}", path=path) from None
+    except yaml.YAMLError as e:
+        raise InputError(f"invalid YAML: {str(e).splitlines()[0]}", path=path) from None
+    return validate_pack_config(d, source=str(path))
