@@ -115,14 +115,33 @@ class Packer:
         per = max(1, block_slots // self.C)
         rng = np.random.default_rng([self.seed, 0x1EAF])
         for w0 in range(0, self.num_windows, per):
-            block = self.block(w0, min(self.num_windows, w0 + per))
+            w1 = min(self.num_windows, w0 + per)
+            flat = self.stream_block(w0, w1)
             if self.interleave:
-                block = interleave_block(block, self.p_cut, rng)
-            yield block
+                flat = interleave_flat(*flat, self.C, self.p_cut, rng)
+            yield self.assemble(*flat)
 
     def block(self, w0: int, w1: int) -> WindowBlock:
         """Windows `[w0, w1)` without interleaving."""
-        C, T, nw = self.C, self.T, w1 - w0
+        return self.assemble(*self.stream_block(w0, w1))
+
+    def assemble(self, tok: np.ndarray, seg: np.ndarray, tag: np.ndarray) -> WindowBlock:
+        """[n C] stream slots -> [n, T] windows with the first token at slot 0."""
+        nw = tok.shape[0] // self.C
+        out_tok = np.empty((nw, self.T), dtype=np.uint32)
+        out_tok[:, 0] = self.first_token
+        out_tok[:, 1:] = tok.reshape(nw, self.C)
+        out_seg = np.empty((nw, self.T), dtype=np.int32)
+        out_seg[:, 0] = 0
+        out_seg[:, 1:] = seg.reshape(nw, self.C)
+        out_tag = np.zeros((nw, self.T), dtype=np.uint8)
+        out_tag[:, 1:] = tag.reshape(nw, self.C)
+        return WindowBlock(out_tok, out_seg, out_tag)
+
+    def stream_block(self, w0: int, w1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Stream slots of windows `[w0, w1)`: tokens uint32, seg int32 (1, 2, ... per window,
+        -1 padding) and tag uint8, each flat [n C]."""
+        C, nw = self.C, w1 - w0
         p0, p1 = w0 * C, min(w1 * C, self.length)
         k_lo = int(np.searchsorted(self.end, p0, side="right"))
         k_hi = int(np.searchsorted(self.start, p1, side="left"))
@@ -134,15 +153,10 @@ class Packer:
         src = np.repeat(self.off[ks] - self.g[ks] - self.start[ks], c)
         src += np.arange(p0, p1, dtype=np.int64)
         np.clip(src, 0, max(0, self.store.tokens.shape[0] - 1), out=src)
-        out_tok = np.zeros((nw, T), dtype=np.uint32)
-        out_tok[:, 0] = self.first_token
-        flat = out_tok[:, 1:]
-        body = self.store.tokens[src]
         tok = np.zeros(nw * C, dtype=np.uint32)
-        tok[:m] = body
+        np.take(self.store.tokens, src, out=tok[:m])
         eos_at = self.end[ks] - 1 - p0  # the EOS of a piece, if inside this block
-        eos_at = eos_at[eos_at < m]
-        tok[eos_at] = self.eos
+        tok[eos_at[eos_at < m]] = self.eos
         tag = np.zeros(nw * C, dtype=np.uint8)
         if self.g[k_lo:k_hi].any():
             gk = self.g[ks]
@@ -151,27 +165,34 @@ class Packer:
             inside = (pos >= 0) & (pos < m)
             tok[pos[inside]] = self.tagmat[np.repeat(self.dom[ks], gk)[inside], rel[inside]]
             tag[pos[inside]] = 1
-        flat[...] = tok.reshape(nw, C)
+        # window-local document numbers: piece index minus the window's first piece, plus 1
+        piece = np.repeat(np.arange(1, ks.size + 1, dtype=np.int32), c)
+        row_first = piece[np.arange(0, m, C)] - 1
         seg = np.full(nw * C, -1, dtype=np.int32)
-        seg[:m] = np.repeat(np.arange(ks.size, dtype=np.int32), c)
-        seg = seg.reshape(nw, C)
-        out_seg = np.zeros((nw, T), dtype=np.int32)
-        np.subtract(seg, seg[:, :1] - 1, out=out_seg[:, 1:], where=seg >= 0)
-        out_seg[:, 1:][seg < 0] = -1
-        out_tag = np.zeros((nw, T), dtype=np.uint8)
-        out_tag[:, 1:] = tag.reshape(nw, C)
-        return WindowBlock(out_tok, out_seg, out_tag)
+        seg[:m] = piece
+        seg2 = seg.reshape(nw, C)
+        np.subtract(seg2, row_first[:, None], out=seg2, where=seg2 >= 0)
+        return tok, seg, tag
 
 
 def interleave_block(block: WindowBlock, p_cut: float, rng: np.random.Generator) -> WindowBlock:
-    """Cut each window's documents (slots 1..T-1) into chunks and shuffle them, keeping each
-    document's chunk order; documents are renumbered by first appearance (module docstring)."""
+    """`interleave_flat` on assembled windows (slot 0 stays in place)."""
     nw, T = block.seg.shape
-    C = T - 1
-    n = nw * C
-    seg = np.ascontiguousarray(block.seg[:, 1:]).ravel()
+    tok, seg, tag = (np.ascontiguousarray(x[:, 1:]).ravel() for x in (block.tokens, block.seg, block.tag))
+    tok, seg, tag = interleave_flat(tok, seg, tag, T - 1, p_cut, rng)
+    out = WindowBlock(block.tokens.copy(), block.seg.copy(), block.tag.copy())
+    out.tokens[:, 1:], out.seg[:, 1:], out.tag[:, 1:] = (x.reshape(nw, T - 1) for x in (tok, seg, tag))
+    return out
+
+
+def interleave_flat(tok: np.ndarray, seg: np.ndarray, tag: np.ndarray, C: int, p_cut: float,
+                    rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cut each window's documents (stream slots, flat [n C]) into chunks and shuffle them, keeping
+    each document's chunk order; documents are renumbered by first appearance (module docstring)."""
+    n = seg.shape[0]
+    nw = n // C
     new_doc = np.ones(n, dtype=bool)
-    new_doc[1:] = seg[1:] != seg[:-1]
+    np.not_equal(seg[1:], seg[:-1], out=new_doc[1:])
     new_doc[::C] = True  # each window's slot 1
     cut = new_doc.copy()
     cut[rng.integers(0, n, rng.binomial(n, p_cut))] = True
@@ -197,14 +218,8 @@ def interleave_block(block: WindowBlock, p_cut: float, rng: np.random.Generator)
     lut = np.full(nw * (C + 1), -1, dtype=np.int32)
     lut[frow * (C + 1) + doc[firsts]] = rank
     chunk_new = np.where(doc >= 0, lut[row * (C + 1) + np.maximum(doc, 0)], -1).astype(np.int32)
-    tokens = block.tokens.copy()
-    tokens[:, 1:] = np.ascontiguousarray(block.tokens[:, 1:]).ravel()[src].reshape(nw, C)
-    out_seg = block.seg.copy()
-    out_seg[:, 1:] = np.repeat(chunk_new[order], olens).reshape(nw, C)
-    tag = block.tag.copy()
-    if block.tag.any():
-        tag[:, 1:] = np.ascontiguousarray(block.tag[:, 1:]).ravel()[src].reshape(nw, C)
-    return WindowBlock(tokens, out_seg, tag)
+    out_tag = tag[src] if tag.any() else tag
+    return tok[src], np.repeat(chunk_new[order], olens), out_tag
 
 
 def window_stats(seg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
