@@ -20,7 +20,8 @@ import re
 import sys
 import sysconfig
 from pathlib import Path
-from typing import Iterator
+from functools import partial
+from typing import Callable, Iterator
 
 from anchor.data.store import publish, staging_dir
 
@@ -78,57 +79,70 @@ def _zen(root: Path) -> str | None:
     return None
 
 
-def default_corpus_documents(max_docs_per_domain: int | None = None) -> Iterator[dict[str, str]]:
-    """`{"text", "domain", "source"}` records of the default corpus, deterministically ordered.
+def _plan(max_docs_per_domain: int | None) -> list[tuple[str, str, Callable[[], str | None]]]:
+    """`(domain, source, read)` per document, in order; `read()` gives the text (None: skip).
 
-    `max_docs_per_domain` keeps that many documents of each domain, evenly spread over its order.
+    Only the small domains are read here; the modules of `code` are read when their turn comes.
     """
     root = stdlib_dir()
-    files = _files(root)
-    domains: dict[str, list[tuple[str, str]]] = {"code": [], "docs": [], "prose": [], "license": []}
-    for p in files:
+    domains: dict[str, list[tuple[str, Callable[[], str | None]]]] = {"code": [], "docs": [], "prose": [],
+                                                                    "license": []}
+    for p in _files(root):
         rel = p.relative_to(root).as_posix()
         if p.suffix == ".py":
-            text = _read(p)
-            if text and text.strip():
-                domains["code"].append((rel, text))
+            domains["code"].append((rel, partial(_read, p)))
         elif p.name == "LICENSE.txt" and p.parent == root:
             text = _read(p) or ""
             sections = [s.strip() for s in re.split(r"\n(?=[A-Z][A-Z0-9 .,/-]{8,}\n[=-]{8,}\n)", text)]
-            domains["license"] += [(f"{rel}#{i}", s) for i, s in enumerate(sections) if s]
+            domains["license"] += [(f"{rel}#{i}", partial(str, s)) for i, s in enumerate(sections) if s]
         elif p.suffix in PROSE_SUFFIXES or p.name.startswith("README"):
-            text = _read(p)
-            if text and text.strip():
-                domains["prose"].append((rel, text))
+            domains["prose"].append((rel, partial(_read, p)))
         elif p.suffix == ".html":
-            text = _read(p)
-            if text:
-                domains["prose"].append((rel, html_to_text(text)))
+            domains["prose"].append((rel, partial(lambda q: html_to_text(_read(q) or ""), p)))
     zen = _zen(root)
     if zen:
-        domains["prose"].append(("this.py#zen", zen))
+        domains["prose"].append(("this.py#zen", partial(str, zen)))
     try:
         from pydoc_data.topics import topics
     except ImportError:  # some distributions leave pydoc_data out
         topics = {}
-    domains["docs"] = [(f"pydoc_data/topics.py#{k}", topics[k]) for k in sorted(topics)]
+    domains["docs"] = [(f"pydoc_data/topics.py#{k}", partial(str, topics[k])) for k in sorted(topics)]
+    plan = []
     for domain, docs in domains.items():
         if max_docs_per_domain is not None and len(docs) > max_docs_per_domain:
             step = len(docs) / max_docs_per_domain
             docs = [docs[int(i * step)] for i in range(max_docs_per_domain)]
-        for source, text in docs:
+        plan += [(domain, source, read) for source, read in docs]
+    return plan
+
+
+def default_corpus_documents(max_docs_per_domain: int | None = None) -> Iterator[dict[str, str]]:
+    """`{"text", "domain", "source"}` records of the default corpus, deterministically ordered.
+
+    `max_docs_per_domain` keeps that many documents of each domain (evenly spread over its order;
+    empty files among them are left out).
+    """
+    for domain, source, read in _plan(max_docs_per_domain):
+        text = read()
+        if text and text.strip():
             yield {"text": text, "domain": domain, "source": source}
+
+
+def _progress(items: list, enabled: bool):
+    if not enabled:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, unit=" docs", desc="corpus", mininterval=0.5, leave=False)
 
 
 def write_default_corpus(out: Path, *, max_docs_per_domain: int | None = None, progress: bool = False) -> dict:
     """Write `out/corpus.jsonl` (and `out/corpus.json`, a summary) via a temporary folder; returns the summary."""
     out = Path(out)
     counts: dict[str, dict[str, int]] = {}
-    records = default_corpus_documents(max_docs_per_domain)
-    if progress:
-        from tqdm import tqdm
-
-        records = tqdm(records, unit=" docs", desc="corpus", mininterval=0.5, leave=False)
+    plan = _plan(max_docs_per_domain)
+    records = ({"text": t, "domain": d, "source": s} for d, s, read in _progress(plan, progress)
+               if (t := read()) and t.strip())
     with staging_dir(out) as tmp:
         folder = tmp / "corpus"
         folder.mkdir()

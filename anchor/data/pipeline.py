@@ -51,6 +51,9 @@ def pack_corpus(model: str, data: str | Path, out: str | Path, cfg: PackConfig, 
         work = tmp / "pack"
         work.mkdir()
         counts = ReadCounts()
+        if (Path(data) / "pack.json").is_file():  # an earlier `anchor pack` output: reuse its store
+            ref = json.loads((Path(data) / "pack.json").read_text(encoding="utf-8")).get("store", "store")
+            data = Path(data) / ref if not Path(ref).is_absolute() else Path(ref)
         if is_store(data):
             store = TokenStore.open(data, expect_identity=tok.identity)
             store_ref = str(Path(data).resolve())

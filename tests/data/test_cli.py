@@ -71,6 +71,8 @@ def test_pack_end_to_end(small_corpus, tmp_path, capsys):
     assert set(stats["domains"]) == {"web", "code", "books"}
     for row in stats["domains"].values():
         assert abs(row["token_ratio"] - row["source_token_ratio"]) < 0.01
+        assert row["long_share"] >= row["source_long_share"]
+    assert any(r["long_share"] > r["source_long_share"] + 0.05 for r in stats["domains"].values())
     assert 0 < stats["attention_compute_ratio_anchor_vs_full"] <= 1
     assert 0 <= stats["windows"]["boundary_window_share"] <= 1
     md = (out / "stats.md").read_text()
@@ -87,6 +89,8 @@ def test_pack_reuses_store_and_rejects_other_tokenizer(small_corpus, tmp_path, c
     first = tmp_path / "p1"
     assert run(pack_args(small_corpus, first), capsys)[0] == 0
     assert run(pack_args(first / "store", tmp_path / "p2", "--seq-len", "32"), capsys)[0] == 0
+    assert run(pack_args(first, tmp_path / "p2b", "--seq-len", "32"), capsys)[0] == 0
+    assert PackedData.open(tmp_path / "p2b").num_windows == PackedData.open(tmp_path / "p2").num_windows
     code, _, err = run(pack_args(first / "store", tmp_path / "p3", model="random:qwen2"), capsys)
     assert code == 2 and "another tokenizer" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "p3").exists() and no_leftovers(tmp_path, "p3")
@@ -120,6 +124,14 @@ def test_skip_bad_counts(tmp_path, capsys):
     assert code == 0
     read = json.loads((tmp_path / "out" / "stats.json").read_text())["read"]
     assert read == {"read": 2, "skipped": {"bad_json": 1, "bad_utf8": 1, "empty": 1, "missing_text": 1}}
+
+
+def test_empty_documents_are_counted(tmp_path, capsys):
+    data = write_jsonl(tmp_path / "e.jsonl", [{"text": "a"}, {"text": ""}, {"text": "\n\t "}, {"text": "b"}])
+    assert run(pack_args(data, tmp_path / "out"), capsys)[0] == 0
+    read = json.loads((tmp_path / "out" / "stats.json").read_text())["read"]
+    assert read == {"read": 2, "skipped": {"empty": 2}}
+    assert "2 empty" in (tmp_path / "out" / "stats.md").read_text()
 
 
 def test_failed_pack_keeps_previous_output(small_corpus, tmp_path, capsys):
