@@ -6,7 +6,8 @@ Writes benchmarks/results/data_<name>.json with the machine (platform, cores, ve
 
 - tokenization: the default corpus (the standard library, docs, prose), in the batches the token
   store writes. `raw` is `tokenizers.Tokenizer.encode_batch` on the same batches; `tok` is
-  `Tok.encode_batch`; `store` is the whole `write_store` (tokenize, flatten, append to the file,
+  `Tok.encode_batch` (which calls `encode_batch_fast`, no offsets; `raw_fast` is that call on
+  its own); `store` is the whole `write_store` (tokenize, flatten, append to the file,
   index). Ratios are throughput against raw (target >= 0.9). Each is the best of `--repeats`
   alternating runs, since the machine is shared.
 - packing: a synthetic store (log-normal document lengths), `Packer.blocks()` into windows of T,
@@ -86,6 +87,10 @@ def bench_tokenization(model: str, max_chars: int, repeats: int) -> dict:
         for b in batches:
             raw.encode_batch(b, add_special_tokens=False)
 
+    def run_raw_fast():
+        for b in batches:
+            raw.encode_batch_fast(b, add_special_tokens=False)
+
     def run_tok():
         for b in batches:
             tok.encode_batch(b)
@@ -94,10 +99,12 @@ def bench_tokenization(model: str, max_chars: int, repeats: int) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             write_store(iter(docs), tok, Path(tmp) / "s")
 
-    results: dict[str, list[float]] = {"raw": [], "tok": [], "store": []}
+    results: dict[str, list[float]] = {"raw": [], "raw_fast": [], "tok": [], "store": []}
     for _ in range(repeats):  # interleaved, so background load hits all alike
         if raw is not None:
             results["raw"].append(best(run_raw, 1))
+            if hasattr(raw, "encode_batch_fast"):
+                results["raw_fast"].append(best(run_raw_fast, 1))
         results["tok"].append(best(run_tok, 1))
         results["store"].append(best(run_store, 1))
     for k, v in results.items():
@@ -107,6 +114,9 @@ def bench_tokenization(model: str, max_chars: int, repeats: int) -> dict:
     if raw is not None:
         out["tok_vs_raw"] = out["tok_tokens_per_s"] / out["raw_tokens_per_s"]
         out["store_vs_raw"] = out["store_tokens_per_s"] / out["raw_tokens_per_s"]
+    if results["raw_fast"]:
+        out["tok_vs_raw_fast"] = out["tok_tokens_per_s"] / out["raw_fast_tokens_per_s"]
+        out["store_vs_raw_fast"] = out["store_tokens_per_s"] / out["raw_fast_tokens_per_s"]
     return out
 
 

@@ -35,10 +35,16 @@ def _varied_texts() -> list[str]:
     return texts
 
 
-@pytest.mark.model
-def test_gguf_tokenizer_equals_transformers(gguf_path):
+@pytest.fixture(scope="module")
+def ref_tokenizer(gguf_path):
+    """transformers' own tokenizer of the GGUF (its `gguf_file=` path; slow, so built once)."""
     transformers = pytest.importorskip("transformers")
-    ref = transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    return transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+
+
+@pytest.mark.model
+def test_gguf_tokenizer_equals_transformers(gguf_path, ref_tokenizer):
+    ref = ref_tokenizer
     tok = load_tokenizer(str(gguf_path))
     texts = _varied_texts()
     ours = tok.encode_batch(texts)
@@ -58,12 +64,10 @@ def test_gguf_tokenizer_equals_transformers(gguf_path):
 
 
 @pytest.mark.model
-def test_default_name_and_hf_dir_share_identity(gguf_path, tmp_path):
-    transformers = pytest.importorskip("transformers")
+def test_default_name_and_hf_dir_share_identity(ref_tokenizer, tmp_path):
     tok = load_tokenizer("default")
     assert load_tokenizer("smollm2").identity == tok.identity
-    ref = transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    ref.save_pretrained(tmp_path)
+    ref_tokenizer.save_pretrained(tmp_path)
     hf = load_tokenizer(str(tmp_path))
     texts = _varied_texts()
     assert hf.encode_batch(texts) == tok.encode_batch(texts)
