@@ -35,16 +35,12 @@ def _varied_texts() -> list[str]:
     return texts
 
 
-@pytest.fixture(scope="module")
-def ref_tokenizer(gguf_path):
-    """transformers' own tokenizer of the GGUF (its `gguf_file=` path; slow, so built once)."""
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-
-
 @pytest.mark.model
-def test_gguf_tokenizer_equals_transformers(gguf_path, ref_tokenizer):
-    ref = ref_tokenizer
+def test_gguf_tokenizer_equals_transformers(gguf_path, tmp_path):
+    """Ours from the GGUF metadata == transformers' `gguf_file=` tokenizer; its saved folder loads as
+    an HF directory with the same identity. (One test: building transformers' tokenizer is slow.)"""
+    transformers = pytest.importorskip("transformers")
+    ref = transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     tok = load_tokenizer(str(gguf_path))
     texts = _varied_texts()
     ours = tok.encode_batch(texts)
@@ -62,15 +58,10 @@ def test_gguf_tokenizer_equals_transformers(gguf_path, ref_tokenizer):
     assert tok.first_token_id == 1
     assert tok.vocab_size == len(ref) == 49152
 
-
-@pytest.mark.model
-def test_default_name_and_hf_dir_share_identity(ref_tokenizer, tmp_path):
-    tok = load_tokenizer("default")
-    assert load_tokenizer("smollm2").identity == tok.identity
-    ref_tokenizer.save_pretrained(tmp_path)
+    assert load_tokenizer("default").identity == load_tokenizer("smollm2").identity == tok.identity
+    ref.save_pretrained(tmp_path)
     hf = load_tokenizer(str(tmp_path))
-    texts = _varied_texts()
-    assert hf.encode_batch(texts) == tok.encode_batch(texts)
+    assert hf.encode_batch(texts) == ours
     assert (hf.bos_id, hf.eos_id) == (tok.bos_id, tok.eos_id)
     assert hf.identity == tok.identity
     assert load_tokenizer("random:llama").identity != tok.identity
