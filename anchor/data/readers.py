@@ -273,8 +273,7 @@ def iter_documents(path: str | Path, *, text_field: str = "text", domain_field: 
         elif kind == "parquet":
             yield from read_parquet(path, fields, skip_bad=skip_bad, counts=counts)
         else:
-            yield from read_text_file(path, DEFAULT_DOMAIN if domain_field else "text", skip_bad=skip_bad,
-                                      counts=counts)
+            yield from read_text_file(path, "text", skip_bad=skip_bad, counts=counts)
         return
     if not path.is_dir():
         raise InputError("no such file or folder", path=path)
