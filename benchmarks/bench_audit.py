@@ -1,0 +1,80 @@
+"""Runtime of the default precision audit (`anchor audit --model default`) on this machine.
+
+    .venv/bin/python benchmarks/bench_audit.py [--model default] [--out benchmarks/results/audit_runtime.json]
+        [--audit-out DIR] [-- extra run_audit settings as key=value, e.g. random_init=true]
+
+Records the wall time of the whole `run_audit` + `write_audit`, with the machine (platform, CPU count,
+load average before and after, versions) and the settings used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _value(text: str):
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--policies", default="fp32,hf_bf16,fa2_bf16,paper_bf16")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/audit_runtime.json"))
+    ap.add_argument("--audit-out", default=None, help="also keep the audit's own output here")
+    ap.add_argument("settings", nargs="*", help="run_audit overrides, key=value")
+    args = ap.parse_args()
+
+    import jax
+    import numpy as np
+
+    from jaxref.audit import run_audit, write_audit
+
+    overrides = dict(s.split("=", 1) for s in args.settings)
+    overrides = {k: _value(v) for k, v in overrides.items()}
+    load_before = os.getloadavg()
+    t0 = time.time()
+    result = run_audit(args.model, args.policies, progress=True, **overrides)
+    t_run = time.time() - t0
+    out_dir = args.audit_out or tempfile.mkdtemp(prefix="bench_audit-")
+    write_audit(result, out_dir)
+    t_total = time.time() - t0
+    record = {
+        "benchmark": "anchor audit (jaxref.audit.run_audit + write_audit)",
+        "model": args.model, "policies": args.policies, "overrides": overrides,
+        "settings": result["settings"],
+        "wall_s": round(t_total, 1), "run_audit_s": round(t_run, 1), "limit_s": 900,
+        "within_limit": t_total <= 900,
+        "machine": {
+            "platform": platform.platform(), "processor": platform.processor(), "cpu_count": os.cpu_count(),
+            "python": platform.python_version(), "jax": jax.__version__, "numpy": np.__version__,
+            "backend": jax.default_backend(),
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+            "note": "the 2 cores were shared with other jobs during the run (see load averages)",
+        },
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps(record, indent=2))
+
+
+if __name__ == "__main__":
+    main()

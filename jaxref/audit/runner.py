@@ -1,0 +1,484 @@
+"""The precision audit: the paper's Figure 1 experiments and a stage-by-stage error budget.
+
+    result = run_audit("default", policies="fp32,hf_bf16,fa2_bf16,paper_bf16")
+    result = run_audit("random:llama", quick=True)          # seconds: what `anchor demo` calls
+
+Legend: L layers, N query heads, T slots, S shifts in one call (the reference shift first).
+
+Every measurement is a batch of forward passes of the same tokens under different position
+shifts (`positions = slot + Δ`, variant `full`, one document) with a probe that reduces the
+attention maps inside each layer to column sums `Σ_i |P_ij(Δ) − P_ij(Δ_ref)|` and per-row
+first-key logit differences `|A_i0(Δ) − A_i0(Δ_ref)|` (metrics.py), so no T×T map leaves a layer.
+
+What is measured (CONTRACT §5):
+  shift_curve   D(X, Δ1, Δ2=16) for Δ1 in the paper's list, mean over `num_seqs` windows of `seq_len`
+  per_token     the per-key-slot difference for Δ1=0, Δ2=16 (same forwards as the shift curve)
+  length_curve  D_logit(Δ1=0, Δ2=16) for the paper's lengths up to `max_len`, from one pair of
+                forwards at `max_len` per window (a causal row never sees later slots, so the
+                first L rows are exactly the length-L sequence)
+  error_budget  D(0, 16) of one bf16 policy with each stage raised to fp64 alone, raised
+                cumulatively (pipeline order; the increments add up to D_bf16 − D_fp64 exactly),
+                and each stage lowered alone from fp32 to the policy's dtype
+  angle_error   fp32 RoPE angles against exact ones at long positions (to 1M)
+The logits' vocabulary is cut to the tokens the windows use: the audit reads only attention maps,
+which do not depend on the lm-head.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Callable, Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from anchor.errors import InputError
+from anchor.spec import ModelSpec
+from jaxref.audit import metrics
+from jaxref.audit.random_init import torch_default_state
+from jaxref.audit.sequences import load_texts, make_windows
+from jaxref.model import Params, forward, params_from_state
+from jaxref.policy import PRESETS, STAGES, DtypePolicy, get_policy, parse_policies
+
+PAPER_SHIFTS: tuple[int, ...] = (0, 2, 4, 6, 8, 10, 12, 14, 15, 17, 18, 20, 22, 50, 100, 200, 500, 1000, 2000)
+PAPER_LENGTHS: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+REF_SHIFT = 16
+DEFAULT_POLICIES: tuple[str, ...] = ("fp32", "hf_bf16", "fa2_bf16", "paper_bf16")
+ANGLE_POSITIONS: tuple[int, ...] = (1024, 4096, 16384, 32768, 65536, 131072, 262144, 524288, 1_000_000)
+# Stages on the path to the attention maps; `head` (final norm, lm-head) comes after the last one.
+BUDGET_STAGES: tuple[str, ...] = tuple(s for s in STAGES if s != "head")
+QUICK_SHIFTS: tuple[int, ...] = (0, 8, 15, 17, 100, 2000)
+# Working memory one forward call may take for its attention maps and probe (batch sizing).
+_MEM_BYTES_PER_MAP_ENTRY = 40
+_MEM_BUDGET = 1.5e9
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    """What the audit measures and on how much data. Defaults fit a 2-core CPU in < 15 min on SmolLM2.
+
+    seq_len, num_seqs: windows of the shift curve and per-token difference (the paper: 4096 × 50).
+    shifts, ref_shift: Δ1 values and Δ2 (Δ1 = 0 is always measured: it gives the per-token curve).
+    max_len: longest length of the length curve (capped by the model's max position and memory).
+    budget_policy: the bf16 policy of the error budget (None: the first low-precision policy).
+    budget_seq_len, budget_seqs: windows of the error budget. budget: run it at all.
+    random_init: also audit the architecture with PyTorch's default init (seeded by `seed`).
+    """
+
+    seq_len: int = 256
+    num_seqs: int = 2
+    shifts: tuple[int, ...] = PAPER_SHIFTS
+    ref_shift: int = REF_SHIFT
+    max_len: int = 1024
+    budget_policy: str | None = None
+    budget_seq_len: int = 256
+    budget_seqs: int = 1
+    budget: bool = True
+    random_init: bool = False
+    seed: int = 0
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> AuditSettings:
+        """A short audit (for `anchor demo` and tests): one window of 64, six shifts, no error budget."""
+        base = dict(seq_len=64, num_seqs=1, shifts=QUICK_SHIFTS, max_len=256, budget_seq_len=64, budget_seqs=1,
+                    budget=False)
+        return cls(**{**base, **overrides})
+
+
+# ---------------------------------------------------------------------------------------------
+# Probes and forward passes
+
+
+@lru_cache(maxsize=None)
+def pair_probe(group: int) -> Callable[[jax.Array, jax.Array], dict[str, jax.Array]]:
+    """A probe for a batch of `n` groups of `group` elements, element 0 of each group the reference.
+
+    Returns per layer `col` [n, group-1, T] = Σ_h Σ_i |P_ij − P_ref,ij| and `first` [n, group-1, T]
+    = Σ_h |A_i0 − A_ref,i0| (per query row i), float64. Cached so that jit sees one function per size.
+    """
+
+    def probe(scores_BNTS, probs_BNTS):
+        B, N, T, S = probs_BNTS.shape
+        p = probs_BNTS.reshape(B // group, group, N, T, S)
+        col = jnp.abs(p[:, 1:] - p[:, :1]).astype(jnp.float64).sum(axis=(2, 3))
+        a = scores_BNTS[..., 0].astype(jnp.float64).reshape(B // group, group, N, T)
+        first = jnp.abs(a[:, 1:] - a[:, :1]).sum(axis=2)
+        return {"col": col, "first": first}
+
+    return probe
+
+
+def run_pairs(params: Params, spec: ModelSpec, tokens_nT: np.ndarray, shifts: Sequence[int], ref_shift: int,
+              policy: DtypePolicy) -> dict[str, np.ndarray]:
+    """One forward call: each of the `n` windows under `ref_shift` and every shift of `shifts`.
+
+    Args: tokens_nT int [n, T]; shifts: S values. Returns float64 `col` and `first`, each [L, n, S, T].
+    """
+    n, T = tokens_nT.shape
+    group = len(shifts) + 1
+    deltas = np.asarray([ref_shift, *shifts], dtype=np.int64)
+    tokens = np.repeat(tokens_nT, group, axis=0)
+    positions = (np.arange(T, dtype=np.int64)[None, :] + np.tile(deltas, n)[:, None])
+    doc_ids = np.ones_like(tokens, dtype=np.int32)
+    _, taps = forward(params, spec, tokens, positions=positions, doc_ids=doc_ids, variant="full",
+                      policy=policy, probe=pair_probe(group))
+    return {k: np.asarray(v, np.float64) for k, v in taps["probe"].items()}
+
+
+def shifts_per_call(spec: ModelSpec, T: int, n_shifts: int) -> int:
+    """How many shifts (besides the reference) one call holds within the memory budget (≥ 1)."""
+    per_elem = _MEM_BYTES_PER_MAP_ENTRY * spec.num_heads * T * T
+    return int(max(1, min(n_shifts, _MEM_BUDGET // per_elem - 1)))
+
+
+def max_len_for_memory(spec: ModelSpec) -> int:
+    """Longest T whose pair of attention maps per layer fits in half the free memory."""
+    try:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        avail = 8e9
+    return int(math.isqrt(int(avail / 2 / (2 * _MEM_BYTES_PER_MAP_ENTRY * spec.num_heads))))
+
+
+def restrict_vocab(params: Params, spec: ModelSpec, windows: Iterable[np.ndarray]) -> tuple[Params, Callable]:
+    """Params whose embedding (and lm-head) keep only the rows the windows use, and the id map.
+
+    The attention maps are unchanged (each used row is the same); only the unused logits go.
+    """
+    used = np.unique(np.concatenate([np.asarray(w).ravel() for w in windows]))
+    out = dict(params)
+    out["embed"] = jnp.asarray(np.asarray(params["embed"])[used])
+    if not spec.tie_embeddings:
+        out["lm_head"] = jnp.asarray(np.asarray(params["lm_head"])[used])
+    return out, lambda toks: np.searchsorted(used, toks).astype(np.int32)
+
+
+# ---------------------------------------------------------------------------------------------
+# The three curves
+
+
+def shift_curve(params: Params, spec: ModelSpec, windows: np.ndarray, policy: DtypePolicy, shifts: Sequence[int],
+                ref_shift: int, tick: Callable[[int], None] = lambda n: None) -> dict[str, Any]:
+    """D(X, Δ1, ref) for each Δ1 (mean over windows), per-token and per-layer D at Δ1 = 0, D_logit per Δ1.
+
+    Args: windows int [n, T] (already mapped to the params' vocabulary).
+    """
+    n, T = windows.shape
+    shifts = list(shifts)
+    k = shifts_per_call(spec, T, len(shifts))
+    D = np.zeros((n, len(shifts)))
+    d_logit = np.zeros((n, len(shifts)))
+    per_token = np.zeros((n, T))
+    by_layer = np.zeros((n, spec.num_layers))
+    zero = shifts.index(0)
+    for s in range(n):
+        for c in range(0, len(shifts), k):
+            chunk = shifts[c:c + k]
+            padded = chunk + [chunk[-1]] * (k - len(chunk))  # one compiled shape per run
+            r = run_pairs(params, spec, windows[s:s + 1], padded, ref_shift, policy)
+            for b, delta in enumerate(chunk):
+                col = r["col"][:, 0, b]  # [L, T]
+                D[s, c + b] = metrics.d_from_colsums(col)
+                d_logit[s, c + b] = metrics.d_logit_from_rows(r["first"][:, 0, b].sum(axis=0))
+                if c + b == zero:
+                    per_token[s] = metrics.per_token_from_colsums(col)
+                    by_layer[s] = (col * metrics.column_norm(T)).sum(axis=1)
+            tick(len(padded) + 1)
+    return {
+        "shifts": [int(x) for x in shifts], "ref_shift": int(ref_shift), "seq_len": int(T), "num_seqs": int(n),
+        "D": D.mean(axis=0).tolist(), "D_per_seq": D.tolist(), "D_logit": d_logit.mean(axis=0).tolist(),
+        "_per_token": per_token.mean(axis=0), "_by_layer": by_layer.mean(axis=0),
+    }
+
+
+def length_curve(params: Params, spec: ModelSpec, windows: np.ndarray, policy: DtypePolicy, lengths: Sequence[int],
+                 delta1: int, delta2: int, tick: Callable[[int], None] = lambda n: None) -> dict[str, Any]:
+    """D_logit(Δ1, Δ2) for each length (≤ the windows' T), mean over windows."""
+    n, T = windows.shape
+    vals = np.zeros((n, len(lengths)))
+    for s in range(n):
+        r = run_pairs(params, spec, windows[s:s + 1], [delta1], delta2, policy)
+        rows = r["first"][:, 0, 0].sum(axis=0)  # [T]
+        vals[s] = [metrics.d_logit_from_rows(rows, L) for L in lengths]
+        tick(2)
+    return {"lengths": [int(x) for x in lengths], "delta1": int(delta1), "delta2": int(delta2), "num_seqs": int(n),
+            "D_logit": vals.mean(axis=0).tolist(), "D_logit_per_seq": vals.tolist()}
+
+
+def d_pair(params: Params, spec: ModelSpec, windows: np.ndarray, policy: DtypePolicy, delta1: int,
+           delta2: int) -> float:
+    """Mean over windows of D(X, Δ1, Δ2), all windows in one call."""
+    r = run_pairs(params, spec, windows, [delta1], delta2, policy)
+    return float(np.mean([metrics.d_from_colsums(r["col"][:, s, 0]) for s in range(windows.shape[0])]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Error budget
+
+
+def _key(p: DtypePolicy) -> tuple:
+    return tuple(getattr(p, s) for s in STAGES) + (p.attention, p.kv_block)
+
+
+def budget_plan(base: DtypePolicy) -> dict[str, Any]:
+    """The policies of the error budget of `base` (a low-precision policy).
+
+    Returns {"base", "fp64", "fp32" (fp32 with base's attention arithmetic), "raise": {stage: policy},
+    "cumulative": [(stage, policy)] (stages raised in pipeline order; the last has all raised),
+    "lower": {stage: policy}} (fp32 with one stage set to base's dtype; only stages where base is not fp32).
+    """
+    fp32 = dataclasses.replace(PRESETS["fp32"], attention=base.attention, kv_block=base.kv_block,
+                               name=f"fp32[{base.attention}]")
+    raise_one = {s: base.with_stages(**{s: "float64"}) for s in BUDGET_STAGES}
+    cumulative, p = [], base
+    for s in BUDGET_STAGES:
+        p = dataclasses.replace(p.with_stages(**{s: "float64"}), name=f"{base.name}[..{s}=float64]")
+        cumulative.append((s, p))
+    lower = {s: fp32.with_stages(**{s: getattr(base, s)}) for s in BUDGET_STAGES if getattr(base, s) != "float32"}
+    return {"base": base, "fp64": PRESETS["fp64"], "fp32": fp32, "raise": raise_one, "cumulative": cumulative,
+            "lower": lower}
+
+
+def budget_runs(plan: dict[str, Any]) -> list[DtypePolicy]:
+    """The distinct policies a budget plan evaluates (one D each)."""
+    ps = [plan["base"], plan["fp64"], plan["fp32"], *plan["raise"].values(), *(p for _, p in plan["cumulative"]),
+          *plan["lower"].values()]
+    seen, out = set(), []
+    for p in ps:
+        if _key(p) not in seen:
+            seen.add(_key(p))
+            out.append(p)
+    return out
+
+
+def error_budget(params: Params, spec: ModelSpec, windows: np.ndarray, base: DtypePolicy, delta1: int, delta2: int,
+                 tick: Callable[[int], None] = lambda n: None) -> dict[str, Any]:
+    """How much of D(Δ1, Δ2) under `base` each stage is responsible for (see budget_plan)."""
+    plan = budget_plan(base)
+    cache: dict[tuple, float] = {}
+
+    def D(p: DtypePolicy) -> float:
+        if _key(p) not in cache:
+            cache[_key(p)] = d_pair(params, spec, windows, p, delta1, delta2)
+            tick(2 * windows.shape[0])
+        return cache[_key(p)]
+
+    d_base, d64, d32 = D(plan["base"]), D(plan["fp64"]), D(plan["fp32"])
+    stages: dict[str, dict[str, Any]] = {}
+    prev = d_base
+    for s, p in plan["cumulative"]:
+        d_cum = D(p)
+        d_raise = D(plan["raise"][s])
+        entry = {"dtype": getattr(base, s), "raised_alone_D": d_raise, "raise_alone_contribution": d_base - d_raise,
+                 "cumulative_D": d_cum, "cumulative_contribution": prev - d_cum}
+        if s in plan["lower"]:
+            d_low = D(plan["lower"][s])
+            entry.update(lowered_alone_D=d_low, lower_alone_contribution=d_low - d32)
+        stages[s] = entry
+        prev = d_cum
+    stages["head"] = {"dtype": base.head, "raise_alone_contribution": 0.0, "cumulative_contribution": 0.0,
+                      "note": "final norm and lm-head come after the last attention map"}
+    all_raised = plan["cumulative"][-1][1]
+    return {
+        "policy": base.name, "delta1": int(delta1), "delta2": int(delta2), "seq_len": int(windows.shape[1]),
+        "num_seqs": int(windows.shape[0]), "D": d_base, "D_fp64": d64, "D_fp32": d32,
+        "D_all_raised": D(all_raised), "cumulative_order": list(BUDGET_STAGES),
+        "sum_cumulative_contributions": float(sum(v["cumulative_contribution"] for v in stages.values())),
+        "sum_raise_alone_contributions": float(sum(v["raise_alone_contribution"] for v in stages.values())),
+        "stages": stages,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole audit
+
+
+def _is_low_precision(p: DtypePolicy) -> bool:
+    return any(getattr(p, s) in ("bfloat16", "float16") for s in STAGES)
+
+
+def _machine() -> dict[str, Any]:
+    return {"platform": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count(),
+            "jax": jax.__version__, "numpy": np.__version__, "jax_backend": jax.default_backend()}
+
+
+class _Progress:
+    """A rich progress bar over forward passes (one sequence under one shift = 1), or nothing."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.bar = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("[bold]audit[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=Console(stderr=True))
+            self.task = self.bar.add_task("", total=total)
+            self.live = self.bar.console.is_terminal
+            self.bar.start()
+
+    def describe(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, description=text)
+            if not self.live:  # a log file gets one line per phase instead of a live bar
+                done = int(self.bar.tasks[0].completed)
+                self.bar.console.print(f"audit: {text} [{done}/{int(self.bar.tasks[0].total)} forward passes, "
+                                       f"{self.bar.tasks[0].elapsed or 0:.0f} s]")
+
+    def tick(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.advance(self.task, n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _resolve_settings(spec: ModelSpec, settings: AuditSettings) -> tuple[AuditSettings, list[int], list[str]]:
+    notes: list[str] = []
+    if settings.seq_len < 2 or settings.num_seqs < 1:
+        raise InputError(f"--seq-len must be >= 2 and --num-seqs >= 1 (got {settings.seq_len}, {settings.num_seqs})")
+    if settings.seq_len > spec.max_position:
+        raise InputError(f"--seq-len {settings.seq_len} is longer than the model supports "
+                         f"(max position {spec.max_position})")
+    if settings.max_len > spec.max_position:
+        raise InputError(f"--max-len {settings.max_len} is longer than the model supports "
+                         f"(max position {spec.max_position})")
+    if any(s < 0 for s in settings.shifts) or settings.ref_shift < 0:
+        raise InputError("shifts must be >= 0")
+    shifts = [s for s in dict.fromkeys(settings.shifts) if s != settings.ref_shift]
+    if 0 not in shifts:
+        shifts = [0, *shifts]
+    max_len = settings.max_len
+    mem_len = max_len_for_memory(spec)
+    if max_len > mem_len:
+        max_len = 1 << (mem_len.bit_length() - 1)
+        notes.append(f"length curve capped at {max_len} by this machine's free memory")
+    lengths = [L for L in PAPER_LENGTHS if L <= max_len] or [max_len]
+    if lengths[-1] != max_len and max_len not in PAPER_LENGTHS and max_len > lengths[-1]:
+        lengths.append(max_len)
+    return dataclasses.replace(settings, shifts=tuple(shifts), max_len=max_len), lengths, notes
+
+
+def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy] = DEFAULT_POLICIES, *,
+              data: str | None = None, settings: AuditSettings | None = None, quick: bool = False,
+              progress: bool = False, **overrides: Any) -> dict[str, Any]:
+    """Run the precision audit of `model` and return its results (the content of `audit.json`).
+
+    Args:
+      model: as in CONTRACT §6 ("default", a Hugging Face folder, a .gguf file, "random:<preset>").
+      policies: comma-separated names / YAML paths, or a list of names and DtypePolicy values.
+      data: a JSONL file/folder with a `text` field; None: the embedded default corpus.
+      settings: an AuditSettings; `quick=True` starts from `AuditSettings.quick()` instead of the
+        defaults; `overrides` (e.g. seq_len=512, random_init=True) replace single fields.
+      progress: show a progress bar on stderr.
+
+    Returns:
+      a JSON-ready dict: model, spec, settings, machine, policies, shift_curve, per_token,
+      length_curve, error_budget (each keyed by policy name), angle_error, random_init (when asked:
+      shift_curve, per_token, length_curve of the randomly initialised architecture), runtime_s,
+      notes; `jaxref.audit.report.findings(result)` states the paper's findings from it.
+    """
+    from anchor.tokenizer import load_tokenizer
+    from anchor.weights import load_weights
+
+    t0 = time.time()
+    if settings is None:
+        settings = AuditSettings.quick() if quick else AuditSettings()
+    if overrides:
+        unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(AuditSettings)})
+        if unknown:
+            raise TypeError(f"run_audit() got unknown settings {unknown}")
+        settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+    pols = parse_policies(policies) if isinstance(policies, str) else [get_policy(p) for p in policies]
+    if not pols:
+        raise InputError("no dtype policy given")
+    names = [p.name for p in pols]
+    if len(set(names)) != len(names):
+        raise InputError(f"--policies: a policy is named twice ({', '.join(names)})")
+
+    spec, state = load_weights(model, seed=settings.seed)
+    settings, lengths, notes = _resolve_settings(spec, settings)
+    base = None
+    if settings.budget:
+        if settings.budget_policy is not None:
+            base = get_policy(settings.budget_policy)
+        else:
+            base = next((p for p in pols if _is_low_precision(p)), None)
+            if base is None:
+                notes.append("no bf16/fp16 policy among --policies: no error budget")
+    tok = load_tokenizer(model)
+
+    T_max = max(settings.seq_len, settings.max_len)
+    texts = load_texts(data, max_docs=max(64, settings.num_seqs), max_chars=16 * T_max)
+    doc_ids = tok.encode_batch(texts)
+    first, eos = tok.first_token_id, tok.eos_id
+    shift_w = make_windows(doc_ids, first_token=first, eos=eos, n=settings.num_seqs, T=settings.seq_len)
+    length_w = make_windows(doc_ids, first_token=first, eos=eos, n=settings.num_seqs, T=settings.max_len)
+    bT = min(settings.budget_seq_len, settings.seq_len)
+    budget_w = make_windows(doc_ids, first_token=first, eos=eos, n=settings.budget_seqs, T=bT)
+    corpus_tokens = sum(len(d) + 1 for d in doc_ids)
+    if corpus_tokens < settings.num_seqs * T_max:
+        notes.append(f"the text holds {corpus_tokens} tokens: windows repeat it")
+    top = max(int(w.max()) for w in (shift_w, length_w, budget_w))
+    if top >= spec.vocab_size:
+        raise InputError(f"the tokenizer produced id {top}, beyond the model's vocabulary ({spec.vocab_size})")
+
+    kinds = [("pretrained", state)]
+    if settings.random_init:
+        kinds.append(("random_init", torch_default_state(spec, seed=settings.seed)))
+
+    S = len(settings.shifts)
+    k = shifts_per_call(spec, settings.seq_len, S)
+    per_policy = settings.num_seqs * (math.ceil(S / k) * (k + 1) + 2)
+    total = len(kinds) * len(pols) * per_policy
+    if base is not None:
+        total += 2 * settings.budget_seqs * len(budget_runs(budget_plan(base)))
+    bar = _Progress(total, progress)
+    out: dict[str, Any] = {}
+    try:
+        for kind, st in kinds:
+            params, remap = restrict_vocab(params_from_state(spec, st), spec, [shift_w, length_w, budget_w])
+            block: dict[str, Any] = {"shift_curve": {}, "per_token": {}, "length_curve": {}}
+            for pol in pols:
+                bar.describe(f"{kind} {pol.name}: shift curve (T={settings.seq_len})")
+                sc = shift_curve(params, spec, remap(shift_w), pol, settings.shifts, settings.ref_shift, bar.tick)
+                pt = sc.pop("_per_token")
+                by_layer = sc.pop("_by_layer")
+                block["shift_curve"][pol.name] = sc
+                block["per_token"][pol.name] = {
+                    "delta1": 0, "delta2": settings.ref_shift, "seq_len": settings.seq_len, "values": pt.tolist(),
+                    "first_token_share": float(pt[0] / pt.sum()) if pt.sum() > 0 else 0.0,
+                    "by_layer": by_layer.tolist()}
+                bar.describe(f"{kind} {pol.name}: length curve (T={settings.max_len})")
+                block["length_curve"][pol.name] = length_curve(params, spec, remap(length_w), pol, lengths, 0,
+                                                               settings.ref_shift, bar.tick)
+            if kind == "pretrained":
+                out.update(block)
+                out["error_budget"] = {}
+                if base is not None:
+                    bar.describe(f"error budget of {base.name} (T={bT})")
+                    out["error_budget"][base.name] = error_budget(params, spec, remap(budget_w), base, 0,
+                                                                  settings.ref_shift, bar.tick)
+            else:
+                out["random_init"] = {"init": "pytorch-default (kaiming_uniform a=sqrt(5), embedding N(0,1), norms 1)",
+                                      "seed": settings.seed, **block}
+    finally:
+        bar.close()
+
+    out["angle_error"] = metrics.angle_error(spec.rope, spec.head_dim, ANGLE_POSITIONS, shift=settings.ref_shift)
+    settings_d = dataclasses.asdict(settings)
+    settings_d.update(shifts=list(settings.shifts), lengths=lengths, budget_policy=None if base is None else base.name,
+                      budget_seq_len=bT, data=str(data) if data is not None else "default corpus",
+                      corpus_tokens=int(corpus_tokens), variant="full")
+    return {
+        "model": model, "spec": {**dataclasses.asdict(spec)}, "settings": settings_d, "machine": _machine(),
+        "policies": {p.name: p.to_dict() for p in pols}, **out, "notes": notes, "runtime_s": time.time() - t0,
+    }
