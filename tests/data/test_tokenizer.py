@@ -115,3 +115,34 @@ def test_bad_model_names(tmp_path, make, message):
     with pytest.raises(InputError, match=message) as e:
         load_tokenizer(make(tmp_path))
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("pre, arch", [("qwen2", "qwen2")])  # llama-bpe goes the same way
+def test_gguf_pre_tokenizer_splits_match_transformers(gguf_path, tmp_path, pre, arch):
+    """A GGUF whose `tokenizer.ggml.pre` selects a split regex (and with a user-defined token) builds
+    the same tokenizer as transformers' GGUF converter; Qwen files get no BOS."""
+    gguf = pytest.importorskip("gguf")
+    mapping = pytest.importorskip("transformers.integrations.gguf.gguf_tokenizer_mapping")
+    reader = gguf.GGUFReader(str(gguf_path))
+    tokens, merges, types = (reader.fields[f"tokenizer.ggml.{k}"].contents() for k in ("tokens", "merges", "token_type"))
+    types = list(types)
+    types[-1] = 4  # user-defined: kept whole
+    path = tmp_path / f"{pre}.gguf"
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_merges(merges)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ref, _ = mapping.convert_gguf_tokenizer(*mapping.get_gguf_tokenizer(str(path))[:2])
+    tok = load_tokenizer(str(path))
+    texts = SAMPLES + [f"x{tokens[-1]} y", "1234567 89"]
+    assert tok.encode_batch(texts) == [e.ids for e in ref.encode_batch(texts, add_special_tokens=False)]
+    assert tok.bos_id == (None if arch == "qwen2" else 1)
