@@ -228,6 +228,9 @@ def to_hf_config(spec: ModelSpec) -> dict[str, Any]:
         "bos_token_id": spec.bos_token_id,
         "eos_token_id": spec.eos_token_id,
     }
+    if spec.rope.kind == "dynamic" and spec.rope.original_max_position is not None:
+        # transformers' dynamic scaling reads the pretraining length from max_position_embeddings.
+        d["max_position_embeddings"] = spec.rope.original_max_position
     if spec.family in ("llama", "smollm2"):
         d["attention_bias"] = False
         d["mlp_bias"] = False
@@ -248,11 +251,14 @@ def _rope_from_hf(d: dict[str, Any], head_dim: int) -> RopeSpec:
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in ("default", "linear", "dynamic", "yarn", "llama3"):
         raise InputError(f"unsupported RoPE scaling type {kind!r} in the model config")
+    original = params.get("original_max_position_embeddings")
+    if kind == "dynamic" and original is None:
+        original = d.get("max_position_embeddings")  # transformers' own reading for dynamic
     return RopeSpec(
         base=float(params.get("rope_theta", d.get("rope_theta", 10000.0))),
         kind=kind,
         factor=float(params.get("factor", 1.0)),
-        original_max_position=params.get("original_max_position_embeddings"),
+        original_max_position=None if original is None else int(original),
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
         beta_fast=float(params.get("beta_fast", 32.0)),
