@@ -1,1 +1,25 @@
-"""torchtrain: the production PyTorch trainer on stock Hugging Face transformers models."""
+"""torchtrain: the production PyTorch trainer on stock Hugging Face transformers models.
+
+Public API (CONTRACT §7):
+
+    model = torchtrain.build_model(name, engine="sdpa", dtype="float32", rope=None)
+    out = model(input_ids=..., position_ids=..., doc_ids=..., variant="anchor")   # .logits [B, T, V]
+    loss, count = torchtrain.next_token_loss(out.logits, tokens, loss_mask)
+    with torchtrain.capture_taps(model, rows=[...]) as taps: model(...)        # {name: [per layer]}
+
+Modules: variants (the mask predicate of CONTRACT §2), varlen (segments for flash_attn_varlen_func),
+varlen_emulation (a pure-torch flash_attn_varlen_func), attention (each engine's math),
+engines (selection, availability, per-step metadata, transformers registration), model
+(build_model), taps, loss.
+"""
+
+from torchtrain.engines import ENGINES, Engine, available_engines, check_engine
+from torchtrain.loss import next_token_loss
+from torchtrain.model import build_model, model_from_weights, set_engine
+from torchtrain.taps import TAP_NAMES, capture_taps
+from torchtrain.variants import VARIANTS, Variant, dense_mask, mask_predicate
+
+__all__ = [
+    "ENGINES", "Engine", "TAP_NAMES", "VARIANTS", "Variant", "available_engines", "build_model", "capture_taps",
+    "check_engine", "dense_mask", "mask_predicate", "model_from_weights", "next_token_loss", "set_engine",
+]

@@ -1,0 +1,131 @@
+"""Every variant on every engine that runs here equals `eager` (acceptance 1), and the mask metadata
+is built once per forward step.
+
+Errors are relative L2 of logits against `eager` in float32. float32 engines: <= 1e-5.
+bfloat16 engines: <= 2x the error of `eager` in bfloat16 (the baseline of flash-attention's tests).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import torchtrain
+from anchor.weights import load_weights
+from tests.torchtrain.conftest import needs_smollm2, packed_batch, rel_l2, smollm2_weights
+from torchtrain import engines
+from torchtrain.model import model_from_weights, set_engine
+from torchtrain.variants import VARIANTS
+
+ENGINES_HERE = ("sdpa", "flex", "flash_varlen_emulated")
+PRESETS = ("random:llama", "random:qwen2", "random:mistral")
+
+
+@functools.cache
+def _model(name: str, dtype: str):
+    spec, state = smollm2_weights() if name == "default" else load_weights(name)
+    return model_from_weights(spec, state, "eager", dtype).eval()
+
+
+@functools.cache
+def _logits(name: str, T: int, B: int, variant: str, engine: str, dtype: str) -> torch.Tensor:
+    model = set_engine(_model(name, dtype), engine)
+    spec = model.anchor_spec
+    batch = packed_batch(variant, T, vocab=spec.vocab_size, first_token=spec.first_token_id, seed=T,
+                         layouts=("cut", "padded")[:B])
+    with torch.no_grad():
+        return model(**batch.model_inputs()).logits.float()
+
+
+def _check(name: str, T: int, B: int, variant: str, engine: str, dtypes=("float32", "bfloat16")) -> None:
+    ref = _logits(name, T, B, variant, "eager", "float32")
+    if "float32" in dtypes:
+        err32 = rel_l2(_logits(name, T, B, variant, engine, "float32"), ref)
+        print(f"{name} T={T} {variant} {engine} fp32: rel L2 vs eager fp32 = {err32:.2e} (bound 1e-5)")
+    if "bfloat16" in dtypes:
+        base = rel_l2(_logits(name, T, B, variant, "eager", "bfloat16"), ref)
+        err16 = rel_l2(_logits(name, T, B, variant, engine, "bfloat16"), ref)
+        print(f"{name} T={T} {variant} {engine} bf16: rel L2 vs eager fp32 = {err16:.2e}, eager bf16 = {base:.2e} (bound {2 * base:.2e})")
+    if "float32" in dtypes:
+        assert err32 <= 1e-5
+    if "bfloat16" in dtypes:
+        assert err16 <= 2 * base
+
+
+@pytest.mark.parametrize("engine", ENGINES_HERE)
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("T", [97, 1025])
+@pytest.mark.parametrize("name", PRESETS)
+def test_engine_matches_eager(name, T, variant, engine):
+    _check(name, T, 2, variant, engine)
+
+
+@pytest.mark.model
+@needs_smollm2
+@pytest.mark.parametrize("engine", ENGINES_HERE)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_smollm2_engine_matches_eager_fp32(variant, engine):
+    _check("default", 97, 1, variant, engine, dtypes=("float32",))
+
+
+@pytest.mark.model
+@needs_smollm2
+@pytest.mark.parametrize("engine", ENGINES_HERE)
+def test_smollm2_engine_matches_eager_bf16_anchor(engine):
+    _check("default", 97, 1, "anchor", engine, dtypes=("bfloat16",))
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@needs_smollm2
+@pytest.mark.parametrize("engine", ENGINES_HERE)
+def test_smollm2_long_anchor(engine):
+    _check("default", 1025, 1, "anchor", engine)
+
+
+def test_eager_full_equals_transformers_eager():
+    """Our reference is Hugging Face's eager attention: `full` without padding gives the same logits."""
+    model = _model("random:mistral", "float32")
+    batch = packed_batch("full", 97, layouts=("cut", "cut"))
+    with torch.no_grad():
+        ours = set_engine(model, "eager")(**batch.model_inputs()).logits
+        model.config._attn_implementation = "eager"
+        hf = model(input_ids=batch.tokens, position_ids=batch.positions, use_cache=False).logits
+    set_engine(model, "eager")
+    print("max |ours - transformers eager| =", float((ours - hf).abs().max()))
+    torch.testing.assert_close(ours, hf, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("engine", ("eager", "sdpa", "flex", "flash_varlen_emulated"))
+def test_metadata_built_once_per_step(engine, monkeypatch):
+    model = set_engine(_model("random:llama", "float32"), engine)
+    built, called = [], []
+    prepare, run = engines.prepare_meta, engines.attend
+    monkeypatch.setattr(engines, "prepare_meta", lambda *a: built.append(a) or prepare(*a))
+    monkeypatch.setattr(engines, "attend", lambda engine, q, k, v, meta, scale: called.append(meta) or run(engine, q, k, v, meta, scale))
+    batch = packed_batch("anchor", 97)
+    with torch.no_grad():
+        model(**batch.model_inputs())
+    layers = model.config.num_hidden_layers
+    print(f"{engine}: metadata built {len(built)}x for {len(called)} attention calls ({layers} layers)")
+    assert len(built) == 1 and len(called) == layers
+    assert all(meta is called[0] for meta in called)
+
+
+def test_no_doc_ids_is_full_causal():
+    model = set_engine(_model("random:qwen2", "float32"), "sdpa")
+    batch = packed_batch("full", 40, layouts=("cut",))
+    with torch.no_grad():
+        plain = model(input_ids=batch.tokens).logits
+        full = model(input_ids=batch.tokens, doc_ids=batch.doc_ids.numpy(), variant="full").logits
+    torch.testing.assert_close(plain, full, rtol=0, atol=0)
+
+
+def test_public_entry_point():
+    """CONTRACT §7 as written: build_model(name, engine, dtype) and model(..., variant=...).logits."""
+    model = torchtrain.build_model("random:smollm2", engine="sdpa", dtype="float32")
+    batch = packed_batch("anchor", 33)
+    out = model(**batch.model_inputs())
+    assert out.logits.shape == (2, 33, model.anchor_spec.vocab_size)

@@ -1,0 +1,223 @@
+"""Attention engines: selection, availability, per-step mask metadata, and transformers registration.
+
+Every engine is registered in transformers' `AttentionInterface` (`attn_implementation(engine)`), so stock
+Llama/Mistral/Qwen2 models call it in every decoder layer. The variant and the documents come in
+as forward keywords (`doc_ids` [B, T], `variant`); a forward pre-hook on the decoder stack
+(`install`) turns them into an `AttnMeta` once per forward step (dense mask, block mask or varlen
+segments) and passes it to every layer as the keyword `attn_meta`.
+
+  eager                  dense bool mask, Hugging Face eager arithmetic: the reference
+  sdpa                   F.scaled_dot_product_attention with the dense bool mask; trains on CPU
+  flex                   compiled FlexAttention with a BlockMask; CPU forward only, trains on CUDA
+  flash_varlen           flash_attn_varlen_func on gathered segments (CUDA, bf16/fp16)
+  flash_varlen_emulated  the same segments through torchtrain.varlen_emulation (pure torch, any device)
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+import torch
+from torch import nn
+
+from anchor.errors import InputError, UnavailableError
+from torchtrain import attention as attn
+from torchtrain.variants import Variant, check_doc_ids, check_variant, dense_mask, mask_predicate
+from torchtrain.varlen import VarlenSegments, varlen_segments
+
+Engine = Literal["eager", "sdpa", "flex", "flash_varlen", "flash_varlen_emulated"]
+ENGINES: tuple[str, ...] = get_args(Engine)
+
+# Registered names: transformers treats any name containing "flash" as a FlashAttention kernel
+# request (and tries to import it), so the varlen engines register without that word.
+_ATTN_NAMES: dict[str, str] = {
+    "eager": "torchtrain_eager",
+    "sdpa": "torchtrain_sdpa",
+    "flex": "torchtrain_flex",
+    "flash_varlen": "torchtrain_varlen",
+    "flash_varlen_emulated": "torchtrain_varlen_emulated",
+}
+TAP_ATTR = "_torchtrain_tap"  # set on attention modules by torchtrain.taps while capturing
+_HOOK_ATTR = "_torchtrain_prepare_hook"
+
+
+@dataclass(frozen=True)
+class AttnMeta:
+    """Mask metadata of one forward step, shared by all layers.
+
+    doc_ids int64 [B, T]; exactly one of: dense bool [B,1,T,T] (eager, sdpa), block_mask
+    (flex), segments (flash_varlen*).
+    """
+
+    engine: Engine
+    variant: Variant
+    doc_ids: torch.Tensor
+    dense: torch.Tensor | None = None
+    block_mask: Any = None
+    segments: VarlenSegments | None = None
+
+
+@functools.cache
+def flash_attn_varlen_func():
+    """The real kernel, or None where the flash-attn package does not import."""
+    try:
+        from flash_attn import flash_attn_varlen_func as fn
+    except ImportError:
+        return None
+    return fn
+
+
+def available_engines() -> tuple[str, ...]:
+    """Engines that can run a forward here."""
+    return tuple(e for e in ENGINES if e != "flash_varlen" or flash_attn_varlen_func() is not None)
+
+
+def check_engine(engine: object, dtype: torch.dtype | None = None) -> Engine:
+    """Return `engine` if it can run here with this parameter dtype; else a one-line UnavailableError."""
+    if engine not in ENGINES:
+        raise UnavailableError(f"unknown attention engine {engine!r} (available here: {', '.join(available_engines())})")
+    if engine == "flash_varlen":
+        if flash_attn_varlen_func() is None:
+            raise UnavailableError(
+                "engine 'flash_varlen' needs the flash-attn package (CUDA), which does not import here; "
+                "use engine='flash_varlen_emulated' (its pure-torch emulation) or 'sdpa'"
+            )
+        if dtype == torch.float32:
+            raise UnavailableError(
+                "engine 'flash_varlen' runs in bfloat16/float16 only (FlashAttention has no float32 kernel); "
+                "use dtype='bfloat16', or engine 'sdpa' / 'flash_varlen_emulated' in float32"
+            )
+    return engine  # type: ignore[return-value]
+
+
+def attn_implementation(engine: Engine) -> str:
+    """The name the engine is registered under in transformers' AttentionInterface."""
+    return _ATTN_NAMES[engine]
+
+
+def engine_of(model_or_config: Any) -> Engine | None:
+    """The torchtrain engine a model (or its config) runs, or None for a stock transformers one."""
+    config = getattr(model_or_config, "config", model_or_config)
+    name = getattr(config, "_attn_implementation", None)
+    return next((e for e, n in _ATTN_NAMES.items() if n == name), None)  # type: ignore[return-value]
+
+
+def prepare_meta(engine: Engine, doc_ids: torch.Tensor, variant: Variant) -> AttnMeta:
+    """Build the engine's mask metadata for a batch (once per forward step). Args: doc_ids int [B, T]."""
+    variant = check_variant(variant)
+    check_doc_ids(doc_ids, variant)
+    if engine in ("eager", "sdpa"):
+        return AttnMeta(engine, variant, doc_ids, dense=dense_mask(doc_ids, variant)[:, None])
+    if engine == "flex":
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        B, T = doc_ids.shape
+        block_mask = create_block_mask(
+            mask_predicate(doc_ids, variant), B, None, T, T, device=doc_ids.device, _compile=doc_ids.is_cuda
+        )
+        return AttnMeta(engine, variant, doc_ids, block_mask=block_mask)
+    return AttnMeta(engine, variant, doc_ids, segments=varlen_segments(doc_ids, variant))
+
+
+def attend(engine: Engine, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta, scale: float) -> torch.Tensor:
+    """One layer's attention. q [B,N,T,D], k/v [B,K,T,D] (RoPE applied) -> out [B,T,N,D]."""
+    if engine == "eager":
+        return attn.eager_attention(q, k, v, meta.dense, scale)
+    if engine == "sdpa":
+        return attn.sdpa_attention(q, k, v, meta.dense, scale)
+    if engine == "flex":
+        return attn.flex_attention(q, k, v, meta.block_mask, scale)
+    if engine == "flash_varlen":
+        if q.device.type != "cuda":
+            raise UnavailableError(
+                f"engine 'flash_varlen' runs on CUDA only (tensors are on {q.device.type}); "
+                "use engine='flash_varlen_emulated' or 'sdpa'"
+            )
+        return attn.varlen_attention(q, k, v, meta.segments, scale, flash_attn_varlen_func())
+    from torchtrain.varlen_emulation import flash_attn_varlen_func as emulated
+
+    return attn.varlen_attention(q, k, v, meta.segments, scale, emulated)
+
+
+def _attention_function(engine: Engine):
+    """The function transformers calls in each layer: `fn(module, q, k, v, mask, dropout, scaling, **kw)`."""
+
+    def attention(
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        attn_meta: AttnMeta | None = None,
+        sliding_window: int | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        if attn_meta is None:
+            raise InputError(
+                f"engine {engine!r} got no mask metadata: build the model with torchtrain.build_model "
+                "(or torchtrain.engines.install) so its forward turns doc_ids/variant into masks"
+            )
+        if sliding_window is not None or dropout:
+            raise UnavailableError(f"engine {engine!r} implements neither sliding windows nor attention dropout")
+        scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+        out = attend(engine, query, key, value, attn_meta, scale)
+        tap = getattr(module, TAP_ATTR, None)
+        if tap is not None:
+            tap.attention(module.layer_idx, query, key, scale, attn_meta)
+        return out, None
+
+    attention.__name__ = f"{_ATTN_NAMES[engine]}_attention"
+    return attention
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    for engine in ENGINES:
+        AttentionInterface.register(attn_implementation(engine), _attention_function(engine))  # type: ignore[arg-type]
+
+
+_register()
+
+
+def _prepare_hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """Forward pre-hook of the decoder stack: doc_ids/variant -> `attn_meta` for every layer."""
+    engine = engine_of(module)
+    if engine is None:
+        return None
+    if kwargs.get("use_cache") or kwargs.get("past_key_values") is not None:
+        raise InputError("torchtrain engines attend within one packed window: pass use_cache=False and no past_key_values")
+    mask = kwargs.get("attention_mask")
+    if mask is not None and not bool(mask.bool().all()):
+        raise InputError("torchtrain engines take padding from doc_ids (-1), not from attention_mask")
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    x = ids if ids is not None else kwargs["inputs_embeds"]
+    B, T = x.shape[:2]
+    doc_ids, variant = kwargs.get("doc_ids"), kwargs.get("variant")
+    if doc_ids is None:
+        if variant not in (None, "full"):
+            raise InputError(f"variant {variant!r} needs doc_ids [B, T]")
+        doc_ids, variant = torch.ones(B, T, dtype=torch.long, device=x.device), "full"
+    elif variant is None:
+        raise InputError("doc_ids given without variant= (one of full, intra_doc, intra_doc_reset, anchor)")
+    doc_ids = torch.as_tensor(doc_ids, device=x.device)
+    if tuple(doc_ids.shape) != (B, T):
+        raise InputError(f"doc_ids has shape {tuple(doc_ids.shape)}, the input ids {(B, T)}")
+    kwargs["doc_ids"] = doc_ids.long()
+    kwargs["attn_meta"] = prepare_meta(engine, kwargs["doc_ids"], variant)
+    return args, kwargs
+
+
+def install(model: nn.Module, engine: Engine) -> nn.Module:
+    """Switch a transformers causal LM to a torchtrain engine and make its forward accept
+    `doc_ids=` and `variant=` (idempotent). Returns the model."""
+    engine = check_engine(engine, next(model.parameters()).dtype)
+    model.config._attn_implementation = attn_implementation(engine)
+    decoder = model.base_model
+    if getattr(decoder, _HOOK_ATTR, None) is None:
+        setattr(decoder, _HOOK_ATTR, decoder.register_forward_pre_hook(_prepare_hook, with_kwargs=True))
+    return model

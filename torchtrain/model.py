@@ -1,0 +1,97 @@
+"""Stock Hugging Face transformers models with torchtrain attention engines (CONTRACT §7).
+
+Weights come from `anchor.weights.load_weights` (the oracle reads the same float32 arrays), the
+config from `anchor.spec.to_hf_config` (the one translation point), the model from
+`AutoModelForCausalLM.from_config`; no transformers file is patched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from anchor.errors import InputError
+from anchor.spec import ModelSpec, RopeSpec, to_hf_config
+from anchor.weights import load_weights
+from torchtrain.engines import Engine, attn_implementation, check_engine, install
+
+DType = Literal["float32", "bfloat16"]
+_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def torch_dtype(dtype: object) -> torch.dtype:
+    """"float32"/"bfloat16" (or the torch dtype itself) as a torch dtype; anything else is an InputError."""
+    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
+        return dtype
+    if dtype not in _DTYPES:
+        raise InputError(f"unsupported model dtype {dtype!r} (supported: {', '.join(_DTYPES)})")
+    return _DTYPES[dtype]  # type: ignore[index]
+
+
+def model_from_weights(spec: ModelSpec, state: Mapping[str, np.ndarray], engine: Engine = "sdpa", dtype: DType = "float32") -> nn.Module:
+    """A transformers causal LM of `spec` holding `state` (float32 numpy, Hugging Face names).
+
+    Parameters are rounded to `dtype` on load; the RoPE `inv_freq` buffers stay float32 (built by
+    `from_config(..., dtype=)`, never by `model.to(dtype)`, which would round them to bf16).
+    """
+    tdtype = torch_dtype(dtype)
+    engine = check_engine(engine, tdtype)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(**to_hf_config(spec))
+    config.use_cache = False  # a cache would make transformers skip its own packed-sequence handling
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation(engine), dtype=tdtype)
+    tensors = {k: torch.tensor(v) for k, v in state.items()}  # a copy: GGUF arrays are read-only views
+    if spec.tie_embeddings:
+        tensors.pop("lm_head.weight", None)
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    allowed_missing = ["lm_head.weight"] if spec.tie_embeddings else []
+    if sorted(missing) != allowed_missing or unexpected:
+        raise InputError(f"weights do not fit the {spec.family} model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    if spec.tie_embeddings and model.lm_head.weight is not model.model.embed_tokens.weight:
+        raise AssertionError("transformers did not tie lm_head to embed_tokens")
+    for name, buf in model.named_buffers():
+        if name.endswith("inv_freq") and buf.dtype != torch.float32:
+            raise AssertionError(f"{name} is {buf.dtype}; RoPE frequencies must stay float32")
+    model.anchor_spec = spec
+    return install(model, engine)
+
+
+def build_model(
+    name: str,
+    engine: Engine = "sdpa",
+    dtype: DType = "float32",
+    rope: RopeSpec | Mapping[str, Any] | None = None,
+    *,
+    seed: int = 0,
+) -> nn.Module:
+    """A stock transformers causal LM with a torchtrain attention engine (CONTRACT §7).
+
+    Args:
+      name: a local Hugging Face folder, a `.gguf` file, "default"/"smollm2", or `random:<preset>`.
+      engine: one of torchtrain.ENGINES; unavailable ones raise UnavailableError.
+      dtype: "float32" or "bfloat16" (parameters and activations; RoPE frequencies stay float32).
+      rope: override the model's RoPE, a `RopeSpec` or a mapping of its fields (e.g. {"base": 1e6}).
+      seed: seed of `random:` presets (the oracle uses the same weights for the same seed).
+    Returns:
+      the model; `model(input_ids=..., position_ids=..., doc_ids=..., variant=...)` -> `.logits`
+      [B, T, V]; `model.anchor_spec` is its ModelSpec.
+    """
+    spec, state = load_weights(name, seed=seed)
+    if isinstance(rope, RopeSpec):
+        spec = spec.replace(rope=rope)
+    elif rope is not None:
+        try:
+            spec = spec.with_rope(**rope)
+        except TypeError as e:
+            raise InputError(f"bad RoPE override {dict(rope)}: {e}") from None
+    return model_from_weights(spec, state, engine, dtype)
+
+
+def set_engine(model: nn.Module, engine: Engine) -> nn.Module:
+    """Switch a built model to another engine in place (same weights). Returns the model."""
+    return install(model, engine)
