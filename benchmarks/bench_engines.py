@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import platform
 import statistics
 import sys
@@ -51,6 +52,8 @@ def machine() -> dict:
         "torch": torch.__version__,
         "cpu_threads": torch.get_num_threads(),
         "cuda": torch.cuda.is_available(),
+        # the CPU may be shared: timings taken under load are slower than the machine can do
+        "load_average_1m_at_start": round(os.getloadavg()[0], 2),
     }
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)

@@ -19,6 +19,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -194,8 +195,15 @@ def _prepare_hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, 
     mask = kwargs.get("attention_mask")
     if mask is not None and not bool(mask.bool().all()):
         raise InputError("torchtrain engines take padding from doc_ids (-1), not from attention_mask")
-    ids = kwargs.get("input_ids", args[0] if args else None)
-    x = ids if ids is not None else kwargs["inputs_embeds"]
+    if len(args) > 1:
+        raise InputError("pass the model's inputs by keyword (input_ids=, position_ids=, doc_ids=, variant=)")
+    if args:  # input_ids given positionally
+        kwargs["input_ids"], args = args[0], ()
+    device = module.get_input_embeddings().weight.device
+    for key in ("input_ids", "position_ids"):  # numpy at the boundary (CONTRACT §7)
+        if isinstance(kwargs.get(key), np.ndarray):
+            kwargs[key] = torch.as_tensor(kwargs[key], dtype=torch.long, device=device)
+    x = kwargs["input_ids"] if kwargs.get("input_ids") is not None else kwargs["inputs_embeds"]
     B, T = x.shape[:2]
     doc_ids, variant = kwargs.get("doc_ids"), kwargs.get("variant")
     if doc_ids is None:

@@ -124,8 +124,12 @@ def test_no_doc_ids_is_full_causal():
 
 
 def test_public_entry_point():
-    """CONTRACT §7 as written: build_model(name, engine, dtype) and model(..., variant=...).logits."""
+    """CONTRACT §7 as written: build_model(name, engine, dtype) and model(..., variant=...).logits,
+    with numpy arrays at the boundary."""
     model = torchtrain.build_model("random:smollm2", engine="sdpa", dtype="float32")
     batch = packed_batch("anchor", 33)
-    out = model(**batch.model_inputs())
+    with torch.no_grad():
+        out = model(**batch.model_inputs())
+        arrays = model(**{k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in batch.model_inputs().items()})
     assert out.logits.shape == (2, 33, model.anchor_spec.vocab_size)
+    torch.testing.assert_close(arrays.logits, out.logits, rtol=0, atol=0)

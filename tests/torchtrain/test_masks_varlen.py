@@ -3,6 +3,7 @@ against the dense mask (acceptance 2)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -115,3 +116,16 @@ def test_doc_ids_rejected(doc, variant):
         check_doc_ids(torch.tensor(doc), variant)
     print(e.value)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_stand_in_agrees_with_the_batch_maker(variant):
+    """The stand-in packs like anchor.data.make_batch (when that module is present)."""
+    data = pytest.importorskip("anchor.data")
+    ours = packed_batch(variant, 61, layouts=LAYOUTS, seed=4)
+    seg = packed_batch("anchor", 61, layouts=LAYOUTS, seed=4).doc_ids.numpy()
+    theirs = data.make_batch(ours.tokens.numpy(), seg, np.zeros_like(seg), variant)
+    for name in ("doc_ids", "positions", "loss_mask"):
+        same = np.array_equal(np.asarray(getattr(theirs, name)), getattr(ours, name).numpy())
+        print(variant, name, "equal" if same else "DIFFERENT")
+        assert same
