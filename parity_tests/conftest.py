@@ -1,0 +1,33 @@
+"""Shared set-up of the parity suite.
+
+Markers: `parity_full` (the whole matrix; also `slow`, so `make test` leaves it out), `model`
+(needs the embedded SmolLM2 GGUF). Cases are grouped per inputs (`xdist_group`), so under
+`--dist loadgroup` the oracle runs once per inputs and policy in one worker.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two xdist workers on two shared cores: one intra-op thread each.
+    torch.set_num_threads(1)
+# The engine matrix compiles FlexAttention for many shapes in one process; past the default
+# limit (8) flex would silently fall back to uncompiled code.
+torch._dynamo.config.recompile_limit = 64
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "parity_full: the whole parity matrix (slow; its own make target)")
+
+
+def have_smollm2() -> bool:
+    from anchor.paths import DEFAULT_MODEL_FILE, cache_dir
+
+    return (cache_dir() / "models" / DEFAULT_MODEL_FILE).is_file()
+
+
+needs_smollm2 = pytest.mark.skipif(not have_smollm2(), reason="the embedded SmolLM2 GGUF is not cached (make install)")

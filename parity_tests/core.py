@@ -1,0 +1,200 @@
+"""The comparison: per layer and tap, the trainer's error against fp64 truth, judged by one rule.
+
+Legend: L layers, B windows, T slots, R tapped rows, V vocabulary.
+
+Errors are measured on real slots only (padding attends only to itself and is never trained on):
+  rel_l2   ‖x − truth‖ / ‖truth‖ over the tap's real entries (float64)
+  max_abs  max |x − truth|
+  kl       (logits) per-token KL(truth ‖ x) of the output distributions: mean and max over tokens
+
+The rule (flash-attention's tests: tolerances relative to a measured baseline):
+  fp32  rel_l2(trainer, fp64) <= 1e-5 for every tap of every layer;
+  bf16  rel_l2(trainer, fp64) <= 2 · rel_l2(emulation, fp64) + floor, where the emulation is the
+        oracle running the same stack's arithmetic (hf_bf16 for eager/sdpa, fa2_bf16 for FlashAttention
+        and flex); for the logits also mean KL(trainer) <= 2 · mean KL(emulation) + floor.
+The first failing (layer, tap) in forward order (embed; per layer q, k, scores, probs, attn_out,
+mlp_out, hidden; logits) is the first divergent one: a defect shows there first and everything
+after it inherits the error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from parity_tests.cases import CaseInputs
+from parity_tests.runners import PER_LAYER, TAP_ORDER, Taps
+
+HEAD = "head"  # the layer label of the final logits
+EMBED = "embed"  # the layer label of the embeddings
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Pass criteria. fp32: `rel_l2 <= fp32_tol`. bf16: `rel_l2 <= factor · baseline + floor`."""
+
+    fp32_tol: float = 1e-5
+    factor: float = 2.0
+    floor: float = 1e-3  # bf16: an eighth of bf16's epsilon (2^-7), relative
+    kl_floor: float = 1e-5  # bf16: nats per token
+
+    def to_dict(self) -> dict[str, float]:
+        return {"fp32_tol": self.fp32_tol, "factor": self.factor, "floor": self.floor, "kl_floor": self.kl_floor}
+
+
+RULE = Rule()
+
+
+def real_selector(name: str, inputs: CaseInputs) -> np.ndarray:
+    """Boolean mask broadcastable to one layer of tap `name` selecting entries of real slots.
+
+    [B,T,...] taps: real[b, t]; scores/probs [B,N,R,T]: real query row and real key.
+    """
+    real = inputs.real
+    if name in ("scores", "probs"):
+        rows = np.asarray(inputs.rows, dtype=np.int64)
+        return real[:, rows][:, None, :, None] & real[:, None, None, :]
+    return real
+
+
+def _flat(x: np.ndarray, sel: np.ndarray) -> np.ndarray:
+    """The entries of x selected by sel (broadcast over trailing axes), as float64."""
+    sel = sel.reshape(sel.shape + (1,) * (x.ndim - sel.ndim))
+    return x[np.broadcast_to(sel, x.shape)].astype(np.float64)
+
+
+def tap_errors(x: np.ndarray, truth: np.ndarray, sel: np.ndarray) -> dict[str, float]:
+    """max_abs and rel_l2 of one layer's tap against the truth, on selected entries."""
+    a, b = _flat(x, sel), _flat(truth, sel)
+    d = a - b
+    norm = float(np.linalg.norm(b))
+    return {
+        "max_abs": float(np.abs(d).max()) if d.size else 0.0,
+        "rel_l2": float(np.linalg.norm(d) / norm) if norm > 0 else float(np.linalg.norm(d)),
+    }
+
+
+def _log_softmax(z: np.ndarray) -> np.ndarray:
+    z = z.astype(np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def token_kl(logits: np.ndarray, truth: np.ndarray, real: np.ndarray, chunk: int = 256) -> np.ndarray:
+    """Per-token KL(softmax(truth) ‖ softmax(logits)) on real slots. logits/truth [B,T,V]; returns [n]."""
+    x, t = logits[real], truth[real]
+    out = []
+    for i in range(0, x.shape[0], chunk):  # bounded memory at large vocabularies
+        lt, lx = _log_softmax(t[i:i + chunk]), _log_softmax(x[i:i + chunk])
+        out.append((np.exp(lt) * (lt - lx)).sum(axis=-1))
+    return np.maximum(np.concatenate(out) if out else np.zeros(0), 0.0)
+
+
+def layer_labels(num_layers: int) -> list[Any]:
+    """Labels of the entries of a `layers` list: "embed", 0 … L-1, "head"."""
+    return [EMBED, *range(num_layers), HEAD]
+
+
+def _taps_of(label: Any) -> tuple[str, ...]:
+    if label == EMBED:
+        return ("embed",)
+    if label == HEAD:
+        return ("logits",)
+    return PER_LAYER
+
+
+def _layer_index(name: str, label: Any) -> int:
+    return 0 if label in (EMBED, HEAD) else int(label)
+
+
+def compare(test: Taps, truth: Taps, inputs: CaseInputs, *, baseline: Taps | None = None,
+            emulation: Taps | None = None) -> list[dict[str, Any]]:
+    """Per-layer, per-tap errors of `test` against `truth`.
+
+    Args:
+      test: the trainer's taps (a runner may give a subset; only those are compared).
+      truth: the oracle's fp64 taps.
+      baseline: the oracle run whose error against the truth scales the bf16 tolerance (and is
+        reported for fp32 cases: the oracle's own fp32 error).
+      emulation: the oracle run the trainer is also measured against directly (emulation
+        fidelity: `vs_emulation_rel_l2`).
+    Returns:
+      [{"layer": label, "taps": {name: {"max_abs", "rel_l2", "baseline_rel_l2"?, "vs_emulation_rel_l2"?,
+        and for logits "kl_mean", "kl_max", "baseline_kl_mean"?}}}] for labels embed, 0…L-1, head.
+    """
+    L = truth["q"].shape[0]
+    layers = []
+    for label in layer_labels(L):
+        entry: dict[str, Any] = {"layer": label, "taps": {}}
+        for name in _taps_of(label):
+            if name not in test:
+                continue
+            i = _layer_index(name, label)
+            sel = real_selector(name, inputs)
+            err = tap_errors(test[name][i], truth[name][i], sel)
+            if baseline is not None:
+                err["baseline_rel_l2"] = tap_errors(baseline[name][i], truth[name][i], sel)["rel_l2"]
+            if emulation is not None:
+                err["vs_emulation_rel_l2"] = tap_errors(test[name][i], emulation[name][i], sel)["rel_l2"]
+            if name == "logits":
+                kl = token_kl(test[name][0], truth[name][0], inputs.real)
+                err["kl_mean"], err["kl_max"] = float(kl.mean()), float(kl.max())
+                if baseline is not None:
+                    err["baseline_kl_mean"] = float(token_kl(baseline[name][0], truth[name][0], inputs.real).mean())
+            entry["taps"][name] = err
+        layers.append(entry)
+    return layers
+
+
+def judge(layers: list[dict[str, Any]], bf16: bool, rule: Rule = RULE) -> dict[str, Any]:
+    """Apply the rule to every (layer, tap) in forward order; marks each tap's `tol` and `pass`.
+
+    Returns {"pass": bool, "first_divergence": {"layer", "tap", "rel_l2", "tol"} or None,
+    "failures": number of failing taps}.
+    """
+    first = None
+    failures = 0
+    for entry in layers:
+        for name in TAP_ORDER:
+            err = entry["taps"].get(name)
+            if err is None:
+                continue
+            if bf16:
+                tol = rule.factor * err["baseline_rel_l2"] + rule.floor
+                ok = err["rel_l2"] <= tol
+                if name == "logits":
+                    kl_tol = rule.factor * err["baseline_kl_mean"] + rule.kl_floor
+                    err["kl_tol"] = kl_tol
+                    ok = ok and err["kl_mean"] <= kl_tol
+            else:
+                tol = rule.fp32_tol
+                ok = err["rel_l2"] <= tol
+            err["tol"], err["pass"] = tol, bool(ok)
+            if not ok:
+                failures += 1
+                if first is None:
+                    first = {"layer": entry["layer"], "tap": name, "rel_l2": err["rel_l2"], "tol": tol}
+    return {"pass": first is None, "first_divergence": first, "failures": failures}
+
+
+def fidelity(layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Emulation fidelity per layer (bf16 cases): for each tap, the trainer's distance to the oracle's
+    emulation against each one's distance to fp64, and their ratio (≪ 1: the emulation models the
+    stack; ≈ 1: independent roundings of the same size; ≫ 1: it does not model it)."""
+    out = []
+    for entry in layers:
+        row = {"layer": entry["layer"], "taps": {}}
+        for name, err in entry["taps"].items():
+            if "vs_emulation_rel_l2" not in err or "baseline_rel_l2" not in err:
+                continue
+            scale = max(err["rel_l2"], err["baseline_rel_l2"])
+            row["taps"][name] = {
+                "trainer_vs_emulation": err["vs_emulation_rel_l2"],
+                "trainer_vs_fp64": err["rel_l2"],
+                "emulation_vs_fp64": err["baseline_rel_l2"],
+                "ratio": err["vs_emulation_rel_l2"] / scale if scale > 0 else 0.0,
+            }
+        out.append(row)
+    return out

@@ -1,0 +1,259 @@
+"""The parity report: parity.json, index.html (summary table, a layer-wise error plot per case,
+emulation fidelity per layer), summary.md (also printed for CI logs), and figures/*.png.
+
+Everything is written into a temporary folder next to `--out`, which is renamed when complete.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from anchor.errors import InputError
+from parity_tests.core import EMBED, HEAD
+from parity_tests.runners import PER_LAYER
+from parity_tests.suite import where
+
+_COLORS = {"embed": "#7f7f7f", "q": "#1f77b4", "k": "#aec7e8", "scores": "#ff7f0e", "probs": "#ffbb78",
+           "attn_out": "#2ca02c", "mlp_out": "#98df8a", "hidden": "#d62728", "logits": "#9467bd"}
+_FLOOR = 1e-12  # zero errors are drawn here on the log axis
+
+
+def _x(label: Any, num_layers: int) -> int:
+    return -1 if label == EMBED else num_layers if label == HEAD else int(label)
+
+
+def _g(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2e}"
+
+
+def _slug(case_id: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in case_id)
+
+
+def plot_case(case: dict[str, Any], path: Path) -> None:
+    """The layer-wise error curves of one case (and, for bf16, its emulation fidelity) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layers = case["layers"]
+    L = len(layers) - 2
+    bf16 = case["dtype"] == "bfloat16"
+    ncols = 2 if bf16 else 1
+    fig, axes = plt.subplots(1, ncols, figsize=(6.4 * ncols, 4.2), squeeze=False)
+    ax = axes[0, 0]
+    for name in PER_LAYER:
+        pts = [(_x(e["layer"], L), e["taps"][name]) for e in layers if name in e["taps"]]
+        if not pts:
+            continue
+        xs = [p[0] for p in pts]
+        ax.plot(xs, [max(p[1]["rel_l2"], _FLOOR) for p in pts], "-o", ms=3, color=_COLORS[name], label=name)
+        if "baseline_rel_l2" in pts[0][1]:
+            ax.plot(xs, [max(p[1]["baseline_rel_l2"], _FLOOR) for p in pts], ":", color=_COLORS[name], lw=1)
+    for e in layers:
+        for name in ("embed", "logits"):
+            if name in e["taps"]:
+                err = e["taps"][name]
+                ax.plot([_x(e["layer"], L)], [max(err["rel_l2"], _FLOOR)], "s", color=_COLORS[name], label=name)
+    if bf16:
+        hid = [(_x(e["layer"], L), e["taps"]["hidden"]["tol"]) for e in layers if "tol" in e["taps"].get("hidden", {})]
+        if hid:
+            ax.plot([h[0] for h in hid], [h[1] for h in hid], "--", color="black", lw=1, label="tol (hidden)")
+    else:
+        ax.axhline(1e-5, ls="--", color="black", lw=1, label="tol 1e-5")
+    first = case.get("first_divergence")
+    if first:
+        ax.plot([_x(first["layer"], L)], [max(first["rel_l2"], _FLOOR)], "x", color="red", ms=14, mew=3,
+                label=f"first divergence: {where(first)}")
+    ax.set_yscale("log")
+    ax.set_xlabel("layer (-1: embeddings, L: logits)")
+    base = case["policy"] if bf16 else "oracle fp32"
+    ax.set_ylabel("rel. L2 error vs fp64")
+    ax.set_title(f"trainer ({case['dtype']}) — solid; {base} — dotted", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    if bf16:
+        ax = axes[0, 1]
+        for name, style in (("hidden", "-"), ("q", "--")):
+            pts = [(_x(r["layer"], L), r["taps"][name]) for r in case["fidelity"] if name in r["taps"]]
+            if not pts:
+                continue
+            xs = [p[0] for p in pts]
+            for key, color, label in (("trainer_vs_emulation", "#d62728", "trainer vs emulation"),
+                                      ("trainer_vs_fp64", "#1f77b4", "trainer vs fp64"),
+                                      ("emulation_vs_fp64", "#2ca02c", "emulation vs fp64")):
+                ax.plot(xs, [max(p[1][key], _FLOOR) for p in pts], style, marker="o", ms=3, color=color,
+                        label=f"{label} ({name})")
+        ax.set_yscale("log")
+        ax.set_xlabel("layer")
+        ax.set_ylabel("rel. L2 distance")
+        ax.set_title(f"emulation fidelity: torch bf16 vs oracle {case['policy']}", fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(case["id"] + ("  PASS" if case["pass"] else "  FAIL"), fontsize=10,
+                 color="black" if case["pass"] else "red")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _fidelity_summary(case: dict[str, Any]) -> tuple[float, float] | None:
+    """(median, max) over layers of the trainer-vs-emulation / distance-to-fp64 ratio of `hidden`."""
+    rows = [r["taps"]["hidden"]["ratio"] for r in case.get("fidelity", []) if "hidden" in r["taps"]]
+    if not rows:
+        return None
+    s = sorted(rows)
+    return s[len(s) // 2], s[-1]
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    """A summary for CI logs: one row per case, then the failing cases' first divergence."""
+    cases = result["cases"]
+    n_fail = sum(not c["pass"] for c in cases)
+    lines = [
+        f"# Parity: {len(cases) - n_fail}/{len(cases)} cases pass" + ("" if not n_fail else f", {n_fail} FAIL"),
+        "",
+        f"Rule: fp32 rel. L2 vs fp64 <= {result['rule']['fp32_tol']:g} per tap; bf16 rel. L2 vs fp64 <= "
+        f"{result['rule']['factor']:g} x (oracle emulation vs fp64) + {result['rule']['floor']:g} per tap "
+        f"(logits: also mean KL <= {result['rule']['factor']:g} x + {result['rule']['kl_floor']:g}).",
+        "",
+        "| case | pass | first divergence | logits rel L2 | baseline | KL mean | worst margin | fidelity (hidden, median/max) | s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in cases:
+        s = c["summary"]
+        fid = _fidelity_summary(c)
+        lines.append(
+            f"| {c['id']} | {'pass' if c['pass'] else '**FAIL**'} | {where(c['first_divergence'])} | "
+            f"{_g(s['logits_rel_l2'])} | {_g(s['logits_baseline_rel_l2'])} | {_g(s['logits_kl_mean'])} | "
+            f"{s['worst_margin']:.2f} | {'-' if fid is None else f'{fid[0]:.2f} / {fid[1]:.2f}'} | {c['runtime_s']:.1f} |"
+        )
+    fails = [c for c in cases if not c["pass"]]
+    if fails:
+        lines += ["", "## Failing cases", ""]
+        for c in fails:
+            f = c["first_divergence"]
+            lines.append(f"- {c['id']}: first divergent at {where(f)} (rel. L2 {f['rel_l2']:.3e} > tol {f['tol']:.3e}; "
+                         f"{c['failures']} taps fail)")
+    lines += ["", "`worst margin`: max over taps of error / tolerance (< 1 passes). `fidelity`: distance between the "
+              "trainer in bf16 and the oracle's emulation of the same stack, over the larger of their distances to fp64.",
+              f"", f"Total {result['runtime_s']:.0f} s."]
+    return "\n".join(lines) + "\n"
+
+
+def _fidelity_table(case: dict[str, Any]) -> str:
+    rows = []
+    for r in case["fidelity"]:
+        for name, f in r["taps"].items():
+            rows.append(f"<tr><td>{r['layer']}</td><td>{name}</td><td>{_g(f['trainer_vs_emulation'])}</td>"
+                        f"<td>{_g(f['trainer_vs_fp64'])}</td><td>{_g(f['emulation_vs_fp64'])}</td>"
+                        f"<td>{f['ratio']:.2f}</td></tr>")
+    return ("<details><summary>emulation fidelity per layer and tap</summary><table><tr><th>layer</th><th>tap</th>"
+            "<th>trainer vs emulation</th><th>trainer vs fp64</th><th>emulation vs fp64</th><th>ratio</th></tr>"
+            + "".join(rows) + "</table></details>")
+
+
+def _errors_table(case: dict[str, Any]) -> str:
+    rows = []
+    for e in case["layers"]:
+        for name, err in e["taps"].items():
+            bad = "" if err.get("pass", True) else ' class="fail"'
+            extra = f" KL {err['kl_mean']:.2e}" if "kl_mean" in err else ""
+            rows.append(f"<tr{bad}><td>{e['layer']}</td><td>{name}</td><td>{_g(err['rel_l2'])}</td>"
+                        f"<td>{_g(err['max_abs'])}</td><td>{_g(err.get('baseline_rel_l2'))}</td>"
+                        f"<td>{_g(err.get('tol'))}</td><td>{'ok' if err.get('pass', True) else 'FAIL'}{extra}</td></tr>")
+    return ("<details><summary>errors per layer and tap</summary><table><tr><th>layer</th><th>tap</th><th>rel L2</th>"
+            "<th>max abs</th><th>baseline rel L2</th><th>tol</th><th></th></tr>" + "".join(rows) + "</table></details>")
+
+
+def render_html(result: dict[str, Any], figures: list[str], markdown: str) -> str:
+    cases = result["cases"]
+    head = ("<tr><th>case</th><th>pass</th><th>first divergence</th><th>logits rel L2</th><th>baseline</th>"
+            "<th>KL mean</th><th>worst margin</th><th>fidelity (hidden) median / max</th><th>s</th></tr>")
+    rows = []
+    for c in cases:
+        s = c["summary"]
+        fid = _fidelity_summary(c)
+        cls = "" if c["pass"] else ' class="fail"'
+        rows.append(
+            f"<tr{cls}><td><a href='#{_slug(c['id'])}'>{html.escape(c['id'])}</a></td>"
+            f"<td>{'pass' if c['pass'] else 'FAIL'}</td><td>{html.escape(where(c['first_divergence']))}</td>"
+            f"<td>{_g(s['logits_rel_l2'])}</td><td>{_g(s['logits_baseline_rel_l2'])}</td><td>{_g(s['logits_kl_mean'])}</td>"
+            f"<td>{s['worst_margin']:.2f}</td><td>{'-' if fid is None else f'{fid[0]:.2f} / {fid[1]:.2f}'}</td>"
+            f"<td>{c['runtime_s']:.1f}</td></tr>")
+    sections = []
+    for c, fig in zip(cases, figures):
+        body = [f"<h3 id='{_slug(c['id'])}'>{html.escape(c['id'])}: {'pass' if c['pass'] else 'FAIL'}</h3>",
+                f"<p>{c['windows']} window(s) of {c['seq_len']} slots, layout {c['layout']}, trainer {c['dtype']} on "
+                f"engine {html.escape(c['engine'])}, held against oracle {html.escape(c['policy'])} (truth fp64); "
+                f"tapped attention rows {c['rows']}.</p>",
+                f"<img src='{fig}' alt='layer-wise errors of {html.escape(c['id'])}'>",
+                _errors_table(c)]
+        if "fidelity" in c:
+            body.append(_fidelity_table(c))
+        sections.append("\n".join(body))
+    style = ("body{font-family:sans-serif;max-width:1400px;margin:1em auto}table{border-collapse:collapse;font-size:12px}"
+             "td,th{border:1px solid #ccc;padding:2px 6px}tr.fail{background:#fdd}img{max-width:100%}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>anchor parity</title><style>{style}</style>"
+            f"</head><body><h1>torchtrain against jaxref, layer by layer</h1>"
+            f"<pre>{html.escape(markdown.splitlines()[0].lstrip('# '))}</pre>"
+            f"<p>{html.escape(markdown.splitlines()[2])}</p>"
+            f"<h2>Summary</h2><table>{head}{''.join(rows)}</table><h2>Cases</h2>{''.join(sections)}</body></html>")
+
+
+def _json_default(x: Any) -> Any:
+    if hasattr(x, "item"):
+        return x.item()
+    raise TypeError(type(x).__name__)
+
+
+def _finite(x: Any) -> Any:
+    """JSON has no inf/nan: write them as strings."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x
+
+
+def write_report(result: dict[str, Any], out: str | Path) -> Path:
+    """Write parity.json, index.html, summary.md and figures/ into `out` atomically. Returns `out`."""
+    out = Path(out).resolve()
+    if out.exists() and not out.is_dir():
+        raise InputError("--out exists and is not a folder", path=out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary folder
+    try:
+        (tmp / "figures").mkdir()
+        figures = []
+        for i, c in enumerate(result["cases"]):
+            figures.append(f"figures/{i:03d}_{_slug(c['id'])}.png")
+            plot_case(c, tmp / figures[-1])
+        md = render_markdown(result)
+        (tmp / "parity.json").write_text(json.dumps(_finite(result), indent=1, default=_json_default))
+        (tmp / "summary.md").write_text(md)
+        (tmp / "index.html").write_text(render_html(result, figures, md))
+        old = None
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            out.rename(old / "x")
+        tmp.rename(out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

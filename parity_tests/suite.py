@@ -1,0 +1,199 @@
+"""Running cases: the trainer's taps (a runner) against the oracle's (fp64 truth and an emulation).
+
+    from parity_tests import Case, run_case, run_parity
+    result = run_case(Case("random:llama", "anchor", "tags", "bf16", "sdpa", 97))
+    result["pass"], result["first_divergence"]      # e.g. False, {"layer": 1, "tap": "q", ...}
+
+`run_case` is the only place that pairs a case with its references; runners (parity_tests.runners)
+and the comparison (parity_tests.core) know nothing of each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from anchor.errors import InputError
+from parity_tests.cases import BF16, Case, case_inputs
+from parity_tests.core import RULE, Rule, compare, fidelity, judge
+from parity_tests.runners import Runner, get_runner, oracle_taps
+
+TRUTH = "fp64"
+
+
+def resolve_policy(policy: str, runner: Runner) -> tuple[str, str]:
+    """(oracle policy the trainer is held against, trainer dtype) for a case's policy.
+
+    "fp32" -> ("fp32", "float32"); "bf16" -> (the runner's emulation, "bfloat16"); a bf16 preset
+    or policy file of jaxref (activations in bfloat16) -> (it, "bfloat16").
+    """
+    import jaxref
+
+    if policy == BF16:
+        return runner.emulation, "bfloat16"
+    p = jaxref.get_policy(policy)
+    if p.act == "float32" and p.param == "float32":
+        return policy, "float32"
+    if p.act == "bfloat16":
+        return policy, "bfloat16"
+    raise InputError(f"policy {policy!r}: the trainer runs float32 or bfloat16 (activations {p.act})")
+
+
+def run_case(case: Case, rule: Rule = RULE, *, runner: Runner | None = None) -> dict[str, Any]:
+    """Compare one case, layer by layer. Returns the case's entry of parity.json.
+
+    Keys: id, model, variant, layout, policy (the oracle policy held against), requested_policy,
+    engine, dtype, seq_len, windows, rows, layers (parity_tests.core.compare, judged), pass,
+    first_divergence, failures, fidelity (bf16 cases), summary, runtime_s.
+    """
+    t0 = time.perf_counter()
+    runner = runner or get_runner(case.engine)
+    why = runner.available()
+    if why:
+        raise InputError(why)
+    oracle_policy, dtype = resolve_policy(case.policy, runner)
+    inputs = case_inputs(case)
+    truth = oracle_taps(case, inputs, TRUTH)
+    reference = oracle_taps(case, inputs, oracle_policy)
+    test = runner.run(case, inputs, dtype)
+    if "logits" not in test:
+        raise ValueError(f"runner {runner.name!r} returned no logits")
+    bf16 = dtype == "bfloat16"
+    layers = compare(test, truth, inputs, baseline=reference, emulation=reference)
+    verdict = judge(layers, bf16, rule)
+    logits = layers[-1]["taps"].get("logits", {})
+    if runner.name != case.engine:  # a runner passed in directly (tests): name the case after it
+        case = dataclasses.replace(case, engine=runner.name)
+    result: dict[str, Any] = {
+        "id": case.id,
+        "model": case.model,
+        "variant": case.variant,
+        "layout": case.layout,
+        "policy": oracle_policy,
+        "requested_policy": case.policy,
+        "engine": case.engine,
+        "dtype": dtype,
+        "seq_len": case.seq_len,
+        "windows": int(inputs.shape[0]),
+        "seed": case.seed,
+        "rows": list(inputs.rows),
+        "truth": TRUTH,
+        "layers": layers,
+        **verdict,
+        "summary": {
+            "logits_rel_l2": logits.get("rel_l2"),
+            "logits_baseline_rel_l2": logits.get("baseline_rel_l2"),
+            "logits_kl_mean": logits.get("kl_mean"),
+            "worst_margin": _worst_margin(layers),
+        },
+    }
+    if bf16:
+        result["fidelity"] = fidelity(layers)
+    result["runtime_s"] = round(time.perf_counter() - t0, 3)
+    return result
+
+
+def _worst_margin(layers: list[dict[str, Any]]) -> float:
+    """max over taps of rel_l2 / tol (< 1: every tap passes)."""
+    return max((e["rel_l2"] / e["tol"] for entry in layers for e in entry["taps"].values() if e.get("tol")),
+               default=0.0)
+
+
+class _Progress:
+    """A rich progress bar over cases on stderr (one line per case when stderr is not a terminal)."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.bar = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("[bold]parity[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=Console(stderr=True))
+            self.task = self.bar.add_task("", total=total)
+            self.live = self.bar.console.is_terminal
+            self.bar.start()
+
+    def start(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, description=text)
+
+    def done(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.advance(self.task)
+            if not self.live:
+                t = self.bar.tasks[0]
+                self.bar.console.print(f"parity: [{int(t.completed)}/{int(t.total)}] {text}", highlight=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def build_cases(model: str, *, variants: Sequence[str], layouts: Sequence[str], policies: Sequence[str],
+                engines: Sequence[str], seq_lens: Sequence[int], seed: int = 0) -> list[Case]:
+    """The cross product of the CLI's options, validated (unknown engines and policies are InputErrors)."""
+    for e in engines:
+        why = get_runner(e).available()
+        if why:
+            raise InputError(f"--engines: {why}")
+    for p in policies:
+        if p != BF16:
+            resolve_policy(p, get_runner(engines[0]))
+    return [Case(model, v, lay, p, e, T, seed=seed) for T in seq_lens for v in variants for lay in layouts
+            for p in policies for e in engines]
+
+
+def run_parity(cases: Iterable[Case], rule: Rule = RULE, *, progress: bool = False) -> dict[str, Any]:
+    """Run every case (grouped by inputs, so the oracle runs once per inputs and policy).
+
+    Returns {"cases": [...], "pass": bool, "rule": ..., "runtime_s": ...}.
+    """
+    t0 = time.perf_counter()
+    cases = sorted(cases, key=lambda c: (c.data_key, c.policy, c.engine))
+    bar = _Progress(len(cases), progress)
+    results = []
+    try:
+        for case in cases:
+            bar.start(case.id)
+            r = run_case(case, rule)
+            results.append(r)
+            verdict = "pass" if r["pass"] else f"FAIL at {_where(r['first_divergence'])}"
+            bar.done(f"{case.id}: {verdict} ({r['runtime_s']:.1f} s)")
+    finally:
+        bar.close()
+    return {
+        "cases": results,
+        "pass": all(r["pass"] for r in results),
+        "rule": rule.to_dict(),
+        "runtime_s": round(time.perf_counter() - t0, 2),
+    }
+
+
+def _where(first: dict[str, Any] | None) -> str:
+    if first is None:
+        return "-"
+    layer = first["layer"]
+    return f"{'layer ' + str(layer) if isinstance(layer, int) else layer} / {first['tap']}"
+
+
+where = _where
+
+
+def describe(result: dict[str, Any]) -> str:
+    """A printable table of a case: rel. L2 / tolerance per layer and tap (what a test prints before asserting)."""
+    names = [n for n in ("embed", "q", "k", "scores", "probs", "attn_out", "mlp_out", "hidden", "logits")
+             if any(n in e["taps"] for e in result["layers"])]
+    lines = [f"{result['id']}: {'pass' if result['pass'] else 'FAIL at ' + where(result['first_divergence'])}"
+             f"  (trainer {result['dtype']} vs fp64; tol from {result['policy']})",
+             "layer   " + " ".join(f"{n:>17}" for n in names)]
+    for e in result["layers"]:
+        cells = []
+        for n in names:
+            err = e["taps"].get(n)
+            cells.append(" " * 17 if err is None else
+                         f"{err['rel_l2']:.1e}/{err['tol']:.1e}{'!' if not err['pass'] else ' '}".rjust(17))
+        lines.append(f"{str(e['layer']):<8}" + " ".join(cells))
+    return "\n".join(lines)
