@@ -1,0 +1,92 @@
+"""Oracle fp32 forward vs transformers' fp32 SDPA forward on SmolLM2, in one run.
+
+    .venv/bin/python benchmarks/bench_oracle.py [--lengths 1024,4096] [--repeats 3]
+
+Writes benchmarks/results/oracle_forward_<machine>.json. Both sides get the same weights (the
+embedded SmolLM2 GGUF), batch 1, the `full` variant, and the median of `--repeats` timed runs
+after one warm-up (which includes JAX's compilation, reported separately).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.machine import machine  # noqa: E402
+
+
+def timed(fn, repeats: int) -> tuple[float, list[float]]:
+    t0 = time.perf_counter()
+    fn()
+    first = time.perf_counter() - t0
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t0)
+    return first, runs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--lengths", default="1024,4096")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = ap.parse_args()
+
+    import jax
+    import torch
+
+    import jaxref
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from anchor.spec import to_hf_config
+    from anchor.weights import load_weights
+
+    spec, state = load_weights(args.model)
+    params = jaxref.params_from_state(spec, state)
+    # Stock transformers with its own SDPA attention (causal), not one of torchtrain's engines.
+    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(**to_hf_config(spec)), attn_implementation="sdpa",
+                                          dtype=torch.float32).eval()
+    hf.load_state_dict({k: torch.tensor(v) for k, v in state.items()}, strict=False)
+    rows = []
+    for T in (int(x) for x in args.lengths.split(",")):
+        tokens = np.random.default_rng(T).integers(3, spec.vocab_size, (1, T))
+        ids = torch.from_numpy(tokens)
+
+        def oracle():
+            jax.block_until_ready(jaxref.forward(params, spec, tokens, policy="fp32"))
+
+        def transformers_sdpa():
+            with torch.inference_mode():
+                hf(input_ids=ids, use_cache=False)
+
+        o_first, o_runs = timed(oracle, args.repeats)
+        t_first, t_runs = timed(transformers_sdpa, args.repeats)
+        o, t = statistics.median(o_runs), statistics.median(t_runs)
+        row = {"T": T, "oracle_fp32_s": o, "oracle_first_call_s": o_first, "transformers_sdpa_fp32_s": t,
+               "transformers_first_call_s": t_first, "ratio_oracle_over_transformers": o / t,
+               "oracle_runs_s": o_runs, "transformers_runs_s": t_runs}
+        print(json.dumps(row))
+        rows.append(row)
+    result = {"benchmark": "oracle_forward", "model": args.model, "batch": 1, "variant": "full",
+              "target": "ratio_oracle_over_transformers <= 1", "machine": machine(), "torch_threads": torch.get_num_threads(),
+              "results": rows, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = "gpu" if result["machine"]["gpu"] else "cpu"
+    path = out / f"oracle_forward_{name}.json"
+    path.write_text(json.dumps(result, indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
