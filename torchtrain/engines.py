@@ -61,7 +61,7 @@ class AttnMeta:
 
 
 @functools.cache
-def flash_attn_varlen_func():
+def flash_attn_kernel():
     """The real kernel, or None where the flash-attn package does not import."""
     try:
         from flash_attn import flash_attn_varlen_func as fn
@@ -72,7 +72,7 @@ def flash_attn_varlen_func():
 
 def available_engines() -> tuple[str, ...]:
     """Engines that can run a forward here."""
-    return tuple(e for e in ENGINES if e != "flash_varlen" or flash_attn_varlen_func() is not None)
+    return tuple(e for e in ENGINES if e != "flash_varlen" or flash_attn_kernel() is not None)
 
 
 def check_engine(engine: object, dtype: torch.dtype | None = None) -> Engine:
@@ -80,7 +80,7 @@ def check_engine(engine: object, dtype: torch.dtype | None = None) -> Engine:
     if engine not in ENGINES:
         raise UnavailableError(f"unknown attention engine {engine!r} (available here: {', '.join(available_engines())})")
     if engine == "flash_varlen":
-        if flash_attn_varlen_func() is None:
+        if flash_attn_kernel() is None:
             raise UnavailableError(
                 "engine 'flash_varlen' needs the flash-attn package (CUDA), which does not import here; "
                 "use engine='flash_varlen_emulated' (its pure-torch emulation) or 'sdpa'"
@@ -136,7 +136,7 @@ def attend(engine: Engine, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, me
                 f"engine 'flash_varlen' runs on CUDA only (tensors are on {q.device.type}); "
                 "use engine='flash_varlen_emulated' or 'sdpa'"
             )
-        return attn.varlen_attention(q, k, v, meta.segments, scale, flash_attn_varlen_func())
+        return attn.varlen_attention(q, k, v, meta.segments, scale, flash_attn_kernel())
     from torchtrain.varlen_emulation import flash_attn_varlen_func as emulated
 
     return attn.varlen_attention(q, k, v, meta.segments, scale, emulated)

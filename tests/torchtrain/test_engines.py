@@ -133,3 +133,49 @@ def test_public_entry_point():
         arrays = model(**{k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in batch.model_inputs().items()})
     assert out.logits.shape == (2, 33, model.anchor_spec.vocab_size)
     torch.testing.assert_close(arrays.logits, out.logits, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Machines with CUDA (skipped here): the real kernel and FlexAttention training.
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.cuda
+@pytest.mark.flash_attn
+@needs_cuda
+@pytest.mark.skipif(engines.flash_attn_kernel() is None, reason="flash-attn does not import here")
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_real_flash_varlen(variant):
+    """The real kernel on the anchor-prefixed segments: bf16 logits within 2x eager bf16's error."""
+    spec, state = load_weights("random:mistral")
+    batch = packed_batch(variant, 1025, seed=3)
+    inputs = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in batch.model_inputs().items()}
+
+    def logits(engine, dtype):
+        with torch.no_grad():
+            return model_from_weights(spec, state, engine, dtype).cuda()(**inputs).logits.float()
+
+    ref = logits("eager", "float32")
+    base, err = rel_l2(logits("eager", "bfloat16"), ref), rel_l2(logits("flash_varlen", "bfloat16"), ref)
+    print(f"{variant}: flash_varlen bf16 {err:.2e}, eager bf16 {base:.2e}")
+    assert err <= 2 * base
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_flex_trains_on_cuda(variant):
+    """FlexAttention's backward (CUDA only): fp32 gradients match eager's within 1e-5 relative."""
+    spec, state = load_weights("random:qwen2")
+    batch = packed_batch(variant, 1025, seed=3)
+    inputs = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in batch.model_inputs().items()}
+    grads = {}
+    for engine in ("eager", "flex"):
+        model = model_from_weights(spec, state, engine, "float32").cuda()
+        loss, _ = torchtrain.next_token_loss(model(**inputs).logits, inputs["input_ids"], batch.loss_mask.cuda())
+        loss.backward()
+        grads[engine] = {n: p.grad for n, p in model.named_parameters()}
+    worst = max(rel_l2(grads["flex"][n], g) for n, g in grads["eager"].items())
+    print(f"{variant}: worst flex grad rel L2 vs eager {worst:.2e}")
+    assert worst <= 1e-5
