@@ -158,13 +158,15 @@ def tap_rows(doc_ids: np.ndarray, count: int = 8) -> tuple[int, ...]:
     """
     doc = doc_ids[0]
     T = doc.shape[0]
-    fixed = {0, 1, T - 1}
+    chosen = {0, 1, T - 1}
     starts = np.flatnonzero(np.r_[False, doc[1:] != doc[:-1]])
-    bounds = sorted(({int(s) for s in starts} | {int(s) - 1 for s in starts}) - fixed)
-    room = max(0, count - len(fixed))
-    if len(bounds) > room:
-        bounds = [bounds[int(i)] for i in np.linspace(0, len(bounds) - 1, room).round()]
-    chosen = sorted(fixed | set(bounds))
+    for group in (starts, starts - 1):  # documents' first slots first, then the slots before them
+        group = sorted({int(s) for s in group} - chosen)
+        room = max(0, count - len(chosen))
+        if len(group) > room:
+            group = [group[int(i)] for i in np.linspace(0, len(group) - 1, room).round()] if room else []
+        chosen |= set(group)
+    chosen = sorted(chosen)
     for x in np.linspace(0, T - 1, count + 2)[1:-1].astype(int):
         if len(chosen) >= count:
             break

@@ -117,8 +117,12 @@ class TorchRunner(Runner):
     def available(self) -> str | None:
         import torchtrain
 
-        if self.engine not in torchtrain.available_engines():
-            return f"engine {self.engine!r} is not available here"
+        try:
+            torchtrain.check_engine(self.engine)
+        except InputError as e:
+            return str(e)
+        if self.engine == "flash_varlen":
+            return "engine 'flash_varlen' runs on CUDA; the parity runners run on the CPU (use flash_varlen_emulated)"
         return None
 
     def run(self, case: Case, inputs: CaseInputs, dtype: str) -> Taps:

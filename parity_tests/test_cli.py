@@ -1,0 +1,107 @@
+"""`anchor parity`: the report it writes, its exit codes (0 pass, 1 a case fails, 2 bad input)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from anchor.cli import main
+from parity_tests.conftest import needs_smollm2
+from parity_tests.runners import registered
+from parity_tests.test_runners import PerturbedRunner
+
+
+def _run(argv: list[str]) -> int:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    return int(e.value.code)
+
+
+def _check_report(out, n_cases: int) -> dict:
+    report = json.loads((out / "parity.json").read_text())
+    assert len(report["cases"]) == n_cases
+    for case in report["cases"]:
+        assert {"variant", "policy", "engine", "layers", "pass"} <= set(case)
+        assert case["layers"][0]["layer"] == "embed" and case["layers"][-1]["layer"] == "head"
+        assert {"q", "k", "scores", "probs", "attn_out", "mlp_out", "hidden"} <= set(case["layers"][1]["taps"])
+        assert {"rel_l2", "max_abs", "tol", "pass"} <= set(case["layers"][1]["taps"]["q"])
+        assert {"kl_mean", "kl_max"} <= set(case["layers"][-1]["taps"]["logits"])
+        if case["dtype"] == "bfloat16":
+            assert case["fidelity"][1]["taps"]["hidden"]["emulation_vs_fp64"] > 0
+    page = (out / "index.html").read_text()
+    figures = re.findall(r"src='(figures/[^']+\.png)'", page)
+    assert len(figures) == n_cases and all((out / f).stat().st_size > 10_000 for f in figures)
+    assert (out / "summary.md").read_text().startswith("# Parity:")
+    assert not list(out.parent.glob(f".{out.name}.tmp-*"))
+    return report
+
+
+def test_parity_on_a_random_preset_passes_and_writes_the_report(tmp_path, capsys):
+    out = tmp_path / "parity"
+    rc = _run(["parity", "--model", "random:mistral", "--out", str(out), "--variants", "anchor,intra_doc_reset",
+               "--layouts", "tags", "--engines", "sdpa", "--policies", "fp32,bf16", "--no-progress"])
+    printed = capsys.readouterr().out
+    print(printed)
+    assert rc == 0 and "4/4 cases pass" in printed
+    report = _check_report(out, 4)
+    assert {c["policy"] for c in report["cases"]} == {"fp32", "hf_bf16"}
+    assert report["pass"] and report["model"] == "random:mistral"
+
+
+def test_a_failing_case_exits_1_and_names_the_layer(tmp_path, capsys):
+    out = tmp_path / "parity"
+    out.mkdir()
+    (out / "stale.txt").write_text("replaced")
+    with registered(PerturbedRunner()):
+        rc = _run(["parity", "--model", "random:llama", "--out", str(out), "--variants", "full",
+                   "--engines", "eager,perturbed_hidden_layer1", "--policies", "fp32", "--no-progress"])
+    printed = capsys.readouterr().out
+    print(printed)
+    assert rc == 1 and "FAIL" in printed and "layer 1 / hidden" in printed
+    report = _check_report(out, 2)
+    bad = [c for c in report["cases"] if not c["pass"]]
+    assert [c["engine"] for c in bad] == ["perturbed_hidden_layer1"]
+    assert bad[0]["first_divergence"]["layer"] == 1 and bad[0]["first_divergence"]["tap"] == "hidden"
+    assert not (out / "stale.txt").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--variants", "sliding"], "unknown variant 'sliding'"),
+    (["--layouts", "zigzag"], "unknown layout 'zigzag'"),
+    (["--engines", "warp"], "unknown engine 'warp'"),
+    (["--engines", "flash_varlen"], "flash-attn"),
+    (["--policies", "fp64"], "float32 or bfloat16"),
+    (["--policies", "bf17"], "unknown dtype policy 'bf17'"),
+    (["--seq-len", "3"], "at least 8"),
+    (["--model", "random:gpt5"], "unknown random preset"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, capsys, args, message):
+    rc = _run(["parity", "--model", "random:llama", "--out", str(tmp_path / "p"), "--no-progress", *args])
+    err = capsys.readouterr().err
+    print(err)
+    assert rc == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.model
+@needs_smollm2
+def test_parity_on_smollm2_passes(tmp_path, capsys):
+    out = tmp_path / "parity"
+    rc = _run(["parity", "--model", "default", "--out", str(out), "--variants", "intra_doc_reset,anchor",
+               "--engines", "sdpa,flash_varlen_emulated", "--policies", "fp32,bf16", "--no-progress"])
+    printed = capsys.readouterr().out
+    print(printed)
+    assert rc == 0
+    _check_report(out, 8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["random:llama", "random:qwen2"])
+def test_parity_on_the_other_random_presets_passes(tmp_path, model):
+    out = tmp_path / "parity"
+    rc = _run(["parity", "--model", model, "--out", str(out), "--layouts", "plain,interleave", "--no-progress"])
+    assert rc == 0
+    _check_report(out, 48)
