@@ -4,7 +4,8 @@
         [--audit-out DIR] [-- extra run_audit settings as key=value, e.g. random_init=true]
 
 Records the wall time of the whole `run_audit` + `write_audit`, with the machine (platform, CPU count,
-load average before and after, versions) and the settings used.
+load average before and after, versions), the process's CPU seconds (the cost whatever else shares
+the cores) and the settings used.
 """
 
 from __future__ import annotations
@@ -49,18 +50,23 @@ def main() -> None:
     overrides = dict(s.split("=", 1) for s in args.settings)
     overrides = {k: _value(v) for k, v in overrides.items()}
     load_before = os.getloadavg()
+    cpu0 = os.times()
     t0 = time.time()
     result = run_audit(args.model, args.policies, progress=True, **overrides)
     t_run = time.time() - t0
     out_dir = args.audit_out or tempfile.mkdtemp(prefix="bench_audit-")
     write_audit(result, out_dir)
     t_total = time.time() - t0
+    cpu1 = os.times()
+    cpu_s = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     record = {
         "benchmark": "anchor audit (jaxref.audit.run_audit + write_audit)",
         "model": args.model, "policies": args.policies, "overrides": overrides,
         "settings": result["settings"],
         "wall_s": round(t_total, 1), "run_audit_s": round(t_run, 1), "limit_s": 900,
         "within_limit": t_total <= 900,
+        # CPU seconds of this process: what the run costs whatever else shares the cores
+        "cpu_s": round(cpu_s, 1), "cores_used_on_average": round(cpu_s / t_total, 2),
         "machine": {
             "platform": platform.platform(), "processor": platform.processor(), "cpu_count": os.cpu_count(),
             "python": platform.python_version(), "jax": jax.__version__, "numpy": np.__version__,

@@ -25,16 +25,19 @@ def audit(
         "--data", help="JSONL (or any `anchor pack` source) with a `text` field; default: the embedded corpus.")
     ] = None,
     seq_len: Annotated[Optional[int], typer.Option(
-        "--seq-len", help="Window length of the shift curve [default: 256; quick: 64] (the paper: 4096).")] = None,
+        "--seq-len", help="Window length of the shift curve (default 256, quick 64; the paper: 4096).")] = None,
     num_seqs: Annotated[Optional[int], typer.Option(
-        "--num-seqs", help="Windows averaged over [default: 2; quick: 1] (the paper: 50).")] = None,
+        "--num-seqs", help="Windows averaged over (default 2, quick 1; the paper: 50).")] = None,
     max_len: Annotated[Optional[int], typer.Option(
-        "--max-len", help="Longest length of the length curve [default: 1024; quick: 256] (the paper: 8192).")
+        "--max-len", help="Longest length of the length curve (default 1024, quick 256; the paper: 8192).")
+    ] = None,
+    length_seqs: Annotated[Optional[int], typer.Option(
+        "--length-seqs", help="Windows of --max-len the length curve averages over (default 1; the paper: 50).")
     ] = None,
     budget_policy: Annotated[Optional[str], typer.Option(
         "--budget-policy", help="Policy of the error budget (default: the first bf16 policy).")] = None,
     budget: Annotated[Optional[bool], typer.Option(
-        "--budget/--no-budget", help="Run the stage-by-stage error budget [default: yes; quick: no].")] = None,
+        "--budget/--no-budget", help="Run the stage-by-stage error budget (default yes, quick no).")] = None,
     quick: Annotated[bool, typer.Option(
         "--quick", help="A short audit: 1 window of 64 tokens, six shifts, lengths up to 256, no error budget.")
     ] = False,
@@ -46,7 +49,8 @@ def audit(
     causes it. Writes audit.json, report.md and PNG figures to --out."""
     from jaxref.audit import run_audit, write_audit
 
-    overrides = {"seq_len": seq_len, "num_seqs": num_seqs, "max_len": max_len, "budget_policy": budget_policy,
+    overrides = {"seq_len": seq_len, "num_seqs": num_seqs, "max_len": max_len, "length_seqs": length_seqs,
+                 "budget_policy": budget_policy,
                  "random_init": random_init, "seed": seed}
     if budget is not None or budget_policy is not None:
         overrides["budget"] = budget if budget is not None else True

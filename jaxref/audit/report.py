@@ -138,7 +138,7 @@ def findings(result: dict[str, Any]) -> list[dict[str, Any]]:
     # 5. Error budget: which stages carry D.
     for name, eb in result.get("error_budget", {}).items():
         st = {k: v for k, v in eb["stages"].items() if k != "head"}
-        top = sorted(st, key=lambda s: -st[s]["raise_alone_contribution"])[:3]
+        top = sorted((s for s in st if s != "others"), key=lambda s: -st[s]["raise_alone_contribution"])[:3]
         topc = sorted(st, key=lambda s: -st[s]["cumulative_contribution"])[:3]
         share = {s: st[s]["cumulative_contribution"] / eb["D"] if eb["D"] > 0 else None for s in st}
         out.append({
@@ -182,7 +182,7 @@ def render_report(result: dict[str, Any], figures: list[str]) -> str:
              f"Family {result['spec']['family']}, {result['spec']['num_layers']} layers × "
              f"{result['spec']['num_heads']} heads, RoPE base {result['spec']['rope']['base']:g}. "
              f"Shift curve: {s['num_seqs']} windows of {s['seq_len']} tokens from {s['data']}, Δ2 = {s['ref_shift']}, "
-             f"variant `full`; length curve up to {s['max_len']}; error budget on {s['budget_seqs']} window(s) of "
+             f"variant `full`; length curve up to {s['max_len']} ({s['length_seqs']} window(s)); error budget on {s['budget_seqs']} window(s) of "
              f"{s['budget_seq_len']}. Runtime {result['runtime_s']:.0f} s on {result['machine']['cpu_count']} CPUs.",
              "", "Metrics as in CONTRACT §5 (paper Eq. 4 and 6); logits are the scaled q·k/√d the stack stores; "
              "the paper used LLaMA-2-7B, 50 windows of 4096 tokens.", "", "## Findings", ""]
@@ -218,13 +218,21 @@ def render_report(result: dict[str, Any], figures: list[str]) -> str:
                   f"D = {_g(eb['D'])}; fp32 (same attention arithmetic) {_g(eb['D_fp32'])}; fp64 {_g(eb['D_fp64'])}; "
                   f"all stages raised {_g(eb['D_all_raised'])}. Cumulative contributions sum to "
                   f"{_g(eb['sum_cumulative_contributions'])} = D − D_all_raised.", "",
+                  "Three views of one question. *Raised alone*: D removed when only that stage runs in fp64 "
+                  "(small when a later bf16 rounding re-quantises the same error). *Cumulative*: stages raised one "
+                  "after another in pipeline order; the increments add up to D − D_fp64 exactly, and each is "
+                  "credited to the first stage whose rounding no longer lets the shift through (once q and k are "
+                  "exact, rounding the logits to bf16 gives the same value under both shifts). *Lowered alone*: "
+                  "D of an fp32 stack (same attention arithmetic) with only that stage in the policy's dtype: "
+                  "what that stage breaks by itself.", "",
                   "| stage | dtype | D with it raised alone | raise-alone contribution | cumulative contribution "
                   "(share of D) | lowered alone from fp32: contribution |", "|---|---|---|---|---|---|"]
         for st, v in eb["stages"].items():
             share = 100 * v["cumulative_contribution"] / eb["D"] if eb["D"] > 0 else 0.0
             low = _g(v["lower_alone_contribution"]) if "lower_alone_contribution" in v else "– (fp32 already)"
+            ra = v["raise_alone_contribution"]
             lines.append(f"| {st} | {v['dtype']} | {_g(v['raised_alone_D']) if 'raised_alone_D' in v else '–'} | "
-                         f"{_g(v['raise_alone_contribution'])} | {_g(v['cumulative_contribution'])} ({share:.1f}%) "
+                         f"{'–' if ra is None else _g(ra)} | {_g(v['cumulative_contribution'])} ({share:.1f}%) "
                          f"| {low} |")
     ae = result["angle_error"]
     lines += ["", "## fp32 RoPE angles at long positions", "",
@@ -308,13 +316,14 @@ def plot_figures(result: dict[str, Any], out: Path) -> list[str]:
         st = [s for s in eb["stages"] if s != "head"]
         y = np.arange(len(st))
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        ax.barh(y - 0.2, [eb["stages"][s]["raise_alone_contribution"] for s in st], 0.4, label="raised alone to fp64")
+        ax.barh(y - 0.2, [eb["stages"][s]["raise_alone_contribution"] or 0.0 for s in st], 0.4,
+                label="raised alone to fp64")
         ax.barh(y + 0.2, [eb["stages"][s]["cumulative_contribution"] for s in st], 0.4,
                 label="cumulative (pipeline order)")
         ax.set_yticks(y, st)
         ax.invert_yaxis()
         ax.axvline(0, color="k", lw=0.5)
-        ax.set_xlabel(f"share of D removed (D = {eb['D']:.3g})")
+        ax.set_xlabel(f"D removed by raising the stage to fp64 (D = {eb['D']:.3g})")
         ax.set_title(f"Error budget of {name}")
         ax.legend(fontsize=7)
         fig.tight_layout()

@@ -66,7 +66,8 @@ class AuditSettings:
 
     seq_len, num_seqs: windows of the shift curve and per-token difference (the paper: 4096 × 50).
     shifts, ref_shift: Δ1 values and Δ2 (Δ1 = 0 is always measured: it gives the per-token curve).
-    max_len: longest length of the length curve (capped by the model's max position and memory).
+    max_len, length_seqs: longest length of the length curve (capped by the model's max position and
+      memory) and the windows of that length it averages over.
     budget_policy: the bf16 policy of the error budget (None: the first low-precision policy).
     budget_seq_len, budget_seqs: windows of the error budget. budget: run it at all.
     random_init: also audit the architecture with PyTorch's default init (seeded by `seed`).
@@ -77,8 +78,9 @@ class AuditSettings:
     shifts: tuple[int, ...] = PAPER_SHIFTS
     ref_shift: int = REF_SHIFT
     max_len: int = 1024
+    length_seqs: int = 1
     budget_policy: str | None = None
-    budget_seq_len: int = 256
+    budget_seq_len: int = 128
     budget_seqs: int = 1
     budget: bool = True
     random_init: bool = False
@@ -227,21 +229,30 @@ def _key(p: DtypePolicy) -> tuple:
     return tuple(getattr(p, s) for s in STAGES) + (p.attention, p.kv_block)
 
 
-def budget_plan(base: DtypePolicy) -> dict[str, Any]:
-    """The policies of the error budget of `base` (a low-precision policy).
+def budget_plan(base: DtypePolicy, stages: Sequence[str] = BUDGET_STAGES) -> dict[str, Any]:
+    """The policies of the error budget of `base` (a low-precision policy) over `stages`.
 
     Returns {"base", "fp64", "fp32" (fp32 with base's attention arithmetic), "raise": {stage: policy},
-    "cumulative": [(stage, policy)] (stages raised in pipeline order; the last has all raised),
-    "lower": {stage: policy}} (fp32 with one stage set to base's dtype; only stages where base is not fp32).
+    "cumulative": [(stage, policy)] (stages raised in pipeline order, then "others" = every remaining
+    stage at once when `stages` is a subset; the last has all raised), "lower": {stage: policy}} (fp32
+    with one stage set to base's dtype; only stages where base is not fp32).
     """
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        raise InputError(f"unknown policy stage {unknown[0]!r} (valid: {', '.join(STAGES)})")
+    stages = [s for s in BUDGET_STAGES if s in stages]  # pipeline order
     fp32 = dataclasses.replace(PRESETS["fp32"], attention=base.attention, kv_block=base.kv_block,
                                name=f"fp32[{base.attention}]")
-    raise_one = {s: base.with_stages(**{s: "float64"}) for s in BUDGET_STAGES}
+    raise_one = {s: base.with_stages(**{s: "float64"}) for s in stages}
     cumulative, p = [], base
-    for s in BUDGET_STAGES:
+    for s in stages:
         p = dataclasses.replace(p.with_stages(**{s: "float64"}), name=f"{base.name}[..{s}=float64]")
         cumulative.append((s, p))
-    lower = {s: fp32.with_stages(**{s: getattr(base, s)}) for s in BUDGET_STAGES if getattr(base, s) != "float32"}
+    rest = [s for s in BUDGET_STAGES if s not in stages]
+    if rest:
+        p = dataclasses.replace(p.with_stages(**dict.fromkeys(rest, "float64")), name=f"{base.name}[all=float64]")
+        cumulative.append(("others", p))
+    lower = {s: fp32.with_stages(**{s: getattr(base, s)}) for s in stages if getattr(base, s) != "float32"}
     return {"base": base, "fp64": PRESETS["fp64"], "fp32": fp32, "raise": raise_one, "cumulative": cumulative,
             "lower": lower}
 
@@ -259,9 +270,13 @@ def budget_runs(plan: dict[str, Any]) -> list[DtypePolicy]:
 
 
 def error_budget(params: Params, spec: ModelSpec, windows: np.ndarray, base: DtypePolicy, delta1: int, delta2: int,
-                 tick: Callable[[int], None] = lambda n: None) -> dict[str, Any]:
-    """How much of D(Δ1, Δ2) under `base` each stage is responsible for (see budget_plan)."""
-    plan = budget_plan(base)
+                 tick: Callable[[int], None] = lambda n: None, stages: Sequence[str] = BUDGET_STAGES) -> dict[str, Any]:
+    """How much of D(Δ1, Δ2) under `base` each stage is responsible for (see budget_plan).
+
+    Args: windows int [n, T] (mapped to the params' vocabulary); stages: the stages to attribute
+    (a subset is attributed one by one and the rest together as "others").
+    """
+    plan = budget_plan(base, stages)
     cache: dict[tuple, float] = {}
 
     def D(p: DtypePolicy) -> float:
@@ -275,6 +290,12 @@ def error_budget(params: Params, spec: ModelSpec, windows: np.ndarray, base: Dty
     prev = d_base
     for s, p in plan["cumulative"]:
         d_cum = D(p)
+        if s == "others":
+            stages["others"] = {"dtype": "mixed", "cumulative_D": d_cum, "cumulative_contribution": prev - d_cum,
+                                "raise_alone_contribution": None,
+                                "note": "the stages not attributed one by one, raised together"}
+            prev = d_cum
+            continue
         d_raise = D(plan["raise"][s])
         entry = {"dtype": getattr(base, s), "raised_alone_D": d_raise, "raise_alone_contribution": d_base - d_raise,
                  "cumulative_D": d_cum, "cumulative_contribution": prev - d_cum}
@@ -289,9 +310,10 @@ def error_budget(params: Params, spec: ModelSpec, windows: np.ndarray, base: Dty
     return {
         "policy": base.name, "delta1": int(delta1), "delta2": int(delta2), "seq_len": int(windows.shape[1]),
         "num_seqs": int(windows.shape[0]), "D": d_base, "D_fp64": d64, "D_fp32": d32,
-        "D_all_raised": D(all_raised), "cumulative_order": list(BUDGET_STAGES),
+        "D_all_raised": D(all_raised), "cumulative_order": [s for s, _ in plan["cumulative"]],
         "sum_cumulative_contributions": float(sum(v["cumulative_contribution"] for v in stages.values())),
-        "sum_raise_alone_contributions": float(sum(v["raise_alone_contribution"] for v in stages.values())),
+        "sum_raise_alone_contributions": float(sum(v["raise_alone_contribution"] for k, v in stages.items()
+                                                   if k != "others")),
         "stages": stages,
     }
 
@@ -343,8 +365,10 @@ class _Progress:
 
 def _resolve_settings(spec: ModelSpec, settings: AuditSettings) -> tuple[AuditSettings, list[int], list[str]]:
     notes: list[str] = []
-    if settings.seq_len < 2 or settings.num_seqs < 1:
-        raise InputError(f"--seq-len must be >= 2 and --num-seqs >= 1 (got {settings.seq_len}, {settings.num_seqs})")
+    if settings.seq_len < 2 or settings.max_len < 2:
+        raise InputError(f"--seq-len and --max-len must be >= 2 (got {settings.seq_len}, {settings.max_len})")
+    if min(settings.num_seqs, settings.length_seqs, settings.budget_seqs) < 1:
+        raise InputError("--num-seqs and --length-seqs must be >= 1")
     if settings.seq_len > spec.max_position:
         raise InputError(f"--seq-len {settings.seq_len} is longer than the model supports "
                          f"(max position {spec.max_position})")
@@ -421,7 +445,7 @@ def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy
     doc_ids = tok.encode_batch(texts)
     first, eos = tok.first_token_id, tok.eos_id
     shift_w = make_windows(doc_ids, first_token=first, eos=eos, n=settings.num_seqs, T=settings.seq_len)
-    length_w = make_windows(doc_ids, first_token=first, eos=eos, n=settings.num_seqs, T=settings.max_len)
+    length_w = make_windows(doc_ids, first_token=first, eos=eos, n=settings.length_seqs, T=settings.max_len)
     bT = min(settings.budget_seq_len, settings.seq_len)
     budget_w = make_windows(doc_ids, first_token=first, eos=eos, n=settings.budget_seqs, T=bT)
     corpus_tokens = sum(len(d) + 1 for d in doc_ids)
@@ -437,7 +461,7 @@ def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy
 
     S = len(settings.shifts)
     k = shifts_per_call(spec, settings.seq_len, S)
-    per_policy = settings.num_seqs * (math.ceil(S / k) * (k + 1) + 2)
+    per_policy = settings.num_seqs * math.ceil(S / k) * (k + 1) + 2 * settings.length_seqs
     total = len(kinds) * len(pols) * per_policy
     if base is not None:
         total += 2 * settings.budget_seqs * len(budget_runs(budget_plan(base)))

@@ -3,8 +3,9 @@
 Texts come from the embedded default corpus (`anchor.data.corpus`, its domains interleaved) or a
 user file/folder (`anchor.data.readers.iter_documents`, field `text`). Each document is tokenized
 with the model's tokenizer and followed by EOS; window k is BOS + the token stream that starts at
-document k (documents taken in turn, wrapping around when the text runs short), so the windows
-differ even when documents are long.
+document k (documents taken in turn, wrapping around when the text runs short; with more windows
+than documents, later windows start a window further on), so the windows differ even when documents
+are long.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def make_windows(doc_ids: list[list[int]], *, first_token: int, eos: int, n: int
     out = np.empty((n, T), dtype=np.int32)
     out[:, 0] = first_token
     for k in range(n):
-        idx = starts[k % len(docs)] + np.arange(T - 1)
+        # past the last document, start one window further on, so that no two windows are equal
+        idx = starts[k % len(docs)] + (k // len(docs)) * (T - 1) + np.arange(T - 1)
         out[k, 1:] = np.take(stream, idx, mode="wrap")
     return out

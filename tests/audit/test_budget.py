@@ -13,6 +13,7 @@ from jaxref.audit.runner import BUDGET_STAGES
 def test_budget_plan_shapes():
     base = jaxref.get_policy("hf_bf16")
     plan = budget_plan(base)
+    assert [s for s, _ in plan["cumulative"]] == list(BUDGET_STAGES)  # all stages: no "others" step
     assert list(plan["raise"]) == list(BUDGET_STAGES)
     last = plan["cumulative"][-1][1]
     assert all(getattr(last, s) == "float64" for s in BUDGET_STAGES)
@@ -20,6 +21,14 @@ def test_budget_plan_shapes():
     assert set(plan["lower"]) == {s for s in BUDGET_STAGES if getattr(base, s) != "float32"}
     for s, p in plan["lower"].items():
         assert [t for t in BUDGET_STAGES if getattr(p, t) != "float32"] == [s]
+    sub = budget_plan(base, ["qk_in", "act"])
+    assert [s for s, _ in sub["cumulative"]] == ["act", "qk_in", "others"]  # pipeline order, then the rest
+    assert all(getattr(sub["cumulative"][-1][1], s) == "float64" for s in BUDGET_STAGES)
+
+
+# Every stage one by one is ~33 compiled policies (the CLI default); the test attributes the stages
+# where hf_bf16 rounds on the attention path one by one and the rest together ("others").
+STAGES = ("act", "rope_table", "rope_apply", "qk_in", "logits")
 
 
 @pytest.mark.parametrize("policy", ["hf_bf16"])
@@ -28,8 +37,9 @@ def test_budget_accounts_for_D(policy):
     rng = np.random.default_rng(0)
     toks = rng.integers(3, 259, size=(1, 41)).astype(np.int32)
     toks[:, 0] = spec.first_token_id
-    eb = error_budget(params, spec, toks, jaxref.get_policy(policy), 0, 16)
+    eb = error_budget(params, spec, toks, jaxref.get_policy(policy), 0, 16, stages=STAGES)
     st = eb["stages"]
+    assert eb["cumulative_order"] == [*STAGES, "others"]
     print({k: (v["raise_alone_contribution"], v["cumulative_contribution"]) for k, v in st.items()})
     print(f"D {eb['D']}, fp32 {eb['D_fp32']}, fp64 {eb['D_fp64']}, all raised {eb['D_all_raised']}")
     assert eb["D"] > 1e3 * max(eb["D_fp32"], 1e-12)
@@ -37,9 +47,9 @@ def test_budget_accounts_for_D(policy):
     assert abs(eb["D_all_raised"] - eb["D_fp64"]) <= 1e-9
     # the cumulative contributions telescope: they sum to D − D_all_raised (≈ D − D_fp64)
     assert eb["sum_cumulative_contributions"] == pytest.approx(eb["D"] - eb["D_all_raised"], rel=1e-9)
-    assert set(st) == set(BUDGET_STAGES) | {"head"}
+    assert set(st) == set(STAGES) | {"others", "head"}
     assert st["head"]["cumulative_contribution"] == 0.0
-    for s, v in st.items():
+    for v in st.values():
         if "raised_alone_D" in v:
             assert v["raise_alone_contribution"] == pytest.approx(eb["D"] - v["raised_alone_D"])
         if "lowered_alone_D" in v:

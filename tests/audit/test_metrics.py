@@ -136,3 +136,13 @@ def test_fp64_audit_is_shift_invariant(preset):
     print(f"{preset} fp64: max D {max(sc['D']):.3g}, max D_logit {max(sc['D_logit']):.3g}")
     assert max(sc["D"]) <= 1e-9
     assert max(sc["D_logit"]) <= 1e-9
+
+
+def test_windows_start_with_bos_and_differ():
+    from jaxref.audit.sequences import make_windows
+
+    w = make_windows([[5, 6, 7], [8, 9]], first_token=1, eos=2, n=5, T=6)
+    print(w)
+    assert (w[:, 0] == 1).all()
+    assert w[0, 1:].tolist() == [5, 6, 7, 2, 8] and w[1, 1:].tolist() == [8, 9, 2, 5, 6]
+    assert len({tuple(r) for r in w}) == 5
