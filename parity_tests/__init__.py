@@ -1,1 +1,17 @@
-"""Parity between torchtrain (the trainer) and jaxref (the oracle)."""
+"""Parity between torchtrain (the trainer) and jaxref (the oracle), layer by layer.
+
+Modules:
+  cases    `Case` (model, variant, layout, policy, engine, seq_len), its inputs from the real packer
+           (`case_inputs`), the fast subset and the full matrix
+  runners  the registry of runners producing taps from a case (every torchtrain engine; register more:
+           sequence-parallel layouts, new kernels), and the oracle's taps (`oracle_taps`)
+  core     per-layer, per-tap errors (max-abs, relative L2, per-token KL), the pass rule, the first
+           divergent (layer, tap), emulation fidelity
+  suite    `run_case`, `run_parity`, `build_cases`, `describe`
+  report   parity.json, index.html with a layer-wise plot per case, summary.md
+
+    from parity_tests.cases import Case
+    from parity_tests.suite import run_case
+    r = run_case(Case("random:llama", "anchor", "tags", "bf16", "sdpa", 97))
+    r["pass"], r["first_divergence"]
+"""

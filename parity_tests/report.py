@@ -43,6 +43,7 @@ def plot_case(case: dict[str, Any], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     layers = case["layers"]
     L = len(layers) - 2
@@ -74,6 +75,7 @@ def plot_case(case: dict[str, Any], path: Path) -> None:
         ax.plot([_x(first["layer"], L)], [max(first["rel_l2"], _FLOOR)], "x", color="red", ms=14, mew=3,
                 label=f"first divergence: {where(first)}")
     ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("layer (-1: embeddings, L: logits)")
     base = case["policy"] if bf16 else "oracle fp32"
     ax.set_ylabel("rel. L2 error vs fp64")
@@ -93,6 +95,7 @@ def plot_case(case: dict[str, Any], path: Path) -> None:
                 ax.plot(xs, [max(p[1][key], _FLOOR) for p in pts], style, marker="o", ms=3, color=color,
                         label=f"{label} ({name})")
         ax.set_yscale("log")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("layer")
         ax.set_ylabel("rel. L2 distance")
         ax.set_title(f"emulation fidelity: torch bf16 vs oracle {case['policy']}", fontsize=9)
