@@ -4,7 +4,7 @@ Legend: B batch, T query slots, S key slots, N query heads, K kv heads, G = N //
 Both paths take q [B,T,N,D], k/v [B,S,K,D] (already rotated) and the slot `doc_ids` [B,T],
 and round exactly where the emulated stack rounds:
 
-dense  (hf_bf16): s = (q·kᵀ in qk_acc) → logits dtype, × scale in logits dtype; softmax in
+dense  (hf_bf16): s = (q·kᵀ in qk_acc) → logits dtype, × scale (fp32 product, rounded); softmax in
        `softmax` dtype (masked entries −inf), probabilities cast to pv_in; p·v in pv_acc.
 online (fa2_bf16, paper_bf16): FlashAttention-2 over key blocks of `policy.kv_block`: fp32
        scores × scale, running max and sum in the softmax dtype, probabilities rounded to pv_in
@@ -23,8 +23,15 @@ from jaxref.policy import DtypePolicy
 from jaxref.variants import Variant, allowed
 
 
-def _acc(dtype) -> jnp.dtype:
-    return jnp.dtype(dtype)
+def scale_logits(s, logits_dtype, scale: float):
+    """Round q·kᵀ to the logits dtype, then multiply by the (unrounded) scale and round once more.
+
+    This is torch's `bf16_tensor * python_float`: the product is formed in fp32 and rounded, the
+    scale itself is never rounded to bf16.
+    """
+    s = s.astype(logits_dtype)
+    wide = jnp.float32 if jnp.dtype(logits_dtype).itemsize < 4 else logits_dtype
+    return (s.astype(wide) * jnp.asarray(scale, wide)).astype(logits_dtype)
 
 
 def scores(q, k, policy: DtypePolicy, scale: float):
@@ -34,8 +41,7 @@ def scores(q, k, policy: DtypePolicy, scale: float):
     qg = q.astype(policy.dtype("qk_in")).reshape(B, T, K, N // K, D)
     kk = k.astype(policy.dtype("qk_in"))
     s = jnp.einsum("BTKGD,BSKD->BKGTS", qg, kk, preferred_element_type=policy.dtype("qk_acc"))
-    logits = policy.dtype("logits")
-    return s.astype(logits) * jnp.asarray(scale, dtype=logits)
+    return scale_logits(s, policy.dtype("logits"), scale)
 
 
 def _mask(doc_ids, q_slots, k_slots, variant: Variant):
@@ -89,7 +95,7 @@ def online_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sc
         k_slots = b * blk + jnp.arange(blk)
         s = jnp.einsum("BTKGD,BSKD->BKGTS", qg, kb.astype(policy.dtype("qk_in")),
                        preferred_element_type=policy.dtype("qk_acc"))
-        s = s.astype(policy.dtype("logits")) * jnp.asarray(scale, policy.dtype("logits"))
+        s = scale_logits(s, policy.dtype("logits"), scale)
         dq = doc_ids[:, :, None]
         dk = jax.lax.dynamic_slice_in_dim(docs, b * blk, blk, axis=1)[:, None, :]
         mask = allowed(dq, dk, q_slots[:, None], k_slots[None, :], variant)[:, None, None]
