@@ -159,7 +159,7 @@ def run_demo(model: str, out: Path, *, prompt: str = DEFAULT_PROMPT, policy: str
              steps: tuple[str, ...] = STEPS, seq_len: int = 1024, budget: int = 400_000,
              say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the chosen steps into `out` (atomically replaced). Returns the summary written to demo.json."""
-    from anchor.data.store import publish, staging_dir
+    from anchor.atomic import publish, staging_dir
 
     unknown = [s for s in steps if s not in STEPS]
     if unknown:

@@ -23,7 +23,7 @@ from pathlib import Path
 from functools import partial
 from typing import Callable, Iterator
 
-from anchor.data.store import publish, staging_dir
+from anchor.atomic import publish, staging_dir
 
 SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "__phello__"}
 PROSE_SUFFIXES = (".txt", ".rst", ".md")

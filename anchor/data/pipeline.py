@@ -23,7 +23,8 @@ from anchor.data.mixture import MixtureSpec, mixture_table, select_documents
 from anchor.data.packed import PACK_FORMAT, SHARD_SLOTS, ShardWriter
 from anchor.data.packing import Layout, Packer, tag_text, window_stats
 from anchor.data.readers import ReadCounts, iter_documents
-from anchor.data.store import TokenStore, is_store, publish, staging_dir, write_store
+from anchor.atomic import publish, staging_dir
+from anchor.data.store import TokenStore, is_store, write_store
 from anchor.tokenizer import Tok, load_tokenizer
 
 

@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -28,6 +25,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from anchor.data.readers import Document, ReadCounts
+from anchor.atomic import publish, staging_dir
 from anchor.errors import InputError
 from anchor.tokenizer import Tok
 
@@ -181,32 +179,6 @@ def build_store(docs: Iterable[Document], tok: Tok, out: str | Path, *, counts: 
         write_store(docs, tok, tmp / "store", counts=counts, progress=progress)
         publish(tmp / "store", out)
     return TokenStore.open(out)
-
-
-class staging_dir:
-    """A temporary folder next to `out` (same file system, so the final rename is atomic); removed on exit."""
-
-    def __init__(self, out: Path):
-        self.out = Path(out)
-
-    def __enter__(self) -> Path:
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.path = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=self.out.parent))
-        return self.path
-
-    def __exit__(self, *exc: object) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
-
-
-def publish(src: Path, out: Path) -> None:
-    """Move a finished folder into place, replacing an older one at `out`."""
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-        os.replace(src, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(src, out)
 
 
 def _progress(enabled: bool):
