@@ -9,22 +9,10 @@ Dense masks evaluate it on index grids; the online attention evaluates it per ke
 
 from __future__ import annotations
 
-from typing import Literal, get_args
-
 import jax.numpy as jnp
 import numpy as np
 
-from anchor.errors import InputError
-
-Variant = Literal["full", "intra_doc", "intra_doc_reset", "anchor"]
-VARIANTS: tuple[str, ...] = get_args(Variant)
-
-
-def check_variant(variant: str) -> Variant:
-    """Return `variant` if known; otherwise an InputError listing the four variants."""
-    if variant not in VARIANTS:
-        raise InputError(f"unknown attention variant {variant!r} (known: {', '.join(VARIANTS)})")
-    return variant  # type: ignore[return-value]
+from anchor.variants import VARIANTS, Variant, check_variant  # noqa: F401  (re-exported)
 
 
 def allowed(doc_q, doc_k, i, j, variant: Variant, xp=jnp):

@@ -10,14 +10,12 @@ mask is built from it, and the varlen segments of `torchtrain.varlen` are tested
 
 from __future__ import annotations
 
-from typing import Callable, Literal, get_args
+from typing import Callable
 
 import torch
 
 from anchor.errors import InputError
-
-Variant = Literal["full", "intra_doc", "intra_doc_reset", "anchor"]
-VARIANTS: tuple[str, ...] = get_args(Variant)
+from anchor.variants import VARIANTS, Variant, check_variant  # noqa: F401  (re-exported)
 
 MaskPredicate = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -29,13 +27,6 @@ _RULES: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Ten
     "intra_doc_reset": lambda dq, dk, kv: dq == dk,
     "anchor": lambda dq, dk, kv: (dq == dk) | (kv == 0),
 }
-
-
-def check_variant(variant: object) -> Variant:
-    """Return `variant` if it is one of the four; otherwise an InputError listing them."""
-    if variant not in VARIANTS:
-        raise InputError(f"unknown attention variant {variant!r} (known: {', '.join(VARIANTS)})")
-    return variant  # type: ignore[return-value]
 
 
 def check_doc_ids(doc_ids: torch.Tensor, variant: Variant) -> None:

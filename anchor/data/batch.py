@@ -19,21 +19,10 @@ One packed store serves every variant: the packer keeps `tokens`, `seg` (0 at sl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 import numpy as np
 
-from anchor.errors import InputError
-
-Variant = Literal["full", "intra_doc", "intra_doc_reset", "anchor"]
-VARIANTS: tuple[str, ...] = get_args(Variant)
-
-
-def check_variant(variant: str) -> Variant:
-    """`variant` if it is one of VARIANTS, else an InputError listing them."""
-    if variant not in VARIANTS:
-        raise InputError(f"unknown attention variant {variant!r} (known: {', '.join(VARIANTS)})")
-    return variant  # type: ignore[return-value]
+from anchor.variants import VARIANTS, Variant, check_variant  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)
