@@ -123,7 +123,7 @@ def findings(result: dict[str, Any]) -> list[dict[str, Any]]:
          "criterion": "mean D pretrained > mean D random-init for each bf16 policy", "numbers": {}}
     ri = result.get("random_init")
     if ri is None or not low:
-        f["holds"], f["text"] = None, "not measured (run with --random-init)"
+        f["holds"], f["text"] = None, "it needs the random-init run (`--random-init`)"
     else:
         texts, holds = [], []
         for p in low:
@@ -172,7 +172,7 @@ def findings(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _verdict(h: bool | None) -> str:
-    return {True: "**holds**", False: "**does not hold**", None: "not measured"}[h]
+    return {True: "**holds**", False: "**does not hold**", None: "**not measured**"}[h]
 
 
 def render_report(result: dict[str, Any], figures: list[str]) -> str:
@@ -229,7 +229,12 @@ def render_report(result: dict[str, Any], figures: list[str]) -> str:
                   "(share of D) | lowered alone from fp32: contribution |", "|---|---|---|---|---|---|"]
         for st, v in eb["stages"].items():
             share = 100 * v["cumulative_contribution"] / eb["D"] if eb["D"] > 0 else 0.0
-            low = _g(v["lower_alone_contribution"]) if "lower_alone_contribution" in v else "– (fp32 already)"
+            if "lower_alone_contribution" in v:
+                low = _g(v["lower_alone_contribution"])
+            elif st in ("head", "others"):
+                low = "–"
+            else:
+                low = "– (fp32 already)"
             ra = v["raise_alone_contribution"]
             lines.append(f"| {st} | {v['dtype']} | {_g(v['raised_alone_D']) if 'raised_alone_D' in v else '–'} | "
                          f"{'–' if ra is None else _g(ra)} | {_g(v['cumulative_contribution'])} ({share:.1f}%) "
