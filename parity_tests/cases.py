@@ -27,10 +27,10 @@ from typing import Literal, get_args
 import numpy as np
 
 from anchor.errors import InputError
+from anchor.variants import VARIANTS
 
 Layout = Literal["plain", "tags", "interleave"]
 LAYOUTS: tuple[str, ...] = get_args(Layout)
-VARIANTS: tuple[str, ...] = ("full", "intra_doc", "intra_doc_reset", "anchor")
 RANDOM_MODELS: tuple[str, ...] = ("random:llama", "random:qwen2", "random:mistral")
 DEFAULT_MODEL = "default"
 SIZES: tuple[int, ...] = (97, 515, 1025)

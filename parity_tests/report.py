@@ -9,13 +9,9 @@ from __future__ import annotations
 import html
 import json
 import math
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from anchor.errors import InputError
 from parity_tests.core import EMBED, HEAD
 from parity_tests.runners import PER_LAYER
 from parity_tests.suite import where
@@ -231,32 +227,19 @@ def _finite(x: Any) -> Any:
 
 def write_report(result: dict[str, Any], out: str | Path) -> Path:
     """Write parity.json, index.html, summary.md and figures/ into `out` atomically. Returns `out`."""
+    from anchor.atomic import publish, staging_dir
+
     out = Path(out).resolve()
-    if out.exists() and not out.is_dir():
-        raise InputError("--out exists and is not a folder", path=out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary folder
-    try:
-        (tmp / "figures").mkdir()
+    with staging_dir(out) as tmp:
+        work = tmp / "report"
+        (work / "figures").mkdir(parents=True)
         figures = []
         for i, c in enumerate(result["cases"]):
             figures.append(f"figures/{i:03d}_{_slug(c['id'])}.png")
-            plot_case(c, tmp / figures[-1])
+            plot_case(c, work / figures[-1])
         md = render_markdown(result)
-        (tmp / "parity.json").write_text(json.dumps(_finite(result), indent=1, default=_json_default))
-        (tmp / "summary.md").write_text(md)
-        (tmp / "index.html").write_text(render_html(result, figures, md))
-        old = None
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            out.rename(old / "x")
-        tmp.rename(out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        (work / "parity.json").write_text(json.dumps(_finite(result), indent=1, default=_json_default))
+        (work / "summary.md").write_text(md)
+        (work / "index.html").write_text(render_html(result, figures, md))
+        publish(work, out)
     return out
