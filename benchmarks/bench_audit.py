@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -43,8 +42,8 @@ def main() -> None:
     args = ap.parse_args()
 
     import jax
-    import numpy as np
 
+    from anchor.machine import machine
     from jaxref.audit import run_audit, write_audit
 
     overrides = dict(s.split("=", 1) for s in args.settings)
@@ -67,14 +66,7 @@ def main() -> None:
         "within_limit": t_total <= 900,
         # CPU seconds of this process: what the run costs whatever else shares the cores
         "cpu_s": round(cpu_s, 1), "cores_used_on_average": round(cpu_s / t_total, 2),
-        "machine": {
-            "platform": platform.platform(), "processor": platform.processor(), "cpu_count": os.cpu_count(),
-            "python": platform.python_version(), "jax": jax.__version__, "numpy": np.__version__,
-            "backend": jax.default_backend(),
-            "load_average_before": [round(x, 2) for x in load_before],
-            "load_average_after": [round(x, 2) for x in os.getloadavg()],
-            "note": "the 2 cores were shared with other jobs during the run (see load averages)",
-        },
+        "machine": machine(backend=jax.default_backend(), load_average_before=[round(x, 2) for x in load_before]),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,6 @@ import argparse
 import importlib.metadata
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -38,27 +37,8 @@ from anchor.data.packed import ShardWriter  # noqa: E402
 from anchor.data.packing import Packer  # noqa: E402
 from anchor.data.readers import Document  # noqa: E402
 from anchor.data.store import BATCH_CHARS, TokenStore, _batches, write_store  # noqa: E402
+from anchor.machine import machine  # noqa: E402
 from anchor.tokenizer import load_tokenizer  # noqa: E402
-
-
-def machine() -> dict:
-    versions = {}
-    for pkg in ("numpy", "tokenizers", "gguf", "pyarrow", "zstandard"):
-        try:
-            versions[pkg] = importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            versions[pkg] = None
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-        "cpu_count": os.cpu_count(),
-        "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "python": platform.python_version(),
-        "versions": versions,
-        "rayon_threads": os.environ.get("RAYON_NUM_THREADS"),
-        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
-    }
 
 
 def best(fn, repeats: int) -> float:
@@ -191,7 +171,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32_000_000, help="synthetic store size for packing")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    result = {"name": args.name, "machine": machine(), "targets": {"tok_vs_raw": 0.9, "pack_tokens_per_s": 20e6}}
+    result = {"name": args.name, "machine": machine(rayon_threads=os.environ.get("RAYON_NUM_THREADS")), "targets": {"tok_vs_raw": 0.9, "pack_tokens_per_s": 20e6}}
     print("tokenization ...", flush=True)
     result["tokenization"] = bench_tokenization(args.model, args.tokenize_chars, args.repeats)
     print(json.dumps(result["tokenization"], indent=1), flush=True)

@@ -17,7 +17,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -28,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from anchor.machine import machine  # noqa: E402
 from torchtrain.engines import attend, available_engines, prepare_meta  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 16, 4, 64
@@ -42,23 +42,6 @@ def packed_doc_ids(T: int, seed: int = 0) -> torch.Tensor:
         doc += [d] * int(rng.integers(1, T // 4))
         d += 1
     return torch.tensor([doc[:T]])
-
-
-def machine() -> dict:
-    info = {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cpu_threads": torch.get_num_threads(),
-        "cuda": torch.cuda.is_available(),
-        # the CPU may be shared: timings taken under load are slower than the machine can do
-        "load_average_1m_at_start": round(os.getloadavg()[0], 2),
-    }
-    if torch.cuda.is_available():
-        p = torch.cuda.get_device_properties(0)
-        info.update(gpu=p.name, gpu_memory_gib=round(p.total_memory / 2**30, 1), cuda_version=torch.version.cuda)
-    return info
 
 
 def _sync(device: str) -> None:
@@ -125,7 +108,7 @@ def main(argv: list[str] | None = None) -> Path:
     report = {
         "benchmark": "torchtrain attention engines, one layer, anchor variant",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(),
+        "machine": machine(torch_threads=torch.get_num_threads()),
         "results": results,
     }
     args.out.mkdir(parents=True, exist_ok=True)

@@ -18,8 +18,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.machine import machine  # noqa: E402
 
 
 def timed(fn, repeats: int) -> tuple[float, list[float]]:
@@ -46,6 +44,7 @@ def main() -> None:
     import torch
 
     import jaxref
+    from anchor.machine import machine
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from anchor.spec import to_hf_config
@@ -78,11 +77,11 @@ def main() -> None:
         print(json.dumps(row))
         rows.append(row)
     result = {"benchmark": "oracle_forward", "model": args.model, "batch": 1, "variant": "full",
-              "target": "ratio_oracle_over_transformers <= 1", "machine": machine(), "torch_threads": torch.get_num_threads(),
+              "target": "ratio_oracle_over_transformers <= 1", "machine": machine(torch_threads=torch.get_num_threads()),
               "results": rows, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = "gpu" if result["machine"]["gpu"] else "cpu"
+    name = "gpu" if result["machine"].get("gpu") else "cpu"
     path = out / f"oracle_forward_{name}.json"
     path.write_text(json.dumps(result, indent=1))
     print(f"wrote {path}")

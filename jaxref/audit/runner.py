@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import platform
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -39,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from anchor.machine import machine
 from anchor.errors import InputError
 from anchor.spec import ModelSpec
 from jaxref.audit import metrics
@@ -326,11 +326,6 @@ def _is_low_precision(p: DtypePolicy) -> bool:
     return any(getattr(p, s) in ("bfloat16", "float16") for s in STAGES)
 
 
-def _machine() -> dict[str, Any]:
-    return {"platform": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count(),
-            "jax": jax.__version__, "numpy": np.__version__, "jax_backend": jax.default_backend()}
-
-
 class _Progress:
     """A rich progress bar over forward passes (one sequence under one shift = 1), or nothing."""
 
@@ -503,6 +498,6 @@ def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy
                       budget_seq_len=bT, data=str(data) if data is not None else "default corpus",
                       corpus_tokens=int(corpus_tokens), variant="full")
     return {
-        "model": model, "spec": {**dataclasses.asdict(spec)}, "settings": settings_d, "machine": _machine(),
+        "model": model, "spec": {**dataclasses.asdict(spec)}, "settings": settings_d, "machine": machine(jax_backend=jax.default_backend()),
         "policies": {p.name: p.to_dict() for p in pols}, **out, "notes": notes, "runtime_s": time.time() - t0,
     }
