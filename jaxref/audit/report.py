@@ -10,15 +10,12 @@ numbers and the criterion used; nothing is forced: a finding that does not hold 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from anchor.errors import InputError
+from anchor.atomic import publish, staging_dir
 
 # Criteria: stated in the report next to each verdict.
 RATIO_MUCH_GREATER = 10.0     # "bf16 D ≫ fp32 D": at least an order of magnitude
@@ -350,27 +347,13 @@ def _json_default(x: Any) -> Any:
 def write_audit(result: dict[str, Any], out: str | Path) -> Path:
     """Write audit.json, report.md and the figures into `out`, via a temporary folder renamed at the end."""
     out = Path(out).resolve()
-    if out.exists() and not out.is_dir():
-        raise InputError("--out exists and is not a folder", path=out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     result = dict(result)
     result["findings"] = findings(result)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary folder
-    try:
-        figures = plot_figures(result, tmp)
-        (tmp / "audit.json").write_text(json.dumps(result, indent=1, default=_json_default))
-        (tmp / "report.md").write_text(render_report(result, figures))
-        old = None
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            out.rename(old / "x")
-        tmp.rename(out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with staging_dir(out) as tmp:
+        work = tmp / "audit"
+        work.mkdir()
+        figures = plot_figures(result, work)
+        (work / "audit.json").write_text(json.dumps(result, indent=1, default=_json_default))
+        (work / "report.md").write_text(render_report(result, figures))
+        publish(work, out)
     return out
