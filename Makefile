@@ -9,7 +9,7 @@ export ANCHOR_CACHE := $(CURDIR)/.cache
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-all clean
+.PHONY: install demo test test-all parity-all clean
 
 install: $(VENV)/.installed $(MODEL)
 
@@ -36,6 +36,10 @@ test: install
 
 test-all: install
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
+
+# The whole parity matrix: family x variant x layout x policy x engine at T = 97, 515, 1025.
+parity-all: install
+	$(PY) -m pytest -n 2 --dist loadgroup -m parity_full parity_tests $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache runs

@@ -7,6 +7,8 @@ renamed at the end, so a killed demo leaves the previous one intact):
   corpus   the embedded default corpus (`anchor corpus`)
   pack     tokenized, mixed and packed windows (`anchor pack`)
   audit    a short RoPE/bf16 precision audit (`anchor audit`, quick settings)
+  parity   the trainer (sdpa engine, fp32 and bf16) held against the oracle layer by layer for the
+           `full` and `anchor` variants (`anchor parity`, T = 97)
 and an `index.html` page linking every report.
 """
 
@@ -23,7 +25,7 @@ import numpy as np
 from anchor.errors import InputError
 
 DEFAULT_PROMPT = "The quick brown fox jumps over the lazy dog. The capital of France is"
-STEPS = ("top5", "corpus", "pack", "audit")
+STEPS = ("top5", "corpus", "pack", "audit", "parity")
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -130,6 +132,18 @@ def audit(model: str, corpus_dir: Path, out: Path) -> dict[str, Any]:
     return result
 
 
+def parity(model: str, out: Path) -> dict[str, Any]:
+    from parity_tests.report import write_report
+    from parity_tests.suite import build_cases, run_parity
+
+    cases = build_cases(model, variants=["full", "anchor"], layouts=["plain"], policies=["fp32", "bf16"],
+                        engines=["sdpa"], seq_lens=[97])
+    result = run_parity(cases, progress=True)
+    result["model"] = model
+    write_report(result, out)
+    return result
+
+
 def index_page(out: Path, summary: dict[str, Any]) -> None:
     """A static page linking every step's report, with the audit's figures inline."""
     parts = ["<!doctype html><meta charset='utf-8'><title>anchor demo</title>",
@@ -137,7 +151,8 @@ def index_page(out: Path, summary: dict[str, Any]) -> None:
              "td,th{padding:2px 8px;border-bottom:1px solid #ddd}</style>",
              f"<h1>anchor demo — {html.escape(summary['model'])}</h1>",
              f"<p>Finished {html.escape(summary['finished'])} in {summary['seconds']:.0f} s.</p><ul>"]
-    links = {"top5": "top5/top5.md", "corpus": "corpus/corpus.json", "pack": "pack/stats.md", "audit": "audit/report.md"}
+    links = {"top5": "top5/top5.md", "corpus": "corpus/corpus.json", "pack": "pack/stats.md",
+             "audit": "audit/report.md", "parity": "parity/index.html"}
     for step in summary["steps"]:
         parts.append(f"<li><a href='{links[step]}'>{step}</a></li>")
     parts.append("</ul>")
@@ -148,6 +163,10 @@ def index_page(out: Path, summary: dict[str, Any]) -> None:
             parts.append(f"<tr><td>{html.escape(repr(a['token']))}</td><td>{a['prob']:.5f}</td>"
                          f"<td>{html.escape(repr(b['token']))}</td><td>{b['prob']:.5f}</td></tr>")
         parts.append("</table>")
+    if "parity" in summary:
+        p = summary["parity"]
+        parts.append(f"<h2>Parity</h2><p>{p['passed']} of {p['cases']} cases pass — "
+                     "<a href='parity/index.html'>layer-wise report</a>.</p>")
     if (out / "audit").is_dir():
         parts.append("<h2>Precision audit</h2>")
         for png in sorted((out / "audit").glob("*.png")):
@@ -171,20 +190,25 @@ def run_demo(model: str, out: Path, *, prompt: str = DEFAULT_PROMPT, policy: str
         work = tmp / "demo"
         work.mkdir()
         if "top5" in steps:
-            say("[1/4] oracle vs transformers: next-token top-5")
+            say("[1/5] oracle vs transformers: next-token top-5")
             summary["top5"] = top5(model, prompt, policy, work / "top5")
             print_top5(summary["top5"])
         if "corpus" in steps or "pack" in steps or "audit" in steps:
-            say("[2/4] the embedded default corpus")
+            say("[2/5] the embedded default corpus")
             summary["corpus"] = corpus(work / "corpus")
         if "pack" in steps:
-            say(f"[3/4] packing windows of {seq_len} slots")
+            say(f"[3/5] packing windows of {seq_len} slots")
             stats = pack(model, work / "corpus", work / "pack", seq_len, budget)
             summary["pack"] = {k: stats[k] for k in ("windows", "tokens") if k in stats}
         if "audit" in steps:
-            say("[4/4] precision audit (quick settings)")
+            say("[4/5] precision audit (quick settings)")
             result = audit(model, work / "corpus", work / "audit")
             summary["audit"] = {"runtime_s": result.get("runtime_s")}
+        if "parity" in steps:
+            say("[5/5] parity: the trainer against the oracle, layer by layer")
+            result = parity(model, work / "parity")
+            summary["parity"] = {"cases": len(result["cases"]), "passed": sum(c["pass"] for c in result["cases"]),
+                                 "pass": result["pass"]}
         summary["seconds"] = time.time() - t0
         summary["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
         (work / "demo.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False, default=str))
