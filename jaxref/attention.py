@@ -34,14 +34,36 @@ def scale_logits(s, logits_dtype, scale: float):
     return (s.astype(wide) * jnp.asarray(scale, wide)).astype(logits_dtype)
 
 
+def _group_queries(q, K: int):
+    """q [B,T,N,D] → [B,K,G*T,D]: the G query heads of each kv head stacked along the rows, so
+    q·kᵀ is one matmul per kv head and its [.., G*T, S] result reshapes to [B,K,G,T,S] for free
+    (a layout with T before G would cost a transpose of the whole score tensor)."""
+    B, T, N, D = q.shape
+    return jnp.transpose(q.reshape(B, T, K, N // K, D), (0, 2, 3, 1, 4)).reshape(B, K, (N // K) * T, D)
+
+
+def _heads_first(x):
+    """k or v [B,S,K,D] → [B,K,S,D]."""
+    return jnp.transpose(x, (0, 2, 1, 3))
+
+
+def _pv(p, v, pv_dtype, acc_dtype):
+    """p [B,K,G,T,S] · v [B,S,K,D] → ctx [B,T,K*G,D] (operands in pv_dtype, accumulation in acc_dtype)."""
+    B, K, G, T, S = p.shape
+    D = v.shape[-1]
+    ctx = jnp.einsum("BKMS,BKSD->BKMD", p.reshape(B, K, G * T, S).astype(pv_dtype),
+                     _heads_first(v).astype(pv_dtype), preferred_element_type=acc_dtype)
+    return jnp.transpose(ctx.reshape(B, K, G, T, D), (0, 3, 1, 2, 4)).reshape(B, T, K * G, D)
+
+
 def scores(q, k, policy: DtypePolicy, scale: float):
     """Scaled attention logits. q [B,T,N,D], k [B,S,K,D] → [B,K,G,T,S] in the `logits` dtype."""
     B, T, N, D = q.shape
-    K = k.shape[2]
-    qg = q.astype(policy.dtype("qk_in")).reshape(B, T, K, N // K, D)
-    kk = k.astype(policy.dtype("qk_in"))
-    s = jnp.einsum("BTKGD,BSKD->BKGTS", qg, kk, preferred_element_type=policy.dtype("qk_acc"))
-    return scale_logits(s, policy.dtype("logits"), scale)
+    K, S = k.shape[2], k.shape[1]
+    qg = _group_queries(q.astype(policy.dtype("qk_in")), K)
+    s = jnp.einsum("BKMD,BKSD->BKMS", qg, _heads_first(k.astype(policy.dtype("qk_in"))),
+                   preferred_element_type=policy.dtype("qk_acc"))
+    return scale_logits(s.reshape(B, K, N // K, T, S), policy.dtype("logits"), scale)
 
 
 def _mask(doc_ids, q_slots, k_slots, variant: Variant):
@@ -68,9 +90,7 @@ def dense_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sca
     slots = jnp.arange(T)
     s = scores(q, k, policy, scale)
     p = softmax_probs(s, _mask(doc_ids, slots, slots, variant), policy)
-    pv = policy.dtype("pv_in")
-    ctx = jnp.einsum("BKGTS,BSKD->BTKGD", p.astype(pv), v.astype(pv), preferred_element_type=policy.dtype("pv_acc"))
-    return ctx.reshape(B, T, N, D)
+    return _pv(p, v, policy.dtype("pv_in"), policy.dtype("pv_acc"))
 
 
 def online_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, scale: float):
@@ -87,14 +107,14 @@ def online_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sc
     # Padded key slots get doc -1 and slot index >= T: never visible to a real query.
     docs = jnp.pad(doc_ids, ((0, 0), (0, pad)), constant_values=-1)
     q_slots = jnp.arange(T)
-    qg = q.astype(policy.dtype("qk_in")).reshape(B, T, K, G, D)
+    qg = _group_queries(q.astype(policy.dtype("qk_in")), K)  # [B,K,G*T,D]
 
     def step(carry, xs):
         m, l, acc = carry
         kb, vb, b = xs
         k_slots = b * blk + jnp.arange(blk)
-        s = jnp.einsum("BTKGD,BSKD->BKGTS", qg, kb.astype(policy.dtype("qk_in")),
-                       preferred_element_type=policy.dtype("qk_acc"))
+        s = jnp.einsum("BKMD,BKSD->BKMS", qg, _heads_first(kb.astype(policy.dtype("qk_in"))),
+                       preferred_element_type=policy.dtype("qk_acc")).reshape(B, K, G, T, blk)
         s = scale_logits(s, policy.dtype("logits"), scale)
         dq = doc_ids[:, :, None]
         dk = jax.lax.dynamic_slice_in_dim(docs, b * blk, blk, axis=1)[:, None, :]
@@ -106,7 +126,8 @@ def online_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sc
         p = jnp.exp(s - m_safe[..., None])
         corr = jnp.exp(jnp.where(jnp.isfinite(m), m, m_safe) - m_safe)
         l = l * corr + jnp.sum(p, axis=-1)
-        upd = jnp.einsum("BKGTS,BSKD->BKGTD", p.astype(pv), vb.astype(pv), preferred_element_type=acc_t)
+        upd = jnp.einsum("BKMS,BKSD->BKMD", p.reshape(B, K, G * T, blk).astype(pv), _heads_first(vb).astype(pv),
+                         preferred_element_type=acc_t).reshape(B, K, G, T, D)
         acc = acc * corr[..., None].astype(acc_t) + upd
         return (m_new, l, acc), None
 

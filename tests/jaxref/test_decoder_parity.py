@@ -22,7 +22,7 @@ def hf_and_oracle(name: str):
         cfg = AutoConfig.for_model(**to_hf_config(spec))
         cfg._attn_implementation = "eager"
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-        missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
+        missing, unexpected = model.load_state_dict({k: torch.tensor(v) for k, v in state.items()}, strict=False)
         assert not unexpected and set(missing) <= {"lm_head.weight"}
         _MODELS[name] = (spec, jaxref.params_from_state(spec, state), model)
     return _MODELS[name]
