@@ -135,16 +135,21 @@ def read_safetensors(path: Path) -> StateDict:
     return out
 
 
-def read_hf_dir(path: Path) -> tuple[ModelSpec, StateDict]:
-    """A local Hugging Face model folder: `config.json` and one or more `*.safetensors`."""
-    cfg_path = path / "config.json"
-    if not cfg_path.is_file():
+def read_hf_config(path: Path) -> ModelSpec:
+    """The spec in a Hugging Face model folder's `config.json`."""
+    cfg = path / "config.json"
+    if not cfg.is_file():
         raise InputError("not a model folder: config.json is missing", path=path)
     try:
-        config = json.loads(cfg_path.read_text())
+        config = json.loads(cfg.read_text())
     except (OSError, ValueError) as e:
-        raise InputError(f"unreadable config.json: {e}", path=cfg_path) from None
-    spec = from_hf_config(config, source=str(cfg_path))
+        raise InputError(f"unreadable config.json: {e}", path=cfg) from None
+    return from_hf_config(config, source=str(cfg))
+
+
+def read_hf_dir(path: Path) -> tuple[ModelSpec, StateDict]:
+    """A local Hugging Face model folder: `config.json` and one or more `*.safetensors`."""
+    spec = read_hf_config(path)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise InputError("no *.safetensors weight files in the model folder", path=path)
@@ -304,38 +309,33 @@ def read_gguf(path: Path) -> tuple[ModelSpec, StateDict]:
 # Entry points
 
 
-def load_spec(name: str) -> ModelSpec:
-    """The spec of a model named as in CONTRACT §6, without reading the weights."""
+def _locate(name: str) -> tuple[str, str | Path]:
+    """("random", preset) | ("gguf", path) | ("dir", path) for a model named as in CONTRACT §6."""
     name = resolve_model_name(name)
     if name.startswith("random:"):
-        return random_preset(name.split(":", 1)[1])
+        return "random", name.split(":", 1)[1]
     path = Path(name)
     if not path.exists():
         raise InputError("no such model file or folder", path=path)
     if path.suffix == ".gguf":
-        return gguf_spec(path)
+        return "gguf", path
     if path.is_dir():
-        cfg = path / "config.json"
-        if not cfg.is_file():
-            raise InputError("not a model folder: config.json is missing", path=path)
-        try:
-            return from_hf_config(json.loads(cfg.read_text()), source=str(cfg))
-        except ValueError as e:
-            raise InputError(f"unreadable config.json: {e}", path=cfg) from None
+        return "dir", path
     raise InputError("a model is a Hugging Face folder, a .gguf file or random:<preset>", path=path)
+
+
+def load_spec(name: str) -> ModelSpec:
+    """The spec of a model named as in CONTRACT §6, without reading the weights."""
+    kind, where = _locate(name)
+    if kind == "random":
+        return random_preset(str(where))
+    return gguf_spec(Path(where)) if kind == "gguf" else read_hf_config(Path(where))
 
 
 def load_weights(name: str, *, seed: int = 0) -> tuple[ModelSpec, StateDict]:
     """`(spec, float32 state dict)` for a model named as in CONTRACT §6 (`seed` is for random presets)."""
-    name = resolve_model_name(name)
-    if name.startswith("random:"):
-        spec = random_preset(name.split(":", 1)[1])
+    kind, where = _locate(name)
+    if kind == "random":
+        spec = random_preset(str(where))
         return spec, random_state(spec, seed)
-    path = Path(name)
-    if not path.exists():
-        raise InputError("no such model file or folder", path=path)
-    if path.suffix == ".gguf":
-        return read_gguf(path)
-    if path.is_dir():
-        return read_hf_dir(path)
-    raise InputError("a model is a Hugging Face folder, a .gguf file or random:<preset>", path=path)
+    return read_gguf(Path(where)) if kind == "gguf" else read_hf_dir(Path(where))
