@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from anchor.errors import InputError
+from anchor.progress import ProgressBar
 from parity_tests.cases import BF16, Case, case_inputs
 from parity_tests.core import RULE, Rule, compare, fidelity, judge
 from parity_tests.runners import Runner, get_runner, oracle_taps
@@ -101,37 +102,6 @@ def _worst_margin(layers: list[dict[str, Any]]) -> float:
                default=0.0)
 
 
-class _Progress:
-    """A rich progress bar over cases on stderr (one line per case when stderr is not a terminal)."""
-
-    def __init__(self, total: int, enabled: bool):
-        self.bar = None
-        if enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.bar = Progress(TextColumn("[bold]parity[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), console=Console(stderr=True))
-            self.task = self.bar.add_task("", total=total)
-            self.live = self.bar.console.is_terminal
-            self.bar.start()
-
-    def start(self, text: str) -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, description=text)
-
-    def done(self, text: str) -> None:
-        if self.bar is not None:
-            self.bar.advance(self.task)
-            if not self.live:
-                t = self.bar.tasks[0]
-                self.bar.console.print(f"parity: [{int(t.completed)}/{int(t.total)}] {text}", highlight=False)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-
 def build_cases(model: str, *, variants: Sequence[str], layouts: Sequence[str], policies: Sequence[str],
                 engines: Sequence[str], seq_lens: Sequence[int], seed: int = 0) -> list[Case]:
     """The cross product of the CLI's options, validated (unknown engines and policies are InputErrors)."""
@@ -153,15 +123,15 @@ def run_parity(cases: Iterable[Case], rule: Rule = RULE, *, progress: bool = Fal
     """
     t0 = time.perf_counter()
     cases = sorted(cases, key=lambda c: (c.data_key, c.policy, c.engine))
-    bar = _Progress(len(cases), progress)
+    bar = ProgressBar("parity", len(cases), progress)
     results = []
     try:
         for case in cases:
-            bar.start(case.id)
+            bar.describe(case.id, log=False)
             r = run_case(case, rule)
             results.append(r)
             verdict = "pass" if r["pass"] else f"FAIL at {_where(r['first_divergence'])}"
-            bar.done(f"{case.id}: {verdict} ({r['runtime_s']:.1f} s)")
+            bar.advance(1, f"{case.id}: {verdict} ({r['runtime_s']:.1f} s)")
     finally:
         bar.close()
     return {

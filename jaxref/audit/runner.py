@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from anchor.machine import machine
+from anchor.progress import ProgressBar
 from anchor.errors import InputError
 from anchor.spec import ModelSpec
 from jaxref.audit import metrics
@@ -326,38 +327,6 @@ def _is_low_precision(p: DtypePolicy) -> bool:
     return any(getattr(p, s) in ("bfloat16", "float16") for s in STAGES)
 
 
-class _Progress:
-    """A rich progress bar over forward passes (one sequence under one shift = 1), or nothing."""
-
-    def __init__(self, total: int, enabled: bool):
-        self.bar = None
-        if enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.bar = Progress(TextColumn("[bold]audit[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), console=Console(stderr=True))
-            self.task = self.bar.add_task("", total=total)
-            self.live = self.bar.console.is_terminal
-            self.bar.start()
-
-    def describe(self, text: str) -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, description=text)
-            if not self.live:  # a log file gets one line per phase instead of a live bar
-                done = int(self.bar.tasks[0].completed)
-                self.bar.console.print(f"audit: {text} [{done}/{int(self.bar.tasks[0].total)} forward passes, "
-                                       f"{self.bar.tasks[0].elapsed or 0:.0f} s]")
-
-    def tick(self, n: int) -> None:
-        if self.bar is not None:
-            self.bar.advance(self.task, n)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-
 def _resolve_settings(spec: ModelSpec, settings: AuditSettings) -> tuple[AuditSettings, list[int], list[str]]:
     notes: list[str] = []
     if settings.seq_len < 2 or settings.max_len < 2:
@@ -460,7 +429,7 @@ def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy
     total = len(kinds) * len(pols) * per_policy
     if base is not None:
         total += 2 * settings.budget_seqs * len(budget_runs(budget_plan(base)))
-    bar = _Progress(total, progress)
+    bar = ProgressBar("audit", total, progress, unit="forward passes")
     out: dict[str, Any] = {}
     try:
         for kind, st in kinds:
@@ -468,7 +437,7 @@ def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy
             block: dict[str, Any] = {"shift_curve": {}, "per_token": {}, "length_curve": {}}
             for pol in pols:
                 bar.describe(f"{kind} {pol.name}: shift curve (T={settings.seq_len})")
-                sc = shift_curve(params, spec, remap(shift_w), pol, settings.shifts, settings.ref_shift, bar.tick)
+                sc = shift_curve(params, spec, remap(shift_w), pol, settings.shifts, settings.ref_shift, bar.advance)
                 pt = sc.pop("_per_token")
                 by_layer = sc.pop("_by_layer")
                 block["shift_curve"][pol.name] = sc
@@ -478,14 +447,14 @@ def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy
                     "by_layer": by_layer.tolist()}
                 bar.describe(f"{kind} {pol.name}: length curve (T={settings.max_len})")
                 block["length_curve"][pol.name] = length_curve(params, spec, remap(length_w), pol, lengths, 0,
-                                                               settings.ref_shift, bar.tick)
+                                                               settings.ref_shift, bar.advance)
             if kind == "pretrained":
                 out.update(block)
                 out["error_budget"] = {}
                 if base is not None:
                     bar.describe(f"error budget of {base.name} (T={bT})")
                     out["error_budget"][base.name] = error_budget(params, spec, remap(budget_w), base, 0,
-                                                                  settings.ref_shift, bar.tick)
+                                                                  settings.ref_shift, bar.advance)
             else:
                 out["random_init"] = {"init": "pytorch-default (kaiming_uniform a=sqrt(5), embedding N(0,1), norms 1)",
                                       "seed": settings.seed, **block}
