@@ -23,6 +23,11 @@ from jaxref.policy import DtypePolicy
 from jaxref.variants import Variant, allowed
 
 
+def wide(dtype) -> jnp.dtype:
+    """The dtype torch computes 16-bit elementwise ops and matmul accumulations in: fp32 for 16-bit, else itself."""
+    return jnp.dtype(jnp.float32) if jnp.dtype(dtype).itemsize < 4 else jnp.dtype(dtype)
+
+
 def scale_logits(s, logits_dtype, scale: float):
     """Round q·kᵀ to the logits dtype, then multiply by the (unrounded) scale and round once more.
 
@@ -30,8 +35,8 @@ def scale_logits(s, logits_dtype, scale: float):
     scale itself is never rounded to bf16.
     """
     s = s.astype(logits_dtype)
-    wide = jnp.float32 if jnp.dtype(logits_dtype).itemsize < 4 else logits_dtype
-    return (s.astype(wide) * jnp.asarray(scale, wide)).astype(logits_dtype)
+    w = wide(logits_dtype)
+    return (s.astype(w) * jnp.asarray(scale, w)).astype(logits_dtype)
 
 
 def _group_queries(q, K: int):

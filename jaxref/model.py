@@ -24,7 +24,7 @@ import numpy as np
 
 from anchor.spec import ModelSpec
 from jaxref import rope as rope_lib
-from jaxref.attention import attention, full_probs, row_scores_probs
+from jaxref.attention import attention, full_probs, row_scores_probs, wide
 from jaxref.policy import DtypePolicy, get_policy
 from jaxref.variants import Variant, check_variant
 from jaxref.variants import positions as variant_positions
@@ -70,13 +70,9 @@ def params_from_state(spec: ModelSpec, state: dict[str, np.ndarray]) -> Params:
 # Pure building blocks
 
 
-def _acc(act) -> jnp.dtype:
-    return jnp.float32 if jnp.dtype(act).itemsize < 4 else jnp.dtype(act)
-
-
 def linear(x_BTI, w_OI, b_O, act, param):
     """`x @ wᵀ (+ b)`: operands in `act`/`param`, fp32 accumulation for 16-bit activations, result in `act`."""
-    y = jnp.einsum("...I,OI->...O", x_BTI.astype(act), w_OI.astype(param), preferred_element_type=_acc(act))
+    y = jnp.einsum("...I,OI->...O", x_BTI.astype(act), w_OI.astype(param), preferred_element_type=wide(act))
     if b_O is not None:
         y = y + b_O.astype(param).astype(y.dtype)
     return y.astype(act)
@@ -92,7 +88,7 @@ def rms_norm(x_BTH, w_H, eps: float, norm, out, param):
 
 def silu_mul(g, u, act):
     """`silu(g) * u`; elementwise math in fp32 for 16-bit activations (as torch's kernels do), rounded per op."""
-    hi = _acc(act)
+    hi = wide(act)
     s = jax.nn.silu(g.astype(hi)).astype(act)
     return (s.astype(hi) * u.astype(hi)).astype(act)
 
