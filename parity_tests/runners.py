@@ -194,12 +194,6 @@ def oracle_taps(case: Case, inputs: CaseInputs, policy: str) -> Taps:
     return out
 
 
-def clear_caches() -> None:
-    _ORACLE_CACHE.clear()
-    oracle_model.cache_clear()
-    torch_model.cache_clear()
-
-
 @contextlib.contextmanager
 def registered(*runners: Runner) -> Iterator[None]:
     """Register runners for the duration of a block (tests)."""
