@@ -4,8 +4,9 @@ Legend: B batch, T query slots, S key slots, N query heads, K kv heads, G = N //
 Both paths take q [B,T,N,D], k/v [B,S,K,D] (already rotated) and the slot `doc_ids` [B,T],
 and round exactly where the emulated stack rounds:
 
-dense  (hf_bf16): s = (q·kᵀ in qk_acc) → logits dtype, × scale (fp32 product, rounded); softmax in
-       `softmax` dtype (masked entries −inf), probabilities cast to pv_in; p·v in pv_acc.
+dense  (fp64, fp32, hf_bf16): s = (q·kᵀ in qk_acc) → logits dtype, × scale (fp32 product, rounded);
+       softmax over the whole row in the `softmax` dtype (masked entries −inf), probabilities cast
+       to pv_in; p·v in pv_acc. Computed by blocks of query rows, skipping keys after a block.
 online (fa2_bf16, paper_bf16): FlashAttention-2 over key blocks of `policy.kv_block`: fp32
        scores × scale, running max and sum in the softmax dtype, probabilities rounded to pv_in
        *before* p·v (the running sum uses the unrounded ones, as the kernel does), accumulation in
@@ -18,6 +19,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxref.policy import DtypePolicy
 from jaxref.variants import Variant, allowed
@@ -40,11 +42,11 @@ def scale_logits(s, logits_dtype, scale: float):
 
 
 def _group_queries(q, K: int):
-    """q [B,T,N,D] → [B,K,G*T,D]: the G query heads of each kv head stacked along the rows, so
-    q·kᵀ is one matmul per kv head and its [.., G*T, S] result reshapes to [B,K,G,T,S] for free
-    (a layout with T before G would cost a transpose of the whole score tensor)."""
+    """q [B,T,N,D] → [B,K,G,T,D]: the G query heads of each kv head side by side, so q·kᵀ is one
+    matmul per kv head over G*T rows whose [.., G*T, S] result is [B,K,G,T,S] for free (a layout
+    with T before G would cost a transpose of the whole score tensor)."""
     B, T, N, D = q.shape
-    return jnp.transpose(q.reshape(B, T, K, N // K, D), (0, 2, 3, 1, 4)).reshape(B, K, (N // K) * T, D)
+    return jnp.transpose(q.reshape(B, T, K, N // K, D), (0, 2, 3, 1, 4))
 
 
 def _heads_first(x):
@@ -52,23 +54,31 @@ def _heads_first(x):
     return jnp.transpose(x, (0, 2, 1, 3))
 
 
-def _pv(p, v, pv_dtype, acc_dtype):
-    """p [B,K,G,T,S] · v [B,S,K,D] → ctx [B,T,K*G,D] (operands in pv_dtype, accumulation in acc_dtype)."""
-    B, K, G, T, S = p.shape
-    D = v.shape[-1]
-    ctx = jnp.einsum("BKMS,BKSD->BKMD", p.reshape(B, K, G * T, S).astype(pv_dtype),
-                     _heads_first(v).astype(pv_dtype), preferred_element_type=acc_dtype)
-    return jnp.transpose(ctx.reshape(B, K, G, T, D), (0, 3, 1, 2, 4)).reshape(B, T, K * G, D)
+def _ungroup(ctx):
+    """ctx [B,K,G,T,D] → [B,T,K*G,D] (query head n = kv head n // G, as in transformers' GQA)."""
+    B, K, G, T, D = ctx.shape
+    return jnp.transpose(ctx, (0, 3, 1, 2, 4)).reshape(B, T, K * G, D)
+
+
+def _qk(qg, kh, policy: DtypePolicy, scale: float):
+    """qg [B,K,G,R,D] (qk_in), kh [B,K,S,D] (qk_in) → scaled logits [B,K,G,R,S] in the `logits` dtype."""
+    B, K, G, R, D = qg.shape
+    s = jnp.einsum("BKMD,BKSD->BKMS", qg.reshape(B, K, G * R, D), kh, preferred_element_type=policy.dtype("qk_acc"))
+    return scale_logits(s.reshape(B, K, G, R, kh.shape[2]), policy.dtype("logits"), scale)
+
+
+def _pv(p, vh, pv_dtype, acc_dtype):
+    """p [B,K,G,R,S] · vh [B,K,S,D] → ctx [B,K,G,R,D] (operands in pv_dtype, accumulation in acc_dtype)."""
+    B, K, G, R, S = p.shape
+    ctx = jnp.einsum("BKMS,BKSD->BKMD", p.reshape(B, K, G * R, S).astype(pv_dtype), vh.astype(pv_dtype),
+                     preferred_element_type=acc_dtype)
+    return ctx.reshape(B, K, G, R, vh.shape[-1])
 
 
 def scores(q, k, policy: DtypePolicy, scale: float):
     """Scaled attention logits. q [B,T,N,D], k [B,S,K,D] → [B,K,G,T,S] in the `logits` dtype."""
-    B, T, N, D = q.shape
-    K, S = k.shape[2], k.shape[1]
-    qg = _group_queries(q.astype(policy.dtype("qk_in")), K)
-    s = jnp.einsum("BKMD,BKSD->BKMS", qg, _heads_first(k.astype(policy.dtype("qk_in"))),
-                   preferred_element_type=policy.dtype("qk_acc"))
-    return scale_logits(s.reshape(B, K, N // K, T, S), policy.dtype("logits"), scale)
+    qk_in = policy.dtype("qk_in")
+    return _qk(_group_queries(q.astype(qk_in), k.shape[2]), _heads_first(k.astype(qk_in)), policy, scale)
 
 
 def _mask(doc_ids, q_slots, k_slots, variant: Variant):
@@ -88,14 +98,58 @@ def softmax_probs(s, mask, policy: DtypePolicy):
     return e / jnp.sum(e, axis=-1, keepdims=True)
 
 
+ROW_BLOCK = 64
+"""Query rows per block of the dense path: a block's scores stay in cache."""
+KEY_CLASSES = 16
+"""Key lengths the dense path compiles (one scan each): finer skips more masked work, compiles more."""
+
+
+def _row_block_plan(T: int) -> tuple[int, np.ndarray, list[tuple[int, int]]]:
+    """(R, starts, classes) for the dense path.
+
+    The T query rows are cut into blocks of R rows starting at `starts` (the last block is moved
+    back to end at row T, overlapping its neighbour, so every block has R rows). Consecutive blocks
+    are grouped into at most KEY_CLASSES classes [b0, b1); a class runs one `lax.scan` against the
+    keys up to its last block's last row.
+    """
+    R = min(ROW_BLOCK, T)
+    nb = -(-T // R)
+    starts = np.minimum(np.arange(nb) * R, T - R)
+    bounds = np.linspace(0, nb, min(KEY_CLASSES, nb) + 1).round().astype(int)
+    return R, starts, [(int(b0), int(b1)) for b0, b1 in zip(bounds[:-1], bounds[1:])]
+
+
 def dense_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, scale: float):
-    """Dense masked attention. Returns ctx [B,T,N,D] in the `pv_acc` dtype."""
+    """Dense masked attention (exact softmax over whole rows). Returns ctx [B,T,N,D] in the `pv_acc` dtype.
+
+    Rows are computed a block of ROW_BLOCK at a time (see `_row_block_plan`), each block against
+    the keys up to the end of its class only: every variant is causal, so later keys are masked for
+    the whole block and would contribute exp(−inf) = 0. Each row's softmax and p·v are the dense
+    ones; only work on masked keys is skipped. The blocks of a class share one `lax.scan`, so their
+    scores reuse one buffer (an unrolled loop kept every block's scores alive: 450 MB at T=4096).
+    """
     B, T, N, D = q.shape
     K = k.shape[2]
-    slots = jnp.arange(T)
-    s = scores(q, k, policy, scale)
-    p = softmax_probs(s, _mask(doc_ids, slots, slots, variant), policy)
-    return _pv(p, v, policy.dtype("pv_in"), policy.dtype("pv_acc"))
+    qk_in, pv_in, pv_acc = policy.dtype("qk_in"), policy.dtype("pv_in"), policy.dtype("pv_acc")
+    qg = _group_queries(q.astype(qk_in), K)  # [B,K,G,T,D]
+    kh, vh = _heads_first(k.astype(qk_in)), _heads_first(v.astype(pv_in))
+    R, starts, classes = _row_block_plan(T)
+    blocks = []
+    for b0, b1 in classes:
+        e = int(starts[b1 - 1]) + R
+        kc, vc, k_slots = kh[:, :, :e], vh[:, :, :e], jnp.arange(e)
+
+        def block(_, r0, kc=kc, vc=vc, k_slots=k_slots):
+            s = _qk(jax.lax.dynamic_slice_in_dim(qg, r0, R, axis=3), kc, policy, scale)
+            p = softmax_probs(s, _mask(doc_ids, r0 + jnp.arange(R), k_slots, variant), policy)
+            return None, _pv(p, vc, pv_in, pv_acc)
+
+        blocks.append(jax.lax.scan(block, None, jnp.asarray(starts[b0:b1]))[1])
+    ctx = jnp.moveaxis(jnp.concatenate(blocks, axis=0), 0, 3)  # [B,K,G,nb,R,D]
+    nb = len(starts)
+    head = ctx[:, :, :, :-1].reshape(B, K, N // K, (nb - 1) * R, D)
+    tail = ctx[:, :, :, -1, (nb - 1) * R - int(starts[-1]):]
+    return _ungroup(jnp.concatenate([head, tail], axis=3))
 
 
 def online_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, scale: float):
@@ -112,15 +166,13 @@ def online_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sc
     # Padded key slots get doc -1 and slot index >= T: never visible to a real query.
     docs = jnp.pad(doc_ids, ((0, 0), (0, pad)), constant_values=-1)
     q_slots = jnp.arange(T)
-    qg = _group_queries(q.astype(policy.dtype("qk_in")), K)  # [B,K,G*T,D]
+    qg = _group_queries(q.astype(policy.dtype("qk_in")), K)  # [B,K,G,T,D]
 
     def step(carry, xs):
         m, l, acc = carry
         kb, vb, b = xs
         k_slots = b * blk + jnp.arange(blk)
-        s = jnp.einsum("BKMD,BKSD->BKMS", qg, _heads_first(kb.astype(policy.dtype("qk_in"))),
-                       preferred_element_type=policy.dtype("qk_acc")).reshape(B, K, G, T, blk)
-        s = scale_logits(s, policy.dtype("logits"), scale)
+        s = _qk(qg, _heads_first(kb.astype(policy.dtype("qk_in"))), policy, scale)
         dq = doc_ids[:, :, None]
         dk = jax.lax.dynamic_slice_in_dim(docs, b * blk, blk, axis=1)[:, None, :]
         mask = allowed(dq, dk, q_slots[:, None], k_slots[None, :], variant)[:, None, None]
@@ -131,8 +183,7 @@ def online_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sc
         p = jnp.exp(s - m_safe[..., None])
         corr = jnp.exp(jnp.where(jnp.isfinite(m), m, m_safe) - m_safe)
         l = l * corr + jnp.sum(p, axis=-1)
-        upd = jnp.einsum("BKMS,BKSD->BKMD", p.reshape(B, K, G * T, blk).astype(pv), _heads_first(vb).astype(pv),
-                         preferred_element_type=acc_t).reshape(B, K, G, T, D)
+        upd = _pv(p, _heads_first(vb), pv, acc_t)
         acc = acc * corr[..., None].astype(acc_t) + upd
         return (m_new, l, acc), None
 
@@ -141,8 +192,7 @@ def online_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sc
     a0 = jnp.zeros((B, K, G, T, D), dtype=acc_t)
     xs = (jnp.moveaxis(kp, 1, 0), jnp.moveaxis(vp, 1, 0), jnp.arange(nblk))
     (m, l, acc), _ = jax.lax.scan(step, (m0, l0, a0), xs)
-    out = acc / l[..., None].astype(acc_t)
-    return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(B, T, N, D)
+    return _ungroup(acc / l[..., None].astype(acc_t))
 
 
 def attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, scale: float):

@@ -1,0 +1,71 @@
+"""The dense path computes rows by blocks and skips keys after each block: same rows as one dense pass."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jaxref  # noqa: F401  (x64 and the XLA rounding flag)
+import jax.numpy as jnp
+from jaxref import attention as A
+from jaxref.policy import get_policy
+from jaxref.variants import VARIANTS
+from tests.jaxref.layouts import random_layout
+
+
+def one_pass(q, k, v, doc_ids, variant, policy, scale):
+    """The dense definition in one piece: every row against every key, the [T, S] mask whole."""
+    T = q.shape[1]
+    s = A.scores(q, k, policy, scale)
+    p = A.softmax_probs(s, A._mask(doc_ids, jnp.arange(T), jnp.arange(T), variant), policy)
+    return A._ungroup(A._pv(p, A._heads_first(v), policy.dtype("pv_in"), policy.dtype("pv_acc")))
+
+
+def rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("T", [1, 2, 63, 64, 65, 97, 130, 1025, 1100])
+def test_plan_covers_every_row_once_and_every_visible_key(T):
+    R, starts, classes = A._row_block_plan(T)
+    assert R == min(A.ROW_BLOCK, T) and len(classes) <= A.KEY_CLASSES
+    assert [b for c in classes for b in range(*c)] == list(range(len(starts)))
+    # Rows as assembled: blocks 0..nb-2 whole, then the tail of the last (possibly overlapping) block.
+    rows = [r for s in starts[:-1] for r in range(s, s + R)] + list(range((len(starts) - 1) * R, T))
+    assert rows == list(range(T))
+    for b0, b1 in classes:
+        keys = starts[b1 - 1] + R
+        assert keys <= T and all(s + R <= keys for s in starts[b0:b1])  # every row sees all keys <= itself
+    if T >= 4 * A.ROW_BLOCK * A.KEY_CLASSES:
+        # The point of the blocks: far fewer scores than T².
+        work = sum((b1 - b0) * R * (starts[b1 - 1] + R) for b0, b1 in classes)
+        assert work < 0.6 * T * T
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("T", [5, 97, 1025])
+def test_blocks_equal_one_dense_pass(variant, T):
+    rng = np.random.default_rng(T)
+    B, N, K, D = 2, 6, 2, 16
+    doc = np.stack([random_layout(rng, T, variant), random_layout(rng, T, variant, pad=False)])
+    q, k, v = (rng.standard_normal((B, T, n, D)) for n in (N, K, K))
+    scale = D ** -0.5
+    err = {}
+    for name in ("fp64", "fp32", "hf_bf16"):
+        pol = get_policy(name)
+        args = [jnp.asarray(x, pol.dtype("act")) for x in (q, k, v)]
+        blocked = A.dense_attention(*args, jnp.asarray(doc), variant, pol, scale)
+        whole = one_pass(*args, jnp.asarray(doc), variant, pol, scale)
+        assert blocked.shape == whole.shape == (B, T, N, D) and blocked.dtype == whole.dtype
+        assert np.isfinite(np.asarray(blocked, np.float64)).all()
+        err[name] = rel(blocked, whole)
+    truth = one_pass(*(jnp.asarray(x) for x in (q, k, v)), jnp.asarray(doc), variant, get_policy("fp64"), scale)
+    bf16_err = rel(A.dense_attention(*(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v)), jnp.asarray(doc), variant,
+                                     get_policy("hf_bf16"), scale), truth)
+    print(f"{variant} T={T}: blocked vs one pass: fp64 {err['fp64']:.1e}, fp32 {err['fp32']:.1e}, "
+          f"hf_bf16 {err['hf_bf16']:.1e} (hf_bf16 vs fp64 truth {bf16_err:.1e})")
+    assert err["fp64"] <= 1e-14
+    assert err["fp32"] <= 1e-6
+    # Only the summation order of a row's fp32 softmax may differ: far below bf16's own error.
+    assert err["hf_bf16"] <= 0.05 * bf16_err
