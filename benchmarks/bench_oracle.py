@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/bench_oracle.py [--lengths 1024,4096] [--repeats 3]
 
 Writes benchmarks/results/oracle_forward_<machine>.json. Both sides get the same weights (the
-embedded SmolLM2 GGUF), batch 1, the `full` variant, and the median of `--repeats` timed runs
-after one warm-up (which includes JAX's compilation, reported separately).
+embedded SmolLM2 GGUF), batch 1, the `full` variant. After one warm-up each (JAX compiles there;
+reported separately) the two sides run in alternation for `--repeats` rounds; the ratio is that of
+the medians, and each round's own ratio is recorded too.
 """
 
 from __future__ import annotations
@@ -20,15 +21,19 @@ import numpy as np
 
 
 
-def timed(fn, repeats: int) -> tuple[float, list[float]]:
-    t0 = time.perf_counter()
-    fn()
-    first = time.perf_counter() - t0
-    runs = []
-    for _ in range(repeats):
+def paired(fns: dict, repeats: int) -> tuple[dict, dict]:
+    """One untimed first call each (JAX compiles there), then `repeats` rounds that run every
+    function once, in turn, so slow drift of the machine hits both sides alike."""
+    first, runs = {}, {name: [] for name in fns}
+    for name, fn in fns.items():
         t0 = time.perf_counter()
         fn()
-        runs.append(time.perf_counter() - t0)
+        first[name] = time.perf_counter() - t0
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            runs[name].append(time.perf_counter() - t0)
     return first, runs
 
 
@@ -36,7 +41,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="default")
     ap.add_argument("--lengths", default="1024,4096")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
 
@@ -68,12 +73,12 @@ def main() -> None:
             with torch.inference_mode():
                 hf(input_ids=ids, use_cache=False)
 
-        o_first, o_runs = timed(oracle, args.repeats)
-        t_first, t_runs = timed(transformers_sdpa, args.repeats)
-        o, t = statistics.median(o_runs), statistics.median(t_runs)
-        row = {"T": T, "oracle_fp32_s": o, "oracle_first_call_s": o_first, "transformers_sdpa_fp32_s": t,
-               "transformers_first_call_s": t_first, "ratio_oracle_over_transformers": o / t,
-               "oracle_runs_s": o_runs, "transformers_runs_s": t_runs}
+        first, runs = paired({"oracle": oracle, "transformers": transformers_sdpa}, args.repeats)
+        o, t = statistics.median(runs["oracle"]), statistics.median(runs["transformers"])
+        pair = [a / b for a, b in zip(runs["oracle"], runs["transformers"])]
+        row = {"T": T, "oracle_fp32_s": o, "oracle_first_call_s": first["oracle"], "transformers_sdpa_fp32_s": t,
+               "transformers_first_call_s": first["transformers"], "ratio_oracle_over_transformers": o / t,
+               "ratio_per_round": pair, "oracle_runs_s": runs["oracle"], "transformers_runs_s": runs["transformers"]}
         print(json.dumps(row))
         rows.append(row)
     result = {"benchmark": "oracle_forward", "model": args.model, "batch": 1, "variant": "full",
