@@ -99,13 +99,13 @@ def softmax_probs(s, mask, policy: DtypePolicy):
 
 
 ROW_BLOCK = 64
-"""Query rows per block of the dense path: a block's scores stay in cache."""
+"""Query rows per block: a block's scores stay in cache."""
 KEY_CLASSES = 16
-"""Key lengths the dense path compiles (one scan each): finer skips more masked work, compiles more."""
+"""Key lengths compiled per call (one scan each): finer skips more masked work, compiles more."""
 
 
 def _row_block_plan(T: int) -> tuple[int, np.ndarray, list[tuple[int, int]]]:
-    """(R, starts, classes) for the dense path.
+    """(R, starts, classes).
 
     The T query rows are cut into blocks of R rows starting at `starts` (the last block is moved
     back to end at row T, overlapping its neighbour, so every block has R rows). Consecutive blocks
@@ -119,80 +119,111 @@ def _row_block_plan(T: int) -> tuple[int, np.ndarray, list[tuple[int, int]]]:
     return R, starts, [(int(b0), int(b1)) for b0, b1 in zip(bounds[:-1], bounds[1:])]
 
 
-def dense_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, scale: float):
-    """Dense masked attention (exact softmax over whole rows). Returns ctx [B,T,N,D] in the `pv_acc` dtype.
+def _by_row_blocks(T: int, make_block):
+    """Causal attention by blocks of query rows: ctx [B,K,G,T,D] from per-block results.
 
-    Rows are computed a block of ROW_BLOCK at a time (see `_row_block_plan`), each block against
-    the keys up to the end of its class only: every variant is causal, so later keys are masked for
-    the whole block and would contribute exp(−inf) = 0. Each row's softmax and p·v are the dense
-    ones; only work on masked keys is skipped. The blocks of a class share one `lax.scan`, so their
-    scores reuse one buffer (an unrolled loop kept every block's scores alive: 450 MB at T=4096).
+    Every variant is causal, so the keys after a block's last row are masked for the whole block.
+    `make_block(e)` prepares what the blocks of one class share (keys 0..e-1) and returns
+    `block(r0) -> ctx [B,K,G,R,D]` for rows r0..r0+R-1. The blocks of a class share one
+    `lax.scan`, so their scores reuse one buffer (unrolled, every block's scores stayed alive:
+    450 MB at T=4096).
     """
-    B, T, N, D = q.shape
-    K = k.shape[2]
-    qk_in, pv_in, pv_acc = policy.dtype("qk_in"), policy.dtype("pv_in"), policy.dtype("pv_acc")
-    qg = _group_queries(q.astype(qk_in), K)  # [B,K,G,T,D]
-    kh, vh = _heads_first(k.astype(qk_in)), _heads_first(v.astype(pv_in))
     R, starts, classes = _row_block_plan(T)
     blocks = []
     for b0, b1 in classes:
-        e = int(starts[b1 - 1]) + R
+        block = make_block(int(starts[b1 - 1]) + R)
+        blocks.append(jax.lax.scan(lambda _, r0, block=block: (None, block(r0)), None, jnp.asarray(starts[b0:b1]))[1])
+    ctx = jnp.moveaxis(jnp.concatenate(blocks, axis=0), 0, 3)  # [B,K,G,nb,R,D]
+    B, K, G, nb, _, D = ctx.shape
+    head = ctx[:, :, :, :-1].reshape(B, K, G, (nb - 1) * R, D)
+    tail = ctx[:, :, :, -1, (nb - 1) * R - int(starts[-1]):]
+    return jnp.concatenate([head, tail], axis=3)
+
+
+def dense_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, scale: float):
+    """Dense masked attention (exact softmax over whole rows). Returns ctx [B,T,N,D] in the `pv_acc` dtype.
+
+    Rows go by blocks (`_by_row_blocks`), each against the keys up to the end of its class: the
+    keys skipped are masked for the whole block and would contribute exp(−inf) = 0, so each row's
+    softmax and p·v are the dense ones.
+    """
+    R = min(ROW_BLOCK, q.shape[1])
+    qk_in, pv_in, pv_acc = policy.dtype("qk_in"), policy.dtype("pv_in"), policy.dtype("pv_acc")
+    qg = _group_queries(q.astype(qk_in), k.shape[2])  # [B,K,G,T,D]
+    kh, vh = _heads_first(k.astype(qk_in)), _heads_first(v.astype(pv_in))
+
+    def make_block(e):
         kc, vc, k_slots = kh[:, :, :e], vh[:, :, :e], jnp.arange(e)
 
-        def block(_, r0, kc=kc, vc=vc, k_slots=k_slots):
+        def block(r0):
             s = _qk(jax.lax.dynamic_slice_in_dim(qg, r0, R, axis=3), kc, policy, scale)
             p = softmax_probs(s, _mask(doc_ids, r0 + jnp.arange(R), k_slots, variant), policy)
-            return None, _pv(p, vc, pv_in, pv_acc)
+            return _pv(p, vc, pv_in, pv_acc)
 
-        blocks.append(jax.lax.scan(block, None, jnp.asarray(starts[b0:b1]))[1])
-    ctx = jnp.moveaxis(jnp.concatenate(blocks, axis=0), 0, 3)  # [B,K,G,nb,R,D]
-    nb = len(starts)
-    head = ctx[:, :, :, :-1].reshape(B, K, N // K, (nb - 1) * R, D)
-    tail = ctx[:, :, :, -1, (nb - 1) * R - int(starts[-1]):]
-    return _ungroup(jnp.concatenate([head, tail], axis=3))
+        return block
+
+    return _ungroup(_by_row_blocks(q.shape[1], make_block))
 
 
 def online_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, scale: float):
-    """FlashAttention-2 forward arithmetic over key blocks. Returns ctx [B,T,N,D] in `pv_acc`."""
+    """FlashAttention-2 forward arithmetic over key blocks. Returns ctx [B,T,N,D] in `pv_acc`.
+
+    Rows go by blocks (`_by_row_blocks`), as the kernel's outer loop does; each block runs over the
+    key blocks up to the end of its class. A key block masked for a whole row leaves that row's
+    running max, sum and accumulator as they were (p = 0, correction exp(0) = 1), so skipping the
+    key blocks after a class changes nothing but the matmul kernels' summation order (an ulp).
+    """
     B, T, N, D = q.shape
     K = k.shape[2]
-    G = N // K
+    R = min(ROW_BLOCK, T)
     blk = policy.kv_block
     nblk = math.ceil(T / blk)
     pad = nblk * blk - T
     sm, acc_t, pv = policy.dtype("softmax"), policy.dtype("pv_acc"), policy.dtype("pv_in")
-    kp = jnp.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(B, nblk, blk, K, D)
-    vp = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(B, nblk, blk, K, D)
-    # Padded key slots get doc -1 and slot index >= T: never visible to a real query.
+    qk_in = policy.dtype("qk_in")
+    # [nblk, B,K,blk,D] key/value blocks. Padded key slots get doc -1 and slot index >= T: never
+    # visible to a real query.
+    kp = jnp.moveaxis(_heads_first(jnp.pad(k.astype(qk_in), ((0, 0), (0, pad), (0, 0), (0, 0))))
+                      .reshape(B, K, nblk, blk, D), 2, 0)
+    vp = jnp.moveaxis(_heads_first(jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))).reshape(B, K, nblk, blk, D), 2, 0)
     docs = jnp.pad(doc_ids, ((0, 0), (0, pad)), constant_values=-1)
-    q_slots = jnp.arange(T)
-    qg = _group_queries(q.astype(policy.dtype("qk_in")), K)  # [B,K,G,T,D]
+    qg = _group_queries(q.astype(qk_in), K)  # [B,K,G,T,D]
 
-    def step(carry, xs):
-        m, l, acc = carry
-        kb, vb, b = xs
-        k_slots = b * blk + jnp.arange(blk)
-        s = _qk(qg, _heads_first(kb.astype(policy.dtype("qk_in"))), policy, scale)
-        dq = doc_ids[:, :, None]
-        dk = jax.lax.dynamic_slice_in_dim(docs, b * blk, blk, axis=1)[:, None, :]
-        mask = allowed(dq, dk, q_slots[:, None], k_slots[None, :], variant)[:, None, None]
-        s = jnp.where(mask, s.astype(sm), -jnp.inf)
-        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-        # Rows with nothing visible yet keep m = -inf; use 0 there so exp() gives 0, not NaN.
-        m_safe = jnp.where(jnp.isfinite(m_new), m_new, jnp.zeros_like(m_new))
-        p = jnp.exp(s - m_safe[..., None])
-        corr = jnp.exp(jnp.where(jnp.isfinite(m), m, m_safe) - m_safe)
-        l = l * corr + jnp.sum(p, axis=-1)
-        upd = _pv(p, _heads_first(vb), pv, acc_t)
-        acc = acc * corr[..., None].astype(acc_t) + upd
-        return (m_new, l, acc), None
+    def make_block(e):
+        n = math.ceil(e / blk)
+        xs = (kp[:n], vp[:n], jnp.arange(n))
 
-    m0 = jnp.full((B, K, G, T), -jnp.inf, dtype=sm)
-    l0 = jnp.zeros((B, K, G, T), dtype=sm)
-    a0 = jnp.zeros((B, K, G, T, D), dtype=acc_t)
-    xs = (jnp.moveaxis(kp, 1, 0), jnp.moveaxis(vp, 1, 0), jnp.arange(nblk))
-    (m, l, acc), _ = jax.lax.scan(step, (m0, l0, a0), xs)
-    return _ungroup(acc / l[..., None].astype(acc_t))
+        def block(r0):
+            qb = jax.lax.dynamic_slice_in_dim(qg, r0, R, axis=3)
+            q_slots = r0 + jnp.arange(R)
+            dq = jax.lax.dynamic_slice_in_dim(doc_ids, r0, R, axis=1)[:, :, None]
+
+            def step(carry, x):
+                m, l, acc = carry
+                kb, vb, b = x
+                k_slots = b * blk + jnp.arange(blk)
+                dk = jax.lax.dynamic_slice_in_dim(docs, b * blk, blk, axis=1)[:, None, :]
+                mask = allowed(dq, dk, q_slots[:, None], k_slots[None, :], variant)[:, None, None]
+                s = jnp.where(mask, _qk(qb, kb, policy, scale).astype(sm), -jnp.inf)
+                m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+                # Rows with nothing visible yet keep m = -inf; use 0 there so exp() gives 0, not NaN.
+                m_safe = jnp.where(jnp.isfinite(m_new), m_new, jnp.zeros_like(m_new))
+                p = jnp.exp(s - m_safe[..., None])
+                corr = jnp.exp(jnp.where(jnp.isfinite(m), m, m_safe) - m_safe)
+                l = l * corr + jnp.sum(p, axis=-1)
+                acc = acc * corr[..., None].astype(acc_t) + _pv(p, vb, pv, acc_t)
+                return (m_new, l, acc), None
+
+            G = N // K
+            m0 = jnp.full((B, K, G, R), -jnp.inf, dtype=sm)
+            l0 = jnp.zeros((B, K, G, R), dtype=sm)
+            a0 = jnp.zeros((B, K, G, R, D), dtype=acc_t)
+            (m, l, acc), _ = jax.lax.scan(step, (m0, l0, a0), xs)
+            return acc / l[..., None].astype(acc_t)
+
+        return block
+
+    return _ungroup(_by_row_blocks(T, make_block))
 
 
 def attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, scale: float):
