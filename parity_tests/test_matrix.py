@@ -22,6 +22,11 @@ KNOWN_BF16_BIFURCATIONS = {
     "default/anchor/bf16/flash_varlen_emulated/T515",
     "default/anchor/bf16/sdpa/T1025",
 }
+# random:qwen2, anchor, bf16, sdpa, T=97: every tap passes its rel-L2 bound (logits 9.7e-3 against
+# 2.0e-2), but the mean next-token KL (9.0e-5) exceeds 2 × the emulation's (3.4e-5) + 1e-5: one token
+# carries KL 7.6e-3, i.e. most of the mean. The same numbers with the oracle as of 18518db~1 and
+# 3edfd0e, so it predates the blocked attention; not diagnosed further yet. Measured 2026-11-21.
+KNOWN_BF16_SINGLE_TOKEN_KL = {"random:qwen2/anchor/bf16/sdpa/T97"}
 
 
 def _param(case: Case, *marks) -> pytest.param:
@@ -45,6 +50,8 @@ def _full(case: Case) -> pytest.param:
     marks = [pytest.mark.slow, pytest.mark.parity_full]
     if case.id in KNOWN_BF16_BIFURCATIONS:
         marks.append(pytest.mark.xfail(strict=False, reason="SmolLM2 bf16 bifurcation at a document's first token"))
+    if case.id in KNOWN_BF16_SINGLE_TOKEN_KL:
+        marks.append(pytest.mark.xfail(strict=False, reason="one token's bf16 KL exceeds the rule (not diagnosed)"))
     return _param(case, *marks)
 
 
