@@ -123,7 +123,7 @@ def _by_row_blocks(T: int, make_block):
     """Causal attention by blocks of query rows: ctx [B,K,G,T,D] from per-block results.
 
     Every variant is causal, so the keys after a block's last row are masked for the whole block.
-    `make_block(e)` prepares what the blocks of one class share (keys 0..e-1) and returns
+    `make_block(R, e)` prepares what the blocks of one class share (keys 0..e-1) and returns
     `block(r0) -> ctx [B,K,G,R,D]` for rows r0..r0+R-1. The blocks of a class share one
     `lax.scan`, so their scores reuse one buffer (unrolled, every block's scores stayed alive:
     450 MB at T=4096).
@@ -131,7 +131,7 @@ def _by_row_blocks(T: int, make_block):
     R, starts, classes = _row_block_plan(T)
     blocks = []
     for b0, b1 in classes:
-        block = make_block(int(starts[b1 - 1]) + R)
+        block = make_block(R, int(starts[b1 - 1]) + R)
         blocks.append(jax.lax.scan(lambda _, r0, block=block: (None, block(r0)), None, jnp.asarray(starts[b0:b1]))[1])
     ctx = jnp.moveaxis(jnp.concatenate(blocks, axis=0), 0, 3)  # [B,K,G,nb,R,D]
     B, K, G, nb, _, D = ctx.shape
@@ -147,12 +147,11 @@ def dense_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sca
     keys skipped are masked for the whole block and would contribute exp(−inf) = 0, so each row's
     softmax and p·v are the dense ones.
     """
-    R = min(ROW_BLOCK, q.shape[1])
     qk_in, pv_in, pv_acc = policy.dtype("qk_in"), policy.dtype("pv_in"), policy.dtype("pv_acc")
     qg = _group_queries(q.astype(qk_in), k.shape[2])  # [B,K,G,T,D]
     kh, vh = _heads_first(k.astype(qk_in)), _heads_first(v.astype(pv_in))
 
-    def make_block(e):
+    def make_block(R, e):
         kc, vc, k_slots = kh[:, :, :e], vh[:, :, :e], jnp.arange(e)
 
         def block(r0):
@@ -175,7 +174,6 @@ def online_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sc
     """
     B, T, N, D = q.shape
     K = k.shape[2]
-    R = min(ROW_BLOCK, T)
     blk = policy.kv_block
     nblk = math.ceil(T / blk)
     pad = nblk * blk - T
@@ -189,21 +187,18 @@ def online_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sc
     docs = jnp.pad(doc_ids, ((0, 0), (0, pad)), constant_values=-1)
     qg = _group_queries(q.astype(qk_in), K)  # [B,K,G,T,D]
 
-    def make_block(e):
+    def make_block(R, e):
         n = math.ceil(e / blk)
         xs = (kp[:n], vp[:n], jnp.arange(n))
 
         def block(r0):
             qb = jax.lax.dynamic_slice_in_dim(qg, r0, R, axis=3)
             q_slots = r0 + jnp.arange(R)
-            dq = jax.lax.dynamic_slice_in_dim(doc_ids, r0, R, axis=1)[:, :, None]
 
             def step(carry, x):
                 m, l, acc = carry
                 kb, vb, b = x
-                k_slots = b * blk + jnp.arange(blk)
-                dk = jax.lax.dynamic_slice_in_dim(docs, b * blk, blk, axis=1)[:, None, :]
-                mask = allowed(dq, dk, q_slots[:, None], k_slots[None, :], variant)[:, None, None]
+                mask = _mask(docs, q_slots, b * blk + jnp.arange(blk), variant)
                 s = jnp.where(mask, _qk(qb, kb, policy, scale).astype(sm), -jnp.inf)
                 m_new = jnp.maximum(m, jnp.max(s, axis=-1))
                 # Rows with nothing visible yet keep m = -inf; use 0 there so exp() gives 0, not NaN.

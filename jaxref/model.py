@@ -170,8 +170,9 @@ def forward(params: Params, config: ModelSpec, tokens, positions=None, doc_ids=N
       variant: `full`, `intra_doc`, `intra_doc_reset` or `anchor`.
       policy: a DtypePolicy, preset name, YAML path or mapping.
       taps: also return per-layer taps: q, k [L,B,T,N|K,D] after RoPE; attn_out, mlp_out, hidden
-        [L,B,T,H]; embed [B,T,H]; final_norm [B,T,H] (the lm_head's input); logits [B,T,V]; with `tap_rows` (query slots R) also scores and
-        probs [L,B,N,R,T] (scores unmasked, probabilities 0 where masked).
+        [L,B,T,H]; embed [B,T,H]; final_norm [B,T,H] (the lm_head's input); logits [B,T,V]; with
+        `tap_rows` (query slots R) also scores and probs [L,B,N,R,T] (scores unmasked,
+        probabilities 0 where masked).
       probe: f(scores [B,N,T,T], probs [B,N,T,T]) -> pytree, evaluated per layer and stacked
         ([L, ...] under taps["probe"]); for reductions over whole attention maps at bounded memory.
 
