@@ -13,12 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
-
 
 
 def paired(fns: dict, repeats: int) -> tuple[dict, dict]:
