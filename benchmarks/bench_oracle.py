@@ -3,7 +3,9 @@
     .venv/bin/python benchmarks/bench_oracle.py [--lengths 1024,4096] [--repeats 3]
 
 Writes benchmarks/results/oracle_forward_<machine>.json. Both sides get the same weights (the
-embedded SmolLM2 GGUF), batch 1, the `full` variant. After one warm-up each (JAX compiles there;
+embedded SmolLM2 GGUF), batch 1, the `full` variant. The oracle's attention runs in its fused fp32
+kernel where it is built (recorded as `oracle_attention`; `JAXREF_FUSED_ATTENTION=0` measures the
+JAX path). After one warm-up each (JAX compiles there;
 reported separately) the two sides run in alternation for `--repeats` rounds; the ratio is that of
 the medians, and each round's own ratio is recorded too.
 """
@@ -79,7 +81,11 @@ def main() -> None:
                "ratio_per_round": pair, "oracle_runs_s": runs["oracle"], "transformers_runs_s": runs["transformers"]}
         print(json.dumps(row))
         rows.append(row)
+    from jaxref import kernels
+
+    fused = kernels.enabled() and kernels.available()
     result = {"benchmark": "oracle_forward", "model": args.model, "batch": 1, "variant": "full",
+              "oracle_attention": "fused fp32 C++ kernel (jaxref.kernels)" if fused else "JAX (blocked dense)",
               "target": "ratio_oracle_over_transformers <= 1", "machine": machine(torch_threads=torch.get_num_threads()),
               "results": rows, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     out = Path(args.out)

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxref import kernels
 from jaxref.policy import DtypePolicy
 from jaxref.variants import Variant, allowed
 
@@ -140,13 +141,36 @@ def _by_row_blocks(T: int, make_block):
     return jnp.concatenate([head, tail], axis=3)
 
 
+ATTENTION_STAGES = ("qk_in", "qk_acc", "logits", "softmax", "pv_in", "pv_acc")
+
+
+def fused_fp32(q, k, policy: DtypePolicy) -> bool:
+    """Whether `dense_attention` runs the fused C++ kernel (`jaxref.kernels`) on the CPU: dense
+    attention with every attention stage fp32, self-attention (as many keys as queries), and the
+    kernel built (unless `JAXREF_FUSED_ATTENTION=0`)."""
+    return (policy.attention == "dense" and all(getattr(policy, s) == "float32" for s in ATTENTION_STAGES)
+            and q.shape[1] == k.shape[1] and kernels.enabled() and kernels.available())
+
+
 def dense_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, scale: float):
     """Dense masked attention (exact softmax over whole rows). Returns ctx [B,T,N,D] in the `pv_acc` dtype.
 
     Rows go by blocks (`_by_row_blocks`), each against the keys up to the end of its class: the
     keys skipped are masked for the whole block and would contribute exp(−inf) = 0, so each row's
-    softmax and p·v are the dense ones.
+    softmax and p·v are the dense ones. With every attention stage fp32, on the CPU, the same
+    arithmetic runs in the fused kernel instead (`fused_fp32`; it differs from this path by
+    rounding only, as tests/jaxref/test_fused_attention.py measures).
     """
+    if fused_fp32(q, k, policy):
+        return jax.lax.platform_dependent(
+            q, k, v, doc_ids,
+            cpu=lambda q, k, v, d: kernels.causal_attention_f32(q, k, v, d, variant, scale),
+            default=lambda q, k, v, d: blocked_dense_attention(q, k, v, d, variant, policy, scale))
+    return blocked_dense_attention(q, k, v, doc_ids, variant, policy, scale)
+
+
+def blocked_dense_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, scale: float):
+    """`dense_attention` in JAX, by blocks of query rows (every policy, every platform)."""
     qk_in, pv_in, pv_acc = policy.dtype("qk_in"), policy.dtype("pv_in"), policy.dtype("pv_acc")
     qg = _group_queries(q.astype(qk_in), k.shape[2])  # [B,K,G,T,D]
     kh, vh = _heads_first(k.astype(qk_in)), _heads_first(v.astype(pv_in))

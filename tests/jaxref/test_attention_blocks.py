@@ -55,7 +55,7 @@ def test_blocks_equal_one_dense_pass(variant, T):
     for name in ("fp64", "fp32", "hf_bf16"):
         pol = get_policy(name)
         args = [jnp.asarray(x, pol.dtype("act")) for x in (q, k, v)]
-        blocked = A.dense_attention(*args, jnp.asarray(doc), variant, pol, scale)
+        blocked = A.blocked_dense_attention(*args, jnp.asarray(doc), variant, pol, scale)
         whole = one_pass(*args, jnp.asarray(doc), variant, pol, scale)
         assert blocked.shape == whole.shape == (B, T, N, D) and blocked.dtype == whole.dtype
         assert np.isfinite(np.asarray(blocked, np.float64)).all()

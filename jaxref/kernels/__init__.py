@@ -1,0 +1,114 @@
+"""Native CPU kernels behind `jax.ffi`: the fused fp32 causal attention (`attention_cpu.cc`).
+
+XLA's CPU backend writes every op's output to memory, so the dense attention's scores make
+several trips through the caches per layer; at T=4096 that made the oracle slower than torch's
+fused SDPA. The kernel computes the same dense softmax attention in fp32 block by block, with the
+block's scores in cache. It serves the `fp32` policy only (every stage fp32, dense): the policies
+that emulate other roundings keep the pure-JAX path, which is also the reference the kernel is
+tested against.
+
+The library is compiled on first use with the system C++ compiler (`$CXX`, else `c++`) against
+jaxlib's FFI headers into `<cache>/kernels/` (`anchor.paths.cache_dir()`), keyed by a hash of the
+source, the flags, jaxlib's version and the CPU; `make install` builds it ahead. Without a
+compiler the kernel is skipped with one warning and the JAX path runs. `JAXREF_FUSED_ATTENTION=0`
+turns it off.
+
+    python -m jaxref.kernels      # build (if needed) and print the library's path
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shlex
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+SOURCE = Path(__file__).with_name("attention_cpu.cc")
+TARGET = "jaxref_causal_attention_f32"
+VARIANT_CODES = {"full": 0, "intra_doc": 1, "intra_doc_reset": 1, "anchor": 2}
+FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC"]
+
+
+class KernelBuildError(RuntimeError):
+    """The C++ kernel could not be compiled or loaded."""
+
+
+def enabled() -> bool:
+    """False when `JAXREF_FUSED_ATTENTION=0` (read at trace time)."""
+    return os.environ.get("JAXREF_FUSED_ATTENTION", "1") != "0"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def library_path() -> Path:
+    """Where the compiled library for this source, compiler flags, jaxlib and CPU lives."""
+    from anchor.paths import cache_dir
+
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), os.environ.get("CXX", "c++"), *FLAGS, jax.__version__,
+                                    platform.machine(), _cpu_flags()]).encode()).hexdigest()[:16]
+    return cache_dir() / "kernels" / f"attention_cpu-{key}.so"
+
+
+def build() -> Path:
+    """Compile the kernel if its library is not there yet; atomic (compiled aside, then renamed)."""
+    out = library_path()
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cxx = shlex.split(os.environ.get("CXX", "c++"))
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".attention_cpu-", suffix=".so")
+    os.close(fd)
+    cmd = [*cxx, *FLAGS, "-I", jax.ffi.include_dir(), str(SOURCE), "-o", tmp]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise KernelBuildError(f"{SOURCE.name}: `{shlex.join(cmd)}` failed: "
+                                   + (r.stderr.strip().splitlines() or ["(no output)"])[-1])
+        os.replace(tmp, out)
+    except FileNotFoundError as e:
+        raise KernelBuildError(f"{SOURCE.name}: no C++ compiler ({e.filename})") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+@functools.cache
+def available() -> bool:
+    """Build, load and register the kernel once per process; False (with one warning) if that fails."""
+    try:
+        lib = ctypes.CDLL(str(build()))
+        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.JaxrefCausalAttentionF32), platform="cpu")
+    except (KernelBuildError, OSError, AttributeError) as e:
+        warnings.warn(f"jaxref: fused fp32 attention kernel unavailable, using the JAX path ({e})", stacklevel=2)
+        return False
+    return True
+
+
+def causal_attention_f32(q, k, v, doc_ids, variant: str, scale: float):
+    """Dense causal attention in fp32 by the C++ kernel. q [B,T,N,D], k/v [B,T,K,D], doc_ids [B,T].
+
+    Returns ctx [B,T,N,D] fp32: the fp32 policy's `dense_attention`, up to rounding. Call only
+    after `available()` returned True; the target exists for the CPU platform only.
+    """
+    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))
+    return call(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), doc_ids.astype(jnp.int32),
+                variant=np.int32(VARIANT_CODES[variant]), scale=np.float32(scale))

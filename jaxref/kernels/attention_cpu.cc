@@ -1,0 +1,488 @@
+// Fused causal attention in fp32 for the CPU: the `fp32` policy's dense attention in one pass per
+// block of query rows, so the block's scores stay in cache (XLA's CPU backend materialises every
+// op's output, which costs the oracle more than the arithmetic at long lengths).
+//
+// Same mathematics as jaxref.attention.dense_attention under the fp32 policy, every step in fp32:
+//   s[i, j] = (q_i · k_j) * scale        (masked: -inf)
+//   p[i, j] = exp(s[i, j] - max_j s[i, :]) / sum_j exp(...)   (exact max over the whole row)
+//   o_i     = sum_j p[i, j] v_j
+// Only the summation order of the two matmuls and the exp polynomial differ (rounding).
+//
+// Layout: q [B,T,N,D], k/v [B,T,K,D], doc_ids [B,T] int32, out [B,T,N,D]; query head n reads kv
+// head n / (N/K). Mask (CONTRACT §2, jaxref.variants.allowed): query i sees key j iff i == j, or
+// j <= i, both real (doc >= 0) and the variant's rule: full: always; intra_doc: same document;
+// anchor: same document or j == 0.
+//
+// Work: one task per (batch, kv head, block of query rows); a task packs the block's queries for
+// all G heads of its kv head (M = G*rows rows), computes their scores against keys 0..e-1 (e = the
+// block's last row + 1: later keys are masked for all of it) into a per-thread buffer, takes the
+// softmax row by row and multiplies by v. The matmuls run on a 6x16 register-blocked kernel.
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define JAXREF_AVX2 1
+#endif
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int MR = 6;   // rows of the register tile
+constexpr int NR = 16;  // columns of the register tile (two 8-float vectors)
+constexpr int TARGET_ROWS = 48;  // packed query rows per task (G heads x block rows)
+constexpr int KC = 256;          // keys per slice of the p.v product
+
+enum Variant : int32_t { FULL = 0, INTRA_DOC = 1, ANCHOR = 2 };
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// C[MR x NR] (row stride ldc) = (ACC ? C : 0) + A[MR x kdim] (row stride lda) * B[kdim x NR]
+// (rows of NR floats, contiguous). With MAX, mx8[8r..8r+7] <- max(mx8[..], row r of C) too.
+template <bool ACC, bool MAX = false>
+inline void tile_kernel(const float* A, int64_t lda, const float* B, int64_t kdim, float* C, int64_t ldc,
+                        float* mx8 = nullptr) {
+#ifdef JAXREF_AVX2
+#define JAXREF_INIT(r, h) (ACC ? _mm256_loadu_ps(C + (r) * ldc + 8 * (h)) : _mm256_setzero_ps())
+  __m256 c00 = JAXREF_INIT(0, 0), c01 = JAXREF_INIT(0, 1);
+  __m256 c10 = JAXREF_INIT(1, 0), c11 = JAXREF_INIT(1, 1);
+  __m256 c20 = JAXREF_INIT(2, 0), c21 = JAXREF_INIT(2, 1);
+  __m256 c30 = JAXREF_INIT(3, 0), c31 = JAXREF_INIT(3, 1);
+  __m256 c40 = JAXREF_INIT(4, 0), c41 = JAXREF_INIT(4, 1);
+  __m256 c50 = JAXREF_INIT(5, 0), c51 = JAXREF_INIT(5, 1);
+#undef JAXREF_INIT
+  const float *a0 = A, *a1 = A + lda, *a2 = A + 2 * lda, *a3 = A + 3 * lda, *a4 = A + 4 * lda,
+              *a5 = A + 5 * lda;
+  for (int64_t p = 0; p < kdim; ++p) {
+    const __m256 b0 = _mm256_loadu_ps(B + p * NR), b1 = _mm256_loadu_ps(B + p * NR + 8);
+    __m256 a;
+    a = _mm256_broadcast_ss(a0 + p); c00 = _mm256_fmadd_ps(a, b0, c00); c01 = _mm256_fmadd_ps(a, b1, c01);
+    a = _mm256_broadcast_ss(a1 + p); c10 = _mm256_fmadd_ps(a, b0, c10); c11 = _mm256_fmadd_ps(a, b1, c11);
+    a = _mm256_broadcast_ss(a2 + p); c20 = _mm256_fmadd_ps(a, b0, c20); c21 = _mm256_fmadd_ps(a, b1, c21);
+    a = _mm256_broadcast_ss(a3 + p); c30 = _mm256_fmadd_ps(a, b0, c30); c31 = _mm256_fmadd_ps(a, b1, c31);
+    a = _mm256_broadcast_ss(a4 + p); c40 = _mm256_fmadd_ps(a, b0, c40); c41 = _mm256_fmadd_ps(a, b1, c41);
+    a = _mm256_broadcast_ss(a5 + p); c50 = _mm256_fmadd_ps(a, b0, c50); c51 = _mm256_fmadd_ps(a, b1, c51);
+  }
+  _mm256_storeu_ps(C + 0 * ldc, c00); _mm256_storeu_ps(C + 0 * ldc + 8, c01);
+  _mm256_storeu_ps(C + 1 * ldc, c10); _mm256_storeu_ps(C + 1 * ldc + 8, c11);
+  _mm256_storeu_ps(C + 2 * ldc, c20); _mm256_storeu_ps(C + 2 * ldc + 8, c21);
+  _mm256_storeu_ps(C + 3 * ldc, c30); _mm256_storeu_ps(C + 3 * ldc + 8, c31);
+  _mm256_storeu_ps(C + 4 * ldc, c40); _mm256_storeu_ps(C + 4 * ldc + 8, c41);
+  _mm256_storeu_ps(C + 5 * ldc, c50); _mm256_storeu_ps(C + 5 * ldc + 8, c51);
+  if (MAX) {
+#define JAXREF_MAX(r) _mm256_storeu_ps(mx8 + 8 * r, _mm256_max_ps(_mm256_loadu_ps(mx8 + 8 * r), _mm256_max_ps(c##r##0, c##r##1)))
+    JAXREF_MAX(0); JAXREF_MAX(1); JAXREF_MAX(2); JAXREF_MAX(3); JAXREF_MAX(4); JAXREF_MAX(5);
+#undef JAXREF_MAX
+  }
+#else
+  float acc[MR][NR];
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NR; ++c) acc[r][c] = ACC ? C[r * ldc + c] : 0.0f;
+  for (int64_t p = 0; p < kdim; ++p)
+    for (int r = 0; r < MR; ++r) {
+      const float a = A[r * lda + p];
+      for (int c = 0; c < NR; ++c) acc[r][c] += a * B[p * NR + c];
+    }
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NR; ++c) {
+      C[r * ldc + c] = acc[r][c];
+      if (MAX) mx8[8 * r + c % 8] = std::max(mx8[8 * r + c % 8], acc[r][c]);
+    }
+#endif
+}
+
+#ifdef JAXREF_AVX2
+// exp(x) for x <= 0 (Cephes' expf: range reduction by ln 2 in two parts, degree-6 polynomial,
+// about 1 ulp). Inputs below -87.3 return ~1e-38 instead of smaller values; callers zero masked
+// entries themselves. NaN in, NaN out.
+inline __m256 exp_ps(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.3762626647949f);
+  x = _mm256_min_ps(hi, _mm256_max_ps(lo, x));  // operand order: a NaN x comes through
+  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+  fx = _mm256_floor_ps(fx);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  const __m256 z = _mm256_mul_ps(x, x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, z, x);
+  y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+  __m256i n = _mm256_cvttps_epi32(fx);
+  n = _mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+}
+#endif
+
+// The row maxima of unscaled scores, kept as 8 lanes per row while tiles are stored.
+inline void update_max(float* mx8, const float* row, int n) {
+#ifdef JAXREF_AVX2
+  __m256 m = _mm256_loadu_ps(mx8);
+  for (int c = 0; c < n; c += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(row + c));
+  _mm256_storeu_ps(mx8, m);
+#else
+  for (int c = 0; c < n; ++c) mx8[c % 8] = std::max(mx8[c % 8], row[c]);
+#endif
+}
+
+inline float lanes_max(const float* mx8) {
+  float m = mx8[0];
+  for (int t = 1; t < 8; ++t) m = std::max(m, mx8[t]);
+  return m;
+}
+
+// Exponentials of one row's unscaled scores s[0..n) in place (n a multiple of 8; masked entries
+// -inf): s <- exp(s*scale - mx*scale) with mx the row's largest score (each product rounded to
+// fp32, as the scaled scores are; scale > 0, so mx*scale is the largest scaled score), masked
+// entries 0. Returns their sum, NaN if a score is NaN (the row then comes out NaN, as in the
+// dense path).
+inline float exp_row(float* s, int64_t n, float mx, float scale) {
+#ifdef JAXREF_AVX2
+  const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity()), vsc = _mm256_set1_ps(scale);
+  const __m256 vmx = _mm256_set1_ps(mx * scale);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; j += 8) {
+    const __m256 x = _mm256_loadu_ps(s + j);
+    // NaN passes exp_ps and the unordered compare, so it reaches the sum.
+    const __m256 e = _mm256_and_ps(exp_ps(_mm256_sub_ps(_mm256_mul_ps(x, vsc), vmx)), _mm256_cmp_ps(x, ninf, _CMP_NEQ_UQ));
+    _mm256_storeu_ps(s + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float av[8];
+  _mm256_storeu_ps(av, acc);
+  float sum = 0.0f;
+  for (int t = 0; t < 8; ++t) sum += av[t];
+  return sum;
+#else
+  const float m = mx * scale;
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    if (std::isnan(s[j])) return std::numeric_limits<float>::quiet_NaN();
+    s[j] = std::isinf(s[j]) && s[j] < 0 ? 0.0f : std::exp(s[j] * scale - m);
+    sum += s[j];
+  }
+  return sum;
+#endif
+}
+
+// Grow-only float buffers handed out to calls and given back, so that repeated calls (one per
+// layer) do not fault in fresh pages each time (buffers over 64 MiB are freed instead).
+class BufferPool {
+ public:
+  std::vector<float>* take(size_t n) {
+    std::vector<float>* b;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (free_.empty()) {
+        b = new std::vector<float>();
+      } else {
+        b = free_.back();
+        free_.pop_back();
+      }
+    }
+    if (b->size() < n) b->resize(n);
+    return b;
+  }
+  void give(std::vector<float>* b) {
+    if (b->size() > KEEP_FLOATS) {  // long contexts: do not hold on to gigabytes between calls
+      delete b;
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(b);
+  }
+  static constexpr size_t KEEP_FLOATS = size_t(1) << 24;  // 64 MiB
+
+ private:
+  std::mutex mu_;
+  std::vector<std::vector<float>*> free_;
+};
+
+BufferPool& buffers() {
+  static BufferPool* pool = new BufferPool();  // never destroyed: calls may outlive static teardown
+  return *pool;
+}
+
+struct Problem {
+  const float *q, *k, *v;
+  const int32_t* doc;
+  float* out;
+  int64_t B, T, N, K, D, G;
+  int64_t rows;        // query rows per task
+  int64_t Mp;          // packed rows per task (G * rows rounded up to MR)
+  int64_t T16, D16;    // T and D rounded up to NR
+  int64_t lds;         // row stride of the score buffer: T16 + NR, so that rows 16 KiB apart do not
+                       // fall in the same L1 sets
+  int32_t variant;
+  float scale;
+  std::vector<float>* kv;  // per (b, kv head): k^T in panels [T16/NR][D][NR], then v in panels [D16/NR][T16][NR]
+  std::unique_ptr<std::once_flag[]> packed;  // per (b, kv head)
+  std::vector<int32_t> panel_doc;  // [B][T16/NR]: the document of all NR keys of a panel, else -2
+  std::vector<int64_t> tasks;  // (b, kh, block) flattened, longest first
+  int64_t kv_stride() const { return T16 * D + D16 * T16; }
+};
+
+inline bool allowed(const Problem& P, int32_t dq, int32_t dk, int64_t i, int64_t j) {
+  if (i == j) return true;
+  if (j > i || dq < 0 || dk < 0) return false;
+  switch (P.variant) {
+    case FULL: return true;
+    case INTRA_DOC: return dq == dk;
+    default: return dq == dk || j == 0;
+  }
+}
+
+void panel_docs(Problem& P) {
+  const int64_t np = P.T16 / NR;
+  P.panel_doc.assign(P.B * np, -2);
+  for (int64_t b = 0; b < P.B; ++b)
+    for (int64_t p = 0; p < np; ++p) {
+      const int32_t* d = P.doc + b * P.T + p * NR;
+      bool same = (p + 1) * NR <= P.T && d[0] >= 0;
+      for (int c = 1; same && c < NR; ++c) same = d[c] == d[0];
+      if (same) P.panel_doc[b * np + p] = d[0];
+    }
+}
+
+// How the keys j0..j0+NR-1 look from query slot i of document dq: all visible, none, or mixed.
+// Whole panels before the diagonal are decided from the panel's document (pdoc, -2 if it mixes
+// documents or padding); the diagonal and mixed panels are MIXED (decided key by key).
+enum PanelView { ALL, NONE, MIXED };
+
+inline PanelView panel_view(const Problem& P, int64_t i, int32_t dq, int64_t j0, int32_t pdoc) {
+  if (j0 > i) return NONE;
+  if (j0 + NR - 1 < i && dq >= 0 && pdoc >= 0) {
+    if (P.variant == FULL || pdoc == dq) return ALL;
+    if (!(P.variant == ANCHOR && j0 == 0)) return NONE;
+  }
+  return MIXED;
+}
+
+// k and v of (batch b, kv head h) in the kernels' panel layouts; padding keys and columns are 0.
+void pack_kv(const Problem& P, int64_t b, int64_t h) {
+  const int64_t T = P.T, K = P.K, D = P.D;
+  float* kp = P.kv->data() + (b * K + h) * P.kv_stride();
+  float* vp = kp + P.T16 * D;
+  std::fill_n(kp, P.kv_stride(), 0.0f);
+  for (int64_t j = 0; j < T; ++j) {
+    const float* kr = P.k + ((b * T + j) * K + h) * D;
+    const float* vr = P.v + ((b * T + j) * K + h) * D;
+    float* kpanel = kp + (j / NR) * D * NR + j % NR;
+    for (int64_t d = 0; d < D; ++d) kpanel[d * NR] = kr[d];
+    for (int64_t d = 0; d < D; ++d) vp[((d / NR) * P.T16 + j) * NR + d % NR] = vr[d];
+  }
+}
+
+// Scratch of one worker thread, kept between calls: packed queries [Mp][D], scores/exponentials
+// [Mp][lds], context [Mp][D16], row maxima (8 lanes each) and sums, per row group its document
+// and whether it has padding, one tile.
+struct Scratch {
+  std::vector<float> qp, s, o, mx8, sum;
+  std::vector<int32_t> group_doc;
+  std::vector<uint8_t> group_real;
+  float tile[MR * NR];
+  void fit(const Problem& P) {
+    group_doc.resize(P.Mp / MR);
+    group_real.resize(P.Mp / MR);
+    qp.resize(P.Mp * P.D);
+    s.resize(std::max<size_t>(s.size(), P.Mp * P.lds));
+    o.resize(P.Mp * P.D16);
+    mx8.resize(P.Mp * 8);
+    sum.resize(P.Mp);
+  }
+};
+
+void run_task(const Problem& P, int64_t task, Scratch& W) {
+  const int64_t nblk = (P.T + P.rows - 1) / P.rows;
+  const int64_t b = task / (P.K * nblk), h = (task / nblk) % P.K, blk = task % nblk;
+  std::call_once(P.packed[b * P.K + h], pack_kv, std::cref(P), b, h);
+  const int64_t r0 = blk * P.rows, R = std::min(P.rows, P.T - r0), M = P.G * R;
+  const int64_t e = r0 + R, e16 = round_up(e, NR), D = P.D, T16 = P.T16, lds = P.lds;
+  const int32_t* doc = P.doc + b * P.T;
+  // Packed row m = g * R + r is query slot r0 + r of head h * G + g; rows >= M are zero.
+  std::fill(W.qp.begin(), W.qp.end(), 0.0f);
+  for (int64_t g = 0; g < P.G; ++g)
+    for (int64_t r = 0; r < R; ++r)
+      std::memcpy(&W.qp[(g * R + r) * D], P.q + ((b * P.T + r0 + r) * P.N + h * P.G + g) * D, D * sizeof(float));
+  const float* kp = P.kv->data() + (b * P.K + h) * P.kv_stride();
+  const float* vp = kp + T16 * D;
+  const int64_t Mt = round_up(M, MR);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  std::fill_n(W.mx8.begin(), Mt * 8, ninf);
+  // Unscaled scores q.k for keys 0..e16-1 (keys >= e are after every row of the block), masked
+  // entries -inf; a tile whose rows all see the whole panel goes straight to the buffer (decided
+  // once per row group for the panels before the block's first row). Key panel outer, row groups
+  // inner: the panel (D x NR) and the packed queries stay in L1.
+  const int32_t* pdoc = P.panel_doc.data() + b * (T16 / NR);
+  int32_t* group_doc = W.group_doc.data();  // per row group: the document all its rows share, else -1
+  uint8_t* group_real = W.group_real.data();  // per row group: no row is padding
+  for (int64_t m0 = 0; m0 < Mt; m0 += MR) {
+    int32_t d0 = doc[r0 + m0 % R];
+    bool real = true;
+    for (int64_t mr = 0; mr < MR && m0 + mr < M; ++mr) {
+      const int32_t d = doc[r0 + (m0 + mr) % R];
+      real = real && d >= 0;
+      if (d != d0) d0 = -1;
+    }
+    group_doc[m0 / MR] = d0 >= 0 ? d0 : -1;
+    group_real[m0 / MR] = real;
+  }
+  for (int64_t j0 = 0; j0 < e16; j0 += NR) {
+    const float* kpanel = kp + (j0 / NR) * D * NR;
+    const int32_t pd = pdoc[j0 / NR];
+    const bool before = j0 + NR - 1 < r0 && pd >= 0;
+    for (int64_t m0 = 0; m0 < Mt; m0 += MR) {
+      float* s0 = &W.s[m0 * lds + j0];
+      if (before && (P.variant == FULL ? group_real[m0 / MR] : group_doc[m0 / MR] == pd)) {
+        tile_kernel<false, true>(&W.qp[m0 * D], D, kpanel, D, s0, lds, &W.mx8[m0 * 8]);
+        continue;
+      }
+      PanelView view[MR];
+      bool none = true;
+      for (int64_t mr = 0; mr < MR; ++mr) {
+        const int64_t i = r0 + (m0 + mr) % R;
+        view[mr] = m0 + mr < M ? panel_view(P, i, doc[i], j0, pd) : NONE;
+        none = none && view[mr] == NONE;
+      }
+      if (!none) tile_kernel<false>(&W.qp[m0 * D], D, kpanel, D, W.tile, NR);
+      for (int64_t mr = 0; mr < MR; ++mr) {
+        float* srow = s0 + mr * lds;
+        if (view[mr] == ALL) {
+          std::memcpy(srow, W.tile + mr * NR, NR * sizeof(float));
+        } else if (view[mr] == NONE) {
+          std::fill_n(srow, NR, ninf);
+          continue;
+        } else {
+          const int64_t i = r0 + (m0 + mr) % R;
+          for (int c = 0; c < NR; ++c) {
+            const int64_t j = j0 + c;
+            srow[c] = (j < P.T && allowed(P, doc[i], doc[j], i, j)) ? W.tile[mr * NR + c] : ninf;
+          }
+        }
+        update_max(&W.mx8[(m0 + mr) * 8], srow, NR);
+      }
+    }
+  }
+  // Softmax numerators and p.v, KC keys at a time: the slice's exponentials are taken just before
+  // they are multiplied by v (that slice of the buffer and of v stays in L2); the context
+  // accumulates in W.o [Mt x D16] and is divided by the row sums at the end, as FlashAttention
+  // and torch's CPU kernel do.
+  std::fill_n(W.sum.begin(), Mt, 0.0f);
+  for (int64_t k0 = 0; k0 < e16; k0 += KC) {
+    const int64_t kc = std::min<int64_t>(KC, e16 - k0);
+    for (int64_t m = 0; m < M; ++m) W.sum[m] += exp_row(&W.s[m * lds + k0], kc, lanes_max(&W.mx8[m * 8]), P.scale);
+    for (int64_t m = M; m < Mt; ++m) std::fill_n(&W.s[m * lds + k0], kc, 0.0f);
+    for (int64_t m0 = 0; m0 < Mt; m0 += MR)
+      for (int64_t d0 = 0; d0 < P.D16; d0 += NR) {
+        const float* A = &W.s[m0 * lds + k0];
+        const float* B = vp + ((d0 / NR) * T16 + k0) * NR;
+        if (k0 == 0)
+          tile_kernel<false>(A, lds, B, kc, &W.o[m0 * P.D16 + d0], P.D16);
+        else
+          tile_kernel<true>(A, lds, B, kc, &W.o[m0 * P.D16 + d0], P.D16);
+      }
+  }
+  for (int64_t m = 0; m < M; ++m) {
+    const int64_t g = m / R, i = r0 + m % R;
+    float* orow = P.out + ((b * P.T + i) * P.N + h * P.G + g) * D;
+    for (int64_t d = 0; d < D; ++d) orow[d] = W.o[m * P.D16 + d] / W.sum[m];
+  }
+}
+
+// Tasks are shared through an atomic counter by the calling thread and the pool's workers; a
+// worker that starts after the last task is taken finds nothing to do. The caller waits for the
+// tasks to be *done* (not for workers to start), so it finishes even if no worker ever runs.
+struct Shared {
+  std::shared_ptr<Problem> P;
+  std::atomic<int64_t> next{0}, done{0};
+  std::mutex mu;
+  std::condition_variable cv;
+};
+
+void work(Shared& S) {
+  const Problem& P = *S.P;
+  const int64_t n = static_cast<int64_t>(P.tasks.size());
+  thread_local Scratch W;
+  bool fitted = false;
+  for (int64_t t; (t = S.next.fetch_add(1)) < n;) {
+    if (!fitted) W.fit(P), fitted = true;
+    run_task(P, P.tasks[t], W);
+    if (S.done.fetch_add(1) + 1 == n) {
+      std::lock_guard<std::mutex> lock(S.mu);
+      S.cv.notify_all();
+    }
+  }
+}
+
+ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                     ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> doc_ids, ffi::ResultBuffer<ffi::F32> out,
+                     int32_t variant, float scale) {
+  const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), dd = doc_ids.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || dd.size() != 2)
+    return ffi::Error::InvalidArgument("attention: q, k, v must be rank 4 and doc_ids rank 2");
+  auto P = std::make_shared<Problem>();
+  P->B = qd[0]; P->T = qd[1]; P->N = qd[2]; P->D = qd[3]; P->K = kd[2];
+  if (kd[0] != P->B || kd[1] != P->T || kd[3] != P->D || vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != kd[2] ||
+      vd[3] != kd[3] || dd[0] != P->B || dd[1] != P->T || P->K <= 0 || P->N % P->K != 0)
+    return ffi::Error::InvalidArgument("attention: shapes of q [B,T,N,D], k/v [B,T,K,D], doc_ids [B,T] disagree");
+  if (variant < FULL || variant > ANCHOR) return ffi::Error::InvalidArgument("attention: unknown variant code");
+  if (P->B * P->T * P->N * P->D == 0) return ffi::Error::Success();
+  P->q = q.typed_data(); P->k = k.typed_data(); P->v = v.typed_data(); P->doc = doc_ids.typed_data();
+  P->out = out->typed_data();
+  P->G = P->N / P->K;
+  P->rows = std::max<int64_t>(1, TARGET_ROWS / P->G);
+  P->Mp = round_up(P->G * P->rows, MR);
+  P->T16 = round_up(P->T, NR);
+  P->D16 = round_up(P->D, NR);
+  P->lds = P->T16 + NR;
+  P->variant = variant;
+  P->scale = scale;
+  P->kv = buffers().take(P->B * P->K * P->kv_stride());
+  P->packed.reset(new std::once_flag[P->B * P->K]);
+  panel_docs(*P);
+  const int64_t nblk = (P->T + P->rows - 1) / P->rows;
+  // Longest tasks (last row blocks) first, so the workers finish together.
+  for (int64_t blk = nblk - 1; blk >= 0; --blk)
+    for (int64_t b = 0; b < P->B; ++b)
+      for (int64_t h = 0; h < P->K; ++h) P->tasks.push_back((b * P->K + h) * nblk + blk);
+  auto S = std::make_shared<Shared>();
+  S->P = P;
+  const int64_t n = static_cast<int64_t>(P->tasks.size());
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), n) - 1;
+  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([S] { work(*S); });
+  work(*S);
+  {
+    std::unique_lock<std::mutex> lock(S->mu);
+    S->cv.wait(lock, [&] { return S->done.load() == n; });
+  }
+  buffers().give(P->kv);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxrefCausalAttentionF32, Attention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int32_t>("variant")
+                                  .Attr<float>("scale"));

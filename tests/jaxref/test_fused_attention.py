@@ -1,0 +1,159 @@
+"""The fused fp32 CPU kernel (jaxref/kernels) against the JAX dense path, both measured against fp64.
+
+The kernel must be the fp32 policy's dense attention up to rounding: its error against fp64 truth
+is held to a small multiple of the JAX fp32 path's own error on the same inputs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import jaxref  # noqa: F401  (x64 and the XLA rounding flag)
+import jax
+import jax.numpy as jnp
+from jaxref import attention as A
+from jaxref import kernels
+from jaxref.policy import get_policy
+from jaxref.variants import VARIANTS
+from tests.jaxref.layouts import doc_ids_from_lengths, random_layout
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C++ compiler: the fused kernel is not built")
+
+FP32, FP64 = get_policy("fp32"), get_policy("fp64")
+
+
+def rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def inputs(rng, B, T, N, K, D, variant, scale_qk=2.0):
+    if T == 1:
+        doc = np.stack([doc_ids_from_lengths([], 1, variant)] * B)
+    else:
+        doc = np.stack([random_layout(rng, T, variant), random_layout(rng, T, variant, pad=False)])[:B]
+    q = rng.standard_normal((B, T, N, D)) * scale_qk
+    k = rng.standard_normal((B, T, K, D)) * scale_qk
+    v = rng.standard_normal((B, T, K, D))
+    return q, k, v, doc
+
+
+def fused(q, k, v, doc, variant, scale):
+    f = jax.jit(lambda q, k, v, d: kernels.causal_attention_f32(q, k, v, d, variant, scale))
+    return np.asarray(f(*(jnp.asarray(x, jnp.float32) for x in (q, k, v)), jnp.asarray(doc)))
+
+
+# (B, T, N, K, D): one token; odd lengths around the row blocks (16 rows x 3 heads = 48 packed rows)
+# and the 16-key panels; MHA, GQA 3 and 4; head dims that are not multiples of 16.
+SHAPES = [(1, 1, 2, 1, 16), (2, 5, 4, 2, 24), (2, 97, 9, 3, 64), (1, 515, 8, 2, 40), (2, 1025, 4, 4, 80),
+          (1, 1025, 6, 6, 17)]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}_T{}_N{}_K{}_D{}".format(*s))
+def test_fused_equals_dense_up_to_fp32_rounding(variant, shape):
+    B, T, N, K, D = shape
+    rng = np.random.default_rng(T * 31 + N)
+    q, k, v, doc = inputs(rng, B, T, N, K, D, variant)
+    scale = D ** -0.5
+    truth = np.asarray(A.blocked_dense_attention(*(jnp.asarray(x) for x in (q, k, v)), jnp.asarray(doc), variant,
+                                                 FP64, scale))
+    dense32 = np.asarray(A.blocked_dense_attention(*(jnp.asarray(x, jnp.float32) for x in (q, k, v)),
+                                                   jnp.asarray(doc), variant, FP32, scale))
+    out = fused(q, k, v, doc, variant, scale)
+    assert out.shape == (B, T, N, D) and out.dtype == np.float32 and np.isfinite(out).all()
+    e_fused, e_dense = rel(out, truth), rel(dense32, truth)
+    m_fused, m_dense = np.abs(out - truth).max(), np.abs(dense32 - truth).max()
+    print(f"{variant} {shape}: vs fp64 rel L2 fused {e_fused:.2e} / JAX fp32 {e_dense:.2e}; "
+          f"max |err| {m_fused:.2e} / {m_dense:.2e}")
+    assert e_fused <= 2 * e_dense + 1e-12
+    assert m_fused <= 4 * m_dense + 1e-12
+
+
+@pytest.mark.parametrize("variant", ["intra_doc", "anchor"])
+def test_fused_rows_see_only_their_documents(variant):
+    """Changing a document's keys/values moves no other document's rows (bit for bit) and, in
+    `anchor`, slot 0 is seen by every row: a mask slip in the panel shortcuts would show here."""
+    rng = np.random.default_rng(7)
+    T, N, K, D = 515, 4, 2, 32
+    q, k, v, _ = inputs(rng, 1, T, N, K, D, variant)
+    doc = np.zeros((1, T), np.int32)
+    doc[0, :] = np.repeat(np.arange(1, 6), [103] * 5)
+    if variant == "anchor":
+        doc[0, 0] = 0
+    base = fused(q, k, v, doc, variant, D ** -0.5)
+    hit = doc[0] == 3
+    k2, v2 = k.copy(), v.copy()
+    k2[0, hit] += 1.0
+    v2[0, hit] -= 3.0
+    moved = fused(q, k2, v2, doc, variant, D ** -0.5)
+    same = ~hit
+    np.testing.assert_array_equal(moved[0, same], base[0, same])
+    assert np.abs(moved[0, hit] - base[0, hit]).max() > 1e-2
+    if variant == "anchor":
+        v3 = v.copy()
+        v3[0, 0] += 5.0
+        assert (np.abs(fused(q, k, v3, doc, variant, D ** -0.5) - base).max(axis=(2, 3)) > 0).all()
+
+
+def test_fused_nan_rows_match_dense():
+    """A NaN query poisons its own row only; a NaN key poisons exactly the rows that see it."""
+    rng = np.random.default_rng(3)
+    T, N, K, D = 97, 4, 2, 16
+    q, k, v, doc = inputs(rng, 1, T, N, K, D, "intra_doc")
+    q[0, 40, 1, 3] = np.nan
+    k[0, 60, 0, 5] = np.nan
+    dense = np.asarray(A.blocked_dense_attention(*(jnp.asarray(x, jnp.float32) for x in (q, k, v)), jnp.asarray(doc),
+                                                 "intra_doc", FP32, D ** -0.5))
+    out = fused(q, k, v, doc, "intra_doc", D ** -0.5)
+    assert np.isnan(dense).any() and np.isnan(dense).all(axis=-1).sum() > 1
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(dense))
+
+
+def _lowered(policy):
+    q = jnp.zeros((1, 33, 4, 16), policy.dtype("qk_in"))
+    k = jnp.zeros((1, 33, 2, 16), policy.dtype("qk_in"))
+    doc = jnp.ones((1, 33), jnp.int32)
+    f = jax.jit(lambda q, k, v, d: A.dense_attention(q, k, v, d, "anchor", policy, 0.25))
+    return f.lower(q, k, k, doc).as_text()
+
+
+def test_dispatch_fp32_only():
+    """The fp32 policy lowers to the kernel; policies that round elsewhere keep the JAX path."""
+    assert kernels.TARGET in _lowered(FP32)
+    for name in ("fp64", "hf_bf16"):
+        assert kernels.TARGET not in _lowered(get_policy(name))
+    assert kernels.TARGET not in _lowered(FP32.with_stages(softmax="float64"))
+
+
+def _run(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env},
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+LOWER = """
+import jaxref, jax, jax.numpy as jnp
+from jaxref import attention as A, kernels
+from jaxref.policy import get_policy
+q = jnp.ones((1, 9, 2, 16), jnp.float32)
+f = jax.jit(lambda q: A.dense_attention(q, q, q, jnp.ones((1, 9), jnp.int32), "full", get_policy("fp32"), 0.25))
+print("KERNEL" if kernels.TARGET in f.lower(q).as_text() else "JAX", float(f(q).sum()))
+"""
+
+
+def test_switch_off_and_missing_compiler_fall_back(tmp_path):
+    off = _run(LOWER, JAXREF_FUSED_ATTENTION="0")
+    assert off.returncode == 0 and off.stdout.startswith("JAX"), off.stderr
+    # A fresh cache and no compiler: one warning naming the problem, then the JAX path.
+    nocxx = _run(LOWER, ANCHOR_CACHE=str(tmp_path), CXX=str(tmp_path / "no-such-c++"))
+    assert nocxx.returncode == 0 and nocxx.stdout.startswith("JAX"), nocxx.stderr
+    assert "fused fp32 attention kernel unavailable" in nocxx.stderr and "no C++ compiler" in nocxx.stderr
+    assert not list((tmp_path / "kernels").glob("*.so"))  # nothing half-built left behind
+    on = _run(LOWER)
+    assert on.returncode == 0 and on.stdout.startswith("KERNEL"), on.stderr
+    assert float(on.stdout.split()[1]) == pytest.approx(float(off.stdout.split()[1]), rel=1e-6)
