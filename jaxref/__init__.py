@@ -2,7 +2,8 @@
 
 A JAX reference of the Llama-family decoder, RoPE and every attention variant of CONTRACT §2,
 with a dtype policy per numerical stage (CONTRACT §4), so it plays fp64 truth or emulates a bf16
-stack. It never imports torch.
+stack. It never imports torch. With the `fp32` policy on the CPU, attention runs in a fused C++
+kernel (`jaxref.kernels`, compiled on first use; `JAXREF_FUSED_ATTENTION=0` keeps the JAX path).
 
     params, config = jaxref.load_model("random:llama")
     logits = jaxref.forward(params, config, tokens, doc_ids=doc_ids, variant="anchor", policy="hf_bf16")
