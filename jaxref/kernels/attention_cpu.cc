@@ -4,9 +4,11 @@
 //
 // Same mathematics as jaxref.attention.dense_attention under the fp32 policy, every step in fp32:
 //   s[i, j] = (q_i · k_j) * scale        (masked: -inf)
-//   p[i, j] = exp(s[i, j] - max_j s[i, :]) / sum_j exp(...)   (exact max over the whole row)
-//   o_i     = sum_j p[i, j] v_j
-// Only the summation order of the two matmuls and the exp polynomial differ (rounding).
+//   e[i, j] = exp(s[i, j] - max_j s[i, :])   (exact max over the whole row; masked: 0)
+//   o_i     = (sum_j e[i, j] v_j) / sum_j e[i, j]
+// which is the dense softmax attention; the division comes after p.v (as in FlashAttention and
+// torch's CPU kernel) rather than before. Only rounding differs: that, the summation order of the
+// matmuls and the exp polynomial.
 //
 // Layout: q [B,T,N,D], k/v [B,T,K,D], doc_ids [B,T] int32, out [B,T,N,D]; query head n reads kv
 // head n / (N/K). Mask (CONTRACT §2, jaxref.variants.allowed): query i sees key j iff i == j, or
@@ -15,8 +17,9 @@
 //
 // Work: one task per (batch, kv head, block of query rows); a task packs the block's queries for
 // all G heads of its kv head (M = G*rows rows), computes their scores against keys 0..e-1 (e = the
-// block's last row + 1: later keys are masked for all of it) into a per-thread buffer, takes the
-// softmax row by row and multiplies by v. The matmuls run on a 6x16 register-blocked kernel.
+// block's last row + 1: later keys are masked for all of it) into a per-thread buffer, then takes
+// the exponentials and multiplies them by v a slice of keys at a time. The matmuls run on a 6x16
+// register-blocked kernel; k and v are packed for it once per call (per batch and kv head).
 
 #include <algorithm>
 #include <atomic>
