@@ -267,10 +267,16 @@ void panel_docs(Problem& P) {
 // documents or padding); the diagonal and mixed panels are MIXED (decided key by key).
 enum PanelView { ALL, NONE, MIXED };
 
+// Rows of document dq (real: none is padding) see all of a panel of document pdoc that lies
+// before them. The one rule behind both the per-row view and the per-group shortcut.
+inline bool sees_whole_panel(const Problem& P, int32_t dq, bool real, int32_t pdoc) {
+  return real && pdoc >= 0 && (P.variant == FULL || pdoc == dq);
+}
+
 inline PanelView panel_view(const Problem& P, int64_t i, int32_t dq, int64_t j0, int32_t pdoc) {
   if (j0 > i) return NONE;
   if (j0 + NR - 1 < i && dq >= 0 && pdoc >= 0) {
-    if (P.variant == FULL || pdoc == dq) return ALL;
+    if (sees_whole_panel(P, dq, true, pdoc)) return ALL;
     if (!(P.variant == ANCHOR && j0 == 0)) return NONE;
   }
   return MIXED;
@@ -317,14 +323,14 @@ void run_task(const Problem& P, int64_t task, Scratch& W) {
   const int64_t r0 = blk * P.rows, R = std::min(P.rows, P.T - r0), M = P.G * R;
   const int64_t e = r0 + R, e16 = round_up(e, NR), D = P.D, T16 = P.T16, lds = P.lds;
   const int32_t* doc = P.doc + b * P.T;
-  // Packed row m = g * R + r is query slot r0 + r of head h * G + g; rows >= M are zero.
-  std::fill(W.qp.begin(), W.qp.end(), 0.0f);
+  const int64_t Mt = round_up(M, MR);
+  // Packed row m = g * R + r is query slot r0 + r of head h * G + g; rows M..Mt-1 are zero.
   for (int64_t g = 0; g < P.G; ++g)
     for (int64_t r = 0; r < R; ++r)
       std::memcpy(&W.qp[(g * R + r) * D], P.q + ((b * P.T + r0 + r) * P.N + h * P.G + g) * D, D * sizeof(float));
+  std::fill(W.qp.begin() + M * D, W.qp.begin() + Mt * D, 0.0f);
   const float* kp = P.kv->data() + (b * P.K + h) * P.kv_stride();
   const float* vp = kp + T16 * D;
-  const int64_t Mt = round_up(M, MR);
   const float ninf = -std::numeric_limits<float>::infinity();
   std::fill_n(W.mx8.begin(), Mt * 8, ninf);
   // Unscaled scores q.k for keys 0..e16-1 (keys >= e are after every row of the block), masked
@@ -348,10 +354,10 @@ void run_task(const Problem& P, int64_t task, Scratch& W) {
   for (int64_t j0 = 0; j0 < e16; j0 += NR) {
     const float* kpanel = kp + (j0 / NR) * D * NR;
     const int32_t pd = pdoc[j0 / NR];
-    const bool before = j0 + NR - 1 < r0 && pd >= 0;
+    const bool before = j0 + NR - 1 < r0;  // the panel lies before every row of the block
     for (int64_t m0 = 0; m0 < Mt; m0 += MR) {
       float* s0 = &W.s[m0 * lds + j0];
-      if (before && (P.variant == FULL ? group_real[m0 / MR] : group_doc[m0 / MR] == pd)) {
+      if (before && sees_whole_panel(P, group_doc[m0 / MR], group_real[m0 / MR], pd)) {
         tile_kernel<false, true>(&W.qp[m0 * D], D, kpanel, D, s0, lds, &W.mx8[m0 * 8]);
         continue;
       }
