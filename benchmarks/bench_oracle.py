@@ -5,9 +5,9 @@
 Writes benchmarks/results/oracle_forward_<machine>.json. Both sides get the same weights (the
 embedded SmolLM2 GGUF), batch 1, the `full` variant. The oracle's attention runs in its fused fp32
 kernel where it is built (recorded as `oracle_attention`; `JAXREF_FUSED_ATTENTION=0` measures the
-JAX path). After one warm-up each (JAX compiles there;
-reported separately) the two sides run in alternation for `--repeats` rounds; the ratio is that of
-the medians, and each round's own ratio is recorded too.
+JAX path). After one warm-up each (JAX compiles there; reported separately) the two sides run in
+alternation for `--repeats` rounds; the ratio is that of the medians, and each round's own ratio is
+recorded too.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def main() -> None:
     import torch
 
     import jaxref
+    from jaxref import kernels
     from anchor.machine import machine
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -81,8 +82,6 @@ def main() -> None:
                "ratio_per_round": pair, "oracle_runs_s": runs["oracle"], "transformers_runs_s": runs["transformers"]}
         print(json.dumps(row))
         rows.append(row)
-    from jaxref import kernels
-
     fused = kernels.enabled() and kernels.available()
     result = {"benchmark": "oracle_forward", "model": args.model, "batch": 1, "variant": "full",
               "oracle_attention": "fused fp32 C++ kernel (jaxref.kernels)" if fused else "JAX (blocked dense)",

@@ -11,6 +11,7 @@ from jaxref import attention as A
 from jaxref.policy import get_policy
 from jaxref.variants import VARIANTS
 from tests.jaxref.layouts import random_layout
+from tests.jaxref.numerics import rel
 
 
 def one_pass(q, k, v, doc_ids, variant, policy, scale):
@@ -19,11 +20,6 @@ def one_pass(q, k, v, doc_ids, variant, policy, scale):
     s = A.scores(q, k, policy, scale)
     p = A.softmax_probs(s, A._mask(doc_ids, jnp.arange(T), jnp.arange(T), variant), policy)
     return A._ungroup(A._pv(p, A._heads_first(v), policy.dtype("pv_in"), policy.dtype("pv_acc")))
-
-
-def rel(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 @pytest.mark.parametrize("T", [1, 2, 63, 64, 65, 97, 130, 1025, 1100])

@@ -21,15 +21,11 @@ from jaxref import kernels
 from jaxref.policy import get_policy
 from jaxref.variants import VARIANTS
 from tests.jaxref.layouts import doc_ids_from_lengths, random_layout
+from tests.jaxref.numerics import rel
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C++ compiler: the fused kernel is not built")
 
 FP32, FP64 = get_policy("fp32"), get_policy("fp64")
-
-
-def rel(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 def inputs(rng, B, T, N, K, D, variant, scale_qk=2.0):

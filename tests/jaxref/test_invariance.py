@@ -7,13 +7,9 @@ import pytest
 
 import jaxref
 from tests.jaxref.layouts import random_layout
+from tests.jaxref.numerics import rel
 
 T = 515
-
-
-def rel(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 @pytest.fixture(scope="module", params=["random:llama", "random:qwen2", "random:smollm2"])
