@@ -109,36 +109,36 @@ def print_top5(result: dict[str, Any]) -> None:
     console.print(f"same top-5: {result['same_top5']}; max |Δp| over the top-5: {result['max_prob_diff_top5']:.2e}")
 
 
-def corpus(out: Path) -> dict[str, Any]:
+def corpus(out: Path, progress: bool = True) -> dict[str, Any]:
     from anchor.data.corpus import write_default_corpus
 
-    return write_default_corpus(out, progress=True)
+    return write_default_corpus(out, progress=progress)
 
 
-def pack(model: str, corpus_dir: Path, out: Path, seq_len: int, budget: int) -> dict[str, Any]:
+def pack(model: str, corpus_dir: Path, out: Path, seq_len: int, budget: int, progress: bool = True) -> dict[str, Any]:
     from anchor.data.mixture import MixtureSpec
     from anchor.data.pipeline import PackConfig, pack_corpus
 
     cfg = PackConfig(seq_len=seq_len, mixture=MixtureSpec(kind="upsample_long", budget=budget, long_threshold=seq_len))
-    return pack_corpus(model, corpus_dir / "corpus.jsonl", out, cfg, progress=True)
+    return pack_corpus(model, corpus_dir / "corpus.jsonl", out, cfg, progress=progress)
 
 
-def audit(model: str, corpus_dir: Path, out: Path) -> dict[str, Any]:
+def audit(model: str, corpus_dir: Path, out: Path, progress: bool = True) -> dict[str, Any]:
     from jaxref.audit.report import write_audit
     from jaxref.audit.runner import run_audit
 
-    result = run_audit(model, data=str(corpus_dir / "corpus.jsonl"), quick=True, progress=True)
+    result = run_audit(model, data=str(corpus_dir / "corpus.jsonl"), quick=True, progress=progress)
     write_audit(result, out)
     return result
 
 
-def parity(model: str, out: Path) -> dict[str, Any]:
+def parity(model: str, out: Path, progress: bool = True) -> dict[str, Any]:
     from parity_tests.report import write_report
     from parity_tests.suite import build_cases, run_parity
 
     cases = build_cases(model, variants=["full", "anchor"], layouts=["plain"], policies=["fp32", "bf16"],
                         engines=["sdpa"], seq_lens=[97])
-    result = run_parity(cases, progress=True)
+    result = run_parity(cases, progress=progress)
     result["model"] = model
     write_report(result, out)
     return result
@@ -174,19 +174,29 @@ def index_page(out: Path, summary: dict[str, Any]) -> None:
     (out / "index.html").write_text("\n".join(parts))
 
 
+def check_steps(steps: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """`--steps` as a tuple of known step names, in the pipeline's order; none or an unknown one is an InputError."""
+    items = [s.strip() for s in steps.split(",")] if isinstance(steps, str) else [str(s).strip() for s in steps]
+    items = [s for s in items if s]
+    if not items:
+        raise InputError(f"--steps: no step given (steps: {', '.join(STEPS)})")
+    unknown = [s for s in items if s not in STEPS]
+    if unknown:
+        raise InputError(f"--steps: unknown demo step {unknown[0]!r} (steps: {', '.join(STEPS)})")
+    return tuple(s for s in STEPS if s in items)
+
+
 def run_demo(model: str, out: Path, *, prompt: str = DEFAULT_PROMPT, policy: str = "fp32",
              steps: tuple[str, ...] = STEPS, seq_len: int = 1024, budget: int = 400_000,
-             say: Callable[[str], None] = print) -> dict[str, Any]:
+             say: Callable[[str], None] = print, progress: bool = True) -> dict[str, Any]:
     """Run the chosen steps into `out` (atomically replaced). Returns the summary written to demo.json."""
     from anchor.atomic import publish, staging_dir
 
-    unknown = [s for s in steps if s not in STEPS]
-    if unknown:
-        raise InputError(f"unknown demo step {unknown[0]!r} (steps: {', '.join(STEPS)})")
+    steps = check_steps(steps)
     out = Path(out)
     t0 = time.time()
     summary: dict[str, Any] = {"model": model, "steps": list(steps)}
-    with staging_dir(out) as tmp:
+    with staging_dir(out, "demo", inputs=(model,)) as tmp:
         work = tmp / "demo"
         work.mkdir()
         if "top5" in steps:
@@ -195,23 +205,23 @@ def run_demo(model: str, out: Path, *, prompt: str = DEFAULT_PROMPT, policy: str
             print_top5(summary["top5"])
         if "corpus" in steps or "pack" in steps or "audit" in steps:
             say("[2/5] the embedded default corpus")
-            summary["corpus"] = corpus(work / "corpus")
+            summary["corpus"] = corpus(work / "corpus", progress)
         if "pack" in steps:
             say(f"[3/5] packing windows of {seq_len} slots")
-            stats = pack(model, work / "corpus", work / "pack", seq_len, budget)
+            stats = pack(model, work / "corpus", work / "pack", seq_len, budget, progress)
             summary["pack"] = {k: stats[k] for k in ("windows", "tokens") if k in stats}
         if "audit" in steps:
             say("[4/5] precision audit (quick settings)")
-            result = audit(model, work / "corpus", work / "audit")
+            result = audit(model, work / "corpus", work / "audit", progress)
             summary["audit"] = {"runtime_s": result.get("runtime_s")}
         if "parity" in steps:
             say("[5/5] parity: the trainer against the oracle, layer by layer")
-            result = parity(model, work / "parity")
+            result = parity(model, work / "parity", progress)
             summary["parity"] = {"cases": len(result["cases"]), "passed": sum(c["pass"] for c in result["cases"]),
                                  "pass": result["pass"]}
         summary["seconds"] = time.time() - t0
         summary["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
         (work / "demo.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False, default=str))
         index_page(work, summary)
-        publish(work, out)
+        publish(work, out, "demo")
     return summary

@@ -230,7 +230,7 @@ def write_report(result: dict[str, Any], out: str | Path) -> Path:
     from anchor.atomic import publish, staging_dir
 
     out = Path(out).resolve()
-    with staging_dir(out) as tmp:
+    with staging_dir(out, "parity") as tmp:
         work = tmp / "report"
         (work / "figures").mkdir(parents=True)
         figures = []
@@ -241,5 +241,5 @@ def write_report(result: dict[str, Any], out: str | Path) -> Path:
         (work / "parity.json").write_text(json.dumps(_finite(result), indent=1, default=_json_default))
         (work / "summary.md").write_text(md)
         (work / "index.html").write_text(render_html(result, figures, md))
-        publish(work, out)
+        publish(work, out, "parity")
     return out

@@ -47,6 +47,13 @@ def audit(
     """Measure how a position shift changes the attention maps under each dtype policy (RoPE should make
     it zero), which key token carries the change, how it grows with length, and which numerical stage
     causes it. Writes audit.json, report.md and PNG figures to --out."""
+    from anchor.limits import check_seed
+    from anchor.outdir import guard_out, out_lock
+
+    check_seed(seed)
+    policy_files = [p.strip() for p in policies.split(",") if p.strip().endswith((".yaml", ".yml"))]
+    out = guard_out(out, "audit", inputs=(data, model, *policy_files))
+
     from jaxref.audit import run_audit, write_audit
 
     overrides = {"seq_len": seq_len, "num_seqs": num_seqs, "max_len": max_len, "length_seqs": length_seqs,
@@ -54,6 +61,7 @@ def audit(
                  "random_init": random_init, "seed": seed}
     if budget is not None or budget_policy is not None:
         overrides["budget"] = budget if budget is not None else True
-    result = run_audit(model, policies, data=data, quick=quick, progress=progress, **overrides)
-    path = write_audit(result, out)
+    with out_lock(out, "audit"):
+        result = run_audit(model, policies, data=data, quick=quick, progress=progress, **overrides)
+        path = write_audit(result, out)
     typer.echo(f"wrote {path / 'audit.json'}, {path / 'report.md'} ({result['runtime_s']:.0f} s)")

@@ -19,20 +19,20 @@ def pack(
     data: Annotated[Optional[str], typer.Option(
         "--data", help="Corpus: .jsonl[.zst|.gz], .parquet, a saved `datasets` folder, a folder of those or of "
                        "text files; or a token store folder made by an earlier `anchor pack` (its store/).")] = None,
-    seq_len: Annotated[Optional[int], typer.Option("--seq-len", min=2, help="Slots per window (T).")] = None,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Slots per window (T), at least 2.")] = None,
     config: Annotated[Optional[Path], typer.Option(
         "--config", help="YAML with any of these options (configs/data/*.yaml); command-line options win.")] = None,
     mixture: Annotated[str, typer.Option("--mixture", help="original | upsample_long")] = "original",
     budget: Annotated[Optional[int], typer.Option(
-        "--budget", min=1, help="Tokens to select (documents with their EOS); default: the whole source.")] = None,
+        "--budget", help="Tokens to select (documents with their EOS); default: the whole source.")] = None,
     long_threshold: Annotated[int, typer.Option(
-        "--long-threshold", min=1, help="Documents longer than this many tokens are long.")] = 4096,
+        "--long-threshold", help="Documents longer than this many tokens are long.")] = 4096,
     upsample_factor: Annotated[float, typer.Option(
-        "--upsample-factor", help="upsample_long: copies of each long document per pass.")] = 4.0,
+        "--upsample-factor", help="upsample_long: copies of each long document per pass (1 to 1000).")] = 4.0,
     tags: Annotated[bool, typer.Option("--tags", help="Precede each document by its domain tag.")] = False,
     interleave: Annotated[bool, typer.Option("--interleave", help="Interleave document chunks in windows.")] = False,
     mean_chunk: Annotated[int, typer.Option(
-        "--mean-chunk", min=0, help="--interleave: mean chunk length in slots (0: T/8).")] = 0,
+        "--mean-chunk", help="--interleave: mean chunk length in slots (0: T/8).")] = 0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the mixture and of the interleaving.")] = 0,
     skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Skip and count bad records instead of failing.")] = False,
     text_field: Annotated[str, typer.Option("--text-field", help="Dotted path of the text in each record.")] = "text",
@@ -42,23 +42,26 @@ def pack(
 ) -> None:
     """Tokenize (EOS per document), mix (original or long documents upsampled per domain) and pack into
     windows of T slots (CONTRACT §1); writes shards, pack.json, stats.json, stats.md, doc_lengths.png."""
-    from anchor.data.config import load_pack_config
+    from anchor.data.config import PACK_FLAGS, check_pack_options, load_pack_config
     from anchor.data.mixture import MixtureSpec
     from anchor.data.packing import Layout
     from anchor.data.pipeline import PackConfig, pack_corpus
     from anchor.errors import InputError
+    from anchor.outdir import guard_out, out_lock
 
     opts = dict(ctx.params)
+    origin: dict[str, str] = {}  # key -> the config file it came from
     if config is not None:
         for key, value in load_pack_config(config).items():
             source = ctx.get_parameter_source(key)
             if source is None or source.name in ("DEFAULT", "DEFAULT_MAP"):
                 opts[key] = value
-    for key, flag in (("model", "--model"), ("data", "--data"), ("seq_len", "--seq-len")):
+                origin[key] = str(config)
+    for key in ("model", "data", "seq_len"):
         if opts.get(key) is None:
-            raise InputError(f"missing option {flag} (give it, or set `{key}` in --config)")
-    if opts["seq_len"] < 2:
-        raise InputError(f"--seq-len must be at least 2, got {opts['seq_len']}")
+            raise InputError(f"missing option {PACK_FLAGS[key]} (give it, or set `{key}` in --config)")
+    check_pack_options(opts, origin)
+    out = guard_out(out, "pack", inputs=(opts["data"], opts["model"], config))
     cfg = PackConfig(
         seq_len=opts["seq_len"],
         mixture=MixtureSpec(kind=opts["mixture"], budget=opts["budget"], long_threshold=opts["long_threshold"],
@@ -67,7 +70,8 @@ def pack(
         seed=opts["seed"], text_field=opts["text_field"], domain_field=opts["domain_field"],
         skip_bad=opts["skip_bad"],
     )
-    stats = pack_corpus(opts["model"], opts["data"], out, cfg, progress=progress)
+    with out_lock(out, "pack"):
+        stats = pack_corpus(opts["model"], opts["data"], out, cfg, progress=progress)
     w = stats["windows"]
     skipped = sum(stats["read"].get("skipped", {}).values())
     typer.echo(

@@ -10,6 +10,9 @@ import typer
 from anchor.cli import app
 
 
+PARITY_BYTES_PER_SCORE = 64  # fp64 scores and probabilities, held by three runs, with temporaries
+
+
 def _split(text: str, option: str) -> list[str]:
     from anchor.errors import InputError
 
@@ -35,7 +38,7 @@ def parity(
                            "(hf_bf16, fa2_bf16, paper_bf16).")] = "fp32,bf16",
     layouts: Annotated[str, typer.Option(
         "--layouts", help="Comma-separated data layouts: plain, tags, interleave.")] = "plain",
-    seq_len: Annotated[int, typer.Option("--seq-len", help="Window length T (odd sizes find more bugs).")] = 97,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Window length T, 8 to the model's positions (odd sizes find more bugs).")] = 97,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the document lengths and the interleaving.")] = 0,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
 ) -> int:
@@ -57,16 +60,28 @@ def parity(
     bad = [v for v in layout_list if v not in LAYOUTS]
     if bad:
         raise InputError(f"--layouts: unknown layout {bad[0]!r} (known: {', '.join(LAYOUTS)})")
-    if seq_len < 8:
-        raise InputError(f"--seq-len must be at least 8, got {seq_len}")
+    from anchor.limits import check_int, check_memory, check_seed
+    from anchor.outdir import guard_out, out_lock
     from anchor.weights import load_spec
 
-    load_spec(model)  # a bad --model fails here, before anything heavy
-    cases = build_cases(model, variants=variant_list, layouts=layout_list, policies=_split(policies, "--policies"),
-                        engines=_split(engines, "--engines"), seq_lens=[seq_len], seed=seed)
-    result = run_parity(cases, progress=progress)
-    result["model"] = model
-    path = write_report(result, out)
+    check_seed(seed)
+    policy_list = _split(policies, "--policies")
+    out = guard_out(out, "parity",
+                    inputs=(model, *[p for p in policy_list if p.endswith((".yaml", ".yml"))]))
+    spec = load_spec(model)  # a bad --model fails here, before anything heavy
+    check_int(seq_len, "--seq-len", lo=8)
+    if seq_len > spec.max_position:
+        raise InputError(f"--seq-len {seq_len} is longer than the model's {spec.max_position} positions "
+                         f"(max_position_embeddings of {model})")
+    # the fp64 truth, the reference and the trainer each hold [windows, heads, T, T] scores and probabilities
+    check_memory(PARITY_BYTES_PER_SCORE * 2 * spec.num_heads * seq_len * seq_len,
+                 f"--seq-len {seq_len} (attention maps of {spec.num_heads} heads)")
+    with out_lock(out, "parity"):
+        cases = build_cases(model, variants=variant_list, layouts=layout_list, policies=policy_list,
+                            engines=_split(engines, "--engines"), seq_lens=[seq_len], seed=seed)
+        result = run_parity(cases, progress=progress)
+        result["model"] = model
+        path = write_report(result, out)
     typer.echo(render_markdown(result))
     typer.echo(f"wrote {path / 'parity.json'}, {path / 'index.html'}, {path / 'summary.md'}")
     return 0 if result["pass"] else 1

@@ -327,6 +327,20 @@ def _is_low_precision(p: DtypePolicy) -> bool:
     return any(getattr(p, s) in ("bfloat16", "float16") for s in STAGES)
 
 
+def _check_ranges(spec: ModelSpec, settings: AuditSettings) -> None:
+    """Seeds in numpy's range; sizes whose windows and attention maps fit in memory, refused up front."""
+    from anchor.limits import check_memory, check_seed
+
+    check_seed(settings.seed)
+    # the shift curve needs at least one pair of [heads, T, T] maps per call (shifts_per_call)
+    T = settings.seq_len
+    check_memory(2 * _MEM_BYTES_PER_MAP_ENTRY * spec.num_heads * T * T, f"--seq-len {T} (attention maps)")
+    for n, t, flags in ((settings.num_seqs, settings.seq_len, "--num-seqs x --seq-len"),
+                        (settings.length_seqs, settings.max_len, "--length-seqs x --max-len"),
+                        (settings.budget_seqs, settings.budget_seq_len, "budget windows")):
+        check_memory(16 * n * t, f"{flags} = {n} x {t} (token windows)")
+
+
 def _resolve_settings(spec: ModelSpec, settings: AuditSettings) -> tuple[AuditSettings, list[int], list[str]]:
     notes: list[str] = []
     if settings.seq_len < 2 or settings.max_len < 2:
@@ -341,6 +355,7 @@ def _resolve_settings(spec: ModelSpec, settings: AuditSettings) -> tuple[AuditSe
                          f"(max position {spec.max_position})")
     if any(s < 0 for s in settings.shifts) or settings.ref_shift < 0:
         raise InputError("shifts must be >= 0")
+    _check_ranges(spec, settings)
     shifts = [s for s in dict.fromkeys(settings.shifts) if s != settings.ref_shift]
     if 0 not in shifts:
         shifts = [0, *shifts]
@@ -392,8 +407,13 @@ def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy
     if len(set(names)) != len(names):
         raise InputError(f"--policies: a policy is named twice ({', '.join(names)})")
 
+    from anchor.limits import check_seed
+    from anchor.weights import load_spec
+
+    check_seed(settings.seed)
+    # sizes are checked against the model's positions and this machine's memory before any weight is read
+    settings, lengths, notes = _resolve_settings(load_spec(model), settings)
     spec, state = load_weights(model, seed=settings.seed)
-    settings, lengths, notes = _resolve_settings(spec, settings)
     base = None
     if settings.budget:
         if settings.budget_policy is not None:
