@@ -12,6 +12,7 @@ from typing import Any
 
 from anchor.data.mixture import MIXTURES
 from anchor.errors import InputError
+from anchor.limits import check_float, check_int, check_seed, option_name
 
 # key -> (accepted types, what it is)
 PACK_SCHEMA: dict[str, tuple[tuple[type, ...], str]] = {
@@ -30,6 +31,35 @@ PACK_SCHEMA: dict[str, tuple[tuple[type, ...], str]] = {
     "text_field": ((str,), "dotted path of the text"),
     "domain_field": ((str, type(None)), "dotted path of the domain; null: auto"),
 }
+
+
+# key -> its `anchor pack` flag
+PACK_FLAGS: dict[str, str] = {key: "--" + key.replace("_", "-") for key in PACK_SCHEMA}
+
+MAX_UPSAMPLE_FACTOR = 1000.0  # copies of a long document per pass: beyond this one pass outgrows memory
+MAX_SEQ_LEN = 1 << 31  # slots per window: int32 positions
+
+
+def check_pack_options(opts: dict[str, Any], origin: dict[str, str] | None = None) -> None:
+    """Ranges of the size and seed options (from the command line or, per `origin`, a config file);
+    InputError naming the flag, or the file and key."""
+    origin = origin or {}
+
+    def name(key: str) -> str:
+        return option_name(key, PACK_FLAGS[key], origin.get(key))
+
+    check_int(opts["seq_len"], name("seq_len"), lo=2, hi=MAX_SEQ_LEN)
+    if opts.get("budget") is not None:
+        check_int(opts["budget"], name("budget"), lo=1)
+    check_int(opts.get("long_threshold", 4096), name("long_threshold"), lo=1)
+    check_float(opts.get("upsample_factor", 4.0), name("upsample_factor"), lo=1.0, hi=MAX_UPSAMPLE_FACTOR)
+    check_int(opts.get("mean_chunk", 0), name("mean_chunk"), lo=0, hi=MAX_SEQ_LEN)
+    check_seed(opts.get("seed", 0), name("seed"))
+    if opts.get("mixture", "original") not in MIXTURES:
+        raise InputError(f"{name('mixture')}: unknown mixture {opts['mixture']!r} (known: {', '.join(MIXTURES)})")
+    for key in ("text_field",):
+        if not str(opts.get(key, "text")).strip():
+            raise InputError(f"{name(key)}: empty")
 
 
 def validate_pack_config(d: Any, *, source: str = "config") -> dict[str, Any]:
@@ -60,6 +90,8 @@ def load_pack_config(path: str | Path) -> dict[str, Any]:
         d = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise InputError(f"cannot read: {e.strerror or e}", path=path) from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"not UTF-8 text (invalid byte at offset {e.start})", path=path) from None
     except yaml.YAMLError as e:
         raise InputError(f"invalid YAML: {str(e).splitlines()[0]}", path=path) from None
     return validate_pack_config(d, source=str(path))

@@ -143,7 +143,7 @@ def write_default_corpus(out: Path, *, max_docs_per_domain: int | None = None, p
     plan = _plan(max_docs_per_domain)
     records = ({"text": t, "domain": d, "source": s} for d, s, read in _progress(plan, progress)
                if (t := read()) and t.strip())
-    with staging_dir(out) as tmp:
+    with staging_dir(out, "corpus") as tmp:
         folder = tmp / "corpus"
         folder.mkdir()
         with open(folder / CORPUS_FILE, "w", encoding="utf-8") as f:
@@ -155,5 +155,5 @@ def write_default_corpus(out: Path, *, max_docs_per_domain: int | None = None, p
         summary = {"file": CORPUS_FILE, "python": sys.version.split()[0], "stdlib": str(stdlib_dir()),
                    "max_docs_per_domain": max_docs_per_domain, "domains": counts}
         (folder / "corpus.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
-        publish(folder, out)
+        publish(folder, out, "corpus")
     return summary

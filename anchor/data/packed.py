@@ -18,6 +18,7 @@ Layout of a packed folder (written by `anchor pack`):
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,44 @@ class ShardWriter:
             self.files = None
 
 
+_SHARD_NAME = re.compile(r"shard-\d{5,}")
+
+
+def is_pack_output(path: str | Path) -> bool:
+    return (Path(path) / "pack.json").is_file()
+
+
+def read_pack_json(folder: str | Path) -> dict[str, Any]:
+    folder = Path(folder)
+    path = folder / "pack.json"
+    if not path.is_file():
+        raise InputError("not a packed data folder (no pack.json; make one with `anchor pack`)", path=folder)
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InputError(f"unreadable pack.json: {e}", path=folder) from None
+    if not isinstance(meta, dict):
+        raise InputError("pack.json must hold a JSON object", path=folder)
+    if meta.get("format") != PACK_FORMAT:
+        raise InputError(f"packed data format {meta.get('format')!r} is not {PACK_FORMAT}", path=folder)
+    return meta
+
+
+def pack_store_path(folder: str | Path) -> Path:
+    """The token store of a packed folder: pack.json's `store`, which must lie inside the folder."""
+    folder = Path(folder)
+    ref = read_pack_json(folder).get("store", "store")
+    if not isinstance(ref, str) or not ref.strip():
+        raise InputError(f"pack.json: `store` must be a folder name, got {ref!r}", path=folder)
+    store = (folder / ref).resolve()
+    if folder.resolve() not in store.parents:
+        raise InputError(f"pack.json: the store {ref!r} lies outside the packed folder (re-pack from the corpus)",
+                         path=folder)
+    if not (store / "store.json").is_file():
+        raise InputError(f"pack.json: the store {ref!r} is not a token store", path=folder)
+    return store
+
+
 @dataclass
 class PackedData:
     """Read-only windows of a packed folder (memory-mapped), or of in-memory arrays."""
@@ -112,17 +151,43 @@ class PackedData:
 
     @classmethod
     def open(cls, folder: str | Path) -> "PackedData":
+        """Open and validate a packed folder: pack.json's shards are files inside it whose shapes and
+        dtypes match pack.json; an InputError names the problem."""
         folder = Path(folder)
-        path = folder / "pack.json"
-        if not path.is_file():
-            raise InputError("not a packed data folder (no pack.json; make one with `anchor pack`)", path=folder)
-        meta = json.loads(path.read_text(encoding="utf-8"))
-        if meta.get("format") != PACK_FORMAT:
-            raise InputError(f"packed data format {meta.get('format')!r} is not {PACK_FORMAT}", path=folder)
+        meta = read_pack_json(folder)
+        T = meta.get("seq_len")
+        if isinstance(T, bool) or not isinstance(T, int) or T < 2:
+            raise InputError(f"pack.json: `seq_len` must be an integer >= 2, got {T!r}", path=folder)
+        shards = meta.get("shards")
+        if not isinstance(shards, list) or not shards:
+            raise InputError("pack.json: `shards` must be a non-empty list", path=folder)
         arrays: dict[str, list[np.ndarray]] = {"tokens": [], "seg": [], "tag": []}
-        for shard in meta["shards"]:
+        dtypes = dict(ShardWriter.KEYS)
+        total = 0
+        for i, shard in enumerate(shards):
+            name = shard.get("name") if isinstance(shard, dict) else None
+            n = shard.get("windows") if isinstance(shard, dict) else None
+            if not isinstance(name, str) or not _SHARD_NAME.fullmatch(name):
+                raise InputError(f"pack.json: shard {i} has no valid name (shard-NNNNN), got {name!r}", path=folder)
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise InputError(f"pack.json: shard {name} has no window count, got {n!r}", path=folder)
             for key in arrays:
-                arrays[key].append(np.load(folder / f"{shard['name']}.{key}.npy", mmap_mode="r"))
+                f = folder / f"{name}.{key}.npy"
+                if not f.is_file() or folder.resolve() not in f.resolve().parents:
+                    raise InputError(f"shard file {f.name} is missing or lies outside the folder", path=folder)
+                try:
+                    a = np.load(f, mmap_mode="r", allow_pickle=False)
+                except (OSError, ValueError, EOFError) as e:
+                    raise InputError(f"unreadable shard: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+                                     path=f) from None
+                if a.shape != (n, T) or a.dtype != np.dtype(dtypes[key]):
+                    raise InputError(f"shard holds {a.dtype} {a.shape}, pack.json implies "
+                                     f"{np.dtype(dtypes[key])} {(n, T)}", path=f)
+                arrays[key].append(a)
+            total += n
+        if meta.get("num_windows", total) != total:
+            raise InputError(f"pack.json: num_windows {meta.get('num_windows')!r} != {total}, the shards' sum",
+                             path=folder)
         return cls(arrays["tokens"], arrays["seg"], arrays["tag"], meta)
 
     def windows(self, indices: np.ndarray | list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -5,7 +5,8 @@
 
 Writes under `out` (via a temporary sibling folder renamed at the end, so an error leaves no
 half-written output): the shards and `pack.json` (anchor.data.packed), the token store `store/`
-(unless `data` already is a token store, which is then only referenced), `stats.json`, `stats.md`
+(when `data` already is a token store, or a packed folder, its store is validated and hard-linked
+(copied across file systems), so every packed folder is self-contained), `stats.json`, `stats.md`
 and `doc_lengths.png`.
 """
 
@@ -20,11 +21,13 @@ from typing import Any
 import numpy as np
 
 from anchor.data.mixture import MixtureSpec, mixture_table, select_documents
-from anchor.data.packed import PACK_FORMAT, SHARD_SLOTS, ShardWriter
+from anchor.data.packed import PACK_FORMAT, SHARD_SLOTS, ShardWriter, is_pack_output, pack_store_path
 from anchor.data.packing import Layout, Packer, tag_text, window_stats
 from anchor.data.readers import ReadCounts, iter_documents
 from anchor.atomic import publish, staging_dir
-from anchor.data.store import TokenStore, is_store, write_store
+from anchor.data.store import STORE_FILES, TokenStore, is_store, write_store
+from anchor.errors import InputError
+from anchor.limits import check_disk, check_memory
 from anchor.tokenizer import Tok, load_tokenizer
 
 
@@ -46,32 +49,46 @@ def pack_corpus(model: str, data: str | Path, out: str | Path, cfg: PackConfig, 
     `shard_slots` bounds the slots per shard file.
     """
     t0 = time.perf_counter()
+    check_pack_size(cfg.seq_len)
     tok = tok or load_tokenizer(model)
+    vocab = _model_vocab(model, tok)
     out = Path(out)
-    with staging_dir(out) as tmp:
+    with staging_dir(out, "pack", inputs=(data, model)) as tmp:
         work = tmp / "pack"
         work.mkdir()
         counts = ReadCounts()
-        if (Path(data) / "pack.json").is_file():  # an earlier `anchor pack` output: reuse its store
-            ref = json.loads((Path(data) / "pack.json").read_text(encoding="utf-8")).get("store", "store")
-            data = Path(data) / ref if not Path(ref).is_absolute() else Path(ref)
-        if is_store(data):
-            store = TokenStore.open(data, expect_identity=tok.identity)
-            store_ref = str(Path(data).resolve())
+        source = Path(data)
+        if is_pack_output(source):  # an earlier `anchor pack` output: reuse its store
+            source = pack_store_path(source)
+        if is_store(source):
+            TokenStore.open(source, expect_identity=tok.identity)  # validated before anything is linked
+            link_store(source, work / "store")
+            store = TokenStore.open(work / "store", expect_identity=tok.identity)
             counts_dict = store.meta.get("read", {})
         else:
-            docs = iter_documents(data, text_field=cfg.text_field, domain_field=cfg.domain_field,
+            docs = iter_documents(source, text_field=cfg.text_field, domain_field=cfg.domain_field,
                                   skip_bad=cfg.skip_bad, counts=counts)
-            write_store(docs, tok, work / "store", counts=counts, progress=progress)
+            write_store(docs, tok, work / "store", counts=counts, progress=progress, source=source)
             store = TokenStore.open(work / "store")
-            store_ref = "store"
             counts_dict = counts.to_dict()
+        store_ref = "store"
+        check_vocab(store, tok, vocab, model, source)
+        if cfg.mixture.budget is not None:
+            check_disk(cfg.mixture.budget * 9 * cfg.seq_len / (cfg.seq_len - 1), tmp,
+                       f"--budget {cfg.mixture.budget} (packed windows of {cfg.seq_len})")
         t_tok = time.perf_counter()
         selection = select_documents(store.length, store.domain, cfg.mixture)
         tag_tokens = tok.encode_batch([tag_text(d) for d in store.domains]) if cfg.layout.tags else None
+        if tag_tokens is not None and vocab is not None:
+            top = max((max(t) for t in tag_tokens if t), default=-1)
+            if top >= vocab:
+                raise InputError(f"a domain tag tokenizes to id {top}, beyond the vocabulary of the model "
+                                 f"({vocab} tokens)", path=model)
         packer = Packer(store, selection, cfg.seq_len, first_token=tok.first_token_id, eos=tok.eos_id,
                         tag_tokens=tag_tokens, interleave=cfg.layout.interleave,
                         mean_chunk=cfg.layout.mean_chunk, seed=cfg.seed)
+        check_disk(packer.num_windows * cfg.seq_len * 9, tmp,
+                   f"{packer.num_windows} windows of {cfg.seq_len} slots")
         writer = ShardWriter(work, cfg.seq_len, packer.num_windows, shard_slots)
         docs_per_window, cost, tag_slots, pad_slots = [], 0.0, 0, 0
         bar = _bar(progress, packer.num_windows)
@@ -133,8 +150,53 @@ def pack_corpus(model: str, data: str | Path, out: str | Path, cfg: PackConfig, 
         (work / "stats.md").write_text(stats_markdown(stats), encoding="utf-8")
         plot_doc_lengths(store.length, selection, cfg, work / "doc_lengths.png")
         del store, packer, writer  # close the memmaps before the folder moves
-        publish(work, out)
+        publish(work, out, "pack")
     return stats
+
+
+PACK_BYTES_PER_SLOT = 100  # packer memory per slot of a block (anchor.data.packing.BLOCK_SLOTS)
+
+
+def check_pack_size(seq_len: int, name: str = "--seq-len") -> None:
+    """Refuse a window length whose single packing block cannot fit in memory."""
+    from anchor.data.packing import BLOCK_SLOTS
+
+    check_memory(PACK_BYTES_PER_SLOT * max(seq_len, BLOCK_SLOTS), f"{name} {seq_len} (packing a window)")
+
+
+def _model_vocab(model: str, tok: Tok) -> int | None:
+    """The model's vocabulary size (its embedding rows), where the model can be read."""
+    from anchor.weights import load_spec
+
+    if model is None:
+        return None
+    return int(load_spec(model).vocab_size)
+
+
+def check_vocab(store: TokenStore, tok: Tok, vocab: int | None, model: str, source: object) -> None:
+    """Every token id the windows will hold must index the model's embedding."""
+    if vocab is None:
+        return
+    for what, i in (("the first token", tok.first_token_id), ("EOS", tok.eos_id)):
+        if not 0 <= int(i) < vocab:
+            raise InputError(f"{what} id {i} is beyond the model's vocabulary ({vocab} tokens)", path=model)
+    top = store.max_token_id()
+    if top >= vocab:
+        raise InputError(f"token id {top} is beyond the model's vocabulary ({vocab} tokens; the tokenizer has "
+                         f"{tok.vocab_size}): the tokenizer and the model do not match", path=source)
+
+
+def link_store(src: Path, dst: Path) -> None:
+    """`dst` as a copy of the token store `src` (hard links where the file system allows)."""
+    import os
+    import shutil
+
+    dst.mkdir()
+    for name in STORE_FILES:
+        try:
+            os.link(src / name, dst / name)
+        except OSError:
+            shutil.copyfile(src / name, dst / name)
 
 
 def _bar(enabled: bool, total: int):

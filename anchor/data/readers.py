@@ -61,6 +61,25 @@ def _suffix_kind(path: Path) -> str | None:
     return None
 
 
+def _hint(kind: str, unit: str = "lines") -> str:
+    """How the running verb lets the user get past a bad record: `kind` is "skip" or "field".
+
+    Only `anchor pack` has --skip-bad/--text-field, `anchor train` has the config keys; other verbs
+    (audit, demo) have neither, so their messages carry no hint.
+    """
+    from anchor.outdir import current_verb
+
+    verb = current_verb()
+    if verb == "pack":
+        return f" (use --skip-bad to skip such {unit})" if kind == "skip" else " (use --text-field, or --skip-bad)"
+    if verb == "train":
+        return (f" (set skip_bad: true to skip such {unit})" if kind == "skip"
+                else " (set text_field, or skip_bad: true)")
+    if verb == "anchor":  # called as a library
+        return f" (skip_bad=True skips such {unit})" if kind == "skip" else " (see text_field, skip_bad)"
+    return ""
+
+
 def _get(record: Any, dotted: str) -> Any:
     cur = record
     for part in dotted.split("."):
@@ -96,7 +115,7 @@ def _emit(text: Any, domain: str, source: str, fields: _Fields, skip_bad: bool,
             counts.skipped["missing_text"] += 1
             return None
         what = "missing" if text is None else f"not a string ({type(text).__name__})"
-        raise InputError(f"text field {fields.text_field!r} is {what} (use --text-field, or --skip-bad)",
+        raise InputError(f"text field {fields.text_field!r} is {what}{_hint('field')}",
                          path=source)
     if not text.strip():
         counts.skipped["empty"] += 1
@@ -143,7 +162,7 @@ def read_jsonl(path: Path, fields: _Fields, *, skip_bad: bool, counts: ReadCount
                 if skip_bad:
                     counts.skipped["bad_utf8"] += 1
                     continue
-                raise InputError(f"invalid UTF-8 at byte {e.start} (use --skip-bad to skip such lines)",
+                raise InputError(f"invalid UTF-8 at byte {e.start}{_hint('skip')}",
                                  path=source) from None
             try:
                 record = json.loads(line)
@@ -151,12 +170,12 @@ def read_jsonl(path: Path, fields: _Fields, *, skip_bad: bool, counts: ReadCount
                 if skip_bad:
                     counts.skipped["bad_json"] += 1
                     continue
-                raise InputError(f"invalid JSON: {e} (use --skip-bad to skip such lines)", path=source) from None
+                raise InputError(f"invalid JSON: {e}{_hint('skip')}", path=source) from None
             if not isinstance(record, dict):
                 if skip_bad:
                     counts.skipped["bad_json"] += 1
                     continue
-                raise InputError("a JSON line must be an object (use --skip-bad to skip such lines)", path=source)
+                raise InputError(f"a JSON line must be an object{_hint('skip')}", path=source)
             doc = _emit(_get(record, fields.text_field), fields.domain(record), source, fields, skip_bad, counts)
             if doc is not None:
                 yield doc
@@ -238,7 +257,7 @@ def read_text_file(path: Path, domain: str, *, skip_bad: bool, counts: ReadCount
         if skip_bad:
             counts.skipped["bad_utf8"] += 1
             return
-        raise InputError(f"invalid UTF-8 at byte {e.start} (use --skip-bad to skip such files)", path=path) from None
+        raise InputError(f"invalid UTF-8 at byte {e.start}{_hint('skip', 'files')}", path=path) from None
     if not text.strip():
         counts.skipped["empty"] += 1
         return

@@ -72,30 +72,103 @@ class TokenStore:
         flat = np.concatenate([np.asarray(d, dtype=TOKEN_DTYPE) for d in docs]) if docs else np.zeros(0, TOKEN_DTYPE)
         return cls(flat, offset, length, np.asarray(domains, dtype=np.int32), list(domain_names), meta or {})
 
+    def max_token_id(self) -> int:
+        """The largest token id in the store (-1 when empty); a pass over the token file in chunks."""
+        top = -1
+        step = 1 << 24
+        for i in range(0, int(self.tokens.shape[0]), step):
+            top = max(top, int(self.tokens[i:i + step].max()))
+        return top
+
     @classmethod
     def open(cls, folder: str | Path, *, expect_identity: str | None = None) -> "TokenStore":
+        """Open and validate a store folder: every file inside it, the index consistent with the token
+        file (offsets monotone, documents within it, domains known); an InputError names the problem."""
         folder = Path(folder)
         meta_path = folder / "store.json"
         if not meta_path.is_file():
             raise InputError("not a token store (no store.json)", path=folder)
+        _inside(folder, STORE_FILES)
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except ValueError as e:
+        except (ValueError, OSError) as e:
             raise InputError(f"unreadable store.json: {e}", path=folder) from None
+        if not isinstance(meta, dict):
+            raise InputError("store.json must hold a JSON object", path=meta_path)
         if meta.get("format") != STORE_FORMAT:
             raise InputError(f"token store format {meta.get('format')!r} is not {STORE_FORMAT}", path=folder)
-        if expect_identity is not None and meta["tokenizer"]["identity"] != expect_identity:
+        tokenizer = meta.get("tokenizer")
+        if not isinstance(tokenizer, dict) or not isinstance(tokenizer.get("identity"), str):
+            raise InputError("store.json: `tokenizer.identity` is missing", path=meta_path)
+        domains = meta.get("domains")
+        if not isinstance(domains, list) or not all(isinstance(d, str) for d in domains):
+            raise InputError("store.json: `domains` must be a list of names", path=meta_path)
+        n = meta.get("num_tokens")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise InputError(f"store.json: `num_tokens` must be a count, got {n!r}", path=meta_path)
+        if expect_identity is not None and tokenizer["identity"] != expect_identity:
             raise InputError(
-                f"this token store was built with another tokenizer ({meta['tokenizer'].get('name')}, "
-                f"identity {meta['tokenizer']['identity'][:12]}) than the model's (identity {expect_identity[:12]})",
+                f"this token store was built with another tokenizer ({tokenizer.get('name')}, "
+                f"identity {tokenizer['identity'][:12]}) than the model's (identity {expect_identity[:12]})",
                 path=folder,
             )
-        with np.load(folder / "docs.npz") as z:
-            offset, length, domain = z["offset"], z["length"], z["domain"]
-        n = int(meta["num_tokens"])
-        tokens = (np.memmap(folder / "tokens.bin", dtype=TOKEN_DTYPE, mode="r", shape=(n,)) if n
+        docs = folder / "docs.npz"
+        try:
+            with np.load(docs, allow_pickle=False) as z:
+                offset, length, domain = z["offset"], z["length"], z["domain"]
+        except (OSError, ValueError, KeyError, EOFError) as e:
+            raise InputError(f"unreadable document index: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+                             path=docs) from None
+        tokens_path = folder / "tokens.bin"
+        try:
+            size = tokens_path.stat().st_size
+        except OSError as e:
+            raise InputError(f"cannot read the token file: {e.strerror or e}", path=tokens_path) from None
+        _check_index(offset, length, domain, n, len(domains), size, docs, tokens_path)
+        tokens = (np.memmap(tokens_path, dtype=TOKEN_DTYPE, mode="r", shape=(n,)) if n
                   else np.zeros(0, TOKEN_DTYPE))
-        return cls(tokens, offset, length, domain, list(meta["domains"]), meta)
+        return cls(tokens, offset.astype(np.int64), length.astype(np.int64), domain.astype(np.int32),
+                   list(domains), meta)
+
+
+STORE_FILES = ("store.json", "docs.npz", "tokens.bin")
+
+
+def _inside(folder: Path, names: Iterable[str]) -> None:
+    """Each file must resolve inside `folder` (no symbolic link out of it)."""
+    root = folder.resolve()
+    for name in names:
+        p = (folder / name).resolve()
+        if root not in p.parents:
+            raise InputError(f"{name} points outside the folder (to {p})", path=folder)
+
+
+def _check_index(offset: np.ndarray, length: np.ndarray, domain: np.ndarray, num_tokens: int, num_domains: int,
+                 size: int, docs: Path, tokens_path: Path) -> None:
+    for name, a in (("offset", offset), ("length", length), ("domain", domain)):
+        if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
+            raise InputError(f"`{name}` must be a 1-D integer array, got {a.dtype} {a.shape}", path=docs)
+    if not offset.shape == length.shape == domain.shape:
+        raise InputError(f"offset, length and domain differ in size ({offset.size}, {length.size}, {domain.size})",
+                         path=docs)
+    if size != num_tokens * np.dtype(TOKEN_DTYPE).itemsize:
+        raise InputError(f"the token file holds {size} bytes, store.json says {num_tokens} tokens "
+                         f"({num_tokens * np.dtype(TOKEN_DTYPE).itemsize} bytes)", path=tokens_path)
+    if offset.size == 0:
+        return
+    off, ln = offset.astype(np.int64), length.astype(np.int64)
+    if (ln < 0).any() or (off < 0).any():
+        raise InputError("negative document offsets or lengths", path=docs)
+    if (np.diff(off) < ln[:-1]).any():
+        i = int(np.flatnonzero(np.diff(off) < ln[:-1])[0])
+        raise InputError(f"document offsets are not increasing (document {i + 1} starts at {off[i + 1]}, "
+                         f"inside document {i})", path=docs)
+    end = int(off[-1] + ln[-1])
+    if end > num_tokens:
+        raise InputError(f"documents run to token {end}, past the end of the token file ({num_tokens} tokens)",
+                         path=docs)
+    if num_domains == 0 or int(domain.min()) < 0 or int(domain.max()) >= num_domains:
+        raise InputError(f"domain indices outside the {num_domains} domains of store.json", path=docs)
 
 
 def is_store(path: str | Path) -> bool:
@@ -116,10 +189,11 @@ def _batches(docs: Iterable[Document], max_chars: int) -> Iterator[list[Document
 
 
 def write_store(docs: Iterable[Document], tok: Tok, folder: Path, *, counts: ReadCounts | None = None,
-                progress: bool = False, batch_chars: int = BATCH_CHARS) -> dict[str, Any]:
+                progress: bool = False, batch_chars: int = BATCH_CHARS, source: object = None) -> dict[str, Any]:
     """Tokenize `docs` into a store at `folder` (which must not exist yet); returns store.json's dict.
 
-    Zero documents is an InputError. Documents that tokenize to nothing are skipped and counted.
+    Zero documents is an InputError (naming `source`, the corpus). Documents that tokenize to nothing
+    are skipped and counted.
     """
     counts = counts if counts is not None else ReadCounts()
     domain_ids: dict[str, int] = {}
@@ -155,7 +229,7 @@ def write_store(docs: Iterable[Document], tok: Tok, folder: Path, *, counts: Rea
         bar.close()
     if not lengths:
         skipped = ", ".join(f"{v} {k}" for k, v in sorted(counts.skipped.items()) if v) or "none skipped"
-        raise InputError(f"no documents to tokenize ({skipped})")
+        raise InputError(f"no documents to tokenize ({skipped})", path=source)
     meta = {
         "format": STORE_FORMAT,
         "num_docs": int(sum(len(x) for x in lengths)),
@@ -175,9 +249,9 @@ def build_store(docs: Iterable[Document], tok: Tok, out: str | Path, *, counts: 
                 progress: bool = False) -> TokenStore:
     """`write_store` into a temporary sibling of `out`, renamed to `out` only when complete."""
     out = Path(out)
-    with staging_dir(out) as tmp:
+    with staging_dir(out, "store") as tmp:
         write_store(docs, tok, tmp / "store", counts=counts, progress=progress)
-        publish(tmp / "store", out)
+        publish(tmp / "store", out, "store")
     return TokenStore.open(out)
 
 
