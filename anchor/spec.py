@@ -242,67 +242,171 @@ def to_hf_config(spec: ModelSpec) -> dict[str, Any]:
     return d
 
 
-def _rope_from_hf(d: dict[str, Any], head_dim: int) -> RopeSpec:
-    params = dict(d.get("rope_parameters") or {})
-    legacy = d.get("rope_scaling") or {}
+class _HFReader:
+    """Typed reads of a transformers config dict, the way transformers' strict config classes read it:
+    integers must be JSON integers, floats JSON numbers, flags booleans; RoPE parameters may be numbers
+    or numeric strings (transformers stores them unvalidated). Anything else is an InputError naming
+    the file and the key."""
+
+    def __init__(self, d: dict[str, Any], source: str):
+        self.d, self.source = d, source
+
+    def fail(self, key: str, what: str, value: Any) -> InputError:
+        return InputError(f"{key}: expected {what}, got {value!r}", path=self.source)
+
+    def has(self, key: str) -> bool:
+        return self.d.get(key) is not None
+
+    def int(self, key: str, default: Any = KeyError, *, lo: int | None = 1, d: dict | None = None,
+            prefix: str = "") -> Any:
+        d = self.d if d is None else d
+        v = d.get(key)
+        if v is None:
+            if default is KeyError:
+                raise InputError(f"model config lacks the key {prefix + key!r}", path=self.source)
+            return default
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.fail(prefix + key, "an integer", v)
+        if lo is not None and v < lo:
+            raise self.fail(prefix + key, f"an integer >= {lo}", v)
+        return v
+
+    def float(self, key: str, default: float, *, d: dict | None = None, prefix: str = "",
+              strings: bool = False, positive: bool = True) -> float:
+        d = self.d if d is None else d
+        v = d.get(key)
+        if v is None:
+            return default
+        if isinstance(v, str) and strings:
+            try:
+                x = float(v)
+            except ValueError:
+                raise self.fail(prefix + key, "a number", v) from None
+        elif isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self.fail(prefix + key, "a number", v)
+        else:
+            x = float(v)
+        if x != x or x in (float("inf"), float("-inf")) or (positive and not x > 0):
+            raise self.fail(prefix + key, "a finite positive number" if positive else "a finite number", v)
+        return x
+
+    def bool(self, key: str, default: bool) -> bool:
+        v = self.d.get(key)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise self.fail(key, "true or false", v)
+        return v
+
+    def token_id(self, key: str, vocab: int) -> int | None:
+        """`bos_token_id`/`eos_token_id`: null, an integer, or a list of integers (the first counts; [] is null)."""
+        v = self.d.get(key)
+        if isinstance(v, list):
+            if not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+                raise self.fail(key, "null, an integer or a list of integers", v)
+            v = v[0] if v else None
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.fail(key, "null, an integer or a list of integers", v)
+        if not 0 <= v < vocab:
+            raise InputError(f"{key}: {v} is outside the vocabulary (0 to {vocab - 1})", path=self.source)
+        return v
+
+
+def _rope_from_hf(d: dict[str, Any], head_dim: int, *, source: str = "config.json") -> RopeSpec:
+    r = _HFReader(d, source)
+    params = d.get("rope_parameters")
+    legacy = d.get("rope_scaling")
+    for key, value in (("rope_parameters", params), ("rope_scaling", legacy)):
+        if value is not None and not isinstance(value, dict):
+            raise r.fail(key, "an object (or null)", value)
+    params = dict(params or {})
+    key = "rope_parameters"
     if not params:
-        params = dict(legacy)
-        params.setdefault("rope_theta", d.get("rope_theta", 10000.0))
+        params = dict(legacy or {})
+        key = "rope_scaling"
+        if "rope_theta" not in params and d.get("rope_theta") is not None:
+            params["rope_theta"] = d["rope_theta"]
+    if isinstance(params.get("rope_parameters"), dict):  # nested per-layer-type parameters are not supported
+        raise InputError(f"{key}: per-layer-type RoPE parameters are not supported", path=source)
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in ("default", "linear", "dynamic", "yarn", "llama3"):
-        raise InputError(f"unsupported RoPE scaling type {kind!r} in the model config")
+        raise InputError(f"{key}.rope_type: unsupported RoPE scaling type {kind!r} "
+                         "(supported: default, linear, dynamic, yarn, llama3)", path=source)
+    p = key + "."
+
+    def num(name: str, default: float, positive: bool = True) -> float:
+        return r.float(name, default, d=params, prefix=p, strings=True, positive=positive)
+
     original = params.get("original_max_position_embeddings")
+    if isinstance(original, str) and original.strip().isdigit():
+        original = int(original)
+    if original is not None:
+        original = r.int("original_max_position_embeddings", d=params, prefix=p)
     if kind == "dynamic" and original is None:
-        original = d.get("max_position_embeddings")  # transformers' own reading for dynamic
+        original = r.int("max_position_embeddings", None)  # transformers' own reading for dynamic
+    base = num("rope_theta", r.float("rope_theta", 10000.0, strings=True))
+    attention = params.get("attention_factor")
     return RopeSpec(
-        base=float(params.get("rope_theta", d.get("rope_theta", 10000.0))),
+        base=base,
         kind=kind,
-        factor=float(params.get("factor", 1.0)),
-        original_max_position=None if original is None else int(original),
-        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        beta_fast=float(params.get("beta_fast", 32.0)),
-        beta_slow=float(params.get("beta_slow", 1.0)),
-        attention_factor=params.get("attention_factor"),
+        factor=num("factor", 1.0),
+        original_max_position=original,
+        low_freq_factor=num("low_freq_factor", 1.0),
+        high_freq_factor=num("high_freq_factor", 4.0),
+        beta_fast=num("beta_fast", 32.0),
+        beta_slow=num("beta_slow", 1.0),
+        attention_factor=None if attention is None else num("attention_factor", 1.0),
     )
 
 
 def from_hf_config(d: dict[str, Any], *, source: str = "config.json") -> ModelSpec:
-    """Read a transformers config dict (a `config.json`); unsupported architectures are InputErrors."""
+    """Read a transformers config dict (a `config.json`) as transformers reads it; unsupported
+    architectures, missing keys and values of the wrong type are InputErrors naming `source` and the key.
+
+    `bos_token_id`/`eos_token_id` may be null, an integer or a list (the first id counts; [] is null);
+    a null EOS falls back to 2 (ModelSpec's default; the tokenizer names the EOS the data pipeline uses).
+    """
+    if not isinstance(d, dict):
+        raise InputError(f"a model config must be a JSON object, got {type(d).__name__}", path=source)
     model_type = d.get("model_type")
     if model_type not in ("llama", "mistral", "qwen2"):
         raise InputError(
             f"unsupported architecture {model_type!r} (supported: llama, mistral, qwen2)", path=source
         )
+    r = _HFReader(d, source)
+    hidden = r.int("hidden_size")
+    heads = r.int("num_attention_heads")
+    head_dim = r.int("head_dim", None) or hidden // heads
+    tie = r.bool("tie_word_embeddings", False)
+    family: str = model_type
+    if model_type == "llama" and tie:
+        family = "smollm2"
+    if model_type == "llama" and (r.bool("attention_bias", False) or r.bool("mlp_bias", False)):
+        raise InputError("Llama configs with attention_bias/mlp_bias are not supported", path=source)
+    vocab = r.int("vocab_size")
+    bos = r.token_id("bos_token_id", vocab)
+    eos = r.token_id("eos_token_id", vocab)
     try:
-        hidden = int(d["hidden_size"])
-        heads = int(d["num_attention_heads"])
-        head_dim = int(d.get("head_dim") or hidden // heads)
-        tie = bool(d.get("tie_word_embeddings", False))
-        family: str = model_type
-        if model_type == "llama" and tie:
-            family = "smollm2"
-        if model_type == "llama" and (d.get("attention_bias") or d.get("mlp_bias")):
-            raise InputError("Llama configs with attention_bias/mlp_bias are not supported", path=source)
-        eos = d.get("eos_token_id", 2)
-        if isinstance(eos, list):
-            eos = eos[0]
         return ModelSpec(
             family=family,  # type: ignore[arg-type]
-            vocab_size=int(d["vocab_size"]),
+            vocab_size=vocab,
             hidden_size=hidden,
-            num_layers=int(d["num_hidden_layers"]),
+            num_layers=r.int("num_hidden_layers"),
             num_heads=heads,
-            num_kv_heads=int(d.get("num_key_value_heads") or heads),
+            num_kv_heads=r.int("num_key_value_heads", None) or heads,
             head_dim=head_dim,
-            intermediate_size=int(d["intermediate_size"]),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            max_position=int(d.get("max_position_embeddings", 4096)),
-            rope=_rope_from_hf(d, head_dim),
+            intermediate_size=r.int("intermediate_size"),
+            rms_norm_eps=r.float("rms_norm_eps", 1e-6),
+            max_position=r.int("max_position_embeddings", 4096),
+            rope=_rope_from_hf(d, head_dim, source=source),
             tie_embeddings=tie,
             qkv_bias=model_type == "qwen2",
-            bos_token_id=d.get("bos_token_id") if model_type != "qwen2" else None,
-            eos_token_id=int(eos),
+            bos_token_id=bos if model_type != "qwen2" else None,
+            eos_token_id=min(2, vocab - 1) if eos is None else eos,
         )
-    except KeyError as e:
-        raise InputError(f"model config lacks the key {e.args[0]!r}", path=source) from None
+    except InputError as e:
+        if e.path is None:  # ModelSpec / RopeSpec checks: name the file
+            raise InputError(str(e), path=source) from None
+        raise

@@ -207,7 +207,9 @@ def _read_json(path: Path) -> dict[str, Any]:
             d = json.load(f)
     except (OSError, ValueError) as e:
         raise InputError(f"unreadable JSON: {e}", path=path) from None
-    return d if isinstance(d, dict) else {}
+    if not isinstance(d, dict):
+        raise InputError(f"expected a JSON object, got {type(d).__name__}", path=path)
+    return d
 
 
 def _load_hf_dir(path: Path, name: str) -> HFTok:
@@ -222,19 +224,34 @@ def _load_hf_dir(path: Path, name: str) -> HFTok:
         raise InputError(f"unreadable tokenizer: {str(e).splitlines()[0] if str(e) else e}", path=tj) from None
     tcfg = _read_json(path / "tokenizer_config.json")
     cfg = _read_json(path / "config.json")
-    bos = _token_id(tokenizer, tcfg.get("bos_token")) if "bos_token" in tcfg else cfg.get("bos_token_id")
+    bos = (_token_id(tokenizer, tcfg.get("bos_token")) if "bos_token" in tcfg
+           else _config_token_id(cfg, "bos_token_id", path / "config.json"))
     eos = _token_id(tokenizer, tcfg.get("eos_token")) if tcfg.get("eos_token") is not None else None
     if eos is None:
-        eos = cfg.get("eos_token_id")
-        if isinstance(eos, list):
-            eos = eos[0] if eos else None
+        eos = _config_token_id(cfg, "eos_token_id", path / "config.json")
     if cfg.get("model_type") == "qwen2":
         bos = None  # Qwen has no BOS: slot 0 holds EOS (anchor.spec.from_hf_config)
     if eos is None:
         raise InputError("cannot tell the EOS token (no eos_token in tokenizer_config.json or "
                          "eos_token_id in config.json)", path=path)
-    return HFTok(tokenizer=tokenizer, bos_id=None if bos is None else int(bos), eos_id=int(eos),
+    size = int(tokenizer.get_vocab_size(with_added_tokens=True))
+    for what, i in (("BOS", bos), ("EOS", eos)):
+        if i is not None and not 0 <= i < size:
+            raise InputError(f"the {what} token id {i} is outside the tokenizer's {size} tokens", path=path)
+    return HFTok(tokenizer=tokenizer, bos_id=bos, eos_id=eos,
                  identity=tokenizer_identity(tokenizer), name=name)
+
+
+def _config_token_id(cfg: dict[str, Any], key: str, path: Path) -> int | None:
+    """A `config.json` token id as transformers reads it: null, an integer, or a list (the first; [] is null)."""
+    v = cfg.get(key)
+    if isinstance(v, list):
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            raise InputError(f"{key}: expected null, an integer or a list of integers, got {v!r}", path=path)
+        v = v[0] if v else None
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+        raise InputError(f"{key}: expected null, an integer or a list of integers, got {v!r}", path=path)
+    return v
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -101,8 +102,17 @@ def random_state(spec: ModelSpec, seed: int = 0) -> StateDict:
 # safetensors (parsed from its header; no pickle)
 
 
-def read_safetensors(path: Path) -> StateDict:
-    """Read a `.safetensors` file into float32 numpy arrays; a truncated or corrupt file is an InputError."""
+_SAFETENSORS_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
+_SAFETENSORS_MAX_HEADER = 100 << 20  # the safetensors library's own limit
+
+
+def safetensors_header(path: Path) -> tuple[dict[str, dict[str, Any]], int]:
+    """The validated header of a `.safetensors` file and where its data starts.
+
+    Checked before any tensor is read: the header is a JSON object of tensors, each with a known
+    dtype, a shape of non-negative integers and `data_offsets` [begin, end] inside the file whose
+    size is exactly shape x dtype size; an InputError names the file and the tensor otherwise.
+    """
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -112,20 +122,50 @@ def read_safetensors(path: Path) -> StateDict:
             (n,) = struct.unpack("<Q", head)
             if n > size - 8:
                 raise InputError("truncated safetensors file (header runs past the end)", path=path)
-            header = json.loads(f.read(n))
+            if n > _SAFETENSORS_MAX_HEADER:
+                raise InputError(f"safetensors header of {n} bytes is larger than the format allows", path=path)
+            header = json.loads(f.read(n).decode("utf-8"))
     except (OSError, ValueError) as e:
         raise InputError(f"unreadable safetensors file: {e}", path=path) from None
+    if not isinstance(header, dict):
+        raise InputError(f"safetensors header must be a JSON object, got {type(header).__name__}", path=path)
     header.pop("__metadata__", None)
-    data = np.memmap(path, dtype=np.uint8, mode="r")
     start = 8 + n
+    data_size = size - start
+    for name, info in header.items():
+        if not isinstance(info, dict):
+            raise InputError(f"safetensors header: tensor {name} is not an object", path=path)
+        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if dtype not in _SAFETENSORS_ITEMSIZE:
+            raise InputError(f"unsupported safetensors dtype {dtype!r} for {name} "
+                             f"(supported: {', '.join(_SAFETENSORS_ITEMSIZE)})", path=path)
+        if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                                                  for s in shape):
+            raise InputError(f"safetensors header: tensor {name} has no valid shape ({shape!r})", path=path)
+        if (not isinstance(offsets, list) or len(offsets) != 2
+                or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
+            raise InputError(f"safetensors header: tensor {name} has no valid data_offsets ({offsets!r})", path=path)
+        b, e = offsets
+        if not 0 <= b <= e:
+            raise InputError(f"safetensors header: tensor {name} has data_offsets {offsets} out of order", path=path)
+        if e > data_size:
+            raise InputError(f"truncated safetensors file: tensor {name} runs past the end", path=path)
+        want = int(np.prod(shape, dtype=np.int64)) * _SAFETENSORS_ITEMSIZE[dtype] if shape else \
+            _SAFETENSORS_ITEMSIZE[dtype]
+        if e - b != want:
+            raise InputError(f"safetensors header: tensor {name} of shape {shape} ({dtype}) needs {want} bytes, "
+                             f"its data_offsets span {e - b}", path=path)
+    return header, start
+
+
+def read_safetensors(path: Path) -> StateDict:
+    """Read a `.safetensors` file into float32 numpy arrays; a truncated or corrupt file is an InputError."""
+    header, start = safetensors_header(path)
+    data = np.memmap(path, dtype=np.uint8, mode="r") if header else np.zeros(0, np.uint8)
     out: StateDict = {}
     for name, info in header.items():
         b, e = info["data_offsets"]
-        if start + e > size:
-            raise InputError(f"truncated safetensors file: tensor {name} runs past the end", path=path)
-        kind = _SAFETENSORS_DTYPES.get(info["dtype"])
-        if kind is None:
-            raise InputError(f"unsupported safetensors dtype {info['dtype']} for {name}", path=path)
+        kind = _SAFETENSORS_DTYPES[info["dtype"]]
         if kind == "bfloat16":
             import ml_dtypes
 
@@ -141,9 +181,11 @@ def read_hf_config(path: Path) -> ModelSpec:
     if not cfg.is_file():
         raise InputError("not a model folder: config.json is missing", path=path)
     try:
-        config = json.loads(cfg.read_text())
+        config = json.loads(cfg.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise InputError(f"unreadable config.json: {e}", path=cfg) from None
+    if not isinstance(config, dict):
+        raise InputError(f"config.json must hold a JSON object, got {type(config).__name__}", path=cfg)
     return from_hf_config(config, source=str(cfg))
 
 

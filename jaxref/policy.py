@@ -199,9 +199,11 @@ def load_policy(path: str | Path) -> DtypePolicy:
 
     path = Path(path)
     try:
-        d = yaml.safe_load(path.read_text())
+        d = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise InputError(f"cannot read policy file ({e.strerror or e})", path=path) from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"a policy file must be UTF-8 text (invalid byte at offset {e.start})", path=path) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
