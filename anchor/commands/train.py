@@ -1,0 +1,30 @@
+"""`anchor train`: continued pre-training on DeepSpeed with any attention variant (CONTRACT §8)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from anchor.cli import app
+
+
+@app.command(context_settings={"allow_extra_args": False})
+def train(
+    out: Annotated[Path, typer.Option("--out", help="The run folder; running again with the same --out resumes it.")],
+    config: Annotated[Optional[Path], typer.Option(
+        "--config", help="YAML run config (configs/train/*.yaml); key=value arguments override it.")] = None,
+    overrides: Annotated[Optional[list[str]], typer.Argument(
+        help="key=value overrides (dotted for nested keys: rope.theta=5e6, pack.budget=20000).",
+        show_default=False)] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
+) -> None:
+    """Train (or resume) a run: checkpoints under RUN/checkpoints/step-N (with a Hugging Face hf/ folder),
+    metrics.jsonl, config.yaml and the generated DeepSpeed JSON in RUN."""
+    from torchtrain.config import load_train_config
+    from torchtrain.trainer import train as run_training
+
+    cfg = load_train_config(config, overrides or [])
+    step = run_training(cfg, out, progress=progress)
+    typer.echo(f"trained to step {step}: {out / 'metrics.jsonl'}, {out / 'checkpoints'}")

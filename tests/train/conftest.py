@@ -1,0 +1,62 @@
+"""Shared fixtures of the trainer tests: a packed corpus made once, runs as subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "configs" / "train" / "tiny.yaml"
+# One intra-op thread per process: two xdist workers (and two ranks) share two cores, and a
+# run and its resumed continuation must use the same arithmetic.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture(scope="session")
+def packed(tmp_path_factory) -> Path:
+    """The embedded corpus packed for random:llama at T=128 (the tiny config's data), made once."""
+    from anchor.data.corpus import CORPUS_FILE, write_default_corpus
+    from anchor.data.mixture import MixtureSpec
+    from anchor.data.pipeline import PackConfig, pack_corpus
+
+    root = tmp_path_factory.mktemp("train-data")
+    write_default_corpus(root / "corpus", max_docs_per_domain=40)
+    out = root / "pack"
+    pack_corpus("random:llama", root / "corpus" / CORPUS_FILE, out,
+                PackConfig(seq_len=128, mixture=MixtureSpec(budget=60000)))
+    return out
+
+
+def anchor_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-c", "from anchor.cli import main; main()", *args]
+
+
+def train_cmd(out: Path, *overrides: str, config: Path = TINY) -> list[str]:
+    return anchor_cmd("train", "--config", str(config), "--out", str(out), "--no-progress", *overrides)
+
+
+def run_train(out: Path, *overrides: str, config: Path = TINY, check: bool = True) -> subprocess.CompletedProcess:
+    p = subprocess.run(train_cmd(out, *overrides, config=config), env=ENV, capture_output=True, text=True,
+                       timeout=600)
+    if check and p.returncode != 0:
+        raise AssertionError(f"anchor train failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    return p
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def final_weights(run: Path, step: int) -> dict[str, np.ndarray]:
+    from anchor.weights import read_safetensors
+
+    return read_safetensors(run / "checkpoints" / f"step-{step}" / "hf" / "model.safetensors")
+
+
+DETERMINISTIC = ("step", "loss", "tokens", "lr", "grad_norm")  # tokens_per_s and elapsed_s are timings
