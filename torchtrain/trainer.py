@@ -123,9 +123,10 @@ def _model_spec(cfg: TrainConfig):
     return spec
 
 
-def check_model(cfg: TrainConfig, spec, seq_len: int) -> Any:
-    """Length, sequence parallelism and engine against the model; returns the spec to train
-    (with `max_position` raised to `seq_len` when the RoPE is overridden for a longer context)."""
+def check_model(cfg: TrainConfig, spec, seq_len: int, *, here: bool = True) -> Any:
+    """Length, sequence parallelism and (`here`: on this machine) the engine against the model;
+    returns the spec to train (with `max_position` raised to `seq_len` when the RoPE is overridden
+    for a longer context)."""
     import torch
 
     from torchtrain.engines import check_engine
@@ -138,15 +139,17 @@ def check_model(cfg: TrainConfig, spec, seq_len: int) -> Any:
                 f"longer context (e.g. rope.theta: the paper uses 1e6 at 32K, 5e6 at 64K, 1e7 at 128K, 5e7 at 256K)",
                 path=cfg.source)
         spec = spec.replace(max_position=seq_len)
-    check_sequence_parallel(spec, seq_len, cfg.sequence_parallel)
+    try:
+        check_sequence_parallel(spec, seq_len, cfg.sequence_parallel)
+    except InputError as e:
+        raise InputError(str(e), path=cfg.source) from None
+    if not here:
+        return spec
     dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
     check_engine(cfg.engine, dtype)
     if cfg.engine == "flex" and not torch.cuda.is_available():
         raise InputError("engine 'flex' has no backward on CPU (FlexAttention); train with sdpa, eager or "
                          "flash_varlen_emulated on CPU", path=cfg.source)
-    if cfg.activation_checkpointing and cfg.sequence_parallel > 1:
-        # the recomputed forward would run the all-to-all again, out of step with the other ranks' backward
-        raise InputError("activation_checkpointing with sequence_parallel > 1 is not supported", path=cfg.source)
     return spec
 
 
@@ -182,8 +185,6 @@ def _resolve_data(cfg: TrainConfig, run: Path, progress: bool) -> Path:
 
         write_default_corpus(run / "corpus", progress=progress)
         source = run / "corpus" / CORPUS_FILE
-    elif not data.exists():
-        raise InputError("no such data file or folder (an `anchor pack` output, a corpus, or `corpus`)", path=data)
     p = cfg.pack
     mix_keys = ("budget", "long_threshold", "upsample_factor")
     mixture = MixtureSpec(kind=p.get("mixture", "original"), seed=p.get("seed", cfg.seed),
@@ -226,6 +227,10 @@ def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, 
     spec = _model_spec(cfg)
     if cfg.seq_len is not None:
         check_model(cfg, spec, cfg.seq_len)  # before packing: a bad length fails fast
+    data_path = Path(cfg.data)
+    if cfg.data != "corpus" and not data_path.exists():
+        raise InputError("no such data file or folder (an `anchor pack` output, a corpus, or `corpus`)",
+                         path=data_path)
     guard_out(run, "train", inputs=[cfg.data, cfg.model], replace=False)
     saved = _saved_config(run)
     if saved is not None:

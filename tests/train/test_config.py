@@ -1,0 +1,128 @@
+"""`anchor train` configs: every shipped config resolves and yields its DeepSpeed JSON; bad configs
+and bad command lines are one-line errors naming the key and the file, exit 2, before any process
+group starts and before anything is written (CONTRACT §8, issue Build 7)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from anchor.errors import InputError
+from anchor.spec import ModelSpec, RopeSpec
+from tests.train.conftest import ROOT, TINY
+from torchtrain.config import load_train_config
+from torchtrain.trainer import check_model, deepspeed_config
+
+CONFIGS = sorted((ROOT / "configs" / "train").rglob("*.yaml"))
+
+# The published Hugging Face configs of the paper's models (heads, kv heads, positions, RoPE base):
+# they cannot be downloaded here, so the shipped configs are resolved against these shapes.
+PUBLISHED = {
+    "models/Llama-2-7b-hf": dict(family="llama", vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32,
+                                 num_kv_heads=32, head_dim=128, intermediate_size=11008, max_position=4096,
+                                 rope=RopeSpec(base=10000.0)),
+    "models/Meta-Llama-3-8B": dict(family="llama", vocab_size=128256, hidden_size=4096, num_layers=32, num_heads=32,
+                                   num_kv_heads=8, head_dim=128, intermediate_size=14336, max_position=8192,
+                                   rope=RopeSpec(base=500000.0)),
+    "models/Mistral-7B-v0.3": dict(family="mistral", vocab_size=32768, hidden_size=4096, num_layers=32, num_heads=32,
+                                   num_kv_heads=8, head_dim=128, intermediate_size=14336, max_position=32768,
+                                   rope=RopeSpec(base=1e6)),
+    "models/Qwen1.5-1.8B": dict(family="qwen2", vocab_size=151936, hidden_size=2048, num_layers=24, num_heads=16,
+                                num_kv_heads=16, head_dim=128, intermediate_size=5504, max_position=32768,
+                                rope=RopeSpec(base=1e6), qkv_bias=True, tie_embeddings=False, bos_token_id=None,
+                                eos_token_id=151643),
+}
+PAPER_BASE = {65536: 5e6, 131072: 1e7}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[str(p.relative_to(ROOT / "configs" / "train")) for p in CONFIGS])
+def test_every_shipped_config_resolves(path):
+    cfg = load_train_config(path)
+    ds = deepspeed_config(cfg, cfg.nproc)
+    print(path.name, json.dumps(ds))
+    assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * cfg.nproc
+    assert ds["gradient_clipping"] == cfg.grad_clip  # never DeepSpeed's silent default
+    assert ds["zero_optimization"]["stage"] == cfg.zero_stage
+    assert cfg.global_batch == cfg.micro_batch * cfg.grad_accum(cfg.nproc) * cfg.dp(cfg.nproc)
+    if cfg.model in PUBLISHED:
+        spec = ModelSpec(**PUBLISHED[cfg.model]).with_rope(**cfg.rope_overrides())
+        trained = check_model(cfg, spec, cfg.seq_len, here=False)  # flash-attn is CUDA-only
+        assert trained.max_position == cfg.seq_len and trained.rope.base == PAPER_BASE[cfg.seq_len]
+        assert (cfg.lr, cfg.weight_decay, cfg.betas, cfg.steps, cfg.global_batch) == (2e-5, 0.1, (0.9, 0.95), 2000, 8)
+        assert (cfg.dtype, cfg.zero_stage, cfg.sequence_parallel) == ("bfloat16", 3, 8)
+    else:
+        from anchor.weights import load_spec
+
+        check_model(cfg, load_spec(cfg.model), cfg.seq_len)
+
+
+def test_paper_runs_cover_the_study():
+    names = {p.stem for p in (ROOT / "configs" / "train" / "paper").glob("*.yaml")}
+    for length in ("64k", "128k"):
+        for run in ("full", "intra_doc", "intra_doc_reset", "anchor", "anchor_tags", "anchor_interleave"):
+            assert f"llama2_7b_{length}_{run}" in names
+    for model in ("llama3_8b", "mistral_7b_v0.3", "qwen1.5_1.8b"):
+        assert f"{model}_64k_anchor" in names
+
+
+def test_overrides_win_and_nest(tmp_path):
+    cfg = load_train_config(TINY, ["steps=3", "rope.theta=5e6", "pack.budget=1000", "betas=[0.8, 0.9]"])
+    assert (cfg.steps, cfg.rope, cfg.pack["budget"], cfg.betas) == (3, {"theta": 5e6}, 1000, (0.8, 0.9))
+    assert cfg.pack["mixture"] == "original"  # the file's other pack keys stay
+
+
+# (config text or None for tiny.yaml, overrides, words the one-line message must hold)
+BAD = [
+    ("tiny", ["colour=red"], ["unknown key 'colour'", "override 'colour=red'"]),
+    ("model: random:llama\ndata: corpus\nsteps: 2\nlerning_rate: 1\n", [], ["unknown key 'lerning_rate'", "bad.yaml"]),
+    ("model: random:llama\ndata: corpus\nsteps: two\n", [], ["steps", "expected an integer", "bad.yaml"]),
+    ("tiny", ["lr=abc"], ["lr", "expected a number", "override lr=abc"]),
+    ("tiny", ["dtype=float16"], ["dtype", "float32, bfloat16"]),
+    ("model: random:llama\nsteps: 2\n", [], ["missing required key 'data'", "bad.yaml"]),
+    ("data: corpus\nsteps: 2\n", [], ["missing required key 'model'"]),
+    ("tiny", ["model=/nonexistent/model"], ["/nonexistent/model", "no such model"]),
+    ("tiny", ["data=/nonexistent/data.jsonl"], ["/nonexistent/data.jsonl", "no such data"]),
+    ("tiny", ["seq_len=5000"], ["seq_len 5000", "4096 positions", "rope.theta"]),
+    ("tiny", ["sequence_parallel=2", "nproc=2", "seq_len=127"], ["does not divide seq_len 127", "tiny.yaml"]),
+    ("tiny", ["model=random:smollm2", "sequence_parallel=2", "nproc=2"], ["does not divide", "9 attention heads"]),
+    ("tiny", ["sequence_parallel=2", "nproc=1"], ["nproc 1 is not a multiple of sequence_parallel 2"]),
+    ("tiny", ["zero_stage=4"], ["zero_stage", "in [0, 3]"]),
+    ("tiny", ["zero_stage=-1"], ["zero_stage", "in [0, 3]"]),
+    ("tiny", ["global_batch=5", "micro_batch=2"], ["global_batch 5 is not a multiple of micro_batch 2"]),
+    ("tiny", ["global_batch=4", "micro_batch=1", "nproc=3"], ["does not split", "3 data-parallel ranks"]),
+    ("tiny", ["seed=-1"], ["seed", "in [0, 4294967295]", "override seed=-1"]),
+    ("tiny", ["rope.scaling=yarn"], ["rope", "original_max_position"]),
+    ("tiny", ["engine=flex"], ["flex", "no backward on CPU"]),
+    ("tiny", ["engine=warp"], ["engine", "expected one of"]),
+    ("tiny", ["steps"], ["override 'steps' is not key=value"]),
+    ("\xff\xfe not utf8", [], ["bad.yaml", "not UTF-8"]),
+    ("model: [unclosed\n", [], ["bad.yaml", "invalid YAML"]),
+]
+
+
+@pytest.mark.parametrize("text,overrides,words", BAD, ids=[" ".join(o) or t[:20] for t, o, _ in BAD])
+def test_bad_config_is_one_line_exit_2_nothing_written(tmp_path, capsys, text, overrides, words):
+    from anchor.cli import main
+
+    config = TINY
+    if text != "tiny":
+        config = tmp_path / "bad.yaml"
+        config.write_bytes(text.encode("latin-1"))
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--config", str(config), "--out", str(out), "--no-progress", *overrides])
+    err = capsys.readouterr().err
+    print(e.value.code, err)
+    lines = [l for l in err.splitlines() if l.strip() and "[WARNING]" not in l]
+    assert e.value.code == 2
+    assert len(lines) == 1 and lines[0].startswith("anchor train: error:"), lines
+    for w in words:
+        assert w in lines[0]
+    assert not out.exists(), "a refused run wrote its folder"
+
+
+def test_validation_errors_name_the_file():
+    with pytest.raises(InputError, match="tiny.yaml"):
+        load_train_config(TINY, ["sequence_parallel=3"])
