@@ -298,9 +298,12 @@ class _HFReader:
             raise self.fail(key, "true or false", v)
         return v
 
-    def token_id(self, key: str, vocab: int) -> int | None:
-        """`bos_token_id`/`eos_token_id`: null, an integer, or a list of integers (the first counts; [] is null)."""
+    def token_id(self, key: str, vocab: int, *, lists: bool) -> int | None:
+        """A token id: null or an integer; with `lists` (transformers' `eos_token_id`) also a list of
+        integers, of which the first counts ([] is null)."""
         v = self.d.get(key)
+        if isinstance(v, list) and not lists:
+            raise self.fail(key, "null or an integer", v)
         if isinstance(v, list):
             if not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
                 raise self.fail(key, "null, an integer or a list of integers", v)
@@ -308,7 +311,7 @@ class _HFReader:
         if v is None:
             return None
         if isinstance(v, bool) or not isinstance(v, int):
-            raise self.fail(key, "null, an integer or a list of integers", v)
+            raise self.fail(key, "null, an integer or a list of integers" if lists else "null or an integer", v)
         if not 0 <= v < vocab:
             raise InputError(f"{key}: {v} is outside the vocabulary (0 to {vocab - 1})", path=self.source)
         return v
@@ -365,8 +368,9 @@ def from_hf_config(d: dict[str, Any], *, source: str = "config.json") -> ModelSp
     """Read a transformers config dict (a `config.json`) as transformers reads it; unsupported
     architectures, missing keys and values of the wrong type are InputErrors naming `source` and the key.
 
-    `bos_token_id`/`eos_token_id` may be null, an integer or a list (the first id counts; [] is null);
-    a null EOS falls back to 2 (ModelSpec's default; the tokenizer names the EOS the data pipeline uses).
+    `bos_token_id` may be null or an integer, `eos_token_id` also a list (the first id counts; [] is
+    null), as in transformers; a null EOS falls back to 2 (ModelSpec's default; the tokenizer names the
+    EOS the data pipeline uses).
     """
     if not isinstance(d, dict):
         raise InputError(f"a model config must be a JSON object, got {type(d).__name__}", path=source)
@@ -386,8 +390,8 @@ def from_hf_config(d: dict[str, Any], *, source: str = "config.json") -> ModelSp
     if model_type == "llama" and (r.bool("attention_bias", False) or r.bool("mlp_bias", False)):
         raise InputError("Llama configs with attention_bias/mlp_bias are not supported", path=source)
     vocab = r.int("vocab_size")
-    bos = r.token_id("bos_token_id", vocab)
-    eos = r.token_id("eos_token_id", vocab)
+    bos = r.token_id("bos_token_id", vocab, lists=False)
+    eos = r.token_id("eos_token_id", vocab, lists=True)
     try:
         return ModelSpec(
             family=family,  # type: ignore[arg-type]

@@ -243,8 +243,11 @@ def _load_hf_dir(path: Path, name: str) -> HFTok:
 
 
 def _config_token_id(cfg: dict[str, Any], key: str, path: Path) -> int | None:
-    """A `config.json` token id as transformers reads it: null, an integer, or a list (the first; [] is null)."""
+    """A `config.json` token id as transformers reads it: null or an integer; `eos_token_id` also a list
+    (the first counts; [] is null)."""
     v = cfg.get(key)
+    if isinstance(v, list) and key != "eos_token_id":
+        raise InputError(f"{key}: expected null or an integer, got {v!r}", path=path)
     if isinstance(v, list):
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
             raise InputError(f"{key}: expected null, an integer or a list of integers, got {v!r}", path=path)
