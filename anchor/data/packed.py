@@ -117,8 +117,8 @@ def pack_store_path(folder: str | Path) -> Path:
         raise InputError(f"pack.json: `store` must be a folder name, got {ref!r}", path=folder)
     store = (folder / ref).resolve()
     if folder.resolve() not in store.parents:
-        raise InputError(f"pack.json: the store {ref!r} lies outside the packed folder (re-pack from the corpus)",
-                         path=folder)
+        raise InputError(f"pack.json: the store {ref!r} is not a folder inside the packed folder "
+                         "(re-pack from the corpus)", path=folder)
     if not (store / "store.json").is_file():
         raise InputError(f"pack.json: the store {ref!r} is not a token store", path=folder)
     return store

@@ -99,13 +99,13 @@ class TokenStore:
             raise InputError(f"token store format {meta.get('format')!r} is not {STORE_FORMAT}", path=folder)
         tokenizer = meta.get("tokenizer")
         if not isinstance(tokenizer, dict) or not isinstance(tokenizer.get("identity"), str):
-            raise InputError("store.json: `tokenizer.identity` is missing", path=meta_path)
+            raise InputError("`tokenizer.identity` is missing", path=meta_path)
         domains = meta.get("domains")
         if not isinstance(domains, list) or not all(isinstance(d, str) for d in domains):
-            raise InputError("store.json: `domains` must be a list of names", path=meta_path)
+            raise InputError("`domains` must be a list of names", path=meta_path)
         n = meta.get("num_tokens")
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise InputError(f"store.json: `num_tokens` must be a count, got {n!r}", path=meta_path)
+            raise InputError(f"`num_tokens` must be a count, got {n!r}", path=meta_path)
         if expect_identity is not None and tokenizer["identity"] != expect_identity:
             raise InputError(
                 f"this token store was built with another tokenizer ({tokenizer.get('name')}, "
