@@ -96,6 +96,7 @@ BAD = [
     ("tiny", ["rope.scaling=yarn"], ["rope", "original_max_position"]),
     ("tiny", ["engine=flex"], ["flex", "no backward on CPU"]),
     ("tiny", ["engine=warp"], ["engine", "expected one of"]),
+    ("tiny", ["dtype=bfloat16", "zero_stage=0"], ["bfloat16 needs zero_stage >= 1"]),
     ("tiny", ["steps"], ["override 'steps' is not key=value"]),
     ("\xff\xfe not utf8", [], ["bad.yaml", "not UTF-8"]),
     ("model: [unclosed\n", [], ["bad.yaml", "invalid YAML"]),

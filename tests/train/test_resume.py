@@ -96,3 +96,37 @@ def test_resume_refuses_a_changed_config(packed, tmp_path):
     print(p.stderr)
     assert p.returncode == 2
     assert "lr" in p.stderr and "config.yaml" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.slow
+def test_kill9_two_processes_zero2_resumes_to_1e6(packed, tmp_path):
+    """The whole job (launcher and both ranks) killed as a scheduler would, then rerun."""
+    import os
+    import signal
+
+    args = (*ARGS, "nproc=2", "zero_stage=2", "micro_batch=1", "global_batch=4", f"data={packed}")
+    ref = tmp_path / "ref"
+    run_train(ref, *args)
+    out = tmp_path / "killed"
+    p = subprocess.Popen(train_cmd(out, *args), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    k = random.Random().randint(3, STEPS - 2)
+    deadline = time.time() + 300
+    while time.time() < deadline and p.poll() is None:
+        path = out / "metrics.jsonl"
+        if path.is_file() and len(path.read_text().splitlines()) >= k:
+            break
+        time.sleep(0.005)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    print("killed after step", k)
+    run_train(out, *args)
+    ma, mb = metrics(ref), metrics(out)
+    la, lb = np.array([r["loss"] for r in ma]), np.array([r["loss"] for r in mb])
+    print("uninterrupted:", la.round(7), "\nresumed:      ", lb.round(7))
+    assert [r["step"] for r in mb] == list(range(1, STEPS + 1))
+    assert np.abs(la - lb).max() / np.abs(la).max() <= 1e-6
+    wa, wb = final_weights(ref, STEPS), final_weights(out, STEPS)
+    worst = max(float(np.abs(wa[n] - wb[n]).max() / (np.abs(wa[n]).max() + 1e-30)) for n in wa)
+    print("final weights max rel diff", worst)
+    assert worst <= 1e-6
