@@ -8,6 +8,7 @@ import re
 import pytest
 
 from anchor.cli import main
+from anchor.outdir import write_marker
 from parity_tests.conftest import needs_smollm2
 from parity_tests.runners import registered
 from parity_tests.test_runners import PerturbedRunner
@@ -54,6 +55,7 @@ def test_a_failing_case_exits_1_and_names_the_layer(tmp_path, capsys):
     out = tmp_path / "parity"
     out.mkdir()
     (out / "stale.txt").write_text("replaced")
+    write_marker(out, "parity")  # an earlier anchor output: replaced (a folder of the user's files is refused)
     with registered(PerturbedRunner()):
         rc = _run(["parity", "--model", "random:llama", "--out", str(out), "--variants", "full",
                    "--engines", "eager,perturbed_hidden_layer1", "--policies", "fp32", "--no-progress"])

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from anchor.cli import main
+from anchor.outdir import write_marker
 
 
 def run_cli(argv, capsys):
@@ -30,6 +31,7 @@ def test_quick_audit_writes_everything(tmp_path, jsonl, capsys):
     out = tmp_path / "audit"
     out.mkdir()
     (out / "stale.txt").write_text("replaced")
+    write_marker(out, "audit")  # an earlier anchor output: replaced (a folder of the user's files is refused)
     code, stdout, err = run_cli(["audit", "--model", "random:smollm2", "--policies", "fp32,hf_bf16", "--quick",
                                  "--data", str(jsonl), "--random-init", "--out", str(out), "--no-progress"], capsys)
     assert code == 0, err

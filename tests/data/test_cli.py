@@ -91,6 +91,12 @@ def test_pack_reuses_store_and_rejects_other_tokenizer(small_corpus, tmp_path, c
     assert run(pack_args(first / "store", tmp_path / "p2", "--seq-len", "32"), capsys)[0] == 0
     assert run(pack_args(first, tmp_path / "p2b", "--seq-len", "32"), capsys)[0] == 0
     assert PackedData.open(tmp_path / "p2b").num_windows == PackedData.open(tmp_path / "p2").num_windows
+    # a pack made from a store is self-contained: its store lies inside it (hard links of the first one's files)
+    for name in ("p2", "p2b"):
+        meta = json.loads((tmp_path / name / "pack.json").read_text())
+        print(name, "store:", meta["store"])
+        assert meta["store"] == "store" and (tmp_path / name / "store" / "tokens.bin").is_file()
+    assert (tmp_path / "p2" / "store" / "tokens.bin").read_bytes() == (first / "store" / "tokens.bin").read_bytes()
     code, _, err = run(pack_args(first / "store", tmp_path / "p3", model="random:qwen2"), capsys)
     assert code == 2 and "another tokenizer" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "p3").exists() and no_leftovers(tmp_path, "p3")
