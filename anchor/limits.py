@@ -57,7 +57,9 @@ def check_seed(value: object, name: str = "--seed") -> int:
 
 
 def gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**28 else f"{n / 2**20:.0f} MiB"
+    if n >= 2**28:
+        return f"{n / 2**30:.1f} GiB"
+    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
 def available_memory() -> int:
@@ -106,8 +108,10 @@ def free_disk(folder: str | Path) -> int:
         return 1 << 62
 
 
-def check_disk(need: float, folder: str | Path, what: str) -> None:
-    """InputError when `need` bytes exceed the free space of the file system holding `folder`."""
+def check_disk(need: float, folder: str | Path, what: str, *, name: str | Path | None = None) -> None:
+    """InputError (naming `name`, default `folder`) when `need` bytes exceed the free space of the file
+    system holding `folder`."""
     free = free_disk(folder)
     if need > free:
-        raise InputError(f"{what} needs about {gib(need)} of disk; {gib(free)} is free", path=folder)
+        raise InputError(f"{what} needs about {gib(need)} of disk; {gib(free)} is free",
+                         path=folder if name is None else name)

@@ -75,7 +75,7 @@ def pack_corpus(model: str, data: str | Path, out: str | Path, cfg: PackConfig, 
         check_vocab(store, tok, vocab, model, source)
         if cfg.mixture.budget is not None:
             check_disk(cfg.mixture.budget * 9 * cfg.seq_len / (cfg.seq_len - 1), tmp,
-                       f"--budget {cfg.mixture.budget} (packed windows of {cfg.seq_len})")
+                       f"--budget {cfg.mixture.budget} (packed windows of {cfg.seq_len})", name=out)
         t_tok = time.perf_counter()
         selection = select_documents(store.length, store.domain, cfg.mixture)
         tag_tokens = tok.encode_batch([tag_text(d) for d in store.domains]) if cfg.layout.tags else None
@@ -88,7 +88,7 @@ def pack_corpus(model: str, data: str | Path, out: str | Path, cfg: PackConfig, 
                         tag_tokens=tag_tokens, interleave=cfg.layout.interleave,
                         mean_chunk=cfg.layout.mean_chunk, seed=cfg.seed)
         check_disk(packer.num_windows * cfg.seq_len * 9, tmp,
-                   f"{packer.num_windows} windows of {cfg.seq_len} slots")
+                   f"{packer.num_windows} windows of {cfg.seq_len} slots", name=out)
         writer = ShardWriter(work, cfg.seq_len, packer.num_windows, shard_slots)
         docs_per_window, cost, tag_slots, pad_slots = [], 0.0, 0, 0
         bar = _bar(progress, packer.num_windows)

@@ -19,8 +19,9 @@ def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
         main([str(a) for a in argv])
     out, err = capsys.readouterr()
     code = e.value.code if isinstance(e.value.code, int) else (0 if e.value.code is None else 1)
-    print("argv:", argv, "-> exit", code)
-    print("stderr:", err)
+    with capsys.disabled():  # shown with -s and in failure reports, not swallowed by the next readouterr
+        print("argv:", [str(a) for a in argv], "-> exit", code)
+        print("stderr:", err)
     return code, out, err
 
 

@@ -388,3 +388,15 @@ def test_packed_folder_validation(base, tmp_path):
             PackedData.open(folder)
         print(change, "->", e.value)
         assert needle in str(e.value)
+
+
+@pytest.mark.parametrize("verb, hint", [("pack", "--skip-bad"), ("audit", None)])
+def test_bad_record_hint_names_only_options_the_verb_has(verb, hint, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": broken\n')
+    args = {"pack": ["pack", "--model", "random:llama", "--seq-len", "16"],
+            "audit": ["audit", "--model", "random:llama", "--quick"]}[verb]
+    code, _, err = run_cli([*args, "--data", bad, "--no-progress", "--out", tmp_path / "out"], capsys)
+    line = assert_usage_error(code, err, verb, "bad.jsonl:2", "invalid JSON")
+    print("hint expected:", hint)
+    assert (hint in line) if hint else ("--skip-bad" not in line)

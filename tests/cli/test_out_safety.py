@@ -208,3 +208,48 @@ def test_guard_out_rules(tmp_path, monkeypatch):
     for bad in (".", str(tmp_path), "/", os.path.expanduser("~")):
         with pytest.raises(InputError):
             guard_out(bad, "x")
+
+
+def test_unwritable_parent_is_refused_before_work(tmp_path, capsys, monkeypatch, no_work):
+    """A read-only disk or a folder without write permission (simulated: the tests may run as root)."""
+    import anchor.outdir
+
+    real = os.access
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    monkeypatch.setattr(anchor.outdir.os, "access",
+                        lambda p, mode: False if Path(p) == parent else real(p, mode))
+    patch, calls = no_work
+    for verb in ("audit", "parity"):
+        patch(verb)
+        code, _, err = run_cli(argv(verb, str(parent / "out"), tmp_path / "c.jsonl"), capsys)
+        assert_usage_error(code, err, verb, "cannot write into", str(parent))
+    assert calls == [] and list(parent.iterdir()) == []
+
+
+def test_full_disk_mid_run_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+    """ENOSPC while writing: one line naming the file, exit 2, the staging folder and lock removed."""
+    import errno
+
+    import anchor.data.pipeline as pipeline
+
+    def full(length, selection, cfg, path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(pipeline, "plot_doc_lengths", full)
+    corpus = write_corpus(tmp_path / "c.jsonl")
+    code, _, err = run_cli(argv("pack", str(tmp_path / "out"), corpus), capsys)
+    assert_usage_error(code, err, "pack", "doc_lengths.png", "No space left on device")
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path, "out") == []
+
+
+def test_pack_refused_when_the_windows_cannot_fit_on_disk(tmp_path, capsys, monkeypatch):
+    import anchor.limits
+
+    monkeypatch.setattr(anchor.limits, "free_disk", lambda folder: 10_000)
+    corpus = write_corpus(tmp_path / "c.jsonl")
+    code, _, err = run_cli(argv("pack", str(tmp_path / "out"), corpus), capsys)
+    assert_usage_error(code, err, "pack", "windows of 16 slots needs about", "of disk")
+    code, _, err = run_cli([*argv("pack", str(tmp_path / "out"), corpus), "--budget", "1000000000"], capsys)
+    assert_usage_error(code, err, "pack", "--budget 1000000000", "of disk")
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path, "out") == []
