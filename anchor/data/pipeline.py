@@ -158,10 +158,8 @@ PACK_BYTES_PER_SLOT = 100  # packer memory per slot of a block (anchor.data.pack
 
 
 def check_pack_size(seq_len: int, name: str = "--seq-len") -> None:
-    """Refuse a window length whose single packing block cannot fit in memory."""
-    from anchor.data.packing import BLOCK_SLOTS
-
-    check_memory(PACK_BYTES_PER_SLOT * max(seq_len, BLOCK_SLOTS), f"{name} {seq_len} (packing a window)")
+    """Refuse a window length of which one window (the smallest packing block) cannot fit in memory."""
+    check_memory(PACK_BYTES_PER_SLOT * seq_len, f"{name} {seq_len} (packing a window)")
 
 
 def _model_vocab(model: str, tok: Tok) -> int | None:

@@ -141,6 +141,25 @@ def test_big_seq_len_refused_before_anything_is_written(corpus, tmp_path, capsys
         assert not (tmp_path / "out").exists() and leftovers(tmp_path, "out") == []
 
 
+def test_attention_sized_seq_len_refused_by_the_memory_estimate(corpus, tmp_path, capsys, monkeypatch):
+    """Within the model's 4096 positions, but [heads, T, T] maps of T = 4096 do not fit in 1 GiB."""
+    import anchor.limits
+
+    monkeypatch.setattr(anchor.limits, "available_memory", lambda: 1 << 30)
+    fill = {"out": str(tmp_path / "out"), "corpus": str(corpus)}
+    for verb in ("audit", "parity"):
+        argv = [verb, *_set(_fill(BASE[verb], fill), "--seq-len", "4096")]
+        code, _, err = run_cli(argv, capsys)
+        assert_usage_error(code, err, verb, "--seq-len 4096", "memory", "1.0 GiB is available")
+        assert not (tmp_path / "out").exists() and leftovers(tmp_path, "out") == []
+    monkeypatch.setattr(anchor.limits, "available_memory", lambda: 64 << 30)  # the same sizes fit in 64 GiB
+    from anchor.limits import check_memory
+    from anchor.spec import random_preset
+    from jaxref.audit.runner import _MEM_BYTES_PER_MAP_ENTRY
+
+    check_memory(2 * _MEM_BYTES_PER_MAP_ENTRY * random_preset("llama").num_heads * 4096 ** 2, "audit T=4096")
+
+
 @pytest.mark.parametrize("argv, verb, needle", [
     ([], None, "no verb given"),
     (["nope"], None, "No such command"),
