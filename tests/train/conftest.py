@@ -19,18 +19,40 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBU
 
 
 @pytest.fixture(scope="session")
-def packed(tmp_path_factory) -> Path:
-    """The embedded corpus packed for random:llama at T=128 (the tiny config's data), made once."""
+def corpus(tmp_path_factory) -> Path:
+    """Short documents (10 to 250 characters, cut from the embedded corpus, seeded), so a window of
+    128 byte tokens holds two to three documents and the variants differ."""
     from anchor.data.corpus import CORPUS_FILE, write_default_corpus
+
+    root = tmp_path_factory.mktemp("train-corpus")
+    write_default_corpus(root / "full", max_docs_per_domain=10)
+    rng = np.random.default_rng(0)
+    out = root / "short.jsonl"
+    with open(out, "w", encoding="utf-8") as f:
+        for line in (root / "full" / CORPUS_FILE).read_text(encoding="utf-8").splitlines():
+            rec = json.loads(line)
+            text, i = rec["text"], 0
+            while i < len(text) - 10:
+                n = int(rng.integers(10, 250))
+                f.write(json.dumps({"text": text[i:i + n], "domain": rec["domain"]}) + "\n")
+                i += n
+    return out
+
+
+def pack_for(corpus: Path, out: Path, *, tags: bool = False, interleave: bool = False) -> Path:
+    """The corpus packed for random:llama at T=128 (the tiny config's model and length)."""
     from anchor.data.mixture import MixtureSpec
+    from anchor.data.packing import Layout
     from anchor.data.pipeline import PackConfig, pack_corpus
 
-    root = tmp_path_factory.mktemp("train-data")
-    write_default_corpus(root / "corpus", max_docs_per_domain=40)
-    out = root / "pack"
-    pack_corpus("random:llama", root / "corpus" / CORPUS_FILE, out,
-                PackConfig(seq_len=128, mixture=MixtureSpec(budget=60000)))
+    pack_corpus("random:llama", corpus, out, PackConfig(seq_len=128, mixture=MixtureSpec(budget=60000),
+                                                        layout=Layout(tags=tags, interleave=interleave)))
     return out
+
+
+@pytest.fixture(scope="session")
+def packed(corpus, tmp_path_factory) -> Path:
+    return pack_for(corpus, tmp_path_factory.mktemp("train-data") / "pack")
 
 
 def anchor_cmd(*args: str) -> list[str]:
