@@ -326,10 +326,9 @@ def validate(d: Any, *, source: str = "config", origins: dict[str, str] | None =
 
 
 def _check_batch(cfg: TrainConfig) -> None:
-    """Batch and process arithmetic that needs no model or data."""
+    """Batch arithmetic that needs neither the world size nor a model (`check_world` does the rest:
+    under torchrun the launcher's world replaces `nproc`)."""
     src = cfg.source
-    if cfg.nproc % cfg.sequence_parallel:
-        raise InputError(f"nproc {cfg.nproc} is not a multiple of sequence_parallel {cfg.sequence_parallel}", path=src)
     if cfg.global_batch % cfg.micro_batch:
         raise InputError(f"global_batch {cfg.global_batch} is not a multiple of micro_batch {cfg.micro_batch}",
                          path=src)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -27,4 +28,5 @@ def train(
 
     cfg = load_train_config(config, overrides or [])
     step = run_training(cfg, out, progress=progress)
-    typer.echo(f"trained to step {step}: {out / 'metrics.jsonl'}, {out / 'checkpoints'}")
+    if os.environ.get("RANK", "0") == "0":  # under torchrun every rank runs this command
+        typer.echo(f"trained to step {step}: {out / 'metrics.jsonl'}, {out / 'checkpoints'}")

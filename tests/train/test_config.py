@@ -87,7 +87,9 @@ BAD = [
     ("tiny", ["seq_len=5000"], ["seq_len 5000", "4096 positions", "rope.theta"]),
     ("tiny", ["sequence_parallel=2", "nproc=2", "seq_len=127"], ["does not divide seq_len 127", "tiny.yaml"]),
     ("tiny", ["model=random:smollm2", "sequence_parallel=2", "nproc=2"], ["does not divide", "9 attention heads"]),
-    ("tiny", ["sequence_parallel=2", "nproc=1"], ["nproc 1 is not a multiple of sequence_parallel 2"]),
+    ("tiny", ["sequence_parallel=2", "nproc=1"], ["sequence_parallel 2 needs at least 2 processes", "has 1"]),
+    ("tiny", ["sequence_parallel=2", "nproc=3", "global_batch=3", "micro_batch=1"],
+     ["3 processes do not split into sequence-parallel groups of 2"]),
     ("tiny", ["zero_stage=4"], ["zero_stage", "in [0, 3]"]),
     ("tiny", ["zero_stage=-1"], ["zero_stage", "in [0, 3]"]),
     ("tiny", ["global_batch=5", "micro_batch=2"], ["global_batch 5 is not a multiple of micro_batch 2"]),
@@ -126,4 +128,4 @@ def test_bad_config_is_one_line_exit_2_nothing_written(tmp_path, capsys, text, o
 
 def test_validation_errors_name_the_file():
     with pytest.raises(InputError, match="tiny.yaml"):
-        load_train_config(TINY, ["sequence_parallel=3"])
+        load_train_config(TINY, ["global_batch=5", "micro_batch=2"])

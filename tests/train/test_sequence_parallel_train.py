@@ -4,6 +4,8 @@ activation checkpointing (its recompute runs the all-to-all again on every rank 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -44,4 +46,30 @@ def test_sp2_training_equals_one_process(layouts, tmp_path, variant, layout, ext
     assert [r["tokens"] for r in a] == [r["tokens"] for r in b]
     # Not bitwise: SP=2 runs 4 micro-batches of one window (accumulated) where one process runs one
     # batch of four, and its linear layers see 64-row instead of 4x128-row matmuls (other blocking).
+    assert rel.max() <= 1e-6
+
+
+@pytest.mark.slow
+def test_dp2_x_sp2_under_torchrun_equals_one_process(layouts, tmp_path):
+    """Four ranks (2 data-parallel x 2 sequence-parallel) started by torchrun running the same
+    `anchor train` command: the launcher's world replaces nproc, ZeRO-2 reduces over all four."""
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.train.conftest import ENV, TINY
+
+    flags = (*COMMON, f"data={layouts['plain']}", "variant=anchor")
+    one = tmp_path / "one"
+    run_train(one, *flags, "micro_batch=4", "nproc=1")
+    four = tmp_path / "four"
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    cmd = [torchrun, "--nproc_per_node", "4", "-m", "anchor", "train", "--config", str(TINY), "--out", str(four),
+           "--no-progress", *flags, "micro_batch=1", "sequence_parallel=2", "zero_stage=2"]
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    la = np.array([r["loss"] for r in metrics(one)])
+    lb = np.array([r["loss"] for r in metrics(four)])
+    rel = np.abs(la - lb) / np.abs(la)
+    print(f"one process {la.round(7)}\nDP2 x SP2  {lb.round(7)}\nmax rel {rel.max():.2e}")
     assert rel.max() <= 1e-6
