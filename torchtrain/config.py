@@ -143,6 +143,12 @@ PACK_KEYS = ("mixture", "budget", "long_threshold", "upsample_factor", "mean_chu
              "domain_field", "seed")
 
 
+def _steps(x: Any) -> tuple[int, ...]:
+    if not isinstance(x, (list, tuple)) or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in x):
+        raise ValueError("expected a list of step numbers >= 1")
+    return tuple(x)
+
+
 def _rope(x: Any) -> dict[str, Any]:
     if not isinstance(x, dict):
         raise ValueError(f"expected a mapping with keys among {', '.join(ROPE_SCHEMA)}")
@@ -190,12 +196,14 @@ SCHEMA: dict[str, tuple[Callable[[Any], Any], Any, str]] = {
     "eval_window": (_int(0), 50, "... over the last this many steps (the paper: every 10 over the last 50)"),
     "activation_checkpointing": (_bool, False, "recompute layer activations in the backward"),
     "rope": (_rope, {}, "RoPE overrides: theta, scaling, factor, original_max_position, ..."),
+    "dump_grads": (_steps, (), "steps whose whole averaged gradient (before clipping) is written to "
+                                 "RUN/grads/step-N.safetensors"),
     "log_every": (_int(1), 1, "print a progress line every this many steps"),
     "tensorboard": (_bool, True, "write TensorBoard events under RUN/tensorboard when installed"),
 }
 
 # Keys that may change when a run is resumed (the rest must equal the run's config.yaml).
-RESUMABLE_CHANGES = ("steps", "save_every", "keep_last", "log_every", "tensorboard", "nproc")
+RESUMABLE_CHANGES = ("steps", "save_every", "keep_last", "log_every", "tensorboard", "nproc", "dump_grads")
 
 
 @dataclass(frozen=True)
@@ -234,6 +242,7 @@ class TrainConfig:
     eval_window: int = 50
     activation_checkpointing: bool = False
     rope: dict[str, Any] = field(default_factory=dict)
+    dump_grads: tuple[int, ...] = ()
     log_every: int = 1
     tensorboard: bool = True
     source: str = field(default="config", compare=False)
@@ -241,7 +250,7 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         """The config as plain YAML-able data (the run's config.yaml)."""
         d = {k: getattr(self, k) for k in SCHEMA}
-        d["betas"], d["no_decay"] = list(self.betas), list(self.no_decay)
+        d["betas"], d["no_decay"], d["dump_grads"] = list(self.betas), list(self.no_decay), list(self.dump_grads)
         return d
 
     def replace(self, **changes: Any) -> "TrainConfig":

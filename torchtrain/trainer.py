@@ -437,6 +437,24 @@ def _grad_norm(engine) -> float | None:
     return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
 
 
+def _dump_grads(engine, world, path: Path) -> None:
+    """The averaged gradient of every parameter (Hugging Face names, float32) at an accumulation
+    boundary, before clipping and the optimizer step; gathered under ZeRO 1-3 (all ranks call)."""
+    from deepspeed.utils import safe_get_full_grad
+    from safetensors.numpy import save_file
+
+    grads = {}
+    for name, p in engine.module.named_parameters():
+        g = safe_get_full_grad(p)
+        if world.is_main and g is not None:
+            grads[name] = g.detach().float().cpu().numpy().copy()
+    if world.is_main:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        save_file(grads, str(tmp))
+        os.replace(tmp, path)
+
+
 def _full_state(engine, world) -> dict[str, np.ndarray] | None:
     """Every parameter as float32 numpy (Hugging Face names) on rank 0, gathered under ZeRO-3."""
     import deepspeed
@@ -560,8 +578,11 @@ def worker(run_str: str, progress: bool = True) -> int:
                 local = (ce * mask[rows, sl].to(world.device)).sum()
                 engine.backward(local * scale.to(world.device), scale_wrt_gas=False)
                 total += local.detach().double().cpu()
-                if m == gas - 1 and stage0_fp32:
-                    norm = _grad_norm(engine)
+                if m == gas - 1:
+                    if stage0_fp32:
+                        norm = _grad_norm(engine)
+                    if step in cfg.dump_grads:
+                        _dump_grads(engine, world, run / "grads" / f"step-{step}.safetensors")
                 engine.step()
             dist.all_reduce(total)
             if norm is None:
