@@ -25,6 +25,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -297,11 +298,24 @@ def train(cfg: TrainConfig, run: str | Path, *, progress: bool = True) -> int:
     run = Path(run).resolve()
     if launched_externally():  # torchrun / deepspeed launcher: every rank runs this
         return _train_external(cfg, run, progress)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     with out_lock(run, "train"):  # a second trainer on the same --out exits 2 naming this one
         prepare_run(cfg, run, progress=progress)
-        if cfg.nproc == 1:
-            return worker(str(run), progress)
-        launch_local(cfg.nproc, worker, str(run), progress)
+        handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            if cfg.nproc == 1:
+                return worker(str(run), progress)
+            launch_local(cfg.nproc, worker, str(run), progress)
+        except SignalException as e:
+            # The elastic agent took SIGINT/SIGTERM over and stopped the workers; hand the signal
+            # to whoever handled it before (the CLI: "interrupted", exit 130/143).
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+            signal.raise_signal(e.sigval)
+            raise
+        finally:
+            ckpt.clear_staging(run)  # a checkpoint an interrupted run was writing
     return _last_step(run)
 
 

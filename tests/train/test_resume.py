@@ -130,3 +130,36 @@ def test_kill9_two_processes_zero2_resumes_to_1e6(packed, tmp_path):
     worst = max(float(np.abs(wa[n] - wb[n]).max() / (np.abs(wa[n]).max() + 1e-30)) for n in wa)
     print("final weights max rel diff", worst)
     assert worst <= 1e-6
+
+
+@pytest.mark.parametrize("sig,nproc", [("SIGINT", 1), pytest.param("SIGTERM", 2, marks=pytest.mark.slow)])
+def test_signal_stops_the_run_cleanly_then_it_resumes(packed, tmp_path, sig, nproc):
+    """Ctrl-C / a scheduler's SIGTERM: one line, exit 130/143, the workers gone, no half-written
+    checkpoint, the lock released; the same command then finishes the run."""
+    import signal
+
+    out = tmp_path / "run"
+    args = ("steps=400", "save_every=3", "eval_window=0", f"nproc={nproc}", "micro_batch=1", "global_batch=4",
+            f"data={packed}")
+    p = subprocess.Popen(train_cmd(out, *args), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not (out / "checkpoints" / "step-6").exists():
+        time.sleep(0.05)
+    p.send_signal(getattr(signal, sig))
+    _, err = p.communicate(timeout=120)
+    lines = [l for l in err.splitlines() if l.startswith("anchor train")]
+    print(p.returncode, lines)
+    assert p.returncode == {"SIGINT": 130, "SIGTERM": 143}[sig]
+    assert lines == ["anchor train: interrupted"] and "Traceback" not in err
+    leftovers = [q.name for q in (out / "checkpoints").iterdir() if q.name.startswith(".")]
+    assert not leftovers and not any(q.name.endswith(".lock") for q in tmp_path.iterdir())
+    for _ in range(150):  # the stopped workers exit within seconds
+        alive = subprocess.run(["pgrep", "-s", str(p.pid)], capture_output=True, text=True).stdout.split()
+        if not alive:
+            break
+        time.sleep(0.1)
+    assert not alive, f"workers left running: {alive}"
+    done = len(metrics(out))
+    run_train(out, "steps=" + str(done + 2), *args[1:])
+    assert [r["step"] for r in metrics(out)] == list(range(1, done + 3))
