@@ -85,6 +85,22 @@ def deepspeed_config(cfg: TrainConfig, world: int) -> dict[str, Any]:
     }
 
 
+def step_arrays(batch):
+    """`(tokens, targets, mask)` of a batch as torch tensors [B, T]: slot t predicts token t+1 of the
+    whole window (the last slot's target is a placeholder that its mask never counts)."""
+    import torch
+
+    tokens = torch.as_tensor(batch.tokens, dtype=torch.long)
+    return tokens, torch.roll(tokens, -1, dims=1), torch.as_tensor(batch.loss_mask, dtype=torch.float32)
+
+
+def loss_multiplier(global_count, world: int):
+    """What each rank's sum of cross-entropies is multiplied by before its backward: DeepSpeed
+    averages gradients over all `world` ranks, so `world / global_count` makes the update the
+    gradient of the mean over every counted target of the global batch."""
+    return world / global_count.clamp_min(1.0)
+
+
 def param_groups(model, cfg: TrainConfig) -> list[dict[str, Any]]:
     """AdamW groups: weight decay on every parameter except those whose name contains a `no_decay` entry."""
     decay, no_decay = [], []
@@ -573,13 +589,11 @@ def worker(run_str: str, progress: bool = True) -> int:
             t0 = time.perf_counter()
             lr_now = scheduler.get_last_lr()[0]
             batch = next(loader)
-            tokens = torch.as_tensor(batch.tokens, dtype=torch.long)
-            targets = torch.roll(tokens, -1, dims=1)  # slot t predicts token t+1 of the whole window
-            mask = torch.as_tensor(batch.loss_mask, dtype=torch.float32)
+            tokens, targets, mask = step_arrays(batch)
             count = mask[:, sl].sum()
             dist.all_reduce(count)  # counted targets of the global batch
             total = torch.zeros((), dtype=torch.float64)
-            scale = world.size / count.clamp_min(1.0)
+            scale = loss_multiplier(count, world.size)
             norm = None
             for m in range(gas):
                 rows = slice(m * cfg.micro_batch, (m + 1) * cfg.micro_batch)
