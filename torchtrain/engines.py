@@ -15,6 +15,7 @@ segments) and passes it to every layer as the keyword `attn_meta`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -41,6 +42,7 @@ _ATTN_NAMES: dict[str, str] = {
     "flash_varlen_emulated": "torchtrain_varlen_emulated",
 }
 TAP_ATTR = "_torchtrain_tap"  # set on attention modules by torchtrain.taps while capturing
+SP_ATTR = "_torchtrain_sequence_parallel"  # set on the decoder stack by torchtrain.sequence_parallel
 _HOOK_ATTR = "_torchtrain_prepare_hook"
 
 
@@ -49,7 +51,9 @@ class AttnMeta:
     """Mask metadata of one forward step, shared by all layers.
 
     doc_ids int64 [B, T]; exactly one of: dense bool [B,1,T,T] (eager, sdpa), block_mask
-    (flex), segments (flash_varlen*).
+    (flex), segments (flash_varlen*). `sp`: under sequence parallelism the
+    `torchtrain.sequence_parallel.Ulysses` that runs each layer's attention (T is then the whole
+    window, the layers see T / degree slots); None otherwise.
     """
 
     engine: Engine
@@ -58,6 +62,7 @@ class AttnMeta:
     dense: torch.Tensor | None = None
     block_mask: Any = None
     segments: VarlenSegments | None = None
+    sp: Any = None
 
 
 @functools.cache
@@ -165,8 +170,12 @@ def _attention_function(engine: Engine):
         if sliding_window is not None or dropout:
             raise UnavailableError(f"engine {engine!r} implements neither sliding windows nor attention dropout")
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-        out = attend(engine, query, key, value, attn_meta, scale)
         tap = getattr(module, TAP_ATTR, None)
+        if attn_meta.sp is not None:
+            if tap is not None:
+                raise InputError("taps are not captured under sequence parallelism: capture them in one process")
+            return attn_meta.sp.attend(engine, query, key, value, attn_meta, scale), None
+        out = attend(engine, query, key, value, attn_meta, scale)
         if tap is not None:
             tap.attention(module.layer_idx, query, key, scale, attn_meta)
         return out, None
@@ -205,18 +214,22 @@ def _prepare_hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, 
             kwargs[key] = torch.as_tensor(kwargs[key], dtype=torch.long, device=device)
     x = kwargs["input_ids"] if kwargs.get("input_ids") is not None else kwargs["inputs_embeds"]
     B, T = x.shape[:2]
+    sp = getattr(module, SP_ATTR, None)  # sequence parallel: the input is this rank's shard, doc_ids the whole window
+    T_all = T if sp is None else T * sp.degree
     doc_ids, variant = kwargs.get("doc_ids"), kwargs.get("variant")
     if doc_ids is None:
         if variant not in (None, "full"):
             raise InputError(f"variant {variant!r} needs doc_ids [B, T]")
-        doc_ids, variant = torch.ones(B, T, dtype=torch.long, device=x.device), "full"
+        doc_ids, variant = torch.ones(B, T_all, dtype=torch.long, device=x.device), "full"
     elif variant is None:
         raise InputError("doc_ids given without variant= (one of full, intra_doc, intra_doc_reset, anchor)")
     doc_ids = torch.as_tensor(doc_ids, device=x.device)
-    if tuple(doc_ids.shape) != (B, T):
-        raise InputError(f"doc_ids has shape {tuple(doc_ids.shape)}, the input ids {(B, T)}")
+    if tuple(doc_ids.shape) != (B, T_all):
+        whole = "" if sp is None else f" (sequence parallel over {sp.degree} ranks: doc_ids are the whole window, {(B, T_all)})"
+        raise InputError(f"doc_ids has shape {tuple(doc_ids.shape)}, the input ids {(B, T)}{whole}")
     kwargs["doc_ids"] = doc_ids.long()
-    kwargs["attn_meta"] = prepare_meta(engine, kwargs["doc_ids"], variant)
+    meta = prepare_meta(engine, kwargs["doc_ids"], variant)
+    kwargs["attn_meta"] = meta if sp is None else dataclasses.replace(meta, sp=sp)
     return args, kwargs
 
 
