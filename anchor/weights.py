@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from anchor.errors import InputError
+from anchor.errors import InputError, read_json_object
 from anchor.paths import resolve_model_name
 from anchor.spec import ModelSpec, RopeSpec, from_hf_config, random_preset, to_hf_config
 
@@ -180,13 +180,7 @@ def read_hf_config(path: Path) -> ModelSpec:
     cfg = path / "config.json"
     if not cfg.is_file():
         raise InputError("not a model folder: config.json is missing", path=path)
-    try:
-        config = json.loads(cfg.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise InputError(f"unreadable config.json: {e}", path=cfg) from None
-    if not isinstance(config, dict):
-        raise InputError(f"config.json must hold a JSON object, got {type(config).__name__}", path=cfg)
-    return from_hf_config(config, source=str(cfg))
+    return from_hf_config(read_json_object(cfg), source=str(cfg))
 
 
 def read_hf_dir(path: Path) -> tuple[ModelSpec, StateDict]:

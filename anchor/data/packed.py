@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from anchor.data.batch import Batch, Variant, check_variant, make_batch
-from anchor.errors import InputError
+from anchor.errors import InputError, read_json_object
 
 PACK_FORMAT = 1
 SHARD_SLOTS = 1 << 26  # slots per shard file (256 MiB of tokens)
@@ -98,12 +98,7 @@ def read_pack_json(folder: str | Path) -> dict[str, Any]:
     path = folder / "pack.json"
     if not path.is_file():
         raise InputError("not a packed data folder (no pack.json; make one with `anchor pack`)", path=folder)
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise InputError(f"unreadable pack.json: {e}", path=folder) from None
-    if not isinstance(meta, dict):
-        raise InputError("pack.json must hold a JSON object", path=folder)
+    meta = read_json_object(path, name=folder)
     if meta.get("format") != PACK_FORMAT:
         raise InputError(f"packed data format {meta.get('format')!r} is not {PACK_FORMAT}", path=folder)
     return meta

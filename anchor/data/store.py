@@ -26,7 +26,7 @@ import numpy as np
 
 from anchor.data.readers import Document, ReadCounts
 from anchor.atomic import publish, staging_dir
-from anchor.errors import InputError
+from anchor.errors import InputError, read_json_object
 from anchor.tokenizer import Tok
 
 STORE_FORMAT = 1
@@ -89,12 +89,7 @@ class TokenStore:
         if not meta_path.is_file():
             raise InputError("not a token store (no store.json)", path=folder)
         _inside(folder, STORE_FILES)
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (ValueError, OSError) as e:
-            raise InputError(f"unreadable store.json: {e}", path=folder) from None
-        if not isinstance(meta, dict):
-            raise InputError("store.json must hold a JSON object", path=meta_path)
+        meta = read_json_object(meta_path, name=folder)
         if meta.get("format") != STORE_FORMAT:
             raise InputError(f"token store format {meta.get('format')!r} is not {STORE_FORMAT}", path=folder)
         tokenizer = meta.get("tokenizer")
