@@ -24,9 +24,11 @@ jax.config.update("jax_enable_x64", True)
 from jaxref.loading import load_model, restore_params, save_params  # noqa: E402
 from jaxref.model import forward, params_from_state  # noqa: E402
 from jaxref.policy import PRESETS, STAGES, DtypePolicy, get_policy, parse_policies  # noqa: E402
+from jaxref.train import adamw, hf_state, value_and_grad  # noqa: E402
 from jaxref.variants import VARIANTS, Variant, attention_mask, positions  # noqa: E402
 
 __all__ = [
-    "PRESETS", "STAGES", "VARIANTS", "DtypePolicy", "Variant", "attention_mask", "forward", "get_policy",
-    "load_model", "params_from_state", "parse_policies", "positions", "restore_params", "save_params",
+    "PRESETS", "STAGES", "VARIANTS", "DtypePolicy", "Variant", "adamw", "attention_mask", "forward", "get_policy",
+    "hf_state", "load_model", "params_from_state", "parse_policies", "positions", "restore_params", "save_params",
+    "value_and_grad",
 ]
