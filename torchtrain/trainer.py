@@ -94,10 +94,11 @@ def step_arrays(batch):
     return tokens, torch.roll(tokens, -1, dims=1), torch.as_tensor(batch.loss_mask, dtype=torch.float32)
 
 
-def loss_multiplier(global_count, world: int):
+def loss_multiplier(local_count, global_count, world: int):
     """What each rank's sum of cross-entropies is multiplied by before its backward: DeepSpeed
     averages gradients over all `world` ranks, so `world / global_count` makes the update the
-    gradient of the mean over every counted target of the global batch."""
+    gradient of the mean over every counted target of the global batch (never `1 / local_count`,
+    the mean of per-rank means, which weighs a rank's targets by how few it has)."""
     return world / global_count.clamp_min(1.0)
 
 
@@ -322,7 +323,7 @@ def train(cfg: TrainConfig, run: str | Path, *, progress: bool = True) -> int:
         try:
             if cfg.nproc == 1:
                 return worker(str(run), progress)
-            launch_local(cfg.nproc, worker, str(run), progress)
+            launch_local(cfg.nproc, _launched_worker, str(run), progress)
         except SignalException as e:
             # The elastic agent took SIGINT/SIGTERM over and stopped the workers; hand the signal
             # to whoever handled it before (the CLI: "interrupted", exit 130/143).
@@ -590,10 +591,11 @@ def worker(run_str: str, progress: bool = True) -> int:
             lr_now = scheduler.get_last_lr()[0]
             batch = next(loader)
             tokens, targets, mask = step_arrays(batch)
-            count = mask[:, sl].sum()
+            local_count = mask[:, sl].sum()
+            count = local_count.clone()
             dist.all_reduce(count)  # counted targets of the global batch
             total = torch.zeros((), dtype=torch.float64)
-            scale = loss_multiplier(count, world.size)
+            scale = loss_multiplier(local_count, count, world.size)
             norm = None
             for m in range(gas):
                 rows = slice(m * cfg.micro_batch, (m + 1) * cfg.micro_batch)
@@ -633,6 +635,21 @@ def worker(run_str: str, progress: bool = True) -> int:
         bar.close()
         metrics.close()
     return step
+
+
+def _launched_worker(run_str: str, progress: bool = True) -> int:
+    """`worker` in a process of `launch_local`: a failure's traceback reaches the launcher (torch's
+    `record` writes it to the elastic error file)."""
+    return worker(run_str, progress)
+
+
+def _record_failures(fn):
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    return record(fn)
+
+
+_launched_worker = _record_failures(_launched_worker)
 
 
 def _save(engine, world, cfg: TrainConfig, spec, run: Path, step: int, loader, elapsed: float,

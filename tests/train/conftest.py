@@ -63,8 +63,9 @@ def train_cmd(out: Path, *overrides: str, config: Path = TINY) -> list[str]:
     return anchor_cmd("train", "--config", str(config), "--out", str(out), "--no-progress", *overrides)
 
 
-def run_train(out: Path, *overrides: str, config: Path = TINY, check: bool = True) -> subprocess.CompletedProcess:
-    p = subprocess.run(train_cmd(out, *overrides, config=config), env=ENV, capture_output=True, text=True,
+def run_train(out: Path, *overrides: str, config: Path = TINY, check: bool = True,
+              env: dict | None = None) -> subprocess.CompletedProcess:
+    p = subprocess.run(train_cmd(out, *overrides, config=config), env=env or ENV, capture_output=True, text=True,
                        timeout=600)
     if check and p.returncode != 0:
         raise AssertionError(f"anchor train failed ({p.returncode}):\n{p.stderr[-3000:]}")

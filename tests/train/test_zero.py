@@ -18,7 +18,7 @@ def single(packed, tmp_path_factory):
     """One plain process: the whole global batch in one micro-batch, no accumulation."""
     out = tmp_path_factory.mktemp("single") / "run"
     run_train(out, *COMMON, "micro_batch=4", "nproc=1", "zero_stage=0", f"data={packed}")
-    return metrics(out)
+    return metrics(out), out
 
 
 def _losses(rows):
@@ -36,36 +36,51 @@ def _check(ref, got, what, rtol=1e-6):
     assert np.allclose(gn[:, 0], gn[:, 1], rtol=1e-5)
 
 
+def _same_weights(a, b, what):
+    """The hf/ exports of the last step (under ZeRO-3 gathered from the partitions) agree."""
+    from tests.train.conftest import final_weights
+
+    wa, wb = final_weights(a, STEPS), final_weights(b, STEPS)
+    assert wa.keys() == wb.keys()
+    worst = max(float(np.abs(wa[n] - wb[n]).max() / np.abs(wa[n]).max()) for n in wa)
+    print(f"{what}: final weights max rel {worst:.2e}")
+    assert worst <= 1e-6
+
+
 def test_gradient_accumulation_equals_one_batch(single, packed, tmp_path):
     out = tmp_path / "run"
     run_train(out, *COMMON, "micro_batch=1", "nproc=1", f"data={packed}")
-    _check(single, metrics(out), "accumulation x4")
+    _check(single[0], metrics(out), "accumulation x4")
+    _same_weights(single[1], out, "accumulation x4")
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_zero_two_processes_equal_one(single, packed, tmp_path, stage):
-    if stage in (1, 3):
-        pytest.importorskip("deepspeed")
     out = tmp_path / "run"
     run_train(out, *COMMON, "micro_batch=1", "nproc=2", f"zero_stage={stage}", f"data={packed}")
-    _check(single, metrics(out), f"ZeRO-{stage} x2 processes")
+    _check(single[0], metrics(out), f"ZeRO-{stage} x2 processes")
+    _same_weights(single[1], out, f"ZeRO-{stage} x2 processes")
 
 
 @pytest.mark.slow
 def test_bf16_zero_within_measured_tolerance(single, packed, tmp_path):
-    """bf16 mixed precision (fp32 master weights): 2 processes at ZeRO 1-3 against one process at
-    ZeRO-1 and against fp32. Measured on tiny.yaml (5 steps): at most 4.6e-4 relative between
-    process counts, 8e-4 against fp32; the bound is twice that."""
+    """bf16 mixed precision (fp32 master weights) at ZeRO 1-3 on 2 processes against one process at
+    ZeRO-1, with bf16's own error as the baseline (flash-attention's rule): a split of the batch may
+    move the losses at most twice as far as bf16 itself moves them from fp32. The baseline is
+    printed (README: about 5e-3 relative over 5 steps of tiny on short documents) and must stay
+    below 1e-2, where DeepSpeed's stage-0 bf16 optimizer (refused) was 4% away."""
     one = tmp_path / "one"
     run_train(one, *COMMON, "micro_batch=4", "nproc=1", "zero_stage=1", "dtype=bfloat16", f"data={packed}")
     ref = _losses(metrics(one))
-    vs_fp32 = np.abs(ref - _losses(single)) / np.abs(_losses(single))
-    print(f"bf16 ZeRO-1 x1 vs fp32: {vs_fp32.round(6)}")
-    assert vs_fp32.max() <= 2e-3
+    fp32 = _losses(single[0])
+    baseline = float((np.abs(ref - fp32) / np.abs(fp32)).max())
+    print(f"bf16 ZeRO-1 x1 vs fp32: max rel {baseline:.2e}")
+    splits = {}
     for stage in (1, 2, 3):
         out = tmp_path / f"two-{stage}"
         run_train(out, *COMMON, "micro_batch=1", "nproc=2", f"zero_stage={stage}", "dtype=bfloat16", f"data={packed}")
-        got = _losses(metrics(out))
-        rel = np.abs(got - ref) / np.abs(ref)
-        print(f"bf16 ZeRO-{stage} x2 vs ZeRO-1 x1: {rel.round(6)}")
-        assert rel.max() <= 1e-3
+        splits[stage] = float((np.abs(_losses(metrics(out)) - ref) / np.abs(ref)).max())
+        print(f"bf16 ZeRO-{stage} x2 vs ZeRO-1 x1: max rel {splits[stage]:.2e}")
+    assert baseline <= 1e-2
+    for stage, rel in splits.items():
+        assert rel <= 2 * baseline, f"ZeRO-{stage}"
