@@ -126,7 +126,6 @@ class RunPlan:
     run: Path
     data: Path
     spec: Any
-    resume_from: int | None
 
 
 def _model_spec(cfg: TrainConfig):
@@ -282,7 +281,7 @@ def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, 
     tmp.write_text(yaml.safe_dump(resolved, sort_keys=False), encoding="utf-8")
     os.replace(tmp, run / CONFIG_FILE)
     (run / DS_CONFIG_FILE).write_text(json.dumps(deepspeed_config(cfg, world or cfg.nproc), indent=1))
-    return RunPlan(run=run, data=data, spec=spec, resume_from=None)
+    return RunPlan(run=run, data=data, spec=spec)
 
 
 def _check_resume_config(cfg: TrainConfig, saved: Any, run: Path) -> None:
@@ -639,17 +638,11 @@ def worker(run_str: str, progress: bool = True) -> int:
 
 def _launched_worker(run_str: str, progress: bool = True) -> int:
     """`worker` in a process of `launch_local`: a failure's traceback reaches the launcher (torch's
-    `record` writes it to the elastic error file)."""
-    return worker(run_str, progress)
-
-
-def _record_failures(fn):
+    `record` writes it to the elastic error file). Wrapped here, under its own name, so the spawned
+    process can unpickle it."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    return record(fn)
-
-
-_launched_worker = _record_failures(_launched_worker)
+    return record(worker)(run_str, progress)
 
 
 def _save(engine, world, cfg: TrainConfig, spec, run: Path, step: int, loader, elapsed: float,
