@@ -198,7 +198,7 @@ def online_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sc
     """
     B, T, N, D = q.shape
     K = k.shape[2]
-    blk = policy.kv_block
+    blk = min(policy.kv_block, T)  # a block longer than the window is the window (no padding)
     nblk = math.ceil(T / blk)
     pad = nblk * blk - T
     sm, acc_t, pv = policy.dtype("softmax"), policy.dtype("pv_acc"), policy.dtype("pv_in")

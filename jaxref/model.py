@@ -48,8 +48,10 @@ _LAYER_NAMES = {
 }
 
 
-def params_from_state(spec: ModelSpec, state: dict[str, np.ndarray]) -> Params:
-    """Hugging Face-named float32 numpy state dict → the oracle's params pytree (float32, exact)."""
+def params_from_state(spec: ModelSpec, state: dict[str, np.ndarray], dtype=jnp.float32) -> Params:
+    """Hugging Face-named numpy state dict → the oracle's params pytree in `dtype` (float32: exact
+    for the stored float32 weights; float64 for parameters updated in fp64, as the oracle's optimizer
+    steps are)."""
     layers: dict[str, list[np.ndarray]] = {}
     for i in range(spec.num_layers):
         for hf, ours in _LAYER_NAMES.items():
@@ -57,12 +59,12 @@ def params_from_state(spec: ModelSpec, state: dict[str, np.ndarray]) -> Params:
             if name in state:
                 layers.setdefault(ours, []).append(state[name])
     params: Params = {
-        "embed": jnp.asarray(state["model.embed_tokens.weight"], jnp.float32),
-        "final_norm": jnp.asarray(state["model.norm.weight"], jnp.float32),
-        "layers": {k: jnp.asarray(np.stack(v), jnp.float32) for k, v in layers.items()},
+        "embed": jnp.asarray(state["model.embed_tokens.weight"], dtype),
+        "final_norm": jnp.asarray(state["model.norm.weight"], dtype),
+        "layers": {k: jnp.asarray(np.stack(v), dtype) for k, v in layers.items()},
     }
     if not spec.tie_embeddings:
-        params["lm_head"] = jnp.asarray(state["lm_head.weight"], jnp.float32)
+        params["lm_head"] = jnp.asarray(state["lm_head.weight"], dtype)
     return params
 
 

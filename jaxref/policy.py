@@ -128,8 +128,12 @@ class DtypePolicy:
                 "attention": self.attention, "kv_block": self.kv_block}
 
 
-def _preset(name: str, attention: Literal["dense", "online"] = "dense", **stages: str) -> DtypePolicy:
-    return DtypePolicy(name=name, attention=attention, **stages)
+def _preset(name: str, attention: Literal["dense", "online"] = "dense", kv_block: int = 128, **stages: str) -> DtypePolicy:
+    return DtypePolicy(name=name, attention=attention, kv_block=kv_block, **stages)
+
+
+ONE_BLOCK = 1 << 30
+"""A `kv_block` no window reaches: the online softmax sees every key of a row in one block."""
 
 
 def _uniform(dtype: str) -> dict[str, str]:
@@ -151,6 +155,12 @@ PRESETS: dict[str, DtypePolicy] = {
     "hf_bf16": _preset("hf_bf16", **_HF_BF16),
     # FlashAttention-2: same RoPE as HF, fp32 logits in registers, online softmax, p rounded to bf16.
     "fa2_bf16": _preset("fa2_bf16", "online", **{**_HF_BF16, "logits": "float32"}),
+    # torch's fused CPU attention (F.scaled_dot_product_attention in bf16 on the CPU, any mask:
+    # ATen/native/cpu/FlashAttentionKernel.cpp): the FA-2 arithmetic above over key blocks of 512.
+    "sdpa_cpu_bf16": _preset("sdpa_cpu_bf16", "online", kv_block=512, **{**_HF_BF16, "logits": "float32"}),
+    # FA-2 arithmetic with each row's keys in one block (one max, one sum): torchtrain's pure-torch
+    # `flash_attn_varlen_func` (torchtrain/varlen_emulation.py), per segment.
+    "fa2_bf16_1pass": _preset("fa2_bf16_1pass", "online", kv_block=ONE_BLOCK, **{**_HF_BF16, "logits": "float32"}),
     # The paper's recipe: RoPE entirely in fp32, rotated q/k cast to bf16, then FA-2 arithmetic.
     "paper_bf16": _preset(
         "paper_bf16", "online", **{**_HF_BF16, "rope_table": "float32", "rope_apply": "float32",

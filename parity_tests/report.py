@@ -104,6 +104,68 @@ def plot_case(case: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+_GRAD_STYLES = {"grads": ("#1f77b4", "gradient vs fp64"), "step": ("#d62728", "step vs oracle AdamW on the same gradients"),
+                "update": ("#2ca02c", "update vs fp64 trajectory (reported)")}
+
+
+def plot_grad_case(case: dict[str, Any], path: Path) -> None:
+    """Per-parameter errors of a gradient case as a PNG: x the parameters in backward order (from
+    the loss), y the rel. L2 of the gradient, the parameters and the update after the last step
+    against fp64 (solid), the oracle's own (dotted) and the tolerance (dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    k = case["steps"]
+    sections = [("grads", case["grads"]), ("step", case[f"step@{k}"]), ("update", case[f"update@{k}"])]
+    names = [r["param"] for r in case["grads"]["params"]]
+    fig, ax = plt.subplots(figsize=(max(6.4, 0.09 * len(names) + 3), 4.4))
+    xs = list(range(len(names)))
+    for key, sec in sections:
+        color, label = _GRAD_STYLES[key]
+        label = label if key == "grads" else f"{label}, after {k} steps"
+        ax.plot(xs, [max(r["rel_l2"], _FLOOR) for r in sec["params"]], "-o", ms=2.5, lw=1, color=color, label=label)
+        if key != "step":  # the step's reference is exact: no baseline of its own
+            ax.plot(xs, [max(r["baseline_rel_l2"], _FLOOR) for r in sec["params"]], ":", lw=1, color=color)
+        if key != "update":  # updates are reported, not judged
+            ax.plot(xs, [r["tol"] for r in sec["params"]], "--", lw=0.8, color=color, alpha=0.6)
+    first = case.get("first_divergence")
+    if first:
+        ax.plot([names.index(first["param"])], [max(first["rel_l2"], _FLOOR)], "x", color="red", ms=14, mew=3,
+                label=f"first divergence: {first['kind']} of {first['param']}")
+    ticks = [i for i, n in enumerate(names) if not n.startswith("model.layers.") or n.endswith("mlp.down_proj.weight")]
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([names[i].replace("model.", "").replace(".mlp.down_proj.weight", "") for i in ticks],
+                       rotation=60, ha="right", fontsize=7)
+    ax.set_yscale("log")
+    ax.set_xlabel("parameter, in backward order from the loss (a tick per layer's first parameter)")
+    ax.set_ylabel("rel. L2 vs fp64")
+    ax.set_title(f"trainer ({case['dtype']}) — solid; oracle {case['baseline_policy']} — dotted; tolerance — dashed",
+                 fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.suptitle(case["id"] + " gradients and AdamW steps" + ("  PASS" if case["pass"] else "  FAIL"), fontsize=10,
+                 color="black" if case["pass"] else "red")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _grad_summary(case: dict[str, Any]) -> dict[str, Any]:
+    k = case["steps"]
+    worst = lambda sec: max((r["rel_l2"] / r["tol"] for r in case[sec]["params"]), default=0.0)  # noqa: E731
+    return {"grads_max": max(r["rel_l2"] for r in case["grads"]["params"]),
+            "grads_margin": worst("grads"), "step_margin": worst(f"step@{k}"),
+            "update": "{:.2e} ({:.2e})".format(*(max(r[x] for r in case[f"update@{k}"]["params"])
+                                                   for x in ("rel_l2", "baseline_rel_l2"))),
+            "loss": f"{case['loss']['trainer'][0]:.5f} / {case['loss']['truth'][0]:.5f}"}
+
+
+def _grad_where(first: dict[str, Any] | None) -> str:
+    return "-" if first is None else f"{first['kind']} of {first['param']}"
+
+
 def _fidelity_summary(case: dict[str, Any]) -> tuple[float, float] | None:
     """(median, max) over layers of the trainer-vs-emulation / distance-to-fp64 ratio of `hidden`."""
     rows = [r["taps"]["hidden"]["ratio"] for r in case.get("fidelity", []) if "hidden" in r["taps"]]
@@ -142,6 +204,24 @@ def render_markdown(result: dict[str, Any]) -> str:
             f = c["first_divergence"]
             lines.append(f"- {c['id']}: first divergent at {where(f)} (rel. L2 {f['rel_l2']:.3e} > tol {f['tol']:.3e}; "
                          f"{c['failures']} taps fail)")
+    grad_cases = result.get("grad_cases", [])
+    if grad_cases:
+        n_gfail = sum(not c["pass"] for c in grad_cases)
+        opt = result.get("optimizer", {})
+        lines += ["", f"## Gradients and AdamW steps: {len(grad_cases) - n_gfail}/{len(grad_cases)} pass", "",
+                  f"Per parameter: rel. L2 of the gradient vs fp64, and of the trainer's update after 1 and "
+                  f"{grad_cases[0]['steps']} AdamW steps vs the oracle's AdamW on the same gradients (lr {opt.get('lr')}, betas {opt.get('betas')}, weight decay "
+                  f"{opt.get('weight_decay')} except {opt.get('no_decay')}): fp32 <= {result['rule']['fp32_tol']:g}, bf16 <= "
+                  f"{result['rule']['factor']:g} x the emulation's + {result['rule']['floor']:g} (gradients); steps within "
+                  f"{result['rule']['fp32_tol']:g}. The trajectory against fp64 truth's (p_k - p_0) is reported beside the "
+                  f"oracle's own, not judged (AdamW's sign-like first step).", "",
+                  "| case | pass | first divergence (backwards from the loss) | max grad rel L2 | grad margin | step margin | update vs fp64 (oracle's) | loss trainer / truth | s |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for c in grad_cases:
+            g = _grad_summary(c)
+            lines.append(f"| {c['id']} | {'pass' if c['pass'] else '**FAIL**'} | {_grad_where(c['first_divergence'])} | "
+                         f"{g['grads_max']:.2e} | {g['grads_margin']:.2f} | {g['step_margin']:.2f} | {g['update']} | {g['loss']} | "
+                         f"{c['runtime_s']:.1f} |")
     lines += ["", "`worst margin`: max over taps of error / tolerance (< 1 passes). `fidelity`: distance between the "
               "trainer in bf16 and the oracle's emulation of the same stack, over the larger of their distances to fp64.",
               f"", f"Total {result['runtime_s']:.0f} s."]
@@ -173,7 +253,23 @@ def _errors_table(case: dict[str, Any]) -> str:
             "<th>max abs</th><th>baseline rel L2</th><th>tol</th><th></th></tr>" + "".join(rows) + "</table></details>")
 
 
-def render_html(result: dict[str, Any], figures: list[str], markdown: str) -> str:
+def _grad_table(case: dict[str, Any]) -> str:
+    k = case["steps"]
+    secs = [s for s in ("grads", "step@1", f"step@{k}", "params@1", f"params@{k}", "update@1", f"update@{k}") if s in case]
+    secs = list(dict.fromkeys(secs))
+    rows = []
+    by = {s: {r["param"]: r for r in case[s]["params"]} for s in secs}
+    for r in case["grads"]["params"]:
+        n = r["param"]
+        cells = "".join(("<td>" if by[s][n]["pass"] else "<td class='fail'>")
+                        + f"{_g(by[s][n]['rel_l2'])} / {_g(by[s][n]['tol'])}</td>" for s in secs)
+        rows.append(f"<tr><td>{html.escape(n)}</td>{cells}<td>{r['cosine']:.8f}</td><td>{_g(r['max_abs'])}</td></tr>")
+    head = "".join(f"<th>{s} rel L2 / tol</th>" for s in secs)
+    return (f"<details><summary>per parameter (backward order)</summary><table><tr><th>parameter</th>{head}"
+            f"<th>grad cosine</th><th>grad max abs</th></tr>" + "".join(rows) + "</table></details>")
+
+
+def render_html(result: dict[str, Any], figures: list[str], markdown: str, grad_figures: list[str] | None = None) -> str:
     cases = result["cases"]
     head = ("<tr><th>case</th><th>pass</th><th>first divergence</th><th>logits rel L2</th><th>baseline</th>"
             "<th>KL mean</th><th>worst margin</th><th>fidelity (hidden) median / max</th><th>s</th></tr>")
@@ -199,6 +295,13 @@ def render_html(result: dict[str, Any], figures: list[str], markdown: str) -> st
         if "fidelity" in c:
             body.append(_fidelity_table(c))
         sections.append("\n".join(body))
+    for c, fig in zip(result.get("grad_cases", []), grad_figures or []):
+        sections.append("\n".join([
+            f"<h3 id='{_slug(c['id'])}-grads'>{html.escape(c['id'])} gradients and {c['steps']} AdamW steps: "
+            f"{'pass' if c['pass'] else 'FAIL at ' + html.escape(_grad_where(c['first_divergence']))}</h3>",
+            f"<p>Loss per step: trainer {c['loss']['trainer']}, truth {c['loss']['truth']}; tolerance from oracle "
+            f"{html.escape(c['baseline_policy'])}.</p>",
+            f"<img src='{fig}' alt='per-parameter errors of {html.escape(c['id'])}'>", _grad_table(c)]))
     style = ("body{font-family:sans-serif;max-width:1400px;margin:1em auto}table{border-collapse:collapse;font-size:12px}"
              "td,th{border:1px solid #ccc;padding:2px 6px}tr.fail{background:#fdd}img{max-width:100%}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>anchor parity</title><style>{style}</style>"
@@ -237,9 +340,13 @@ def write_report(result: dict[str, Any], out: str | Path) -> Path:
         for i, c in enumerate(result["cases"]):
             figures.append(f"figures/{i:03d}_{_slug(c['id'])}.png")
             plot_case(c, work / figures[-1])
+        grad_figures = []
+        for i, c in enumerate(result.get("grad_cases", [])):
+            grad_figures.append(f"figures/grads_{i:03d}_{_slug(c['id'])}.png")
+            plot_grad_case(c, work / grad_figures[-1])
         md = render_markdown(result)
         (work / "parity.json").write_text(json.dumps(_finite(result), indent=1, default=_json_default))
         (work / "summary.md").write_text(md)
-        (work / "index.html").write_text(render_html(result, figures, md))
+        (work / "index.html").write_text(render_html(result, figures, md, grad_figures))
         publish(work, out, "parity")
     return out

@@ -116,15 +116,18 @@ def build_cases(model: str, *, variants: Sequence[str], layouts: Sequence[str], 
             for p in policies for e in engines]
 
 
-def run_parity(cases: Iterable[Case], rule: Rule = RULE, *, progress: bool = False) -> dict[str, Any]:
-    """Run every case (grouped by inputs, so the oracle runs once per inputs and policy).
+def run_parity(cases: Iterable[Case], rule: Rule = RULE, *, progress: bool = False, grads: bool = False) -> dict[str, Any]:
+    """Run every case (grouped by inputs, so the oracle runs once per inputs and policy); with
+    `grads`, also each case's gradients and AdamW steps (parity_tests.grads).
 
-    Returns {"cases": [...], "pass": bool, "rule": ..., "runtime_s": ...}.
+    Returns {"cases": [...], "grad_cases": [...] (with grads), "pass": bool, "rule": ..., "runtime_s": ...}.
     """
+    from parity_tests.grads import OPTIMIZER, run_grad_case, where_grads
+
     t0 = time.perf_counter()
     cases = sorted(cases, key=lambda c: (c.data_key, c.policy, c.engine))
-    bar = ProgressBar("parity", len(cases), progress)
-    results = []
+    bar = ProgressBar("parity", len(cases) * (2 if grads else 1), progress)
+    results, grad_results = [], []
     try:
         for case in cases:
             bar.describe(case.id, log=False)
@@ -132,14 +135,24 @@ def run_parity(cases: Iterable[Case], rule: Rule = RULE, *, progress: bool = Fal
             results.append(r)
             verdict = "pass" if r["pass"] else f"FAIL at {_where(r['first_divergence'])}"
             bar.advance(1, f"{case.id}: {verdict} ({r['runtime_s']:.1f} s)")
+            if grads:
+                bar.describe(f"{case.id} gradients", log=False)
+                g = run_grad_case(case, rule)
+                grad_results.append(g)
+                verdict = "pass" if g["pass"] else f"FAIL at {where_grads(g['first_divergence'])}"
+                bar.advance(1, f"{case.id} gradients and steps: {verdict} ({g['runtime_s']:.1f} s)")
     finally:
         bar.close()
-    return {
-        "cases": results,
-        "pass": all(r["pass"] for r in results),
+    out: dict[str, Any] = {"cases": results}
+    if grads:
+        out["grad_cases"] = grad_results
+        out["optimizer"] = OPTIMIZER.to_dict()
+    out.update({
+        "pass": all(r["pass"] for r in results + grad_results),
         "rule": rule.to_dict(),
         "runtime_s": round(time.perf_counter() - t0, 2),
-    }
+    })
+    return out
 
 
 def _where(first: dict[str, Any] | None) -> str:

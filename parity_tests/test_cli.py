@@ -47,7 +47,7 @@ def test_parity_on_a_random_preset_passes_and_writes_the_report(tmp_path, capsys
     print(printed)
     assert rc == 0 and "4/4 cases pass" in printed
     report = _check_report(out, 4)
-    assert {c["policy"] for c in report["cases"]} == {"fp32", "hf_bf16"}
+    assert {c["policy"] for c in report["cases"]} == {"fp32", "sdpa_cpu_bf16"}  # runners.EMULATIONS
     assert report["pass"] and report["model"] == "random:mistral"
 
 
@@ -104,6 +104,36 @@ def test_parity_on_smollm2_passes(tmp_path, capsys):
 @pytest.mark.parametrize("model", ["random:llama", "random:qwen2"])
 def test_parity_on_the_other_random_presets_passes(tmp_path, model):
     out = tmp_path / "parity"
+    from parity_tests.test_matrix import KNOWN_BF16_SINGLE_TOKEN_KL
+
     rc = _run(["parity", "--model", model, "--out", str(out), "--no-progress"])
-    assert rc == 0
-    _check_report(out, 24)
+    report = _check_report(out, 24)
+    failing = {c["id"] for c in report["cases"] if not c["pass"]}
+    # the one known case (parity_tests/test_matrix.py) fails the whole run, and nothing else may
+    assert failing <= KNOWN_BF16_SINGLE_TOKEN_KL and rc == (1 if failing else 0), failing
+
+
+def test_parity_grads_adds_gradient_cases_and_plots(tmp_path, capsys):
+    out = tmp_path / "parity"
+    rc = _run(["parity", "--model", "random:llama", "--out", str(out), "--variants", "anchor", "--engines", "eager",
+               "--policies", "fp32", "--grads", "--no-progress"])
+    printed = capsys.readouterr().out
+    print(printed)
+    assert rc == 0 and "Gradients and AdamW steps: 1/1 pass" in printed
+    report = json.loads((out / "parity.json").read_text())
+    (g,) = report["grad_cases"]
+    assert g["pass"] and g["steps"] == 3 and report["pass"]
+    names = [r["param"] for r in g["grads"]["params"]]
+    assert names[0] == "lm_head.weight" and names[-1] == "model.embed_tokens.weight"  # backwards from the loss
+    for section in ("grads", "step@1", "step@3", "params@3", "update@3"):
+        assert len(g[section]["params"]) == len(names)
+    figures = sorted((out / "figures").glob("grads_*.png"))
+    assert len(figures) == 1 and figures[0].stat().st_size > 10_000
+    assert f"figures/{figures[0].name}" in (out / "index.html").read_text()
+
+
+def test_parity_grads_refuses_flex_on_cpu(tmp_path, capsys):
+    rc = _run(["parity", "--model", "random:llama", "--out", str(tmp_path / "p"), "--engines", "flex", "--grads"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no backward on the CPU" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "p").exists()

@@ -41,16 +41,21 @@ def test_emulation_is_closer_to_torch_than_either_is_to_fp64(model, engine, boun
 
 
 def test_each_engine_is_closest_to_its_own_emulation():
-    """eager bf16 follows hf_bf16 (bf16 logits, dense softmax); the varlen kernel follows fa2_bf16."""
+    """eager bf16 follows hf_bf16 (bf16 logits, dense softmax); torch's CPU SDPA and the varlen
+    emulation follow FlashAttention-style arithmetic (fp32 logits, unnormalised bf16 probabilities)."""
     case = Case("random:mistral", "anchor", "tags", BF16, "eager", 97)
     inputs = case_inputs(case)
     hf, fa2 = oracle_taps(case, inputs, "hf_bf16"), oracle_taps(case, inputs, "fa2_bf16")
-    for engine, own, other in (("eager", hf, fa2), ("flash_varlen_emulated", fa2, hf)):
+    sdpa_cpu = oracle_taps(case, inputs, "sdpa_cpu_bf16")
+    # sdpa: torch's kernel rounds ~1 % of its bf16 probabilities the other way (test_matrix.py's note),
+    # so it is only several times closer to its own emulation, not bit for bit
+    for engine, own, other, bound in (("eager", hf, fa2, 0.01), ("flash_varlen_emulated", fa2, hf, 0.01),
+                                      ("sdpa", sdpa_cpu, hf, 0.5)):
         taps = get_runner(engine).run(case, inputs, "bfloat16")
         d_own = compare(taps, own, inputs)[1]["taps"]["attn_out"]["rel_l2"]
         d_other = compare(taps, other, inputs)[1]["taps"]["attn_out"]["rel_l2"]
         print(f"{engine}: layer-0 attn_out {d_own:.2e} from its own emulation, {d_other:.2e} from the other")
-        assert d_own <= 0.01 * d_other
+        assert d_own <= bound * d_other
 
 
 def test_hf_bf16_scales_the_logits_as_torch_does():
@@ -61,3 +66,36 @@ def test_hf_bf16_scales_the_logits_as_torch_does():
     layer0 = result["fidelity"][1]["taps"]
     print({n: f["trainer_vs_emulation"] for n, f in layer0.items()})
     assert layer0["scores"]["trainer_vs_emulation"] == 0
+
+
+def test_sdpa_cpu_key_blocks_are_followed():
+    """At T=1025 torch's CPU SDPA kernel runs two key blocks of 512 (and a tail): its bf16 output is
+    several times closer to the oracle with those blocks than with FA-2's blocks of 128, and at least
+    as close as with one block (measured: 2.3 %, 9.6 % and 2.6 % of outputs differ by an ulp)."""
+    import jaxref
+    import numpy as np
+    from jax import numpy as jnp
+
+    from jaxref.attention import attention
+    import torch
+
+    rng = np.random.default_rng(0)
+    T, N, K, D = 1025, 4, 2, 32
+    q, k, v = (rng.standard_normal((1, T, h, D)).astype(np.float32) * s for h, s in ((N, 2.0), (K, 2.0), (K, 1.0)))
+    q, k, v = (torch.from_numpy(x).bfloat16() for x in (q, k, v))
+    doc = np.ones((1, T), np.int32)
+    doc[0, 0] = 0
+    doc[0, 600:] = 2
+    m = torch.from_numpy(((doc[0][:, None] == doc[0][None, :]) | (doc[0][None, :] == 0))
+                         & (np.arange(T)[None, :] <= np.arange(T)[:, None]))
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=m, scale=D ** -0.5, enable_gqa=True
+    ).transpose(1, 2).float().numpy()
+    J = lambda x: jnp.asarray(x.float().numpy()).astype(jnp.bfloat16)  # noqa: E731
+    differ = {}
+    for name in ("sdpa_cpu_bf16", "fa2_bf16", "fa2_bf16_1pass"):
+        ctx = attention(J(q), J(k), J(v), jnp.asarray(doc), "anchor", jaxref.get_policy(name), D ** -0.5)
+        differ[name] = float((np.asarray(ctx.astype(jnp.bfloat16).astype(jnp.float32)) != out).mean())
+    print(differ)
+    assert differ["sdpa_cpu_bf16"] < 0.5 * differ["fa2_bf16"]
+    assert differ["sdpa_cpu_bf16"] <= differ["fa2_bf16_1pass"]

@@ -40,11 +40,15 @@ def parity(
         "--layouts", help="Comma-separated data layouts: plain, tags, interleave.")] = "plain",
     seq_len: Annotated[int, typer.Option("--seq-len", help="Window length T, 8 to the model's positions (odd sizes find more bugs).")] = 97,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the document lengths and the interleaving.")] = 0,
+    grads: Annotated[bool, typer.Option(
+        "--grads/--no-grads", help="Also compare each case's gradients and the parameters after 1 and 3 AdamW steps, "
+                                   "per parameter (a per-parameter error plot per case).")] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
 ) -> int:
     """Compare embeddings, q/k after RoPE, attention logits and probabilities of sampled rows, attention and
     MLP outputs, hidden states and logits of every layer, for each variant x layout x policy x engine, on
-    batches made by the real packer. Writes parity.json, index.html, summary.md and figures to --out;
+    batches made by the real packer; with --grads also every parameter's gradient and the parameters after
+    1 and 3 AdamW steps. Writes parity.json, index.html, summary.md and figures to --out;
     exits 1 when a case fails."""
     from parity_tests.cases import LAYOUTS, VARIANTS
     from parity_tests.report import render_markdown, write_report
@@ -76,10 +80,17 @@ def parity(
     # an estimate: the trainer's eager attention holds [windows (<= 2), heads, T, T] scores and probabilities
     check_memory(PARITY_BYTES_PER_SCORE * 2 * spec.num_heads * seq_len * seq_len,
                  f"--seq-len {seq_len} (attention maps of {spec.num_heads} heads)")
+    engine_list = _split(engines, "--engines")
+    if grads:
+        import torch
+
+        if "flex" in engine_list and not torch.cuda.is_available():
+            raise InputError("--grads: engine 'flex' has no backward on the CPU (FlexAttention limitation); "
+                             "leave it out of --engines or run on CUDA")
     with out_lock(out, "parity"):
         cases = build_cases(model, variants=variant_list, layouts=layout_list, policies=policy_list,
-                            engines=_split(engines, "--engines"), seq_lens=[seq_len], seed=seed)
-        result = run_parity(cases, progress=progress)
+                            engines=engine_list, seq_lens=[seq_len], seed=seed)
+        result = run_parity(cases, progress=progress, grads=grads)
         result["model"] = model
         path = write_report(result, out)
     typer.echo(render_markdown(result))

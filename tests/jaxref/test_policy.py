@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from anchor.errors import InputError
-from jaxref.policy import PRESETS, STAGES, DtypePolicy, get_policy, parse_policies
+from jaxref.policy import ONE_BLOCK, PRESETS, STAGES, DtypePolicy, get_policy, parse_policies
 
 POLICY_DIR = Path(__file__).resolve().parents[2] / "configs" / "policies"
 
@@ -48,9 +48,12 @@ def test_presets_have_every_stage(name: str) -> None:
         assert {getattr(policy, s) for s in STAGES} == {"float64" if name == "fp64" else "float32"}
         assert policy.attention == "dense"
     else:
-        column = ("hf_bf16", "fa2_bf16", "paper_bf16").index(name)
+        # torch's CPU SDPA and the one-pass varlen emulation have fa2_bf16's stages, other key blocks
+        same_stages = {"sdpa_cpu_bf16": "fa2_bf16", "fa2_bf16_1pass": "fa2_bf16"}.get(name, name)
+        column = ("hf_bf16", "fa2_bf16", "paper_bf16").index(same_stages)
         assert {s: getattr(policy, s) for s in STAGES} == {s: v[column] for s, v in EXPECTED.items()}
         assert policy.attention == ("dense" if name == "hf_bf16" else "online")
+        assert policy.kv_block == {"sdpa_cpu_bf16": 512, "fa2_bf16_1pass": ONE_BLOCK}.get(name, 128)
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
