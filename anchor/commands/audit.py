@@ -15,9 +15,16 @@ def audit(
     out: Annotated[Path, typer.Option("--out", help="Output folder (replaced when complete).")],
     model: Annotated[str, typer.Option(
         "--model", help="HF folder, .gguf file, random:<preset> or default.")] = "default",
-    policies: Annotated[str, typer.Option(
-        "--policies", help="Comma-separated dtype policies: presets (fp64, fp32, hf_bf16, fa2_bf16, paper_bf16) "
-                           "or YAML files.")] = "fp32,hf_bf16,fa2_bf16,paper_bf16",
+    policies: Annotated[Optional[str], typer.Option(
+        "--policies", help="Comma-separated dtype policies of the oracle: presets (fp64, fp32, hf_bf16, fa2_bf16, "
+                           "paper_bf16, sdpa_cpu_bf16, fa2_bf16_1pass) or YAML files "
+                           "[default: fp32,hf_bf16,fa2_bf16,paper_bf16].")] = None,
+    stack: Annotated[str, typer.Option(
+        "--stack", help="oracle: jaxref under each --policies; torch: torchtrain's model itself on --engine in "
+                        "--dtype, beside the oracle's emulation of that stack.")] = "oracle",
+    engine: Annotated[str, typer.Option(
+        "--engine", help="--stack torch: eager, sdpa, flex, flash_varlen (CUDA) or flash_varlen_emulated.")] = "eager",
+    dtype: Annotated[str, typer.Option("--dtype", help="--stack torch: bfloat16 or float32.")] = "bfloat16",
     random_init: Annotated[bool, typer.Option(
         "--random-init", help="Also audit the architecture with PyTorch's default init (the paper's green line).")
     ] = False,
@@ -50,11 +57,37 @@ def audit(
     from anchor.limits import check_seed
     from anchor.outdir import guard_out, out_lock
 
+    from anchor.errors import InputError
+
     check_seed(seed)
+    if stack not in ("oracle", "torch"):
+        raise InputError(f"--stack: unknown stack {stack!r} (known: oracle, torch)")
+    if stack == "torch":
+        given = [flag for flag, v in (("--policies", policies), ("--random-init", random_init or None),
+                                      ("--budget-policy", budget_policy), ("--budget", budget)) if v is not None]
+        if given:
+            raise InputError(f"{given[0]} applies to --stack oracle; --stack torch is held against its engine's "
+                             "emulation")
+        if dtype not in ("bfloat16", "float32"):
+            raise InputError(f"--dtype: unsupported dtype {dtype!r} (supported: bfloat16, float32)")
+    policies = policies or "fp32,hf_bf16,fa2_bf16,paper_bf16"
     policy_files = [p.strip() for p in policies.split(",") if p.strip().endswith((".yaml", ".yml"))]
     out = guard_out(out, "audit", inputs=(data, model, *policy_files))
 
     from jaxref.audit import run_audit, write_audit
+
+    if stack == "torch":
+        from torchtrain.audit import audit_torch_stack
+
+        with out_lock(out, "audit"):
+            result = audit_torch_stack(model, engine, dtype, data=data, quick=quick, progress=progress, seq_len=seq_len,
+                                       num_seqs=num_seqs, max_len=max_len, length_seqs=length_seqs, seed=seed)
+            path = write_audit(result, out)
+        comp = result["comparison"]
+        typer.echo(f"{comp['torch']} against oracle {comp['oracle']}: D differs by at most {comp['max_rel_diff']:.1%} "
+                   f"over {len(comp['shifts'])} shifts")
+        typer.echo(f"wrote {path / 'audit.json'}, {path / 'report.md'} ({result['runtime_s']:.0f} s)")
+        return
 
     overrides = {"seq_len": seq_len, "num_seqs": num_seqs, "max_len": max_len, "length_seqs": length_seqs,
                  "budget_policy": budget_policy,

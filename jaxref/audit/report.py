@@ -186,6 +186,18 @@ def render_report(result: dict[str, Any], figures: list[str]) -> str:
     for f in result.get("findings") or findings(result):
         lines += [f"### {f['claim']}", "", f"{_verdict(f['holds'])}. {f['text']}.", "",
                   f"_Criterion: {f['criterion']}._", ""]
+    comp = result.get("comparison")
+    if comp:
+        stack = result["stack"]
+        lines += [f"## The torch stack beside the oracle's emulation of it", "",
+                  f"`{comp['torch']}`: torchtrain's model on engine `{stack['engine']}` in {stack['dtype']} (logits "
+                  f"{stack['logits']}; maps from the q and k the engine received), against the oracle under "
+                  f"`{comp['oracle']}`, on the same windows and shifts. Largest relative difference of D: "
+                  f"{comp['max_rel_diff']:.1%}.", "",
+                  "| Δ1 | D torch | D oracle | torch / oracle |", "|---|---|---|---|"]
+        for d, a, b, r in zip(comp["shifts"], comp["D_torch"], comp["D_oracle"], comp["ratio"]):
+            lines.append(f"| {d} | {_g(a)} | {_g(b)} | {r:.3f} |")
+        lines.append("")
     sc = result["shift_curve"]
     pols = list(sc)
     ri = result.get("random_init")
