@@ -1,0 +1,268 @@
+"""`anchor eval`: RULER at exact lengths over checkpoints, averaged, with perplexity beside it (CONTRACT §9).
+
+    result = run_eval(checkpoints=[("step-40", "runs/x/checkpoints/step-40"), ...], tasks=["niah_single_1"],
+                      lengths=[1024, 2048], samples=10)
+    write_eval(result, "runs/x-eval")      # eval.json, samples.jsonl, report.md, score_vs_length.png
+
+What runs, per checkpoint (a model of CONTRACT §6 or a training checkpoint's `hf/`):
+  RULER     every task × length: the same `samples` prompts for every checkpoint (generated once with
+            the model's tokenizer, `anchor.eval.ruler`), the BOS in front where the model has one (the
+            prompt is generated one token shorter so prompt + BOS + answer budget fit the length),
+            greedy generation with a KV cache (`anchor.eval.generate`), RULER's score 0–100
+            (`anchor.eval.scoring`: string-match-all, or string-match-part for QA)
+  perplexity  per length, on held-out packed windows (`anchor.eval.perplexity`)
+Then per task × length: mean and standard deviation over the checkpoints (the paper averages five
+checkpoints of the last 50 steps).
+
+Which checkpoints of a run (`checkpoints_of_run`): by default those of the run's evaluation schedule
+(`eval_every` / `eval_window` of its config.yaml: the last five, every 10 steps), else the names given
+(`step-40` or `40`). Every checkpoint must verify against its manifest before it is read.
+"""
+
+from __future__ import annotations
+
+import json
+
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from anchor.errors import InputError
+from anchor.progress import ProgressBar
+
+DEFAULT_TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_1", "vt", "cwe", "fwe")
+DEFAULT_LENGTHS = (1024, 2048)
+
+
+def checkpoints_of_run(run: str | Path, names: Sequence[str] | None = None) -> list[tuple[str, str]]:
+    """[(label "step-N", its folder)] of a training run, oldest first: the run's evaluation-schedule
+    checkpoints, or those named. A missing run, checkpoint or `hf/` folder, or one failing its
+    manifest, is a one-line InputError."""
+    from torchtrain import checkpoint as ckpt
+    from torchtrain.config import load_train_config
+
+    run = Path(run)
+    if not (run / "config.yaml").is_file():
+        raise InputError("not a training run (no config.yaml; give the --out of `anchor train`)", path=run)
+    steps = ckpt.list_steps(run)
+    if not steps:
+        raise InputError("the run has no published checkpoint", path=run)
+    if names:
+        chosen = []
+        for n in names:
+            s = n.removeprefix("step-")
+            if not s.isdigit() or int(s) not in steps:
+                raise InputError(f"--checkpoints: no checkpoint {n!r} in the run (has: "
+                                 f"{', '.join(f'step-{x}' for x in sorted(steps))})", path=run)
+            chosen.append(int(s))
+    else:
+        cfg = load_train_config(run / "config.yaml", [])
+        chosen = [s for s in steps if cfg.is_eval_step(s)]
+        if not chosen:
+            raise InputError("the run has no checkpoint of its evaluation schedule (eval_every/eval_window); "
+                             "name them with --checkpoints", path=run)
+    out = []
+    for s in sorted(set(chosen)):
+        folder = ckpt.step_dir(run, s)
+        why = ckpt.verify(folder)
+        if why:
+            raise InputError(f"checkpoint step-{s} does not verify: {why}", path=folder)
+        if not (folder / "hf" / "config.json").is_file():
+            raise InputError(f"checkpoint step-{s} has no hf/ weights", path=folder)
+        out.append((f"step-{s}", str(folder / "hf")))
+    return out
+
+
+def _prompts(tok, samples) -> list[list[int]]:
+    ids = tok.encode_batch([s.prompt for s in samples])
+    bos = tok.first_token_id
+    return [([bos] if bos is not None else []) + x for x in ids]
+
+
+def run_eval(checkpoints: Sequence[tuple[str, str]], *, tasks: Sequence[str] = DEFAULT_TASKS,
+             lengths: Sequence[int] = DEFAULT_LENGTHS, samples: int = 10, seed: int = 42,
+             haystack: str | None = None, qa_data: dict[str, str] | None = None, engine: str = "sdpa",
+             dtype: str = "bfloat16", batch_size: int = 4, perplexity_windows: int = 2,
+             progress: bool = False) -> dict[str, Any]:
+    """Evaluate every checkpoint (label, model source) on RULER `tasks` × `lengths` and perplexity.
+
+    Returns eval.json's content: rows (checkpoint, task, length, score, samples), summary (task,
+    length, mean, std, checkpoints), perplexity rows (checkpoint, length, ppl, nll, tokens), the
+    samples with predictions (for samples.jsonl), settings, machine, runtime_s.
+    """
+    from anchor.eval import ruler, scoring
+    from anchor.eval.generate import eval_model_source, greedy_generate, load_eval_model
+    from anchor.eval.perplexity import heldout_windows, perplexity
+    from anchor.machine import machine
+    from anchor.tokenizer import load_tokenizer
+    from anchor.weights import load_spec
+
+    t0 = time.time()
+    if not checkpoints:
+        raise InputError("nothing to evaluate (no checkpoint or model)")
+    for t in tasks:
+        ruler.task_config(t)  # unknown tasks: one line naming the valid ones
+    if samples < 1:
+        raise InputError(f"--samples must be >= 1, got {samples}")
+    first_source = eval_model_source(checkpoints[0][1])
+    spec = load_spec(first_source)
+    for L in lengths:
+        if L < 64:
+            raise InputError(f"--lengths: {L} is too short for a RULER prompt (at least 64 tokens)")
+        if L > spec.max_position:
+            raise InputError(f"--lengths: {L} is longer than the model's {spec.max_position} positions "
+                             f"(max_position_embeddings of {checkpoints[0][1]})")
+    tok = load_tokenizer(first_source)
+    bos = 1 if tok.first_token_id is not None else 0
+    qa_data = qa_data or {}
+    # the prompts: once, for every checkpoint
+    prompt_sets: dict[tuple[str, int], list] = {}
+    for t in tasks:
+        for L in lengths:
+            prompt_sets[(t, L)] = ruler.generate(t, L - bos, tok, samples, seed=seed, haystack=haystack,
+                                                 qa_data=qa_data.get(t))
+    windows = {L: heldout_windows(tok, L, perplexity_windows) for L in lengths} if perplexity_windows else {}
+    total = len(checkpoints) * (len(tasks) * len(lengths) * samples + len(windows) * perplexity_windows)
+    bar = ProgressBar("eval", total, progress, unit="prompts")
+    rows, ppl_rows, sample_rows = [], [], []
+    try:
+        for label, source in checkpoints:
+            bar.describe(f"{label}: loading")
+            model = load_eval_model(source, engine=engine, dtype=dtype)
+            for (t, L), ss in prompt_sets.items():
+                bar.describe(f"{label}: {t} at {L}")
+                outs = greedy_generate(model, tok, _prompts(tok, ss), [s.tokens_to_generate for s in ss],
+                                       batch_size=batch_size, progress=False)
+                preds = [tok.decode(o) for o in outs]
+                rows.append({"checkpoint": label, "task": t, "length": L,
+                             "score": scoring.score(t, preds, [s.answers for s in ss]), "samples": len(ss)})
+                for s, p, o in zip(ss, preds, outs):
+                    sample_rows.append({"checkpoint": label, "task": t, "length": L, "index": s.index, "input": s.input,
+                                        "answer_prefix": s.answer_prefix, "answers": s.answers, "prediction": p,
+                                        "prompt_tokens": s.prompt_tokens + bos, "generated_tokens": len(o)})
+                bar.advance(len(ss))
+            for L, w in windows.items():
+                bar.describe(f"{label}: perplexity at {L}")
+                r = perplexity(model, w, "full")
+                ppl_rows.append({"checkpoint": label, "length": L, "ppl": r.ppl, "nll": r.nll, "tokens": r.tokens,
+                                 "windows": r.windows})
+                bar.advance(perplexity_windows)
+            del model
+    finally:
+        bar.close()
+    summary = []
+    for t in tasks:
+        for L in lengths:
+            vals = [r["score"] for r in rows if r["task"] == t and r["length"] == L]
+            summary.append({"task": t, "length": L, "mean": float(np.mean(vals)),
+                            "std": float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0,
+                            "checkpoints": [r["checkpoint"] for r in rows if r["task"] == t and r["length"] == L]})
+    return {
+        "rows": rows, "summary": summary, "perplexity": ppl_rows, "samples": sample_rows,
+        "checkpoints": [{"label": lb, "source": src} for lb, src in checkpoints],
+        "settings": {"tasks": list(tasks), "lengths": list(lengths), "samples": samples, "seed": seed,
+                     "haystack": haystack or "embedded corpus prose", "engine": engine, "dtype": dtype,
+                     "batch_size": batch_size, "perplexity_windows": perplexity_windows,
+                     "bos": bool(bos), "scoring": "RULER: string_match_all; string_match_part for qa_*"},
+        "machine": machine(), "runtime_s": round(time.time() - t0, 1),
+    }
+
+
+def _table(result: dict[str, Any]) -> list[str]:
+    """Rows: checkpoints, then their mean ± std; columns: lengths (mean over tasks), as the paper's tables."""
+    lengths = result["settings"]["lengths"]
+    labels = [c["label"] for c in result["checkpoints"]]
+    lines = ["| checkpoint | " + " | ".join(str(L) for L in lengths) + " | avg |", "|---" * (len(lengths) + 2) + "|"]
+    per = {}
+    for lb in labels:
+        vals = [float(np.mean([r["score"] for r in result["rows"] if r["checkpoint"] == lb and r["length"] == L]))
+                for L in lengths]
+        per[lb] = vals
+        lines.append(f"| {lb} | " + " | ".join(f"{v:.1f}" for v in vals) + f" | {np.mean(vals):.1f} |")
+    if len(labels) > 1:
+        arr = np.array([per[lb] for lb in labels])
+        lines.append("| **mean ± std** | " + " | ".join(f"{m:.1f} ± {s:.1f}" for m, s in zip(arr.mean(0), arr.std(0, ddof=1)))
+                     + f" | {arr.mean():.1f} |")
+    return lines
+
+
+def render_report(result: dict[str, Any], figure: str | None) -> str:
+    s = result["settings"]
+    lines = ["# RULER evaluation", "",
+             f"{len(result['checkpoints'])} checkpoint(s), tasks {', '.join(s['tasks'])}, lengths "
+             f"{', '.join(map(str, s['lengths']))}, {s['samples']} samples each (seed {s['seed']}), greedy decoding on "
+             f"engine `{s['engine']}` in {s['dtype']}; scores 0–100 ({s['scoring']}). Runtime {result['runtime_s']:.0f} s.",
+             "", "## Score by length (mean over tasks)", "", *_table(result), "",
+             "## Per task (mean ± std over checkpoints)", "",
+             "| task | " + " | ".join(str(L) for L in s["lengths"]) + " |", "|---" * (len(s["lengths"]) + 1) + "|"]
+    for t in s["tasks"]:
+        cells = []
+        for L in s["lengths"]:
+            e = next(x for x in result["summary"] if x["task"] == t and x["length"] == L)
+            cells.append(f"{e['mean']:.1f} ± {e['std']:.1f}")
+        lines.append(f"| {t} | " + " | ".join(cells) + " |")
+    if result["perplexity"]:
+        lines += ["", "## Perplexity on held-out windows", "", "| checkpoint | " + " | ".join(str(L) for L in s["lengths"])
+                  + " |", "|---" * (len(s["lengths"]) + 1) + "|"]
+        for c in result["checkpoints"]:
+            vals = {r["length"]: r["ppl"] for r in result["perplexity"] if r["checkpoint"] == c["label"]}
+            lines.append(f"| {c['label']} | " + " | ".join(f"{vals[L]:.2f}" if L in vals else "-" for L in s["lengths"]) + " |")
+    if figure:
+        lines += ["", f"![score against length]({figure})"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Score (mean over tasks) against length, one line per checkpoint and the mean ± std band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = result["settings"]["lengths"]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    arr = []
+    for c in result["checkpoints"]:
+        vals = [float(np.mean([r["score"] for r in result["rows"] if r["checkpoint"] == c["label"] and r["length"] == L]))
+                for L in lengths]
+        arr.append(vals)
+        ax.plot(lengths, vals, "-o", ms=3, lw=1, alpha=0.6, label=c["label"])
+    a = np.array(arr)
+    if len(arr) > 1:
+        m, sd = a.mean(0), a.std(0, ddof=1)
+        ax.plot(lengths, m, "-", color="black", lw=2, label="mean")
+        ax.fill_between(lengths, m - sd, m + sd, color="black", alpha=0.1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("length (tokens)")
+    ax.set_ylabel("RULER score (mean over tasks)")
+    ax.set_ylim(-2, 102)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def write_eval(result: dict[str, Any], out: str | Path) -> Path:
+    """eval.json (without the samples), samples.jsonl, report.md, score_vs_length.png into `out`, atomically."""
+    from anchor.atomic import publish, staging_dir
+
+    out = Path(out).resolve()
+    with staging_dir(out, "eval") as tmp:
+        work = tmp / "eval"
+        work.mkdir()
+        body = {k: v for k, v in result.items() if k != "samples"}
+        (work / "eval.json").write_text(json.dumps(body, indent=1, default=lambda x: x.item() if hasattr(x, "item") else str(x)))
+        with open(work / "samples.jsonl", "w", encoding="utf-8") as f:
+            for s in result["samples"]:
+                f.write(json.dumps(s, ensure_ascii=False) + "\n")
+        plot(result, work / "score_vs_length.png")
+        (work / "report.md").write_text(render_report(result, "score_vs_length.png"))
+        publish(work, out, "eval")
+    return out
+
+
+__all__ = ["DEFAULT_LENGTHS", "DEFAULT_TASKS", "checkpoints_of_run", "render_report", "run_eval", "write_eval"]
+

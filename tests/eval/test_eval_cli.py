@@ -1,0 +1,114 @@
+"""`anchor eval` end to end: checkpoints written by `anchor train`, averaged; eval.json, samples.jsonl,
+report.md and the PNG as CONTRACT §9 says; bad input is one line and exit 2 with nothing written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from anchor.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(argv: list[str]) -> int:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    return int(e.value.code)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    """The tiny config: 8 steps, evaluation checkpoints every 2 over the last 4 (steps 6 and 8)."""
+    run = tmp_path_factory.mktemp("run") / "tiny"
+    p = subprocess.run([sys.executable, "-m", "anchor", "train", "--config", str(ROOT / "configs/train/tiny.yaml"),
+                        "--out", str(run), "--no-progress"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return run
+
+
+def test_eval_of_a_training_run_averages_its_schedule_checkpoints(tiny_run, tmp_path, capsys):
+    out = tmp_path / "eval"
+    rc = _run(["eval", "--run", str(tiny_run), "--out", str(out), "--tasks", "niah_single_1,vt", "--lengths", "2048,2500",
+               "--samples", "2", "--dtype", "float32", "--perplexity-windows", "1", "--no-progress"])
+    printed = capsys.readouterr().out
+    print(printed)
+    assert rc == 0
+    result = json.loads((out / "eval.json").read_text())
+    assert [c["label"] for c in result["checkpoints"]] == ["step-6", "step-8"]  # not step-4: outside the window
+    assert len(result["rows"]) == 2 * 2 * 2
+    for r in result["rows"]:
+        assert set(r) >= {"checkpoint", "task", "length", "score", "samples"} and 0 <= r["score"] <= 100
+    for s in result["summary"]:
+        assert set(s) >= {"task", "length", "mean", "std", "checkpoints"} and s["checkpoints"] == ["step-6", "step-8"]
+    assert {(p["checkpoint"], p["length"]) for p in result["perplexity"]} == {(c, L) for c in ("step-6", "step-8")
+                                                                              for L in (2048, 2500)}
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 2 * 2 * 2 * 2
+    for s in samples:
+        assert set(s) >= {"task", "length", "input", "answers", "prediction", "prompt_tokens"}
+    # the same prompts for every checkpoint
+    by = {(s["task"], s["length"], s["index"]): s["input"] for s in samples if s["checkpoint"] == "step-6"}
+    assert all(by[(s["task"], s["length"], s["index"])] == s["input"] for s in samples)
+    report = (out / "report.md").read_text()
+    assert "| step-6 |" in report and "| step-8 |" in report and "mean ± std" in report
+    assert (out / "score_vs_length.png").stat().st_size > 5_000
+
+
+def test_eval_checkpoints_option_picks_named_ones(tiny_run, tmp_path):
+    out = tmp_path / "eval"
+    rc = _run(["eval", "--run", str(tiny_run), "--checkpoints", "step-4,8", "--out", str(out), "--tasks", "niah_single_1",
+               "--lengths", "2048", "--samples", "1", "--dtype", "float32", "--perplexity-windows", "0", "--no-progress"])
+    assert rc == 0
+    assert [c["label"] for c in json.loads((out / "eval.json").read_text())["checkpoints"]] == ["step-4", "step-8"]
+
+
+def _bad_inputs(tiny_run: Path, tmp: Path) -> list[tuple[list[str], str]]:
+    empty = tmp / "step-9"
+    empty.mkdir()
+    no_weights = tmp / "hfcopy"
+    shutil.copytree(tiny_run / "checkpoints" / "step-8" / "hf", no_weights)
+    for f in no_weights.glob("*.safetensors"):
+        f.unlink()
+    not_a_run = tmp / "not-a-run"
+    not_a_run.mkdir()
+    base = ["--lengths", "2048", "--samples", "1", "--no-progress"]
+    return [
+        (["--model", str(empty), *base], "no hf/"),
+        (["--model", str(no_weights), *base], "safetensors"),
+        (["--run", str(tiny_run), "--lengths", "9000", "--samples", "1"], "longer than the model's 4096 positions"),
+        (["--model", "random:llama", "--tasks", "qa_1", *base], "--squad"),
+        (["--model", "random:llama", "--tasks", "niah_single_9", *base], "niah_single_9"),
+        (["--run", str(tiny_run), "--checkpoints", "step-5", *base], "no checkpoint 'step-5'"),
+        (["--run", str(not_a_run), *base], "not a training run"),
+        (["--run", str(tiny_run), "--model", "default", *base], "exactly one of --run"),
+    ]
+
+
+def test_eval_bad_input_is_one_line_and_writes_nothing(tiny_run, tmp_path, capsys):
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    for argv, message in _bad_inputs(tiny_run, inputs):
+        out = tmp_path / "out"
+        rc = _run(["eval", "--out", str(out), *argv])
+        err = capsys.readouterr().err
+        assert rc == 2 and message in err and len(err.strip().splitlines()) == 1, (argv, err)
+        assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_smollm2_finds_the_needle(tmp_path):
+    """A real reader: SmolLM2-135M-Instruct finds a single needle at 1K (2 samples, fp32, ~1 min)."""
+    out = tmp_path / "eval"
+    rc = _run(["eval", "--model", "default", "--out", str(out), "--tasks", "niah_single_1", "--lengths", "1024",
+               "--samples", "2", "--dtype", "float32", "--perplexity-windows", "1", "--no-progress"])
+    assert rc == 0
+    result = json.loads((out / "eval.json").read_text())
+    assert result["rows"][0]["score"] == 100.0
+    assert 1 < result["perplexity"][0]["ppl"] < 100
