@@ -97,8 +97,8 @@ def torch_training(case: Case, inputs: CaseInputs, dtype: str, engine: str, step
                    opt: Optimizer = OPTIMIZER) -> dict[str, Any]:
     """The trainer's loss, gradients (step 0) and parameters after each of `steps` AdamW steps.
 
-    Returns {"loss": [float per step], "grads": {name: float64 array}, "params": {k: {name: array}}}
-    with params[0] the starting point; in bf16 the fp32 master weights.
+    Returns {"loss": [float per step], "grads": {name: float32 array}, "step_grads": [per step],
+    "params": {k: {name: float32 array}}} with params[0] the starting point (in bf16 the fp32 masters).
     """
     import torch
 
@@ -120,7 +120,7 @@ def torch_training(case: Case, inputs: CaseInputs, dtype: str, engine: str, step
     feed = {"input_ids": torch.from_numpy(inputs.tokens), "position_ids": torch.from_numpy(inputs.positions),
             "doc_ids": torch.from_numpy(inputs.doc_ids), "variant": case.variant}
     tokens, mask = torch.from_numpy(inputs.tokens), torch.from_numpy(inputs.loss_mask)
-    snap = lambda: {n: p.detach().double().numpy().copy() for n, p in by_hf.items()}  # noqa: E731
+    snap = lambda: {n: p.detach().float().numpy().copy() for n, p in by_hf.items()}  # noqa: E731  (fp32 masters)
     out: dict[str, Any] = {"loss": [], "params": {0: snap()}}
     for step in range(1, steps + 1):
         model.zero_grad(set_to_none=True)
@@ -129,7 +129,7 @@ def torch_training(case: Case, inputs: CaseInputs, dtype: str, engine: str, step
         out["loss"].append(float(loss.detach()))
         out.setdefault("step_grads", []).append({n: p.grad.detach().float().numpy().copy() for n, p in params.items()})
         if step == 1:
-            out["grads"] = {n: g.astype(np.float64) for n, g in out["step_grads"][0].items()}
+            out["grads"] = out["step_grads"][0]
         if bf16:
             for n, p in params.items():
                 by_hf[n].grad = p.grad.detach().float()
@@ -163,7 +163,7 @@ _ORACLE_CACHE: dict[tuple, dict[str, Any]] = {}
 def oracle_training(case: Case, inputs: CaseInputs, policy: str, steps: int,
                     opt: Optimizer = OPTIMIZER) -> dict[str, Any]:
     """The oracle's loss, gradients and parameters after each AdamW step under `policy` (cached for
-    the last few (inputs, policy, steps)). Truth (fp64) keeps fp64 parameters; a bf16 policy keeps
+    the last two (inputs, policy, steps): a case's truth and baseline). Truth (fp64) keeps fp64 parameters; a bf16 policy keeps
     fp32 master parameters and rounds them where the policy's `param` stage says."""
     key = (case.data_key, policy, steps, opt)
     if key in _ORACLE_CACHE:
@@ -183,7 +183,8 @@ def oracle_training(case: Case, inputs: CaseInputs, policy: str, steps: int,
     state = {n: np.asarray(jnp.asarray(v).astype(start).astype(master)) for n, v in jaxref.hf_state(params, spec).items()}
     tx = jaxref.adamw(opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay, no_decay=opt.no_decay)
     opt_state = tx.init(state)
-    out: dict[str, Any] = {"loss": [], "params": {0: {n: v.astype(np.float64) for n, v in state.items()}}}
+    # kept in their own dtype (fp64 truth, fp32 masters): a SmolLM2 case holds several copies of 135M parameters
+    out: dict[str, Any] = {"loss": [], "params": {0: state}}
     for step in range(1, steps + 1):
         loss, grads = jaxref.value_and_grad(
             params_from_state(spec, state, master), spec, inputs.tokens, positions=inputs.positions,
@@ -191,11 +192,12 @@ def oracle_training(case: Case, inputs: CaseInputs, policy: str, steps: int,
         out["loss"].append(loss)
         grads = {n: np.asarray(g, dtype=master) for n, g in grads.items()}
         if step == 1:
-            out["grads"] = {n: g.astype(np.float64) for n, g in grads.items()}
+            out["grads"] = grads
         updates, opt_state = tx.update(grads, opt_state, state)
         state = {n: np.asarray(v) for n, v in optax.apply_updates(state, updates).items()}
-        out["params"][step] = {n: v.astype(np.float64) for n, v in state.items()}
-    while len(_ORACLE_CACHE) >= 4:
+        del updates
+        out["params"][step] = state
+    while len(_ORACLE_CACHE) >= 2:  # a SmolLM2 entry holds several copies of its parameters
         _ORACLE_CACHE.pop(next(iter(_ORACLE_CACHE)))
     _ORACLE_CACHE[key] = out
     return out
@@ -204,7 +206,7 @@ def oracle_training(case: Case, inputs: CaseInputs, policy: str, steps: int,
 def replay_steps(test: dict[str, Any], opt: Optimizer = OPTIMIZER) -> dict[int, State]:
     """The oracle's AdamW (`jaxref.adamw`, in float32) fed the trainer's own gradients of each step,
     from the trainer's starting parameters: what the trainer's optimizer should have produced.
-    Returns {k: {name: float64 array}} for k = 1 … steps."""
+    Returns {k: {name: float32 array}} for k = 1 … steps."""
     import optax
 
     import jaxref
@@ -216,7 +218,7 @@ def replay_steps(test: dict[str, Any], opt: Optimizer = OPTIMIZER) -> dict[int, 
     for k, grads in enumerate(test["step_grads"], start=1):
         updates, opt_state = tx.update(grads, opt_state, state)
         state = {n: np.asarray(v) for n, v in optax.apply_updates(state, updates).items()}
-        out[k] = {n: v.astype(np.float64) for n, v in state.items()}
+        out[k] = state
     return out
 
 
@@ -293,7 +295,7 @@ def run_grad_case(case: Case, rule: Rule = RULE, *, runner: Runner | None = None
     for k in sorted({1, steps}):
         sections[f"params@{k}"] = _compare(test["params"][k], truth["params"][k], base["params"][k], names,
                                            rule_tol=report_only, kind=f"params@{k}")
-        delta = lambda s: {n: s["params"][k][n] - s["params"][0][n] for n in names}  # noqa: E731
+        delta = lambda s: {n: s["params"][k][n].astype(np.float64) - s["params"][0][n] for n in names}  # noqa: E731
         sections[f"update@{k}"] = _compare(delta(test), delta(truth), delta(base), names, rule_tol=report_only,
                                            kind=f"update@{k}")
     first = next((s["first_divergence"] for s in sections.values() if s["first_divergence"]), None)

@@ -510,13 +510,13 @@ def worker(run_str: str, progress: bool = True) -> int:
     import deepspeed
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
 
     from anchor.data.packed import Loader, PackedData
     from anchor.export import export_hf
     from anchor.progress import ProgressBar
     from torchtrain.config import read_yaml
     from torchtrain.distributed import ParallelGroups, init_world, sequence_parallel_group
+    from torchtrain.loss import token_cross_entropy
     from torchtrain.model import build_model
 
     run = Path(run_str)
@@ -602,8 +602,7 @@ def worker(run_str: str, progress: bool = True) -> int:
                              position_ids=torch.as_tensor(batch.positions[rows, sl], dtype=torch.long).to(world.device),
                              doc_ids=torch.as_tensor(batch.doc_ids[rows], dtype=torch.long).to(world.device),
                              variant=cfg.variant)
-                ce = F.cross_entropy(out.logits.float().transpose(1, 2), targets[rows, sl].to(world.device),
-                                     reduction="none")
+                ce = token_cross_entropy(out.logits, targets[rows, sl].to(world.device))
                 local = (ce * mask[rows, sl].to(world.device)).sum()
                 engine.backward(local * scale.to(world.device), scale_wrt_gas=False)
                 total += local.detach().double().cpu()

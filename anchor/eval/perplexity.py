@@ -35,7 +35,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from anchor.data.packed import PackedData, is_pack_output, pack_store_path
@@ -46,6 +45,7 @@ from anchor.progress import ProgressBar
 from anchor.tokenizer import Tok
 from anchor.variants import Variant, check_variant
 from torchtrain.engines import engine_of
+from torchtrain.loss import token_cross_entropy
 
 HELDOUT_DIRS = ("test", "tests", "idle_test")  # left out of the default corpus (anchor.data.corpus.SKIP_DIRS)
 HELDOUT_SEED = 0
@@ -212,7 +212,7 @@ def perplexity(model: nn.Module, windows: PackedData, variant: Variant = "full",
                 for s in range(0, T - 1, chunk):
                     e = min(T - 1, s + chunk)
                     logits = head(hidden_BTH[:, s:e]).float()  # [B, e-s, V]
-                    ce = F.cross_entropy(logits.transpose(1, 2), tokens_BT[:, s + 1:e + 1], reduction="none")
+                    ce = token_cross_entropy(logits, tokens_BT[:, s + 1:e + 1])
                     total += float(ce[counted_BT[:, s:e]].double().sum())
                 count += int(counted_BT.sum())
                 bar.advance(tokens_BT.shape[0])
