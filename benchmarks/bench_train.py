@@ -27,7 +27,7 @@ from pathlib import Path
 def plain_steps(cfg, data, steps: int) -> list[float]:
     """Seconds per optimizer step of the hand-written loop."""
     import torch
-    import torch.nn.functional as F
+    from torchtrain.loss import token_cross_entropy
 
     from anchor.data.packed import Loader
     from torchtrain.model import build_model
@@ -51,7 +51,7 @@ def plain_steps(cfg, data, steps: int) -> list[float]:
             rows = slice(m * cfg.micro_batch, (m + 1) * cfg.micro_batch)
             out = model(input_ids=tokens[rows], position_ids=torch.as_tensor(batch.positions[rows], dtype=torch.long),
                         doc_ids=torch.as_tensor(batch.doc_ids[rows], dtype=torch.long), variant=cfg.variant)
-            ce = F.cross_entropy(out.logits.float().transpose(1, 2), targets[rows], reduction="none")
+            ce = token_cross_entropy(out.logits, targets[rows])
             ((ce * mask[rows]).sum() / count).backward()
         if cfg.grad_clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

@@ -5,14 +5,19 @@ loss over the counted targets (CONTRACT §8), its gradient w.r.t. every paramete
 AdamW steps on that batch with the trainer's optimizer (`torchtrain.trainer.param_groups`: no decay
 on biases and norms). Per parameter (Hugging Face names), rel_l2, max_abs and cosine of:
 
-  grads     the gradient against fp64 truth (`jaxref.value_and_grad`)           judged: forward rule
+  grads     the gradient against fp64 truth (`jaxref.value_and_grad`)           judged: forward rule (fp32: below)
   step@k    the trainer's parameters after k steps against the oracle's AdamW (`jaxref.adamw`)
             applied to the trainer's own gradients, k = 1 and 3                  judged: fp32 rule
   params@k  the parameters after k steps against truth's trajectory               reported
   update@k  p_k − p_0 against truth's                                             reported
 
 The forward rule (parity_tests.core): fp32 within 1e-5; bf16 within 2 × the emulation's own error
-against fp64 + floor. The optimizer is judged on the same gradients because AdamW's first step is
+against fp64 + floor. fp32 gradients: within 1e-5 or within 2 × the oracle's own fp32 error against
+fp64, whichever is larger. A deep model's fp32 backward carries more than 1e-5 of rounding, whoever
+computes it. Measured on SmolLM2 (30 layers, anchor, T = 515): the oracle's fp32 gradients are up
+to 6.7e-5 off fp64 (model.layers.10.input_layernorm.weight). The trainer's are up to 3.7e-5 off,
+at most 1.41 × the oracle's own error on any parameter. On the 2-layer random presets the 1e-5
+governs. The optimizer is judged on the same gradients because AdamW's first step is
 about lr · sign(g): every element whose gradient is within rounding of 0 flips its whole step, so
 trajectories from two roundings of the gradient differ by a count of coin flips (reported beside
 the oracle's own, never judged); on the same gradients both optimizers compute the same fp32 update,
@@ -279,8 +284,8 @@ def run_grad_case(case: Case, rule: Rule = RULE, *, runner: Runner | None = None
         raise AssertionError(f"parameter names differ: trainer {sorted(set(test['grads']) ^ set(names))[:4]}")
     if bf16:
         tol = lambda b: rule.factor * b + rule.floor  # noqa: E731
-    else:
-        tol = lambda b: rule.fp32_tol  # noqa: E731
+    else:  # fp32 rounding through a deep backward exceeds 1e-5 (see the module docstring): the oracle's own fp32 bounds it
+        tol = lambda b: max(rule.fp32_tol, rule.factor * b)  # noqa: E731
     report_only = lambda b: float("inf")  # noqa: E731  (reported, not judged)
     sections: dict[str, Any] = {"grads": _compare(test["grads"], truth["grads"], base["grads"], names, rule_tol=tol, kind="grads")}
     # The optimizer: the trainer's step against the oracle's AdamW on the same gradients (deterministic,

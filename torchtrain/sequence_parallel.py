@@ -48,11 +48,11 @@ from typing import Any, Literal
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from anchor.errors import InputError
 from torchtrain import engines
+from torchtrain.loss import token_cross_entropy
 
 Impl = Literal["auto", "deepspeed", "torch"]
 
@@ -122,7 +122,7 @@ def next_token_loss_shard(
     counted = torch.cat([loss_mask[:, :-1].bool(), torch.zeros_like(loss_mask[:, :1], dtype=torch.bool)], dim=1)
     count = counted.sum()
     mine = shard(counted, rank, degree)
-    ce = F.cross_entropy(logits.float().transpose(1, 2), shard(targets, rank, degree), reduction="none")  # [B, s]
+    ce = token_cross_entropy(logits, shard(targets, rank, degree))  # [B, s], the same rows as the whole window's
     return (ce * mine).sum(), count
 
 

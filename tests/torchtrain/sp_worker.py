@@ -30,6 +30,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from torchtrain.loss import token_cross_entropy
+
 FIRST, EOS = 1, 2
 TAG_TOKENS = [[5, 6], [7], [8, 9, 10]]  # per domain
 LAYOUTS = {  # name: (tags, interleave)
@@ -155,7 +157,7 @@ def reference(model, b: dict[str, torch.Tensor], variant: str):
     loss, count = next_token_loss(out.logits, b["tokens"], b["loss_mask"])
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    ce = torch.nn.functional.cross_entropy(out.logits[:, :-1].float().transpose(1, 2), b["tokens"][:, 1:], reduction="none")
+    ce = token_cross_entropy(out.logits[:, :-1], b["tokens"][:, 1:])
     return out.logits.detach(), loss.detach(), int(count), grads, ce.detach()
 
 
@@ -206,8 +208,7 @@ def run_case(models: Models, case: Case, index: int, rank: int, P: int, group) -
         "logits": compare(sp_logits, logits), "loss": compare(sp_loss, loss),
         "loss_values": (float(sp_loss), float(loss)), "grads": compare_grads(sp_grads, grads),
         # the per-slot cross-entropy of the SP logits against the reference's (before any reduction)
-        "ce": compare(torch.nn.functional.cross_entropy(sp_logits[:, :-1].float().transpose(1, 2), b["tokens"][:, 1:],
-                                                        reduction="none"), ce),
+        "ce": compare(token_cross_entropy(sp_logits[:, :-1], b["tokens"][:, 1:]), ce),
         "counted_per_rank": [int(b["loss_mask"][:, :-1][:, r * (case.seq_len // P):(r + 1) * (case.seq_len // P)].sum())
                              for r in range(P)],
     }
