@@ -231,6 +231,8 @@ FAST_CASES: tuple[Case, ...] = (
     Case("random:qwen2", "anchor", "interleave", BF16, "flash_varlen_emulated", 97),
     Case("random:mistral", "intra_doc_reset", "plain", BF16, "eager", 97),
     Case("random:mistral", "intra_doc_reset", "tags", "fp32", "sdpa", 97),
+    Case("random:llama", "anchor", "interleave", BF16, "varlen", 97),
+    Case("random:qwen2", "intra_doc", "plain", "fp32", "varlen", 97),
 )
 
 
@@ -238,7 +240,7 @@ def full_matrix() -> list[Case]:
     """The whole matrix (its own make target).
 
     Random presets at T=97: variant x layout x {fp32, bf16} x {eager, sdpa, flash_varlen_emulated}, plus
-    flex on the plain layout. At T=515 and 1025: anchor with every layout and the other variants plain,
+    flex and varlen on the plain layout. At T=515 and 1025: anchor with every layout and the other variants plain,
     x {fp32, bf16} x {sdpa, flash_varlen_emulated}. SmolLM2 ("default"): every variant at T=97 on eager
     and flash_varlen_emulated, anchor with tags/interleave, and fp32/bf16 cases at 515 and 1025 (its
     bf16 forward at 1025 takes minutes on a CPU without bf16 matmuls).
@@ -249,7 +251,7 @@ def full_matrix() -> list[Case]:
         for v in VARIANTS:
             for lay in LAYOUTS:
                 cases += [Case(m, v, lay, p, e, 97) for p in ("fp32", BF16) for e in cpu]
-            cases += [Case(m, v, "plain", p, "flex", 97) for p in ("fp32", BF16)]
+            cases += [Case(m, v, "plain", p, e, 97) for p in ("fp32", BF16) for e in ("flex", "varlen")]
         for T in (515, 1025):
             for v, lay in [(v, "plain") for v in VARIANTS] + [("anchor", "tags"), ("anchor", "interleave")]:
                 cases += [Case(m, v, lay, p, e, T) for p in ("fp32", BF16) for e in ("sdpa", "flash_varlen_emulated")]
@@ -258,7 +260,7 @@ def full_matrix() -> list[Case]:
         cases += [Case(d, v, "plain", p, e, 97) for p in ("fp32", BF16) for e in ("eager", "flash_varlen_emulated")]
     cases += [Case(d, "anchor", lay, p, "sdpa", 97) for lay in ("tags", "interleave") for p in ("fp32", BF16)]
     cases += [Case(d, v, "plain", "fp32", "sdpa", 515) for v in VARIANTS]
-    cases += [Case(d, "anchor", "plain", BF16, e, 515) for e in ("sdpa", "flash_varlen_emulated")]
+    cases += [Case(d, "anchor", "plain", BF16, e, 515) for e in ("sdpa", "flash_varlen_emulated", "varlen")]
     cases += [Case(d, v, "plain", "fp32", "sdpa", 1025) for v in ("intra_doc_reset", "anchor")]
     cases += [Case(d, "anchor", "plain", BF16, "sdpa", 1025)]
     return cases

@@ -104,6 +104,8 @@ Setup = Callable[[Any], contextlib.AbstractContextManager]
 #   sdpa                   torch's fused CPU kernel: fp32 logits, online softmax over key blocks of
 #                          512, unnormalised probabilities rounded to bf16, division at the end
 #   flash_varlen_emulated  the same FA-2 arithmetic with a segment's keys in one block
+#   varlen                 the fused CPU kernel per segment (sdpa's arithmetic; a segment's keys
+#                          start a block of 512)
 #   flash_varlen, flex     FlashAttention-2 over key blocks of 128
 # Holding sdpa against hf_bf16 (as before 2026-11-22) made SmolLM2's anchor cases fail at one
 # document-start token whose layer-11 MLP amplifies attention roundings; see tests/parity_tests notes
@@ -112,6 +114,7 @@ EMULATIONS: dict[str, str] = {
     "eager": "hf_bf16",
     "sdpa": "sdpa_cpu_bf16",
     "flash_varlen_emulated": "fa2_bf16_1pass",
+    "varlen": "sdpa_cpu_bf16",
     "flash_varlen": "fa2_bf16",
     "flex": "fa2_bf16",
 }

@@ -36,6 +36,7 @@ ORACLE_POLICY: dict[str, str] = {
     "flex": "fa2_bf16",
     "flash_varlen": "fa2_bf16",
     "flash_varlen_emulated": "fa2_bf16_1pass",
+    "varlen": "sdpa_cpu_bf16",
 }
 BF16_LOGITS = ("eager",)  # engines whose stored logits are in the model's dtype
 

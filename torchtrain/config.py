@@ -28,7 +28,7 @@ from anchor.variants import VARIANTS
 
 SCHEDULES = ("constant", "cosine", "linear")
 DTYPES = ("float32", "bfloat16")
-_ENGINES = ("eager", "sdpa", "flex", "flash_varlen", "flash_varlen_emulated")
+_ENGINES = ("eager", "sdpa", "flex", "flash_varlen", "flash_varlen_emulated", "varlen")  # torchtrain.engines.ENGINES
 _SEED_MAX = 2**32 - 1  # numpy's SeedSequence range for one int
 
 

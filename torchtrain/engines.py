@@ -11,6 +11,8 @@ segments) and passes it to every layer as the keyword `attn_meta`.
   flex                   compiled FlexAttention with a BlockMask; CPU forward only, trains on CUDA
   flash_varlen           flash_attn_varlen_func on gathered segments (CUDA, bf16/fp16)
   flash_varlen_emulated  the same segments through torchtrain.varlen_emulation (pure torch, any device)
+  varlen                 the same segments through fused SDPA calls bucketed by length (torchtrain.varlen_sdpa);
+                         trains on CPU, and on CUDA through torch's varlen kernel or FlexAttention
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from anchor.errors import InputError, UnavailableError
 from torchtrain import attention as attn
 from torchtrain.variants import Variant, check_doc_ids, check_variant, dense_mask, mask_predicate
 from torchtrain.varlen import VarlenSegments, varlen_segments
+from torchtrain.varlen_sdpa import VarlenPlan, plan, varlen_sdpa_attention
 
-Engine = Literal["eager", "sdpa", "flex", "flash_varlen", "flash_varlen_emulated"]
+Engine = Literal["eager", "sdpa", "flex", "flash_varlen", "flash_varlen_emulated", "varlen"]
 ENGINES: tuple[str, ...] = get_args(Engine)
 
 # Registered names: transformers treats any name containing "flash" as a FlashAttention kernel
@@ -40,6 +43,7 @@ _ATTN_NAMES: dict[str, str] = {
     "flex": "torchtrain_flex",
     "flash_varlen": "torchtrain_varlen",
     "flash_varlen_emulated": "torchtrain_varlen_emulated",
+    "varlen": "torchtrain_varlen_bucketed",
 }
 TAP_ATTR = "_torchtrain_tap"  # set on attention modules by torchtrain.taps while capturing
 SP_ATTR = "_torchtrain_sequence_parallel"  # set on the decoder stack by torchtrain.sequence_parallel
@@ -51,7 +55,7 @@ class AttnMeta:
     """Mask metadata of one forward step, shared by all layers.
 
     doc_ids int64 [B, T]; exactly one of: dense bool [B,1,T,T] (eager, sdpa), block_mask
-    (flex), segments (flash_varlen*). `sp`: under sequence parallelism the
+    (flex), segments (flash_varlen*, varlen; with varlen also `plan`, its buckets). `sp`: under sequence parallelism the
     `torchtrain.sequence_parallel.Ulysses` that runs each layer's attention (T is then the whole
     window, the layers see T / degree slots); None otherwise.
     """
@@ -62,6 +66,7 @@ class AttnMeta:
     dense: torch.Tensor | None = None
     block_mask: Any = None
     segments: VarlenSegments | None = None
+    plan: VarlenPlan | None = None
     sp: Any = None
 
 
@@ -124,7 +129,8 @@ def prepare_meta(engine: Engine, doc_ids: torch.Tensor, variant: Variant) -> Att
             mask_predicate(doc_ids, variant), B, None, T, T, device=doc_ids.device, _compile=doc_ids.is_cuda
         )
         return AttnMeta(engine, variant, doc_ids, block_mask=block_mask)
-    return AttnMeta(engine, variant, doc_ids, segments=varlen_segments(doc_ids, variant))
+    segments = varlen_segments(doc_ids, variant)
+    return AttnMeta(engine, variant, doc_ids, segments=segments, plan=plan(segments) if engine == "varlen" else None)
 
 
 def attend(engine: Engine, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta, scale: float) -> torch.Tensor:
@@ -135,6 +141,8 @@ def attend(engine: Engine, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, me
         return attn.sdpa_attention(q, k, v, meta.dense, scale)
     if engine == "flex":
         return attn.flex_attention(q, k, v, meta.block_mask, scale)
+    if engine == "varlen":
+        return varlen_sdpa_attention(q, k, v, meta.plan, scale)
     if engine == "flash_varlen":
         if q.device.type != "cuda":
             raise UnavailableError(

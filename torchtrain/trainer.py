@@ -171,8 +171,8 @@ def check_model(cfg: TrainConfig, spec, seq_len: int, *, here: bool = True) -> A
     dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
     check_engine(cfg.engine, dtype)
     if cfg.engine == "flex" and not torch.cuda.is_available():
-        raise InputError("engine 'flex' has no backward on CPU (FlexAttention); train with sdpa, eager or "
-                         "flash_varlen_emulated on CPU", path=cfg.source)
+        raise InputError("engine 'flex' has no backward on CPU (FlexAttention); train with varlen, sdpa, eager "
+                         "or flash_varlen_emulated on CPU", path=cfg.source)
     return spec
 
 

@@ -23,7 +23,7 @@ def audit(
         "--stack", help="oracle: jaxref under each --policies; torch: torchtrain's model itself on --engine in "
                         "--dtype, beside the oracle's emulation of that stack.")] = "oracle",
     engine: Annotated[str, typer.Option(
-        "--engine", help="--stack torch: eager, sdpa, flex, flash_varlen (CUDA) or flash_varlen_emulated.")] = "eager",
+        "--engine", help="--stack torch: eager, sdpa, varlen, flex, flash_varlen (CUDA) or flash_varlen_emulated.")] = "eager",
     dtype: Annotated[str, typer.Option("--dtype", help="--stack torch: bfloat16 or float32.")] = "bfloat16",
     random_init: Annotated[bool, typer.Option(
         "--random-init", help="Also audit the architecture with PyTorch's default init (the paper's green line).")

@@ -19,7 +19,7 @@ from torchtrain import engines
 from torchtrain.model import model_from_weights, set_engine
 from torchtrain.variants import VARIANTS
 
-ENGINES_HERE = ("sdpa", "flex", "flash_varlen_emulated")
+ENGINES_HERE = ("sdpa", "flex", "flash_varlen_emulated", "varlen")
 PRESETS = ("random:llama", "random:qwen2", "random:mistral")
 
 
@@ -98,7 +98,7 @@ def test_eager_full_equals_transformers_eager():
     torch.testing.assert_close(ours, hf, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("engine", ("eager", "sdpa", "flex", "flash_varlen_emulated"))
+@pytest.mark.parametrize("engine", ("eager", "sdpa", "flex", "flash_varlen_emulated", "varlen"))
 def test_metadata_built_once_per_step(engine, monkeypatch):
     model = set_engine(_model("random:llama", "float32"), engine)
     built, called = [], []
