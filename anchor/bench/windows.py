@@ -105,13 +105,17 @@ def corpus_pack(T: int, *, model: str = "default", data: str | None = None, prog
 
 def corpus_seg(T: int, n: int, *, model: str = "default", data: str | None = None, progress: bool = False) -> np.ndarray:
     """n windows of T slots packed from `data` (None: the default corpus), evenly spread over the
-    pack: seg int32 [n', T], n' = min(n, windows in the pack)."""
+    pack's windows without padding: seg int32 [n', T], n' = min(n, such windows)."""
     from anchor.data.packed import PackedData
 
     packed = PackedData.open(corpus_pack(T, model=model, data=data, progress=progress))
     if packed.num_windows == 0:
         raise InputError(f"the corpus holds less than one window of {T} tokens", path=data or "the default corpus")
-    idx = np.unique(np.linspace(0, packed.num_windows - 1, min(n, packed.num_windows)).round().astype(np.int64))
+    # Windows without padding (a pack's last window is usually part padding, which no step trains on
+    # at full length); all windows where none is complete.
+    full = np.flatnonzero(np.concatenate([(np.asarray(s) >= 0).all(axis=1) for s in packed.seg]))
+    pool = full if full.size else np.arange(packed.num_windows)
+    idx = pool[np.unique(np.linspace(0, pool.size - 1, min(n, pool.size)).round().astype(np.int64))]
     return packed.windows(idx)[1].astype(np.int32)
 
 
