@@ -47,6 +47,15 @@ def eval_(
     batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts per forward.")] = 4,
     perplexity_windows: Annotated[int, typer.Option(
         "--perplexity-windows", help="Held-out windows per length for perplexity (0: none).")] = 2,
+    harness: Annotated[Optional[str], typer.Option(
+        "--harness", help="Also run lm-evaluation-harness's own tasks on the same model: lm-eval.")] = None,
+    harness_tasks: Annotated[str, typer.Option(
+        "--harness-tasks", help="With --harness: its offline RULER tasks (niah_single_1, niah_multikey_2, "
+                                "niah_multikey_3, vt, cwe, fwe) and local-data tasks (mmlu, hellaswag, longbench).")
+    ] = "niah_single_1,niah_multikey_2,niah_multikey_3,vt,cwe,fwe",
+    harness_data: Annotated[Optional[Path], typer.Option(
+        "--harness-data", help="Folder with mmlu.jsonl, hellaswag.jsonl, longbench.jsonl (configs/eval/*.yaml).")
+    ] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
 ) -> None:
     """Generate RULER's prompts with the model's tokenizer (no downloads), decode greedily with a KV cache,
@@ -83,7 +92,18 @@ def eval_(
                              f"({'SQuAD v2.0 dev JSON' if t == 'qa_1' else 'HotpotQA dev distractor JSON'})")
         if f is not None and not f.is_file():
             raise InputError("no such file", path=f)
-    out = guard_out(out, "eval", inputs=tuple(str(p) for p in (run, model, haystack, squad, hotpotqa) if p))
+    harness_list = _split(harness_tasks, "--harness-tasks")
+    if harness is None and harness_data is not None:
+        raise InputError("--harness-data is read by --harness lm-eval; give --harness lm-eval too")
+    if harness is not None:
+        from anchor.eval import harness as lm_harness
+
+        if harness not in lm_harness.HARNESSES:
+            raise InputError(f"--harness: unknown harness {harness!r} (supported: {', '.join(lm_harness.HARNESSES)})")
+        lm_harness.check_tasks(harness_list, harness_data)
+        lm_harness.require()
+    out = guard_out(out, "eval", inputs=tuple(str(p) for p in (run, model, haystack, squad, hotpotqa, harness_data)
+                                              if p))
 
     from anchor.eval.runner import checkpoints_of_run, run_eval, write_eval
 
@@ -95,6 +115,10 @@ def eval_(
         result = run_eval(sources, tasks=task_list, lengths=length_list, samples=samples, seed=seed, haystack=haystack,
                           qa_data={t: str(f) for t, f in qa.items() if f is not None}, engine=engine, dtype=dtype,
                           batch_size=batch_size, perplexity_windows=perplexity_windows, progress=progress)
+        if harness is not None:
+            result["harness"] = lm_harness.run_harness(
+                sources, tasks=harness_list, lengths=length_list, limit=samples, data_dir=harness_data,
+                engine=engine, dtype=dtype, batch_size=batch_size, progress=progress)
         path = write_eval(result, out)
     from anchor.eval.runner import render_report
 

@@ -211,7 +211,12 @@ def render_report(result: dict[str, Any], figure: str | None) -> str:
             lines.append(f"| {c['label']} | " + " | ".join(f"{vals[L]:.2f}" if L in vals else "-" for L in s["lengths"]) + " |")
     if figure:
         lines += ["", f"![score against length]({figure})"]
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    if result.get("harness"):
+        from anchor.eval.harness import render_table
+
+        text += "\n" + render_table(result["harness"])
+    return text
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
