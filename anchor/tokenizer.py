@@ -140,10 +140,10 @@ class ByteTok:
         parts = []
         for i in ids:
             i = int(i)
-            if i >= BYTE_OFFSET:
+            if BYTE_OFFSET <= i < BYTE_OFFSET + 256:
                 parts.append(bytes([i - BYTE_OFFSET]))
-            else:
-                parts.append({BYTE_UNK: b"<unk>", BYTE_BOS: b"<s>", BYTE_EOS: b"</s>"}[i])
+            else:  # a special id, or one of a random preset's ids beyond the 259 it encodes to
+                parts.append({BYTE_BOS: b"<s>", BYTE_EOS: b"</s>"}.get(i, b"<unk>"))
         return b"".join(parts).decode("utf-8", errors="replace")
 
 

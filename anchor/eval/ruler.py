@@ -101,7 +101,8 @@ FAMILIES: dict[Family, FamilyTemplate] = {
     "variable_tracking": FamilyTemplate(
         tokens_to_generate=30,
         template="""Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\nQuestion: Find all variables that are assigned the value {query} in the text above.""",
-        answer_prefix=""" Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables are assigned the value {query}, they are: """,
+        # upstream's typo "assgined" kept: the prompt is RULER's, byte for byte
+        answer_prefix=""" Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables are assgined the value {query}, they are: """,
     ),
     "common_words_extraction": FamilyTemplate(
         tokens_to_generate=120,

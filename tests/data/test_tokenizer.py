@@ -82,6 +82,9 @@ def test_random_byte_tokenizer(preset):
         assert row == [3 + b for b in text.encode("utf-8")]
         assert tok.decode(row) == text
         assert all(3 <= i < tok.vocab_size for i in row)
+    # a random model may generate any id of its vocabulary, beyond the 259 the tokenizer encodes to
+    beyond = list(range(tok.vocab_size, spec.vocab_size, max(1, (spec.vocab_size - tok.vocab_size) // 7)))
+    assert tok.decode([3 + ord("a"), *beyond, 0, 3 + ord("b")]) == "a" + "<unk>" * len(beyond) + "<unk>b"
 
 
 def test_identity_depends_on_special_tokens():

@@ -236,7 +236,7 @@ def test_templates_follow_upstream(tok, qa_files):
     assert re.fullmatch(r"\d{7}", one.answers[0])
     vt = _generate("vt", 1024, tok, qa_files, n=1)[0]
     assert vt.answer_prefix.startswith(" Answer: According to the chain(s) of variable assignment in the text "
-                                       "above, 5 variables are assigned the value ")
+                                       "above, 5 variables are assgined the value ")  # upstream's typo
     assert vt.input.count("Memorize and track the chain(s)") == 2  # the few-shot example, then the question
 
 
