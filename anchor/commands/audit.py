@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from anchor.cli import app
+
+COMPILE_CACHE_BYTES = 2 << 30
+"""Size limit of the audit's compilation cache (a default audit's programs take about 3 MB)."""
 
 
 @app.command()
@@ -18,7 +23,7 @@ def audit(
     policies: Annotated[Optional[str], typer.Option(
         "--policies", help="Comma-separated dtype policies of the oracle: presets (fp64, fp32, hf_bf16, fa2_bf16, "
                            "paper_bf16, sdpa_cpu_bf16, fa2_bf16_1pass) or YAML files "
-                           "[default: fp32,hf_bf16,fa2_bf16,paper_bf16].")] = None,
+                           "(default: fp32,hf_bf16,fa2_bf16,paper_bf16).")] = None,
     stack: Annotated[str, typer.Option(
         "--stack", help="oracle: jaxref under each --policies; torch: torchtrain's model itself on --engine in "
                         "--dtype, beside the oracle's emulation of that stack.")] = "oracle",
@@ -50,6 +55,11 @@ def audit(
     ] = False,
     seed: Annotated[int, typer.Option("--seed", help="Seed of --random-init (and of random:<preset> weights).")] = 0,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
+    compile_cache: Annotated[bool, typer.Option(
+        "--compile-cache/--no-compile-cache",
+        help="Keep the compiled XLA programs on disk (in <cache>/jax, or $JAX_COMPILATION_CACHE_DIR), so that a "
+             "later audit of the same sizes skips compiling them (about a fifth of a default audit's CPU time); "
+             "the numbers are the same.")] = True,
 ) -> None:
     """Measure how a position shift changes the attention maps under each dtype policy (RoPE should make
     it zero), which key token carries the change, how it grows with length, and which numerical stage
@@ -79,7 +89,7 @@ def audit(
     if stack == "torch":
         from torchtrain.audit import audit_torch_stack
 
-        with out_lock(out, "audit"):
+        with out_lock(out, "audit"), _compile_cache(compile_cache):
             result = audit_torch_stack(model, engine, dtype, data=data, quick=quick, progress=progress, seq_len=seq_len,
                                        num_seqs=num_seqs, max_len=max_len, length_seqs=length_seqs, seed=seed)
             path = write_audit(result, out)
@@ -94,7 +104,40 @@ def audit(
                  "random_init": random_init, "seed": seed}
     if budget is not None or budget_policy is not None:
         overrides["budget"] = budget if budget is not None else True
-    with out_lock(out, "audit"):
+    with out_lock(out, "audit"), _compile_cache(compile_cache):
         result = run_audit(model, policies, data=data, quick=quick, progress=progress, **overrides)
         path = write_audit(result, out)
     typer.echo(f"wrote {path / 'audit.json'}, {path / 'report.md'} ({result['runtime_s']:.0f} s)")
+
+
+@contextlib.contextmanager
+def _compile_cache(enabled: bool):
+    """JAX's persistent compilation cache for the audit's programs, set for the call and put back after.
+
+    The folder is `<cache>/jax` unless the user named one (JAX_COMPILATION_CACHE_DIR), kept under
+    COMPILE_CACHE_BYTES (least recently used programs go first; JAX then locks the folder around each
+    read and write, so concurrent audits share it safely). A cached program is the compiled program
+    itself, so the results do not change; JAX keys it by the program, the XLA flags and the versions,
+    and compiles again when an entry cannot be read.
+    """
+    if not enabled:
+        yield
+        return
+    import jax
+
+    from anchor.paths import cache_dir
+
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+             "jax_compilation_cache_max_size")
+    before = {k: getattr(jax.config, k) for k in names}
+    if before["jax_compilation_cache_dir"] is None:
+        jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax"))
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # every program, not only slow ones
+    if "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ and before["jax_compilation_cache_max_size"] == -1:
+        jax.config.update("jax_compilation_cache_max_size", COMPILE_CACHE_BYTES)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            jax.config.update(k, v)

@@ -9,6 +9,9 @@ Every measurement is a batch of forward passes of the same tokens under differen
 shifts (`positions = slot + Δ`, variant `full`, one document) with a probe that reduces the
 attention maps inside each layer to column sums `Σ_i |P_ij(Δ) − P_ij(Δ_ref)|` and per-row
 first-key logit differences `|A_i0(Δ) − A_i0(Δ_ref)|` (metrics.py), so no T×T map leaves a layer.
+The passes run on `maps.MapsRunner`: the decoder up to the maps only (no lm-head), each window with
+all its shifts in one call, each program compiled once and ahead, on a background thread, while the
+one before it runs. Its numbers are bitwise those of `jaxref.forward` with the probe (`run_pairs`).
 
 What is measured (CONTRACT §5):
   shift_curve   D(X, Δ1, Δ2=16) for Δ1 in the paper's list, mean over `num_seqs` windows of `seq_len`
@@ -43,6 +46,7 @@ from anchor.progress import ProgressBar
 from anchor.errors import InputError
 from anchor.spec import ModelSpec
 from jaxref.audit import metrics
+from jaxref.audit.maps import MapsRunner
 from jaxref.audit.random_init import torch_default_state
 from jaxref.audit.sequences import load_texts, make_windows
 from jaxref.model import Params, forward, params_from_state
@@ -168,13 +172,18 @@ def restrict_vocab(params: Params, spec: ModelSpec, windows: Iterable[np.ndarray
 
 
 def shift_curve(params: Params, spec: ModelSpec, windows: np.ndarray, policy: DtypePolicy, shifts: Sequence[int],
-                ref_shift: int, tick: Callable[[int], None] = lambda n: None) -> dict[str, Any]:
+                ref_shift: int, tick: Callable[[int], None] = lambda n: None, *,
+                maps: MapsRunner | None = None) -> dict[str, Any]:
     """D(X, Δ1, ref) for each Δ1 (mean over windows), per-token and per-layer D at Δ1 = 0, D_logit per Δ1.
+
+    Each window goes through one call with the reference and every shift (as many shifts as fit in
+    memory; `shifts_per_call`), on `maps` (a MapsRunner over the same params; one is made if None).
 
     Args: windows int [n, T] (already mapped to the params' vocabulary).
     """
     n, T = windows.shape
     shifts = list(shifts)
+    maps = maps or MapsRunner(params, spec, background=False)
     k = shifts_per_call(spec, T, len(shifts))
     D = np.zeros((n, len(shifts)))
     d_logit = np.zeros((n, len(shifts)))
@@ -185,7 +194,7 @@ def shift_curve(params: Params, spec: ModelSpec, windows: np.ndarray, policy: Dt
         for c in range(0, len(shifts), k):
             chunk = shifts[c:c + k]
             padded = chunk + [chunk[-1]] * (k - len(chunk))  # one compiled shape per run
-            r = run_pairs(params, spec, windows[s:s + 1], padded, ref_shift, policy)
+            r = maps.run(windows[s:s + 1], [ref_shift, *padded], policy)
             for b, delta in enumerate(chunk):
                 col = r["col"][:, 0, b]  # [L, T]
                 D[s, c + b] = metrics.d_from_colsums(col)
@@ -202,12 +211,17 @@ def shift_curve(params: Params, spec: ModelSpec, windows: np.ndarray, policy: Dt
 
 
 def length_curve(params: Params, spec: ModelSpec, windows: np.ndarray, policy: DtypePolicy, lengths: Sequence[int],
-                 delta1: int, delta2: int, tick: Callable[[int], None] = lambda n: None) -> dict[str, Any]:
-    """D_logit(Δ1, Δ2) for each length (≤ the windows' T), mean over windows."""
+                 delta1: int, delta2: int, tick: Callable[[int], None] = lambda n: None, *,
+                 maps: MapsRunner | None = None) -> dict[str, Any]:
+    """D_logit(Δ1, Δ2) for each length (≤ the windows' T), mean over windows.
+
+    Only the first-key logits are probed (no T×T softmax or column sums): one call per window.
+    """
     n, T = windows.shape
+    maps = maps or MapsRunner(params, spec, background=False)
     vals = np.zeros((n, len(lengths)))
     for s in range(n):
-        r = run_pairs(params, spec, windows[s:s + 1], [delta1], delta2, policy)
+        r = maps.run(windows[s:s + 1], [delta2, delta1], policy, first_only=True)
         rows = r["first"][:, 0, 0].sum(axis=0)  # [T]
         vals[s] = [metrics.d_logit_from_rows(rows, L) for L in lengths]
         tick(2)
@@ -215,10 +229,24 @@ def length_curve(params: Params, spec: ModelSpec, windows: np.ndarray, policy: D
             "D_logit": vals.mean(axis=0).tolist(), "D_logit_per_seq": vals.tolist()}
 
 
+def _shift_programs(settings: AuditSettings, k: int) -> list[tuple[int, int, int, bool, int]]:
+    """(B, T, group, first_only, max position) of each distinct call `shift_curve` makes (see its chunks)."""
+    shifts, T = list(settings.shifts), settings.seq_len
+    calls = []
+    for c in range(0, len(shifts), k):
+        chunk = shifts[c:c + k]
+        padded = chunk + [chunk[-1]] * (k - len(chunk))
+        call = (k + 1, T, k + 1, False, T - 1 + max(settings.ref_shift, *padded))
+        if call not in calls:
+            calls.append(call)
+    return calls
+
+
 def d_pair(params: Params, spec: ModelSpec, windows: np.ndarray, policy: DtypePolicy, delta1: int,
-           delta2: int) -> float:
+           delta2: int, *, maps: MapsRunner | None = None) -> float:
     """Mean over windows of D(X, Δ1, Δ2), all windows in one call."""
-    r = run_pairs(params, spec, windows, [delta1], delta2, policy)
+    maps = maps or MapsRunner(params, spec, background=False)
+    r = maps.run(windows, [delta2, delta1], policy)
     return float(np.mean([metrics.d_from_colsums(r["col"][:, s, 0]) for s in range(windows.shape[0])]))
 
 
@@ -259,9 +287,14 @@ def budget_plan(base: DtypePolicy, stages: Sequence[str] = BUDGET_STAGES) -> dic
 
 
 def budget_runs(plan: dict[str, Any]) -> list[DtypePolicy]:
-    """The distinct policies a budget plan evaluates (one D each)."""
-    ps = [plan["base"], plan["fp64"], plan["fp32"], *plan["raise"].values(), *(p for _, p in plan["cumulative"]),
-          *plan["lower"].values()]
+    """The distinct policies a budget plan evaluates (one D each), in the order `error_budget` evaluates them."""
+    ps = [plan["base"], plan["fp64"], plan["fp32"]]
+    for s, p in plan["cumulative"]:
+        ps.append(p)
+        if s in plan["raise"]:
+            ps.append(plan["raise"][s])
+        if s in plan["lower"]:
+            ps.append(plan["lower"][s])
     seen, out = set(), []
     for p in ps:
         if _key(p) not in seen:
@@ -271,18 +304,20 @@ def budget_runs(plan: dict[str, Any]) -> list[DtypePolicy]:
 
 
 def error_budget(params: Params, spec: ModelSpec, windows: np.ndarray, base: DtypePolicy, delta1: int, delta2: int,
-                 tick: Callable[[int], None] = lambda n: None, stages: Sequence[str] = BUDGET_STAGES) -> dict[str, Any]:
+                 tick: Callable[[int], None] = lambda n: None, stages: Sequence[str] = BUDGET_STAGES, *,
+                 maps: MapsRunner | None = None) -> dict[str, Any]:
     """How much of D(Δ1, Δ2) under `base` each stage is responsible for (see budget_plan).
 
     Args: windows int [n, T] (mapped to the params' vocabulary); stages: the stages to attribute
     (a subset is attributed one by one and the rest together as "others").
     """
     plan = budget_plan(base, stages)
+    maps = maps or MapsRunner(params, spec, background=False)
     cache: dict[tuple, float] = {}
 
     def D(p: DtypePolicy) -> float:
         if _key(p) not in cache:
-            cache[_key(p)] = d_pair(params, spec, windows, p, delta1, delta2)
+            cache[_key(p)] = d_pair(params, spec, windows, p, delta1, delta2, maps=maps)
             tick(2 * windows.shape[0])
         return cache[_key(p)]
 
@@ -447,17 +482,31 @@ def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy
     k = shifts_per_call(spec, settings.seq_len, S)
     per_policy = settings.num_seqs * math.ceil(S / k) * (k + 1) + 2 * settings.length_seqs
     total = len(kinds) * len(pols) * per_policy
-    if base is not None:
-        total += 2 * settings.budget_seqs * len(budget_runs(budget_plan(base)))
+    budget_pols = budget_runs(budget_plan(base)) if base is not None else []
+    total += 2 * settings.budget_seqs * len(budget_pols)
     bar = ProgressBar("audit", total, progress, unit="forward passes")
     out: dict[str, Any] = {}
+    maps: MapsRunner | None = None
     try:
         for kind, st in kinds:
             params, remap = restrict_vocab(params_from_state(spec, st), spec, [shift_w, length_w, budget_w])
+            if maps is None:
+                maps = MapsRunner(params, spec)
+                # every program this audit runs, compiled in the order it is needed on a background
+                # thread while the previous one executes (the random-init model reuses them)
+                for pol in pols:
+                    for B, T, group, first_only, max_pos in _shift_programs(settings, k):
+                        maps.prefetch(pol, B, T, group, first_only, max_pos)
+                    maps.prefetch(pol, 2, settings.max_len, 2, True, settings.max_len - 1 + settings.ref_shift)
+                for p in budget_pols:
+                    maps.prefetch(p, 2 * settings.budget_seqs, bT, 2, False, bT - 1 + settings.ref_shift)
+            else:
+                maps = maps.with_params(params)
             block: dict[str, Any] = {"shift_curve": {}, "per_token": {}, "length_curve": {}}
             for pol in pols:
                 bar.describe(f"{kind} {pol.name}: shift curve (T={settings.seq_len})")
-                sc = shift_curve(params, spec, remap(shift_w), pol, settings.shifts, settings.ref_shift, bar.advance)
+                sc = shift_curve(params, spec, remap(shift_w), pol, settings.shifts, settings.ref_shift, bar.advance,
+                                 maps=maps)
                 pt = sc.pop("_per_token")
                 by_layer = sc.pop("_by_layer")
                 block["shift_curve"][pol.name] = sc
@@ -467,19 +516,21 @@ def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy
                     "by_layer": by_layer.tolist()}
                 bar.describe(f"{kind} {pol.name}: length curve (T={settings.max_len})")
                 block["length_curve"][pol.name] = length_curve(params, spec, remap(length_w), pol, lengths, 0,
-                                                               settings.ref_shift, bar.advance)
+                                                               settings.ref_shift, bar.advance, maps=maps)
             if kind == "pretrained":
                 out.update(block)
                 out["error_budget"] = {}
                 if base is not None:
                     bar.describe(f"error budget of {base.name} (T={bT})")
                     out["error_budget"][base.name] = error_budget(params, spec, remap(budget_w), base, 0,
-                                                                  settings.ref_shift, bar.advance)
+                                                                  settings.ref_shift, bar.advance, maps=maps)
             else:
                 out["random_init"] = {"init": "pytorch-default (kaiming_uniform a=sqrt(5), embedding N(0,1), norms 1)",
                                       "seed": settings.seed, **block}
     finally:
         bar.close()
+        if maps is not None:
+            maps.close()
 
     out["angle_error"] = metrics.angle_error(spec.rope, spec.head_dim, ANGLE_POSITIONS, shift=settings.ref_shift)
     settings_d = dataclasses.asdict(settings)

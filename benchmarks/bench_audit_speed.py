@@ -1,0 +1,208 @@
+"""Wall time of the default `anchor audit` on SmolLM2, and its audit.json against the pre-change one.
+
+    .venv/bin/python benchmarks/bench_audit_speed.py [--reference benchmarks/results/audit_speed_reference.json]
+        [--out benchmarks/results/audit_speed_cpu.json] [--audit-out DIR] [--warm 1] [--baseline-jaxref DIR]
+
+    git archive d03cd90 jaxref | tar -x -C /tmp/base      # the pre-change oracle, for --baseline-jaxref /tmp/base
+
+Runs the console script exactly as a user would (`anchor audit --out DIR`, every option at its default,
+in its own process: imports, weight loading, compiling and writing included), first with an empty JAX
+compilation cache (a fresh checkout), then `--warm` more times with the cache the first run filled
+(a second audit on the same machine); with --baseline-jaxref, the pre-change oracle first, in the same
+session (the cores are shared: compare runs of one session). Records for each run:
+  wall_s, cpu_s        the command's wall time and CPU seconds (user + system of the child process)
+  phases               the wall time of each phase, from the arrival of the progress lines the audit
+                       logs to a pipe
+  load_average_*       before and after the run
+  comparison           for every number of audit.json (machine, timings and notes aside) its largest
+                       absolute and relative difference against the reference audit.json, per top-level
+                       key, how many numbers differ at all, and whether all are bitwise equal
+and for the whole: machine (anchor.machine, with `matmul_gflops` before and after: an fp32 matmul of
+SmolLM2's MLP shape, a measure of what the shared cores gave), and vs_committed: the same comparison
+against benchmarks/results/audit_smollm2/audit.json (an earlier oracle, with --random-init).
+The reference is the default audit's audit.json written by the code before the speed-up (commit
+d03cd90, kept as benchmarks/results/audit_speed_reference.json). The limit is 120 s (issue 14).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+LIMIT_S = 120.0
+SKIP = {"machine", "runtime_s", "notes", "findings"}
+
+
+def numbers(a, b, path: str = ""):
+    """(path, a, b) for every number in both JSON values at the same place."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in a:
+            if k in b and not (path == "" and k in SKIP):
+                yield from numbers(a[k], b[k], f"{path}/{k}")
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            yield from numbers(x, y, f"{path}[{i}]")
+    elif isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        yield path, float(a), float(b)
+
+
+def compare(new: dict, ref: dict) -> dict:
+    """Per top-level key: numbers compared, how many differ, the largest absolute and relative difference."""
+    out: dict[str, dict] = {}
+    for path, a, b in numbers(new, ref):
+        top = path.split("/")[1]
+        e = out.setdefault(top, {"numbers": 0, "differ": 0, "max_abs_diff": 0.0, "max_rel_diff": 0.0, "worst": None})
+        e["numbers"] += 1
+        d = abs(a - b)
+        if d > 0:
+            e["differ"] += 1
+            rel = d / max(abs(a), abs(b))
+            if rel > e["max_rel_diff"]:
+                e["worst"] = {"path": path, "new": a, "reference": b}
+            e["max_abs_diff"] = max(e["max_abs_diff"], d)
+            e["max_rel_diff"] = max(e["max_rel_diff"], rel)
+    return out
+
+
+def matmul_gflops(seconds: float = 1.0) -> float:
+    """GFLOP/s of a jitted fp32 [4096,576]x[576,1536] matmul (SmolLM2's MLP shape) in this process."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones((4096, 576), jnp.float32)
+    w = jnp.ones((576, 1536), jnp.float32)
+    f = jax.jit(lambda x, w: x @ w)
+    f(x, w).block_until_ready()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        f(x, w).block_until_ready()
+        n += 1
+    return round(2 * 4096 * 576 * 1536 * n / (time.perf_counter() - t0) / 1e9, 1)
+
+
+def run_audit_cli(audit_out: Path, cache: Path, cwd: str, *, jaxref_dir: str | None = None) -> dict:
+    """`anchor audit --out audit_out` in its own process with JAX's compilation cache in `cache`
+    (or, with `jaxref_dir`, the jaxref package found there and no compilation cache): wall and CPU
+    seconds, the phases (from the progress lines) and audit.json."""
+    exe = Path(sys.executable).parent / "anchor"
+    # stderr is a pipe, so the progress bar logs one line per phase with the seconds so far (wide: unwrapped)
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache), "COLUMNS": "400"}
+    extra = []
+    if jaxref_dir is not None:
+        env["PYTHONPATH"] = os.pathsep.join([jaxref_dir, *filter(None, [os.environ.get("PYTHONPATH")])])
+        env.pop("JAX_COMPILATION_CACHE_DIR")
+        extra = ["--no-compile-cache"]
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.time()
+    proc = subprocess.Popen([str(exe), "audit", "--out", str(audit_out), *extra], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=cwd, env=env)
+    # each phase from the arrival of its line (seconds since the command started); the first phase
+    # starts after imports, reading the weights and tokenizing ("setup"), the last ends with the
+    # report written and the process gone
+    phases, err = [{"phase": "setup (imports, weights, tokenizer, windows)", "started_s": 0.0}], []
+    for line in proc.stderr:
+        err.append(line)
+        m = re.match(r"audit: (.*) \[\d+/\d+ forward passes, \d+ s\]", line.strip())
+        if m:
+            phases.append({"phase": m.group(1), "started_s": round(time.time() - t0, 1)})
+    stdout = proc.stdout.read()
+    rc = proc.wait()
+    wall = time.time() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if rc != 0:
+        raise SystemExit(f"anchor audit failed (exit {rc}): {stdout}{''.join(err[-5:])}")
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    phases[-1]["phase"] += ", then the report written"
+    for a, b in zip(phases, phases[1:] + [{"started_s": wall}]):
+        a["seconds"] = round(b["started_s"] - a["started_s"], 1)
+    return {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "cores_used_on_average": round(cpu / wall, 2),
+            "within_limit": wall <= LIMIT_S, "load_average_before": load_before,
+            "load_average_after": [round(x, 2) for x in os.getloadavg()], "phases": phases,
+            "audit": json.loads((audit_out / "audit.json").read_text())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reference", default=str(ROOT / "benchmarks/results/audit_speed_reference.json"))
+    ap.add_argument("--committed", default=str(ROOT / "benchmarks/results/audit_smollm2/audit.json"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/audit_speed_cpu.json"))
+    ap.add_argument("--audit-out", default=None, help="keep the last audit's output here (default: a temporary folder)")
+    ap.add_argument("--warm", type=int, default=1, help="runs after the first, with the compilation cache it filled")
+    ap.add_argument("--baseline-jaxref", default=None,
+                    help="a folder holding the pre-change jaxref package (`git archive d03cd90 jaxref | tar -x -C DIR`): "
+                         "run it first, in the same conditions, for a ratio measured in one session")
+    args = ap.parse_args()
+
+    from anchor.machine import machine
+
+    def rel(p: str) -> str:
+        return str(Path(p).resolve().relative_to(ROOT)) if Path(p).resolve().is_relative_to(ROOT) else p
+
+    ref = json.loads(Path(args.reference).read_text())
+    tmp = Path(tempfile.mkdtemp(prefix="bench_audit_speed-"))
+    cache = tmp / "jax-cache"  # empty: the first run compiles everything, as on a fresh checkout
+    gflops_before = matmul_gflops()
+    runs = []
+    if args.baseline_jaxref:
+        r = run_audit_cli(tmp / "baseline", cache, str(tmp), jaxref_dir=str(Path(args.baseline_jaxref).resolve()))
+        audit = r.pop("audit")
+        comparison = compare(audit, ref)
+        runs.append({"label": f"baseline: the pre-change jaxref from {args.baseline_jaxref} (no compilation cache)",
+                     **r, "comparison": {"reference": rel(args.reference),
+                                         "bitwise_equal": all(v["differ"] == 0 for v in comparison.values()),
+                                         "per_key": comparison}})
+        print(json.dumps({k: runs[-1][k] for k in ("label", "wall_s", "cpu_s", "phases")}, indent=2), flush=True)
+    for i in range(1 + args.warm):
+        last = i == args.warm
+        out = Path(args.audit_out) if (args.audit_out and last) else tmp / f"audit{i}"
+        r = run_audit_cli(out, cache, str(tmp))
+        audit = r.pop("audit")
+        comparison = compare(audit, ref)
+        r = {"label": "cold: empty compilation cache" if i == 0 else "warm: the programs from the cache the first "
+                                                                     "run filled",
+             **r, "runtime_s_reported_by_audit": round(audit["runtime_s"], 1),
+             "comparison": {"reference": rel(args.reference),
+                            "bitwise_equal": all(v["differ"] == 0 for v in comparison.values()),
+                            "per_key": comparison}}
+        runs.append(r)
+        print(json.dumps({k: r[k] for k in ("label", "wall_s", "cpu_s", "within_limit", "phases")}, indent=2))
+        print("bitwise equal to the reference:", r["comparison"]["bitwise_equal"], flush=True)
+    new = [r for r in runs if not r["label"].startswith("baseline")]
+    record = {
+        "benchmark": "default `anchor audit` on SmolLM2 (anchor audit --out DIR, every option at its default)",
+        "settings": audit["settings"], "limit_s": LIMIT_S,
+        "wall_s": new[0]["wall_s"], "cpu_s": new[0]["cpu_s"], "within_limit": new[0]["within_limit"],
+        "warm_wall_s": new[-1]["wall_s"] if len(new) > 1 else None,
+        "warm_cpu_s": new[-1]["cpu_s"] if len(new) > 1 else None,
+        "runs": runs,
+        "machine": machine(matmul_gflops_before=gflops_before, matmul_gflops_after=matmul_gflops(),
+                           note="2 cores shared with other agents' jobs during the runs (see each run's load "
+                                "averages, and matmul_gflops: an fp32 matmul of SmolLM2's MLP shape timed before "
+                                "and after; an idle machine gives more)"),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if Path(args.committed).is_file():
+        committed = json.loads(Path(args.committed).read_text())
+        record["vs_committed"] = {
+            "file": rel(args.committed),
+            "note": "recorded by an earlier version of the oracle and with --random-init: only the keys both "
+                    "hold are compared, and differences are expected (it is not the same code)",
+            "per_key": compare(audit, committed)}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""The audit's forward pass: the decoder up to the attention maps, all shifts of a window in one call.
+
+Legend: L layers, B = windows × shifts in one call, G shifts per window (the reference first),
+T slots, N query heads.
+
+`jaxref.forward(..., probe=...)` runs the whole decoder and hands each layer's maps to a probe. The
+audit reads nothing but the maps, so this pass is the same decoder (`jaxref.model._decoder_layer`
+under one `lax.scan`, op for op) without what comes after them:
+
+  * no final norm and no lm-head (the logits are never read);
+  * the length curve (`first_only=True`) keeps only the logits towards key 0 (A_i0): q·kᵀ is
+    still formed whole (so each A_i0 is the same number), its softmax and the T×T column sums
+    are not;
+  * every shift of a window goes through one call with a leading batch axis ([B, T] =
+    windows × G, window-major), compiled once per (arithmetic, shape) and kept; `prefetch`
+    compiles the programs an audit will need on a background thread while the current one runs.
+
+What a shift cannot change is shared by construction: tokens, the embedding lookup and the mask
+are the same for every shift (only `positions`, hence the RoPE tables, differ), and the vocabulary
+is cut to the tokens used (`runner.restrict_vocab`). Not cut, because the numbers would move: the
+last layer's p·v and MLP (run inside the scan; computed apart, XLA fused the fp32 norm into the q/k
+matmuls differently and the last layer's fp32 maps changed), layer 0's q/k/v projections per
+window rather than per shift, and several windows per call (the matmul kernels sum in an order that
+depends on the batch: fa2_bf16 and paper_bf16 moved): about 3%, under 1% and none of the work.
+The results are bitwise those of `jaxref.forward` with `runner.pair_probe` (tests/audit/test_audit_speed.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from anchor.spec import ModelSpec
+from jaxref import rope as rope_lib
+from jaxref.model import Params, _decoder_layer
+from jaxref.policy import STAGES, DtypePolicy
+
+
+def group_probe(group: int, first_only: bool = False) -> Callable[[jax.Array, jax.Array], dict[str, jax.Array]]:
+    """The probe of `n` groups of `group` batch elements, element 0 of each group the reference.
+
+    Returns per layer `first` [n, group-1, T] = Σ_h |A_i0 − A_ref,i0| (per query row i) and,
+    unless `first_only`, `col` [n, group-1, T] = Σ_h Σ_i |P_ij − P_ref,ij|; float64. The same
+    arithmetic as `runner.pair_probe` (which is this probe with both outputs).
+    """
+
+    def probe(scores_BNTS, probs_BNTS):
+        B, N, T, S = scores_BNTS.shape
+        a = scores_BNTS[..., 0].astype(jnp.float64).reshape(B // group, group, N, T)
+        out = {"first": jnp.abs(a[:, 1:] - a[:, :1]).sum(axis=2)}
+        if not first_only:
+            p = probs_BNTS.reshape(B // group, group, N, T, S)
+            out["col"] = jnp.abs(p[:, 1:] - p[:, :1]).astype(jnp.float64).sum(axis=(2, 3))
+        return out
+
+    return probe
+
+
+def _maps(params, tokens, pos, doc_ids, *, spec: ModelSpec, policy: DtypePolicy, group: int, first_only: bool,
+          seq_len: int | None):
+    """Per-layer probe outputs ([L, n, group-1, T] each) of variant `full` (the audit's)."""
+    act, param = policy.dtype("act"), policy.dtype("param")
+    probe = group_probe(group, first_only)
+    cos, sin = rope_lib.rope_tables(spec.rope, spec.head_dim, pos, policy, seq_len=seq_len)
+    h = params["embed"].astype(param)[tokens].astype(act)
+    layer = partial(_decoder_layer, spec=spec, policy=policy, variant="full", cos=cos, sin=sin, doc_ids=doc_ids,
+                    tap=False, tap_rows=None, probe=probe)
+
+    _, per_layer = jax.lax.scan(layer, h, params["layers"])
+    return per_layer["probe"]
+
+
+_maps_jit = jax.jit(_maps, static_argnames=("spec", "policy", "group", "first_only", "seq_len"))
+
+
+def batch_inputs(tokens_nT: np.ndarray, deltas: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Tokens, positions and doc ids [n*G, T] of `n` windows under the G shifts `deltas` (window-major)."""
+    n, T = tokens_nT.shape
+    G = len(deltas)
+    tokens = np.repeat(tokens_nT, G, axis=0)
+    positions = np.arange(T, dtype=np.int64)[None, :] + np.tile(np.asarray(deltas, np.int64), n)[:, None]
+    return tokens.astype(np.int32), positions, np.ones_like(tokens, dtype=np.int32)
+
+
+class MapsRunner:
+    """Compiles and runs `_maps` once per (policy, shape); `prefetch` compiles ahead on a background thread.
+
+    Programs are compiled ahead of time (`jit(...).lower(...).compile()`) and kept here, keyed by
+    what the compiled code depends on: the policy's stages (not its name: policies that differ only
+    in name share a program), the batch shape, the probe and the dynamic-RoPE length. Lowering and
+    compiling a program while another executes overlaps the compiler (one thread) with the matmuls.
+    """
+
+    def __init__(self, params: Params, spec: ModelSpec, *, background: bool = True):
+        self.params, self.spec = params, spec
+        self._programs: dict[tuple, Future] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-compile") if background else None
+
+    @staticmethod
+    def _key(policy: DtypePolicy, B: int, T: int, group: int, first_only: bool, seq_len: int | None) -> tuple:
+        return (tuple(getattr(policy, s) for s in STAGES), policy.attention, policy.kv_block, B, T, group,
+                first_only, seq_len)
+
+    def _seq_len(self, max_pos: int) -> int | None:
+        return int(max_pos) + 1 if self.spec.rope.kind == "dynamic" else None
+
+    def _compile(self, policy: DtypePolicy, B: int, T: int, group: int, first_only: bool, seq_len: int | None):
+        args = (self.params, jax.ShapeDtypeStruct((B, T), jnp.int32), jax.ShapeDtypeStruct((B, T), jnp.int64),
+                jax.ShapeDtypeStruct((B, T), jnp.int32))
+        return _maps_jit.lower(*args, spec=self.spec, policy=policy, group=group, first_only=first_only,
+                               seq_len=seq_len).compile()
+
+    def program(self, policy: DtypePolicy, B: int, T: int, group: int, first_only: bool, max_pos: int,
+                *, wait: bool = True):
+        """The compiled program (compiling it now, or waiting for a prefetch); with wait=False, start it only."""
+        seq_len = self._seq_len(max_pos)
+        key = self._key(policy, B, T, group, first_only, seq_len)
+        with self._lock:
+            fut = self._programs.get(key)
+            if fut is None:
+                if self._pool is not None and not wait:
+                    fut = self._pool.submit(self._compile, policy, B, T, group, first_only, seq_len)
+                else:
+                    fut = Future()
+                    fut.set_result(self._compile(policy, B, T, group, first_only, seq_len))
+                self._programs[key] = fut
+        return fut.result() if wait else None
+
+    def prefetch(self, policy: DtypePolicy, B: int, T: int, group: int, first_only: bool, max_pos: int) -> None:
+        """Start compiling a program that will be needed (no-op without a background thread)."""
+        if self._pool is not None:
+            self.program(policy, B, T, group, first_only, max_pos, wait=False)
+
+    def run(self, tokens_nT: np.ndarray, deltas, policy: DtypePolicy, *, first_only: bool = False
+            ) -> dict[str, np.ndarray]:
+        """Probe outputs of `n` windows under the shifts `deltas` (the reference first) in one call.
+
+        Args: tokens_nT int [n, T]; deltas: G shifts, deltas[0] the reference. Returns float64
+        `first` (and `col` unless first_only), each [L, n, G-1, T].
+        """
+        tokens, positions, doc_ids = batch_inputs(tokens_nT, deltas)
+        B, T = tokens.shape
+        prog = self.program(policy, B, T, len(deltas), first_only, int(positions.max()))
+        out = prog(self.params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(doc_ids))
+        return {k: np.asarray(v, np.float64) for k, v in out.items()}
+
+    def with_params(self, params: Params) -> MapsRunner:
+        """A runner over other params of the same shapes and dtypes (the random-init model), sharing the
+        compiled programs (params are an argument of each program, not a constant in it) and the thread."""
+        other = MapsRunner.__new__(MapsRunner)
+        other.params, other.spec = params, self.spec
+        other._programs, other._lock, other._pool = self._programs, self._lock, self._pool
+        return other
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None

@@ -1,0 +1,170 @@
+"""The audit's batched maps-only pass (jaxref/audit/maps.py) gives the numbers of the per-shift path.
+
+The per-shift path is `jaxref.forward` with the pair probe, one shift per call (`runner.run_pairs`
+with a single shift): what the audit's arithmetic is defined by. The batched pass puts every shift
+of a window in one call and stops at the maps. Where the arithmetic is the same it must be bitwise
+equal; fp64 is the one policy whose matmul kernels sum in a batch-dependent order here, and there
+the difference is held to the policy's own rounding, measured: in exact arithmetic a shift changes
+nothing, so the fp64 differences between shifts are fp64 rounding alone, and a reordering of the
+same fp64 sums may move the numbers by at most twice that (flash-attention's rule).
+No timings here: speed is measured by benchmarks/bench_audit_speed.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jaxref
+from jaxref.audit import runner
+from jaxref.audit.maps import MapsRunner
+
+SHIFTS = [0, 2, 15, 17, 100, 2000]
+REF = 16
+T = 97  # odd on purpose: the row blocks of the attention overlap at the end
+
+
+@pytest.fixture(scope="module")
+def model():
+    params, spec = jaxref.load_model("random:smollm2")
+    rng = np.random.default_rng(0)
+    toks = rng.integers(3, 259, size=(2, T)).astype(np.int32)
+    toks[:, 0] = spec.first_token_id
+    return params, spec, toks
+
+
+def per_shift(params, spec, toks, policy):
+    """`col` and `first` [L, n, S, T] from one `jaxref.forward` call per window and shift."""
+    outs = [[runner.run_pairs(params, spec, toks[w:w + 1], [s], REF, policy) for s in SHIFTS]
+            for w in range(toks.shape[0])]
+    return {k: np.stack([np.concatenate([o[k][:, 0] for o in row], axis=1) for row in outs], axis=1)
+            for k in ("col", "first")}
+
+
+def batched(maps, toks, policy):
+    """The same from one maps-only call per window with every shift batched."""
+    outs = [maps.run(toks[w:w + 1], [REF, *SHIFTS], policy) for w in range(toks.shape[0])]
+    return {k: np.concatenate([o[k] for o in outs], axis=1) for k in ("col", "first")}
+
+
+@pytest.mark.parametrize("policy", ["fp32", "hf_bf16", "fa2_bf16", "paper_bf16", "sdpa_cpu_bf16", "fp64"])
+def test_batched_shifts_equal_the_per_shift_path(model, policy):
+    params, spec, toks = model
+    pol = jaxref.get_policy(policy)
+    maps = MapsRunner(params, spec, background=False)
+    ref, new = per_shift(params, spec, toks, pol), batched(maps, toks, pol)
+    for key in ("col", "first"):
+        diff = np.abs(new[key] - ref[key])
+        print(f"{policy} {key}: max |batched - per-shift| {diff.max():.3g} (values up to {np.abs(ref[key]).max():.3g})")
+        if policy == "fp64":
+            # fp64's own rounding: what a shift alone does to the same numbers (exactly 0 in exact arithmetic)
+            own = np.abs(ref[key]).max()
+            assert 0 < own < 1e-9
+            assert diff.max() <= 2 * own
+        else:
+            np.testing.assert_array_equal(new[key], ref[key])
+
+
+@pytest.mark.parametrize("policy", ["fp32", "hf_bf16", "paper_bf16", "fp64"])
+def test_maps_only_pass_is_the_forward_with_the_probe(model, policy):
+    """Same batch as `run_pairs` (all shifts in one jaxref.forward call): the same arithmetic, bitwise."""
+    params, spec, toks = model
+    pol = jaxref.get_policy(policy)
+    maps = MapsRunner(params, spec, background=False)
+    for w in range(toks.shape[0]):
+        ref = runner.run_pairs(params, spec, toks[w:w + 1], SHIFTS, REF, pol)
+        new = maps.run(toks[w:w + 1], [REF, *SHIFTS], pol)
+        first_only = maps.run(toks[w:w + 1], [REF, *SHIFTS], pol, first_only=True)
+        assert set(first_only) == {"first"}
+        for key in ("col", "first"):
+            np.testing.assert_array_equal(new[key], ref[key])
+        np.testing.assert_array_equal(first_only["first"], ref["first"])
+
+
+def test_each_program_compiles_once(model):
+    """One program per (arithmetic, shape): the same call again, or a policy differing only in name, reuses it."""
+    import dataclasses
+
+    params, spec, toks = model
+    maps = MapsRunner(params, spec)  # with the background compiler, as run_audit uses it
+    pol = jaxref.get_policy("hf_bf16")
+    maps.prefetch(pol, len(SHIFTS) + 1, T, len(SHIFTS) + 1, False, T - 1 + max(SHIFTS))
+    a = maps.run(toks[:1], [REF, *SHIFTS], pol)
+    b = maps.run(toks[1:], [REF, *SHIFTS], dataclasses.replace(pol, name="renamed"))
+    assert len(maps._programs) == 1
+    maps.run(toks[:1], [REF, *SHIFTS], pol, first_only=True)
+    maps.run(toks[:1], [REF, 0], pol)
+    assert len(maps._programs) == 3
+    np.testing.assert_array_equal(a["col"], maps.run(toks[:1], [REF, *SHIFTS], pol)["col"])
+    assert not np.array_equal(a["col"], b["col"])  # two windows, two results
+    maps.close()
+
+
+def test_prefetch_order_is_the_order_the_budget_runs(model, monkeypatch):
+    """run_audit compiles the budget's programs ahead in `budget_runs` order: the order error_budget needs them."""
+    params, spec, toks = model
+    seen = []
+    real = runner.d_pair
+
+    def record(params, spec, windows, policy, delta1, delta2, *, maps=None):
+        seen.append(runner._key(policy))
+        return real(params, spec, windows, policy, delta1, delta2, maps=maps)
+
+    monkeypatch.setattr(runner, "d_pair", record)
+    base = jaxref.get_policy("hf_bf16")
+    stages = ("act", "rope_apply", "logits")
+    runner.error_budget(params, spec, toks[:1, :41], base, 0, REF, stages=stages)
+    assert seen == [runner._key(p) for p in runner.budget_runs(runner.budget_plan(base, stages))]
+
+
+def test_shift_programs_cover_every_call(model):
+    """The prefetch list of the shift curve names exactly the calls shift_curve makes (chunks padded)."""
+    _, spec, _ = model
+    settings = runner.AuditSettings(seq_len=T, shifts=tuple(SHIFTS))
+    for k in (1, 2, 4, len(SHIFTS)):
+        calls = runner._shift_programs(settings, k)
+        assert all(c[0] == k + 1 and c[1] == T and not c[3] for c in calls)
+        # each chunk's largest position: T - 1 + the largest shift in it (or the reference)
+        chunks = [SHIFTS[c:c + k] for c in range(0, len(SHIFTS), k)]
+        assert sorted({c[4] for c in calls}) == sorted({T - 1 + max(REF, *ch) for ch in chunks})
+
+
+def test_compile_cache_gives_the_same_audit(tmp_path):
+    """`anchor audit` keeps its compiled programs under <cache>/jax: a second run reads them (no new
+    entries) and writes the same audit.json bit for bit; --no-compile-cache writes none. In their own
+    processes, with the cache folder in tmp_path (JAX sets its cache up once per process)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["Rotary embeddings rotate pairs. " * 9,
+                                                                      "def f(x):\n    return x * 2\n" * 10]))
+    exe = Path(sys.executable).parent / "anchor"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+    env["ANCHOR_CACHE"] = str(tmp_path / "cache")  # random:llama needs nothing from the real cache
+    argv = [str(exe), "audit", "--model", "random:llama", "--policies", "hf_bf16", "--quick", "--seq-len", "33",
+            "--max-len", "64", "--data", str(data), "--no-progress"]
+    cache = tmp_path / "cache" / "jax"
+
+    def run(out, *extra):
+        r = subprocess.run([*argv, "--out", str(tmp_path / out), *extra], capture_output=True, text=True, env=env,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr
+        return json.loads((tmp_path / out / "audit.json").read_text())
+
+    def entries():
+        return sorted(p.name for p in cache.glob("*-cache")) if cache.is_dir() else []
+
+    first = run("a")
+    filled = entries()
+    print(f"{len(filled)} programs cached")
+    assert filled
+    second = run("b")
+    assert entries() == filled  # every program came from the cache
+    for key in ("shift_curve", "per_token", "length_curve"):
+        assert second[key] == first[key]
+    third = run("c", "--no-compile-cache")
+    assert entries() == filled and third["shift_curve"] == first["shift_curve"]
