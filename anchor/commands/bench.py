@@ -42,7 +42,7 @@ def bench(
         "--variants", help="Variants to time (full is always timed: every ratio is against it).")
     ] = "full,intra_doc,anchor",
     engines: Annotated[Optional[str], typer.Option(
-        "--engines", help="Attention engines [default: varlen on CPU; varlen,flex,sdpa on CUDA].")] = None,
+        "--engines", help="Attention engines (default: varlen on CPU; varlen,flex,sdpa on CUDA).")] = None,
     distributions: Annotated[str, typer.Option(
         "--distributions", help="Document layouts: corpus (windows packed from --data), slimpajama, "
                                 "long_upsampled (synthetic length distributions).")] = "corpus,slimpajama,long_upsampled",
@@ -56,11 +56,11 @@ def bench(
     attention: Annotated[bool, typer.Option("--attention/--no-attention", help="Time attention alone.")] = True,
     step: Annotated[bool, typer.Option("--step/--no-step", help="Time whole `anchor train` steps.")] = True,
     step_seq_len: Annotated[Optional[int], typer.Option(
-        "--step-seq-len", help="Window length of the step rows [default: the longest --seq-len up to 8192].")] = None,
+        "--step-seq-len", help="Window length of the step rows (default: the longest --seq-len up to 8192).")] = None,
     step_layers: Annotated[int, typer.Option("--step-layers", help="Layers of --model kept for the step rows.")] = 2,
     step_steps: Annotated[int, typer.Option("--step-steps", help="Steps per variant (the first is a warm-up).")] = 3,
     step_variants: Annotated[Optional[str], typer.Option(
-        "--step-variants", help="Variants of the step rows (full is always run) [default: anchor].")] = None,
+        "--step-variants", help="Variants of the step rows (full is always run; default: anchor).")] = None,
     estimate_model: Annotated[str, typer.Option(
         "--estimate-model", help="Model of the estimate: llama2-7b, llama3-8b, mistral-7b, qwen2-7b.")] = "llama2-7b",
     estimate_seq_len: Annotated[str, typer.Option(
