@@ -1,8 +1,13 @@
-"""Next-token cross-entropy under the loss mask of CONTRACT §1."""
+"""Next-token cross-entropy under the loss mask of CONTRACT §1, from logits or fused with the lm-head."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 # Rows of logits per chunk: about 2^24 elements (128 MiB in float64) at a time, whatever the vocabulary.
 _CHUNK_ELEMENTS = 1 << 24
@@ -84,3 +89,166 @@ def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor, loss_mask: torch
     ce = token_cross_entropy(logits[:, :-1], tokens[:, 1:])  # [B, T-1]
     total = (ce * counted).sum()
     return total / count.clamp_min(1), count
+
+
+# ---------------------------------------------------------------------------------------------
+# The lm-head fused with the cross-entropy: logits [N, V] are never materialised.
+
+
+def _rows_per_chunk(V: int) -> int:
+    """Rows of a chunk at most: a chunk's logits hold about `_CHUNK_ELEMENTS` values, whatever the vocabulary."""
+    return max(1, _CHUNK_ELEMENTS // max(V, 1))
+
+
+def _chunks(N: int, V: int) -> list[tuple[int, int]]:
+    """Row ranges [s, e) covering N rows: as few chunks as `_rows_per_chunk(V)` allows, of equal size (±1).
+
+    Equal sizes, not full chunks and a remainder: the CPU's BLAS multiplies fewer than about 12 rows
+    with other kernels (rows 1-3, 5-7, 9-11 differ in the last bit from the same rows inside a larger
+    product, measured with torch 2.13 on this AVX2 CPU), so a remainder of a few rows would make those
+    rows' results depend on where the chunking fell; equal chunks stay large whenever N is.
+    """
+    if N == 0:
+        return []
+    n = -(-N // _rows_per_chunk(V))
+    base, extra = divmod(N, n)
+    bounds, s = [], 0
+    for i in range(n):
+        e = s + base + (i < extra)
+        bounds.append((s, e))
+        s = e
+    return bounds
+
+
+def _weight_grad_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """Operand dtype of each chunk's d(logits)ᵀ @ hidden, the weight gradient's contribution.
+
+    On the CPU float32: bf16 values are exact in float32, the product is accumulated in float32 with
+    no per-chunk rounding, and float32 matmuls are faster than bf16 ones on CPUs without AMX. On CUDA
+    the hidden's own dtype (tensor cores; the GEMM accumulates in float32 inside), each chunk's
+    product cast to float32 before it is added.
+    """
+    return torch.float32 if device.type == "cpu" else dtype
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """-log softmax(hidden @ weightᵀ + bias)[target] per row, chunked over rows, logits recomputed in the backward.
+
+    Saved for the backward: hidden [N, H], weight [V, H], bias, targets [N] and one log-sum-exp per
+    row; one chunk (`_chunks`) of logits exists at a time, in the forward and in the backward. Rows
+    never mix, and chunks are never small, so a row gets the same loss and hidden gradient whichever
+    chunk it falls in (bitwise on this CPU; see `_chunks`); only the weight gradient's sum over
+    chunks depends on the chunking.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,  # type: ignore[override]
+                targets: torch.Tensor) -> torch.Tensor:  # [N, H], [V, H], [V] | None, int64 [N] -> fp32 [N]
+        N, V = hidden.shape[0], weight.shape[0]
+        acc = _accumulation_dtype(hidden.device)
+        chunks = _chunks(N, V)
+        lse = torch.empty(N, dtype=acc, device=hidden.device)
+        picked = torch.empty(N, dtype=acc, device=hidden.device)
+        for s, e in chunks:
+            logits = F.linear(hidden[s:e], weight, bias)  # [n, V] in the hidden's dtype, as nn.Linear
+            lse[s:e] = torch.logsumexp(logits.to(acc), dim=1)
+            picked[s:e] = logits.gather(1, targets[s:e, None]).squeeze(1).to(acc)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.chunks = chunks
+        return (lse - picked).float()
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        acc = lse.dtype
+        wdt = _weight_grad_dtype(hidden.device, hidden.dtype)
+        g = grad_out.to(acc)
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
+        grad_bias = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) \
+            if need_bias and bias is not None else None
+        for s, e in ctx.chunks:
+            h = hidden[s:e]
+            d = torch.exp(F.linear(h, weight, bias).to(acc) - lse[s:e, None])  # softmax [n, V]
+            d.scatter_add_(1, targets[s:e, None], torch.full_like(lse[s:e, None], -1.0))
+            # d(loss)/d(logits) in the logits' dtype, as the unfused path hands it to nn.Linear's backward
+            d = d.mul_(g[s:e, None]).to(hidden.dtype)
+            if grad_hidden is not None:
+                grad_hidden[s:e] = d @ weight
+            if grad_weight is not None:
+                grad_weight += (d.t().to(wdt) @ h.to(wdt)).float()
+            if grad_bias is not None:
+                grad_bias += d.sum(0, dtype=torch.float32)
+        return (grad_hidden,
+                None if grad_weight is None else grad_weight.to(weight.dtype),
+                None if grad_bias is None else grad_bias.to(bias.dtype),
+                None)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                         bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`token_cross_entropy(F.linear(hidden, weight, bias), targets)` without the logits.
+
+    The lm-head and the cross-entropy fused and chunked over rows (as Liger-Kernel's fused linear
+    cross-entropy and Apple's cut-cross-entropy): a chunk of about `_CHUNK_ELEMENTS` logits exists at a
+    time, computed in the hidden's dtype as nn.Linear would, each row's log-sum-exp accumulated in
+    `_accumulation_dtype` (float64 on the CPU, float32 on CUDA); the backward recomputes each chunk's
+    logits. Gradients: hidden's in its dtype; weight's (and bias's) summed over chunks in float32,
+    then cast to the weight's dtype.
+
+    Args:
+      hidden: [N, H] final hidden states (after the final norm); weight: [V, H] the lm-head's (tied
+        or not); targets: int [N] in [0, V); bias: [V] or None.
+    Returns:
+      float32 [N], the cross-entropy of every row (no reduction, no mask).
+    """
+    if hidden.ndim != 2 or weight.ndim != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"linear_cross_entropy: hidden {tuple(hidden.shape)} and weight {tuple(weight.shape)} "
+                         "are not [N, H] and [V, H]")
+    V = weight.shape[0]
+    targets = targets.long().reshape(-1)
+    if targets.numel() != hidden.shape[0]:
+        raise ValueError(f"linear_cross_entropy: {targets.numel()} targets for {hidden.shape[0]} rows")
+    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= V):
+        raise ValueError(f"linear_cross_entropy: targets outside the vocabulary [0, {V})")
+    return _LinearCrossEntropy.apply(hidden, weight, bias, targets)
+
+
+def head_cross_entropy(model: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-slot cross-entropy through the model's lm-head: hidden [B, T, H], targets int [B, T] -> fp32 [B, T].
+
+    `linear_cross_entropy` with the weight (and bias) of `model.get_output_embeddings()`, tied to
+    the input embedding or not. The weight must be whole here: not under ZeRO-3, which partitions
+    it outside its module's forward.
+    """
+    head = model.get_output_embeddings()
+    B, T, H = hidden.shape
+    return linear_cross_entropy(hidden.reshape(B * T, H), head.weight, targets.reshape(B * T),
+                                getattr(head, "bias", None)).view(B, T)
+
+
+def final_hidden_states(forward: Callable[..., Any], model: nn.Module, **inputs: Any) -> torch.Tensor:
+    """Run the model with its lm-head projecting no slot; return the final norm's output [B, T, H].
+
+    `forward` is the model itself or a wrapper that calls it (a DeepSpeed engine, whose module hooks
+    then fire as in any forward); `model` is the transformers causal LM inside it. transformers'
+    `logits_to_keep` (a 1-D index tensor, here empty) slices the hidden states before the lm-head, so
+    the output's logits are [B, 0, V]; a forward hook on `model.base_model.norm` catches the hidden
+    states on their way there, in the graph. Feed them to `head_cross_entropy`.
+
+    Args:
+      forward: callable taking the model's keyword inputs; model: a torchtrain.build_model model;
+      inputs: the keyword inputs (input_ids [B, T], position_ids, doc_ids, variant, ...).
+    """
+    caught: list[torch.Tensor] = []
+    handle = model.base_model.norm.register_forward_hook(lambda _module, _args, out: caught.append(out))
+    try:
+        device = inputs["input_ids"].device
+        out = forward(**inputs, logits_to_keep=torch.empty(0, dtype=torch.long, device=device))
+    finally:
+        handle.remove()
+    if len(caught) != 1 or out.logits.shape[1] != 0:
+        raise RuntimeError(f"final_hidden_states: the final norm ran {len(caught)} times and the lm-head "
+                           f"returned logits {tuple(out.logits.shape)}; expected once and [B, 0, V]")
+    return caught[0]

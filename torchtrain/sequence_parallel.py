@@ -1,7 +1,7 @@
 """Ulysses sequence parallelism around torchtrain's attention engines.
 
 Legend: B batch, T slots of the whole window, P the SP degree (ranks of the group), s = T / P slots
-per rank, N query heads, K kv heads, D head dim, V vocabulary.
+per rank, N query heads, K kv heads, D head dim, H hidden size, V vocabulary.
 
 Layout: rank r holds the contiguous slots [r s, (r + 1) s) of every window (`shard`). Everything
 outside attention (embeddings, RoPE, norms, MLPs, lm-head, loss) is per slot and runs on the
@@ -27,10 +27,16 @@ Both exchange the same bytes, so the two give identical results.
 Per rank:
 
     enable_sequence_parallel(model, group)
-    out = model(input_ids=shard(tokens, rank, P), position_ids=shard(positions, rank, P),
-                doc_ids=doc_ids, variant=variant)                    # doc_ids: the WHOLE [B, T]
-    ce_sum, count = next_token_loss_shard(out.logits, tokens, loss_mask, rank, P)
+    hidden = final_hidden_states(model, model, input_ids=shard(tokens, rank, P),
+                                 position_ids=shard(positions, rank, P),
+                                 doc_ids=doc_ids, variant=variant)   # doc_ids: the WHOLE [B, T]
+    ce_sum, count = next_token_loss_shard(hidden, tokens, loss_mask, rank, P,
+                                          lm_head=model.get_output_embeddings())
     (ce_sum / count).backward()   # then all-reduce SUM the parameter gradients over the SP group
+
+(`final_hidden_states` from torchtrain.loss: the final norm's output [B, s, H], the lm-head fused with
+the loss so no [B, s, V] logits exist; `next_token_loss_shard(out.logits, tokens, loss_mask, rank, P)`
+on ordinary logits gives the same.)
 
 The loss of the window is the SUM over the SP group of `ce_sum`, divided by `count`; likewise the
 gradient of the mean loss is the SUM over the group of each rank's gradient of `ce_sum / count`.
@@ -52,7 +58,7 @@ from torch import nn
 
 from anchor.errors import InputError
 from torchtrain import engines
-from torchtrain.loss import token_cross_entropy
+from torchtrain.loss import linear_cross_entropy, token_cross_entropy
 
 Impl = Literal["auto", "deepspeed", "torch"]
 
@@ -102,27 +108,41 @@ def shard(x: Any, rank: int, degree: int, dim: int = 1) -> Any:
 
 
 def next_token_loss_shard(
-    logits: torch.Tensor, tokens: torch.Tensor, loss_mask: torch.Tensor, rank: int, degree: int
+    states: torch.Tensor, tokens: torch.Tensor, loss_mask: torch.Tensor, rank: int, degree: int,
+    lm_head: nn.Module | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's part of the next-token loss of CONTRACT §1 under sequence parallelism.
 
     Targets are the WHOLE window's tokens shifted by one, then sharded: the prediction at a shard's
-    last slot is of the next shard's first token.
+    last slot is of the next shard's first token. With `lm_head`, `states` are the final hidden
+    states (`torchtrain.loss.final_hidden_states`) and the lm-head is fused with the cross-entropy
+    (`torchtrain.loss.linear_cross_entropy`): no [B, s, V] logits or logit gradient is ever
+    materialised. Without it, `states` are the logits. Either way every slot's cross-entropy depends
+    on its own row only, so a shard's rows give those of the whole window.
 
     Args:
-      logits: [B, s, V] this rank's logits; tokens, loss_mask: int [B, T], the whole window.
+      states: [B, s, V] this rank's logits, or [B, s, H] its final hidden states with `lm_head`.
+      tokens, loss_mask: int [B, T], the whole window.
+      rank, degree: this rank in the SP group, and P, the group's size.
+      lm_head: the model's output projection (`model.get_output_embeddings()`, tied or not), or None.
     Returns:
       (ce_sum, count): float32 sum of cross-entropy over this shard's counted predictions (with a
       graph), and the int64 count of counted predictions of the whole window (the same on every
       rank). The window's mean loss is the sum over the SP group of ce_sum, divided by count.
     """
-    tokens = torch.as_tensor(tokens, device=logits.device)
-    loss_mask = torch.as_tensor(loss_mask, device=logits.device)
+    tokens = torch.as_tensor(tokens, device=states.device)
+    loss_mask = torch.as_tensor(loss_mask, device=states.device)
     targets = torch.cat([tokens[:, 1:], tokens[:, -1:]], dim=1).long()  # the last slot never counts
     counted = torch.cat([loss_mask[:, :-1].bool(), torch.zeros_like(loss_mask[:, :1], dtype=torch.bool)], dim=1)
     count = counted.sum()
     mine = shard(counted, rank, degree)
-    ce = token_cross_entropy(logits, shard(targets, rank, degree))  # [B, s], the same rows as the whole window's
+    mine_targets = shard(targets, rank, degree)
+    if lm_head is None:
+        ce = token_cross_entropy(states, mine_targets)  # [B, s], the same rows as the whole window's
+    else:
+        B, s, H = states.shape
+        ce = linear_cross_entropy(states.reshape(B * s, H), lm_head.weight, mine_targets.reshape(B * s),
+                                  getattr(lm_head, "bias", None)).view(B, s)
     return (ce * mine).sum(), count
 
 

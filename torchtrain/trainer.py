@@ -516,7 +516,7 @@ def worker(run_str: str, progress: bool = True) -> int:
     from anchor.progress import ProgressBar
     from torchtrain.config import read_yaml
     from torchtrain.distributed import ParallelGroups, init_world, sequence_parallel_group
-    from torchtrain.loss import token_cross_entropy
+    from torchtrain.loss import final_hidden_states, head_cross_entropy, token_cross_entropy
     from torchtrain.model import build_model
 
     run = Path(run_str)
@@ -598,11 +598,19 @@ def worker(run_str: str, progress: bool = True) -> int:
             norm = None
             for m in range(gas):
                 rows = slice(m * cfg.micro_batch, (m + 1) * cfg.micro_batch)
-                out = engine(input_ids=tokens[rows, sl].to(world.device),
-                             position_ids=torch.as_tensor(batch.positions[rows, sl], dtype=torch.long).to(world.device),
-                             doc_ids=torch.as_tensor(batch.doc_ids[rows], dtype=torch.long).to(world.device),
-                             variant=cfg.variant)
-                ce = token_cross_entropy(out.logits, targets[rows, sl].to(world.device))
+                inputs = {"input_ids": tokens[rows, sl].to(world.device),
+                          "position_ids": torch.as_tensor(batch.positions[rows, sl], dtype=torch.long).to(world.device),
+                          "doc_ids": torch.as_tensor(batch.doc_ids[rows], dtype=torch.long).to(world.device),
+                          "variant": cfg.variant}
+                # The lm-head fused with the loss: no [B, T, V] logits (or their gradient). ZeRO-3
+                # partitions the lm-head weight outside its module's forward, and GatheredParameters
+                # around the fused loss would not route its gradient back to the partitions: stage 3
+                # keeps the logits path, and with it the logits' memory at long context.
+                if cfg.zero_stage != 3:
+                    hidden = final_hidden_states(engine, engine.module, **inputs)
+                    ce = head_cross_entropy(engine.module, hidden, targets[rows, sl].to(world.device))
+                else:
+                    ce = token_cross_entropy(engine(**inputs).logits, targets[rows, sl].to(world.device))
                 local = (ce * mask[rows, sl].to(world.device)).sum()
                 engine.backward(local * scale.to(world.device), scale_wrt_gas=False)
                 total += local.detach().double().cpu()
