@@ -18,8 +18,11 @@ from tests.train.test_gradient_normalisation import GLOBAL, relative_l2
 DEFECTS = Path(__file__).parent / "defects"
 TOL = 1e-6
 # AdamW's first update is about lr * sign(g), so a gradient element near zero amplifies fp32's error:
-# the clean trainer's update is measured within 1.2e-3 (relative L2 per parameter) of the oracle's,
-# weight decay on the norms moves theirs by 1e-1.
+# an element whose true gradient is smaller than the trainer's measured gradient error (twice the
+# parameter's max-abs error) has no determined sign in fp32; where the trainer's sign differs from
+# the oracle's there, the element is left out of the update's comparison (one such sign flip in layer 0's up_proj of random:llama, 8148 elements, moved its
+# update by 1.7e-2). On the rest, the clean trainer's update is within 1.2e-3 (relative L2 per
+# parameter) of the oracle's; weight decay on the norms moves theirs by 1e-1.
 STEP_TOL = 1e-2
 
 
@@ -49,8 +52,16 @@ def diagnose(got: dict, want: dict, got_after: dict | None = None, want_after: d
         return f"gradient differs (rel L2 {err:.2e}); first diverging parameter going backwards from the loss: {first}"
     if got_after is not None:
         # the update itself (parameters after minus before), per parameter, in relative L2
-        per = {k: float(np.linalg.norm(got_after[k] - want_after[k]) / np.linalg.norm(want_after[k] - start[k]))
-               for k in want_after}
+        per, undetermined = {}, 0
+        for k in want_after:
+            g_err = float(np.abs(got[k].astype(np.float64) - want[k]).max())
+            # left out: elements whose gradient sign the trainer got wrong within its measured error
+            flipped = (np.sign(got[k]) != np.sign(want[k])) & (np.abs(want[k]) <= 2.0 * g_err)
+            sure = ~flipped
+            undetermined += int((~sure).sum())
+            per[k] = float(np.linalg.norm((got_after[k] - want_after[k])[sure])
+                           / np.linalg.norm((want_after[k] - start[k])[sure]))
+        print(f"{undetermined} gradient elements within the measured fp32 error of zero (sign flipped) left out of the update check")
         print("update rel L2, worst three:", [(k, f"{v:.1e}") for k, v in sorted(per.items(), key=lambda kv: -kv[1])[:3]])
         bad = sorted((k for k, v in per.items() if v > STEP_TOL), key=lambda k: -per[k])
         if bad:
