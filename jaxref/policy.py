@@ -9,6 +9,7 @@ FlashAttention-2 bf16 and the paper's bf16 recipe). A policy can also be written
     rope_apply: float32    # any stage of STAGES
     attention: dense       # dense | online
     kv_block: 128          # key/value block of the online softmax
+    exp: exact             # exact | fexp_u20 (the online softmax's exponential, see jaxref.attention)
 
 Stages, in CONTRACT §4 order:
   param       weights as stored
@@ -52,7 +53,8 @@ _ALIASES: dict[str, str] = {
     "bf16": "bfloat16",
     "fp16": "float16", "f16": "float16", "half": "float16",
 }
-_EXTRA_KEYS: tuple[str, ...] = ("name", "attention", "kv_block")
+_EXTRA_KEYS: tuple[str, ...] = ("name", "attention", "kv_block", "exp")
+EXPS: tuple[str, ...] = ("exact", "fexp_u20")
 
 
 def _dtype_name(value: object, *, what: str, path: object | None = None) -> str:
@@ -76,7 +78,9 @@ class DtypePolicy:
 
     Stage fields hold canonical dtype names ("float64", "float32", "bfloat16", "float16").
     `attention`: "dense" (materialised logits, one softmax) or "online" (FlashAttention-2-style
-    blockwise online softmax over key/value blocks of `kv_block` slots).
+    blockwise online softmax over key/value blocks of `kv_block` slots). `exp`: the exponential of
+    the online softmax's probabilities: "exact" (the softmax dtype's exp) or "fexp_u20" (the fast
+    float32 exponential torch's CPU flash kernel uses for bf16/fp16 inputs; `jaxref.attention.fexp_u20`).
     """
 
     param: str
@@ -95,6 +99,7 @@ class DtypePolicy:
     name: str
     attention: Literal["dense", "online"] = "dense"
     kv_block: int = 128
+    exp: Literal["exact", "fexp_u20"] = "exact"
 
     def __post_init__(self) -> None:
         for stage in STAGES:
@@ -103,6 +108,8 @@ class DtypePolicy:
             raise InputError(f"unknown attention {self.attention!r} (valid: {', '.join(ATTENTIONS)})")
         if isinstance(self.kv_block, bool) or not isinstance(self.kv_block, int) or self.kv_block < 1:
             raise InputError(f"kv_block must be a positive integer, got {self.kv_block!r}")
+        if self.exp not in EXPS:
+            raise InputError(f"unknown exp {self.exp!r} (valid: {', '.join(EXPS)})")
 
     def dtype(self, stage: str) -> jnp.dtype:
         """The JAX dtype of `stage` (one of STAGES)."""
@@ -123,13 +130,14 @@ class DtypePolicy:
         return dataclasses.replace(self, name=f"{self.name}[{note}]", **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain mapping (name, every stage, attention, kv_block) that `get_policy` reads back."""
+        """Plain mapping (name, every stage, attention, kv_block, exp) that `get_policy` reads back."""
         return {"name": self.name, **{s: getattr(self, s) for s in STAGES},
-                "attention": self.attention, "kv_block": self.kv_block}
+                "attention": self.attention, "kv_block": self.kv_block, "exp": self.exp}
 
 
-def _preset(name: str, attention: Literal["dense", "online"] = "dense", kv_block: int = 128, **stages: str) -> DtypePolicy:
-    return DtypePolicy(name=name, attention=attention, kv_block=kv_block, **stages)
+def _preset(name: str, attention: Literal["dense", "online"] = "dense", kv_block: int = 128, exp: str = "exact",
+            **stages: str) -> DtypePolicy:
+    return DtypePolicy(name=name, attention=attention, kv_block=kv_block, exp=exp, **stages)  # type: ignore[arg-type]
 
 
 ONE_BLOCK = 1 << 30
@@ -156,8 +164,10 @@ PRESETS: dict[str, DtypePolicy] = {
     # FlashAttention-2: same RoPE as HF, fp32 logits in registers, online softmax, p rounded to bf16.
     "fa2_bf16": _preset("fa2_bf16", "online", **{**_HF_BF16, "logits": "float32"}),
     # torch's fused CPU attention (F.scaled_dot_product_attention in bf16 on the CPU, any mask:
-    # ATen/native/cpu/FlashAttentionKernel.cpp): the FA-2 arithmetic above over key blocks of 512.
-    "sdpa_cpu_bf16": _preset("sdpa_cpu_bf16", "online", kv_block=512, **{**_HF_BF16, "logits": "float32"}),
+    # ATen/native/cpu/FlashAttentionKernel.cpp): the FA-2 arithmetic above over key blocks of 512,
+    # the probabilities' exponential its fast `fexp_u20` (exp(0) = 0.99994659).
+    "sdpa_cpu_bf16": _preset("sdpa_cpu_bf16", "online", kv_block=512, exp="fexp_u20",
+                             **{**_HF_BF16, "logits": "float32"}),
     # FA-2 arithmetic with each row's keys in one block (one max, one sum): torchtrain's pure-torch
     # `flash_attn_varlen_func` (torchtrain/varlen_emulation.py), per segment.
     "fa2_bf16_1pass": _preset("fa2_bf16_1pass", "online", kv_block=ONE_BLOCK, **{**_HF_BF16, "logits": "float32"}),
@@ -197,6 +207,8 @@ def _from_mapping(d: Mapping[str, Any], *, path: object | None = None, default_n
         changes["attention"] = d["attention"]
     if "kv_block" in d:
         changes["kv_block"] = d["kv_block"]
+    if "exp" in d:
+        changes["exp"] = d["exp"]
     try:
         return dataclasses.replace(policy, **changes)
     except InputError as e:

@@ -104,13 +104,10 @@ def test_parity_on_smollm2_passes(tmp_path, capsys):
 @pytest.mark.parametrize("model", ["random:llama", "random:qwen2"])
 def test_parity_on_the_other_random_presets_passes(tmp_path, model):
     out = tmp_path / "parity"
-    from parity_tests.test_matrix import KNOWN_BF16_SINGLE_TOKEN_KL
-
     rc = _run(["parity", "--model", model, "--out", str(out), "--no-progress"])
     report = _check_report(out, 24)
     failing = {c["id"] for c in report["cases"] if not c["pass"]}
-    # the one known case (parity_tests/test_matrix.py) fails the whole run, and nothing else may
-    assert failing <= KNOWN_BF16_SINGLE_TOKEN_KL and rc == (1 if failing else 0), failing
+    assert not failing and rc == 0, failing
 
 
 def test_parity_grads_adds_gradient_cases_and_plots(tmp_path, capsys):

@@ -23,16 +23,14 @@ from parity_tests.suite import describe, run_case
 # engine is now held against the oracle policy that follows its arithmetic (parity_tests.runners.
 # EMULATIONS: sdpa_cpu_bf16, fa2_bf16_1pass) and the three cases pass under the same rule.
 #
-# random:qwen2, anchor, bf16, sdpa, T=97: every tap passes its rel-L2 bound (logits 9.7e-3 against
-# 2.0e-2), but the mean next-token KL (9.0e-5) exceeds 2 × the emulation's (3.45e-5) + 1e-5. Measured
-# 2026-11-22: given the same q/k/v, torch's CPU kernel and sdpa_cpu_bf16 differ in 1.5 % of the
-# attention outputs by one bf16 ulp: in about 1 % of rows one unnormalised probability rounds the other
-# way, implying differences of 0.03–0.3 % in exp(s − max) that neither the kernel's fp32 path (its exp
-# is within 2e-6) nor any ordering of the fp32 sums we tried reproduces. Both are equally far from fp64
-# (attention rel. L2 1.702e-3 vs 1.699e-3), and over 6 seeds × 2 layouts the trainer-to-emulation KL
-# ratio ranges 0.73–2.61 (the emulation's own KL 3.4e-5–1.9e-4): seed 0 plain is the one where the
-# emulation's sample is the lowest. Kept visible, not silenced.
-KNOWN_BF16_SINGLE_TOKEN_KL = {"random:qwen2/anchor/bf16/sdpa/T97"}
+# random:qwen2, anchor, bf16, sdpa, T=97 was marked xfail until 2026-11-22: its mean next-token KL
+# (9.0e-5) exceeded 2 × the emulation's (3.45e-5) + 1e-5, because given the same q/k/v torch's CPU
+# kernel and sdpa_cpu_bf16 differed in 1.5 % of the attention outputs. The cause: for bf16/fp16
+# inputs the kernel's probabilities come from `fexp_u20`, a fast float32 exponential within one bf16
+# ulp of exp but not exp (exp(0) = 0.99994659; visible as a constant -5.34e-5 in the logsumexp of a
+# row that sees one key). sdpa_cpu_bf16 now computes that function bit for bit (policy field
+# `exp: fexp_u20`, jaxref.attention.fexp_u20); the outputs differ in 0.01 % (fp32 summation order)
+# and the case passes under the same rule.
 
 
 def _param(case: Case, *marks) -> pytest.param:
@@ -54,8 +52,6 @@ def test_fast_case(case):
 
 def _full(case: Case) -> pytest.param:
     marks = [pytest.mark.slow, pytest.mark.parity_full]
-    if case.id in KNOWN_BF16_SINGLE_TOKEN_KL:
-        marks.append(pytest.mark.xfail(strict=False, reason="torch's CPU SDPA kernel rounds ~1% of bf16 probabilities otherwise; KL of one sample (see above)"))
     return _param(case, *marks)
 
 

@@ -105,7 +105,7 @@ class MapsRunner:
 
     @staticmethod
     def _key(policy: DtypePolicy, B: int, T: int, group: int, first_only: bool, seq_len: int | None) -> tuple:
-        return (tuple(getattr(policy, s) for s in STAGES), policy.attention, policy.kv_block, B, T, group,
+        return (tuple(getattr(policy, s) for s in STAGES), policy.attention, policy.kv_block, policy.exp, B, T, group,
                 first_only, seq_len)
 
     def _seq_len(self, max_pos: int) -> int | None:

@@ -25,7 +25,7 @@ ANGLE_VISIBLE_RAD = 1e-2      # a relative-angle error this large is a visible r
 def _low_precision(result: dict[str, Any]) -> list[str]:
     out = []
     for name, p in result["policies"].items():
-        if any(v in ("bfloat16", "float16") for k, v in p.items() if k not in ("name", "attention", "kv_block")):
+        if any(v in ("bfloat16", "float16") for k, v in p.items() if k not in ("name", "attention", "kv_block", "exp")):
             out.append(name)
     return out
 
