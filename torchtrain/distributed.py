@@ -54,9 +54,17 @@ class World:
         return self.rank == 0
 
 
+# The world-of-one variables `init_world` sets in a plain process (deepspeed and torch read them); they stay
+# in os.environ afterwards and must not make a later run in the same process look launched.
+_SOLO_ENV: dict[str, str] = {}
+
+
 def launched_externally() -> bool:
-    """True under torchrun / the deepspeed launcher / an elastic worker (the env names the world)."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    """True under torchrun / the deepspeed launcher / an elastic worker (the env names the world), not
+    when the variables are those `init_world` set for a world of one in this process."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return False
+    return not (_SOLO_ENV and all(os.environ.get(k) == v for k, v in _SOLO_ENV.items()))
 
 
 def free_port() -> int:
@@ -79,8 +87,10 @@ def init_world(sp: int) -> World:
 
     _quiet_deepspeed()
     if not launched_externally():  # one plain process: a world of one
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(free_port()))
+        _SOLO_ENV.clear()
+        _SOLO_ENV.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                         MASTER_PORT=(dist.is_initialized() and os.environ.get("MASTER_PORT")) or str(free_port()))
+        os.environ.update(_SOLO_ENV)
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         device = torch.device("cuda", local)

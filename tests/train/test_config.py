@@ -4,6 +4,7 @@ group starts and before anything is written (CONTRACT §8, issue Build 7)."""
 
 from __future__ import annotations
 
+import os
 import json
 from pathlib import Path
 
@@ -129,3 +130,23 @@ def test_bad_config_is_one_line_exit_2_nothing_written(tmp_path, capsys, text, o
 def test_validation_errors_name_the_file():
     with pytest.raises(InputError, match="tiny.yaml"):
         load_train_config(TINY, ["global_batch=5", "micro_batch=2"])
+
+
+def test_a_run_in_this_process_does_not_make_the_next_look_launched(tmp_path, capsys):
+    """A world of one leaves RANK/WORLD_SIZE in os.environ (torch and DeepSpeed read them); a later
+    `anchor train` in the same process (the demo trains two runs) must still be a local one: its
+    nproc checks apply and it is not mistaken for a torchrun rank."""
+    from anchor.cli import main
+    from torchtrain.distributed import launched_externally
+
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--config", str(TINY), "--out", str(tmp_path / "one"), "--no-progress", "steps=1",
+              "save_every=0", "eval_every=1", "eval_window=1", "pack.budget=4000"])
+    assert e.value.code in (0, None)
+    assert os.environ.get("RANK") == "0" and not launched_externally()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--config", str(TINY), "--out", str(tmp_path / "two"), "--no-progress",
+              "sequence_parallel=2", "nproc=2", "seq_len=127"])
+    err = [l for l in capsys.readouterr().err.splitlines() if l.strip() and "[WARNING]" not in l]
+    assert e.value.code == 2 and "does not divide seq_len 127" in err[0], err
