@@ -9,7 +9,7 @@ export ANCHOR_CACHE := $(CURDIR)/.cache
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-all parity-all clean
+.PHONY: install demo test test-all test-browser parity-all paper-small clean
 
 KERNELS := .cache/kernels/.built
 
@@ -36,8 +36,21 @@ $(KERNELS): jaxref/kernels/attention_cpu.cc | $(VENV)/.installed
 	$(PY) -m jaxref.kernels || echo "note: jaxref's fused attention kernel was not built; the oracle uses its JAX path"
 	mkdir -p $(@D) && touch $@
 
+# The paper's experiment end to end on the embedded default (about 10 minutes on 2 CPU cores; a second
+# run reuses every finished stage).
 demo: install
 	$(VENV)/bin/anchor demo --out runs/demo
+
+# The paper's comparison at small scale: the four variants, RULER 1K-4K over five checkpoints (hours on a CPU).
+paper-small: install
+	$(VENV)/bin/anchor demo --profile paper-small --out runs/paper-small
+
+# The demo's page in headless Chromium (Debian's package; installed when missing): links, images, a screenshot
+# saved as runs/demo/index.png. Builds (or reuses) the demo first.
+test-browser: install
+	sh tests/browser/install_chromium.sh
+	$(VENV)/bin/anchor demo --out runs/demo --no-progress
+	ANCHOR_REQUIRE_BROWSER=1 ANCHOR_DEMO_DIR=runs/demo $(PY) -m pytest -q -p no:cacheprovider tests/browser $(PYTEST_ARGS)
 
 test: install
 	$(PY) -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)

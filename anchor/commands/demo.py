@@ -1,9 +1,9 @@
-"""`anchor demo`: the whole pipeline on the embedded default."""
+"""`anchor demo`: the paper's experiment end to end on the embedded default."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -12,29 +12,55 @@ from anchor.cli import app
 
 @app.command()
 def demo(
-    out: Annotated[Path, typer.Option("--out", help="Output folder (replaced when the demo completes; see README: "
-                                                    "what --out may replace).")] = Path("runs/demo"),
+    out: Annotated[Path, typer.Option("--out", help="The demo folder: finished stages are kept and reused by the "
+                                                    "next run (see README: what --out may replace).")] = Path("runs/demo"),
     model: Annotated[str, typer.Option("--model", help="HF folder, .gguf file, 'default' or random:<preset>.")] = "default",
+    steps: Annotated[str, typer.Option(
+        "--steps", help="Comma-separated stages: top5,corpus,pack,audit,train,parity,eval,bench (the stages they "
+                        "need come along).")] = "top5,corpus,pack,audit,train,parity,eval,bench",
+    profile: Annotated[str, typer.Option(
+        "--profile", help="Settings: demo (minutes on a CPU) or paper-small (the paper's four variants, RULER "
+                          "1K-4K over five checkpoints; hours on a CPU).")] = "demo",
+    fresh: Annotated[bool, typer.Option("--fresh", help="Redo every selected stage instead of reusing it.")] = False,
     prompt: Annotated[str, typer.Option("--prompt", help="Prompt for the next-token comparison.")] = "",
-    policy: Annotated[str, typer.Option("--policy", help="Oracle dtype policy: preset name or YAML file.")] = "fp32",
-    steps: Annotated[str, typer.Option("--steps", help="Comma-separated: top5,corpus,pack,audit,parity.")] = "top5,corpus,pack,audit,parity",
-    seq_len: Annotated[int, typer.Option("--seq-len", help="Window size for the pack step (at least 2).")] = 1024,
+    policy: Annotated[str, typer.Option("--policy", help="Oracle dtype policy of top5: preset name or YAML file.")] = "fp32",
+    seq_len: Annotated[Optional[int], typer.Option(
+        "--seq-len", help="Window size of pack and train (default: the profile's).")] = None,
+    train_steps: Annotated[Optional[int], typer.Option(
+        "--train-steps", help="Optimizer steps per training run (default: the profile's).")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
 ) -> None:
-    """Run the pipeline on the embedded default (or --model) and write an index page under --out."""
-    from anchor.demo import DEFAULT_PROMPT, check_steps, run_demo
+    """Run the paper's experiment on the embedded default (or --model): corpus, packing, audit, training with
+    anchor and full attention, parity of the trained checkpoint, RULER averaged over checkpoints, speed; writes
+    index.html and summary.png under --out. A second run reuses every stage whose settings did not change."""
+    from anchor.demo import DEFAULT_PROMPT, PROFILES, check_steps, run_demo
     from anchor.data.pipeline import check_pack_size
+    from anchor.errors import InputError
     from anchor.limits import check_int
-    from anchor.outdir import guard_out, out_lock
 
     step_list = check_steps(steps)
-    check_int(seq_len, "--seq-len", lo=2, hi=1 << 31)
-    check_pack_size(seq_len)
-    out = guard_out(out, "demo", inputs=(model, policy if policy.endswith((".yaml", ".yml")) else None))
-    with out_lock(out, "demo"):
-        summary = run_demo(model, out, prompt=prompt or DEFAULT_PROMPT, policy=policy, steps=step_list,
-                           seq_len=seq_len, progress=progress)
-    typer.echo(f"demo finished in {summary['seconds']:.0f} s: open {out / 'index.html'}")
-    if "parity" in summary and not summary["parity"]["pass"]:
-        typer.echo(f"parity: {summary['parity']['cases'] - summary['parity']['passed']} case(s) failed", err=True)
+    if profile not in PROFILES:
+        raise InputError(f"--profile: unknown profile {profile!r} (profiles: {', '.join(PROFILES)})")
+    overrides = {"prompt": prompt or DEFAULT_PROMPT, "policy": policy}
+    if seq_len is not None:
+        check_int(seq_len, "--seq-len", lo=2, hi=1 << 31)
+        check_pack_size(seq_len)
+        overrides["seq_len"] = seq_len
+    if train_steps is not None:
+        check_int(train_steps, "--train-steps", lo=1, hi=1 << 31)
+        overrides["train_steps"] = train_steps
+    if policy.endswith((".yaml", ".yml")) and not Path(policy).is_file():
+        raise InputError("no such policy file", path=policy)
+    from anchor.outdir import guard_out
+
+    pol_file = policy if policy.endswith((".yaml", ".yml")) else None
+    out = guard_out(out, "demo", inputs=(model, pol_file), replace=False)  # before any work
+    record = run_demo(model, out, steps=step_list, settings=PROFILES[profile], fresh=fresh, progress=progress,
+                      say=typer.echo, **overrides)
+    typer.echo(f"demo finished in {record['seconds']:.0f} s (ran: {', '.join(record['ran']) or 'nothing'}; "
+               f"reused: {', '.join(record['reused']) or 'nothing'}): open {out / 'index.html'}")
+    par = record["stages"].get("parity", {}).get("summary")
+    if "parity" in record["ran"] + record["reused"] and par and not par["pass"]:
+        typer.echo(f"parity: {par['cases'] - par['passed']} forward and {par['grad_cases'] - par['grad_passed']} "
+                   "gradient case(s) failed", err=True)
         raise typer.Exit(1)

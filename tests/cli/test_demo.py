@@ -1,0 +1,129 @@
+"""`anchor demo` (issue 16): every stage on a tiny random Llama, the page's links, stage reuse by fingerprint,
+a setting that invalidates only the stages downstream of it, a killed training run resumed, `--steps` errors,
+a stage folder of the user's files left alone.
+
+The end-to-end test runs the stages once (about a minute and a half on 2 cores) and then reruns them in the
+same folder: one test, so that parallel workers never build the demo twice.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from anchor.demo import STAGES, DemoSettings, fingerprints, plan, read_record, run_demo
+from anchor.outdir import read_marker
+from tests.browser.pagecheck import check_links
+from tests.cli.helpers import assert_usage_error, run_cli
+
+MODEL = "random:llama"
+TINY = DemoSettings(model=MODEL, seq_len=128, budget=20_000, train_steps=4, global_batch=2, lr=1e-3, eval_every=2, eval_window=4,
+                    parity_seq_len=33, parity_policies=("fp32",), parity_grad_layers=1, eval_tasks=("niah_single_1",), eval_lengths=(1024,),
+                    eval_samples=2, perplexity_windows=1, bench_seq_lens=(256,), bench_windows=1, bench_repeats=1)
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+def test_demo_end_to_end(tmp_path):
+    out = tmp_path / "demo"
+    record = run_demo(MODEL, out, settings=TINY, progress=False, say=quiet)
+    assert record["ran"] == list(STAGES) and record["reused"] == []
+    print(f"first run: {record['seconds']} s")
+    check_record_and_page(out)
+    check_rerun_and_invalidation(out)
+    check_killed_training_resumes(out)
+
+
+def check_record_and_page(out: Path) -> None:
+    record = read_record(out)
+    fps = fingerprints(TINY)
+    for stage in STAGES:
+        rec = record["stages"][stage]
+        assert rec["done"] and rec["fingerprint"] == fps[stage], stage
+        assert read_marker(out / stage) is not None, f"{stage}: no anchor marker"
+    assert read_marker(out)["verb"] == "demo"
+    train = record["stages"]["train"]["summary"]["runs"]
+    assert set(train) == {"anchor", "full"}
+    for v, r in train.items():
+        assert r["steps"] == TINY.train_steps and len(r["loss"]) == TINY.train_steps
+        assert r["eval_checkpoints"] == ["step-2", "step-4"], r
+    # the evaluation averages over both evaluation checkpoints of each run
+    for v, r in record["stages"]["eval"]["summary"]["runs"].items():
+        assert r["checkpoints"] == ["step-2", "step-4"]
+        assert r["scores"]["1024"]["checkpoints"] == 2
+    rows = json.loads((out / "eval" / "anchor" / "eval.json").read_text())["rows"]
+    assert sorted({r["checkpoint"] for r in rows}) == ["step-2", "step-4"]
+    # parity ran on the trained checkpoint, forward and gradients
+    par = record["stages"]["parity"]["summary"]
+    assert par["model"] == "train/anchor/checkpoints/step-4/hf" and par["grad_cases"] == 2
+    assert par["grad_model"].endswith("(first 1 of 3 layers)") and par["cases"] == 4  # forward: whole and cut
+    parity = json.loads((out / "parity" / "parity.json").read_text())
+    assert parity["model"].endswith("train/anchor/checkpoints/step-4/hf") and parity["grad_cases"]
+    page = (out / "index.html").read_text()
+    for stage in STAGES:
+        assert f"id='{stage}'" in page, f"no section for {stage}"
+    problems = check_links(out / "index.html")
+    assert not problems, "\n".join(problems)
+    assert "<img src='summary.png'" in page and (out / "summary.png").is_file()
+
+
+def check_rerun_and_invalidation(out: Path) -> None:
+    again = run_demo(MODEL, out, settings=TINY, progress=False, say=quiet)
+    assert again["ran"] == [] and again["reused"] == list(STAGES), again
+    print(f"second run: {again['seconds']} s")
+    # fewer evaluation samples: only eval depends on it
+    fewer = run_demo(MODEL, out, settings=TINY, progress=False, say=quiet, eval_samples=1)
+    assert fewer["ran"] == ["eval"] and set(fewer["reused"]) == set(STAGES) - {"eval"}, fewer
+    assert read_record(out)["stages"]["eval"]["summary"]["samples"] == 1
+    # a new window size: pack and everything that trains on it; the corpus, top5, audit and bench stay
+    a = fingerprints(TINY)
+    b = fingerprints(replace(TINY, seq_len=96))
+    assert [s for s in STAGES if a[s] != b[s]] == ["pack", "train", "parity", "eval"]
+    assert plan(("eval",)) == ("corpus", "pack", "train", "eval")
+    # --fresh redoes what is selected, and only that
+    top = run_demo(MODEL, out, steps=("top5",), settings=TINY, progress=False, say=quiet, fresh=True, eval_samples=1)
+    assert top["ran"] == ["top5"] and top["reused"] == []
+
+
+def check_killed_training_resumes(out: Path) -> None:
+    before = (out / "train" / "full" / "metrics.jsonl").read_text()
+    # as a demo killed during the full run's last steps leaves it: the stage started, not done, the
+    # run's newest checkpoint not yet written
+    rec = json.loads((out / "demo.json").read_text())
+    rec["stages"]["train"]["done"] = False
+    (out / "demo.json").write_text(json.dumps(rec))
+    shutil.rmtree(out / "train" / "full" / "checkpoints" / "step-4")
+    again = run_demo(MODEL, out, steps=("train",), settings=TINY, progress=False, say=quiet)
+    assert again["ran"] == ["train"] and again["reused"] == ["corpus", "pack"], again
+    assert sorted(p.name for p in (out / "train" / "full" / "checkpoints").iterdir() if p.is_dir()) == \
+        ["step-2", "step-4"]
+    after = (out / "train" / "full" / "metrics.jsonl").read_text()
+    losses = [[json.loads(x)["loss"] for x in t.splitlines()] for t in (before, after)]
+    assert losses[0] == losses[1], losses
+
+
+def test_steps_errors(tmp_path, capsys):
+    for steps, needle in (("", "no step given"), (" , ", "no step given"), ("train,nope", "'nope'")):
+        code, _, err = run_cli(["demo", "--model", MODEL, "--steps", steps, "--out", tmp_path / "d", "--no-progress"],
+                               capsys)
+        assert_usage_error(code, err, "demo", needle)
+    code, _, err = run_cli(["demo", "--model", MODEL, "--profile", "huge", "--out", tmp_path / "d"], capsys)
+    assert_usage_error(code, err, "demo", "--profile")
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_stage_folder_of_user_files_is_never_removed(tmp_path, capsys):
+    out = tmp_path / "demo"
+    run_demo(MODEL, out, steps=("top5",), settings=TINY, progress=False, say=quiet)
+    mine = out / "corpus"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    code, _, err = run_cli(["demo", "--model", MODEL, "--steps", "corpus", "--out", out, "--no-progress"], capsys)
+    assert_usage_error(code, err, "demo", "anchor did not write")
+    assert (mine / "notes.txt").read_text() == "mine"
