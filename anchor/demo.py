@@ -89,9 +89,9 @@ PROFILES = {
     "demo": DemoSettings(),
     "paper-small": DemoSettings(
         seq_len=4096, budget=1_200_000, train_variants=("full", "intra_doc", "intra_doc_reset", "anchor"),
-        train_steps=50, global_batch=1, eval_every=10, eval_window=50, parity_seq_len=515,
-        eval_tasks=("niah_single_1", "niah_multikey_1", "vt", "cwe", "fwe"), eval_lengths=(1024, 2048, 4096),
-        eval_samples=10, perplexity_windows=2, bench_seq_lens=(4096, 8192, 16384), bench_windows=2),
+        train_steps=20, global_batch=1, eval_every=4, eval_window=20, parity_seq_len=515,
+        eval_tasks=("niah_single_1", "niah_multikey_1", "vt"), eval_lengths=(1024, 2048, 4096),
+        eval_samples=4, perplexity_windows=2, bench_seq_lens=(4096, 8192, 16384), bench_windows=2),
 }
 
 
@@ -321,7 +321,7 @@ def stage_parity(ctx: _Ctx) -> dict[str, Any]:
     from parity_tests.suite import build_cases, run_parity
 
     s = ctx.settings
-    first = s.train_variants[0]
+    first = "anchor" if "anchor" in s.train_variants else s.train_variants[0]
     rel = f"train/{ctx.records['train']['summary']['runs'][first]['last_checkpoint']}"
     model = str((ctx.out / rel).resolve())
     T = s.parity_seq_len
