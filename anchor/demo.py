@@ -42,7 +42,6 @@ from anchor.errors import InputError
 
 DEFAULT_PROMPT = "The quick brown fox jumps over the lazy dog. The capital of France is"
 STAGES = ("top5", "corpus", "pack", "audit", "train", "parity", "eval", "bench")
-STEPS = STAGES  # the name of the `--steps` option
 NEEDS = {"pack": ("corpus",), "audit": ("corpus",), "train": ("pack",), "parity": ("train",), "eval": ("train",),
          "bench": ("corpus",)}
 TITLES = {"top5": "Next-token top-5: the oracle against transformers", "corpus": "The embedded corpus",
