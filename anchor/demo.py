@@ -258,15 +258,11 @@ def _train_overrides(s: DemoSettings, data: Path, variant: str) -> list[str]:
             f"eval_window={s.eval_window}", f"seed={s.seed}"]
 
 
-def _metrics(run: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
 def stage_train(ctx: _Ctx) -> dict[str, Any]:
     """One run per variant on the packed windows (resumed where a killed demo left it)."""
     from torchtrain import checkpoint as ckpt
     from torchtrain.config import load_train_config
-    from torchtrain.trainer import train
+    from torchtrain.trainer import read_metrics, train
 
     s = ctx.settings
     root = ctx.stage("train")
@@ -277,7 +273,7 @@ def stage_train(ctx: _Ctx) -> dict[str, Any]:
                 f"{s.global_batch} x {s.seq_len} slots, engine {s.train_engine}")
         cfg = load_train_config(None, _train_overrides(s, ctx.stage("pack").resolve(), v))
         train(cfg, root / v, progress=ctx.progress)
-        m = _metrics(root / v)
+        m = read_metrics(root / v)
         step_s = [s.global_batch * s.seq_len / r["tokens_per_s"] for r in m]
         last = max(ckpt.list_steps(root / v))
         runs[v] = {"steps": len(m), "loss_first": m[0]["loss"], "loss_last": m[-1]["loss"],

@@ -417,6 +417,12 @@ def _read_metrics(run: Path, upto: int) -> list[str]:
     return lines
 
 
+def read_metrics(run: str | Path) -> list[dict[str, Any]]:
+    """RUN/metrics.jsonl as one dict per logged step (CONTRACT §8)."""
+    text = (Path(run) / METRICS_FILE).read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
 class _Metrics:
     """metrics.jsonl (rank 0): one flushed line per step; TensorBoard beside it when installed."""
 

@@ -11,7 +11,6 @@ process's over the whole run (model, optimizer, activations, the final checkpoin
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
 from pathlib import Path
@@ -39,7 +38,7 @@ def time_steps(model_dir: Path, data: Path, T: int, variant: str, engine: str, r
     """Train `steps` steps of one window; -> {step_s (median, warm-up excluded), step_s_all, peak_rss_gib}."""
     from anchor.bench.timing import peak_memory
     from torchtrain.config import load_train_config
-    from torchtrain.trainer import train
+    from torchtrain.trainer import read_metrics, train
 
     cfg = load_train_config(None, [
         f"model={model_dir}", f"data={data}", f"seq_len={T}", f"variant={variant}", f"engine={engine}",
@@ -48,7 +47,7 @@ def time_steps(model_dir: Path, data: Path, T: int, variant: str, engine: str, r
         "lr=2e-5"])
     with peak_memory("cpu") as mem:
         train(cfg, run, progress=False)
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_metrics(run)
     times = [T / r["tokens_per_s"] for r in rows]
     timed = times[1:] or times
     return {"step_s": round(statistics.median(timed), 3), "step_s_all": [round(t, 3) for t in times],
