@@ -45,12 +45,26 @@ def compiled_flex_attention():
     return torch.compile(flex_attention, dynamic=False)
 
 
+FLEX_MIN_HEAD_DIM = 16  # FlexAttention's CUDA kernel refuses smaller head dims ("NYI: … at least 16")
+
+
+def call_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask, scale: float) -> torch.Tensor:
+    """The compiled FlexAttention call (GQA on). On CUDA a head dim under 16 (the random presets)
+    is zero-padded to 16: padded q/k dims add 0 to every dot product, padded v dims are dropped."""
+    D = q.shape[-1]
+    pad = FLEX_MIN_HEAD_DIM - D if q.device.type == "cuda" and D < FLEX_MIN_HEAD_DIM else 0
+    if pad:
+        q, k, v = (torch.nn.functional.pad(x, (0, pad)) for x in (q, k, v))
+    out = compiled_flex_attention()(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
+    return out[..., :D] if pad else out
+
+
 class _FlexForwardOnly(torch.autograd.Function):
     """FlexAttention on CPU: the forward runs, the backward (which FlexAttention lacks on CPU) refuses."""
 
     @staticmethod
     def forward(ctx, q, k, v, block_mask, scale):  # type: ignore[override]
-        return compiled_flex_attention()(q.detach(), k.detach(), v.detach(), block_mask=block_mask, scale=scale, enable_gqa=True)
+        return call_flex(q.detach(), k.detach(), v.detach(), block_mask, scale)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
@@ -66,7 +80,7 @@ def flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask
     if needs_grad and q.device.type == "cpu":
         out = _FlexForwardOnly.apply(q, k, v, block_mask, scale)
     else:
-        out = compiled_flex_attention()(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
+        out = call_flex(q, k, v, block_mask, scale)
     return out.transpose(1, 2).contiguous()
 
 

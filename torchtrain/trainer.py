@@ -597,8 +597,7 @@ def worker(run_str: str, progress: bool = True) -> int:
             batch = next(loader)
             tokens, targets, mask = step_arrays(batch)
             local_count = mask[:, sl].sum()
-            count = local_count.clone()
-            dist.all_reduce(count)  # counted targets of the global batch
+            count = _all_reduce_sum(local_count, world.device)  # counted targets of the global batch
             total = torch.zeros((), dtype=torch.float64)
             scale = loss_multiplier(local_count, count, world.size)
             norm = None
@@ -626,7 +625,7 @@ def worker(run_str: str, progress: bool = True) -> int:
                     if step in cfg.dump_grads:
                         _dump_grads(engine, world, run / "grads" / f"step-{step}.safetensors")
                 engine.step()
-            dist.all_reduce(total)
+            total = _all_reduce_sum(total, world.device)
             if norm is None:
                 reported = engine.get_global_grad_norm()
                 norm = None if reported is None else float(reported)
@@ -647,6 +646,15 @@ def worker(run_str: str, progress: bool = True) -> int:
         bar.close()
         metrics.close()
     return step
+
+
+def _all_reduce_sum(x, device):
+    """The sum of a host tensor over all ranks, back on the host (NCCL reduces device tensors only)."""
+    import torch.distributed as dist
+
+    y = x.to(device, copy=True)
+    dist.all_reduce(y)
+    return y.cpu()
 
 
 def _launched_worker(run_str: str, progress: bool = True) -> int:

@@ -374,7 +374,7 @@ def cuda_backend(q: torch.Tensor) -> Backend:
             and torch.cuda.get_device_capability(q.device) >= (8, 0)):
         return "torch_varlen"
     try:
-        import torch.nn.attention.flex_attention  # noqa: F401
+        from torch.nn.attention import flex_attention  # noqa: F401  (a plain `import torch.…` here would make `torch` local)
     except ImportError:
         return "calls"
     return "flex"
@@ -383,10 +383,29 @@ def cuda_backend(q: torch.Tensor) -> Backend:
 def _torch_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: VarlenPlan, scale: float) -> torch.Tensor:
     """All square segments in one `varlen_attn` call (causal = window (-1, 0)); -> [B,T,N,D]."""
     B, N, T, D = q.shape
+    K = k.shape[1]
     q_r, k_r, v_r = (_rows(x).index_select(0, p.square_rows) for x in (q, k, v))  # [R, H, D]
-    out = torch_varlen_attn()(q_r, k_r, v_r, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen,
-                              scale=scale, window_size=(-1, 0), enable_gqa=N != k.shape[1])
+    params = _varlen_params()
+    kw: dict[str, Any] = {"scale": scale}
+    if N != K:
+        if "enable_gqa" in params:
+            kw["enable_gqa"] = True
+        else:  # torch <= 2.11: no GQA flag; each kv head serves N/K query heads side by side
+            k_r, v_r = (x.repeat_interleave(N // K, dim=1) for x in (k_r, v_r))
+    if "window_size" in params:
+        kw["window_size"] = (-1, 0)  # causal
+    else:
+        kw["is_causal"] = True
+    out = torch_varlen_attn()(q_r, k_r, v_r, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen, **kw)
     return out.index_select(0, p.square_out).view(B, T, N, D)
+
+
+@functools.cache
+def _varlen_params() -> frozenset[str]:
+    """The keyword names of the installed `varlen_attn` (they changed between torch releases)."""
+    import inspect
+
+    return frozenset(inspect.signature(torch_varlen_attn()).parameters)
 
 
 def flex_block_mask(p: VarlenPlan, device: torch.device) -> tuple[Any, int]:
@@ -416,7 +435,7 @@ def flex_block_mask(p: VarlenPlan, device: torch.device) -> tuple[Any, int]:
 
 def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: VarlenPlan, scale: float) -> torch.Tensor:
     """Compiled FlexAttention on the packed square rows [1, H, R_pad, D]; -> [B,T,N,D]."""
-    from torchtrain.attention import compiled_flex_attention
+    from torchtrain.attention import call_flex
 
     B, N, T, D = q.shape
     block_mask, R_pad = flex_block_mask(p, q.device)
@@ -427,7 +446,7 @@ def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: VarlenPlan, scal
         r = F.pad(r, (0, 0, 0, 0, 0, R_pad - R))
         return r.transpose(0, 1).unsqueeze(0)
 
-    out = compiled_flex_attention()(packed(q), packed(k), packed(v), block_mask=block_mask, scale=scale, enable_gqa=True)
+    out = call_flex(packed(q), packed(k), packed(v), block_mask, scale)
     return out[0].transpose(0, 1).index_select(0, p.square_out).view(B, T, N, D)
 
 

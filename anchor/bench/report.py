@@ -83,13 +83,14 @@ def render_report(result: dict[str, Any], figures: list[str] | None) -> str:
                          f"{_fmt(r.get('time_ratio'), '.3f')} | {_fmt(r.get('time_over_flop'), '.2f')} |")
         lines += ["", "Distributions: " + "; ".join(f"{k}: {v}" for k, v in result["distributions"].items()), ""]
     if result["step"]:
+        mem_key, mem_name = ("peak_cuda_gib", "CUDA") if s["device"] == "cuda" else ("peak_rss_gib", "RSS")
         lines += ["## A whole training step (`anchor train`)", "",
-                  "| engine | T | variant | model | step s | FLOP ratio | time ratio | peak RSS GiB |", "|---|---|---|---|---|---|---|---|"]
+                  f"| engine | T | variant | model | step s | FLOP ratio | time ratio | peak {mem_name} GiB |", "|---|---|---|---|---|---|---|---|"]
         for r in result["step"]:
             lines.append(f"| {r['engine']} | {r['seq_len']} | {r['variant']} | {r['model']}, {r['layers']} layers | "
                          f"{_fmt(r.get('step_s'), '.2f') if r.get('step_s') else r.get('error', '—')} | "
                          f"{_fmt(r.get('flop_ratio'), '.3f')} | {_fmt(r.get('time_ratio'), '.3f')} | "
-                         f"{_fmt(r.get('peak_rss_gib'), '.2f')} |")
+                         f"{_fmt(r.get(mem_key), '.2f')} |")
         cal = result.get("calibration")
         if cal:
             rates = cal["rates_flops_per_s"]

@@ -149,9 +149,10 @@ def run_bench(*, model: str = "default", seq_lens: list[int] = (2048, 4096, 8192
             for v in step_variants:
                 bar.describe(f"{v} T={T}")
                 row = {"engine": engine, "variant": v, "seq_len": T, "model": model, "layers": step_layers,
-                       "dtype": "float32", "steps": step_steps}
+                       "dtype": dtype, "steps": step_steps}
                 try:
-                    row.update(time_steps(folder, pack, T, v, engine, Path(tmp) / f"run-{v}", steps=step_steps))
+                    row.update(time_steps(folder, pack, T, v, engine, Path(tmp) / f"run-{v}", steps=step_steps,
+                                          dtype=dtype, device=device))
                 except torch.OutOfMemoryError:
                     row["error"] = f"out of memory at T={T}"
                 # the windows the steps trained on: the loader's first `steps` (seed 0), as the trainer draws them

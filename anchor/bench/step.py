@@ -34,8 +34,9 @@ def cut_model(model: str, layers: int, max_position: int, folder: Path) -> tuple
 
 
 def time_steps(model_dir: Path, data: Path, T: int, variant: str, engine: str, run: Path, *, steps: int = 3,
-               dtype: str = "float32") -> dict[str, Any]:
-    """Train `steps` steps of one window; -> {step_s (median, warm-up excluded), step_s_all, peak_rss_gib}."""
+               dtype: str = "float32", device: str = "cpu") -> dict[str, Any]:
+    """Train `steps` steps of one window (the trainer runs on CUDA where there is one); -> {step_s
+    (median, warm-up excluded), step_s_all, loss, peak_rss_gib or peak_cuda_gib}."""
     from anchor.bench.timing import peak_memory
     from torchtrain.config import load_train_config
     from torchtrain.trainer import read_metrics, train
@@ -45,7 +46,7 @@ def time_steps(model_dir: Path, data: Path, T: int, variant: str, engine: str, r
         f"steps={steps}", "global_batch=1", "micro_batch=1", f"dtype={dtype}", "zero_stage=0" if dtype == "float32"
         else "zero_stage=1", "save_every=0", "eval_window=0", "keep_last=1", "log_every=1000", "tensorboard=false",
         "lr=2e-5"])
-    with peak_memory("cpu") as mem:
+    with peak_memory(device) as mem:
         train(cfg, run, progress=False)
     rows = read_metrics(run)
     times = [T / r["tokens_per_s"] for r in rows]

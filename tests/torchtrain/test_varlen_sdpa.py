@@ -118,3 +118,47 @@ def test_bf16_close_to_fp32():
     err = (varlen_sdpa_attention(*(x.bfloat16() for x in (q, k, v)), p, SCALE).float() - ref).norm() / ref.norm()
     print(f"bf16 rel L2: varlen {err:.2e}, eager {base:.2e}")
     assert err <= 2 * base
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA (skipped here): the fused kernels the engine picks there, held against fp64 eager attention
+# with the tolerance rule of the parity suite: at most twice eager attention's own error in the
+# same dtype, plus a floor.
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+CUDA_CASES = [("torch_varlen", torch.bfloat16), ("flex", torch.float32), ("flex", torch.bfloat16),
+              ("calls", torch.float32)]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("backend,dtype", CUDA_CASES, ids=[f"{b}-{str(d)[6:]}" for b, d in CUDA_CASES])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cuda_backends_equal_eager(backend, dtype, variant):
+    if backend == "torch_varlen" and varlen_sdpa.torch_varlen_attn() is None:
+        pytest.skip("this torch has no torch.nn.attention.varlen")
+    T, seed = 1025, 13
+    batch = packed_batch(variant, T, layouts=LAYOUTS, seed=seed)
+    q, k, v = (x.detach().double().cuda() for x in _qkv(batch.doc_ids.shape[0], T, seed))
+    mask = dense_mask(batch.doc_ids, variant)[:, None].cuda()
+    p = plan(varlen_segments(batch.doc_ids.cuda(), variant))
+    go = torch.randn(q.shape[0], T, q.shape[1], D, generator=torch.Generator().manual_seed(seed + 1)).double().cuda()
+
+    def run(fn, dt):
+        xs = [x.to(dt).requires_grad_() for x in (q, k, v)]
+        out = fn(*xs)
+        return out, torch.autograd.grad(out, xs, go.to(dt))
+
+    ref, g_ref = run(lambda *x: eager_attention(*x, mask, SCALE), torch.float64)
+    base, g_base = run(lambda *x: eager_attention(*x, mask, SCALE), dtype)
+    out, g_out = run(lambda *x: varlen_sdpa_attention(*x, p, SCALE, backend=backend), dtype)
+    floor = 1e-6 if dtype == torch.float32 else 1e-4
+    errs = [(_rel(out, ref), _rel(base, ref))] + [(_rel(a, r), _rel(b, r)) for a, b, r in zip(g_out, g_base, g_ref)]
+    print(f"{variant} {backend} {dtype}: rel L2 (engine, eager) out/dq/dk/dv "
+          + ", ".join(f"({e:.1e}, {b:.1e})" for e, b in errs))
+    for name, (e, b) in zip(("out", "dq", "dk", "dv"), errs):
+        assert e <= 2 * b + floor, f"{name}: {e:.2e} > 2 x {b:.2e} + {floor:.0e}"
