@@ -92,6 +92,9 @@ class VarlenPlan:
     [c, W]: base of the bottom-right masks (None without masked calls).
     For one fused CUDA kernel: square_rows int64 [Rs], cu_seqlens int32 [S+1], max_seqlen: the
     square segments packed; square_out int64 [B*T]: the packed row of each slot's output.
+    square_first int64 [B*T], square_dups int64 [n, m], square_dup_slots int64 [n]: the
+    deterministic backward of that gather (`_GatherRows`): each slot's first packed row, and per
+    slot gathered more than once (the anchor) its other rows, padded with Rs (a zero row).
     """
 
     rows: torch.Tensor
@@ -106,6 +109,9 @@ class VarlenPlan:
     cu_seqlens: torch.Tensor
     max_seqlen: int
     square_out: torch.Tensor
+    square_first: torch.Tensor
+    square_dups: torch.Tensor | None
+    square_dup_slots: torch.Tensor | None
     _flex_mask: dict = field(default_factory=dict, repr=False)
     _additive: dict = field(default_factory=dict, repr=False)
 
@@ -221,12 +227,35 @@ def plan(seg: VarlenSegments, chunk: int = CHUNK, long: int = LONG, pad_area: in
     def t(x: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64)).to(dev)
 
+    sq_first, sq_dups, sq_dup_slots = _duplicates(kv_index, out_index.shape[0])
     return VarlenPlan(
         rows=t(rows), calls=tuple(calls), out_index=t(out_index), dst=tuple(t(d) for d in dst),
         key_index=t(key_index), extra_rows=t(real_rows[order][~first]), extra_slots=t(slots[order][~first]),
         mask=mask, square_rows=seg.kv_index, cu_seqlens=seg.cu_seqlens_k, max_seqlen=seg.max_seqlen_k,
-        square_out=t(square_out),
+        square_out=t(square_out), square_first=t(sq_first), square_dups=None if sq_dups is None else t(sq_dups),
+        square_dup_slots=None if sq_dup_slots is None else t(sq_dup_slots),
     )
+
+
+def _duplicates(index: np.ndarray, n_slots: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """For a gather `x[index]` of n_slots slots (each at least once): each slot's first position,
+    and for the slots gathered more than once a matrix of their other positions (padded with
+    len(index)) and those slots."""
+    order = np.argsort(index, kind="stable")
+    slots = index[order]
+    start = np.r_[True, slots[1:] != slots[:-1]]
+    if int(start.sum()) != n_slots:
+        raise AssertionError("the packed rows do not cover every slot once or more")
+    first = order[start]
+    rank = np.arange(index.shape[0]) - np.maximum.accumulate(np.where(start, np.arange(index.shape[0]), 0))
+    extra = rank > 0
+    if not extra.any():
+        return first, None, None
+    dup_slots = np.unique(slots[extra])
+    row_of = np.searchsorted(dup_slots, slots[extra])
+    dups = np.full((dup_slots.shape[0], int(rank.max())), index.shape[0], dtype=np.int64)
+    dups[row_of, rank[extra] - 1] = order[extra]
+    return first, dups, dup_slots
 
 
 # ---------------------------------------------------------------------------------------------
@@ -380,18 +409,45 @@ def cuda_backend(q: torch.Tensor) -> Backend:
     return "flex"
 
 
+class _GatherRows(torch.autograd.Function):
+    """`x[p.square_rows]` for x [B*T, H, D] whose backward is deterministic on CUDA.
+
+    `index_select`'s CUDA backward scatters with atomic adds, so the anchor's gradient (its row is
+    gathered once per document) summed in a different order from run to run, and a resumed run
+    departed from the uninterrupted one in the last bits. Here each slot takes its first row's
+    gradient by a gather, and the slots gathered more than once add their other rows in a fixed
+    order (a sum over a padded [n, m] matrix), written back at distinct indices."""
+
+    @staticmethod
+    def forward(ctx, x, p: VarlenPlan):  # type: ignore[override]
+        ctx.p = p
+        return x.index_select(0, p.square_rows)
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        p = ctx.p
+        out = g.index_select(0, p.square_first)
+        if p.square_dups is not None:
+            padded = torch.cat([g, g.new_zeros((1, *g.shape[1:]))])
+            extra = padded[p.square_dups].sum(dim=1)
+            out[p.square_dup_slots] = out[p.square_dup_slots] + extra
+        return out, None
+
+
 def _torch_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: VarlenPlan, scale: float) -> torch.Tensor:
     """All square segments in one `varlen_attn` call (causal = window (-1, 0)); -> [B,T,N,D]."""
     B, N, T, D = q.shape
     K = k.shape[1]
-    q_r, k_r, v_r = (_rows(x).index_select(0, p.square_rows) for x in (q, k, v))  # [R, H, D]
+    q_r, k_r, v_r = (_GatherRows.apply(_rows(x), p) for x in (q, k, v))  # [R, H, D]
     params = _varlen_params()
     kw: dict[str, Any] = {"scale": scale}
     if N != K:
         if "enable_gqa" in params:
             kw["enable_gqa"] = True
         else:  # torch <= 2.11: no GQA flag; each kv head serves N/K query heads side by side
-            k_r, v_r = (x.repeat_interleave(N // K, dim=1) for x in (k_r, v_r))
+            # (expand, not repeat_interleave: its CUDA backward is not deterministic either)
+            R = k_r.shape[0]
+            k_r, v_r = (x[:, :, None, :].expand(R, K, N // K, D).reshape(R, N, D) for x in (k_r, v_r))
     if "window_size" in params:
         kw["window_size"] = (-1, 0)  # causal
     else:
@@ -442,7 +498,7 @@ def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: VarlenPlan, scal
     R = int(p.square_rows.shape[0])
 
     def packed(x: torch.Tensor) -> torch.Tensor:  # [B,H,T,D] -> [1, H, R_pad, D]
-        r = _rows(x).index_select(0, p.square_rows)
+        r = _GatherRows.apply(_rows(x), p)
         r = F.pad(r, (0, 0, 0, 0, 0, R_pad - R))
         return r.transpose(0, 1).unsqueeze(0)
 
