@@ -24,7 +24,7 @@ import numpy as np
 
 from anchor.spec import ModelSpec
 from jaxref import rope as rope_lib
-from jaxref.attention import attention, full_probs, row_scores_probs, wide
+from jaxref.attention import attention, full_probs, row_scores_probs, wide, wide_einsum
 from jaxref.policy import DtypePolicy, get_policy
 from jaxref.variants import Variant, check_variant
 from jaxref.variants import positions as variant_positions
@@ -74,7 +74,7 @@ def params_from_state(spec: ModelSpec, state: dict[str, np.ndarray], dtype=jnp.f
 
 def linear(x_BTI, w_OI, b_O, act, param):
     """`x @ wᵀ (+ b)`: operands in `act`/`param`, fp32 accumulation for 16-bit activations, result in `act`."""
-    y = jnp.einsum("...I,OI->...O", x_BTI.astype(act), w_OI.astype(param), preferred_element_type=wide(act))
+    y = wide_einsum("...I,OI->...O", x_BTI.astype(act), w_OI.astype(param), wide(act))
     if b_O is not None:
         y = y + b_O.astype(param).astype(y.dtype)
     return y.astype(act)
