@@ -186,18 +186,32 @@ def oracle_model(model: str):
 
 
 _ORACLE_CACHE: dict[tuple, Taps] = {}
-_ORACLE_CACHE_SIZE = 4
+_ORACLE_CACHE_SIZE = 6  # a case's truth and the summation orders of its baseline
 
 
-def oracle_taps(case: Case, inputs: CaseInputs, policy: str) -> Taps:
-    """The oracle's taps under a dtype policy preset (cached for the last few (inputs, policy))."""
-    key = (case.data_key, policy)
+# Taps whose last axis is the hidden size (the axis a summation order permutes; see `oracle_taps`).
+HIDDEN_TAPS: tuple[str, ...] = ("embed", "attn_out", "mlp_out", "hidden")
+
+
+def oracle_taps(case: Case, inputs: CaseInputs, policy: str, order: int = 0) -> Taps:
+    """The oracle's taps under a dtype policy preset (cached for the last few (inputs, policy, order)).
+
+    order: 0 computes the model as stored. order k > 0 computes the same model with its hidden units
+      and MLP units listed in another order (permutation seeded by k, `permute_units`): the same
+      function, term for term, whose every matmul and norm sums its terms in another order. The
+      hidden-axis taps come back in the stored order. In fp64 the orders agree to ~1e-15; in bf16
+      they are independent draws of the same arithmetic's rounding (the rule's baseline).
+    """
+    key = (case.data_key, policy, order)
     if key in _ORACLE_CACHE:
         _ORACLE_CACHE[key] = _ORACLE_CACHE.pop(key)  # most recently used last
         return _ORACLE_CACHE[key]
     import jaxref
 
     params, spec = oracle_model(case.model)
+    hidden_perm = None
+    if order:
+        params, hidden_perm = permute_units(params, order)
     logits, per_layer = jaxref.forward(
         params, spec, inputs.tokens, positions=inputs.positions, doc_ids=inputs.doc_ids,
         variant=case.variant, policy=policy, taps=True, tap_rows=inputs.rows,
@@ -207,11 +221,44 @@ def oracle_taps(case: Case, inputs: CaseInputs, policy: str) -> Taps:
         x = np.asarray(per_layer[name])
         if x.dtype.itemsize < 4:  # bf16 → float32 exactly
             x = x.astype(np.float32)
+        if hidden_perm is not None and name in HIDDEN_TAPS:
+            x = x[..., np.argsort(hidden_perm)]
         out[name] = x[None] if name in ("embed", "logits") else x
     while len(_ORACLE_CACHE) >= _ORACLE_CACHE_SIZE:
         _ORACLE_CACHE.pop(next(iter(_ORACLE_CACHE)))
     _ORACLE_CACHE[key] = out
     return out
+
+
+# How each oracle parameter's axes index hidden units (H) and MLP units (I), leading layer axis
+# included: the permutation of `permute_units` is applied along these axes.
+_UNIT_AXES: dict[str, dict[str, int]] = {
+    "embed": {"H": 1}, "final_norm": {"H": 0}, "lm_head": {"H": 1},
+    "attn_norm": {"H": 1}, "mlp_norm": {"H": 1},
+    "wq": {"H": 2}, "wk": {"H": 2}, "wv": {"H": 2}, "wo": {"H": 1},
+    "bq": {}, "bk": {}, "bv": {},
+    "w_gate": {"I": 1, "H": 2}, "w_up": {"I": 1, "H": 2}, "w_down": {"H": 1, "I": 2},
+}
+
+
+def permute_units(params: dict, order: int) -> tuple[dict, np.ndarray]:
+    """The oracle's params with hidden units and MLP units reordered (a seeded permutation each):
+    the same model, whose matmuls and norms sum in another order. Returns (params, hidden perm)."""
+    rng = np.random.default_rng(order)
+    H = params["embed"].shape[1]
+    I = params["layers"]["w_gate"].shape[1]
+    perms = {"H": rng.permutation(H), "I": rng.permutation(I)}
+
+    def apply(name: str, x):
+        if name not in _UNIT_AXES:
+            raise KeyError(f"permute_units: no unit axes known for parameter {name!r}")
+        for unit, axis in _UNIT_AXES[name].items():
+            x = np.take(np.asarray(x), perms[unit], axis=axis)
+        return x
+
+    out = {k: apply(k, v) for k, v in params.items() if k != "layers"}
+    out["layers"] = {k: apply(k, v) for k, v in params["layers"].items()}
+    return out, perms["H"]
 
 
 @contextlib.contextmanager

@@ -62,7 +62,9 @@ def run_case(case: Case, rule: Rule = RULE, *, runner: Runner | None = None) -> 
     if "logits" not in test:
         raise ValueError(f"runner {runner.name!r} returned no logits")
     bf16 = dtype == "bfloat16"
-    layers = compare(test, truth, inputs, baseline=reference, emulation=reference)
+    baseline = [reference, *(oracle_taps(case, inputs, oracle_policy, order=k) for k in range(1, rule.orders))] \
+        if bf16 else reference
+    layers = compare(test, truth, inputs, baseline=baseline, emulation=reference)
     verdict = judge(layers, bf16, rule)
     logits = layers[-1]["taps"].get("logits", {})
     if runner.name != case.engine:  # a runner passed in directly (tests): name the case after it
@@ -81,6 +83,7 @@ def run_case(case: Case, rule: Rule = RULE, *, runner: Runner | None = None) -> 
         "seed": case.seed,
         "rows": list(inputs.rows),
         "truth": TRUTH,
+        "baseline_orders": rule.orders if bf16 else 1,
         "layers": layers,
         **verdict,
         "summary": {

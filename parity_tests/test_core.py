@@ -62,6 +62,29 @@ def test_bf16_rule_is_relative_to_the_emulation():
     assert verdict["first_divergence"]["layer"] == "embed"
 
 
+def test_bf16_baseline_over_orders_is_their_rms():
+    """Several baseline runs (summation orders): the tolerance scales the RMS of their errors, the
+    logits' KL baseline is the mean of theirs, and one order alone is the plain rule."""
+    rng = np.random.default_rng(2)
+    inputs = _inputs()
+    truth = _taps(rng)
+    orders = [_noisy(truth, rng, rel) for rel in (1e-3, 2e-3, 8e-3)]
+    layers = compare(_noisy(truth, rng, 7e-3), truth, inputs, baseline=orders, emulation=orders[0])
+    judge(layers, bf16=True)
+    for entry in layers:
+        for name, err in entry["taps"].items():
+            each = [compare(truth, truth, inputs, baseline=o)[layers.index(entry)]["taps"][name]["baseline_rel_l2"]
+                    for o in orders]
+            assert err["baseline_orders_rel_l2"] == pytest.approx(each)
+            assert err["baseline_rel_l2"] == pytest.approx(np.sqrt(np.mean(np.square(each))))
+            assert err["tol"] == pytest.approx(RULE.factor * err["baseline_rel_l2"] + RULE.floor)
+    kl = layers[-1]["taps"]["logits"]["baseline_kl_mean"]
+    assert kl == pytest.approx(np.mean([token_kl(o["logits"][0], truth["logits"][0], inputs.real).mean() for o in orders]))
+    # a 7e-3 error passes against the three orders' RMS (4.8e-3: tol 1.06e-2) and fails against the first alone (3e-3)
+    assert judge(layers, bf16=True)["pass"]
+    assert not judge(compare(_noisy(truth, rng, 7e-3), truth, inputs, baseline=orders[0]), bf16=True)["pass"]
+
+
 def test_padding_slots_are_not_compared():
     rng = np.random.default_rng(2)
     inputs = _inputs(pad=3)
