@@ -59,9 +59,11 @@ test: install
 test-all: install
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
-# The whole parity matrix: family x variant x layout x policy x engine at T = 97, 515, 1025.
+# The whole parity matrix: family x variant x layout x policy x engine at T = 97, 515, 1025, under
+# xdist; the cases not seen to pass (failed, or lost with a crashed worker) then run again alone
+# (parity_tests/run_all.py).
 parity-all: install
-	$(PY) -m pytest -n 2 --dist loadgroup -m parity_full parity_tests $(PYTEST_ARGS)
+	$(PY) -m parity_tests.run_all $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache runs

@@ -1,8 +1,11 @@
 """Shared set-up of the parity suite.
 
 Markers: `parity_full` (the whole matrix; also `slow`, so `make test` leaves it out), `model`
-(needs the embedded SmolLM2 GGUF). Cases are grouped per inputs (`xdist_group`), so under
-`--dist loadgroup` the oracle runs once per inputs and policy in one worker.
+(needs the embedded SmolLM2 GGUF), `serial` (too large to run beside another worker). Cases are
+grouped per inputs (`xdist_group`), so that under `--dist loadgroup` the oracle would run once per
+inputs and policy in one worker; with pytest 9.2 and xdist 3.8 the groups are not kept together
+(seen on this machine), which costs time but not correctness (each worker caches its own oracle
+runs). Memory is therefore kept apart by the `serial` marker, not by a group.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ torch._dynamo.config.recompile_limit = 64
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "parity_full: the whole parity matrix (slow; its own make target)")
+    config.addinivalue_line("markers", "serial: too large to run beside another worker (make parity-all runs it alone)")
 
 
 def have_smollm2() -> bool:
