@@ -2,6 +2,7 @@
 
     python benchmarks/bench_audit_torch.py --engines eager,sdpa,flex --seq-len 512 --num-seqs 2
     python benchmarks/bench_audit_torch.py --collect runs/audit-eager runs/audit-sdpa ...   # from `anchor audit --stack torch` outputs
+    python benchmarks/bench_audit_torch.py --rerun-oracle   # the oracle side only, against the recorded torch side
 
 Runs `anchor audit --stack torch` (torchtrain.audit.audit_torch_stack) on SmolLM2 per engine in bf16
 and records, per engine, D of the torch stack and of the oracle policy that emulates it at every
@@ -33,6 +34,47 @@ def entry(result: dict) -> dict:
             "runtime_s": round(result["runtime_s"], 1), "machine": result["machine"]}
 
 
+def rerun_oracle(recorded: Path, out: Path) -> None:
+    """The oracle side of a recorded audit_torch_stack.json again, with today's oracle, on the same windows
+    and shifts (the recorded D_torch kept: for a change to the oracle alone, minutes instead of an hour)."""
+    import dataclasses
+
+    import numpy as np
+
+    from anchor.machine import machine
+    from anchor.tokenizer import load_tokenizer
+    from anchor.weights import load_spec, load_weights
+    from jaxref.audit.runner import AuditSettings, _resolve_settings, restrict_vocab, shift_curve
+    from jaxref.audit.sequences import load_texts, make_windows
+    from jaxref.model import params_from_state
+    from jaxref.policy import get_policy
+
+    rows = []
+    for r in json.loads(recorded.read_text())["rows"]:
+        settings = dataclasses.replace(AuditSettings(), budget=False, random_init=False, seq_len=r["seq_len"],
+                                       max_len=r["seq_len"], num_seqs=r["num_seqs"])
+        settings, _, _ = _resolve_settings(load_spec(r["model"]), settings)
+        spec, state = load_weights(r["model"], seed=settings.seed)
+        tok = load_tokenizer(r["model"])
+        docs = tok.encode_batch(load_texts(None, max_docs=max(64, settings.num_seqs), max_chars=16 * settings.seq_len))
+        windows = [make_windows(docs, first_token=tok.first_token_id, eos=tok.eos_id, n=n, T=T)
+                   for n, T in ((settings.num_seqs, settings.seq_len), (settings.length_seqs, settings.max_len))]
+        params, remap = restrict_vocab(params_from_state(spec, state), spec, windows)
+        sc = shift_curve(params, spec, remap(windows[0]), get_policy(r["oracle_policy"]), settings.shifts,
+                         settings.ref_shift, lambda n: None)
+        d = [float(x) for x in sc["D"]]
+        ratio = np.asarray(r["D_torch"]) / np.asarray(d)
+        worst = float(np.abs(ratio - 1).max())
+        rows.append({**{k: r[k] for k in ("engine", "oracle_policy", "model", "seq_len", "num_seqs", "shifts", "D_torch")},
+                     "D_oracle": d, "ratio": ratio.tolist(), "max_rel_diff": worst, "bound": r["bound"],
+                     "within": worst <= r["bound"], "max_rel_diff_recorded": r["max_rel_diff"],
+                     "D_oracle_as_recorded": d == r["D_oracle"]})
+        print(f"{r['engine']:>22} vs {r['oracle_policy']:<14}: max |D_torch/D_oracle - 1| = {worst:.1%} "
+              f"(recorded {r['max_rel_diff']:.1%}, bound {r['bound']:.0%})", flush=True)
+    out.write_text(json.dumps({"benchmark": "audit_torch_stack, oracle side recomputed", "recorded": str(recorded),
+                               "rows": rows, "machine": machine()}, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="default")
@@ -40,8 +82,17 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--num-seqs", type=int, default=2)
     ap.add_argument("--collect", nargs="*", help="audit folders written by `anchor audit --stack torch` to record instead")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "audit_torch_stack.json"))
+    ap.add_argument("--rerun-oracle", action="store_true",
+                    help="recompute only the oracle side of --recorded (same windows and shifts) into --out")
+    ap.add_argument("--recorded", default=str(ROOT / "benchmarks" / "results" / "audit_torch_stack.json"))
+    ap.add_argument("--out", default=None, help="default: audit_torch_stack.json (audit_torch_stack_oracle_rerun.json "
+                                                "with --rerun-oracle) under benchmarks/results")
     args = ap.parse_args()
+    if args.rerun_oracle:
+        rerun_oracle(Path(args.recorded), Path(args.out or ROOT / "benchmarks" / "results" /
+                                               "audit_torch_stack_oracle_rerun.json"))
+        return
+    args.out = args.out or str(ROOT / "benchmarks" / "results" / "audit_torch_stack.json")
     if args.collect:
         results = [json.loads((Path(d) / "audit.json").read_text()) for d in args.collect]
     else:
