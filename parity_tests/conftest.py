@@ -10,7 +10,10 @@ runs). Memory is therefore kept apart by the `serial` marker, not by a group.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +29,21 @@ torch._dynamo.config.recompile_limit = 64
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "parity_full: the whole parity matrix (slow; its own make target)")
     config.addinivalue_line("markers", "serial: too large to run beside another worker (make parity-all runs it alone)")
+
+
+@pytest.fixture(autouse=True)
+def _serial_lock(request):
+    """A `serial` case holds an exclusive lock on a file for its run, so that under xdist (`make test-all`,
+    or any `pytest -n`) two of them never run side by side whatever worker each lands on."""
+    if request.node.get_closest_marker("serial") is None:
+        yield
+        return
+    with open(Path(tempfile.gettempdir()) / "anchor-parity-serial.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def have_smollm2() -> bool:

@@ -29,7 +29,8 @@ def _full() -> list:
     # worker of `make parity-all`) exceed this machine's 24 GB and the OOM killer takes a worker.
     # (An xdist_group does not keep them apart: with pytest 9.2 and xdist 3.8, `--dist loadgroup`
     # spreads a group's tests over workers, seen on this machine.) parity_tests/run_all.py runs
-    # the serial cases in a pass of their own, one process.
+    # the serial cases in a pass of their own, one process; elsewhere (make test-all, any pytest -n) a
+    # file lock keeps two serial cases from running at once (parity_tests/conftest.py).
     params += [pytest.param(Case("default", v, "plain", "fp32", "sdpa", 515), id=f"default-{v}-fp32-sdpa-T515",
                             marks=[pytest.mark.slow, pytest.mark.parity_full, pytest.mark.model, needs_smollm2,
                                    pytest.mark.serial])
