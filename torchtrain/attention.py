@@ -16,9 +16,15 @@ from anchor.errors import UnavailableError
 from torchtrain.varlen import VarlenSegments
 
 
-def expand_kv(x_BKTD: torch.Tensor, groups: int) -> torch.Tensor:
-    """GQA: repeat each kv head `groups` times, [B,K,T,D] -> [B,K*groups,T,D] (transformers' `repeat_kv`)."""
-    return x_BKTD.repeat_interleave(groups, dim=1) if groups > 1 else x_BKTD
+def expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """GQA: repeat each kv head `groups` times side by side along dim 1, [B,K,...] -> [B,K*groups,...]
+    ([B,K,T,D] as transformers' `repeat_kv`; varlen rows [R,K,D]). By expand and reshape, not
+    `repeat_interleave`: the same values, and a backward that sums a head's copies in a fixed order
+    (repeat_interleave's CUDA backward adds with atomics, so runs differ in the last bits)."""
+    if groups == 1:
+        return x
+    B, K, *rest = x.shape
+    return x.unsqueeze(2).expand(B, K, groups, *rest).reshape(B, K * groups, *rest)
 
 
 def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_B1TT: torch.Tensor, scale: float) -> torch.Tensor:

@@ -58,6 +58,7 @@ from torch import nn
 
 from anchor.errors import InputError
 from torchtrain import engines
+from torchtrain.attention import expand_kv
 from torchtrain.loss import linear_cross_entropy, token_cross_entropy
 
 Impl = Literal["auto", "deepspeed", "torch"]
@@ -212,7 +213,7 @@ class Ulysses:
             raise InputError(f"sequence_parallel {self.degree} does not divide the model's {N} attention heads")
         copies = kv_copies(N, K, self.degree)
         if copies > 1:
-            k, v = k.repeat_interleave(copies, dim=1), v.repeat_interleave(copies, dim=1)
+            k, v = expand_kv(k, copies), expand_kv(v, copies)
         q, k, v = (x.transpose(1, 2) for x in (q, k, v))  # [B, s, H, D]
         if self._ds is not None:
             return self._ds(q, k, v, 0, None, engine=engine, meta=meta, scale=scale)

@@ -56,6 +56,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from torchtrain.attention import expand_kv
 from torchtrain.varlen import VarlenSegments
 
 CHUNK = 64  # c: query rows of a chunked call (module docstring)
@@ -445,9 +446,7 @@ def _torch_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: VarlenPl
         if "enable_gqa" in params:
             kw["enable_gqa"] = True
         else:  # torch <= 2.11: no GQA flag; each kv head serves N/K query heads side by side
-            # (expand, not repeat_interleave: its CUDA backward is not deterministic either)
-            R = k_r.shape[0]
-            k_r, v_r = (x[:, :, None, :].expand(R, K, N // K, D).reshape(R, N, D) for x in (k_r, v_r))
+            k_r, v_r = (expand_kv(x, N // K) for x in (k_r, v_r))
     if "window_size" in params:
         kw["window_size"] = (-1, 0)  # causal
     else:

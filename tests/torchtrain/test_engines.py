@@ -179,3 +179,19 @@ def test_flex_trains_on_cuda(variant):
     worst = max(rel_l2(grads["flex"][n], g) for n, g in grads["eager"].items())
     print(f"{variant}: worst flex grad rel L2 vs eager {worst:.2e}")
     assert worst <= 1e-5
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 97, 8), (515, 3, 8)])
+def test_expand_kv_is_repeat_interleave_with_a_summing_backward(shape):
+    """GQA expansion [B,K,T,D] and varlen rows [R,K,D]: repeat_interleave's values; the backward gives
+    each kv head the sum of its copies' gradients (exactly, in fp64)."""
+    from torchtrain.attention import expand_kv
+
+    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    y = expand_kv(x, 3)
+    assert torch.equal(y, x.repeat_interleave(3, dim=1))
+    g = torch.randn(y.shape, dtype=torch.float64)
+    got, = torch.autograd.grad(y, x, g)
+    want = g.reshape(shape[0], shape[1], 3, *shape[2:]).sum(2)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-15)
+    assert expand_kv(x, 1) is x
