@@ -34,33 +34,32 @@ def entry(result: dict) -> dict:
             "runtime_s": round(result["runtime_s"], 1), "machine": result["machine"]}
 
 
+RERUN_NOTE = ("D_oracle: today's oracle on the recorded run's windows and shifts (torchtrain.audit.audit_inputs); "
+              "D_torch: the recorded run's, valid while torchtrain's path for the engine is unchanged.")
+
+
+def _rel(path: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def rerun_oracle(recorded: Path, out: Path) -> None:
     """The oracle side of a recorded audit_torch_stack.json again, with today's oracle, on the same windows
     and shifts (the recorded D_torch kept: for a change to the oracle alone, minutes instead of an hour)."""
-    import dataclasses
-
     import numpy as np
 
     from anchor.machine import machine
-    from anchor.tokenizer import load_tokenizer
-    from anchor.weights import load_spec, load_weights
-    from jaxref.audit.runner import AuditSettings, _resolve_settings, restrict_vocab, shift_curve
-    from jaxref.audit.sequences import load_texts, make_windows
+    from jaxref.audit.runner import restrict_vocab, shift_curve
     from jaxref.model import params_from_state
     from jaxref.policy import get_policy
+    from torchtrain.audit import audit_inputs
 
     rows = []
     for r in json.loads(recorded.read_text())["rows"]:
-        settings = dataclasses.replace(AuditSettings(), budget=False, random_init=False, seq_len=r["seq_len"],
-                                       max_len=r["seq_len"], num_seqs=r["num_seqs"])
-        settings, _, _ = _resolve_settings(load_spec(r["model"]), settings)
-        spec, state = load_weights(r["model"], seed=settings.seed)
-        tok = load_tokenizer(r["model"])
-        docs = tok.encode_batch(load_texts(None, max_docs=max(64, settings.num_seqs), max_chars=16 * settings.seq_len))
-        windows = [make_windows(docs, first_token=tok.first_token_id, eos=tok.eos_id, n=n, T=T)
-                   for n, T in ((settings.num_seqs, settings.seq_len), (settings.length_seqs, settings.max_len))]
-        params, remap = restrict_vocab(params_from_state(spec, state), spec, windows)
-        sc = shift_curve(params, spec, remap(windows[0]), get_policy(r["oracle_policy"]), settings.shifts,
+        settings, _, _, spec, state, shift_w, length_w = audit_inputs(
+            r["model"], seq_len=r["seq_len"], max_len=r["seq_len"], num_seqs=r["num_seqs"])
+        params, remap = restrict_vocab(params_from_state(spec, state), spec, [shift_w, length_w])
+        sc = shift_curve(params, spec, remap(shift_w), get_policy(r["oracle_policy"]), settings.shifts,
                          settings.ref_shift, lambda n: None)
         d = [float(x) for x in sc["D"]]
         ratio = np.asarray(r["D_torch"]) / np.asarray(d)
@@ -71,8 +70,8 @@ def rerun_oracle(recorded: Path, out: Path) -> None:
                      "D_oracle_as_recorded": d == r["D_oracle"]})
         print(f"{r['engine']:>22} vs {r['oracle_policy']:<14}: max |D_torch/D_oracle - 1| = {worst:.1%} "
               f"(recorded {r['max_rel_diff']:.1%}, bound {r['bound']:.0%})", flush=True)
-    out.write_text(json.dumps({"benchmark": "audit_torch_stack, oracle side recomputed", "recorded": str(recorded),
-                               "rows": rows, "machine": machine()}, indent=1))
+    out.write_text(json.dumps({"benchmark": "audit_torch_stack, oracle side recomputed", "recorded": _rel(recorded),
+                               "note": RERUN_NOTE, "rows": rows, "machine": machine()}, indent=1))
 
 
 def main() -> None:

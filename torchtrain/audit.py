@@ -150,32 +150,18 @@ def stack_name(engine: str, dtype: str) -> str:
     return f"torch:{engine}:{dtype}"
 
 
-def audit_torch_stack(model: str = "default", engine: str = "eager", dtype: str = "bfloat16", *,
-                      data: str | None = None, quick: bool = False, progress: bool = False,
-                      oracle: bool = True, **overrides: Any) -> dict[str, Any]:
-    """The audit of the torch stack `engine` × `dtype` and, with `oracle`, the oracle's emulation of it
-    on the same windows and shifts. Returns audit.json's content (as `jaxref.audit.run_audit`, with the
-    torch stack as one more "policy" named `stack_name(engine, dtype)`, "stack" describing it and
-    "comparison" the shift-by-shift ratio D_torch / D_oracle)."""
+def audit_inputs(model: str = "default", *, data: str | None = None, quick: bool = False, **overrides: Any):
+    """What `audit_torch_stack` measures on: (settings, lengths, notes, spec, state, shift windows,
+    length windows), the windows drawn from `data` (default: the embedded corpus) with `model`'s
+    tokenizer. A rerun of the oracle side alone (benchmarks/bench_audit_torch.py --rerun-oracle)
+    takes the same."""
     import dataclasses
 
-    import torchtrain
-    from anchor.machine import machine
-    from anchor.progress import ProgressBar
     from anchor.tokenizer import load_tokenizer
     from anchor.weights import load_spec, load_weights
-    from jaxref.audit.runner import (AuditSettings, _resolve_settings, length_curve, restrict_vocab, shift_curve,
-                                     shifts_per_call)
+    from jaxref.audit.runner import AuditSettings, _resolve_settings
     from jaxref.audit.sequences import load_texts, make_windows
-    from jaxref.model import params_from_state
-    from jaxref.policy import get_policy
 
-    t0 = time.time()
-    if engine not in ORACLE_POLICY:
-        raise InputError(f"--engine: unknown engine {engine!r} (known: {', '.join(ORACLE_POLICY)})")
-    torchtrain.check_engine(engine, torchtrain.model.torch_dtype(dtype))
-    if engine == "flash_varlen" and not torch.cuda.is_available():
-        raise InputError("--engine flash_varlen runs on CUDA; on the CPU audit flash_varlen_emulated")
     settings = AuditSettings.quick() if quick else AuditSettings()
     settings = dataclasses.replace(settings, budget=False, random_init=False,
                                    **{k: v for k, v in overrides.items() if v is not None})
@@ -188,6 +174,32 @@ def audit_torch_stack(model: str = "default", engine: str = "eager", dtype: str 
     shift_w = make_windows(docs, first_token=tok.first_token_id, eos=tok.eos_id, n=settings.num_seqs, T=settings.seq_len)
     length_w = make_windows(docs, first_token=tok.first_token_id, eos=tok.eos_id, n=settings.length_seqs,
                             T=settings.max_len)
+    return settings, lengths, notes, spec, state, shift_w, length_w
+
+
+def audit_torch_stack(model: str = "default", engine: str = "eager", dtype: str = "bfloat16", *,
+                      data: str | None = None, quick: bool = False, progress: bool = False,
+                      oracle: bool = True, **overrides: Any) -> dict[str, Any]:
+    """The audit of the torch stack `engine` × `dtype` and, with `oracle`, the oracle's emulation of it
+    on the same windows and shifts. Returns audit.json's content (as `jaxref.audit.run_audit`, with the
+    torch stack as one more "policy" named `stack_name(engine, dtype)`, "stack" describing it and
+    "comparison" the shift-by-shift ratio D_torch / D_oracle)."""
+    import dataclasses
+
+    import torchtrain
+    from anchor.machine import machine
+    from anchor.progress import ProgressBar
+    from jaxref.audit.runner import length_curve, restrict_vocab, shift_curve, shifts_per_call
+    from jaxref.model import params_from_state
+    from jaxref.policy import get_policy
+
+    t0 = time.time()
+    if engine not in ORACLE_POLICY:
+        raise InputError(f"--engine: unknown engine {engine!r} (known: {', '.join(ORACLE_POLICY)})")
+    torchtrain.check_engine(engine, torchtrain.model.torch_dtype(dtype))
+    if engine == "flash_varlen" and not torch.cuda.is_available():
+        raise InputError("--engine flash_varlen runs on CUDA; on the CPU audit flash_varlen_emulated")
+    settings, lengths, notes, spec, state, shift_w, length_w = audit_inputs(model, data=data, quick=quick, **overrides)
     name = stack_name(engine, dtype)
     policy = get_policy(ORACLE_POLICY[engine]) if dtype == "bfloat16" else get_policy("fp32")
     S = len(settings.shifts)
