@@ -360,6 +360,29 @@ def _run_scores(result: dict[str, Any]) -> dict[int, dict[str, float]]:
     return out
 
 
+def _finished_eval(folder: Path, s: DemoSettings, sources: list[tuple[str, str]]) -> dict[str, Any] | None:
+    """The evaluation a stopped demo published for one run (`eval.json`, written whole by write_eval), when
+    it evaluated these checkpoints with these settings; None otherwise (it is then run again).
+
+    Only read when the stage resumes, i.e. its fingerprint (settings and the training it reads) is the
+    unfinished stage's: a stopped paper-small demo loses at most the run it was evaluating."""
+    from anchor.outdir import read_marker
+
+    if read_marker(folder) is None:
+        return None
+    try:
+        r = json.loads((folder / "eval.json").read_text(encoding="utf-8"))
+        got = r["settings"]
+        same = ([c["label"] for c in r["checkpoints"]] == [lb for lb, _ in sources]
+                and [c["source"] for c in r["checkpoints"]] == [str(src) for _, src in sources]
+                and got["tasks"] == list(s.eval_tasks) and got["lengths"] == list(s.eval_lengths)
+                and got["samples"] == s.eval_samples and got["seed"] == s.seed and got["dtype"] == s.eval_dtype
+                and got["perplexity_windows"] == s.perplexity_windows)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return r if same else None
+
+
 def stage_eval(ctx: _Ctx) -> dict[str, Any]:
     from anchor.eval.runner import checkpoints_of_run, run_eval, write_eval
 
@@ -369,11 +392,15 @@ def stage_eval(ctx: _Ctx) -> dict[str, Any]:
     runs: dict[str, Any] = {}
     for i, v in enumerate(s.train_variants, 1):
         sources = checkpoints_of_run(ctx.stage("train") / v)
-        ctx.say(f"    run {i}/{len(s.train_variants)}: {v}, checkpoints {', '.join(lb for lb, _ in sources)}")
-        result = run_eval(sources, tasks=list(s.eval_tasks), lengths=list(s.eval_lengths), samples=s.eval_samples,
-                          seed=s.seed, dtype=s.eval_dtype, perplexity_windows=s.perplexity_windows,
-                          progress=ctx.progress)
-        write_eval(result, root / v)
+        result = _finished_eval(root / v, s, sources)
+        if result is not None:
+            ctx.say(f"    run {i}/{len(s.train_variants)}: {v}: evaluated before the demo stopped, reused")
+        else:
+            ctx.say(f"    run {i}/{len(s.train_variants)}: {v}, checkpoints {', '.join(lb for lb, _ in sources)}")
+            result = run_eval(sources, tasks=list(s.eval_tasks), lengths=list(s.eval_lengths),
+                              samples=s.eval_samples, seed=s.seed, dtype=s.eval_dtype,
+                              perplexity_windows=s.perplexity_windows, progress=ctx.progress)
+            write_eval(result, root / v)
         ppl = {}
         for r in result["perplexity"]:
             ppl.setdefault(r["length"], []).append(r["ppl"])
@@ -428,6 +455,10 @@ def stage_bench(ctx: _Ctx) -> dict[str, Any]:
 RUNNERS: dict[str, Callable[[_Ctx], dict[str, Any]]] = {
     "top5": stage_top5, "corpus": stage_corpus, "pack": stage_pack, "audit": stage_audit, "train": stage_train,
     "parity": stage_parity, "eval": stage_eval, "bench": stage_bench}
+
+# Stages that a stopped demo continues (the same fingerprint): training from each run's newest checkpoint,
+# evaluation from the first run it had not published.
+RESUMABLE = ("train", "eval")
 
 # The settings each stage's result depends on (besides its inputs' fingerprints and the model file).
 _KEYS = {"top5": ("model", "prompt", "policy"), "corpus": (), "pack": ("model", "seq_len", "budget"),
@@ -592,7 +623,7 @@ def _run_stages(out: Path, s: DemoSettings, steps: tuple[str, ...], todo: tuple[
             say(f"[{i}/{len(todo)}] {stage}: reused (finished {rec['finished']}, settings unchanged)")
             record["reused"].append(stage)
             continue
-        resumable = stage == "train" and not fresh and rec is not None and rec.get("fingerprint") == fps[stage]
+        resumable = stage in RESUMABLE and not fresh and rec is not None and rec.get("fingerprint") == fps[stage]
         if not resumable:
             _clear(out, stage)
         say(f"[{i}/{len(todo)}] {stage}: {TITLES[stage]}")

@@ -38,6 +38,7 @@ def test_demo_end_to_end(tmp_path):
     check_record_and_page(out)
     check_rerun_and_invalidation(out)
     check_killed_training_resumes(out)
+    check_killed_evaluation_resumes(out)
 
 
 def check_record_and_page(out: Path) -> None:
@@ -106,6 +107,33 @@ def check_killed_training_resumes(out: Path) -> None:
     after = (out / "train" / "full" / "metrics.jsonl").read_text()
     losses = [[json.loads(x)["loss"] for x in t.splitlines()] for t in (before, after)]
     assert losses[0] == losses[1], losses
+
+
+def check_killed_evaluation_resumes(out: Path) -> None:
+    done = run_demo(MODEL, out, steps=("eval",), settings=TINY, progress=False, say=quiet)
+    scores = done["stages"]["eval"]["summary"]["runs"]
+    # as a demo killed while evaluating its second run leaves it: the stage started, not done, the first
+    # run's evaluation published, the second's not
+    rec = json.loads((out / "demo.json").read_text())
+    rec["stages"]["eval"]["done"] = False
+    (out / "demo.json").write_text(json.dumps(rec))
+    first, second = TINY.train_variants
+    shutil.rmtree(out / "eval" / second)
+    kept = (out / "eval" / first / "eval.json").stat()
+    said: list[str] = []
+    again = run_demo(MODEL, out, steps=("eval",), settings=TINY, progress=False, say=said.append)
+    assert again["ran"] == ["eval"], again
+    assert any(f"{first}: evaluated before the demo stopped, reused" in x for x in said), said
+    assert not any(f"{second}: evaluated before" in x for x in said), said
+    assert (out / "eval" / first / "eval.json").stat().st_mtime_ns == kept.st_mtime_ns
+    assert (out / "eval" / second / "eval.json").is_file()
+    drop_time = lambda runs: {v: {k: x for k, x in r.items() if k != "runtime_s"} for v, r in runs.items()}  # noqa: E731
+    assert drop_time(again["stages"]["eval"]["summary"]["runs"]) == drop_time(scores)
+    # another setting: nothing is reused, the stage starts over
+    said.clear()
+    other = run_demo(MODEL, out, steps=("eval",), settings=TINY, progress=False, say=said.append, eval_samples=1)
+    assert other["ran"] == ["eval"], other
+    assert not any("evaluated before" in x for x in said), said
 
 
 def test_steps_errors(tmp_path, capsys):
