@@ -289,17 +289,17 @@ def gguf_tokenizer_json(path: Path) -> tuple[str, dict[str, Any]]:
     (integrations/gguf/gguf_tokenizer_mapping.py): BPE over the byte-level alphabet, no unk, tokens
     of type 3 (control) added as special tokens and type 4 (user-defined) as plain added tokens.
     """
-    import gguf
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
+    from anchor.gguf_file import read_gguf_file
+
     try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as e:
-        raise InputError(f"not a readable GGUF file: {str(e).splitlines()[0] if str(e) else e}", path=path) from None
+        reader = read_gguf_file(path)
+    except (ValueError, OSError) as e:
+        raise InputError(f"not a readable GGUF file: {e}", path=path) from None
 
     def field(key: str, default: Any = None) -> Any:
-        f = reader.fields.get(key)
-        return default if f is None else f.contents()
+        return reader.fields.get(key, default)
 
     kind = field("tokenizer.ggml.model")
     if kind != "gpt2":

@@ -232,19 +232,16 @@ _GGUF_TOP_NAMES = {
 
 
 def _gguf_reader(path: Path):
-    import gguf
+    from anchor.gguf_file import read_gguf_file
 
     try:
-        return gguf.GGUFReader(str(path))
-    except Exception as e:  # the gguf package raises ValueError/IndexError/struct errors on bad files
-        raise InputError(f"not a readable GGUF file (truncated or corrupt): {type(e).__name__}: {e}", path=path) from None
+        return read_gguf_file(path)
+    except (ValueError, OSError) as e:
+        raise InputError(f"not a readable GGUF file (truncated or corrupt): {e}", path=path) from None
 
 
 def _gguf_field(reader, key: str, default=None):
-    field = reader.fields.get(key)
-    if field is None:
-        return default
-    return field.contents()
+    return reader.fields.get(key, default)
 
 
 def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
