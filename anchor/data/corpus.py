@@ -16,6 +16,7 @@ import ast
 import codecs
 import html.parser
 import json
+import os
 import re
 import sys
 import sysconfig
@@ -35,7 +36,13 @@ def stdlib_dir() -> Path:
 
 
 def _files(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*") if p.is_file() and not (set(p.relative_to(root).parts[:-1]) & SKIP_DIRS))
+    """The files under `root` outside SKIP_DIRS, sorted (as `rglob`, without walking into the skipped folders:
+    the stdlib's site-packages can hold tens of thousands of files)."""
+    out = []
+    for top, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS]
+        out += [p for p in (Path(top) / n for n in names) if p.is_file()]
+    return sorted(out)
 
 
 def _read(path: Path) -> str | None:
