@@ -91,6 +91,69 @@ def matmul_gflops(seconds: float = 1.0) -> float:
     return round(2 * 4096 * 576 * 1536 * n / (time.perf_counter() - t0) / 1e9, 1)
 
 
+def _rate(fn, flop: float, seconds: float = 1.0) -> float:
+    fn()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        fn()
+        n += 1
+    return flop * n / (time.perf_counter() - t0) / 1e9
+
+
+def matmul_floor(audit: dict) -> dict:
+    """The least time the audit's matrix products take on this machine: their FLOPs over the best rate measured.
+
+    Counted: per token of every forward the audit runs, the q/k/v/o projections and the MLP of each layer
+    (not the last layer's o-projection and MLP, which come after its attention map) and the causal half of
+    q·kᵀ and p·v; not the lm-head (the audit has none), RoPE, norms, softmax, rounding or the probes.
+    A forward's products run in fp64 when its `act` stage is fp64 (the error budget's raised policies),
+    else in fp32 (16-bit operands are widened: jaxref.attention.wide_einsum). Rates: the best of XLA's
+    jitted matmul and numpy's BLAS at SmolLM2's MLP shape, fp32 and fp64, measured now.
+    """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxref.audit.runner import budget_plan, budget_runs
+    from jaxref.policy import get_policy
+
+    jax.config.update("jax_enable_x64", True)
+    spec, st = audit["spec"], audit["settings"]
+    H, F, L = spec["hidden_size"], spec["intermediate_size"], spec["num_layers"]
+    N, K, D = spec["num_heads"], spec["num_kv_heads"], spec["head_dim"]
+    qkv = 2 * H * (N * D + 2 * K * D)
+    o_mlp = 2 * (N * D * H + 3 * H * F)
+
+    def forward_flop(T: int) -> float:  # one sequence of T tokens
+        return T * (L * qkv + (L - 1) * o_mlp) + L * 2 * 2 * N * D * T * (T + 1) / 2 - 2 * N * D * T * (T + 1) / 2
+
+    n_pol = len(audit["policies"])
+    fwd = {"shift curves": n_pol * st["num_seqs"] * (len(st["shifts"]) + 1) * forward_flop(st["seq_len"]),
+           "length curves": n_pol * st["length_seqs"] * 2 * forward_flop(st["max_len"])}
+    fp64 = 0.0
+    if audit.get("error_budget"):
+        runs = budget_runs(budget_plan(get_policy(st["budget_policy"])))
+        one = st["budget_seqs"] * 2 * forward_flop(st["budget_seq_len"])
+        fwd["error budget"] = one * len(runs)
+        fp64 = one * sum(p.act == "float64" for p in runs)
+    total = sum(fwd.values())
+    M, Kd, Nd = 4096, H, F
+    rates = {}
+    for dt in ("float32", "float64"):
+        a, b = np.ones((M, Kd), dt), np.ones((Kd, Nd), dt)
+        ja, jb = jnp.asarray(a), jnp.asarray(b)
+        f = jax.jit(lambda x, y: x @ y)
+        flop = 2 * M * Kd * Nd
+        rates[dt] = {"xla": round(_rate(lambda: f(ja, jb).block_until_ready(), flop), 1),
+                     "numpy_blas": round(_rate(lambda: a @ b, flop), 1)}
+    best = {dt: max(r.values()) for dt, r in rates.items()}
+    floor = (total - fp64) / best["float32"] / 1e9 + fp64 / best["float64"] / 1e9
+    return {"tflop": {k: round(v / 1e12, 3) for k, v in fwd.items()}, "tflop_total": round(total / 1e12, 3),
+            "tflop_in_fp64": round(fp64 / 1e12, 3), "matmul_gflops": rates,
+            "floor_s": round(floor, 1), "note": matmul_floor.__doc__.split("\n\n")[0].strip() + " " +
+            " ".join(matmul_floor.__doc__.split("\n\n")[1].split())}
+
+
 def run_audit_cli(audit_out: Path, cache: Path, cwd: str, *, jaxref_dir: str | None = None) -> dict:
     """`anchor audit --out audit_out` in its own process with JAX's compilation cache in `cache`
     (or, with `jaxref_dir`, the jaxref package found there and no compilation cache): wall and CPU
@@ -193,6 +256,7 @@ def main() -> None:
                                 "and after; an idle machine gives more)"),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    record["matmul_floor"] = matmul_floor(audit)
     if Path(args.committed).is_file():
         committed = json.loads(Path(args.committed).read_text())
         record["vs_committed"] = {
