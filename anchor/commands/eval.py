@@ -43,7 +43,8 @@ def eval_(
     hotpotqa: Annotated[Optional[Path], typer.Option("--hotpotqa", help="qa_2: HotpotQA dev distractor JSON.")] = None,
     engine: Annotated[str, typer.Option("--engine", help="torchtrain engine of the prefill and perplexity.")] = "sdpa",
     dtype: Annotated[str, typer.Option(
-        "--dtype", help="bfloat16 or float32 (on a CPU without native bf16 matmuls float32 is faster).")] = "bfloat16",
+        "--dtype", help="auto (bfloat16 with CUDA, float32 on a CPU, where bf16 has no fast matmuls), "
+                        "bfloat16 or float32; eval.json records the one used.")] = "auto",
     batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts per forward.")] = 4,
     perplexity_windows: Annotated[int, typer.Option(
         "--perplexity-windows", help="Held-out windows per length for perplexity (0: none).")] = 2,
@@ -73,8 +74,9 @@ def eval_(
     check_int(samples, "--samples", lo=1)
     check_int(batch_size, "--batch-size", lo=1)
     check_int(perplexity_windows, "--perplexity-windows", lo=0)
-    if dtype not in ("bfloat16", "float32"):
-        raise InputError(f"--dtype: unsupported dtype {dtype!r} (supported: bfloat16, float32)")
+    from anchor.eval.runner import resolve_dtype
+
+    dtype = resolve_dtype(dtype)
     length_list = []
     for x in _split(lengths, "--lengths"):
         if not x.isdigit():

@@ -61,11 +61,27 @@ def test_eval_of_a_training_run_averages_its_schedule_checkpoints(tiny_run, tmp_
 
 
 def test_eval_checkpoints_option_picks_named_ones(tiny_run, tmp_path):
+    import torch
+
     out = tmp_path / "eval"
     rc = _run(["eval", "--run", str(tiny_run), "--checkpoints", "step-4,8", "--out", str(out), "--tasks", "niah_single_1",
-               "--lengths", "2048", "--samples", "1", "--dtype", "float32", "--perplexity-windows", "0", "--no-progress"])
+               "--lengths", "2048", "--samples", "1", "--perplexity-windows", "0", "--no-progress"])
     assert rc == 0
-    assert [c["label"] for c in json.loads((out / "eval.json").read_text())["checkpoints"]] == ["step-4", "step-8"]
+    result = json.loads((out / "eval.json").read_text())
+    assert [c["label"] for c in result["checkpoints"]] == ["step-4", "step-8"]
+    # --dtype auto (the default): bf16 on a CUDA machine, fp32 on a CPU; eval.json says which
+    assert result["settings"]["dtype"] == ("bfloat16" if torch.cuda.is_available() else "float32")
+
+
+def test_auto_dtype_follows_the_machine(monkeypatch):
+    import torch
+
+    from anchor.eval.runner import resolve_dtype
+
+    for cuda, want in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
+        assert resolve_dtype("auto") == want
+        assert resolve_dtype("bfloat16") == "bfloat16" and resolve_dtype("float32") == "float32"
 
 
 def _bad_inputs(tiny_run: Path, tmp: Path) -> list[tuple[list[str], str]]:
@@ -87,6 +103,7 @@ def _bad_inputs(tiny_run: Path, tmp: Path) -> list[tuple[list[str], str]]:
         (["--run", str(tiny_run), "--checkpoints", "step-5", *base], "no checkpoint 'step-5'"),
         (["--run", str(not_a_run), *base], "not a training run"),
         (["--run", str(tiny_run), "--model", "default", *base], "exactly one of --run"),
+        (["--run", str(tiny_run), "--dtype", "float16", *base], "--dtype: unsupported dtype 'float16'"),
     ]
 
 
