@@ -366,6 +366,7 @@ def _finished_eval(folder: Path, s: DemoSettings, sources: list[tuple[str, str]]
 
     Only read when the stage resumes, i.e. its fingerprint (settings and the training it reads) is the
     unfinished stage's: a stopped paper-small demo loses at most the run it was evaluating."""
+    from anchor.eval.runner import resolve_dtype
     from anchor.outdir import read_marker
 
     if read_marker(folder) is None:
@@ -376,7 +377,7 @@ def _finished_eval(folder: Path, s: DemoSettings, sources: list[tuple[str, str]]
         same = ([c["label"] for c in r["checkpoints"]] == [lb for lb, _ in sources]
                 and [c["source"] for c in r["checkpoints"]] == [str(src) for _, src in sources]
                 and got["tasks"] == list(s.eval_tasks) and got["lengths"] == list(s.eval_lengths)
-                and got["samples"] == s.eval_samples and got["seed"] == s.seed and got["dtype"] == s.eval_dtype
+                and got["samples"] == s.eval_samples and got["seed"] == s.seed and got["dtype"] == resolve_dtype(s.eval_dtype)
                 and got["perplexity_windows"] == s.perplexity_windows)
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -83,12 +83,7 @@ def matmul_gflops(seconds: float = 1.0) -> float:
     x = jnp.ones((4096, 576), jnp.float32)
     w = jnp.ones((576, 1536), jnp.float32)
     f = jax.jit(lambda x, w: x @ w)
-    f(x, w).block_until_ready()
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        f(x, w).block_until_ready()
-        n += 1
-    return round(2 * 4096 * 576 * 1536 * n / (time.perf_counter() - t0) / 1e9, 1)
+    return round(_rate(lambda: f(x, w).block_until_ready(), 2 * 4096 * 576 * 1536, seconds), 1)
 
 
 def _rate(fn, flop: float, seconds: float = 1.0) -> float:

@@ -106,13 +106,13 @@ def run_eval(checkpoints: Sequence[tuple[str, str]], *, tasks: Sequence[str] = D
     samples with predictions (for samples.jsonl), settings, machine, runtime_s.
     """
     from anchor.eval import ruler, scoring
-
-    dtype = resolve_dtype(dtype)
     from anchor.eval.generate import eval_model_source, greedy_generate, load_eval_model
     from anchor.eval.perplexity import heldout_windows, perplexity
     from anchor.machine import machine
     from anchor.tokenizer import load_tokenizer
     from anchor.weights import load_spec
+
+    dtype = resolve_dtype(dtype)
 
     t0 = time.time()
     if not checkpoints:
