@@ -127,6 +127,8 @@ def check_killed_evaluation_resumes(out: Path) -> None:
     assert not any(f"{second}: evaluated before" in x for x in said), said
     assert (out / "eval" / first / "eval.json").stat().st_mtime_ns == kept.st_mtime_ns
     assert (out / "eval" / second / "eval.json").is_file()
+    # the prefill engine is the setting's (varlen by default: the fused path per prompt)
+    assert json.loads((out / "eval" / second / "eval.json").read_text())["settings"]["engine"] == TINY.eval_engine
     drop_time = lambda runs: {v: {k: x for k, x in r.items() if k != "runtime_s"} for v, r in runs.items()}  # noqa: E731
     assert drop_time(again["stages"]["eval"]["summary"]["runs"]) == drop_time(scores)
     # another setting: nothing is reused, the stage starts over
