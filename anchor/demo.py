@@ -388,7 +388,7 @@ def _finished_eval(folder: Path, s: DemoSettings, sources: list[tuple[str, str]]
 
 
 def stage_eval(ctx: _Ctx) -> dict[str, Any]:
-    from anchor.eval.runner import checkpoints_of_run, run_eval, write_eval
+    from anchor.eval.runner import checkpoints_of_run, parts_dir, run_eval, write_eval
 
     s = ctx.settings
     root = ctx.stage("eval")
@@ -403,7 +403,8 @@ def stage_eval(ctx: _Ctx) -> dict[str, Any]:
             ctx.say(f"    run {i}/{len(s.train_variants)}: {v}, checkpoints {', '.join(lb for lb, _ in sources)}")
             result = run_eval(sources, tasks=list(s.eval_tasks), lengths=list(s.eval_lengths),
                               samples=s.eval_samples, seed=s.seed, dtype=s.eval_dtype,
-                              engine=s.eval_engine, perplexity_windows=s.perplexity_windows, progress=ctx.progress)
+                              engine=s.eval_engine, perplexity_windows=s.perplexity_windows, progress=ctx.progress,
+                              parts=parts_dir(root / v))  # a stopped demo resumes at the checkpoint
             write_eval(result, root / v)
         ppl = {}
         for r in result["perplexity"]:

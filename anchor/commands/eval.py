@@ -107,7 +107,7 @@ def eval_(
     out = guard_out(out, "eval", inputs=tuple(str(p) for p in (run, model, haystack, squad, hotpotqa, harness_data)
                                               if p))
 
-    from anchor.eval.runner import checkpoints_of_run, run_eval, write_eval
+    from anchor.eval.runner import checkpoints_of_run, parts_dir, run_eval, write_eval
 
     if run is not None:
         sources = checkpoints_of_run(run, _split(checkpoints, "--checkpoints") if checkpoints else None)
@@ -116,7 +116,8 @@ def eval_(
     with out_lock(out, "eval"):
         result = run_eval(sources, tasks=task_list, lengths=length_list, samples=samples, seed=seed, haystack=haystack,
                           qa_data={t: str(f) for t, f in qa.items() if f is not None}, engine=engine, dtype=dtype,
-                          batch_size=batch_size, perplexity_windows=perplexity_windows, progress=progress)
+                          batch_size=batch_size, perplexity_windows=perplexity_windows, progress=progress,
+                          parts=parts_dir(out))
         if harness is not None:
             result["harness"] = lm_harness.run_harness(
                 sources, tasks=harness_list, lengths=length_list, limit=samples, data_dir=harness_data,

@@ -14,6 +14,11 @@ What runs, per checkpoint (a model of CONTRACT §6 or a training checkpoint's `h
 Then per task × length: mean and standard deviation over the checkpoints (the paper averages five
 checkpoints of the last 50 steps).
 
+Nothing finished is lost when an evaluation is killed: with `parts` (`parts_dir(out)`, the CLI's and the
+demo's), each checkpoint's rows, perplexity and samples are written there (one JSON file, atomically) as
+soon as it is done, and a later call with the same settings, checkpoints and model files reuses them;
+`write_eval` removes the folder once `out` is published.
+
 Which checkpoints of a run (`checkpoints_of_run`): by default those of the run's evaluation schedule
 (`eval_every` / `eval_window` of its config.yaml: the last five, every 10 steps), else the names given
 (`step-40` or `40`). Every checkpoint must verify against its manifest before it is read.
@@ -22,7 +27,7 @@ Which checkpoints of a run (`checkpoints_of_run`): by default those of the run's
 from __future__ import annotations
 
 import json
-
+import os
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -94,12 +99,85 @@ def resolve_dtype(dtype: str) -> str:
     return dtype
 
 
+def parts_dir(out: str | Path) -> Path:
+    """`.<name>.parts` beside `out`: where an evaluation into `out` keeps its finished checkpoints."""
+    out = Path(os.path.abspath(os.path.expanduser(str(out))))
+    return out.parent / f".{out.name}.parts"
+
+
+def _files_id(source: str | Path) -> list[list[Any]]:
+    """What a checkpoint's results depend on besides the settings: its files (name, size, mtime), or the
+    name of a built-in model."""
+    p = Path(source)
+    if p.is_file():
+        st = p.stat()
+        return [[p.name, st.st_size, st.st_mtime_ns]]
+    if p.is_dir():
+        return sorted([str(f.relative_to(p)), f.stat().st_size, f.stat().st_mtime_ns]
+                      for f in p.rglob("*") if f.is_file())
+    return [[str(source)]]
+
+
+class _Parts:
+    """Finished checkpoints of an evaluation, one JSON file each (`part-<i>.json`, written atomically),
+    in a folder carrying anchor's marker; a part is reused only when its key (settings, label, source,
+    files, anchor version) is the call's."""
+
+    def __init__(self, folder: str | Path | None):
+        from anchor.outdir import read_marker
+
+        self.folder = Path(folder) if folder is not None else None
+        if self.folder is None:
+            return
+        if self.folder.exists() and not self.folder.is_dir():
+            raise InputError("is not a folder (it should hold the evaluation's finished checkpoints)", path=self.folder)
+        if self.folder.is_dir() and read_marker(self.folder) is None and any(self.folder.iterdir()):
+            raise InputError("holds files anchor did not write; move it away", path=self.folder)
+
+    def load(self, i: int, key: dict[str, Any]) -> dict[str, Any] | None:
+        if self.folder is None:
+            return None
+        try:
+            d = json.loads((self.folder / f"part-{i}.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return d if isinstance(d, dict) and d.get("key") == key else None
+
+    def save(self, i: int, part: dict[str, Any]) -> None:
+        from anchor.outdir import read_marker, write_marker
+
+        if self.folder is None:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if read_marker(self.folder) is None:
+            write_marker(self.folder, "eval")
+        final = self.folder / f"part-{i}.json"
+        tmp = self.folder / f".part-{i}.json.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(json.dumps(part, default=_plain))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+
+
+def _plain(x: Any) -> Any:
+    return x.item() if hasattr(x, "item") else str(x)
+
+
+def _normal(x: Any) -> Any:
+    """`x` as it reads back from JSON (tuples become lists), for comparing keys."""
+    return json.loads(json.dumps(x, default=_plain))
+
+
 def run_eval(checkpoints: Sequence[tuple[str, str]], *, tasks: Sequence[str] = DEFAULT_TASKS,
              lengths: Sequence[int] = DEFAULT_LENGTHS, samples: int = 10, seed: int = 42,
              haystack: str | None = None, qa_data: dict[str, str] | None = None, engine: str = "sdpa",
              dtype: str = "auto", batch_size: int = 4, perplexity_windows: int = 2,
-             progress: bool = False) -> dict[str, Any]:
+             progress: bool = False, parts: str | Path | None = None) -> dict[str, Any]:
     """Evaluate every checkpoint (label, model source) on RULER `tasks` × `lengths` and perplexity.
+
+    `parts`: a folder (`parts_dir(out)`) where each finished checkpoint is kept, and reused from, so a
+    killed evaluation resumes at the checkpoint it was on (module docstring).
 
     Returns eval.json's content: rows (checkpoint, task, length, score, samples), summary (task,
     length, mean, std, checkpoints), perplexity rows (checkpoint, length, ppl, nll, tokens), the
@@ -140,10 +218,33 @@ def run_eval(checkpoints: Sequence[tuple[str, str]], *, tasks: Sequence[str] = D
                                                  qa_data=qa_data.get(t))
     windows = {L: heldout_windows(tok, L, perplexity_windows) for L in lengths} if perplexity_windows else {}
     total = len(checkpoints) * (len(tasks) * len(lengths) * samples + len(windows) * perplexity_windows)
+    settings = {"tasks": list(tasks), "lengths": list(lengths), "samples": samples, "seed": seed,
+                "haystack": haystack or "embedded corpus prose", "engine": engine, "dtype": dtype,
+                "batch_size": batch_size, "perplexity_windows": perplexity_windows,
+                "bos": bool(bos), "scoring": "RULER: string_match_all; string_match_part for qa_*"}
+    store = _Parts(parts)
+    from anchor import __version__
+
     bar = ProgressBar("eval", total, progress, unit="prompts")
     rows, ppl_rows, sample_rows = [], [], []
+    reused_s = 0.0
     try:
-        for label, source in checkpoints:
+        for i, (label, source) in enumerate(checkpoints):
+            key = _normal({"anchor": __version__, "settings": settings, "label": label, "source": str(source),
+                           "files": _files_id(eval_model_source(source)) if parts is not None else None,
+                           "haystack": _files_id(haystack) if haystack else None,
+                           "qa_data": {t: _files_id(f) for t, f in sorted(qa_data.items())}})
+            done = store.load(i, key)
+            if done is not None:
+                bar.describe(f"{label}: evaluated before, reused")
+                rows += done["rows"]
+                ppl_rows += done["perplexity"]
+                sample_rows += done["samples"]
+                reused_s += float(done["seconds"])
+                bar.advance(len(tasks) * len(lengths) * samples + len(windows) * perplexity_windows)
+                continue
+            t_ckpt = time.time()
+            mine: dict[str, list] = {"rows": [], "perplexity": [], "samples": []}
             bar.describe(f"{label}: loading")
             model = load_eval_model(source, engine=engine, dtype=dtype)
             for (t, L), ss in prompt_sets.items():
@@ -151,20 +252,26 @@ def run_eval(checkpoints: Sequence[tuple[str, str]], *, tasks: Sequence[str] = D
                 outs = greedy_generate(model, tok, _prompts(tok, ss), [s.tokens_to_generate for s in ss],
                                        batch_size=batch_size, progress=False)
                 preds = [tok.decode(o) for o in outs]
-                rows.append({"checkpoint": label, "task": t, "length": L,
-                             "score": scoring.score(t, preds, [s.answers for s in ss]), "samples": len(ss)})
+                mine["rows"].append({"checkpoint": label, "task": t, "length": L,
+                                     "score": scoring.score(t, preds, [s.answers for s in ss]), "samples": len(ss)})
                 for s, p, o in zip(ss, preds, outs):
-                    sample_rows.append({"checkpoint": label, "task": t, "length": L, "index": s.index, "input": s.input,
-                                        "answer_prefix": s.answer_prefix, "answers": s.answers, "prediction": p,
-                                        "prompt_tokens": s.prompt_tokens + bos, "generated_tokens": len(o)})
+                    mine["samples"].append({"checkpoint": label, "task": t, "length": L, "index": s.index,
+                                            "input": s.input, "answer_prefix": s.answer_prefix, "answers": s.answers,
+                                            "prediction": p, "prompt_tokens": s.prompt_tokens + bos,
+                                            "generated_tokens": len(o)})
                 bar.advance(len(ss))
             for L, w in windows.items():
                 bar.describe(f"{label}: perplexity at {L}")
                 r = perplexity(model, w, "full")
-                ppl_rows.append({"checkpoint": label, "length": L, "ppl": r.ppl, "nll": r.nll, "tokens": r.tokens,
-                                 "windows": r.windows})
+                mine["perplexity"].append({"checkpoint": label, "length": L, "ppl": r.ppl, "nll": r.nll,
+                                           "tokens": r.tokens, "windows": r.windows})
                 bar.advance(perplexity_windows)
             del model
+            mine = _normal(mine)  # as a reused part reads back: the same result either way
+            store.save(i, {"key": key, **mine, "seconds": round(time.time() - t_ckpt, 1)})
+            rows += mine["rows"]
+            ppl_rows += mine["perplexity"]
+            sample_rows += mine["samples"]
     finally:
         bar.close()
     summary = []
@@ -177,11 +284,7 @@ def run_eval(checkpoints: Sequence[tuple[str, str]], *, tasks: Sequence[str] = D
     return {
         "rows": rows, "summary": summary, "perplexity": ppl_rows, "samples": sample_rows,
         "checkpoints": [{"label": lb, "source": src} for lb, src in checkpoints],
-        "settings": {"tasks": list(tasks), "lengths": list(lengths), "samples": samples, "seed": seed,
-                     "haystack": haystack or "embedded corpus prose", "engine": engine, "dtype": dtype,
-                     "batch_size": batch_size, "perplexity_windows": perplexity_windows,
-                     "bos": bool(bos), "scoring": "RULER: string_match_all; string_match_part for qa_*"},
-        "machine": machine(), "runtime_s": round(time.time() - t0, 1),
+        "settings": settings, "machine": machine(), "runtime_s": round(time.time() - t0 + reused_s, 1),
     }
 
 
@@ -266,8 +369,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def write_eval(result: dict[str, Any], out: str | Path) -> Path:
-    """eval.json (without the samples), samples.jsonl, report.md, score_vs_length.png into `out`, atomically."""
+    """eval.json (without the samples), samples.jsonl, report.md, score_vs_length.png into `out`, atomically;
+    then the finished checkpoints kept for a resume (`parts_dir(out)`) are removed."""
     from anchor.atomic import publish, staging_dir
+    from anchor.outdir import _rmtree, read_marker
 
     out = Path(out).resolve()
     with staging_dir(out, "eval") as tmp:
@@ -281,8 +386,11 @@ def write_eval(result: dict[str, Any], out: str | Path) -> Path:
         plot(result, work / "score_vs_length.png")
         (work / "report.md").write_text(render_report(result, "score_vs_length.png"))
         publish(work, out, "eval")
+    parts = parts_dir(out)
+    if parts.is_dir() and read_marker(parts) is not None:
+        _rmtree(parts)
     return out
 
 
-__all__ = ["DEFAULT_LENGTHS", "DEFAULT_TASKS", "checkpoints_of_run", "resolve_dtype", "render_report", "run_eval", "write_eval"]
+__all__ = ["DEFAULT_LENGTHS", "DEFAULT_TASKS", "checkpoints_of_run", "parts_dir", "resolve_dtype", "render_report", "run_eval", "write_eval"]
 

@@ -129,3 +129,52 @@ def test_smollm2_finds_the_needle(tmp_path):
     result = json.loads((out / "eval.json").read_text())
     assert result["rows"][0]["score"] == 100.0
     assert 1 < result["perplexity"][0]["ppl"] < 100
+
+
+def test_a_killed_eval_resumes_at_the_checkpoint_it_was_on(tiny_run, tmp_path, monkeypatch):
+    """Each finished checkpoint is kept beside --out (`.<name>.parts`); a rerun with the same settings loads
+    only the checkpoints not finished and gives what an uninterrupted run gives; other settings reuse nothing;
+    the parts go when the evaluation is published."""
+    from anchor.eval import generate
+    from anchor.eval.runner import parts_dir
+
+    real, loads = generate.load_eval_model, []
+
+    def loader(die_at: int | None):
+        def load(source, **kw):
+            loads.append(Path(source).parent.name)
+            if len(loads) == die_at:
+                raise KeyboardInterrupt  # as Ctrl-C while the second checkpoint loads
+            return real(source, **kw)
+        return load
+
+    out = tmp_path / "eval"
+    argv = lambda n, o=out: ["eval", "--run", str(tiny_run), "--out", str(o), "--tasks", "niah_single_1,vt",  # noqa: E731
+                             "--lengths", "2048", "--samples", str(n), "--dtype", "float32",
+                             "--perplexity-windows", "1", "--no-progress"]
+    monkeypatch.setattr(generate, "load_eval_model", loader(2))
+    assert _run(argv(1)) == 130
+    assert not out.exists() and (parts_dir(out) / "part-0.json").is_file()
+    assert not (parts_dir(out) / "part-1.json").exists()
+    loads.clear()
+    assert _run(argv(2)) == 130  # other settings: the part of step-6 is not reused
+    assert loads == ["step-6", "step-8"]
+    loads.clear()
+    monkeypatch.setattr(generate, "load_eval_model", loader(None))
+    assert _run(argv(2)) == 0
+    assert loads == ["step-8"]  # step-6 finished before the interruption
+    assert not parts_dir(out).exists()
+    loads.clear()
+    whole = tmp_path / "whole"
+    assert _run(argv(2, whole)) == 0
+    assert loads == ["step-6", "step-8"]
+    a, b = (json.loads((d / "eval.json").read_text()) for d in (out, whole))
+    for k in ("rows", "summary", "perplexity", "settings", "checkpoints"):
+        assert a[k] == b[k], k
+    assert (out / "samples.jsonl").read_text() == (whole / "samples.jsonl").read_text()
+    # a parts folder holding someone else's files: one line, exit 2, their files kept
+    other = tmp_path / "other"
+    parts_dir(other).mkdir()
+    (parts_dir(other) / "mine.txt").write_text("mine")
+    assert _run(argv(2, other)) == 2
+    assert (parts_dir(other) / "mine.txt").read_text() == "mine" and not other.exists()
