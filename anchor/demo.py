@@ -367,7 +367,7 @@ def _finished_eval(folder: Path, s: DemoSettings, sources: list[tuple[str, str]]
     it evaluated these checkpoints with these settings; None otherwise (it is then run again).
 
     Only read when the stage resumes, i.e. its fingerprint (settings and the training it reads) is the
-    unfinished stage's: a stopped paper-small demo loses at most the run it was evaluating."""
+    unfinished stage's: within a run, finished checkpoints come back from their parts (`run_eval(parts=...)`)."""
     from anchor.eval.runner import resolve_dtype
     from anchor.outdir import read_marker
 
@@ -462,7 +462,7 @@ RUNNERS: dict[str, Callable[[_Ctx], dict[str, Any]]] = {
     "parity": stage_parity, "eval": stage_eval, "bench": stage_bench}
 
 # Stages that a stopped demo continues (the same fingerprint): training from each run's newest checkpoint,
-# evaluation from the first run it had not published.
+# evaluation from the checkpoint it was on (finished runs whole, finished checkpoints from their parts).
 RESUMABLE = ("train", "eval")
 
 # The settings each stage's result depends on (besides its inputs' fingerprints and the model file).
