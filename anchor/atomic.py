@@ -100,3 +100,14 @@ def publish(src: Path, out: str | Path, verb: str | None = None) -> None:
             _rmtree(old)
         else:
             os.replace(src, out)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """`path` holds the old text or the new, never part of it: written beside it, fsynced, renamed."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -38,6 +38,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from anchor.atomic import write_text_atomic
 from anchor.errors import InputError
 
 DEFAULT_PROMPT = "The quick brown fox jumps over the lazy dog. The capital of France is"
@@ -191,12 +192,6 @@ class _Ctx:
 
     def stage(self, name: str) -> Path:
         return self.out / name
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _save_figure(fig, path: Path, dpi: int = 110) -> None:
@@ -656,7 +651,7 @@ def _now() -> str:
 def _write_record(out: Path, record: dict[str, Any], t0: float) -> None:
     record["seconds"] = round(time.time() - t0, 1)
     record["finished"] = _now()
-    _write_atomic(out / DEMO_JSON, json.dumps(record, indent=1, ensure_ascii=False, default=str))
+    write_text_atomic(out / DEMO_JSON, json.dumps(record, indent=1, ensure_ascii=False, default=str))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -855,4 +850,4 @@ def index_page(out: Path, record: dict[str, Any], fps: dict[str, str] | None = N
         except (KeyError, TypeError) as e:  # a record from an older demo: link the folder
             p.add(f"<p class='note'>No summary in this record ({_esc(e)}).</p>")
     p.add("</body></html>")
-    _write_atomic(out / "index.html", "\n".join(p.parts) + "\n")
+    write_text_atomic(out / "index.html", "\n".join(p.parts) + "\n")

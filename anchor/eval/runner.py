@@ -134,8 +134,8 @@ class _Parts:
         if self.folder.is_dir() and read_marker(self.folder) is None and any(self.folder.iterdir()):
             raise InputError("holds files anchor did not write; move it away", path=self.folder)
 
-    def load(self, i: int, key: dict[str, Any]) -> dict[str, Any] | None:
-        if self.folder is None:
+    def load(self, i: int, key: dict[str, Any] | None) -> dict[str, Any] | None:
+        if self.folder is None or key is None:
             return None
         try:
             d = json.loads((self.folder / f"part-{i}.json").read_text(encoding="utf-8"))
@@ -144,6 +144,7 @@ class _Parts:
         return d if isinstance(d, dict) and d.get("key") == key else None
 
     def save(self, i: int, part: dict[str, Any]) -> None:
+        from anchor.atomic import write_text_atomic
         from anchor.outdir import read_marker, write_marker
 
         if self.folder is None:
@@ -151,13 +152,7 @@ class _Parts:
         self.folder.mkdir(parents=True, exist_ok=True)
         if read_marker(self.folder) is None:
             write_marker(self.folder, "eval")
-        final = self.folder / f"part-{i}.json"
-        tmp = self.folder / f".part-{i}.json.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(json.dumps(part, default=_plain))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
+        write_text_atomic(self.folder / f"part-{i}.json", json.dumps(part, default=_plain))
 
 
 def _plain(x: Any) -> Any:
@@ -230,10 +225,10 @@ def run_eval(checkpoints: Sequence[tuple[str, str]], *, tasks: Sequence[str] = D
     reused_s = 0.0
     try:
         for i, (label, source) in enumerate(checkpoints):
-            key = _normal({"anchor": __version__, "settings": settings, "label": label, "source": str(source),
-                           "files": _files_id(eval_model_source(source)) if parts is not None else None,
-                           "haystack": _files_id(haystack) if haystack else None,
-                           "qa_data": {t: _files_id(f) for t, f in sorted(qa_data.items())}})
+            key = None if parts is None else _normal(
+                {"anchor": __version__, "settings": settings, "label": label, "source": str(source),
+                 "files": _files_id(eval_model_source(source)), "haystack": _files_id(haystack) if haystack else None,
+                 "qa_data": {t: _files_id(f) for t, f in sorted(qa_data.items())}})
             done = store.load(i, key)
             if done is not None:
                 bar.describe(f"{label}: evaluated before, reused")
@@ -379,7 +374,7 @@ def write_eval(result: dict[str, Any], out: str | Path) -> Path:
         work = tmp / "eval"
         work.mkdir()
         body = {k: v for k, v in result.items() if k != "samples"}
-        (work / "eval.json").write_text(json.dumps(body, indent=1, default=lambda x: x.item() if hasattr(x, "item") else str(x)))
+        (work / "eval.json").write_text(json.dumps(body, indent=1, default=_plain))
         with open(work / "samples.jsonl", "w", encoding="utf-8") as f:
             for s in result["samples"]:
                 f.write(json.dumps(s, ensure_ascii=False) + "\n")
