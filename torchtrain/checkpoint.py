@@ -22,6 +22,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from anchor.atomic import write_text_atomic
+
 MANIFEST = "manifest.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -65,12 +67,7 @@ def write_manifest(folder: Path, step: int, extra: dict[str, Any] | None = None)
             os.fsync(f.fileno())
         files[path.relative_to(folder).as_posix()] = sha256_file(path)
     manifest = {"step": step, "files": files, **(extra or {})}
-    tmp = folder / f".{MANIFEST}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, folder / MANIFEST)
+    write_text_atomic(folder / MANIFEST, json.dumps(manifest, indent=1))
     return manifest
 
 

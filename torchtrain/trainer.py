@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from anchor.atomic import write_text_atomic
 from anchor.errors import InputError
 from torchtrain import checkpoint as ckpt
 from torchtrain.config import RESUMABLE_CHANGES, TrainConfig, check_world, validate
@@ -277,9 +278,7 @@ def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, 
     import yaml
 
     resolved = {**cfg.to_dict(), "seq_len": packed.seq_len}
-    tmp = run / f".{CONFIG_FILE}.tmp"
-    tmp.write_text(yaml.safe_dump(resolved, sort_keys=False), encoding="utf-8")
-    os.replace(tmp, run / CONFIG_FILE)
+    write_text_atomic(run / CONFIG_FILE, yaml.safe_dump(resolved, sort_keys=False))
     (run / DS_CONFIG_FILE).write_text(json.dumps(deepspeed_config(cfg, world or cfg.nproc), indent=1))
     return RunPlan(run=run, data=data, spec=spec)
 
@@ -432,9 +431,7 @@ class _Metrics:
         if not enabled:
             return
         lines = _read_metrics(run, start)
-        tmp = run / f".{METRICS_FILE}.tmp"
-        tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-        os.replace(tmp, run / METRICS_FILE)
+        write_text_atomic(run / METRICS_FILE, "".join(line + "\n" for line in lines))
         self.file = open(run / METRICS_FILE, "a", encoding="utf-8")
         if tensorboard:
             try:

@@ -135,7 +135,7 @@ class _Parts:
             raise InputError("holds files anchor did not write; move it away", path=self.folder)
 
     def load(self, i: int, key: dict[str, Any] | None) -> dict[str, Any] | None:
-        if self.folder is None or key is None:
+        if self.folder is None:  # key is None exactly then
             return None
         try:
             d = json.loads((self.folder / f"part-{i}.json").read_text(encoding="utf-8"))
