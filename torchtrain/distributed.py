@@ -54,17 +54,19 @@ class World:
         return self.rank == 0
 
 
-# The world-of-one variables `init_world` sets in a plain process (deepspeed and torch read them); they stay
-# in os.environ afterwards and must not make a later run in the same process look launched.
-_SOLO_ENV: dict[str, str] = {}
+# The world-of-one variables `init_world` sets in a plain process (deepspeed and torch read them) stay in
+# os.environ afterwards, and child processes inherit them. SOLO_PORT marks them: it names the port of that
+# world, so neither a later run in the same process nor a child (`anchor train` run from a notebook or a
+# test that trained in-process) mistakes them for a launcher's; a launcher always sets its own MASTER_PORT.
+SOLO_PORT = "ANCHOR_SOLO_MASTER_PORT"
 
 
 def launched_externally() -> bool:
     """True under torchrun / the deepspeed launcher / an elastic worker (the env names the world), not
-    when the variables are those `init_world` set for a world of one in this process."""
+    when the variables are those `init_world` set for a world of one (in this process or a parent)."""
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return False
-    return not (_SOLO_ENV and all(os.environ.get(k) == v for k, v in _SOLO_ENV.items()))
+    return os.environ.get(SOLO_PORT) is None or os.environ.get(SOLO_PORT) != os.environ.get("MASTER_PORT")
 
 
 def free_port() -> int:
@@ -87,10 +89,9 @@ def init_world(sp: int) -> World:
 
     _quiet_deepspeed()
     if not launched_externally():  # one plain process: a world of one
-        _SOLO_ENV.clear()
-        _SOLO_ENV.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                         MASTER_PORT=(dist.is_initialized() and os.environ.get("MASTER_PORT")) or str(free_port()))
-        os.environ.update(_SOLO_ENV)
+        port = (dist.is_initialized() and os.environ.get("MASTER_PORT")) or str(free_port())
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                          **{SOLO_PORT: port})
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         device = torch.device("cuda", local)

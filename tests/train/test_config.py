@@ -150,3 +150,30 @@ def test_a_run_in_this_process_does_not_make_the_next_look_launched(tmp_path, ca
               "sequence_parallel=2", "nproc=2", "seq_len=127"])
     err = [l for l in capsys.readouterr().err.splitlines() if l.strip() and "[WARNING]" not in l]
     assert e.value.code == 2 and "does not divide seq_len 127" in err[0], err
+
+
+def test_a_child_of_a_process_that_trained_is_not_mistaken_for_a_launched_rank(tmp_path):
+    """The world-of-one variables stay in os.environ and a child inherits them (`!anchor train` in a notebook
+    that trained in-process; pytest running the CLI after an in-process run): the child must train as a
+    plain process, not join the parent's rendezvous port as a torchrun rank (EADDRINUSE before the fix).
+    A launcher's own MASTER_PORT still makes it a launched rank."""
+    import subprocess
+    import sys
+
+    from anchor.cli import main
+    from torchtrain.distributed import SOLO_PORT
+
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--config", str(TINY), "--out", str(tmp_path / "parent"), "--no-progress", "steps=1",
+              "save_every=0", "eval_every=1", "eval_window=1", "pack.budget=4000"])
+    assert e.value.code in (0, None)
+    assert os.environ[SOLO_PORT] == os.environ["MASTER_PORT"] and os.environ["WORLD_SIZE"] == "1"
+    probe = "from torchtrain.distributed import launched_externally as f; print(f())"
+    launched = {**os.environ, "MASTER_PORT": str(int(os.environ["MASTER_PORT"]) + 1), "WORLD_SIZE": "2"}
+    for env, want in ((dict(os.environ), "False"), (launched, "True")):
+        out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=ROOT, capture_output=True, text=True)
+        assert out.stdout.strip() == want, out.stderr[-2000:]
+    child = subprocess.run([sys.executable, "-m", "anchor", "train", "--config", str(TINY), "--out",
+                            str(tmp_path / "child"), "--no-progress", "steps=1", "save_every=0", "eval_every=1",
+                            "eval_window=1", "pack.budget=4000"], cwd=ROOT, capture_output=True, text=True)
+    assert child.returncode == 0, child.stderr[-3000:]
