@@ -6,3 +6,5 @@ the data pipeline, and the `anchor` command line.
 """
 
 __version__ = "0.1.0"
+
+from anchor import machine as _machine  # noqa: E402,F401  (stdlib only: records the load at start)

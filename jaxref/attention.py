@@ -204,7 +204,8 @@ def blocked_dense_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePol
 
 
 # torch's fast float32 exponential for probabilities that are rounded to 16 bits
-# (ATen/cpu/vec/vec256/vec256_float.h, Vectorized<float>::fexp_u20, AVX2): 2^(x log2 e) with the
+# (ATen/cpu/vec/vec256/vec256_float.h and vec512/vec512_float.h, Vectorized<float>::fexp_u20: the same
+# arithmetic on 8 lanes under AVX2 and 16 under AVX512; std::exp under DEFAULT): 2^(x log2 e) with the
 # fraction's correction a cubic in float32 FMAs, assembled in the bits of a float32 by one more FMA
 # and a truncating conversion. Within one bf16 ulp of exp, but not exp: exp(0) = 0.99994659.
 _FEXP_C = (0.00010703434948458272, 0.30354260500649682, -0.22433836478672356, -0.079204240219773236)
@@ -246,21 +247,17 @@ def _fexp_u20_jvp(primals, tangents):
     return y, y * t.astype(y.dtype)
 
 
-# Lanes of the kernel's float32 vectors (AVX2, this project's CPUs): a key block's keys past the
-# last whole vector go through the scalar loop, whose exponential is std::exp.
-_KERNEL_LANES = 8
-
-
 def _softmax_exp(x, policy: DtypePolicy, block_len=None):
     """exp of the online softmax's shifted scores x [..., blk] under `policy.exp`, in the softmax dtype.
 
     `fexp_u20` is a float32 function (a softmax raised to float64, as in the error budget, takes the
-    exact exp); as in torch's kernel it covers the keys of the block's whole vectors, the first
-    `block_len // 8 * 8` of the `block_len` real keys, and the rest take exp.
+    exact exp); as in torch's kernel it covers the keys of the block's whole vectors of `policy.lanes`
+    float32 lanes (8 under AVX2, 16 under AVX512), the first `block_len // lanes * lanes` of the
+    `block_len` real keys, and the rest go through the kernel's scalar loop: exp.
     """
     if policy.exp == "fexp_u20" and x.dtype == jnp.float32:
         n = x.shape[-1] if block_len is None else block_len
-        vector = jnp.arange(x.shape[-1]) < (n // _KERNEL_LANES) * _KERNEL_LANES
+        vector = jnp.arange(x.shape[-1]) < (n // policy.lanes) * policy.lanes
         return jnp.where(vector, fexp_u20(x), jnp.exp(x)).astype(x.dtype)
     return jnp.exp(x)
 

@@ -10,6 +10,7 @@ FlashAttention-2 bf16 and the paper's bf16 recipe). A policy can also be written
     attention: dense       # dense | online
     kv_block: 128          # key/value block of the online softmax
     exp: exact             # exact | fexp_u20 (the online softmax's exponential, see jaxref.attention)
+    lanes: 8               # fexp_u20's vector lanes: a key block's keys past its last whole vector take exp
 
 Stages, in CONTRACT §4 order:
   param       weights as stored
@@ -53,7 +54,7 @@ _ALIASES: dict[str, str] = {
     "bf16": "bfloat16",
     "fp16": "float16", "f16": "float16", "half": "float16",
 }
-_EXTRA_KEYS: tuple[str, ...] = ("name", "attention", "kv_block", "exp")
+_EXTRA_KEYS: tuple[str, ...] = ("name", "attention", "kv_block", "exp", "lanes")
 EXPS: tuple[str, ...] = ("exact", "fexp_u20")
 
 
@@ -81,6 +82,9 @@ class DtypePolicy:
     blockwise online softmax over key/value blocks of `kv_block` slots). `exp`: the exponential of
     the online softmax's probabilities: "exact" (the softmax dtype's exp) or "fexp_u20" (the fast
     float32 exponential torch's CPU flash kernel uses for bf16/fp16 inputs; `jaxref.attention.fexp_u20`).
+    `lanes`: the float32 lanes of the vectors that exponential runs on (8 under AVX2, 16 under AVX512):
+    the keys of a key block past its last whole vector go through the kernel's scalar loop, whose
+    exponential is exp.
     """
 
     param: str
@@ -100,6 +104,7 @@ class DtypePolicy:
     attention: Literal["dense", "online"] = "dense"
     kv_block: int = 128
     exp: Literal["exact", "fexp_u20"] = "exact"
+    lanes: int = 8
 
     def __post_init__(self) -> None:
         for stage in STAGES:
@@ -110,6 +115,8 @@ class DtypePolicy:
             raise InputError(f"kv_block must be a positive integer, got {self.kv_block!r}")
         if self.exp not in EXPS:
             raise InputError(f"unknown exp {self.exp!r} (valid: {', '.join(EXPS)})")
+        if isinstance(self.lanes, bool) or not isinstance(self.lanes, int) or self.lanes < 1:
+            raise InputError(f"lanes must be a positive integer, got {self.lanes!r}")
 
     def dtype(self, stage: str) -> jnp.dtype:
         """The JAX dtype of `stage` (one of STAGES)."""
@@ -130,14 +137,15 @@ class DtypePolicy:
         return dataclasses.replace(self, name=f"{self.name}[{note}]", **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain mapping (name, every stage, attention, kv_block, exp) that `get_policy` reads back."""
+        """Plain mapping (name, every stage, attention, kv_block, exp, lanes) that `get_policy` reads back."""
         return {"name": self.name, **{s: getattr(self, s) for s in STAGES},
-                "attention": self.attention, "kv_block": self.kv_block, "exp": self.exp}
+                "attention": self.attention, "kv_block": self.kv_block, "exp": self.exp, "lanes": self.lanes}
 
 
 def _preset(name: str, attention: Literal["dense", "online"] = "dense", kv_block: int = 128, exp: str = "exact",
-            **stages: str) -> DtypePolicy:
-    return DtypePolicy(name=name, attention=attention, kv_block=kv_block, exp=exp, **stages)  # type: ignore[arg-type]
+            lanes: int = 8, **stages: str) -> DtypePolicy:
+    return DtypePolicy(name=name, attention=attention, kv_block=kv_block, exp=exp, lanes=lanes,  # type: ignore[arg-type]
+                       **stages)
 
 
 ONE_BLOCK = 1 << 30
@@ -164,10 +172,14 @@ PRESETS: dict[str, DtypePolicy] = {
     # FlashAttention-2: same RoPE as HF, fp32 logits in registers, online softmax, p rounded to bf16.
     "fa2_bf16": _preset("fa2_bf16", "online", **{**_HF_BF16, "logits": "float32"}),
     # torch's fused CPU attention (F.scaled_dot_product_attention in bf16 on the CPU, any mask:
-    # ATen/native/cpu/FlashAttentionKernel.cpp): the FA-2 arithmetic above over key blocks of 512,
-    # the probabilities' exponential its fast `fexp_u20` (exp(0) = 0.99994659).
-    "sdpa_cpu_bf16": _preset("sdpa_cpu_bf16", "online", kv_block=512, exp="fexp_u20",
-                             **{**_HF_BF16, "logits": "float32"}),
+    # ATen/native/cpu/FlashAttentionKernel.cpp), one preset per capability of torch's CPU kernels
+    # (CPU_KERNEL_POLICIES; the name `sdpa_cpu_bf16` resolves to this process's): the FA-2 arithmetic
+    # above over key blocks of 512, the probabilities' exponential its fast `fexp_u20` (exp(0) =
+    # 0.99994659) on whole float32 vectors of 8 lanes (AVX2) or 16 (AVX512), exp on the rest of a block;
+    # DEFAULT has no vector exponential (`Vectorized<float>::fexp_u20` is std::exp there).
+    **{name: _preset(name, "online", kv_block=512, exp=exp, lanes=lanes, **{**_HF_BF16, "logits": "float32"})
+       for name, exp, lanes in (("sdpa_cpu_bf16_avx2", "fexp_u20", 8), ("sdpa_cpu_bf16_avx512", "fexp_u20", 16),
+                                ("sdpa_cpu_bf16_default", "exact", 8))},
     # FA-2 arithmetic with each row's keys in one block (one max, one sum): torchtrain's pure-torch
     # `flash_attn_varlen_func` (torchtrain/varlen_emulation.py), per segment.
     "fa2_bf16_1pass": _preset("fa2_bf16_1pass", "online", kv_block=ONE_BLOCK, **{**_HF_BF16, "logits": "float32"}),
@@ -179,6 +191,36 @@ PRESETS: dict[str, DtypePolicy] = {
 }
 
 
+CPU_KERNEL_POLICIES: dict[str, str] = {
+    "AVX2": "sdpa_cpu_bf16_avx2",
+    "AVX512": "sdpa_cpu_bf16_avx512",
+    "DEFAULT": "sdpa_cpu_bf16_default",
+}
+"""torch's CPU kernel capability (`torch.backends.cpu.get_cpu_capability()`) -> the preset that emulates
+its bf16 flash attention. Capabilities not listed (NEON, SVE, VSX, ZVECTOR) have none known."""
+
+CPU_KERNEL_ALIAS = "sdpa_cpu_bf16"
+"""The name that resolves to `cpu_kernel_policy()` of this process."""
+
+
+class NoEmulation(InputError):
+    """No emulation of a stack is known (e.g. torch's CPU kernel under a capability not studied)."""
+
+
+def cpu_kernel_policy(capability: str | None = None) -> DtypePolicy:
+    """The emulation of torch's bf16 CPU flash-attention kernel under `capability` (default: the one torch
+    dispatches to in this process, `anchor.machine.cpu_capability()`). NoEmulation where none is known."""
+    if capability is None:
+        from anchor.machine import cpu_capability
+
+        capability = cpu_capability()
+    name = CPU_KERNEL_POLICIES.get(str(capability).upper())
+    if name is None:
+        raise NoEmulation(f"no emulation of torch's CPU attention kernel is known for capability {capability!r} "
+                          f"(known: {', '.join(CPU_KERNEL_POLICIES)})")
+    return PRESETS[name]
+
+
 def _from_mapping(d: Mapping[str, Any], *, path: object | None = None, default_name: str | None = None) -> DtypePolicy:
     unknown = [k for k in d if k != "base" and k not in STAGES and k not in _EXTRA_KEYS]
     if unknown:
@@ -188,9 +230,12 @@ def _from_mapping(d: Mapping[str, Any], *, path: object | None = None, default_n
     stages = {s: _dtype_name(d[s], what=f"stage {s!r}", path=path) for s in STAGES if s in d}
     if "base" in d:
         base = d["base"]
-        if not isinstance(base, str) or base not in PRESETS:
+        if base == CPU_KERNEL_ALIAS:
+            policy = cpu_kernel_policy().with_stages(**stages)
+        elif not isinstance(base, str) or base not in PRESETS:
             raise InputError(f"unknown base preset {base!r} (valid: {', '.join(PRESETS)})", path=path)
-        policy = PRESETS[base].with_stages(**stages)
+        else:
+            policy = PRESETS[base].with_stages(**stages)
     else:
         missing = [s for s in STAGES if s not in stages]
         if missing:
@@ -209,6 +254,8 @@ def _from_mapping(d: Mapping[str, Any], *, path: object | None = None, default_n
         changes["kv_block"] = d["kv_block"]
     if "exp" in d:
         changes["exp"] = d["exp"]
+    if "lanes" in d:
+        changes["lanes"] = d["lanes"]
     try:
         return dataclasses.replace(policy, **changes)
     except InputError as e:
@@ -236,7 +283,8 @@ def load_policy(path: str | Path) -> DtypePolicy:
 
 
 def get_policy(x: DtypePolicy | str | Path | Mapping[str, Any]) -> DtypePolicy:
-    """A policy from a DtypePolicy, a preset name, a path to a YAML file, or a mapping (YAML form)."""
+    """A policy from a DtypePolicy, a preset name, a path to a YAML file, or a mapping (YAML form).
+    `sdpa_cpu_bf16` names the emulation of torch's CPU kernel of this process's capability."""
     if isinstance(x, DtypePolicy):
         return x
     if isinstance(x, Mapping):
@@ -246,7 +294,10 @@ def get_policy(x: DtypePolicy | str | Path | Mapping[str, Any]) -> DtypePolicy:
     if isinstance(x, str):
         if x in PRESETS:
             return PRESETS[x]
-        raise InputError(f"unknown dtype policy {x!r} (presets: {', '.join(PRESETS)}; or a .yaml file)")
+        if x == CPU_KERNEL_ALIAS:
+            return cpu_kernel_policy()
+        raise InputError(f"unknown dtype policy {x!r} (presets: {', '.join(PRESETS)}, {CPU_KERNEL_ALIAS}; "
+                         "or a .yaml file)")
     raise InputError(f"a dtype policy is a preset name, a YAML path or a mapping, got {type(x).__name__}")
 
 

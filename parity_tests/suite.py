@@ -28,12 +28,15 @@ def resolve_policy(policy: str, runner: Runner) -> tuple[str, str]:
     """(oracle policy the trainer is held against, trainer dtype) for a case's policy.
 
     "fp32" -> ("fp32", "float32"); "bf16" -> (the runner's emulation, "bfloat16"); a bf16 preset
-    or policy file of jaxref (activations in bfloat16) -> (it, "bfloat16").
+    or policy file of jaxref (activations in bfloat16) -> (it, "bfloat16"). An emulation that depends
+    on the machine (`sdpa_cpu_bf16`: torch's CPU kernel differs by capability) is named as resolved
+    here, e.g. "sdpa_cpu_bf16_avx512"; where none is known for this machine, jaxref.policy.NoEmulation
+    (an InputError) says so, and the case is not judged against a wrong one.
     """
     import jaxref
 
     if policy == BF16:
-        return runner.emulation, "bfloat16"
+        return jaxref.get_policy(runner.emulation).name, "bfloat16"
     p = jaxref.get_policy(policy)
     if p.act == "float32" and p.param == "float32":
         return policy, "float32"
@@ -150,9 +153,12 @@ def run_parity(cases: Iterable[Case], rule: Rule = RULE, *, progress: bool = Fal
     if grads:
         out["grad_cases"] = grad_results
         out["optimizer"] = OPTIMIZER.to_dict()
+    from anchor.machine import machine
+
     out.update({
         "pass": all(r["pass"] for r in results + grad_results),
         "rule": rule.to_dict(),
+        "machine": machine(),
         "runtime_s": round(time.perf_counter() - t0, 2),
     })
     return out

@@ -52,7 +52,12 @@ def _param(case: Case, *marks) -> pytest.param:
 
 
 def _check(case: Case) -> None:
-    result = run_case(case)
+    from jaxref.policy import NoEmulation
+
+    try:
+        result = run_case(case)
+    except NoEmulation as e:  # torch's kernel on a capability no emulation follows: not judged at all
+        pytest.skip(str(e))
     print(describe(result))
     assert result["pass"], f"{case.id}: first divergence {result['first_divergence']}"
 

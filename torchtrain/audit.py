@@ -201,7 +201,9 @@ def audit_torch_stack(model: str = "default", engine: str = "eager", dtype: str 
         raise InputError("--engine flash_varlen runs on CUDA; on the CPU audit flash_varlen_emulated")
     settings, lengths, notes, spec, state, shift_w, length_w = audit_inputs(model, data=data, quick=quick, **overrides)
     name = stack_name(engine, dtype)
-    policy = get_policy(ORACLE_POLICY[engine]) if dtype == "bfloat16" else get_policy("fp32")
+    # the emulation of this machine's kernel (`sdpa_cpu_bf16` resolves by capability); NoEmulation where
+    # none is known: the audit says so rather than compare against a wrong one
+    policy = (get_policy(ORACLE_POLICY[engine]) if dtype == "bfloat16" else get_policy("fp32")) if oracle else None
     S = len(settings.shifts)
     per_call = max(1, min(S, shifts_per_call(spec, settings.seq_len, S)))
     calls = settings.num_seqs * math.ceil(S / per_call)

@@ -105,8 +105,8 @@ class MapsRunner:
 
     @staticmethod
     def _key(policy: DtypePolicy, B: int, T: int, group: int, first_only: bool, seq_len: int | None) -> tuple:
-        return (tuple(getattr(policy, s) for s in STAGES), policy.attention, policy.kv_block, policy.exp, B, T, group,
-                first_only, seq_len)
+        return (tuple(getattr(policy, s) for s in STAGES), policy.attention, policy.kv_block, policy.exp, policy.lanes,
+                B, T, group, first_only, seq_len)
 
     def _seq_len(self, max_pos: int) -> int | None:
         return int(max_pos) + 1 if self.spec.rope.kind == "dynamic" else None

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from anchor.atomic import publish, staging_dir
+from jaxref.policy import STAGES
 
 # Criteria: stated in the report next to each verdict.
 RATIO_MUCH_GREATER = 10.0     # "bf16 D ≫ fp32 D": at least an order of magnitude
@@ -25,7 +26,7 @@ ANGLE_VISIBLE_RAD = 1e-2      # a relative-angle error this large is a visible r
 def _low_precision(result: dict[str, Any]) -> list[str]:
     out = []
     for name, p in result["policies"].items():
-        if any(v in ("bfloat16", "float16") for k, v in p.items() if k not in ("name", "attention", "kv_block", "exp")):
+        if any(v in ("bfloat16", "float16") for k, v in p.items() if k in STAGES):
             out.append(name)
     return out
 

@@ -255,7 +255,7 @@ def d_pair(params: Params, spec: ModelSpec, windows: np.ndarray, policy: DtypePo
 
 
 def _key(p: DtypePolicy) -> tuple:
-    return tuple(getattr(p, s) for s in STAGES) + (p.attention, p.kv_block, p.exp)
+    return tuple(getattr(p, s) for s in STAGES) + (p.attention, p.kv_block, p.exp, p.lanes)
 
 
 def budget_plan(base: DtypePolicy, stages: Sequence[str] = BUDGET_STAGES) -> dict[str, Any]:
@@ -271,7 +271,7 @@ def budget_plan(base: DtypePolicy, stages: Sequence[str] = BUDGET_STAGES) -> dic
         raise InputError(f"unknown policy stage {unknown[0]!r} (valid: {', '.join(STAGES)})")
     stages = [s for s in BUDGET_STAGES if s in stages]  # pipeline order
     fp32 = dataclasses.replace(PRESETS["fp32"], attention=base.attention, kv_block=base.kv_block, exp=base.exp,
-                               name=f"fp32[{base.attention}]")
+                               lanes=base.lanes, name=f"fp32[{base.attention}]")
     raise_one = {s: base.with_stages(**{s: "float64"}) for s in stages}
     cumulative, p = [], base
     for s in stages:
