@@ -76,7 +76,8 @@ class DemoSettings:
     eval_tasks: tuple[str, ...] = ("niah_single_1", "vt")
     eval_lengths: tuple[int, ...] = (1024, 2048)
     eval_samples: int = 4
-    eval_dtype: str = "float32"                # bf16 is 3-6x slower than fp32 on this CPU (no bf16 units)
+    eval_dtype: str = "auto"                  # bf16 where it multiplies faster (CUDA, CPUs with bf16 units;
+                                              # anchor.eval.dtype), else fp32: eval.json records which and why
     eval_engine: str = "varlen"               # the prefill's engine: fused per prompt (sdpa's padded batch
                                               # takes the masked path: 1.9x slower at 4K on this CPU)
     perplexity_windows: int = 1
@@ -389,6 +390,7 @@ def stage_eval(ctx: _Ctx) -> dict[str, Any]:
     root = ctx.stage("eval")
     _container(root)
     runs: dict[str, Any] = {}
+    choice: dict[str, Any] = {}
     for i, v in enumerate(s.train_variants, 1):
         sources = checkpoints_of_run(ctx.stage("train") / v)
         result = _finished_eval(root / v, s, sources)
@@ -401,6 +403,7 @@ def stage_eval(ctx: _Ctx) -> dict[str, Any]:
                               engine=s.eval_engine, perplexity_windows=s.perplexity_windows, progress=ctx.progress,
                               parts=parts_dir(root / v))  # a stopped demo resumes at the checkpoint
             write_eval(result, root / v)
+        choice = result.get("dtype_choice") or {"dtype": result["settings"]["dtype"]}
         ppl = {}
         for r in result["perplexity"]:
             ppl.setdefault(r["length"], []).append(r["ppl"])
@@ -431,7 +434,7 @@ def stage_eval(ctx: _Ctx) -> dict[str, Any]:
     _save_figure(fig, root / "ruler.png")
     plt.close(fig)
     return {"runs": runs, "tasks": list(s.eval_tasks), "lengths": list(s.eval_lengths), "samples": s.eval_samples,
-            "dtype": s.eval_dtype, "engine": s.eval_engine}
+            "dtype": choice.get("dtype", s.eval_dtype), "dtype_choice": choice, "engine": s.eval_engine}
 
 
 def stage_bench(ctx: _Ctx) -> dict[str, Any]:
@@ -785,6 +788,8 @@ def _section_eval(p: _Page, s: dict[str, Any]) -> None:
     p.add(f"<p>RULER tasks {', '.join(map(_esc, s['tasks']))}, {s['samples']} samples per task and length, greedy, "
           f"{_esc(s['dtype'])}, prefill engine {_esc(s.get('engine', 'sdpa'))}; each cell: the mean of the tasks, "
           "mean ± std over the run's evaluation checkpoints (the paper's table).</p>")
+    if s.get("dtype_choice", {}).get("reason"):
+        p.add(f"<p>dtype: {_esc(s['dtype_choice']['reason'])}.</p>")
     p.add(_table(["run", "checkpoints", *Ls],
                  [[v, ", ".join(r["checkpoints"]), *[f"{r['scores'][L]['mean']:.1f} ± {r['scores'][L]['std']:.1f}"
                                                     for L in Ls]] for v, r in s["runs"].items()]))

@@ -43,8 +43,9 @@ def eval_(
     hotpotqa: Annotated[Optional[Path], typer.Option("--hotpotqa", help="qa_2: HotpotQA dev distractor JSON.")] = None,
     engine: Annotated[str, typer.Option("--engine", help="torchtrain engine of the prefill and perplexity.")] = "sdpa",
     dtype: Annotated[str, typer.Option(
-        "--dtype", help="auto (bfloat16 with CUDA, float32 on a CPU, where bf16 has no fast matmuls), "
-                        "bfloat16 or float32; eval.json records the one used.")] = "auto",
+        "--dtype", help="auto (bfloat16 with CUDA; on a CPU the faster of bfloat16 and float32 in a matmul "
+                        "measured once on this machine), bfloat16 or float32; eval.json records the one used "
+                        "and why (dtype_choice).")] = "auto",
     batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts per forward.")] = 4,
     perplexity_windows: Annotated[int, typer.Option(
         "--perplexity-windows", help="Held-out windows per length for perplexity (0: none).")] = 2,
@@ -76,7 +77,7 @@ def eval_(
     check_int(perplexity_windows, "--perplexity-windows", lo=0)
     from anchor.eval.runner import resolve_dtype
 
-    dtype = resolve_dtype(dtype)
+    resolve_dtype(dtype)  # checked (and auto's measurement made) before any work; run_eval records why
     length_list = []
     for x in _split(lengths, "--lengths"):
         if not x.isdigit():

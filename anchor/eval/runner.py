@@ -87,16 +87,10 @@ def _prompts(tok, samples) -> list[list[int]]:
 
 
 def resolve_dtype(dtype: str) -> str:
-    """The evaluation dtype: `auto` is bfloat16 where CUDA is available (the paper's), float32 on a CPU,
-    where torch has no native bf16 matmuls on most x86 cores (bf16 generation ran 3-6x slower than fp32 on
-    this project's 2-core machines); bfloat16 and float32 as given."""
-    if dtype == "auto":
-        import torch
+    """The evaluation dtype for `--dtype` (auto, bfloat16, float32): `anchor.eval.dtype.dtype_choice`'s."""
+    from anchor.eval.dtype import dtype_choice
 
-        return "bfloat16" if torch.cuda.is_available() else "float32"
-    if dtype not in ("bfloat16", "float32"):
-        raise InputError(f"--dtype: unsupported dtype {dtype!r} (supported: auto, bfloat16, float32)")
-    return dtype
+    return dtype_choice(dtype)["dtype"]
 
 
 def parts_dir(out: str | Path) -> Path:
@@ -185,7 +179,10 @@ def run_eval(checkpoints: Sequence[tuple[str, str]], *, tasks: Sequence[str] = D
     from anchor.tokenizer import load_tokenizer
     from anchor.weights import load_spec
 
-    dtype = resolve_dtype(dtype)
+    from anchor.eval.dtype import dtype_choice
+
+    choice = dtype_choice(dtype)
+    dtype = choice["dtype"]
 
     t0 = time.time()
     if not checkpoints:
@@ -279,7 +276,8 @@ def run_eval(checkpoints: Sequence[tuple[str, str]], *, tasks: Sequence[str] = D
     return {
         "rows": rows, "summary": summary, "perplexity": ppl_rows, "samples": sample_rows,
         "checkpoints": [{"label": lb, "source": src} for lb, src in checkpoints],
-        "settings": settings, "machine": machine(), "runtime_s": round(time.time() - t0 + reused_s, 1),
+        "settings": settings, "dtype_choice": choice, "machine": machine(),
+        "runtime_s": round(time.time() - t0 + reused_s, 1),
     }
 
 

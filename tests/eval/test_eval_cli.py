@@ -69,19 +69,42 @@ def test_eval_checkpoints_option_picks_named_ones(tiny_run, tmp_path):
     assert rc == 0
     result = json.loads((out / "eval.json").read_text())
     assert [c["label"] for c in result["checkpoints"]] == ["step-4", "step-8"]
-    # --dtype auto (the default): bf16 on a CUDA machine, fp32 on a CPU; eval.json says which
-    assert result["settings"]["dtype"] == ("bfloat16" if torch.cuda.is_available() else "float32")
+    # --dtype auto (the default): bf16 on a CUDA machine, on a CPU the faster of bf16 and fp32 as measured
+    # on this one; eval.json says which and why
+    choice = result["dtype_choice"]
+    print(choice)
+    assert result["settings"]["dtype"] == choice["dtype"]
+    if not torch.cuda.is_available():
+        rates = choice["gflops"]
+        assert choice["dtype"] == ("bfloat16" if rates["bfloat16"] > rates["float32"] else "float32")
+        assert f"{rates['bfloat16']:g} GFLOP/s" in choice["reason"]
 
 
-def test_auto_dtype_follows_the_machine(monkeypatch):
+def test_auto_dtype_follows_the_machine(monkeypatch, tmp_path):
     import torch
 
+    from anchor.eval import dtype as eval_dtype
     from anchor.eval.runner import resolve_dtype
 
-    for cuda, want in ((True, "bfloat16"), (False, "float32")):
-        monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
-        assert resolve_dtype("auto") == want
-        assert resolve_dtype("bfloat16") == "bfloat16" and resolve_dtype("float32") == "float32"
+    monkeypatch.setenv("ANCHOR_CACHE", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_dtype("auto") == "bfloat16"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    # a CPU without bf16 units (AVX2: bf16 3-6x slower) and one with them (avx512_bf16: 4x faster)
+    for rates, want in (({"float32": 224.0, "bfloat16": 50.0}, "float32"),
+                        ({"float32": 224.0, "bfloat16": 975.0}, "bfloat16")):
+        for f in (tmp_path / "machine").glob("*.json"):
+            f.unlink()
+        calls = []
+        monkeypatch.setattr(eval_dtype, "matmul_rates", lambda rates=rates: calls.append(1) or dict(rates))
+        choice = eval_dtype.dtype_choice("auto")
+        print(choice)
+        assert choice["dtype"] == want and "GFLOP/s" in choice["reason"]
+        assert resolve_dtype("auto") == want and calls == [1]  # measured once, then read from the cache
+    assert resolve_dtype("bfloat16") == "bfloat16" and resolve_dtype("float32") == "float32"
+    monkeypatch.undo()  # the real measurement runs and gives both rates
+    rates = eval_dtype.matmul_rates(n=256, repeats=2)
+    assert set(rates) == {"float32", "bfloat16"} and min(rates.values()) > 0
 
 
 def _bad_inputs(tiny_run: Path, tmp: Path) -> list[tuple[list[str], str]]:
