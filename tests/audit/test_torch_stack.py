@@ -9,6 +9,8 @@ import json
 
 import pytest
 
+import jaxref
+
 from anchor.cli import main
 from torchtrain.audit import ORACLE_POLICY, audit_torch_stack
 
@@ -29,7 +31,9 @@ def test_torch_stack_d_follows_its_emulation_at_every_shift(engine, bound):
     result = _audit(engine)
     comp = result["comparison"]
     print(comp)
-    assert comp["oracle"] == ORACLE_POLICY[engine] and comp["torch"] == f"torch:{engine}:bfloat16"
+    # the emulation resolved for this machine (sdpa_cpu_bf16 -> the capability torch runs), named as resolved
+    assert comp["oracle"] == jaxref.get_policy(ORACLE_POLICY[engine]).name and comp["torch"] == f"torch:{engine}:bfloat16"
+    assert result["machine"]["cpu_capability"] in result["machine"]["cpu_capabilities"]
     assert len(comp["shifts"]) == 6 and all(d > 0 for d in comp["D_torch"])
     assert comp["max_rel_diff"] <= bound
     # the per-token difference and the length curve are measured on the torch stack too
