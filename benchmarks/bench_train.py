@@ -85,10 +85,11 @@ def main() -> None:
     from anchor.data.packed import PackedData
     from anchor.machine import machine
     from torchtrain.config import load_train_config
-    from torchtrain.trainer import prepare_run
+    from torchtrain.trainer import prepare_run, resolved_engine
 
     cfg = load_train_config(args.config, [*args.overrides, f"steps={args.steps}", "save_every=0", "eval_window=0", "log_every=1000",
                                           "tensorboard=false"])
+    cfg = cfg.replace(engine=resolved_engine(cfg))  # the plain loop builds its model with the engine the trainer runs
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         first = Path(tmp) / "run-0"
         prepare_run(cfg, first, progress=False)  # packs the data once; later runs reuse it

@@ -28,7 +28,8 @@ from anchor.variants import VARIANTS
 
 SCHEDULES = ("constant", "cosine", "linear")
 DTYPES = ("float32", "bfloat16")
-_ENGINES = ("eager", "sdpa", "flex", "flash_varlen", "flash_varlen_emulated", "varlen")  # torchtrain.engines.ENGINES
+# "auto" (torchtrain.engines.AUTO) and torchtrain.engines.ENGINES; this module does not import torch.
+_ENGINES = ("auto", "eager", "sdpa", "flex", "flash_varlen", "flash_varlen_emulated", "varlen")
 _SEED_MAX = 2**32 - 1  # numpy's SeedSequence range for one int
 
 
@@ -185,7 +186,9 @@ SCHEMA: dict[str, tuple[Callable[[Any], Any], Any, str]] = {
     "eps": (_float(0.0, open_lo=True), 1e-8, "AdamW eps"),
     "grad_clip": (_float(0.0), 1.0, "clip the global gradient norm to this (0 = off)"),
     "dtype": (_choice(DTYPES), "float32", "float32, or bfloat16 mixed precision (fp32 master weights)"),
-    "engine": (_choice(_ENGINES), "sdpa", "attention engine"),
+    "engine": (_choice(_ENGINES), "auto", "attention engine; auto: flash_varlen on CUDA with flash-attn (bf16), "
+                                          "else varlen (memory linear in T; RUN/config.yaml records which ran). "
+                                          "eager and sdpa hold a dense T x T mask"),
     "zero_stage": (_int(0, 3), 0, "DeepSpeed ZeRO stage"),
     "sequence_parallel": (_int(1), 1, "Ulysses sequence-parallel degree"),
     "nproc": (_int(1), 1, "processes started on this machine (1 = this process)"),
@@ -231,7 +234,7 @@ class TrainConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0
     dtype: str = "float32"
-    engine: str = "sdpa"
+    engine: str = "auto"
     zero_stage: int = 0
     sequence_parallel: int = 1
     nproc: int = 1

@@ -13,6 +13,9 @@ segments) and passes it to every layer as the keyword `attn_meta`.
   flash_varlen_emulated  the same segments through torchtrain.varlen_emulation (pure torch, any device)
   varlen                 the same segments through fused SDPA calls bucketed by length (torchtrain.varlen_sdpa);
                          trains on CPU, and on CUDA through torch's varlen kernel or FlexAttention
+
+`anchor train` also takes `auto` (its default), which `resolve_engine` turns into flash_varlen or
+varlen: memory linear in T. eager and sdpa hold T x T tensors (`dense_attention_bytes`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from torchtrain.varlen_sdpa import VarlenPlan, plan, varlen_sdpa_attention
 
 Engine = Literal["eager", "sdpa", "flex", "flash_varlen", "flash_varlen_emulated", "varlen"]
 ENGINES: tuple[str, ...] = get_args(Engine)
+AUTO = "auto"  # not an engine: a train config's name for the linear-memory one of this device (resolve_engine)
 
 # Registered names: transformers treats any name containing "flash" as a FlashAttention kernel
 # request (and tries to import it), so the varlen engines register without that word.
@@ -101,6 +105,58 @@ def check_engine(engine: object, dtype: torch.dtype | None = None) -> Engine:
                 "use dtype='bfloat16', or engine 'sdpa' / 'flash_varlen_emulated' in float32"
             )
     return engine  # type: ignore[return-value]
+
+
+def resolve_engine(name: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> str:
+    """The engine `name` runs as on `device` with this parameter dtype: `auto` is flash_varlen where
+    flash-attn imports, the device is CUDA and the dtype is not float32 (FlashAttention has no fp32
+    kernel), else varlen; both cost memory linear in T. Any other name is returned unchanged
+    (check_engine judges it). The one place `auto` is decided: the trainer records its result."""
+    if name != AUTO:
+        return name
+    cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
+    return "flash_varlen" if cuda and dtype != torch.float32 and flash_attn_kernel() is not None else "varlen"
+
+
+def dense_attention_bytes(engine: str, *, seq_len: int, batch: int, layers: int, heads: int,
+                          dtype: torch.dtype = torch.float32) -> int:
+    """Bytes the T x T tensors of one training step (forward + backward) take on the dense engines;
+    0 for the others (their memory is linear in T).
+
+    Per window and per T² slot pairs, measured as peak RSS = a T² + b T fitted over T = 2K-12K on
+    CPU (random:llama, 1, 2 and 4 layers, fp32; a = 4.3 / 8.9 / 16.4 for sdpa, 72 / 95 / 147 for
+    eager; under activation checkpointing as with one layer):
+      sdpa   1 + e·L: the bool mask [B,1,T,T] (`prepare_meta`), and per layer the additive mask of the
+             activation dtype (e bytes) that F.scaled_dot_product_attention makes of it and keeps for
+             the backward
+      eager  1 + 4·N·(L + 2): per layer the fp32 probabilities [B,N,T,T] kept for the backward, and at
+             the peak two more (the layer's scores and their gradient)
+    On the trainer (benchmarks/results/memory_cpu.json) this plus the default engine's peak is within
+    5% of the measured peak of sdpa and eager at T = 4K-32K. On CUDA the same model is assumed (not
+    measured there).
+    Args:
+      layers: L, the layers whose attention is kept for the backward (1 under activation checkpointing).
+      heads: N, the query heads one process attends over (num_heads / sequence-parallel degree).
+    """
+    per_pair = {"sdpa": 1 + torch.empty((), dtype=dtype).element_size() * layers,
+                "eager": 1 + 4 * heads * (layers + 2)}.get(engine, 0)
+    return per_pair * batch * seq_len * seq_len
+
+
+def available_memory(device: str | torch.device = "cpu") -> int | None:
+    """Bytes a process can still allocate on `device`: MemAvailable of /proc/meminfo on the CPU, the
+    device's free memory on CUDA; None where it cannot be read."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0]) if torch.cuda.is_available() else None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def attn_implementation(engine: Engine) -> str:

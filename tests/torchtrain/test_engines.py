@@ -135,6 +135,31 @@ def test_public_entry_point():
     torch.testing.assert_close(arrays.logits, out.logits, rtol=0, atol=0)
 
 
+def test_auto_resolves_to_a_linear_memory_engine(monkeypatch):
+    """auto -> flash_varlen only on CUDA with flash-attn and a 16-bit dtype, else varlen; other names pass."""
+    assert engines.resolve_engine("auto", "cpu", torch.float32) == "varlen"
+    assert engines.resolve_engine("auto", "cpu", torch.bfloat16) == "varlen"
+    assert engines.resolve_engine("sdpa", "cpu") == "sdpa"
+    assert "auto" not in engines.ENGINES  # not an engine a model runs
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(engines, "flash_attn_kernel", lambda: object())
+    assert engines.resolve_engine("auto", "cuda", torch.bfloat16) == "flash_varlen"
+    assert engines.resolve_engine("auto", "cuda", torch.float32) == "varlen"  # flash-attn has no fp32 kernel
+    assert engines.resolve_engine("auto", "cpu", torch.bfloat16) == "varlen"
+    monkeypatch.setattr(engines, "flash_attn_kernel", lambda: None)
+    assert engines.resolve_engine("auto", "cuda", torch.bfloat16) == "varlen"
+
+
+def test_dense_attention_bytes_is_quadratic_for_the_dense_engines_only():
+    kw = dict(batch=1, layers=3, heads=6)
+    assert engines.dense_attention_bytes("sdpa", seq_len=1024, **kw) == (1 + 4 * 3) * 1024**2
+    assert engines.dense_attention_bytes("sdpa", seq_len=1024, dtype=torch.bfloat16, **kw) == (1 + 2 * 3) * 1024**2
+    assert engines.dense_attention_bytes("eager", seq_len=1024, **kw) == (1 + 4 * 6 * 5) * 1024**2
+    assert engines.dense_attention_bytes("sdpa", seq_len=2048, **{**kw, "batch": 2}) == 8 * (1 + 4 * 3) * 1024**2
+    for e in ("varlen", "flash_varlen", "flash_varlen_emulated", "flex"):
+        assert engines.dense_attention_bytes(e, seq_len=65536, **kw) == 0
+
+
 # ---------------------------------------------------------------------------------------------
 # Machines with CUDA (skipped here): the real kernel and FlexAttention training.
 

@@ -99,6 +99,9 @@ BAD = [
     ("tiny", ["rope.scaling=yarn"], ["rope", "original_max_position"]),
     ("tiny", ["engine=flex"], ["flex", "no backward on CPU"]),
     ("tiny", ["engine=warp"], ["engine", "expected one of"]),
+    # a dense T x T mask of 13 TiB: refused before packing, whatever the machine
+    ("tiny", ["engine=sdpa", "seq_len=1048576", "rope.theta=5e7"],
+     ["engine 'sdpa' needs about", "GiB for its dense T x T mask at seq_len=1048576", "available", "engine: auto"]),
     ("tiny", ["dtype=bfloat16", "zero_stage=0"], ["bfloat16 needs zero_stage >= 1"]),
     ("tiny", ["steps"], ["override 'steps' is not key=value"]),
     ("\xff\xfe not utf8", [], ["bad.yaml", "not UTF-8"]),
@@ -177,3 +180,39 @@ def test_a_child_of_a_process_that_trained_is_not_mistaken_for_a_launched_rank(t
                             str(tmp_path / "child"), "--no-progress", "steps=1", "save_every=0", "eval_every=1",
                             "eval_window=1", "pack.budget=4000"], cwd=ROOT, capture_output=True, text=True)
     assert child.returncode == 0, child.stderr[-3000:]
+
+
+def test_engine_defaults_to_auto_and_resolves_to_a_linear_one_here():
+    """No `engine:` means auto; on this CPU it runs as varlen (never a dense engine by default)."""
+    from torchtrain.config import validate
+    from torchtrain.trainer import resolved_engine
+
+    cfg = validate({"model": "random:llama", "data": "corpus", "steps": 1})
+    assert cfg.engine == "auto"
+    assert resolved_engine(cfg) in ("varlen", "flash_varlen")
+    assert resolved_engine(cfg.replace(engine="sdpa")) == "sdpa"
+
+
+@pytest.mark.parametrize("engine", ["sdpa", "eager"])
+def test_dense_engine_refused_when_its_mask_does_not_fit(tmp_path, capsys, monkeypatch, engine):
+    """With 0.1 GiB free, tiny at T=4096 (sdpa: 13 bytes per T² pair, 0.2 GiB) is refused in one line
+    naming the engine and the estimate, exit 2, nothing written; auto (linear in T) is not."""
+    from anchor.cli import main
+    from torchtrain import engines
+
+    monkeypatch.setattr(engines, "available_memory", lambda device="cpu": 2**30 // 10)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--config", str(TINY), "--out", str(out), "--no-progress", f"engine={engine}",
+              "seq_len=4096", "micro_batch=1", "global_batch=1"])
+    err = [l for l in capsys.readouterr().err.splitlines() if l.strip() and "[WARNING]" not in l]
+    print(err)
+    assert e.value.code == 2 and len(err) == 1
+    assert f"engine {engine!r} needs about" in err[0] and "seq_len=4096 (micro_batch=1)" in err[0]
+    assert "0.1 GiB available" in err[0] and "tiny.yaml" in err[0]
+    assert not out.exists(), "a refused run wrote its folder"
+    from anchor.weights import load_spec
+    from torchtrain.config import load_train_config
+
+    cfg = load_train_config(TINY, ["seq_len=4096", "micro_batch=1", "global_batch=1"])
+    check_model(cfg, load_spec(cfg.model), 4096)  # auto: no T x T tensors, no refusal

@@ -98,6 +98,26 @@ def test_resume_refuses_a_changed_config(packed, tmp_path):
     assert "lr" in p.stderr and "config.yaml" in p.stderr and "Traceback" not in p.stderr
 
 
+def test_auto_engine_resumes_the_engine_it_resolved_to(packed, tmp_path):
+    """config.yaml records the engine that ran: a run started with tiny's `engine: auto` says varlen
+    on this CPU, and a rerun resumes it whether it names auto or varlen; sdpa is refused naming the key."""
+    import yaml
+
+    from tests.train.conftest import TINY
+
+    assert yaml.safe_load(TINY.read_text())["engine"] == "auto"
+    out = tmp_path / "run"
+    run_train(out, "steps=1", "eval_window=0", f"data={packed}")
+    assert yaml.safe_load((out / "config.yaml").read_text())["engine"] == "varlen"
+    for steps, engine in ((2, ("engine=varlen",)), (3, ())):
+        p = run_train(out, f"steps={steps}", "eval_window=0", *engine, f"data={packed}")
+        assert f"resuming from {out / 'checkpoints' / f'step-{steps - 1}'}" in p.stderr, p.stderr[-2000:]
+    assert [r["step"] for r in metrics(out)] == [1, 2, 3]
+    p = run_train(out, "steps=4", "eval_window=0", "engine=sdpa", f"data={packed}", check=False)
+    print(p.stderr)
+    assert p.returncode == 2 and "engine is 'sdpa' but the run was started with 'varlen'" in p.stderr
+
+
 @pytest.mark.slow
 def test_kill9_two_processes_zero2_resumes_to_1e6(packed, tmp_path):
     """The whole job (launcher and both ranks) killed as a scheduler would, then rerun."""
