@@ -14,12 +14,9 @@ AVX2-only CPU is 3-6x slower (`bf16_matmul_speedup`).
 from __future__ import annotations
 
 import functools
-import json
 import os
 import platform
 import sys
-import time
-from pathlib import Path
 from importlib import metadata
 from typing import Any
 
@@ -30,7 +27,7 @@ LOAD_AT_START: tuple[float, float, float] | None = os.getloadavg() if hasattr(os
 PACKAGES = ("torch", "jax", "jaxlib", "transformers", "numpy", "tokenizers", "gguf", "pyarrow", "zstandard")
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -114,7 +111,7 @@ def machine(**extra: Any) -> dict[str, Any]:
     """Platform, CPU, cores (and those this process may use), memory, load, versions, GPU; plus `extra`."""
     info: dict[str, Any] = {
         "platform": platform.platform(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_capability": cpu_capability(),
         "cpu_capabilities": list(capabilities()),
         "cpu_bf16": cpu_bf16(),

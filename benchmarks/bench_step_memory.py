@@ -47,11 +47,12 @@ def _status_kib(key: str) -> int:
 
 
 def _mem_available() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("MemAvailable not in /proc/meminfo")
+    from torchtrain.engines import available_memory  # MemAvailable of /proc/meminfo, as the trainer's size check
+
+    free = available_memory("cpu")
+    if free is None:
+        raise RuntimeError("MemAvailable not in /proc/meminfo")
+    return free
 
 
 def window(T: int, docs: int, vocab: int, seed: int):

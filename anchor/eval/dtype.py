@@ -41,9 +41,9 @@ def matmul_rates(n: int = N, repeats: int = 5) -> dict[str, Any]:
 def _cache_key() -> tuple[dict[str, Any], str]:
     import torch
 
-    from anchor.machine import cpu_capability, _cpu_model
+    from anchor.machine import cpu_capability, cpu_model
 
-    ident = {"cpu": _cpu_model(), "capability": cpu_capability(), "torch": torch.__version__,
+    ident = {"cpu": cpu_model(), "capability": cpu_capability(), "torch": torch.__version__,
              "threads": torch.get_num_threads(), "n": N}
     return ident, hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
