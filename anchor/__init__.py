@@ -1,8 +1,9 @@
 """anchor: precision-aware long-context training (AnchorAttention).
 
-Framework-free pieces shared by the oracle (`jaxref`) and the trainer (`torchtrain`):
-errors, model specs and the translation to Hugging Face configs, weight readers,
-the data pipeline, and the `anchor` command line.
+The shared core, the ground floor (docs/DESIGN.md §Architecture): framework-free pieces used by the
+oracle (`jaxref`) and the trainer (`torchtrain`): errors, model specs and the translation to Hugging Face
+configs, weight readers, the tokenizer, the data pipeline, the run folder. It imports nothing of the
+project above it; the `anchor` command line lives on the top floor (`anchor_app`).
 """
 
 __version__ = "0.1.0"

@@ -8,7 +8,7 @@
 missing, empty or carries anchor's marker), takes the writer's lock beside `out`, removes staging
 folders of dead processes, and makes `.<name>.tmp-<pid>-<random>` next to `out` (same file
 system, so the final rename is atomic). On leaving the `with` block (normally, on an error, or on
-SIGINT/SIGTERM, which `anchor.cli.main` turns into an exception) the staging folder is removed and
+SIGINT/SIGTERM, which `anchor_app.cli.main` turns into an exception) the staging folder is removed and
 the lock released. A run killed with SIGKILL leaves the staging folder; the next writer of the same
 `out` removes it.
 

@@ -39,7 +39,7 @@ _current_verb: str | None = None
 
 
 def set_current_verb(verb: str | None) -> None:
-    """The verb `anchor.cli.main` runs (the marker's `verb` when a writer does not name one)."""
+    """The verb `anchor_app.cli.main` runs (the marker's `verb` when a writer does not name one)."""
     global _current_verb
     _current_verb = verb
 

@@ -41,7 +41,7 @@ import numpy as np
 
 from parity_tests.cases import BF16, Case, CaseInputs, case_inputs
 from parity_tests.core import RULE, Rule
-from parity_tests.runners import Runner, get_runner, oracle_model
+from parity_tests.runners import Runner, get_runner, oracle_model, resolve_policy
 
 TRUTH = "fp64"
 STEPS: tuple[int, ...] = (1, 3)
@@ -270,7 +270,6 @@ def run_grad_case(case: Case, rule: Rule = RULE, *, runner: Runner | None = None
     runner = runner or get_runner(case.engine)
     if not hasattr(runner, "engine"):
         raise ValueError(f"runner {runner.name!r} has no torchtrain engine to train with")
-    from parity_tests.suite import resolve_policy
 
     oracle_policy, dtype = resolve_policy(case.policy, runner)
     bf16 = dtype == "bfloat16"

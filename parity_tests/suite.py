@@ -19,30 +19,9 @@ from anchor.errors import InputError
 from anchor.progress import ProgressBar
 from parity_tests.cases import BF16, Case, case_inputs
 from parity_tests.core import RULE, Rule, compare, fidelity, judge
-from parity_tests.runners import Runner, get_runner, oracle_taps
+from parity_tests.runners import Runner, get_runner, oracle_taps, resolve_policy
 
 TRUTH = "fp64"
-
-
-def resolve_policy(policy: str, runner: Runner) -> tuple[str, str]:
-    """(oracle policy the trainer is held against, trainer dtype) for a case's policy.
-
-    "fp32" -> ("fp32", "float32"); "bf16" -> (the runner's emulation, "bfloat16"); a bf16 preset
-    or policy file of jaxref (activations in bfloat16) -> (it, "bfloat16"). An emulation that depends
-    on the machine (`sdpa_cpu_bf16`: torch's CPU kernel differs by capability) is named as resolved
-    here, e.g. "sdpa_cpu_bf16_avx512"; where none is known for this machine, jaxref.policy.NoEmulation
-    (an InputError) says so, and the case is not judged against a wrong one.
-    """
-    import jaxref
-
-    if policy == BF16:
-        return jaxref.get_policy(runner.emulation).name, "bfloat16"
-    p = jaxref.get_policy(policy)
-    if p.act == "float32" and p.param == "float32":
-        return policy, "float32"
-    if p.act == "bfloat16":
-        return policy, "bfloat16"
-    raise InputError(f"policy {policy!r}: the trainer runs float32 or bfloat16 (activations {p.act})")
 
 
 def run_case(case: Case, rule: Rule = RULE, *, runner: Runner | None = None) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from anchor.cli import main
+from anchor_app.cli import main
 from anchor.outdir import write_marker
 from parity_tests.conftest import needs_smollm2
 from parity_tests.runners import registered

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from anchor.cli import main
+from anchor_app.cli import main
 from anchor.outdir import write_marker
 
 

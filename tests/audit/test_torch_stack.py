@@ -1,5 +1,5 @@
 """`anchor audit --stack torch`: the audit measured on torchtrain's model itself, beside the oracle's
-emulation of that stack (torchtrain/audit.py). On SmolLM2 at L=512 (the acceptance run, recorded in
+emulation of that stack (parity_tests/torch_audit.py). On SmolLM2 at L=512 (the acceptance run, recorded in
 benchmarks/results/audit_torch_stack.json) eager is within 5 % of hf_bf16 at every shift; here the
 same holds on a random preset in seconds."""
 
@@ -11,8 +11,8 @@ import pytest
 
 import jaxref
 
-from anchor.cli import main
-from torchtrain.audit import ORACLE_POLICY, audit_torch_stack
+from anchor_app.cli import main
+from parity_tests.torch_audit import ORACLE_POLICY, audit_torch_stack
 
 
 def _run(argv: list[str]) -> int:

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from anchor.bench import estimate as est
-from anchor.bench.flops import attention_flops, full_pairs, pairs, step_flops
-from anchor.bench.windows import SYNTHETIC, doc_lengths, synthetic_seg
-from anchor.cli import main
+from anchor_app.bench import estimate as est
+from anchor_app.bench.flops import attention_flops, full_pairs, pairs, step_flops
+from anchor_app.bench.windows import SYNTHETIC, doc_lengths, synthetic_seg
+from anchor_app.cli import main
 from anchor.data.batch import make_batch
 from anchor.spec import random_preset
 from tests.torchtrain.conftest import packed_batch
@@ -167,7 +167,7 @@ def test_cli_bad_input(tmp_path, capsys, args, needle):
 
 
 def test_peak_memory_sees_an_allocation():
-    from anchor.bench.timing import peak_memory
+    from anchor_app.bench.timing import peak_memory
 
     with peak_memory("cpu") as mem:
         x = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched

@@ -48,7 +48,7 @@ def main() -> None:
         report.plot_figures = plot_figures
     else:
         raise SystemExit(f"unknown point {point}")
-    from anchor.cli import main as anchor_main
+    from anchor_app.cli import main as anchor_main
 
     anchor_main(argv)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from anchor.demo import STAGES, DemoSettings, fingerprints, plan, read_record, run_demo
+from anchor_app.demo import STAGES, DemoSettings, fingerprints, plan, read_record, run_demo
 from anchor.outdir import read_marker
 from tests.browser.pagecheck import check_links
 from tests.cli.helpers import assert_usage_error, run_cli

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from anchor.cli import main
+from anchor_app.cli import main
 from anchor.paths import default_model_path
 from anchor.spec import random_preset
 from anchor.weights import random_state, write_hf_dir

@@ -19,7 +19,7 @@ WORK = {
     "audit": ("jaxref.audit", "run_audit"),
     "parity": ("parity_tests.suite", "run_parity"),
     "corpus": ("anchor.data.corpus", "write_default_corpus"),
-    "demo": ("anchor.demo", "run_demo"),
+    "demo": ("anchor_app.demo", "run_demo"),
 }
 
 

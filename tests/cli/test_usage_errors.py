@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from anchor.cli import _load_commands, app
+from anchor_app.cli import _load_commands, app
 from tests.cli.helpers import assert_usage_error, leftovers, run_cli, write_corpus
 
 _load_commands()

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from anchor.cli import main
+from anchor_app.cli import main
 from anchor.data.batch import VARIANTS
 from anchor.data.packed import Loader, PackedData
 

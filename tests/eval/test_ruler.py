@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from anchor.errors import InputError
-from anchor.eval import ruler
-from anchor.eval.ruler import NOISE, TASK_NAMES, generate
-from anchor.eval.scoring import score
+from anchor_app.eval import ruler
+from anchor_app.eval.ruler import NOISE, TASK_NAMES, generate
+from anchor_app.eval.scoring import score
 from anchor.paths import DEFAULT_MODEL_FILE, cache_dir
 from anchor.tokenizer import load_tokenizer
 

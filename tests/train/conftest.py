@@ -56,7 +56,7 @@ def packed(corpus, tmp_path_factory) -> Path:
 
 
 def anchor_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from anchor.cli import main; main()", *args]
+    return [sys.executable, "-c", "from anchor_app.cli import main; main()", *args]
 
 
 def train_cmd(out: Path, *overrides: str, config: Path = TINY) -> list[str]:

@@ -111,7 +111,7 @@ BAD = [
 
 @pytest.mark.parametrize("text,overrides,words", BAD, ids=[" ".join(o) or t[:20] for t, o, _ in BAD])
 def test_bad_config_is_one_line_exit_2_nothing_written(tmp_path, capsys, text, overrides, words):
-    from anchor.cli import main
+    from anchor_app.cli import main
 
     config = TINY
     if text != "tiny":
@@ -139,7 +139,7 @@ def test_a_run_in_this_process_does_not_make_the_next_look_launched(tmp_path, ca
     """A world of one leaves RANK/WORLD_SIZE in os.environ (torch and DeepSpeed read them); a later
     `anchor train` in the same process (the demo trains two runs) must still be a local one: its
     nproc checks apply and it is not mistaken for a torchrun rank."""
-    from anchor.cli import main
+    from anchor_app.cli import main
     from torchtrain.distributed import launched_externally
 
     with pytest.raises(SystemExit) as e:
@@ -163,7 +163,7 @@ def test_a_child_of_a_process_that_trained_is_not_mistaken_for_a_launched_rank(t
     import subprocess
     import sys
 
-    from anchor.cli import main
+    from anchor_app.cli import main
     from torchtrain.distributed import SOLO_PORT
 
     with pytest.raises(SystemExit) as e:
@@ -197,7 +197,7 @@ def test_engine_defaults_to_auto_and_resolves_to_a_linear_one_here():
 def test_dense_engine_refused_when_its_mask_does_not_fit(tmp_path, capsys, monkeypatch, engine):
     """With 0.1 GiB free, tiny at T=4096 (sdpa: 13 bytes per T² pair, 0.2 GiB) is refused in one line
     naming the engine and the estimate, exit 2, nothing written; auto (linear in T) is not."""
-    from anchor.cli import main
+    from anchor_app.cli import main
     from torchtrain import engines
 
     monkeypatch.setattr(engines, "available_memory", lambda device="cpu": 2**30 // 10)

@@ -80,7 +80,7 @@ def test_hf_export_reloads_in_transformers(runs, variant):
 
 @pytest.mark.parametrize("variant", ["anchor", "full"])
 def test_hf_export_passes_anchor_parity(runs, variant, tmp_path, capsys):
-    from anchor.cli import main
+    from anchor_app.cli import main
 
     hf = runs[variant] / "checkpoints" / f"step-{STEPS}" / "hf"
     with pytest.raises(SystemExit) as e:

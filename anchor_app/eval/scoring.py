@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from anchor.errors import InputError
-from anchor.eval.ruler import task_config
+from anchor_app.eval.ruler import task_config
 
 Metric = Literal["string_match_all", "string_match_part"]
 _CONTROL = re.compile(r"[\x00-\x1f]")

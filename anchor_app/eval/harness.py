@@ -174,9 +174,9 @@ def make_lm(model: nn.Module, tokenizer: Tok, *, max_length: int, batch_size: in
     """An `lm_eval.api.model.LM` over a torchtrain model (`load_eval_model`) and its tokenizer.
 
     Args:
-      model: the torchtrain model; generation runs `anchor.eval.generate.greedy_generate`.
+      model: the torchtrain model; generation runs `anchor_app.eval.generate.greedy_generate`.
       tokenizer: the model's tokenizer; its `first_token_id` (the BOS, else the EOS) goes in front of
-        every context, as our RULER puts it (`anchor.eval.runner`).
+        every context, as our RULER puts it (`anchor_app.eval.runner`).
       max_length: the model's positions: contexts are cut from the left to fit with their budget.
       batch_size: prompts per forward of generation.
     """
@@ -191,7 +191,7 @@ def make_lm(model: nn.Module, tokenizer: Tok, *, max_length: int, batch_size: in
 
         # -- generation ------------------------------------------------------------------------
         def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-            from anchor.eval.generate import greedy_generate
+            from anchor_app.eval.generate import greedy_generate
 
             contexts, budgets, untils = [], [], []
             for req in requests:
@@ -322,7 +322,7 @@ def run_harness(sources: Sequence[tuple[str, str]], *, tasks: Sequence[str] = DE
     """lm-eval's tasks on every (label, model source) of `sources`.
 
     Args:
-      sources: (label, model) pairs as `anchor.eval.runner.run_eval` takes them.
+      sources: (label, model) pairs as `anchor_app.eval.runner.run_eval` takes them.
       tasks: our RULER names of `HARNESS_RULER` and/or `LOCAL_TASKS` names.
       lengths: RULER lengths (the local tasks run once, length None).
       limit: samples per task (and length): lm-eval's `limit`.
@@ -336,7 +336,7 @@ def run_harness(sources: Sequence[tuple[str, str]], *, tasks: Sequence[str] = DE
     import sys
     import time
 
-    from anchor.eval.generate import eval_model_source, load_eval_model
+    from anchor_app.eval.generate import eval_model_source, load_eval_model
     from anchor.tokenizer import load_tokenizer
     from anchor.weights import load_spec
 

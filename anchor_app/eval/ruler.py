@@ -4,7 +4,7 @@
     samples = generate("niah_single_2", 4096, tok, n_samples=50, seed=42)
     s = samples[0]
     s.prompt                     # s.input + s.answer_prefix: what the model reads
-    s.answers                    # the references `anchor.eval.scoring.score` matches
+    s.answers                    # the references `anchor_app.eval.scoring.score` matches
     s.prompt_tokens + s.tokens_to_generate <= 4096
 
 Follows NVIDIA/RULER (`scripts/synthetic.yaml`, `scripts/data/synthetic/{constants,niah,
@@ -35,7 +35,7 @@ Deviations from upstream, and why:
   replaced by a regex splitter (a sentence ends at `.`, `!` or `?`, closing quotes or brackets
   allowed, before a word that starts with a capital, a digit or an opening quote).
 - Words: upstream draws keys (`adjective-noun`) and cwe words from the `wonderwords` package, which
-  is not installed; `anchor.eval.words` holds our own lists of common English adjectives (479), nouns
+  is not installed; `anchor_app.eval.words` holds our own lists of common English adjectives (479), nouns
   (626) and verbs (485), so 300K keys. Where cwe needs more distinct words than the lists hold
   (upstream then switches to its 480K-word English dictionary; here from about 40K tokens on), it
   takes the distinct lowercase words of the whole embedded corpus as well (about 15K: English from
@@ -71,7 +71,7 @@ from typing import Literal
 import numpy as np
 
 from anchor.errors import InputError
-from anchor.eval import words as word_lists
+from anchor_app.eval import words as word_lists
 from anchor.tokenizer import Tok
 
 Family = Literal["niah", "variable_tracking", "common_words_extraction", "freq_words_extraction", "qa"]
@@ -275,7 +275,7 @@ def generate(task: str, length: int, tokenizer: Tok, n_samples: int, seed: int =
       n_samples: how many samples.
       seed: the random seed; the same arguments give the same samples.
       haystack: the essay tasks' prose: a text file or JSONL with a "text" field; None: the embedded
-        corpus' prose. cwe adds its words when it needs more than `anchor.eval.words` holds.
+        corpus' prose. cwe adds its words when it needs more than `anchor_app.eval.words` holds.
       qa_data: qa_1: SQuAD v2.0 dev JSON; qa_2: HotpotQA dev distractor JSON.
 
     Returns one `Sample` per index, each with `prompt_tokens + tokens_to_generate <= length` and as
@@ -399,7 +399,7 @@ def _planner(task: str, cfg: TaskConfig, length: int, seed: int, count: Callable
 
 @lru_cache(maxsize=1)
 def key_words() -> tuple[str, ...]:
-    """niah's word keys: every `adjective-noun` pair of `anchor.eval.words`, sorted (upstream's from
+    """niah's word keys: every `adjective-noun` pair of `anchor_app.eval.words`, sorted (upstream's from
     wonderwords' lists)."""
     adjs, nouns = word_lists.ADJECTIVES.split(), word_lists.NOUNS.split()
     return tuple(sorted({f"{a}-{n}" for a in adjs for n in nouns}))
@@ -407,7 +407,7 @@ def key_words() -> tuple[str, ...]:
 
 @lru_cache(maxsize=1)
 def cwe_words() -> tuple[str, ...]:
-    """cwe's words: the nouns, adjectives and verbs of `anchor.eval.words`, sorted and distinct."""
+    """cwe's words: the nouns, adjectives and verbs of `anchor_app.eval.words`, sorted and distinct."""
     return tuple(sorted(set(word_lists.NOUNS.split() + word_lists.ADJECTIVES.split()
                             + word_lists.VERBS.split())))
 

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from anchor.cli import app
+from anchor_app.cli import app
 
 COMPILE_CACHE_BYTES = 2 << 30
 """Size limit of the audit's compilation cache (a default audit's programs take about 3 MB)."""
@@ -87,7 +87,7 @@ def audit(
     from jaxref.audit import run_audit, write_audit
 
     if stack == "torch":
-        from torchtrain.audit import audit_torch_stack
+        from parity_tests.torch_audit import audit_torch_stack
 
         with out_lock(out, "audit"), _compile_cache(compile_cache):
             result = audit_torch_stack(model, engine, dtype, data=data, quick=quick, progress=progress, seq_len=seq_len,

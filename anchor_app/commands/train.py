@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from anchor.cli import app
+from anchor_app.cli import app
 
 
 @app.command(context_settings={"allow_extra_args": False})

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from anchor.cli import app
+from anchor_app.cli import app
 
 
 def _split(text: str, option: str) -> list[str]:
@@ -75,7 +75,7 @@ def eval_(
     check_int(samples, "--samples", lo=1)
     check_int(batch_size, "--batch-size", lo=1)
     check_int(perplexity_windows, "--perplexity-windows", lo=0)
-    from anchor.eval.runner import resolve_dtype
+    from anchor_app.eval.runner import resolve_dtype
 
     resolve_dtype(dtype)  # checked (and auto's measurement made) before any work; run_eval records why
     length_list = []
@@ -84,7 +84,7 @@ def eval_(
             raise InputError(f"--lengths: {x!r} is not a positive integer")
         length_list.append(int(x))
     task_list = _split(tasks, "--tasks")
-    from anchor.eval import ruler
+    from anchor_app.eval import ruler
 
     for t in task_list:
         ruler.task_config(t)
@@ -99,7 +99,7 @@ def eval_(
     if harness is None and harness_data is not None:
         raise InputError("--harness-data is read by --harness lm-eval; give --harness lm-eval too")
     if harness is not None:
-        from anchor.eval import harness as lm_harness
+        from anchor_app.eval import harness as lm_harness
 
         if harness not in lm_harness.HARNESSES:
             raise InputError(f"--harness: unknown harness {harness!r} (supported: {', '.join(lm_harness.HARNESSES)})")
@@ -108,7 +108,7 @@ def eval_(
     out = guard_out(out, "eval", inputs=tuple(str(p) for p in (run, model, haystack, squad, hotpotqa, harness_data)
                                               if p))
 
-    from anchor.eval.runner import checkpoints_of_run, parts_dir, run_eval, write_eval
+    from anchor_app.eval.runner import checkpoints_of_run, parts_dir, run_eval, write_eval
 
     if run is not None:
         sources = checkpoints_of_run(run, _split(checkpoints, "--checkpoints") if checkpoints else None)
@@ -124,7 +124,7 @@ def eval_(
                 sources, tasks=harness_list, lengths=length_list, limit=samples, data_dir=harness_data,
                 engine=engine, dtype=dtype, batch_size=batch_size, progress=progress)
         path = write_eval(result, out)
-    from anchor.eval.runner import render_report
+    from anchor_app.eval.runner import render_report
 
     typer.echo(render_report(result, None))
     typer.echo(f"wrote {path / 'eval.json'}, {path / 'samples.jsonl'}, {path / 'report.md'}")

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from anchor.cli import app
+from anchor_app.cli import app
 
 
 @app.command()
@@ -33,7 +33,7 @@ def demo(
     """Run the paper's experiment on the embedded default (or --model): corpus, packing, audit, training with
     anchor and full attention, parity of the trained checkpoint, RULER averaged over checkpoints, speed; writes
     index.html and summary.png under --out. A second run reuses every stage whose settings did not change."""
-    from anchor.demo import DEFAULT_PROMPT, PROFILES, check_steps, run_demo
+    from anchor_app.demo import DEFAULT_PROMPT, PROFILES, check_steps, run_demo
     from anchor.data.pipeline import check_pack_size
     from anchor.errors import InputError
     from anchor.limits import check_int

@@ -179,7 +179,7 @@ def perplexity(model: nn.Module, windows: PackedData, variant: Variant = "full",
     cross-entropy run in chunks of slots, so the [B, T, V] logits never exist at once.
 
     Args:
-      model: a torchtrain model (`anchor.eval.generate.load_eval_model`, `torchtrain.build_model`).
+      model: a torchtrain model (`anchor_app.eval.generate.load_eval_model`, `torchtrain.build_model`).
       windows: packed windows of one length (`heldout_windows`, or an `anchor pack` output).
       variant: the attention variant and loss masking (CONTRACT §1-§2).
       batch_size: windows per forward.
@@ -189,7 +189,7 @@ def perplexity(model: nn.Module, windows: PackedData, variant: Variant = "full",
     variant = check_variant(variant)
     if engine_of(model) is None:
         raise InputError("perplexity needs a torchtrain model "
-                         "(anchor.eval.generate.load_eval_model or torchtrain.build_model)")
+                         "(anchor_app.eval.generate.load_eval_model or torchtrain.build_model)")
     if batch_size < 1:
         raise InputError(f"batch_size must be >= 1, got {batch_size}")
     W, T = windows.num_windows, windows.seq_len

@@ -1,17 +1,17 @@
 """Long-context evaluation (`anchor eval`, issue 15, CONTRACT §9).
 
-- `anchor.eval.ruler`: RULER's 13 synthetic tasks generated offline with the model's tokenizer
+- `anchor_app.eval.ruler`: RULER's 13 synthetic tasks generated offline with the model's tokenizer
   (`ruler.generate`, `TASK_NAMES`, `Sample`; `generate` is not re-exported here: the name belongs to
-  the submodule `anchor.eval.generate`).
-- `anchor.eval.scoring`: RULER's scores, 0-100 (`score`, `string_match_all`, `string_match_part`),
+  the submodule `anchor_app.eval.generate`).
+- `anchor_app.eval.scoring`: RULER's scores, 0-100 (`score`, `string_match_all`, `string_match_part`),
   and lm-evaluation-harness's variants beside them.
-- `anchor.eval.words`: the word lists that stand in for `wonderwords`.
-- `anchor.eval.generate` (greedy generation with a KV cache) and `anchor.eval.perplexity` need torch
+- `anchor_app.eval.words`: the word lists that stand in for `wonderwords`.
+- `anchor_app.eval.generate` (greedy generation with a KV cache) and `anchor_app.eval.perplexity` need torch
   and are imported on their own.
 """
 
-from anchor.eval.ruler import TASK_NAMES, TASKS, Sample, load_haystack, load_qa, task_config
-from anchor.eval.scoring import (
+from anchor_app.eval.ruler import TASK_NAMES, TASKS, Sample, load_haystack, load_qa, task_config
+from anchor_app.eval.scoring import (
     lm_eval_score,
     lm_eval_string_match_all,
     lm_eval_string_match_part,

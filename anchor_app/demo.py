@@ -77,7 +77,7 @@ class DemoSettings:
     eval_lengths: tuple[int, ...] = (1024, 2048)
     eval_samples: int = 4
     eval_dtype: str = "auto"                  # bf16 where it multiplies faster (CUDA, CPUs with bf16 units;
-                                              # anchor.eval.dtype), else fp32: eval.json records which and why
+                                              # anchor_app.eval.dtype), else fp32: eval.json records which and why
     eval_engine: str = "varlen"               # the prefill's engine: fused per prompt (sdpa's padded batch
                                               # takes the masked path: 1.9x slower at 4K on this CPU)
     perplexity_windows: int = 1
@@ -308,7 +308,7 @@ def stage_parity(ctx: _Ctx) -> dict[str, Any]:
     its parameters in fp64, 22 GB)."""
     import tempfile
 
-    from anchor.bench.step import cut_model
+    from anchor_app.bench.step import cut_model
     from anchor.weights import load_spec
     from parity_tests.report import write_report
     from parity_tests.suite import build_cases, run_parity
@@ -364,7 +364,7 @@ def _finished_eval(folder: Path, s: DemoSettings, sources: list[tuple[str, str]]
 
     Only read when the stage resumes, i.e. its fingerprint (settings and the training it reads) is the
     unfinished stage's: within a run, finished checkpoints come back from their parts (`run_eval(parts=...)`)."""
-    from anchor.eval.runner import resolve_dtype
+    from anchor_app.eval.runner import resolve_dtype
     from anchor.outdir import read_marker
 
     if read_marker(folder) is None:
@@ -384,7 +384,7 @@ def _finished_eval(folder: Path, s: DemoSettings, sources: list[tuple[str, str]]
 
 
 def stage_eval(ctx: _Ctx) -> dict[str, Any]:
-    from anchor.eval.runner import checkpoints_of_run, parts_dir, run_eval, write_eval
+    from anchor_app.eval.runner import checkpoints_of_run, parts_dir, run_eval, write_eval
 
     s = ctx.settings
     root = ctx.stage("eval")
@@ -438,8 +438,8 @@ def stage_eval(ctx: _Ctx) -> dict[str, Any]:
 
 
 def stage_bench(ctx: _Ctx) -> dict[str, Any]:
-    from anchor.bench.report import write_bench
-    from anchor.bench.run import run_bench
+    from anchor_app.bench.report import write_bench
+    from anchor_app.bench.run import run_bench
 
     s = ctx.settings
     result = run_bench(model=s.model, seq_lens=list(s.bench_seq_lens), variants=["full", "anchor"],

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from anchor.cli import app
+from anchor_app.cli import app
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -73,7 +73,7 @@ def bench(
     """Time attention (forward + backward) per engine, variant and length on packed windows, and whole
     training steps, set against the FLOP model; estimate days per 1B tokens for a large model. Writes
     bench.json, report.md and PNG figures to --out."""
-    from anchor.bench.run import check_options, run_bench
+    from anchor_app.bench.run import check_options, run_bench
     from anchor.limits import check_seed
     from anchor.outdir import guard_out
 
@@ -90,7 +90,7 @@ def bench(
         raise InputError("no such file or folder", path=data)
     out = guard_out(out, "bench", inputs=tuple(p for p in (data,) if p))
 
-    from anchor.bench.report import render_report, write_bench
+    from anchor_app.bench.report import render_report, write_bench
 
     result = run_bench(model=model, data=data, attention=attention, step=step, step_seq_len=step_seq_len,
                        step_variants=_names(step_variants, "--step-variants") if step_variants else None,

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from anchor.bench import estimate as est
-from anchor.bench.flops import attention_flops, pairs, step_flops
-from anchor.bench.windows import DISTRIBUTIONS, describe, doc_lengths, layout_seg, synthetic_seg
+from anchor_app.bench import estimate as est
+from anchor_app.bench.flops import attention_flops, pairs, step_flops
+from anchor_app.bench.windows import DISTRIBUTIONS, describe, doc_lengths, layout_seg, synthetic_seg
 from anchor.errors import InputError
 from anchor.variants import VARIANTS
 
@@ -79,9 +79,9 @@ def run_bench(*, model: str = "default", seq_lens: list[int] = (2048, 4096, 8192
               device: str | None = None, dtype: str | None = None, seed: int = 0, progress: bool = True) -> dict[str, Any]:
     import torch
 
-    from anchor.bench.step import cut_model, time_steps
-    from anchor.bench.timing import Heads, time_variants
-    from anchor.bench.windows import corpus_pack, corpus_source
+    from anchor_app.bench.step import cut_model, time_steps
+    from anchor_app.bench.timing import Heads, time_variants
+    from anchor_app.bench.windows import corpus_pack, corpus_source
     from anchor.data.pipeline import PackConfig, pack_corpus
     from anchor.machine import machine
     from anchor.progress import ProgressBar

@@ -1,4 +1,4 @@
-"""The `anchor` command line: one console script, one verb per module in `anchor.commands`.
+"""The `anchor` command line: one console script, one verb per module in `anchor_app.commands`.
 
 Each verb module registers itself on `app` with `@app.command()` and imports its heavy
 dependencies (JAX, torch, transformers) inside the function, so `anchor --help` stays fast.
@@ -76,11 +76,11 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _load_commands() -> None:
-    import anchor.commands as commands
+    import anchor_app.commands as commands
 
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if not info.name.startswith("_"):
-            importlib.import_module(f"anchor.commands.{info.name}")
+            importlib.import_module(f"anchor_app.commands.{info.name}")
 
 
 def _verbs() -> list[str]:

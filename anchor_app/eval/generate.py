@@ -122,7 +122,7 @@ def cached_attention(
     """transformers' attention-function call: q [B,N,q,D], k/v [B,K,S,D] (the cache, RoPE applied) -> [B,q,N,D]."""
     if cached_step is None:
         raise InputError(f"attention implementation {CACHED_ATTENTION!r} runs only inside "
-                         "anchor.eval.generate.greedy_generate")
+                         "anchor_app.eval.generate.greedy_generate")
     if sliding_window is not None or dropout:
         raise InputError("cached generation implements neither sliding windows nor attention dropout")
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
@@ -153,7 +153,7 @@ def cached_mode(model: nn.Module) -> Iterator[Engine]:
     """Run `model` under `cached_attention` inside the block; yields its torchtrain engine."""
     engine = engine_of(model)
     if engine is None:
-        raise InputError("greedy generation needs a torchtrain model (anchor.eval.generate.load_eval_model "
+        raise InputError("greedy generation needs a torchtrain model (anchor_app.eval.generate.load_eval_model "
                          "or torchtrain.build_model)")
     old = model.config._attn_implementation
     model.config._attn_implementation = CACHED_ATTENTION

@@ -6,11 +6,11 @@
 
 What runs, per checkpoint (a model of CONTRACT §6 or a training checkpoint's `hf/`):
   RULER     every task × length: the same `samples` prompts for every checkpoint (generated once with
-            the model's tokenizer, `anchor.eval.ruler`), the BOS in front where the model has one (the
+            the model's tokenizer, `anchor_app.eval.ruler`), the BOS in front where the model has one (the
             prompt is generated one token shorter so prompt + BOS + answer budget fit the length),
-            greedy generation with a KV cache (`anchor.eval.generate`), RULER's score 0–100
-            (`anchor.eval.scoring`: string-match-all, or string-match-part for QA)
-  perplexity  per length, on held-out packed windows (`anchor.eval.perplexity`)
+            greedy generation with a KV cache (`anchor_app.eval.generate`), RULER's score 0–100
+            (`anchor_app.eval.scoring`: string-match-all, or string-match-part for QA)
+  perplexity  per length, on held-out packed windows (`anchor_app.eval.perplexity`)
 Then per task × length: mean and standard deviation over the checkpoints (the paper averages five
 checkpoints of the last 50 steps).
 
@@ -87,8 +87,8 @@ def _prompts(tok, samples) -> list[list[int]]:
 
 
 def resolve_dtype(dtype: str) -> str:
-    """The evaluation dtype for `--dtype` (auto, bfloat16, float32): `anchor.eval.dtype.dtype_choice`'s."""
-    from anchor.eval.dtype import dtype_choice
+    """The evaluation dtype for `--dtype` (auto, bfloat16, float32): `anchor_app.eval.dtype.dtype_choice`'s."""
+    from anchor_app.eval.dtype import dtype_choice
 
     return dtype_choice(dtype)["dtype"]
 
@@ -172,14 +172,14 @@ def run_eval(checkpoints: Sequence[tuple[str, str]], *, tasks: Sequence[str] = D
     length, mean, std, checkpoints), perplexity rows (checkpoint, length, ppl, nll, tokens), the
     samples with predictions (for samples.jsonl), settings, machine, runtime_s.
     """
-    from anchor.eval import ruler, scoring
-    from anchor.eval.generate import eval_model_source, greedy_generate, load_eval_model
-    from anchor.eval.perplexity import heldout_windows, perplexity
+    from anchor_app.eval import ruler, scoring
+    from anchor_app.eval.generate import eval_model_source, greedy_generate, load_eval_model
+    from anchor_app.eval.perplexity import heldout_windows, perplexity
     from anchor.machine import machine
     from anchor.tokenizer import load_tokenizer
     from anchor.weights import load_spec
 
-    from anchor.eval.dtype import dtype_choice
+    from anchor_app.eval.dtype import dtype_choice
 
     choice = dtype_choice(dtype)
     dtype = choice["dtype"]
@@ -324,7 +324,7 @@ def render_report(result: dict[str, Any], figure: str | None) -> str:
         lines += ["", f"![score against length]({figure})"]
     text = "\n".join(lines) + "\n"
     if result.get("harness"):
-        from anchor.eval.harness import render_table
+        from anchor_app.eval.harness import render_table
 
         text += "\n" + render_table(result["harness"])
     return text

@@ -37,7 +37,7 @@ def time_steps(model_dir: Path, data: Path, T: int, variant: str, engine: str, r
                dtype: str = "float32", device: str = "cpu") -> dict[str, Any]:
     """Train `steps` steps of one window (the trainer runs on CUDA where there is one); -> {step_s
     (median, warm-up excluded), step_s_all, loss, peak_rss_gib or peak_cuda_gib}."""
-    from anchor.bench.timing import peak_memory
+    from anchor_app.bench.timing import peak_memory
     from torchtrain.config import load_train_config
     from torchtrain.trainer import read_metrics, train
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from anchor.cli import app
+from anchor_app.cli import app
 
 
 PARITY_BYTES_PER_SCORE = 16  # the trainer's eager attention: fp32 scores, probabilities and temporaries
