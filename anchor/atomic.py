@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from anchor.errors import InputError
-from anchor.outdir import (MARKER, _rmtree, current_verb, guard_out, out_lock, read_marker, remove_stale_staging,
+from anchor.outdir import (MARKER, rmtree, current_verb, guard_out, out_lock, read_marker, remove_stale_staging,
                            staging_prefix, write_marker)
 
 
@@ -58,7 +58,7 @@ class staging_dir:
         try:
             if self.path is not None:
                 with _signals_held():
-                    _rmtree(self.path)
+                    rmtree(self.path)
         finally:
             self._lock.__exit__(None, None, None)
 
@@ -97,7 +97,7 @@ def publish(src: Path, out: str | Path, verb: str | None = None) -> None:
             except BaseException:
                 os.replace(old, out)
                 raise
-            _rmtree(old)
+            rmtree(old)
         else:
             os.replace(src, out)
 

@@ -315,7 +315,7 @@ def staging_prefix(out: str | Path, kind: str = "tmp") -> str:
     return f".{Path(out).name}.{kind}-{os.getpid()}-"
 
 
-def _rmtree(p: Path) -> None:
+def rmtree(p: Path) -> None:
     if p.is_symlink() or p.is_file():
         try:
             p.unlink()
@@ -356,4 +356,4 @@ def remove_stale_staging(out: str | Path) -> None:
         except OSError:
             pass
     for p in stale_tmp + stale_old:
-        _rmtree(p)
+        rmtree(p)

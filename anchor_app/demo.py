@@ -556,7 +556,7 @@ def _stage_done(out: Path, stage: str, rec: dict[str, Any] | None, fp: str) -> b
 
 def _clear(out: Path, stage: str) -> None:
     """Remove a stage folder before it is redone: only one anchor wrote (its marker)."""
-    from anchor.outdir import MARKER, _rmtree, read_marker
+    from anchor.outdir import MARKER, rmtree, read_marker
 
     path = out / stage
     if not path.exists():
@@ -564,7 +564,7 @@ def _clear(out: Path, stage: str) -> None:
     if read_marker(path) is None and any(path.iterdir()):
         raise InputError(f"the demo's stage folder holds files anchor did not write (no {MARKER}); "
                          "move them away or name another --out", path=path)
-    _rmtree(path)
+    rmtree(path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -592,10 +592,10 @@ def run_demo(model: str = "default", out: str | Path = "runs/demo", *, steps: tu
         try:
             return _run_stages(out, s, steps, todo, fps, fresh, say, progress, t0)
         except BaseException:
-            from anchor.outdir import _rmtree
+            from anchor.outdir import rmtree
 
             if created and not any(r.get("done") for r in read_record(out).get("stages", {}).values()):
-                _rmtree(out)  # nothing finished: leave no half-written demo folder behind
+                rmtree(out)  # nothing finished: leave no half-written demo folder behind
             raise
 
 

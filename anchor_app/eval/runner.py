@@ -365,7 +365,7 @@ def write_eval(result: dict[str, Any], out: str | Path) -> Path:
     """eval.json (without the samples), samples.jsonl, report.md, score_vs_length.png into `out`, atomically;
     then the finished checkpoints kept for a resume (`parts_dir(out)`) are removed."""
     from anchor.atomic import publish, staging_dir
-    from anchor.outdir import _rmtree, read_marker
+    from anchor.outdir import rmtree, read_marker
 
     out = Path(out).resolve()
     with staging_dir(out, "eval") as tmp:
@@ -381,7 +381,7 @@ def write_eval(result: dict[str, Any], out: str | Path) -> Path:
         publish(work, out, "eval")
     parts = parts_dir(out)
     if parts.is_dir() and read_marker(parts) is not None:
-        _rmtree(parts)
+        rmtree(parts)
     return out
 
 
