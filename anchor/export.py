@@ -15,7 +15,7 @@ from typing import Any
 
 from anchor.paths import resolve_model_name
 from anchor.spec import ModelSpec
-from anchor.tokenizer import BYTE_BOS, BYTE_EOS, BYTE_OFFSET, BYTE_UNK, _bytes_to_unicode, _gguf_tokenizer_cached
+from anchor.tokenizer import BYTE_BOS, BYTE_EOS, BYTE_OFFSET, BYTE_UNK, bytes_to_unicode, gguf_tokenizer_cached
 from anchor.weights import StateDict, write_hf_dir
 
 _HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -27,7 +27,7 @@ def byte_tokenizer_json(spec: ModelSpec) -> str:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {"<unk>": BYTE_UNK, "<s>": BYTE_BOS, "</s>": BYTE_EOS}
-    vocab.update({ch: BYTE_OFFSET + b for b, ch in _bytes_to_unicode().items()})
+    vocab.update({ch: BYTE_OFFSET + b for b, ch in bytes_to_unicode().items()})
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", fuse_unk=False, byte_fallback=False))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
@@ -51,13 +51,13 @@ def _tokenizer_config(tokenizer_json: str, bos_id: int | None, eos_id: int) -> d
 
 
 def write_tokenizer(model: str, spec: ModelSpec, folder: Path) -> None:
-    """The tokenizer of the model named `model` (CONTRACT §6) into a Hugging Face folder."""
+    """The tokenizer of the model named `model` (docs/DESIGN.md §6) into a Hugging Face folder."""
     name = resolve_model_name(model)
     folder = Path(folder)
     if name.startswith("random:"):
         text, bos, eos = byte_tokenizer_json(spec), spec.bos_token_id, spec.eos_token_id
     elif name.endswith(".gguf"):
-        text, meta = _gguf_tokenizer_cached(Path(name))
+        text, meta = gguf_tokenizer_cached(Path(name))
         bos, eos = meta["bos_id"], meta["eos_id"]
     else:
         for f in _HF_TOKENIZER_FILES:

@@ -1,4 +1,4 @@
-"""Tokenizers for every way a model can be named (CONTRACT §6), without torch.
+"""Tokenizers for every way a model can be named (docs/DESIGN.md §6), without torch.
 
     tok = load_tokenizer("default")            # the cached SmolLM2 GGUF
     ids = tok.encode_batch(["a text", "another"])   # list[list[int]], no special tokens added
@@ -77,7 +77,7 @@ class Tok(Protocol):
 
     @property
     def first_token_id(self) -> int:
-        """The token at slot 0 of every window (CONTRACT §1): BOS, else EOS."""
+        """The token at slot 0 of every window (docs/DESIGN.md §1): BOS, else EOS."""
         ...
 
 
@@ -166,7 +166,7 @@ def tokenizer_identity(tokenizer: Any) -> str:
 
 
 def load_tokenizer(model: str) -> Tok:
-    """The tokenizer of a model named as in CONTRACT §6; unknown names and formats are InputErrors."""
+    """The tokenizer of a model named as in docs/DESIGN.md §6; unknown names and formats are InputErrors."""
     name = resolve_model_name(model)
     if name.startswith("random:"):
         from anchor.spec import random_preset
@@ -269,7 +269,7 @@ def _file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable-character map (the byte-level BPE alphabet)."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
@@ -310,7 +310,7 @@ def gguf_tokenizer_json(path: Path) -> tuple[str, dict[str, Any]]:
     if not tokens or not merges:
         raise InputError("the GGUF file has no tokenizer vocabulary or merges", path=path)
 
-    spelling = _bytes_to_unicode()
+    spelling = bytes_to_unicode()
     alphabet = set(spelling.values())
     vocab: dict[str, int] = {}
     for i, t in enumerate(tokens):
@@ -349,7 +349,7 @@ def gguf_tokenizer_json(path: Path) -> tuple[str, dict[str, Any]]:
     return tokenizer.to_str(), meta
 
 
-def _gguf_tokenizer_cached(path: Path) -> tuple[str, dict[str, Any]]:
+def gguf_tokenizer_cached(path: Path) -> tuple[str, dict[str, Any]]:
     """`gguf_tokenizer_json`, cached on disk by the file's sha256 (reading a GGUF takes seconds)."""
     digest = _file_sha256(path)
     folder = cache_dir() / "tokenizers"
@@ -381,7 +381,7 @@ def _load_gguf(path: Path, name: str) -> HFTok:
 def _gguf_tok(path_str: str, mtime_ns: int, size: int) -> HFTok:
     from tokenizers import Tokenizer
 
-    text, meta = _gguf_tokenizer_cached(Path(path_str))
+    text, meta = gguf_tokenizer_cached(Path(path_str))
     tokenizer = Tokenizer.from_str(text)
     return HFTok(tokenizer=tokenizer, bos_id=meta["bos_id"], eos_id=meta["eos_id"],
                  identity=tokenizer_identity(tokenizer), name=path_str)

@@ -75,7 +75,8 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
-def _load_commands() -> None:
+def load_commands() -> None:
+    """Import every module of `anchor_app.commands`: each registers its verb on `app` when imported."""
     import anchor_app.commands as commands
 
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     verb = None
     try:
         with signals:
-            _load_commands()
+            load_commands()
             verb = args[0] if args and args[0] in _verbs() else None
             set_current_verb(verb)
             prefix = f"anchor {verb}" if verb else "anchor"

@@ -36,7 +36,7 @@ from anchor.data.corpus import default_corpus_documents  # noqa: E402
 from anchor.data.packed import ShardWriter  # noqa: E402
 from anchor.data.packing import Packer  # noqa: E402
 from anchor.data.readers import Document  # noqa: E402
-from anchor.data.store import BATCH_CHARS, TokenStore, _batches, write_store  # noqa: E402
+from anchor.data.store import BATCH_CHARS, TokenStore, document_batches, write_store  # noqa: E402
 from anchor.machine import machine  # noqa: E402
 from anchor.tokenizer import load_tokenizer  # noqa: E402
 
@@ -58,7 +58,7 @@ def bench_tokenization(model: str, max_chars: int, repeats: int) -> dict:
         chars += len(r["text"])
         if chars >= max_chars:
             break
-    batches = [[d.text for d in b] for b in _batches(docs, BATCH_CHARS)]
+    batches = [[d.text for d in b] for b in document_batches(docs, BATCH_CHARS)]
     raw = getattr(tok, "tokenizer", None)
     n_tokens = sum(len(x) for b in batches for x in tok.encode_batch(b))
     out = {"model": model, "docs": len(docs), "chars": chars, "tokens": n_tokens, "batches": len(batches)}

@@ -4,10 +4,10 @@
 
 Writes benchmarks/results/oracle_forward_<machine>.json. Both sides get the same weights (the
 embedded SmolLM2 GGUF), batch 1, the `full` variant. The oracle's attention runs in its fused fp32
-kernel where it is built (recorded as `oracle_attention`; `JAXREF_FUSED_ATTENTION=0` measures the
-JAX path). After one warm-up each (JAX compiles there; reported separately) the two sides run in
-alternation for `--repeats` rounds; the ratio is that of the medians, and each round's own ratio is
-recorded too.
+kernel where it is built (recorded as `oracle_attention`; `JAXREF_FUSED_ATTENTION=0`, read once at
+the start and passed as `jaxref.forward(..., fused=...)`, measures the JAX path). After one warm-up
+each (JAX compiles there; reported separately) the two sides run in alternation for `--repeats`
+rounds; the ratio is that of the medians, and each round's own ratio is recorded too.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ def main() -> None:
     from anchor.spec import to_hf_config
     from anchor.weights import load_weights
 
+    fused = kernels.enabled()  # the user's switch, read once
     spec, state = load_weights(args.model)
     params = jaxref.params_from_state(spec, state)
     # Stock transformers with its own SDPA attention (causal), not one of torchtrain's engines.
@@ -68,7 +69,7 @@ def main() -> None:
         ids = torch.from_numpy(tokens)
 
         def oracle():
-            jax.block_until_ready(jaxref.forward(params, spec, tokens, policy="fp32"))
+            jax.block_until_ready(jaxref.forward(params, spec, tokens, policy="fp32", fused=fused))
 
         def transformers_sdpa():
             with torch.inference_mode():
@@ -82,7 +83,7 @@ def main() -> None:
                "ratio_per_round": pair, "oracle_runs_s": runs["oracle"], "transformers_runs_s": runs["transformers"]}
         print(json.dumps(row))
         rows.append(row)
-    fused = kernels.enabled() and kernels.available()
+    fused = fused and kernels.available()
     result = {"benchmark": "oracle_forward", "model": args.model, "batch": 1, "variant": "full",
               "oracle_attention": "fused fp32 C++ kernel (jaxref.kernels)" if fused else "JAX (blocked dense)",
               "target": "ratio_oracle_over_transformers <= 1", "machine": machine(torch_threads=torch.get_num_threads()),

@@ -1,9 +1,11 @@
 """jaxref: the numerical oracle.
 
-A JAX reference of the Llama-family decoder, RoPE and every attention variant of CONTRACT §2,
-with a dtype policy per numerical stage (CONTRACT §4), so it plays fp64 truth or emulates a bf16
+A JAX reference of the Llama-family decoder, RoPE and every attention variant of docs/DESIGN.md §2,
+with a dtype policy per numerical stage (docs/DESIGN.md §4), so it plays fp64 truth or emulates a bf16
 stack. It never imports torch. With the `fp32` policy on the CPU, attention runs in a fused C++
-kernel (`jaxref.kernels`, compiled on first use; `JAXREF_FUSED_ATTENTION=0` keeps the JAX path).
+kernel (`jaxref.kernels`, compiled on first use); `jaxref.forward(..., fused=False)` keeps the JAX
+path, and the environment variable `JAXREF_FUSED_ATTENTION=0` makes that the default (read by
+`forward` on each call, never set by jaxref). Gradients always trace the JAX path.
 
     params, config = jaxref.load_model("random:llama")
     logits = jaxref.forward(params, config, tokens, doc_ids=doc_ids, variant="anchor", policy="hf_bf16")

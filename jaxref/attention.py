@@ -11,6 +11,10 @@ online (fa2_bf16, paper_bf16): FlashAttention-2 over key blocks of `policy.kv_bl
        scores × scale, running max and sum in the softmax dtype, probabilities rounded to pv_in
        *before* p·v (the running sum uses the unrounded ones, as the kernel does), accumulation in
        pv_acc, division by the sum at the end.
+
+The fused fp32 CPU kernel (`jaxref.kernels`) is chosen by an argument, `fused`, passed down from the
+caller (`jaxref.model` resolves it once per forward); `fused=None` at these public functions means
+the user's default, `jaxref.kernels.enabled()` (off under `JAXREF_FUSED_ATTENTION=0`).
 """
 
 from __future__ import annotations
@@ -159,24 +163,29 @@ def _by_row_blocks(T: int, make_block):
 ATTENTION_STAGES = ("qk_in", "qk_acc", "logits", "softmax", "pv_in", "pv_acc")
 
 
-def fused_fp32(q, k, policy: DtypePolicy) -> bool:
-    """Whether `dense_attention` runs the fused C++ kernel (`jaxref.kernels`) on the CPU: dense
-    attention with every attention stage fp32, self-attention (as many keys as queries), and the
-    kernel built (unless `JAXREF_FUSED_ATTENTION=0`)."""
+def fused_fp32(q, k, policy: DtypePolicy, fused: bool | None = None) -> bool:
+    """Whether `dense_attention` runs the fused C++ kernel (`jaxref.kernels`) on the CPU: `fused`
+    allows it (None: the user's default, `kernels.enabled()`), dense attention with every attention
+    stage fp32, self-attention (as many keys as queries), and the kernel built."""
+    if fused is None:
+        fused = kernels.enabled()
     return (policy.attention == "dense" and all(getattr(policy, s) == "float32" for s in ATTENTION_STAGES)
-            and q.shape[1] == k.shape[1] and kernels.enabled() and kernels.available())
+            and q.shape[1] == k.shape[1] and fused and kernels.available())
 
 
-def dense_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, scale: float):
+def dense_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, scale: float, *,
+                    fused: bool | None = None):
     """Dense masked attention (exact softmax over whole rows). Returns ctx [B,T,N,D] in the `pv_acc` dtype.
 
     Rows go by blocks (`_by_row_blocks`), each against the keys up to the end of its class: the
     keys skipped are masked for the whole block and would contribute exp(−inf) = 0, so each row's
     softmax and p·v are the dense ones. With every attention stage fp32, on the CPU, the same
-    arithmetic runs in the fused kernel instead (`fused_fp32`; it differs from this path by
-    rounding only, as tests/jaxref/test_fused_attention.py measures).
+    arithmetic runs in the fused kernel instead when `fused` allows it (`fused_fp32`; None: the
+    user's default, `kernels.enabled()`; it differs from this path by rounding only, as
+    tests/jaxref/test_fused_attention.py measures). The kernel has no VJP: pass `fused=False` to
+    trace a function that will be differentiated.
     """
-    if fused_fp32(q, k, policy):
+    if fused_fp32(q, k, policy, fused):
         return jax.lax.platform_dependent(
             q, k, v, doc_ids,
             cpu=lambda q, k, v, d: kernels.causal_attention_f32(q, k, v, d, variant, scale),
@@ -319,11 +328,15 @@ def online_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sc
     return _ungroup(_by_row_blocks(T, make_block))
 
 
-def attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, scale: float):
-    """Dispatch on `policy.attention`. Returns ctx [B,T,N,D] in `pv_acc`."""
+def attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, scale: float, *, fused: bool | None = None):
+    """Dispatch on `policy.attention`. Returns ctx [B,T,N,D] in `pv_acc`.
+
+    `fused`: allow the fused fp32 CPU kernel in the dense path (`dense_attention`; None: the user's
+    default, `kernels.enabled()`); the online path never uses it.
+    """
     if policy.attention == "online":
         return online_attention(q, k, v, doc_ids, variant, policy, scale)
-    return dense_attention(q, k, v, doc_ids, variant, policy, scale)
+    return dense_attention(q, k, v, doc_ids, variant, policy, scale, fused=fused)
 
 
 def row_scores_probs(q, k, doc_ids, rows, variant: Variant, policy: DtypePolicy, scale: float):

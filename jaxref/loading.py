@@ -1,4 +1,4 @@
-"""Loading the oracle's params: any model name of CONTRACT §6, and orbax save/restore."""
+"""Loading the oracle's params: any model name of docs/DESIGN.md §6, and orbax save/restore."""
 
 from __future__ import annotations
 

@@ -9,8 +9,16 @@ run under one `lax.scan`):
   layers: attn_norm [L,H], mlp_norm [L,H], wq [L,N*D,H], wk/wv [L,K*D,H], wo [L,H,N*D],
           bq [L,N*D], bk/bv [L,K*D] (Qwen2 only), w_gate/w_up [L,F,H], w_down [L,H,F].
 
-Every stage runs in the dtype the policy names (CONTRACT §4); a linear layer accumulates in fp32
+Every stage runs in the dtype the policy names (docs/DESIGN.md §4); a linear layer accumulates in fp32
 when its activations are bf16/fp16 (as GPU and CPU matmuls do) and rounds to the activation dtype.
+
+Public surface: `forward` (numpy in, jitted, the user's entry), `decoder_forward` (the same forward
+un-jitted, over arrays, for callers that trace it inside their own `jit`/`grad`), `decoder_layer`
+(one block, the body of the layer scan), `LAYER_NAMES` (Hugging Face layer names → params keys),
+`params_from_state`, `default_doc_ids`.
+
+The fused-kernel switch is an argument, `fused`: `forward` resolves it once (default: the user's
+`JAXREF_FUSED_ATTENTION`, `jaxref.kernels.enabled()`) and hands the bool down to the attention.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from anchor.spec import ModelSpec
+from jaxref import kernels
 from jaxref import rope as rope_lib
 from jaxref.attention import attention, full_probs, row_scores_probs, wide, wide_einsum
 from jaxref.policy import DtypePolicy, get_policy
@@ -32,7 +41,7 @@ from jaxref.variants import positions as variant_positions
 Params = dict[str, Any]
 Probe = Callable[[jax.Array, jax.Array], Any]
 
-_LAYER_NAMES = {
+LAYER_NAMES: dict[str, str] = {
     "input_layernorm.weight": "attn_norm",
     "post_attention_layernorm.weight": "mlp_norm",
     "self_attn.q_proj.weight": "wq",
@@ -46,6 +55,7 @@ _LAYER_NAMES = {
     "mlp.up_proj.weight": "w_up",
     "mlp.down_proj.weight": "w_down",
 }
+"""{Hugging Face name inside `model.layers.<i>.`: the key of the stacked [L, ...] array in params["layers"]}."""
 
 
 def params_from_state(spec: ModelSpec, state: dict[str, np.ndarray], dtype=jnp.float32) -> Params:
@@ -54,7 +64,7 @@ def params_from_state(spec: ModelSpec, state: dict[str, np.ndarray], dtype=jnp.f
     steps are)."""
     layers: dict[str, list[np.ndarray]] = {}
     for i in range(spec.num_layers):
-        for hf, ours in _LAYER_NAMES.items():
+        for hf, ours in LAYER_NAMES.items():
             name = f"model.layers.{i}.{hf}"
             if name in state:
                 layers.setdefault(ours, []).append(state[name])
@@ -95,9 +105,23 @@ def silu_mul(g, u, act):
     return (s.astype(hi) * u.astype(hi)).astype(act)
 
 
-def _decoder_layer(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Variant, cos, sin, doc_ids,
-                   tap: bool, tap_rows, probe):
-    """One pre-norm block. h [B,T,H] in `act`. Returns (h, per-layer taps)."""
+def decoder_layer(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Variant, cos, sin, doc_ids,
+                  tap: bool, tap_rows, probe, fused: bool):
+    """One pre-norm block, the body of the decoder's `lax.scan` over layers.
+
+    Args:
+      h: the residual stream [B,T,H] in the `act` dtype.
+      lp: one layer's slice of params["layers"] (attn_norm [H], wq [N*D,H], ...).
+      cos, sin: the RoPE tables of the slots' positions (`rope.rope_tables`).
+      doc_ids: int [B,T]; variant: the attention variant.
+      tap, tap_rows, probe: as `forward`'s taps, tap_rows (a tuple of query slots or None) and probe.
+      fused: allow the fused fp32 CPU kernel where the policy is fp32 dense (`attention.fused_fp32`);
+        False traces the JAX path (which has a VJP).
+
+    Returns:
+      (h [B,T,H] in `act`, {tap name: array}): the next residual stream and one layer's taps
+      (the scan stacks them to `forward`'s [L, ...]).
+    """
     act, param, norm = policy.dtype("act"), policy.dtype("param"), policy.dtype("norm")
     B, T, _ = h.shape
     N, K, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
@@ -109,7 +133,7 @@ def _decoder_layer(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Vari
     rope_dt = policy.dtype("rope_apply")
     q = rope_lib.apply(q, cos, sin, spec.rope.layout, rope_dt)
     k = rope_lib.apply(k, cos, sin, spec.rope.layout, rope_dt)
-    ctx = attention(q, k, v, doc_ids, variant, policy, scale).astype(act)
+    ctx = attention(q, k, v, doc_ids, variant, policy, scale, fused=fused).astype(act)
     a = linear(ctx.reshape(B, T, N * D), lp["wo"], None, act, param)
     h = (h + a).astype(act)
     x = rms_norm(h, lp["mlp_norm"], spec.rms_norm_eps, norm, act, param)
@@ -128,13 +152,29 @@ def _decoder_layer(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Vari
     return h, out
 
 
-@partial(jax.jit, static_argnames=("spec", "policy", "variant", "tap", "tap_rows", "probe", "seq_len"))
-def _forward(params, tokens, pos, doc_ids, *, spec, policy, variant, tap, tap_rows, probe, seq_len):
+def decoder_forward(params: Params, tokens, pos, doc_ids, *, spec: ModelSpec, policy: DtypePolicy,
+                    variant: Variant, tap: bool, tap_rows: tuple[int, ...] | None, probe: Probe | None,
+                    seq_len: int | None, fused: bool):
+    """The decoder forward, un-jitted: what `forward` runs under `jax.jit`, for callers that trace it
+    inside their own transformation (`jaxref.train`'s gradient, `jaxref.nnx.Decoder`).
+
+    Args:
+      params: from `load_model` / `params_from_state`.
+      tokens: int32 [B,T]; pos: int64 [B,T] positions; doc_ids: int32 [B,T].
+      spec, policy, variant: a ModelSpec, a DtypePolicy (not a name) and a checked variant.
+      tap, tap_rows, probe: as `forward`'s taps (a bool), tap_rows (a tuple or None) and probe.
+      seq_len: the length dynamic RoPE scales by (max position + 1); None for other RoPE kinds.
+      fused: allow the fused fp32 CPU attention kernel (no VJP: pass False under `jax.grad`).
+
+    Returns:
+      (logits [B,T,V] in the `head` dtype, {tap name: array}); the dict always holds "final_norm"
+      [B,T,H] and, with `tap`, every tap `forward` documents.
+    """
     act, param = policy.dtype("act"), policy.dtype("param")
     cos, sin = rope_lib.rope_tables(spec.rope, spec.head_dim, pos, policy, seq_len=seq_len)
     h = params["embed"].astype(param)[tokens].astype(act)
-    layer = partial(_decoder_layer, spec=spec, policy=policy, variant=variant, cos=cos, sin=sin,
-                    doc_ids=doc_ids, tap=tap, tap_rows=tap_rows, probe=probe)
+    layer = partial(decoder_layer, spec=spec, policy=policy, variant=variant, cos=cos, sin=sin,
+                    doc_ids=doc_ids, tap=tap, tap_rows=tap_rows, probe=probe, fused=fused)
     h_out, per_layer = jax.lax.scan(layer, h, params["layers"])
     head = policy.dtype("head")
     x = rms_norm(h_out, params["final_norm"], spec.rms_norm_eps, policy.dtype("norm"), head, param)
@@ -151,6 +191,10 @@ def _forward(params, tokens, pos, doc_ids, *, spec, policy, variant, tap, tap_ro
     return logits, per_layer
 
 
+_forward_jit = jax.jit(decoder_forward, static_argnames=("spec", "policy", "variant", "tap", "tap_rows", "probe",
+                                                         "seq_len", "fused"))
+
+
 def default_doc_ids(B: int, T: int, variant: str) -> np.ndarray:
     """One document over the whole window (slot 0 is the anchor, doc 0, in the anchor variant)."""
     doc = np.ones((B, T), dtype=np.int32)
@@ -160,7 +204,8 @@ def default_doc_ids(B: int, T: int, variant: str) -> np.ndarray:
 
 
 def forward(params: Params, config: ModelSpec, tokens, positions=None, doc_ids=None, variant: str = "full",
-            policy: DtypePolicy | str = "fp32", *, taps: bool = False, tap_rows=None, probe: Probe | None = None):
+            policy: DtypePolicy | str = "fp32", *, taps: bool = False, tap_rows=None, probe: Probe | None = None,
+            fused: bool | None = None):
     """Run the decoder.
 
     Args:
@@ -168,7 +213,7 @@ def forward(params: Params, config: ModelSpec, tokens, positions=None, doc_ids=N
       config: the ModelSpec.
       tokens: int [B, T] (or [T]).
       positions: int [B, T]; default `jaxref.positions(doc_ids, variant)`.
-      doc_ids: int [B, T] (CONTRACT §1); default one document (anchor at slot 0 for `anchor`).
+      doc_ids: int [B, T] (docs/DESIGN.md §1); default one document (anchor at slot 0 for `anchor`).
       variant: `full`, `intra_doc`, `intra_doc_reset` or `anchor`.
       policy: a DtypePolicy, preset name, YAML path or mapping.
       taps: also return per-layer taps: q, k [L,B,T,N|K,D] after RoPE; attn_out, mlp_out, hidden
@@ -177,6 +222,9 @@ def forward(params: Params, config: ModelSpec, tokens, positions=None, doc_ids=N
         probabilities 0 where masked).
       probe: f(scores [B,N,T,T], probs [B,N,T,T]) -> pytree, evaluated per layer and stacked
         ([L, ...] under taps["probe"]); for reductions over whole attention maps at bounded memory.
+      fused: run fp32 dense attention in the fused C++ CPU kernel (`jaxref.kernels`) where it
+        applies; None (default): the user's switch, on unless `JAXREF_FUSED_ATTENTION=0`, read here
+        once per call.
 
     Returns:
       logits [B, T, V] in the policy's `head` dtype, or (logits, taps) when taps or probe is given.
@@ -191,10 +239,11 @@ def forward(params: Params, config: ModelSpec, tokens, positions=None, doc_ids=N
     doc_ids = default_doc_ids(B, T, variant) if doc_ids is None else np.asarray(doc_ids).reshape(B, T)
     pos = variant_positions(doc_ids, variant) if positions is None else np.asarray(positions).reshape(B, T)
     seq_len = int(pos.max()) + 1 if config.rope.kind == "dynamic" else None
-    logits, per_layer = _forward(
+    logits, per_layer = _forward_jit(
         params, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos, jnp.int64), jnp.asarray(doc_ids, jnp.int32),
         spec=config, policy=policy, variant=variant, tap=bool(taps),
         tap_rows=None if tap_rows is None else tuple(int(r) for r in tap_rows), probe=probe, seq_len=seq_len,
+        fused=kernels.enabled() if fused is None else bool(fused),
     )
     if squeeze:
         logits = logits[0]

@@ -5,9 +5,9 @@
     grads = nnx.grad(lambda m: m.loss(tokens, positions, doc_ids, loss_mask, variant="anchor"))(model)
 
 The parameters are one `nnx.Param` holding the same pytree as `jaxref.load_model`; the forward is
-`jaxref.model`'s and the loss `jaxref.train`'s, so the module can never disagree with
-`jaxref.forward` / `jaxref.value_and_grad` beyond rounding. It always traces the JAX attention
-path (the fused fp32 CPU kernel has no backward rule).
+`jaxref.model.decoder_forward` and the loss `jaxref.train.next_token_loss`, so the module can never
+disagree with `jaxref.forward` / `jaxref.value_and_grad` beyond rounding. It always traces the JAX
+attention path (`fused=False`: the fused fp32 CPU kernel has no backward rule).
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from flax import nnx
 
 from anchor.spec import ModelSpec
 from jaxref.loading import load_model
-from jaxref.model import Params, _forward
+from jaxref.model import Params, decoder_forward
 from jaxref.policy import DtypePolicy, get_policy
-from jaxref.train import _jax_attention, next_token_loss
+from jaxref.train import next_token_loss
 from jaxref.variants import check_variant
 
 
 class Decoder(nnx.Module):
-    """A Llama-family decoder (CONTRACT §1-§4) under a dtype policy."""
+    """A Llama-family decoder (docs/DESIGN.md §1-§4) under a dtype policy."""
 
     def __init__(self, params: Params, config: ModelSpec, policy: DtypePolicy | str = "fp32"):
         self.config = config
@@ -38,7 +38,7 @@ class Decoder(nnx.Module):
 
     @classmethod
     def load(cls, name: str, *, seed: int = 0, policy: DtypePolicy | str = "fp32") -> "Decoder":
-        """A model named as in CONTRACT §6 (`random:<preset>`, a folder, a .gguf, `default`)."""
+        """A model named as in docs/DESIGN.md §6 (`random:<preset>`, a folder, a .gguf, `default`)."""
         params, config = load_model(name, seed=seed)
         return cls(params, config, policy)
 
@@ -50,11 +50,10 @@ class Decoder(nnx.Module):
     def __call__(self, tokens, positions, doc_ids, *, variant: str = "full"):
         """Logits [B, T, V] of tokens, positions, doc_ids int [B, T]."""
         variant = check_variant(variant)
-        with _jax_attention():
-            logits, _ = _forward.__wrapped__(
-                self.params.get_value(), jnp.asarray(tokens, jnp.int32), jnp.asarray(positions, jnp.int64),
-                jnp.asarray(doc_ids, jnp.int32), spec=self.config, policy=self.policy, variant=variant, tap=False,
-                tap_rows=None, probe=None, seq_len=self._seq_len(positions))
+        logits, _ = decoder_forward(
+            self.params.get_value(), jnp.asarray(tokens, jnp.int32), jnp.asarray(positions, jnp.int64),
+            jnp.asarray(doc_ids, jnp.int32), spec=self.config, policy=self.policy, variant=variant, tap=False,
+            tap_rows=None, probe=None, seq_len=self._seq_len(positions), fused=False)
         return logits
 
     def loss(self, tokens, positions, doc_ids, loss_mask, *, variant: str = "full"):

@@ -1,4 +1,4 @@
-"""Rotary position embedding (CONTRACT §3) as pure functions with explicit dtypes.
+"""Rotary position embedding (docs/DESIGN.md §3) as pure functions with explicit dtypes.
 
 Shapes: B batch, T slots, N heads, D head dim (even), F = D/2 frequencies.
 

@@ -10,16 +10,16 @@ Legend: B batch, T slots, V vocab.
     updates, state = opt.update(grads, state, hf_params)
     hf_params = optax.apply_updates(hf_params, updates)
 
-The loss is torchtrain's (`torchtrain.next_token_loss`, CONTRACT §8): the mean cross-entropy over
-the counted targets. The gradient is `jax.grad` through the same forward as `jaxref.forward`, so a
-policy's rounding casts are differentiated too (each cast's transpose casts the cotangent back).
+The loss is torchtrain's (`torchtrain.next_token_loss`, docs/DESIGN.md §8): the mean cross-entropy
+over the counted targets. The gradient is `jax.grad` through the same forward as `jaxref.forward`
+(`jaxref.model.decoder_forward`), so a policy's rounding casts are differentiated too (each cast's
+transpose casts the cotangent back). It traces the JAX attention path (`fused=False`): the fused fp32
+CPU kernel (`jaxref.kernels`) has no VJP, and the JAX path is the same arithmetic up to rounding.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import jax
@@ -28,12 +28,10 @@ import numpy as np
 import optax
 
 from anchor.spec import ModelSpec
-from jaxref.model import _LAYER_NAMES, Params, _forward, default_doc_ids
+from jaxref.model import LAYER_NAMES, Params, decoder_forward, default_doc_ids
 from jaxref.policy import DtypePolicy, get_policy
 from jaxref.variants import check_variant
 from jaxref.variants import positions as variant_positions
-
-_FUSED_ENV = "JAXREF_FUSED_ATTENTION"
 
 
 def hf_state(params: Params, config: ModelSpec) -> dict[str, np.ndarray]:
@@ -46,9 +44,9 @@ def hf_state(params: Params, config: ModelSpec) -> dict[str, np.ndarray]:
              "model.norm.weight": np.asarray(params["final_norm"])}
     if not config.tie_embeddings:
         state["lm_head.weight"] = np.asarray(params["lm_head"])
-    layers = {ours: np.asarray(params["layers"][ours]) for ours in _LAYER_NAMES.values() if ours in params["layers"]}
+    layers = {ours: np.asarray(params["layers"][ours]) for ours in LAYER_NAMES.values() if ours in params["layers"]}
     for i in range(config.num_layers):
-        for hf, ours in _LAYER_NAMES.items():
+        for hf, ours in LAYER_NAMES.items():
             if ours in layers:
                 state[f"model.layers.{i}.{hf}"] = layers[ours][i]
     return state
@@ -72,27 +70,12 @@ def _value_and_grad(params, tokens, pos, doc_ids, loss_mask, *, spec, policy, va
     ce = jnp.promote_types(jnp.float32, policy.dtype("head"))
 
     def loss_fn(p):
-        # `_forward` unjitted: an outer trace would otherwise reuse a jaxpr traced with the fused kernel.
-        logits, _ = _forward.__wrapped__(p, tokens, pos, doc_ids, spec=spec, policy=policy, variant=variant,
-                                         tap=False, tap_rows=None, probe=None, seq_len=seq_len)
+        # the JAX attention path: the fused fp32 kernel has no VJP
+        logits, _ = decoder_forward(p, tokens, pos, doc_ids, spec=spec, policy=policy, variant=variant,
+                                    tap=False, tap_rows=None, probe=None, seq_len=seq_len, fused=False)
         return next_token_loss(logits, tokens, loss_mask, ce)
 
     return jax.value_and_grad(loss_fn)(wide)
-
-
-@contextmanager
-def _jax_attention() -> Iterator[None]:
-    """Trace the JAX attention path: the fused fp32 kernel (`jaxref.kernels`) has no VJP, and the
-    JAX path is the same arithmetic up to rounding. The switch is read at trace time only."""
-    old = os.environ.get(_FUSED_ENV)
-    os.environ[_FUSED_ENV] = "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ[_FUSED_ENV]
-        else:
-            os.environ[_FUSED_ENV] = old
 
 
 def value_and_grad(params: Params, config: ModelSpec, tokens, positions=None, doc_ids=None, loss_mask=None,
@@ -104,7 +87,7 @@ def value_and_grad(params: Params, config: ModelSpec, tokens, positions=None, do
       config: the ModelSpec.
       tokens: int [B, T] (or [T]).
       positions: int [B, T]; default `jaxref.positions(doc_ids, variant)`.
-      doc_ids: int [B, T] (CONTRACT §1); default one document (anchor at slot 0 for `anchor`).
+      doc_ids: int [B, T] (docs/DESIGN.md §1); default one document (anchor at slot 0 for `anchor`).
       loss_mask: int [B, T]; 1 where the prediction at slot t (of tokens[t+1]) counts; the last
         slot never counts. Default: every slot but the last.
       variant: `full`, `intra_doc`, `intra_doc_reset` or `anchor`.
@@ -128,21 +111,20 @@ def value_and_grad(params: Params, config: ModelSpec, tokens, positions=None, do
         loss_mask = np.ones((B, T), np.int32)
     loss_mask = np.asarray(loss_mask).reshape(B, T).astype(np.int32)
     seq_len = int(pos.max()) + 1 if config.rope.kind == "dynamic" else None
-    with _jax_attention():
-        loss, grads = _value_and_grad(
-            params, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos, jnp.int64), jnp.asarray(doc_ids, jnp.int32),
-            jnp.asarray(loss_mask, jnp.int32), spec=config, policy=policy, variant=variant, seq_len=seq_len)
+    loss, grads = _value_and_grad(
+        params, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos, jnp.int64), jnp.asarray(doc_ids, jnp.int32),
+        jnp.asarray(loss_mask, jnp.int32), spec=config, policy=policy, variant=variant, seq_len=seq_len)
     return float(loss), hf_state(grads, config)
 
 
 def adamw(lr: float | Callable[[int], float], betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
           weight_decay: float = 0.1, no_decay: Sequence[str] = ("bias", "norm")) -> optax.GradientTransformation:
-    """The trainer's AdamW (`torch.optim.AdamW` over `torchtrain.trainer.param_groups`) in optax.
+    """The trainer's AdamW (`torch.optim.AdamW` over `torchtrain.optim.param_groups`) in optax.
 
     Over a dict {Hugging Face name: array} (`hf_state`): bias-corrected moments, `eps` added after
     the square root, decoupled weight decay `p -= lr * weight_decay * p` from the parameter before
     the step, and no decay for names containing any `no_decay` entry. `lr` may be a schedule of
-    the 0-based step, e.g. `lambda s: cfg.lr * torchtrain.trainer.lr_factor(cfg, s)`.
+    the 0-based step, e.g. `lambda s: cfg.lr * torchtrain.optim.lr_factor(cfg, s)`.
     """
     def decayed(params: dict[str, object]) -> dict[str, bool]:
         return {name: not any(s in name for s in no_decay) for name in params}

@@ -1,4 +1,4 @@
-"""Attention variants of CONTRACT §2: mask predicates first, dense masks and positions second.
+"""Attention variants of docs/DESIGN.md §2: mask predicates first, dense masks and positions second.
 
 Legend: T slots; `doc_ids` int [T] or [B, T] with 0 = the anchor (slot 0, anchor variant only),
 1, 2, … documents in order of first appearance, -1 padding.
@@ -16,7 +16,7 @@ from anchor.variants import VARIANTS, Variant, check_variant  # noqa: F401  (re-
 
 
 def allowed(doc_q, doc_k, i, j, variant: Variant, xp=jnp):
-    """CONTRACT §2 for query slots `i` (doc `doc_q`) and key slots `j` (doc `doc_k`); broadcasts.
+    """docs/DESIGN.md §2 for query slots `i` (doc `doc_q`) and key slots `j` (doc `doc_k`); broadcasts.
 
     Query i sees key j iff j <= i, neither is padding and the variant's rule holds; a padding
     slot sees only itself. `xp` is `jnp` (traced) or `np` (brute force and data checks).

@@ -46,7 +46,10 @@ def pack_corpus(model: str, data: str | Path, out: str | Path, cfg: PackConfig, 
                 tok: Tok | None = None, shard_slots: int = SHARD_SLOTS) -> dict[str, Any]:
     """Build the packed folder `out` from a corpus (or a token store) `data`; returns stats.json's dict.
 
-    `shard_slots` bounds the slots per shard file.
+    Steps: the token store (`_store_for`), the checks against the model's vocabulary and the disk,
+    the mixture's selection, the windows written shard by shard (`_write_windows`), then pack.json
+    (`_pack_meta`), stats.json (`_pack_stats`), stats.md and the figure. `shard_slots` bounds the
+    slots per shard file.
     """
     t0 = time.perf_counter()
     check_pack_size(cfg.seq_len)
@@ -56,95 +59,25 @@ def pack_corpus(model: str, data: str | Path, out: str | Path, cfg: PackConfig, 
     with staging_dir(out, "pack", inputs=(data, model)) as tmp:
         work = tmp / "pack"
         work.mkdir()
-        counts = ReadCounts()
-        source = Path(data)
-        if is_pack_output(source):  # an earlier `anchor pack` output: reuse its store
-            source = pack_store_path(source)
-        if is_store(source):
-            TokenStore.open(source, expect_identity=tok.identity)  # validated before anything is linked
-            link_store(source, work / "store")
-            store = TokenStore.open(work / "store", expect_identity=tok.identity)
-            counts_dict = store.meta.get("read", {})
-        else:
-            docs = iter_documents(source, text_field=cfg.text_field, domain_field=cfg.domain_field,
-                                  skip_bad=cfg.skip_bad, counts=counts)
-            write_store(docs, tok, work / "store", counts=counts, progress=progress, source=source)
-            store = TokenStore.open(work / "store")
-            counts_dict = counts.to_dict()
-        store_ref = "store"
+        store, counts_dict, source = _store_for(data, work / "store", tok, cfg, progress)
         check_vocab(store, tok, vocab, model, source)
         if cfg.mixture.budget is not None:
             check_disk(cfg.mixture.budget * 9 * cfg.seq_len / (cfg.seq_len - 1), tmp,
                        f"--budget {cfg.mixture.budget} (packed windows of {cfg.seq_len})", name=out)
         t_tok = time.perf_counter()
         selection = select_documents(store.length, store.domain, cfg.mixture)
-        tag_tokens = tok.encode_batch([tag_text(d) for d in store.domains]) if cfg.layout.tags else None
-        if tag_tokens is not None and vocab is not None:
-            top = max((max(t) for t in tag_tokens if t), default=-1)
-            if top >= vocab:
-                raise InputError(f"a domain tag tokenizes to id {top}, beyond the vocabulary of the model "
-                                 f"({vocab} tokens)", path=model)
+        tag_tokens = _tag_tokens(store, tok, cfg, vocab, model)
         packer = Packer(store, selection, cfg.seq_len, first_token=tok.first_token_id, eos=tok.eos_id,
                         tag_tokens=tag_tokens, interleave=cfg.layout.interleave,
                         mean_chunk=cfg.layout.mean_chunk, seed=cfg.seed)
         check_disk(packer.num_windows * cfg.seq_len * 9, tmp,
                    f"{packer.num_windows} windows of {cfg.seq_len} slots", name=out)
         writer = ShardWriter(work, cfg.seq_len, packer.num_windows, shard_slots)
-        docs_per_window, cost, tag_slots, pad_slots = [], 0.0, 0, 0
-        bar = _bar(progress, packer.num_windows)
-        for block in packer.blocks():
-            writer.write(block.tokens, block.seg, block.tag)
-            d, c = window_stats(block.seg)
-            docs_per_window.append(d)
-            cost += float(c.sum())
-            tag_slots += int(block.tag.sum())
-            pad_slots += int((block.seg < 0).sum())
-            if bar is not None:
-                bar.update(block.tokens.shape[0])
-        if bar is not None:
-            bar.close()
-        writer.close_shard()
+        tally = _write_windows(packer, writer, progress)
         t_pack = time.perf_counter()
-        dpw = np.concatenate(docs_per_window)
-        T, W = cfg.seq_len, packer.num_windows
-        meta = {
-            "format": PACK_FORMAT,
-            "seq_len": T,
-            "num_windows": W,
-            "shards": writer.shards,
-            "store": store_ref,
-            "domains": store.domains,
-            "tag_texts": [tag_text(d) for d in store.domains] if cfg.layout.tags else None,
-            "first_token_id": tok.first_token_id,
-            "bos_id": tok.bos_id,
-            "eos_id": tok.eos_id,
-            "tokenizer": {"name": tok.name, "identity": tok.identity, "vocab_size": tok.vocab_size},
-            "layout": asdict(cfg.layout),
-            "mixture": asdict(cfg.mixture),
-            "seed": cfg.seed,
-        }
-        stats = {
-            "model": model,
-            "data": str(data),
-            "tokenizer": meta["tokenizer"],
-            "read": counts_dict,
-            "source": {"docs": store.num_docs, "tokens": store.num_tokens},
-            "mixture": {**asdict(cfg.mixture), "selected_docs": int(selection.size),
-                        "selected_tokens": int((store.length[selection] + 1).sum()), "tag_tokens": tag_slots},
-            "domains": mixture_table(store.length, store.domain, store.domains, selection, cfg.mixture),
-            "layout": asdict(cfg.layout),
-            "windows": {
-                "seq_len": T,
-                "count": W,
-                "slots": W * T,
-                "padding_slots": pad_slots,
-                "docs_per_window": {"mean": float(dpw.mean()), "median": float(np.median(dpw)),
-                                    "max": int(dpw.max())},
-                "boundary_window_share": float((dpw >= 2).mean()),
-            },
-            "attention_compute_ratio_anchor_vs_full": cost / (W * float(T) ** 2),
-            "seconds": {"tokenize": round(t_tok - t0, 3), "pack": round(t_pack - t_tok, 3)},
-        }
+        meta = _pack_meta(cfg, packer.num_windows, writer.shards, store, tok)
+        stats = _pack_stats(model, data, cfg, meta, counts_dict, store, selection, tally,
+                            {"tokenize": round(t_tok - t0, 3), "pack": round(t_pack - t_tok, 3)})
         (work / "pack.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
         (work / "stats.json").write_text(json.dumps(stats, indent=1), encoding="utf-8")
         (work / "stats.md").write_text(stats_markdown(stats), encoding="utf-8")
@@ -152,6 +85,119 @@ def pack_corpus(model: str, data: str | Path, out: str | Path, cfg: PackConfig, 
         del store, packer, writer  # close the memmaps before the folder moves
         publish(work, out, "pack")
     return stats
+
+
+def _store_for(data: str | Path, dest: Path, tok: Tok, cfg: PackConfig,
+               progress: bool) -> tuple[TokenStore, dict[str, Any], Path]:
+    """The token store of the packed folder, at `dest`: `data`'s own store when it is one (or a packed
+    folder), validated against the tokenizer and hard-linked, else `data` read and tokenized.
+
+    Returns (the store, opened; its read counts for stats.json; the source path `data` resolved to).
+    """
+    counts = ReadCounts()
+    source = Path(data)
+    if is_pack_output(source):  # an earlier `anchor pack` output: reuse its store
+        source = pack_store_path(source)
+    if is_store(source):
+        TokenStore.open(source, expect_identity=tok.identity)  # validated before anything is linked
+        link_store(source, dest)
+        store = TokenStore.open(dest, expect_identity=tok.identity)
+        return store, store.meta.get("read", {}), source
+    docs = iter_documents(source, text_field=cfg.text_field, domain_field=cfg.domain_field,
+                          skip_bad=cfg.skip_bad, counts=counts)
+    write_store(docs, tok, dest, counts=counts, progress=progress, source=source)
+    return TokenStore.open(dest), counts.to_dict(), source
+
+
+def _tag_tokens(store: TokenStore, tok: Tok, cfg: PackConfig, vocab: int | None, model: str) -> list | None:
+    """The token ids of each domain's tag (None when the layout has no tags), each within the model's
+    vocabulary."""
+    tag_tokens = tok.encode_batch([tag_text(d) for d in store.domains]) if cfg.layout.tags else None
+    if tag_tokens is not None and vocab is not None:
+        top = max((max(t) for t in tag_tokens if t), default=-1)
+        if top >= vocab:
+            raise InputError(f"a domain tag tokenizes to id {top}, beyond the vocabulary of the model "
+                             f"({vocab} tokens)", path=model)
+    return tag_tokens
+
+
+@dataclass
+class _WindowTally:
+    """What the packed windows hold, summed while they are written."""
+
+    docs_per_window: list[np.ndarray] = field(default_factory=list)  # per block: documents in each window
+    cost: float = 0.0  # Σ over windows of the anchor variant's attention cost (packing.window_stats)
+    tag_slots: int = 0
+    pad_slots: int = 0
+
+
+def _write_windows(packer: Packer, writer: ShardWriter, progress: bool) -> _WindowTally:
+    """Every block of windows `packer` makes, into the shards of `writer` (the last shard closed)."""
+    tally = _WindowTally()
+    bar = _bar(progress, packer.num_windows)
+    for block in packer.blocks():
+        writer.write(block.tokens, block.seg, block.tag)
+        d, c = window_stats(block.seg)
+        tally.docs_per_window.append(d)
+        tally.cost += float(c.sum())
+        tally.tag_slots += int(block.tag.sum())
+        tally.pad_slots += int((block.seg < 0).sum())
+        if bar is not None:
+            bar.update(block.tokens.shape[0])
+    if bar is not None:
+        bar.close()
+    writer.close_shard()
+    return tally
+
+
+def _pack_meta(cfg: PackConfig, num_windows: int, shards: list, store: TokenStore, tok: Tok) -> dict[str, Any]:
+    """pack.json: what a reader of the packed folder needs (anchor.data.packed)."""
+    return {
+        "format": PACK_FORMAT,
+        "seq_len": cfg.seq_len,
+        "num_windows": num_windows,
+        "shards": shards,
+        "store": "store",
+        "domains": store.domains,
+        "tag_texts": [tag_text(d) for d in store.domains] if cfg.layout.tags else None,
+        "first_token_id": tok.first_token_id,
+        "bos_id": tok.bos_id,
+        "eos_id": tok.eos_id,
+        "tokenizer": {"name": tok.name, "identity": tok.identity, "vocab_size": tok.vocab_size},
+        "layout": asdict(cfg.layout),
+        "mixture": asdict(cfg.mixture),
+        "seed": cfg.seed,
+    }
+
+
+def _pack_stats(model: str, data: str | Path, cfg: PackConfig, meta: dict[str, Any], counts_dict: dict[str, Any],
+                store: TokenStore, selection: np.ndarray, tally: _WindowTally,
+                seconds: dict[str, float]) -> dict[str, Any]:
+    """stats.json: the source, the mixture's selection per domain, the windows and the timings."""
+    dpw = np.concatenate(tally.docs_per_window)
+    T, W = cfg.seq_len, meta["num_windows"]
+    return {
+        "model": model,
+        "data": str(data),
+        "tokenizer": meta["tokenizer"],
+        "read": counts_dict,
+        "source": {"docs": store.num_docs, "tokens": store.num_tokens},
+        "mixture": {**asdict(cfg.mixture), "selected_docs": int(selection.size),
+                    "selected_tokens": int((store.length[selection] + 1).sum()), "tag_tokens": tally.tag_slots},
+        "domains": mixture_table(store.length, store.domain, store.domains, selection, cfg.mixture),
+        "layout": asdict(cfg.layout),
+        "windows": {
+            "seq_len": T,
+            "count": W,
+            "slots": W * T,
+            "padding_slots": tally.pad_slots,
+            "docs_per_window": {"mean": float(dpw.mean()), "median": float(np.median(dpw)),
+                                "max": int(dpw.max())},
+            "boundary_window_share": float((dpw >= 2).mean()),
+        },
+        "attention_compute_ratio_anchor_vs_full": tally.cost / (W * float(T) ** 2),
+        "seconds": seconds,
+    }
 
 
 PACK_BYTES_PER_SLOT = 100  # packer memory per slot of a block (anchor.data.packing.BLOCK_SLOTS)

@@ -170,7 +170,9 @@ def is_store(path: str | Path) -> bool:
     return (Path(path) / "store.json").is_file()
 
 
-def _batches(docs: Iterable[Document], max_chars: int) -> Iterator[list[Document]]:
+def document_batches(docs: Iterable[Document], max_chars: int) -> Iterator[list[Document]]:
+    """`docs` in consecutive lists, each closed once its texts reach `max_chars` characters (the last
+    one may hold fewer): the unit `write_store` tokenizes at once."""
     batch: list[Document] = []
     chars = 0
     for d in docs:
@@ -199,7 +201,7 @@ def write_store(docs: Iterable[Document], tok: Tok, folder: Path, *, counts: Rea
     folder.mkdir(parents=True)
     bar = _progress(progress)
     with open(folder / "tokens.bin", "wb") as f:
-        for batch in _batches(docs, batch_chars):
+        for batch in document_batches(docs, batch_chars):
             ids = tok.encode_batch([d.text for d in batch])
             lens = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
             keep = lens > 0

@@ -1,4 +1,4 @@
-"""The precision audit (paper §2, Figure 1; CONTRACT §5): does RoPE stay relative under a dtype policy?
+"""The precision audit (paper §2, Figure 1; docs/DESIGN.md §5): does RoPE stay relative under a dtype policy?
 
     from jaxref.audit import run_audit, write_audit
     result = run_audit("default", policies="fp32,hf_bf16,fa2_bf16,paper_bf16", random_init=True)

@@ -4,7 +4,7 @@ Legend: L layers, B = windows × shifts in one call, G shifts per window (the re
 T slots, N query heads.
 
 `jaxref.forward(..., probe=...)` runs the whole decoder and hands each layer's maps to a probe. The
-audit reads nothing but the maps, so this pass is the same decoder (`jaxref.model._decoder_layer`
+audit reads nothing but the maps, so this pass is the same decoder (`jaxref.model.decoder_layer`
 under one `lax.scan`, op for op) without what comes after them:
 
   * no final norm and no lm-head (the logits are never read);
@@ -23,6 +23,8 @@ matmuls differently and the last layer's fp32 maps changed), layer 0's q/k/v pro
 window rather than per shift, and several windows per call (the matmul kernels sum in an order that
 depends on the batch: fa2_bf16 and paper_bf16 moved): about 3%, under 1% and none of the work.
 The results are bitwise those of `jaxref.forward` with `runner.pair_probe` (tests/audit/test_audit_speed.py).
+Like `jaxref.forward`, a runner resolves the fused-kernel switch once (`fused`, default the user's
+`JAXREF_FUSED_ATTENTION`) and passes it to every program it compiles.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from anchor.spec import ModelSpec
+from jaxref import kernels
 from jaxref import rope as rope_lib
-from jaxref.model import Params, _decoder_layer
+from jaxref.model import Params, decoder_layer
 from jaxref.policy import STAGES, DtypePolicy
 
 
@@ -63,20 +66,20 @@ def group_probe(group: int, first_only: bool = False) -> Callable[[jax.Array, ja
 
 
 def _maps(params, tokens, pos, doc_ids, *, spec: ModelSpec, policy: DtypePolicy, group: int, first_only: bool,
-          seq_len: int | None):
+          seq_len: int | None, fused: bool):
     """Per-layer probe outputs ([L, n, group-1, T] each) of variant `full` (the audit's)."""
     act, param = policy.dtype("act"), policy.dtype("param")
     probe = group_probe(group, first_only)
     cos, sin = rope_lib.rope_tables(spec.rope, spec.head_dim, pos, policy, seq_len=seq_len)
     h = params["embed"].astype(param)[tokens].astype(act)
-    layer = partial(_decoder_layer, spec=spec, policy=policy, variant="full", cos=cos, sin=sin, doc_ids=doc_ids,
-                    tap=False, tap_rows=None, probe=probe)
+    layer = partial(decoder_layer, spec=spec, policy=policy, variant="full", cos=cos, sin=sin, doc_ids=doc_ids,
+                    tap=False, tap_rows=None, probe=probe, fused=fused)
 
     _, per_layer = jax.lax.scan(layer, h, params["layers"])
     return per_layer["probe"]
 
 
-_maps_jit = jax.jit(_maps, static_argnames=("spec", "policy", "group", "first_only", "seq_len"))
+_maps_jit = jax.jit(_maps, static_argnames=("spec", "policy", "group", "first_only", "seq_len", "fused"))
 
 
 def batch_inputs(tokens_nT: np.ndarray, deltas: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -95,10 +98,14 @@ class MapsRunner:
     what the compiled code depends on: the policy's stages (not its name: policies that differ only
     in name share a program), the batch shape, the probe and the dynamic-RoPE length. Lowering and
     compiling a program while another executes overlaps the compiler (one thread) with the matmuls.
+
+    `fused`: allow the fused fp32 CPU attention kernel, as `jaxref.forward`'s argument; None (default):
+    the user's switch (`kernels.enabled()`, off under `JAXREF_FUSED_ATTENTION=0`), read here once.
     """
 
-    def __init__(self, params: Params, spec: ModelSpec, *, background: bool = True):
+    def __init__(self, params: Params, spec: ModelSpec, *, background: bool = True, fused: bool | None = None):
         self.params, self.spec = params, spec
+        self.fused = kernels.enabled() if fused is None else bool(fused)
         self._programs: dict[tuple, Future] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-compile") if background else None
@@ -115,7 +122,7 @@ class MapsRunner:
         args = (self.params, jax.ShapeDtypeStruct((B, T), jnp.int32), jax.ShapeDtypeStruct((B, T), jnp.int64),
                 jax.ShapeDtypeStruct((B, T), jnp.int32))
         return _maps_jit.lower(*args, spec=self.spec, policy=policy, group=group, first_only=first_only,
-                               seq_len=seq_len).compile()
+                               seq_len=seq_len, fused=self.fused).compile()
 
     def program(self, policy: DtypePolicy, B: int, T: int, group: int, first_only: bool, max_pos: int,
                 *, wait: bool = True):
@@ -155,7 +162,7 @@ class MapsRunner:
         """A runner over other params of the same shapes and dtypes (the random-init model), sharing the
         compiled programs (params are an argument of each program, not a constant in it) and the thread."""
         other = MapsRunner.__new__(MapsRunner)
-        other.params, other.spec = params, self.spec
+        other.params, other.spec, other.fused = params, self.spec, self.fused
         other._programs, other._lock, other._pool = self._programs, self._lock, self._pool
         return other
 

@@ -1,4 +1,4 @@
-"""The paper's shift metrics (CONTRACT §5, paper §2 Eq. 4 and 6) and the fp32 RoPE angle error.
+"""The paper's shift metrics (docs/DESIGN.md §5, paper §2 Eq. 4 and 6) and the fp32 RoPE angle error.
 
 Legend: L layers, N heads, T slots (query rows i, key columns j, 0-based here; the paper counts
 from 1). Every function takes maps whose leading axes are summed over (layers, heads, ...), so

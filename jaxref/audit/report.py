@@ -50,13 +50,27 @@ def _g(x: float) -> str:
 
 
 def findings(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """The paper's §2 findings for this model: [{id, claim, criterion, holds (bool|None), numbers, text}]."""
-    low = _low_precision(result)
-    sc, pt, lc = result["shift_curve"], result["per_token"], result["length_curve"]
-    out: list[dict[str, Any]] = []
+    """The paper's §2 findings for this model: [{id, claim, criterion, holds (bool|None), numbers, text}].
 
-    # 1. bf16 breaks RoPE's relative property; fp32 keeps it.
+    In order: bf16 breaks the relative property, the first token dominates, longer is worse,
+    pretraining amplifies, one entry per error budget, and fp32 angles at long context. The bf16
+    policies are compared with `ref`, fp32 (else fp64) when the audit ran it.
+    """
+    low = _low_precision(result)
+    sc = result["shift_curve"]
     ref = "fp32" if "fp32" in sc else ("fp64" if "fp64" in sc else None)
+    return [
+        _bf16_breaks_relative(sc, low, ref),
+        _first_token_dominant(result["per_token"], low, ref),
+        _longer_is_worse(result["length_curve"], low, ref),
+        _pretraining_amplifies(sc, result.get("random_init"), low),
+        *(_error_budget_finding(name, eb) for name, eb in result.get("error_budget", {}).items()),
+        _fp32_angles_long_context(result),
+    ]
+
+
+def _bf16_breaks_relative(sc: dict[str, Any], low: list[str], ref: str | None) -> dict[str, Any]:
+    """Finding 1: bf16 breaks RoPE's relative property; fp32 keeps it."""
     f: dict[str, Any] = {"id": "bf16_breaks_relative", "claim": "Under bf16, shifting all positions changes the "
                          "attention maps far more than under fp32 (paper Fig. 1 left: bf16 ≫ fp32).",
                          "criterion": f"mean D over Δ1 of each bf16 policy ≥ {RATIO_MUCH_GREATER:g}× that of {ref}",
@@ -69,12 +83,14 @@ def findings(result: dict[str, Any]) -> list[dict[str, Any]]:
         f["holds"] = all(v >= RATIO_MUCH_GREATER for v in r.values())
         f["text"] = (f"mean D: {ref} {_g(_mean_D(sc[ref]))}; "
                      + "; ".join(f"{p} {_g(_mean_D(sc[p]))} ({_g(r[p])}× {ref})" for p in low))
-    out.append(f)
+    return f
 
-    # 2. The first key token carries most of the per-token difference.
-    f = {"id": "first_token_dominant", "claim": "The first token contributes most of the attention difference "
-         "(paper Fig. 1 middle, Δ1=0, Δ2=16).", "criterion": "key slot 0 has the largest per-token difference",
-         "numbers": {}}
+
+def _first_token_dominant(pt: dict[str, Any], low: list[str], ref: str | None) -> dict[str, Any]:
+    """Finding 2: the first key token carries most of the per-token difference."""
+    f: dict[str, Any] = {"id": "first_token_dominant", "claim": "The first token contributes most of the attention "
+                         "difference (paper Fig. 1 middle, Δ1=0, Δ2=16).",
+                         "criterion": "key slot 0 has the largest per-token difference", "numbers": {}}
     texts, holds = [], []
     for p in low or list(pt):
         v = np.asarray(pt[p]["values"])
@@ -93,12 +109,14 @@ def findings(result: dict[str, Any]) -> list[dict[str, Any]]:
         texts.append(f"without slot 0, D is {wo} against {ref} {_g(float(v[1:].sum()))}")
     f["holds"] = all(holds) if low else None
     f["text"] = "; ".join(texts)
-    out.append(f)
+    return f
 
-    # 3. Longer sequences make the first token's logit error worse.
-    f = {"id": "longer_is_worse", "claim": "D_logit (first key's logits, Δ1=0, Δ2=16) grows with the sequence "
-         "length (paper Fig. 1 right).", "criterion": "D_logit at the longest length > at the shortest, and "
-         "Spearman rank correlation with L ≥ 0.8", "numbers": {}}
+
+def _longer_is_worse(lc: dict[str, Any], low: list[str], ref: str | None) -> dict[str, Any]:
+    """Finding 3: longer sequences make the first token's logit error worse."""
+    f: dict[str, Any] = {"id": "longer_is_worse", "claim": "D_logit (first key's logits, Δ1=0, Δ2=16) grows with the "
+                         "sequence length (paper Fig. 1 right).", "criterion": "D_logit at the longest length > at "
+                         "the shortest, and Spearman rank correlation with L ≥ 0.8", "numbers": {}}
     texts, holds = [], []
     for p in low:
         L, y = lc[p]["lengths"], lc[p]["D_logit"]
@@ -113,51 +131,55 @@ def findings(result: dict[str, Any]) -> list[dict[str, Any]]:
         texts.append(f"{ref}: {_g(y[0])} → {_g(y[-1])}")
     f["holds"] = all(holds) if low else None
     f["text"] = "; ".join(texts)
-    out.append(f)
+    return f
 
-    # 4. Pretraining amplifies the discrepancy (pretrained vs PyTorch-default random init, bf16).
-    f = {"id": "pretraining_amplifies", "claim": "Pretrained weights show a larger D than the same architecture "
-         "randomly initialised, both in bf16 (paper Fig. 1 left: blue vs green).",
-         "criterion": "mean D pretrained > mean D random-init for each bf16 policy", "numbers": {}}
-    ri = result.get("random_init")
+
+def _pretraining_amplifies(sc: dict[str, Any], ri: dict[str, Any] | None, low: list[str]) -> dict[str, Any]:
+    """Finding 4: pretraining amplifies the discrepancy (pretrained vs PyTorch-default random init, bf16)."""
+    f: dict[str, Any] = {"id": "pretraining_amplifies", "claim": "Pretrained weights show a larger D than the same "
+                         "architecture randomly initialised, both in bf16 (paper Fig. 1 left: blue vs green).",
+                         "criterion": "mean D pretrained > mean D random-init for each bf16 policy", "numbers": {}}
     if ri is None or not low:
         f["holds"], f["text"] = None, "it needs the random-init run (`--random-init`)"
-    else:
-        texts, holds = [], []
-        for p in low:
-            a, b = _mean_D(sc[p]), _mean_D(ri["shift_curve"][p])
-            f["numbers"][p] = {"pretrained": a, "random_init": b, "ratio": a / b if b > 0 else None}
-            holds.append(a > b)
-            texts.append(f"{p}: pretrained {_g(a)} vs random init {_g(b)} ({_g(a / b) if b > 0 else '∞'}×)")
-        f["holds"] = all(holds)
-        f["text"] = "; ".join(texts)
-    out.append(f)
+        return f
+    texts, holds = [], []
+    for p in low:
+        a, b = _mean_D(sc[p]), _mean_D(ri["shift_curve"][p])
+        f["numbers"][p] = {"pretrained": a, "random_init": b, "ratio": a / b if b > 0 else None}
+        holds.append(a > b)
+        texts.append(f"{p}: pretrained {_g(a)} vs random init {_g(b)} ({_g(a / b) if b > 0 else '∞'}×)")
+    f["holds"] = all(holds)
+    f["text"] = "; ".join(texts)
+    return f
 
-    # 5. Error budget: which stages carry D.
-    for name, eb in result.get("error_budget", {}).items():
-        st = {k: v for k, v in eb["stages"].items() if k != "head"}
-        top = sorted((s for s in st if s != "others"), key=lambda s: -st[s]["raise_alone_contribution"])[:3]
-        topc = sorted(st, key=lambda s: -st[s]["cumulative_contribution"])[:3]
-        share = {s: st[s]["cumulative_contribution"] / eb["D"] if eb["D"] > 0 else None for s in st}
-        out.append({
-            "id": "error_budget", "claim": f"Where the D of {name} comes from (beyond the paper).",
-            "criterion": "stages raised to fp64 cumulatively in pipeline order account for D − D_fp64 exactly; "
-                         "the all-raised run equals fp64",
-            "holds": bool(abs(eb["sum_cumulative_contributions"] - (eb["D"] - eb["D_all_raised"]))
-                          <= 1e-9 * max(1.0, eb["D"]) and abs(eb["D_all_raised"] - eb["D_fp64"]) <= 1e-9),
-            "numbers": {"D": eb["D"], "D_fp64": eb["D_fp64"], "D_all_raised": eb["D_all_raised"],
-                        "cumulative_share": share},
-            "text": (f"D={_g(eb['D'])} (T={eb['seq_len']}); raising one stage alone removes most for "
-                     + ", ".join(f"{s} ({_g(st[s]['raise_alone_contribution'])})" for s in top)
-                     + "; in the cumulative order the largest increments are "
-                     + ", ".join(f"{s} ({100 * share[s]:.0f}%)" for s in topc if share[s] is not None)
-                     + f"; all raised: D={_g(eb['D_all_raised'])} (fp64 {_g(eb['D_fp64'])})"),
-        })
 
-    # 6. fp32 angles at very long context.
+def _error_budget_finding(name: str, eb: dict[str, Any]) -> dict[str, Any]:
+    """Finding 5 (one per budgeted policy): which stages carry D."""
+    st = {k: v for k, v in eb["stages"].items() if k != "head"}
+    top = sorted((s for s in st if s != "others"), key=lambda s: -st[s]["raise_alone_contribution"])[:3]
+    topc = sorted(st, key=lambda s: -st[s]["cumulative_contribution"])[:3]
+    share = {s: st[s]["cumulative_contribution"] / eb["D"] if eb["D"] > 0 else None for s in st}
+    return {
+        "id": "error_budget", "claim": f"Where the D of {name} comes from (beyond the paper).",
+        "criterion": "stages raised to fp64 cumulatively in pipeline order account for D − D_fp64 exactly; "
+                     "the all-raised run equals fp64",
+        "holds": bool(abs(eb["sum_cumulative_contributions"] - (eb["D"] - eb["D_all_raised"]))
+                      <= 1e-9 * max(1.0, eb["D"]) and abs(eb["D_all_raised"] - eb["D_fp64"]) <= 1e-9),
+        "numbers": {"D": eb["D"], "D_fp64": eb["D_fp64"], "D_all_raised": eb["D_all_raised"],
+                    "cumulative_share": share},
+        "text": (f"D={_g(eb['D'])} (T={eb['seq_len']}); raising one stage alone removes most for "
+                 + ", ".join(f"{s} ({_g(st[s]['raise_alone_contribution'])})" for s in top)
+                 + "; in the cumulative order the largest increments are "
+                 + ", ".join(f"{s} ({100 * share[s]:.0f}%)" for s in topc if share[s] is not None)
+                 + f"; all raised: D={_g(eb['D_all_raised'])} (fp64 {_g(eb['D_fp64'])})"),
+    }
+
+
+def _fp32_angles_long_context(result: dict[str, Any]) -> dict[str, Any]:
+    """Finding 6: fp32 RoPE angles alone at very long context."""
     ae = result["angle_error"]
     last = ae["relative_max_abs"][-1]
-    out.append({
+    return {
         "id": "fp32_angles_long_context", "claim": "fp32 RoPE angles alone break shift invariance at very long "
         "context (beyond the paper).", "criterion": f"relative-angle error (Δ={result['settings']['ref_shift']}) "
         f"at position {ae['positions'][-1]:,} ≥ {ANGLE_VISIBLE_RAD:g} rad",
@@ -165,8 +187,7 @@ def findings(result: dict[str, Any]) -> list[dict[str, Any]]:
         "text": "; ".join(f"pos {p:,}: |angle error| ≤ {_g(a)} rad, relative-angle error ≤ {_g(r)} rad"
                           for p, a, r in zip(ae["positions"], ae["max_abs"], ae["relative_max_abs"])
                           if p in (ae["positions"][0], 32768, 131072, ae["positions"][-1])),
-    })
-    return out
+    }
 
 
 def _verdict(h: bool | None) -> str:
@@ -182,7 +203,7 @@ def render_report(result: dict[str, Any], figures: list[str]) -> str:
              f"Shift curve: {s['num_seqs']} windows of {s['seq_len']} tokens from {s['data']}, Δ2 = {s['ref_shift']}, "
              f"variant `full`; length curve up to {s['max_len']} ({s['length_seqs']} window(s)); error budget on {s['budget_seqs']} window(s) of "
              f"{s['budget_seq_len']}. Runtime {result['runtime_s']:.0f} s on {result['machine']['cpu_count']} CPUs.",
-             "", "Metrics as in CONTRACT §5 (paper Eq. 4 and 6); logits are the scaled q·k/√d the stack stores; "
+             "", "Metrics as in docs/DESIGN.md §5 (paper Eq. 4 and 6); logits are the scaled q·k/√d the stack stores; "
              "the paper used LLaMA-2-7B, 50 windows of 4096 tokens.", "", "## Findings", ""]
     for f in result.get("findings") or findings(result):
         lines += [f"### {f['claim']}", "", f"{_verdict(f['holds'])}. {f['text']}.", "",

@@ -13,7 +13,7 @@ The passes run on `maps.MapsRunner`: the decoder up to the maps only (no lm-head
 all its shifts in one call, each program compiled once and ahead, on a background thread, while the
 one before it runs. Its numbers are bitwise those of `jaxref.forward` with the probe (`run_pairs`).
 
-What is measured (CONTRACT §5):
+What is measured (docs/DESIGN.md §5):
   shift_curve   D(X, Δ1, Δ2=16) for Δ1 in the paper's list, mean over `num_seqs` windows of `seq_len`
   per_token     the per-key-slot difference for Δ1=0, Δ2=16 (same forwards as the shift curve)
   length_curve  D_logit(Δ1=0, Δ2=16) for the paper's lengths up to `max_len`, from one pair of
@@ -61,7 +61,9 @@ ANGLE_POSITIONS: tuple[int, ...] = (1024, 4096, 16384, 32768, 65536, 131072, 262
 BUDGET_STAGES: tuple[str, ...] = tuple(s for s in STAGES if s != "head")
 QUICK_SHIFTS: tuple[int, ...] = (0, 8, 15, 17, 100, 2000)
 # Working memory one forward call may take for its attention maps and probe (batch sizing).
-_MEM_BYTES_PER_MAP_ENTRY = 40
+MEM_BYTES_PER_MAP_ENTRY = 40
+"""Bytes per attention-map entry (per head, query row and key) one forward call may take: sizes the
+shifts per call, the length curve's longest T and the up-front memory checks."""
 _MEM_BUDGET = 1.5e9
 
 
@@ -141,7 +143,7 @@ def run_pairs(params: Params, spec: ModelSpec, tokens_nT: np.ndarray, shifts: Se
 
 def shifts_per_call(spec: ModelSpec, T: int, n_shifts: int) -> int:
     """How many shifts (besides the reference) one call holds within the memory budget (≥ 1)."""
-    per_elem = _MEM_BYTES_PER_MAP_ENTRY * spec.num_heads * T * T
+    per_elem = MEM_BYTES_PER_MAP_ENTRY * spec.num_heads * T * T
     return int(max(1, min(n_shifts, _MEM_BUDGET // per_elem - 1)))
 
 
@@ -151,7 +153,7 @@ def max_len_for_memory(spec: ModelSpec) -> int:
         avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         avail = 8e9
-    return int(math.isqrt(int(avail / 2 / (2 * _MEM_BYTES_PER_MAP_ENTRY * spec.num_heads))))
+    return int(math.isqrt(int(avail / 2 / (2 * MEM_BYTES_PER_MAP_ENTRY * spec.num_heads))))
 
 
 def restrict_vocab(params: Params, spec: ModelSpec, windows: Iterable[np.ndarray]) -> tuple[Params, Callable]:
@@ -369,14 +371,21 @@ def _check_ranges(spec: ModelSpec, settings: AuditSettings) -> None:
     check_seed(settings.seed)
     # the shift curve needs at least one pair of [heads, T, T] maps per call (shifts_per_call)
     T = settings.seq_len
-    check_memory(2 * _MEM_BYTES_PER_MAP_ENTRY * spec.num_heads * T * T, f"--seq-len {T} (attention maps)")
+    check_memory(2 * MEM_BYTES_PER_MAP_ENTRY * spec.num_heads * T * T, f"--seq-len {T} (attention maps)")
     for n, t, flags in ((settings.num_seqs, settings.seq_len, "--num-seqs x --seq-len"),
                         (settings.length_seqs, settings.max_len, "--length-seqs x --max-len"),
                         (settings.budget_seqs, settings.budget_seq_len, "budget windows")):
         check_memory(16 * n * t, f"{flags} = {n} x {t} (token windows)")
 
 
-def _resolve_settings(spec: ModelSpec, settings: AuditSettings) -> tuple[AuditSettings, list[int], list[str]]:
+def resolve_settings(spec: ModelSpec, settings: AuditSettings) -> tuple[AuditSettings, list[int], list[str]]:
+    """`settings` checked against the model and this machine, before any weight is read.
+
+    Refuses (InputError) lengths under 2 or past `spec.max_position`, counts under 1, negative shifts,
+    seeds outside numpy's range and windows or attention maps that cannot fit in memory. Returns
+    (settings with the shifts deduplicated, the reference dropped and 0 first when missing, and
+    `max_len` capped by the free memory; the length curve's lengths; notes on what was capped).
+    """
     notes: list[str] = []
     if settings.seq_len < 2 or settings.max_len < 2:
         raise InputError(f"--seq-len and --max-len must be >= 2 (got {settings.seq_len}, {settings.max_len})")
@@ -405,29 +414,20 @@ def _resolve_settings(spec: ModelSpec, settings: AuditSettings) -> tuple[AuditSe
     return dataclasses.replace(settings, shifts=tuple(shifts), max_len=max_len), lengths, notes
 
 
-def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy] = DEFAULT_POLICIES, *,
-              data: str | None = None, settings: AuditSettings | None = None, quick: bool = False,
-              progress: bool = False, **overrides: Any) -> dict[str, Any]:
-    """Run the precision audit of `model` and return its results (the content of `audit.json`).
+@dataclass(frozen=True)
+class _Windows:
+    """The audit's token windows (int [n, T], the tokenizer's ids) and the corpus they come from."""
 
-    Args:
-      model: as in CONTRACT §6 ("default", a Hugging Face folder, a .gguf file, "random:<preset>").
-      policies: comma-separated names / YAML paths, or a list of names and DtypePolicy values.
-      data: a JSONL file/folder with a `text` field; None: the embedded default corpus.
-      settings: an AuditSettings; `quick=True` starts from `AuditSettings.quick()` instead of the
-        defaults; `overrides` (e.g. seq_len=512, random_init=True) replace single fields.
-      progress: show a progress bar on stderr.
+    shift: np.ndarray        # [num_seqs, seq_len]: shift curve and per-token difference
+    length: np.ndarray       # [length_seqs, max_len]: length curve
+    budget: np.ndarray       # [budget_seqs, budget_len]: error budget
+    budget_len: int          # min(budget_seq_len, seq_len)
+    corpus_tokens: int       # tokens of the text read, each document with its EOS
 
-    Returns:
-      a JSON-ready dict: model, spec, settings, machine, policies, shift_curve, per_token,
-      length_curve, error_budget (each keyed by policy name), angle_error, random_init (when asked:
-      shift_curve, per_token, length_curve of the randomly initialised architecture), runtime_s,
-      notes; `jaxref.audit.report.findings(result)` states the paper's findings from it.
-    """
-    from anchor.tokenizer import load_tokenizer
-    from anchor.weights import load_weights
 
-    t0 = time.time()
+def _audit_settings(settings: AuditSettings | None, quick: bool, overrides: dict[str, Any]) -> AuditSettings:
+    """`settings`, else the defaults (`AuditSettings.quick()` when `quick`), with the fields named in
+    `overrides` replaced (None values ignored; an unknown name is a TypeError, as for any keyword)."""
     if settings is None:
         settings = AuditSettings.quick() if quick else AuditSettings()
     if overrides:
@@ -435,30 +435,41 @@ def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy
         if unknown:
             raise TypeError(f"run_audit() got unknown settings {unknown}")
         settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+    return settings
+
+
+def _audit_policies(policies: str | Sequence[str | DtypePolicy]) -> list[DtypePolicy]:
+    """The policies to audit: at least one, no name twice."""
     pols = parse_policies(policies) if isinstance(policies, str) else [get_policy(p) for p in policies]
     if not pols:
         raise InputError("no dtype policy given")
     names = [p.name for p in pols]
     if len(set(names)) != len(names):
         raise InputError(f"--policies: a policy is named twice ({', '.join(names)})")
+    return pols
 
-    from anchor.limits import check_seed
-    from anchor.weights import load_spec
 
-    check_seed(settings.seed)
-    # sizes are checked against the model's positions and this machine's memory before any weight is read
-    settings, lengths, notes = _resolve_settings(load_spec(model), settings)
-    spec, state = load_weights(model, seed=settings.seed)
-    base = None
-    if settings.budget:
-        if settings.budget_policy is not None:
-            base = get_policy(settings.budget_policy)
-        else:
-            base = next((p for p in pols if _is_low_precision(p)), None)
-            if base is None:
-                notes.append("no bf16/fp16 policy among --policies: no error budget")
+def _budget_base(settings: AuditSettings, pols: list[DtypePolicy], notes: list[str]) -> DtypePolicy | None:
+    """The policy whose error budget is measured: `budget_policy`, else the first bf16/fp16 policy
+    (None, with a note, when there is none); None when the budget is off."""
+    if not settings.budget:
+        return None
+    if settings.budget_policy is not None:
+        return get_policy(settings.budget_policy)
+    base = next((p for p in pols if _is_low_precision(p)), None)
+    if base is None:
+        notes.append("no bf16/fp16 policy among --policies: no error budget")
+    return base
+
+
+def _audit_windows(model: str, data: str | None, settings: AuditSettings, spec: ModelSpec,
+                   notes: list[str]) -> _Windows:
+    """The windows of the three measurements, cut from `data` (None: the embedded corpus) with
+    `model`'s tokenizer; a note when the text is shorter than the windows, an InputError when an id
+    is beyond the model's vocabulary."""
+    from anchor.tokenizer import load_tokenizer
+
     tok = load_tokenizer(model)
-
     T_max = max(settings.seq_len, settings.max_len)
     texts = load_texts(data, max_docs=max(64, settings.num_seqs), max_chars=16 * T_max)
     doc_ids = tok.encode_batch(texts)
@@ -473,11 +484,51 @@ def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy
     top = max(int(w.max()) for w in (shift_w, length_w, budget_w))
     if top >= spec.vocab_size:
         raise InputError(f"the tokenizer produced id {top}, beyond the model's vocabulary ({spec.vocab_size})")
+    return _Windows(shift_w, length_w, budget_w, bT, corpus_tokens)
 
-    kinds = [("pretrained", state)]
-    if settings.random_init:
-        kinds.append(("random_init", torch_default_state(spec, seed=settings.seed)))
 
+def _prefetch_programs(maps: MapsRunner, settings: AuditSettings, k: int, pols: list[DtypePolicy],
+                       budget_pols: list[DtypePolicy], budget_len: int) -> None:
+    """Start compiling every program the audit runs, in the order it needs them, on the runner's
+    background thread while the previous one executes (the random-init model reuses them)."""
+    for pol in pols:
+        for B, T, group, first_only, max_pos in _shift_programs(settings, k):
+            maps.prefetch(pol, B, T, group, first_only, max_pos)
+        maps.prefetch(pol, 2, settings.max_len, 2, True, settings.max_len - 1 + settings.ref_shift)
+    for p in budget_pols:
+        maps.prefetch(p, 2 * settings.budget_seqs, budget_len, 2, False, budget_len - 1 + settings.ref_shift)
+
+
+def _curves(params: Params, spec: ModelSpec, kind: str, pols: list[DtypePolicy], settings: AuditSettings,
+            lengths: list[int], windows: _Windows, remap: Callable, bar: ProgressBar,
+            maps: MapsRunner) -> dict[str, Any]:
+    """{"shift_curve", "per_token", "length_curve"}, each {policy name: result}, of one kind of weights."""
+    block: dict[str, Any] = {"shift_curve": {}, "per_token": {}, "length_curve": {}}
+    for pol in pols:
+        bar.describe(f"{kind} {pol.name}: shift curve (T={settings.seq_len})")
+        sc = shift_curve(params, spec, remap(windows.shift), pol, settings.shifts, settings.ref_shift, bar.advance,
+                         maps=maps)
+        pt = sc.pop("_per_token")
+        by_layer = sc.pop("_by_layer")
+        block["shift_curve"][pol.name] = sc
+        block["per_token"][pol.name] = {
+            "delta1": 0, "delta2": settings.ref_shift, "seq_len": settings.seq_len, "values": pt.tolist(),
+            "first_token_share": float(pt[0] / pt.sum()) if pt.sum() > 0 else 0.0,
+            "by_layer": by_layer.tolist()}
+        bar.describe(f"{kind} {pol.name}: length curve (T={settings.max_len})")
+        block["length_curve"][pol.name] = length_curve(params, spec, remap(windows.length), pol, lengths, 0,
+                                                       settings.ref_shift, bar.advance, maps=maps)
+    return block
+
+
+def _measure(spec: ModelSpec, kinds: list[tuple[str, dict]], pols: list[DtypePolicy], base: DtypePolicy | None,
+             settings: AuditSettings, lengths: list[int], windows: _Windows, progress: bool) -> dict[str, Any]:
+    """Every forward pass of the audit: the curves of each kind of weights ("pretrained", "random_init")
+    under every policy, and the error budget of `base` on the pretrained weights, on one MapsRunner.
+
+    Returns the result's shift_curve, per_token, length_curve, error_budget and (with a random-init
+    kind) random_init sections.
+    """
     S = len(settings.shifts)
     k = shifts_per_call(spec, settings.seq_len, S)
     per_policy = settings.num_seqs * math.ceil(S / k) * (k + 1) + 2 * settings.length_seqs
@@ -489,40 +540,20 @@ def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy
     maps: MapsRunner | None = None
     try:
         for kind, st in kinds:
-            params, remap = restrict_vocab(params_from_state(spec, st), spec, [shift_w, length_w, budget_w])
+            params, remap = restrict_vocab(params_from_state(spec, st), spec,
+                                           [windows.shift, windows.length, windows.budget])
             if maps is None:
                 maps = MapsRunner(params, spec)
-                # every program this audit runs, compiled in the order it is needed on a background
-                # thread while the previous one executes (the random-init model reuses them)
-                for pol in pols:
-                    for B, T, group, first_only, max_pos in _shift_programs(settings, k):
-                        maps.prefetch(pol, B, T, group, first_only, max_pos)
-                    maps.prefetch(pol, 2, settings.max_len, 2, True, settings.max_len - 1 + settings.ref_shift)
-                for p in budget_pols:
-                    maps.prefetch(p, 2 * settings.budget_seqs, bT, 2, False, bT - 1 + settings.ref_shift)
+                _prefetch_programs(maps, settings, k, pols, budget_pols, windows.budget_len)
             else:
                 maps = maps.with_params(params)
-            block: dict[str, Any] = {"shift_curve": {}, "per_token": {}, "length_curve": {}}
-            for pol in pols:
-                bar.describe(f"{kind} {pol.name}: shift curve (T={settings.seq_len})")
-                sc = shift_curve(params, spec, remap(shift_w), pol, settings.shifts, settings.ref_shift, bar.advance,
-                                 maps=maps)
-                pt = sc.pop("_per_token")
-                by_layer = sc.pop("_by_layer")
-                block["shift_curve"][pol.name] = sc
-                block["per_token"][pol.name] = {
-                    "delta1": 0, "delta2": settings.ref_shift, "seq_len": settings.seq_len, "values": pt.tolist(),
-                    "first_token_share": float(pt[0] / pt.sum()) if pt.sum() > 0 else 0.0,
-                    "by_layer": by_layer.tolist()}
-                bar.describe(f"{kind} {pol.name}: length curve (T={settings.max_len})")
-                block["length_curve"][pol.name] = length_curve(params, spec, remap(length_w), pol, lengths, 0,
-                                                               settings.ref_shift, bar.advance, maps=maps)
+            block = _curves(params, spec, kind, pols, settings, lengths, windows, remap, bar, maps)
             if kind == "pretrained":
                 out.update(block)
                 out["error_budget"] = {}
                 if base is not None:
-                    bar.describe(f"error budget of {base.name} (T={bT})")
-                    out["error_budget"][base.name] = error_budget(params, spec, remap(budget_w), base, 0,
+                    bar.describe(f"error budget of {base.name} (T={windows.budget_len})")
+                    out["error_budget"][base.name] = error_budget(params, spec, remap(windows.budget), base, 0,
                                                                   settings.ref_shift, bar.advance, maps=maps)
             else:
                 out["random_init"] = {"init": "pytorch-default (kaiming_uniform a=sqrt(5), embedding N(0,1), norms 1)",
@@ -531,12 +562,56 @@ def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy
         bar.close()
         if maps is not None:
             maps.close()
+    return out
 
-    out["angle_error"] = metrics.angle_error(spec.rope, spec.head_dim, ANGLE_POSITIONS, shift=settings.ref_shift)
+
+def _settings_record(settings: AuditSettings, lengths: list[int], base: DtypePolicy | None, windows: _Windows,
+                     data: str | None) -> dict[str, Any]:
+    """The result's "settings": the resolved AuditSettings with what the run derived from them."""
     settings_d = dataclasses.asdict(settings)
     settings_d.update(shifts=list(settings.shifts), lengths=lengths, budget_policy=None if base is None else base.name,
-                      budget_seq_len=bT, data=str(data) if data is not None else "default corpus",
-                      corpus_tokens=int(corpus_tokens), variant="full")
+                      budget_seq_len=windows.budget_len, data=str(data) if data is not None else "default corpus",
+                      corpus_tokens=int(windows.corpus_tokens), variant="full")
+    return settings_d
+
+
+def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy] = DEFAULT_POLICIES, *,
+              data: str | None = None, settings: AuditSettings | None = None, quick: bool = False,
+              progress: bool = False, **overrides: Any) -> dict[str, Any]:
+    """Run the precision audit of `model` and return its results (the content of `audit.json`).
+
+    Args:
+      model: as in docs/DESIGN.md §6 ("default", a Hugging Face folder, a .gguf file, "random:<preset>").
+      policies: comma-separated names / YAML paths, or a list of names and DtypePolicy values.
+      data: a JSONL file/folder with a `text` field; None: the embedded default corpus.
+      settings: an AuditSettings; `quick=True` starts from `AuditSettings.quick()` instead of the
+        defaults; `overrides` (e.g. seq_len=512, random_init=True) replace single fields.
+      progress: show a progress bar on stderr.
+
+    Returns:
+      a JSON-ready dict: model, spec, settings, machine, policies, shift_curve, per_token,
+      length_curve, error_budget (each keyed by policy name), angle_error, random_init (when asked:
+      shift_curve, per_token, length_curve of the randomly initialised architecture), runtime_s,
+      notes; `jaxref.audit.report.findings(result)` states the paper's findings from it.
+    """
+    from anchor.limits import check_seed
+    from anchor.weights import load_spec, load_weights
+
+    t0 = time.time()
+    settings = _audit_settings(settings, quick, overrides)
+    pols = _audit_policies(policies)
+    check_seed(settings.seed)
+    # sizes are checked against the model's positions and this machine's memory before any weight is read
+    settings, lengths, notes = resolve_settings(load_spec(model), settings)
+    spec, state = load_weights(model, seed=settings.seed)
+    base = _budget_base(settings, pols, notes)
+    windows = _audit_windows(model, data, settings, spec, notes)
+    kinds = [("pretrained", state)]
+    if settings.random_init:
+        kinds.append(("random_init", torch_default_state(spec, seed=settings.seed)))
+    out = _measure(spec, kinds, pols, base, settings, lengths, windows, progress)
+    out["angle_error"] = metrics.angle_error(spec.rope, spec.head_dim, ANGLE_POSITIONS, shift=settings.ref_shift)
+    settings_d = _settings_record(settings, lengths, base, windows, data)
     return {
         "model": model, "spec": {**dataclasses.asdict(spec)}, "settings": settings_d, "machine": machine(jax_backend=jax.default_backend()),
         "policies": {p.name: p.to_dict() for p in pols}, **out, "notes": notes, "runtime_s": time.time() - t0,

@@ -1,4 +1,4 @@
-"""Input sequences of the audit: windows of real text with BOS at slot 0 (CONTRACT §1).
+"""Input sequences of the audit: windows of real text with BOS at slot 0 (docs/DESIGN.md §1).
 
 Texts come from the embedded default corpus (`anchor.data.corpus`, its domains interleaved) or a
 user file/folder (`anchor.data.readers.iter_documents`, field `text`). Each document is tokenized

@@ -10,8 +10,12 @@ tested against.
 The library is compiled on first use with the system C++ compiler (`$CXX`, else `c++`) against
 jaxlib's FFI headers into `<cache>/kernels/` (`anchor.paths.cache_dir()`), keyed by a hash of the
 source, the flags, jaxlib's version and the CPU; `make install` builds it ahead. Without a
-compiler the kernel is skipped with one warning and the JAX path runs. `JAXREF_FUSED_ATTENTION=0`
-turns it off.
+compiler the kernel is skipped with one warning and the JAX path runs.
+
+Whether a trace may use the kernel is an argument, `fused`, of `jaxref.forward` and the attention
+functions (`jaxref.attention`); the gradient code passes `fused=False` (the kernel has no VJP). The
+environment variable `JAXREF_FUSED_ATTENTION=0` is the user's default switch only: `enabled()` reads
+it where a public entry resolves `fused=None`, and nothing in jaxref sets it.
 
     python -m jaxref.kernels      # build (if needed) and print the library's path
 """
@@ -44,7 +48,11 @@ class KernelBuildError(RuntimeError):
 
 
 def enabled() -> bool:
-    """False when `JAXREF_FUSED_ATTENTION=0` (read at trace time)."""
+    """The user's default for `fused`: False when the environment sets `JAXREF_FUSED_ATTENTION=0`.
+
+    Read by the public entries (`jaxref.forward`, `jaxref.attention.attention` / `dense_attention`,
+    `jaxref.audit.maps.MapsRunner`) when their `fused` argument is None, once per call.
+    """
     return os.environ.get("JAXREF_FUSED_ATTENTION", "1") != "0"
 
 

@@ -1,5 +1,5 @@
 """Every verb x every class of usage error: exit 2, one line `anchor VERB: error: ...`, no traceback,
-nothing written (CONTRACT §6; issue 11, acceptance 1)."""
+nothing written (docs/DESIGN.md §6; issue 11, acceptance 1)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import typer
 
-from anchor_app.cli import _load_commands, app
+from anchor_app.cli import app, load_commands
 from tests.cli.helpers import assert_usage_error, leftovers, run_cli, write_corpus
 
-_load_commands()
+load_commands()
 COMMANDS = typer.main.get_command(app).commands  # every registered verb, train included when present
 
 
@@ -155,9 +155,9 @@ def test_attention_sized_seq_len_refused_by_the_memory_estimate(corpus, tmp_path
     monkeypatch.setattr(anchor.limits, "available_memory", lambda: 64 << 30)  # the same sizes fit in 64 GiB
     from anchor.limits import check_memory
     from anchor.spec import random_preset
-    from jaxref.audit.runner import _MEM_BYTES_PER_MAP_ENTRY
+    from jaxref.audit.runner import MEM_BYTES_PER_MAP_ENTRY
 
-    check_memory(2 * _MEM_BYTES_PER_MAP_ENTRY * random_preset("llama").num_heads * 4096 ** 2, "audit T=4096")
+    check_memory(2 * MEM_BYTES_PER_MAP_ENTRY * random_preset("llama").num_heads * 4096 ** 2, "audit T=4096")
 
 
 @pytest.mark.parametrize("argv, verb, needle", [

@@ -153,3 +153,30 @@ def test_switch_off_and_missing_compiler_fall_back(tmp_path):
     on = _run(LOWER)
     assert on.returncode == 0 and on.stdout.startswith("KERNEL"), on.stderr
     assert float(on.stdout.split()[1]) == pytest.approx(float(off.stdout.split()[1]), rel=1e-6)
+
+
+def test_switch_is_an_argument(monkeypatch):
+    """`fused` travels as an argument: it overrides the user's default (JAXREF_FUSED_ATTENTION), which
+    only fills in `fused=None`."""
+    q = jnp.ones((1, 9, 2, 16), jnp.float32)
+    doc = jnp.ones((1, 9), jnp.int32)
+
+    def lowered(**kw):
+        return jax.jit(lambda q: A.attention(q, q, q, doc, "full", FP32, 0.25, **kw)).lower(q).as_text()
+
+    monkeypatch.delenv("JAXREF_FUSED_ATTENTION", raising=False)
+    assert kernels.TARGET in lowered() and kernels.TARGET in lowered(fused=True)
+    assert kernels.TARGET not in lowered(fused=False)
+    monkeypatch.setenv("JAXREF_FUSED_ATTENTION", "0")
+    assert kernels.TARGET not in lowered() and kernels.TARGET in lowered(fused=True)
+
+
+def test_gradients_trace_the_jax_path_without_the_environment(monkeypatch):
+    """value_and_grad passes fused=False down (the kernel has no VJP): it neither reads the user's
+    switch nor sets any environment variable while tracing."""
+    monkeypatch.setattr(kernels, "enabled", lambda: pytest.fail("the gradient consulted the user's default switch"))
+    params, config = jaxref.load_model("random:llama")
+    env = dict(os.environ)
+    loss, grads = jaxref.value_and_grad(params, config, np.arange(3, 20)[None], policy="fp32")
+    assert np.isfinite(loss) and all(np.isfinite(g).all() for g in grads.values())
+    assert dict(os.environ) == env
