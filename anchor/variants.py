@@ -1,4 +1,5 @@
-"""The closed set of attention variants (CONTRACT §2), named in one place.
+"""The closed set of attention variants (docs/DESIGN.md §2), named in one place (the attention engines' names:
+`anchor.engines`).
 
 The rules each variant stands for are implemented independently by the oracle
 (`jaxref.variants`), the trainer (`torchtrain.variants`) and the batch maker (`anchor.data.batch`),

@@ -1,4 +1,4 @@
-"""Dtype policies: the dtype of every numerical stage of the decoder (CONTRACT §4).
+"""Dtype policies: the dtype of every numerical stage of the decoder (docs/DESIGN.md §4).
 
 A `DtypePolicy` is a frozen value passed explicitly to every jaxref function; there is no global
 default. Presets emulate the stacks the paper compares (fp64 truth, fp32, Hugging Face bf16,
@@ -12,7 +12,7 @@ FlashAttention-2 bf16 and the paper's bf16 recipe). A policy can also be written
     exp: exact             # exact | fexp_u20 (the online softmax's exponential, see jaxref.attention)
     lanes: 8               # fexp_u20's vector lanes: a key block's keys past its last whole vector take exp
 
-Stages, in CONTRACT §4 order:
+Stages, in docs/DESIGN.md §4 order:
   param       weights as stored
   act         residual stream and layer inputs/outputs
   norm        RMSNorm arithmetic
@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from anchor.errors import InputError
+from anchor.yamlfile import read_yaml_mapping
 
 STAGES: tuple[str, ...] = (
     "param", "act", "norm", "rope_angle", "rope_table", "rope_apply",
@@ -75,7 +76,7 @@ def _dtype_name(value: object, *, what: str, path: object | None = None) -> str:
 
 @dataclass(frozen=True)
 class DtypePolicy:
-    """The dtype of each numerical stage (CONTRACT §4) and the attention arithmetic.
+    """The dtype of each numerical stage (docs/DESIGN.md §4) and the attention arithmetic.
 
     Stage fields hold canonical dtype names ("float64", "float32", "bfloat16", "float16").
     `attention`: "dense" (materialised logits, one softmax) or "online" (FlashAttention-2-style
@@ -264,21 +265,8 @@ def _from_mapping(d: Mapping[str, Any], *, path: object | None = None, default_n
 
 def load_policy(path: str | Path) -> DtypePolicy:
     """Read a YAML policy file (see the module docstring); its name defaults to the file's stem."""
-    import yaml
-
     path = Path(path)
-    try:
-        d = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise InputError(f"cannot read policy file ({e.strerror or e})", path=path) from None
-    except UnicodeDecodeError as e:
-        raise InputError(f"a policy file must be UTF-8 text (invalid byte at offset {e.start})", path=path) from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise InputError(f"not valid YAML{where}", path=path) from None
-    if not isinstance(d, Mapping):
-        raise InputError(f"a policy file must hold a YAML mapping, got {type(d).__name__}", path=path)
+    d = read_yaml_mapping(path, what="policy file", empty_ok=False)
     return _from_mapping(d, path=path, default_name=path.stem)
 
 

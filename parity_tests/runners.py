@@ -3,7 +3,7 @@
 Legend: L layers, B windows, T slots, H hidden, N/K query/kv heads, D head dim, R tapped rows,
 V vocabulary.
 
-`Taps` maps a tap name to a numpy array with a leading layer axis (CONTRACT-level names shared
+`Taps` maps a tap name to a numpy array with a leading layer axis (names shared
 by jaxref and torchtrain):
 
   embed     [1,B,T,H]        q [L,B,T,N,D]   k [L,B,T,K,D]   (after RoPE)
@@ -35,6 +35,7 @@ import numpy as np
 
 from anchor.errors import InputError
 from parity_tests.cases import BF16, Case, CaseInputs
+from parity_tests.emulations import EMULATIONS  # engine -> the oracle policy emulating it
 
 Taps = dict[str, np.ndarray]
 TAP_ORDER: tuple[str, ...] = ("embed", "q", "k", "scores", "probs", "attn_out", "mlp_out", "hidden", "logits")
@@ -98,26 +99,6 @@ def torch_model(model: str, dtype: str):
 
 
 Setup = Callable[[Any], contextlib.AbstractContextManager]
-
-# The oracle policy whose bf16 arithmetic each engine follows on the CPU (where the runners run):
-#   eager                  Hugging Face eager: bf16 logits, softmax in fp32 rounded to bf16, then p·v
-#   sdpa                   torch's fused CPU kernel: fp32 logits, online softmax over key blocks of
-#                          512, unnormalised probabilities rounded to bf16, division at the end
-#   flash_varlen_emulated  the same FA-2 arithmetic with a segment's keys in one block
-#   varlen                 the fused CPU kernel per segment (sdpa's arithmetic; a segment's keys
-#                          start a block of 512)
-#   flash_varlen, flex     FlashAttention-2 over key blocks of 128
-# Holding sdpa against hf_bf16 (as before 2026-11-22) made SmolLM2's anchor cases fail at one
-# document-start token whose layer-11 MLP amplifies attention roundings; see tests/parity_tests notes
-# in parity_tests/test_matrix.py.
-EMULATIONS: dict[str, str] = {
-    "eager": "hf_bf16",
-    "sdpa": "sdpa_cpu_bf16",
-    "flash_varlen_emulated": "fa2_bf16_1pass",
-    "varlen": "sdpa_cpu_bf16",
-    "flash_varlen": "fa2_bf16",
-    "flex": "fa2_bf16",
-}
 
 
 class TorchRunner(Runner):

@@ -2,7 +2,7 @@
 
     result = audit_torch_stack("default", engine="eager", dtype="bfloat16", seq_len=512)
 
-The same measurements as `jaxref.audit` (CONTRACT §5: D(X, Δ1, Δ2), the per-token difference and
+The same measurements as `jaxref.audit` (docs/DESIGN.md §5: D(X, Δ1, Δ2), the per-token difference and
 D_logit, on the same windows and shifts) taken on the torchtrain model itself: each forward runs a
 batch of the same tokens under the reference shift and other shifts (`positions = slot + Δ`, variant
 `full`), and a recorder hung on every attention module (the engines' tap hook, which receives q and
@@ -12,7 +12,7 @@ k after RoPE in the model's dtype) reduces each layer's maps at once to column s
 The maps are those the engine's arithmetic forms: `eager` stores bf16 logits (q·kᵀ in bf16, then
 × scale) and takes an fp32 softmax; the fused kernels (`sdpa`, `flex`, the varlen engines) keep the
 logits in fp32. What differs between engines beyond that is what earlier layers' attention outputs
-did to q and k. The oracle's emulation of each stack is `parity_tests.runners.EMULATIONS[engine]`'s
+did to q and k. The oracle's emulation of each stack is `parity_tests.emulations.EMULATIONS[engine]`'s
 policy (`ORACLE_POLICY` here, so jaxref never imports torch and torchtrain never imports the tests).
 """
 
@@ -28,16 +28,9 @@ import torch.nn.functional as F
 
 from anchor.errors import InputError
 from jaxref.audit import metrics
+from parity_tests.emulations import EMULATIONS
 
-# The oracle policy whose arithmetic each engine follows on the CPU (parity_tests.runners.EMULATIONS).
-ORACLE_POLICY: dict[str, str] = {
-    "eager": "hf_bf16",
-    "sdpa": "sdpa_cpu_bf16",
-    "flex": "fa2_bf16",
-    "flash_varlen": "fa2_bf16",
-    "flash_varlen_emulated": "fa2_bf16_1pass",
-    "varlen": "sdpa_cpu_bf16",
-}
+ORACLE_POLICY: dict[str, str] = EMULATIONS  # the oracle policy whose arithmetic each engine follows
 BF16_LOGITS = ("eager",)  # engines whose stored logits are in the model's dtype
 
 
@@ -159,13 +152,13 @@ def audit_inputs(model: str = "default", *, data: str | None = None, quick: bool
 
     from anchor.tokenizer import load_tokenizer
     from anchor.weights import load_spec, load_weights
-    from jaxref.audit.runner import AuditSettings, _resolve_settings
+    from jaxref.audit.runner import AuditSettings, resolve_settings
     from jaxref.audit.sequences import load_texts, make_windows
 
     settings = AuditSettings.quick() if quick else AuditSettings()
     settings = dataclasses.replace(settings, budget=False, random_init=False,
                                    **{k: v for k, v in overrides.items() if v is not None})
-    settings, lengths, notes = _resolve_settings(load_spec(model), settings)
+    settings, lengths, notes = resolve_settings(load_spec(model), settings)
     spec, state = load_weights(model, seed=settings.seed)
     tok = load_tokenizer(model)
     T_max = max(settings.seq_len, settings.max_len)

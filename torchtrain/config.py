@@ -1,13 +1,20 @@
-"""The typed schema of `anchor train` configs (CONTRACT §8): YAML is data, this module is the schema.
+"""The typed schema of `anchor train` configs (docs/DESIGN.md §8): YAML is data, this module is the schema.
 
     cfg = load_train_config("configs/train/tiny.yaml", ["steps=4", "rope.theta=5e6"])
     cfg.steps, cfg.variant, cfg.rope["base"], cfg.grad_accum(dp=2)
 
-Every key is declared once in `SCHEMA` with its type, default and meaning; an unknown key, a wrong
-type or a value out of range is an InputError naming the key and the file (or the command-line
-override) it came from. Nested mappings (`rope`, `pack`) have their own key lists. Overrides are
-`key=value` with dotted keys for nested ones (`rope.theta=5e6`, `pack.budget=20000`); values are
-read as YAML (`true`, `0.1`, `[0.9, 0.95]`).
+Every key is declared once, as a field of `TrainConfig` made by `key(default, check, doc)`: its type
+(the annotation), its default (or REQUIRED), what it accepts (a `Check`: type and range or choices)
+and its one-line meaning. Everything else is derived from those declarations: `SCHEMA`, the
+unknown-key, type and range errors of `validate` (the one validation function), the keys a resumed
+run may change (`RESUMABLE_CHANGES`), the `pack:` keys (`PACK_KEYS`), `to_dict` and the key list in
+`TrainConfig.__doc__` (`describe_keys`). `check_declarations` refuses, at import, a field declared
+without `key`.
+
+An unknown key, a wrong type or a value out of range is an InputError naming the key and the file
+(or the command-line override) it came from. Nested mappings (`rope`, `pack`) have their own key
+lists. Overrides are `key=value` with dotted keys for nested ones (`rope.theta=5e6`,
+`pack.budget=20000`); values are read as YAML (`true`, `0.1`, `[0.9, 0.95]`).
 
 Batch arithmetic: `global_batch` windows per optimizer step = `micro_batch` windows per forward
 on each data-parallel rank × `grad_accum` micro-steps × `dp` data-parallel ranks, with
@@ -22,15 +29,48 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from anchor.data.config import PACK_SCHEMA, validate_pack_config
+from anchor.engines import TRAIN_ENGINES
 from anchor.errors import InputError
+from anchor.limits import SEED_MAX
 from anchor.spec import RopeSpec
 from anchor.variants import VARIANTS
+from anchor.yamlfile import read_yaml_mapping
 
 SCHEDULES = ("constant", "cosine", "linear")
 DTYPES = ("float32", "bfloat16")
-# "auto" (torchtrain.engines.AUTO) and torchtrain.engines.ENGINES; this module does not import torch.
-_ENGINES = ("auto", "eager", "sdpa", "flex", "flash_varlen", "flash_varlen_emulated", "varlen")
-_SEED_MAX = 2**32 - 1  # numpy's SeedSequence range for one int
+REQUIRED = ...  # the default of a key every config must give
+
+# ---------------------------------------------------------------------------------------------
+# Checks: what a key accepts
+
+
+class Check:
+    """What a key accepts: `check(x)` is the value as stored, or ValueError("expected <expected>").
+
+    expected: the accepted values in words ("an integer >= 1"), quoted by errors and the
+      documentation; a function of no arguments where it names a list made later (PACK_KEYS).
+    convert: x -> the value as stored, or `Check.BAD`.
+    """
+
+    BAD = object()
+
+    def __init__(self, expected: str | Callable[[], str], convert: Callable[[Any], Any]):
+        self._expected = expected
+        self.convert = convert
+
+    @property
+    def expected(self) -> str:
+        return self._expected() if callable(self._expected) else self._expected
+
+    def __call__(self, x: Any) -> Any:
+        v = self.convert(x)
+        if v is Check.BAD:
+            raise ValueError(f"expected {self.expected}")
+        return v
+
+    def __repr__(self) -> str:
+        return f"Check({self.expected!r})"
 
 
 def _number(x: Any) -> float | None:
@@ -47,34 +87,6 @@ def _number(x: Any) -> float | None:
     return None
 
 
-# Checkers return the normalised value or raise ValueError("expected …").
-def _int(lo: int | None = None, hi: int | None = None) -> Callable[[Any], int]:
-    def check(x: Any) -> int:
-        if isinstance(x, bool) or not isinstance(x, int):
-            raise ValueError(f"expected an integer{_range(lo, hi)}")
-        if (lo is not None and x < lo) or (hi is not None and x > hi):
-            raise ValueError(f"expected an integer{_range(lo, hi)}")
-        return x
-
-    return check
-
-
-def _float(lo: float | None = None, hi: float | None = None, *, open_lo: bool = False) -> Callable[[Any], float]:
-    def check(x: Any) -> float:
-        v = _number(x)
-        bad = v is None or not math.isfinite(v)
-        if not bad and lo is not None:
-            bad = v <= lo if open_lo else v < lo  # type: ignore[operator]
-        if not bad and hi is not None:
-            bad = v > hi  # type: ignore[operator]
-        if bad:
-            what = f" > {lo:g}" if open_lo else _range(lo, hi)
-            raise ValueError(f"expected a number{what}")
-        return float(v)  # type: ignore[arg-type]
-
-    return check
-
-
 def _range(lo: Any, hi: Any) -> str:
     if lo is not None and hi is not None:
         return f" in [{lo}, {hi}]"
@@ -83,49 +95,55 @@ def _range(lo: Any, hi: Any) -> str:
     return ""
 
 
-def _choice(options: Sequence[str]) -> Callable[[Any], str]:
-    def check(x: Any) -> str:
-        if x not in options:
-            raise ValueError(f"expected one of {', '.join(options)}")
-        return x
+def _int(lo: int | None = None, hi: int | None = None) -> Check:
+    def convert(x: Any) -> Any:
+        if isinstance(x, bool) or not isinstance(x, int):
+            return Check.BAD
+        return Check.BAD if (lo is not None and x < lo) or (hi is not None and x > hi) else x
 
-    return check
-
-
-def _bool(x: Any) -> bool:
-    if not isinstance(x, bool):
-        raise ValueError("expected true or false")
-    return x
+    return Check(f"an integer{_range(lo, hi)}", convert)
 
 
-def _str(x: Any) -> str:
-    if not isinstance(x, str) or not x:
-        raise ValueError("expected a non-empty string")
-    return x
+def _float(lo: float | None = None, hi: float | None = None, *, open_lo: bool = False) -> Check:
+    def convert(x: Any) -> Any:
+        v = _number(x)
+        bad = v is None or not math.isfinite(v)
+        if not bad and lo is not None:
+            bad = v <= lo if open_lo else v < lo  # type: ignore[operator]
+        if not bad and hi is not None:
+            bad = v > hi  # type: ignore[operator]
+        return Check.BAD if bad else float(v)  # type: ignore[arg-type]
+
+    return Check(f"a number{f' > {lo:g}' if open_lo else _range(lo, hi)}", convert)
 
 
-def _opt_str(x: Any) -> str | None:
-    return None if x is None else _str(x)
+def _choice(options: Sequence[str]) -> Check:
+    return Check(f"one of {', '.join(options)}", lambda x: x if x in options else Check.BAD)
 
 
-def _betas(x: Any) -> tuple[float, float]:
+def _betas_convert(x: Any) -> Any:
     if not isinstance(x, (list, tuple)) or len(x) != 2:
-        raise ValueError("expected two numbers [beta1, beta2] in [0, 1)")
+        return Check.BAD
     out = tuple(_number(b) for b in x)
-    if any(b is None or not 0.0 <= b < 1.0 for b in out):
-        raise ValueError("expected two numbers [beta1, beta2] in [0, 1)")
-    return out  # type: ignore[return-value]
+    return Check.BAD if any(b is None or not 0.0 <= b < 1.0 for b in out) else out
 
 
-def _str_list(x: Any) -> tuple[str, ...]:
-    if not isinstance(x, (list, tuple)) or not all(isinstance(s, str) and s for s in x):
-        raise ValueError("expected a list of strings")
-    return tuple(x)
+def _mapping(keys: Callable[[], Sequence[str]]) -> Check:
+    return Check(lambda: f"a mapping with keys among {', '.join(keys())}",
+                 lambda x: x if isinstance(x, dict) else Check.BAD)
 
 
-# The `rope:` mapping: overrides of the model's RoPE (CONTRACT §3); names as in anchor.spec.RopeSpec,
+_BOOL = Check("true or false", lambda x: x if isinstance(x, bool) else Check.BAD)
+_STR = Check("a non-empty string", lambda x: x if isinstance(x, str) and x else Check.BAD)
+_BETAS = Check("two numbers [beta1, beta2] in [0, 1)", _betas_convert)
+_STR_LIST = Check("a list of strings", lambda x: tuple(x) if isinstance(x, (list, tuple)) and all(
+    isinstance(s, str) and s for s in x) else Check.BAD)
+_STEPS = Check("a list of step numbers >= 1", lambda x: tuple(x) if isinstance(x, (list, tuple)) and not any(
+    isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in x) else Check.BAD)
+
+# The `rope:` mapping: overrides of the model's RoPE (docs/DESIGN.md §3); names as in anchor.spec.RopeSpec,
 # with the contract's spellings `theta` (= base) and `scaling` (= kind).
-ROPE_SCHEMA: dict[str, tuple[Callable[[Any], Any], str]] = {
+ROPE_SCHEMA: dict[str, tuple[Check, str]] = {
     "theta": (_float(1.0, open_lo=True), "RoPE base (the paper: 1e6 at 32K, 5e6 at 64K, 1e7 at 128K, 5e7 at 256K)"),
     "scaling": (_choice(("default", "linear", "dynamic", "yarn", "llama3", "ntk")), "scaling kind"),
     "factor": (_float(1.0), "scaling factor"),
@@ -138,123 +156,85 @@ ROPE_SCHEMA: dict[str, tuple[Callable[[Any], Any], str]] = {
 }
 _ROPE_FIELD = {"theta": "base", "scaling": "kind"}
 
-# The `pack:` mapping: how a corpus given as `data` is packed on the fly (the `anchor pack`
-# options that are not top-level keys here).
-PACK_KEYS = ("mixture", "budget", "long_threshold", "upsample_factor", "mean_chunk", "skip_bad", "text_field",
-             "domain_field", "seed")
+# ---------------------------------------------------------------------------------------------
+# The keys
 
 
-def _steps(x: Any) -> tuple[int, ...]:
-    if not isinstance(x, (list, tuple)) or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in x):
-        raise ValueError("expected a list of step numbers >= 1")
-    return tuple(x)
+def key(default: Any, check: Check, doc: str, *, resumable: bool = False, pack_option: bool = False) -> Any:
+    """Declare a config key: a `TrainConfig` field carrying what the schema needs in its metadata.
 
-
-def _rope(x: Any) -> dict[str, Any]:
-    if not isinstance(x, dict):
-        raise ValueError(f"expected a mapping with keys among {', '.join(ROPE_SCHEMA)}")
-    return x
-
-
-def _pack(x: Any) -> dict[str, Any]:
-    if not isinstance(x, dict):
-        raise ValueError(f"expected a mapping with keys among {', '.join(PACK_KEYS)}")
-    return x
-
-
-# key -> (checker, default, meaning). `...` marks a required key.
-SCHEMA: dict[str, tuple[Callable[[Any], Any], Any, str]] = {
-    "model": (_str, ..., "HF folder, .gguf file, default, or random:<preset>"),
-    "data": (_str, ..., "an `anchor pack` output folder, a corpus (file or folder) packed on the fly, or `corpus` "
-                        "(the embedded default corpus)"),
-    "seq_len": (_int(2), None, "slots per window T (taken from a pack output when omitted)"),
-    "variant": (_choice(VARIANTS), "anchor", "attention variant (CONTRACT §2)"),
-    "tags": (_bool, False, "domain tags before each document (packing on the fly)"),
-    "interleave": (_bool, False, "interleaved document chunks (packing on the fly)"),
-    "mask_cross_doc_loss": (_bool, False, "full: also mask cross-document predictions"),
-    "pack": (_pack, {}, "packing options for a corpus packed on the fly"),
-    "steps": (_int(1), ..., "optimizer steps"),
-    "global_batch": (_int(1), 8, "windows per optimizer step"),
-    "micro_batch": (_int(1), 1, "windows per forward on one data-parallel rank"),
-    "lr": (_float(0.0, open_lo=True), 2e-5, "peak learning rate"),
-    "warmup_steps": (_int(0), 0, "linear warmup steps (from lr/warmup_steps)"),
-    "schedule": (_choice(SCHEDULES), "constant", "after warmup: constant, cosine or linear decay"),
-    "min_lr_ratio": (_float(0.0, 1.0), 0.0, "cosine/linear: the final learning rate as a fraction of lr"),
-    "weight_decay": (_float(0.0), 0.1, "AdamW decoupled weight decay"),
-    "no_decay": (_str_list, ("bias", "norm"), "parameters whose name contains one of these get no weight decay"),
-    "betas": (_betas, (0.9, 0.95), "AdamW betas"),
-    "eps": (_float(0.0, open_lo=True), 1e-8, "AdamW eps"),
-    "grad_clip": (_float(0.0), 1.0, "clip the global gradient norm to this (0 = off)"),
-    "dtype": (_choice(DTYPES), "float32", "float32, or bfloat16 mixed precision (fp32 master weights)"),
-    "engine": (_choice(_ENGINES), "auto", "attention engine; auto: flash_varlen on CUDA with flash-attn (bf16), "
-                                          "else varlen (memory linear in T; RUN/config.yaml records which ran). "
-                                          "eager and sdpa hold a dense T x T mask"),
-    "zero_stage": (_int(0, 3), 0, "DeepSpeed ZeRO stage"),
-    "sequence_parallel": (_int(1), 1, "Ulysses sequence-parallel degree"),
-    "nproc": (_int(1), 1, "processes started on this machine (1 = this process)"),
-    "seed": (_int(0, _SEED_MAX), 0, "seed of the data order and of random:<preset> weights"),
-    "save_every": (_int(0), 0, "checkpoint every this many steps (0: only the final and the evaluation ones)"),
-    "keep_last": (_int(0), 2, "regular checkpoints kept (0: all); evaluation checkpoints are always kept"),
-    "eval_every": (_int(1), 10, "evaluation checkpoints: every this many steps ..."),
-    "eval_window": (_int(0), 50, "... over the last this many steps (the paper: every 10 over the last 50)"),
-    "activation_checkpointing": (_bool, False, "recompute layer activations in the backward"),
-    "rope": (_rope, {}, "RoPE overrides: theta, scaling, factor, original_max_position, ..."),
-    "dump_grads": (_steps, (), "steps whose whole averaged gradient (before clipping) is written to "
-                                 "RUN/grads/step-N.safetensors"),
-    "log_every": (_int(1), 1, "print a progress line every this many steps"),
-    "tensorboard": (_bool, True, "write TensorBoard events under RUN/tensorboard when installed"),
-}
-
-# Keys that may change when a run is resumed (the rest must equal the run's config.yaml).
-RESUMABLE_CHANGES = ("steps", "save_every", "keep_last", "log_every", "tensorboard", "nproc", "dump_grads")
+    default: the value when the config omits the key, or REQUIRED; a dict is copied per config.
+      A required key is a positional argument of `TrainConfig(...)`, the others keyword-only.
+    check: what the key accepts (type and range or choices), e.g. `_int(0, 3)`.
+    doc: its one-line meaning, quoted by errors and the documentation.
+    resumable: a resumed run may change it (the other keys must equal the run's config.yaml).
+    pack_option: it is also the `anchor pack` option of that name (anchor.data.config.PACK_SCHEMA),
+      given at the top level, so `pack:` does not take it.
+    """
+    meta = {"key": True, "check": check, "doc": doc, "resumable": resumable, "pack_option": pack_option}
+    if default is REQUIRED:
+        return field(metadata=meta)
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), kw_only=True, metadata=meta)
+    return field(default=default, kw_only=True, metadata=meta)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """A validated `anchor train` config; fields as in SCHEMA (nested mappings as dicts)."""
+    """A validated `anchor train` config; every field but `source` is a key (nested mappings as dicts).
+    Keys, in the order errors list them and config.yaml is written:"""
 
-    model: str
-    data: str
-    steps: int
-    seq_len: int | None = None
-    variant: str = "anchor"
-    tags: bool = False
-    interleave: bool = False
-    mask_cross_doc_loss: bool = False
-    pack: dict[str, Any] = field(default_factory=dict)
-    global_batch: int = 8
-    micro_batch: int = 1
-    lr: float = 2e-5
-    warmup_steps: int = 0
-    schedule: str = "constant"
-    min_lr_ratio: float = 0.0
-    weight_decay: float = 0.1
-    no_decay: tuple[str, ...] = ("bias", "norm")
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    grad_clip: float = 1.0
-    dtype: str = "float32"
-    engine: str = "auto"
-    zero_stage: int = 0
-    sequence_parallel: int = 1
-    nproc: int = 1
-    seed: int = 0
-    save_every: int = 0
-    keep_last: int = 2
-    eval_every: int = 10
-    eval_window: int = 50
-    activation_checkpointing: bool = False
-    rope: dict[str, Any] = field(default_factory=dict)
-    dump_grads: tuple[int, ...] = ()
-    log_every: int = 1
-    tensorboard: bool = True
-    source: str = field(default="config", compare=False)
+    model: str = key(REQUIRED, _STR, "HF folder, .gguf file, default, or random:<preset>", pack_option=True)
+    data: str = key(REQUIRED, _STR, "an `anchor pack` output folder, a corpus (file or folder) packed on the fly, "
+                                    "or `corpus` (the embedded default corpus)", pack_option=True)
+    seq_len: int | None = key(None, _int(2), "slots per window T (taken from a pack output when omitted)",
+                              pack_option=True)
+    variant: str = key("anchor", _choice(VARIANTS), "attention variant (docs/DESIGN.md §2)")
+    tags: bool = key(False, _BOOL, "domain tags before each document (packing on the fly)", pack_option=True)
+    interleave: bool = key(False, _BOOL, "interleaved document chunks (packing on the fly)", pack_option=True)
+    mask_cross_doc_loss: bool = key(False, _BOOL, "full: also mask cross-document predictions")
+    pack: dict[str, Any] = key({}, _mapping(lambda: PACK_KEYS), "packing options for a corpus packed on the fly")
+    steps: int = key(REQUIRED, _int(1), "optimizer steps", resumable=True)
+    global_batch: int = key(8, _int(1), "windows per optimizer step")
+    micro_batch: int = key(1, _int(1), "windows per forward on one data-parallel rank")
+    lr: float = key(2e-5, _float(0.0, open_lo=True), "peak learning rate")
+    warmup_steps: int = key(0, _int(0), "linear warmup steps (from lr/warmup_steps)")
+    schedule: str = key("constant", _choice(SCHEDULES), "after warmup: constant, cosine or linear decay")
+    min_lr_ratio: float = key(0.0, _float(0.0, 1.0), "cosine/linear: the final learning rate as a fraction of lr")
+    weight_decay: float = key(0.1, _float(0.0), "AdamW decoupled weight decay")
+    no_decay: tuple[str, ...] = key(("bias", "norm"), _STR_LIST,
+                                    "parameters whose name contains one of these get no weight decay")
+    betas: tuple[float, float] = key((0.9, 0.95), _BETAS, "AdamW betas")
+    eps: float = key(1e-8, _float(0.0, open_lo=True), "AdamW eps")
+    grad_clip: float = key(1.0, _float(0.0), "clip the global gradient norm to this (0 = off)")
+    dtype: str = key("float32", _choice(DTYPES), "float32, or bfloat16 mixed precision (fp32 master weights)")
+    engine: str = key("auto", _choice(TRAIN_ENGINES), "attention engine; auto: flash_varlen on CUDA with flash-attn "
+                      "(bf16), else varlen (memory linear in T; RUN/config.yaml records which ran). eager and sdpa "
+                      "hold a dense T x T mask")
+    zero_stage: int = key(0, _int(0, 3), "DeepSpeed ZeRO stage")
+    sequence_parallel: int = key(1, _int(1), "Ulysses sequence-parallel degree")
+    nproc: int = key(1, _int(1), "processes started on this machine (1 = this process)", resumable=True)
+    seed: int = key(0, _int(0, SEED_MAX), "seed of the data order and of random:<preset> weights")
+    save_every: int = key(0, _int(0), "checkpoint every this many steps (0: only the final and the evaluation ones)",
+                          resumable=True)
+    keep_last: int = key(2, _int(0), "regular checkpoints kept (0: all); evaluation checkpoints are always kept",
+                         resumable=True)
+    eval_every: int = key(10, _int(1), "evaluation checkpoints: every this many steps ...")
+    eval_window: int = key(50, _int(0), "... over the last this many steps (the paper: every 10 over the last 50)")
+    activation_checkpointing: bool = key(False, _BOOL, "recompute layer activations in the backward")
+    rope: dict[str, Any] = key({}, _mapping(lambda: ROPE_SCHEMA),
+                               "RoPE overrides: theta, scaling, factor, original_max_position, ...")
+    dump_grads: tuple[int, ...] = key((), _STEPS, "steps whose whole averaged gradient (before clipping) is written "
+                                      "to RUN/grads/step-N.safetensors", resumable=True)
+    log_every: int = key(1, _int(1), "print a progress line every this many steps", resumable=True)
+    tensorboard: bool = key(True, _BOOL, "write TensorBoard events under RUN/tensorboard when installed",
+                            resumable=True)
+    # not a key: where the config came from, named in errors
+    source: str = field(default="config", compare=False, kw_only=True, metadata={"key": False})
 
     def to_dict(self) -> dict[str, Any]:
-        """The config as plain YAML-able data (the run's config.yaml)."""
-        d = {k: getattr(self, k) for k in SCHEMA}
-        d["betas"], d["no_decay"], d["dump_grads"] = list(self.betas), list(self.no_decay), list(self.dump_grads)
-        return d
+        """The config as plain YAML-able data (the run's config.yaml): every key, tuples as lists."""
+        return {k: list(v) if isinstance(v, tuple) else v for k in SCHEMA for v in (getattr(self, k),)}
 
     def replace(self, **changes: Any) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
@@ -281,12 +261,72 @@ class TrainConfig:
         return 0 < step <= self.steps and self.steps - step < self.eval_window and (self.steps - step) % self.eval_every == 0
 
 
-def _where(source: str, key: str) -> str:
-    return f"{source}: {key}"
+def check_declarations(cls: type = TrainConfig) -> None:
+    """Every field of `cls` is a key made by `key(...)` (a Check, a one-line doc, a default it accepts)
+    or marked `{"key": False}`; else a TypeError naming the field. Run on TrainConfig at import."""
+    for f in dataclasses.fields(cls):
+        meta = f.metadata
+        if meta.get("key") is False:
+            continue
+        if meta.get("key") is not True or not isinstance(meta.get("check"), Check) or not meta.get("doc"):
+            raise TypeError(f"{cls.__name__}.{f.name} is not declared with torchtrain.config.key(default, check, doc): "
+                            "a field that is not a key needs metadata={'key': False}")
+        if not isinstance(meta["doc"], str) or "\n" in meta["doc"]:
+            raise TypeError(f"{cls.__name__}.{f.name}: its doc must be one line of text")
+        default = _default(f)
+        if default is not REQUIRED and default is not None:
+            try:
+                ok = meta["check"](default) == default
+            except ValueError:
+                ok = False
+            if not ok:
+                raise TypeError(f"{cls.__name__}.{f.name}: its default {default!r} is not accepted by its check "
+                                f"(expected {meta['check'].expected})")
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return REQUIRED
+
+
+check_declarations(TrainConfig)
+
+# Derived from the declarations
+_KEYS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(TrainConfig) if f.metadata.get("key")}
+# key -> (check, default, meaning); REQUIRED (`...`) marks a required key.
+SCHEMA: dict[str, tuple[Check, Any, str]] = {
+    name: (f.metadata["check"], _default(f), f.metadata["doc"]) for name, f in _KEYS.items()
+}
+# Keys that may change when a run is resumed (the rest must equal the run's config.yaml).
+RESUMABLE_CHANGES: tuple[str, ...] = tuple(name for name, f in _KEYS.items() if f.metadata["resumable"])
+# Mapping-valued keys: their own key lists, dotted overrides (`rope.theta=5e6`).
+NESTED: tuple[str, ...] = tuple(name for name, (_, default, _doc) in SCHEMA.items() if isinstance(default, dict))
+# The `pack:` mapping: how a corpus given as `data` is packed on the fly (the `anchor pack`
+# options that are not top-level keys here).
+PACK_KEYS: tuple[str, ...] = tuple(k for k in PACK_SCHEMA if not (k in _KEYS and _KEYS[k].metadata["pack_option"]))
+
+
+def describe_keys() -> str:
+    """Every key on a line: name (type; default; what it accepts): meaning."""
+    lines = []
+    for name, (check, default, doc) in SCHEMA.items():
+        given = "required" if default is REQUIRED else f"default {default!r}"
+        lines.append(f"  {name} ({_KEYS[name].type}; {given}; {check.expected}): {doc}")
+    return "\n".join(lines)
+
+
+TrainConfig.__doc__ = f"{TrainConfig.__doc__}\n\n{describe_keys()}\n"
+
+# ---------------------------------------------------------------------------------------------
+# Validation
 
 
 def validate(d: Any, *, source: str = "config", origins: dict[str, str] | None = None) -> TrainConfig:
-    """Check a mapping against SCHEMA and build a TrainConfig.
+    """Check a mapping against the declared keys and build a TrainConfig: every check of a config
+    that needs neither the world size nor a model (`check_world` and the trainer do the rest).
 
     Args:
       d: the mapping (YAML with overrides applied).
@@ -296,28 +336,30 @@ def validate(d: Any, *, source: str = "config", origins: dict[str, str] | None =
     origins = origins or {}
     if not isinstance(d, dict):
         raise InputError("a train config must be a mapping of keys to values", path=source)
+    # each key: known, of its type, in its range
     out: dict[str, Any] = {}
-    for key, value in d.items():
-        where = origins.get(str(key), source)
-        if key not in SCHEMA:
-            raise InputError(f"unknown key {key!r} (known: {', '.join(SCHEMA)})", path=where)
-        check, _, what = SCHEMA[key]
+    for key_, value in d.items():
+        where = origins.get(str(key_), source)
+        if key_ not in SCHEMA:
+            raise InputError(f"unknown key {key_!r} (known: {', '.join(SCHEMA)})", path=where)
+        check, _, what = SCHEMA[key_]
         try:
-            out[key] = check(value)
+            out[key_] = check(value)
         except ValueError as e:
-            raise InputError(f"{key}: {e} ({what}), got {value!r}", path=where) from None
-    for key, (_, default, _what) in SCHEMA.items():
-        if default is ... and key not in out:
-            raise InputError(f"missing required key {key!r} ({SCHEMA[key][2]})", path=source)
+            raise InputError(f"{key_}: {e} ({what}), got {value!r}", path=where) from None
+    for key_, (_, default, what) in SCHEMA.items():
+        if default is REQUIRED and key_ not in out:
+            raise InputError(f"missing required key {key_!r} ({what})", path=source)
+    # the nested mappings
     rope = {}
-    for key, value in out.get("rope", {}).items():
-        where = origins.get(f"rope.{key}", source)
-        if key not in ROPE_SCHEMA:
-            raise InputError(f"unknown key 'rope.{key}' (known: {', '.join(ROPE_SCHEMA)})", path=where)
+    for key_, value in out.get("rope", {}).items():
+        where = origins.get(f"rope.{key_}", source)
+        if key_ not in ROPE_SCHEMA:
+            raise InputError(f"unknown key 'rope.{key_}' (known: {', '.join(ROPE_SCHEMA)})", path=where)
         try:
-            rope[key] = ROPE_SCHEMA[key][0](value)
+            rope[key_] = ROPE_SCHEMA[key_][0](value)
         except ValueError as e:
-            raise InputError(f"rope.{key}: {e}, got {value!r}", path=where) from None
+            raise InputError(f"rope.{key_}: {e}, got {value!r}", path=where) from None
     if rope:
         out["rope"] = rope
         try:  # the combination must make a RoPE (e.g. yarn needs original_max_position)
@@ -325,25 +367,18 @@ def validate(d: Any, *, source: str = "config", origins: dict[str, str] | None =
         except InputError as e:
             raise InputError(f"rope: {e}", path=source) from None
     if "pack" in out:
-        from anchor.data.config import validate_pack_config
-
         bad = [k for k in out["pack"] if k not in PACK_KEYS]
         if bad:
             raise InputError(f"unknown key 'pack.{bad[0]}' (known: {', '.join(PACK_KEYS)})",
                              path=origins.get(f"pack.{bad[0]}", source))
         out["pack"] = validate_pack_config(out["pack"], source=f"{source}: pack")
     cfg = TrainConfig(**out, source=source)
-    _check_batch(cfg)
-    return cfg
-
-
-def _check_batch(cfg: TrainConfig) -> None:
-    """Batch arithmetic that needs neither the world size nor a model (`check_world` does the rest:
-    under torchrun the launcher's world replaces `nproc`)."""
-    src = cfg.source
+    # across keys: the batch arithmetic that needs no world size (under torchrun the launcher's
+    # world replaces `nproc`: check_world)
     if cfg.global_batch % cfg.micro_batch:
         raise InputError(f"global_batch {cfg.global_batch} is not a multiple of micro_batch {cfg.micro_batch}",
-                         path=src)
+                         path=source)
+    return cfg
 
 
 def check_world(cfg: TrainConfig, world: int) -> None:
@@ -376,9 +411,9 @@ def parse_overrides(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, str
         except yaml.YAMLError:
             value = text
         parts = key.split(".")
-        if len(parts) > 2 or parts[0] not in SCHEMA or (len(parts) == 2 and parts[0] not in ("rope", "pack")):
+        if len(parts) > 2 or parts[0] not in SCHEMA or (len(parts) == 2 and parts[0] not in NESTED):
             raise InputError(f"override {item!r}: unknown key {key!r} (known: {', '.join(SCHEMA)}; "
-                             "nested: rope.<key>, pack.<key>)")
+                             f"nested: {', '.join(f'{n}.<key>' for n in NESTED)})")
         origin = f"command-line override {item}"
         if len(parts) == 2:
             updates.setdefault(parts[0], {})[parts[1]] = value
@@ -388,36 +423,15 @@ def parse_overrides(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, str
     return updates, origins
 
 
-def read_yaml(path: str | Path) -> Any:
-    """A YAML file's data; unreadable, non-UTF-8 or malformed files are one-line InputErrors."""
-    import yaml
-
-    path = Path(path)
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except OSError as e:
-        raise InputError(f"cannot read: {e.strerror or e}", path=path) from None
-    except UnicodeDecodeError as e:
-        raise InputError(f"not UTF-8 text (byte {e.start})", path=path) from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise InputError(f"invalid YAML: {' '.join(str(e).split())}", path=path) from None
-
-
 def load_train_config(path: str | Path | None, overrides: Sequence[str] = ()) -> TrainConfig:
     """Read `path` (YAML; None: only the overrides), apply `key=value` overrides, validate."""
-    base = {} if path is None else read_yaml(path)
+    base = {} if path is None else read_yaml_mapping(path, what="train config")
     source = "command line" if path is None else str(path)
-    if base is None:
-        base = {}
-    if not isinstance(base, dict):
-        raise InputError("a train config must be a mapping of keys to values", path=source)
     updates, origins = parse_overrides(overrides)
     merged = dict(base)
-    for key, value in updates.items():
-        if key in ("rope", "pack") and isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = {**merged[key], **value}
+    for key_, value in updates.items():
+        if key_ in NESTED and isinstance(value, dict) and isinstance(merged.get(key_), dict):
+            merged[key_] = {**merged[key_], **value}
         else:
-            merged[key] = value
+            merged[key_] = value
     return validate(merged, source=source, origins=origins)

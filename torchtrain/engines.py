@@ -23,21 +23,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from anchor.engines import AUTO, ENGINES, Engine  # the names; AUTO is not an engine (resolve_engine)
 from anchor.errors import InputError, UnavailableError
 from torchtrain import attention as attn
 from torchtrain.variants import Variant, check_doc_ids, check_variant, dense_mask, mask_predicate
 from torchtrain.varlen import VarlenSegments, varlen_segments
 from torchtrain.varlen_sdpa import VarlenPlan, plan, varlen_sdpa_attention
 
-Engine = Literal["eager", "sdpa", "flex", "flash_varlen", "flash_varlen_emulated", "varlen"]
-ENGINES: tuple[str, ...] = get_args(Engine)
-AUTO = "auto"  # not an engine: a train config's name for the linear-memory one of this device (resolve_engine)
 
 # Registered names: transformers treats any name containing "flash" as a FlashAttention kernel
 # request (and tries to import it), so the varlen engines register without that word.
@@ -273,7 +271,7 @@ def _prepare_hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, 
     if args:  # input_ids given positionally
         kwargs["input_ids"], args = args[0], ()
     device = module.get_input_embeddings().weight.device
-    for key in ("input_ids", "position_ids"):  # numpy at the boundary (CONTRACT §7)
+    for key in ("input_ids", "position_ids"):  # numpy at the boundary (docs/DESIGN.md §7)
         if isinstance(kwargs.get(key), np.ndarray):
             kwargs[key] = torch.as_tensor(kwargs[key], dtype=torch.long, device=device)
     x = kwargs["input_ids"] if kwargs.get("input_ids") is not None else kwargs["inputs_embeds"]

@@ -13,6 +13,7 @@ from typing import Any
 from anchor.data.mixture import MIXTURES
 from anchor.errors import InputError
 from anchor.limits import check_float, check_int, check_seed, option_name
+from anchor.yamlfile import read_yaml_mapping
 
 # key -> (accepted types, what it is)
 PACK_SCHEMA: dict[str, tuple[tuple[type, ...], str]] = {
@@ -83,15 +84,4 @@ def validate_pack_config(d: Any, *, source: str = "config") -> dict[str, Any]:
 
 def load_pack_config(path: str | Path) -> dict[str, Any]:
     """Read and validate a data config YAML file."""
-    import yaml
-
-    path = Path(path)
-    try:
-        d = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise InputError(f"cannot read: {e.strerror or e}", path=path) from None
-    except UnicodeDecodeError as e:
-        raise InputError(f"not UTF-8 text (invalid byte at offset {e.start})", path=path) from None
-    except yaml.YAMLError as e:
-        raise InputError(f"invalid YAML: {str(e).splitlines()[0]}", path=path) from None
-    return validate_pack_config(d, source=str(path))
+    return validate_pack_config(read_yaml_mapping(path, what="data config"), source=str(path))
