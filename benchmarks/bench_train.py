@@ -31,7 +31,7 @@ def plain_steps(cfg, data, steps: int) -> list[float]:
 
     from anchor.data.packed import Loader
     from torchtrain.model import build_model
-    from torchtrain.trainer import param_groups
+    from torchtrain.optim import param_groups
 
     model = build_model(cfg.model, engine=cfg.engine, dtype=cfg.dtype, seed=cfg.seed)
     if cfg.activation_checkpointing:
@@ -85,7 +85,7 @@ def main() -> None:
     from anchor.data.packed import PackedData
     from anchor.machine import machine
     from torchtrain.config import load_train_config
-    from torchtrain.trainer import prepare_run, resolved_engine
+    from torchtrain.run_folder import prepare_run, resolved_engine
 
     cfg = load_train_config(args.config, [*args.overrides, f"steps={args.steps}", "save_every=0", "eval_window=0", "log_every=1000",
                                           "tensorboard=false"])

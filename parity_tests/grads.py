@@ -1,8 +1,8 @@
 """Gradient and optimizer-step parity: the trainer's backward pass and AdamW step against the oracle's.
 
 On a case's packed batch (`parity_tests.cases.case_inputs`), both sides take the mean next-token
-loss over the counted targets (CONTRACT §8), its gradient w.r.t. every parameter, and `steps`
-AdamW steps on that batch with the trainer's optimizer (`torchtrain.trainer.param_groups`: no decay
+loss over the counted targets (docs/DESIGN.md §8), its gradient w.r.t. every parameter, and `steps`
+AdamW steps on that batch with the trainer's optimizer (`torchtrain.optim.param_groups`: no decay
 on biases and norms). Per parameter (Hugging Face names), rel_l2, max_abs and cosine of:
 
   grads     the gradient against fp64 truth (`jaxref.value_and_grad`)           judged: forward rule (fp32: below)
@@ -108,7 +108,7 @@ def torch_training(case: Case, inputs: CaseInputs, dtype: str, engine: str, step
     import torch
 
     import torchtrain
-    from torchtrain.trainer import param_groups
+    from torchtrain.optim import param_groups
 
     model = torchtrain.build_model(case.model, engine=engine, dtype=dtype).train()  # fresh: the steps change it
     params = dict(model.named_parameters())

@@ -97,9 +97,9 @@ def test_a_scaled_gradient_is_named(monkeypatch):
 def test_weight_decay_on_norms_is_named(monkeypatch):
     """The optimizer decays the norms (their `no_decay` entry lost): gradients pass, the first
     update fails at the norm nearest the loss."""
-    import torchtrain.trainer as trainer
+    import torchtrain.optim as optim
 
-    groups = trainer.param_groups
+    groups = optim.param_groups
 
     def decay_everything(model, cfg):
         class Cfg:
@@ -107,7 +107,7 @@ def test_weight_decay_on_norms_is_named(monkeypatch):
             weight_decay = cfg.weight_decay
         return groups(model, Cfg)
 
-    monkeypatch.setattr(trainer, "param_groups", decay_everything)
+    monkeypatch.setattr(optim, "param_groups", decay_everything)
     result = run_grad_case(FAST[0], steps=1)
     print(describe_grads(result))
     assert result["grads"]["pass"]

@@ -1,6 +1,6 @@
 """torchtrain: the production PyTorch trainer on stock Hugging Face transformers models.
 
-Public API (CONTRACT §7):
+Public API (docs/DESIGN.md §7):
 
     model = torchtrain.build_model(name, engine="sdpa", dtype="float32", rope=None)
     out = model(input_ids=..., position_ids=..., doc_ids=..., variant="anchor")   # .logits [B, T, V]
@@ -12,11 +12,13 @@ Sequence parallelism and training:
     torchtrain.enable_sequence_parallel(model, group)        # Ulysses; then per rank: shard(x, rank, P)
     from torchtrain.trainer import train; from torchtrain.config import load_train_config
 
-Modules: variants (the mask predicate of CONTRACT §2), varlen (segments for flash_attn_varlen_func),
+Modules: variants (the mask predicate of docs/DESIGN.md §2), varlen (segments for flash_attn_varlen_func),
 varlen_emulation (a pure-torch flash_attn_varlen_func), attention (each engine's math),
 engines (selection, availability, per-step metadata, transformers registration), model
 (build_model), taps, loss, sequence_parallel (Ulysses), config (the `anchor train` schema),
-distributed (processes and groups), checkpoint (manifests), trainer (the loop).
+distributed (processes and groups), run_folder (preparing and checking RUN/), optim (LR schedule,
+parameter groups, DeepSpeed config), metrics (metrics.jsonl, gradient norms and dumps), checkpoint
+(what a checkpoint holds: saving, resuming, RNG state, manifests), trainer (the launch and the loop).
 """
 
 from torchtrain.engines import ENGINES, Engine, available_engines, check_engine

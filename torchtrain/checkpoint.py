@@ -1,15 +1,22 @@
-"""Checkpoints of a training run (CONTRACT §8): atomic folders with a sha256 manifest.
+"""Checkpoints of a training run (docs/DESIGN.md §8): atomic folders with a sha256 manifest; saving,
+resuming and the RNG states they carry.
 
     RUN/checkpoints/step-<N>/
-      manifest.json        {"step": N, "files": {relative path: sha256}, ...}; written last
-      trainer.json         step, loader position, RNG states of every rank (JSON), metrics lines so far
-      ds/state/...         DeepSpeed's own files (model, optimizer, ZeRO partitions): pickles
+      manifest.json        {"step": N, "files": {relative path: sha256}, "config": "config.yaml"}; written last
+      trainer.json         step, loader position, RNG states of every rank (JSON), elapsed seconds, world size
+      ds/state/...         DeepSpeed's own files (model, optimizer, LR scheduler, ZeRO partitions): pickles
       hf/                  config.json, model.safetensors, tokenizer: a Hugging Face folder
 
 A checkpoint is built in `RUN/checkpoints/.step-<N>.tmp` by all ranks and renamed into place by
 rank 0 after the manifest is written, so `step-<N>` exists only complete. DeepSpeed loads its files
 with `torch.load(weights_only=False)` (pickle), so a checkpoint is loaded only after every file's
 sha256 matches the manifest this run wrote; otherwise the next older one is tried.
+
+`Checkpointer` saves and resumes one rank's state (every rank calls both): model, optimizer and LR
+scheduler through DeepSpeed; the loader's position and the rank's RNG states (torch on CPU and
+CUDA, numpy, Python's `random`: the generators `seed_rng` seeds) through trainer.json. After a
+save, regular checkpoints beyond the newest `keep_last` are pruned; evaluation checkpoints stay.
+metrics.jsonl is no part of a checkpoint: a resumed run cuts it back to its step (torchtrain.metrics).
 """
 
 from __future__ import annotations
@@ -17,14 +24,26 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import re
 import shutil
+import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from anchor.atomic import write_text_atomic
 
+if TYPE_CHECKING:
+    from anchor.data.packed import Loader
+    from anchor.spec import ModelSpec
+    from torchtrain.config import TrainConfig
+    from torchtrain.distributed import World
+
 MANIFEST = "manifest.json"
+TRAINER_STATE = "trainer.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -151,3 +170,141 @@ def clear_staging(run: Path) -> None:
         for p in root.iterdir():
             if p.name.startswith(".step-"):
                 shutil.rmtree(p, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# RNG states: every generator a rank draws from
+
+
+def seed_rng(seed: int) -> None:
+    """Seed torch (CPU and CUDA), numpy and Python's `random` (a rank passes `seed + rank`)."""
+    import torch
+
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+def _rng_state() -> dict[str, Any]:
+    """This process's RNG states as JSON-able lists (CUDA's only where torch sees a device)."""
+    import torch
+
+    np_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state().tolist(),
+        "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state().tolist()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `_rng_state` returned."""
+    import torch
+
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    n = state["numpy"]
+    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), *n[2:]))
+    p = state["python"]
+    random.setstate((p[0], tuple(p[1]), p[2]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(torch.tensor(state["cuda"], dtype=torch.uint8))
+
+
+# ---------------------------------------------------------------------------------------------
+# Saving and resuming a run's state
+
+
+@dataclass(frozen=True)
+class Checkpointer:
+    """What one rank saves and resumes (module docstring); every rank calls `save` and `resume`.
+
+    run: the run folder; cfg: its config (model, keep_last, the evaluation steps kept from pruning);
+    spec: the model as trained (RoPE overrides applied), hf/'s config; engine: the DeepSpeed engine
+    (model, optimizer, LR scheduler); world: this rank's place; loader: the batches' position;
+    config_file: the run's config file, named in every manifest.
+    """
+
+    run: Path
+    cfg: TrainConfig
+    spec: ModelSpec
+    engine: Any
+    world: World
+    loader: Loader
+    config_file: str
+
+    def resume(self) -> tuple[int, float]:
+        """Load the newest checkpoint whose manifest verifies (each rank checks it before DeepSpeed
+        unpickles anything); returns its step and elapsed seconds, (0, 0.0) when there is none."""
+        import torch.distributed as dist
+
+        start, elapsed = 0, 0.0
+        logs: list[str] = []
+        found = newest_valid(self.run, log=logs.append)
+        if self.world.is_main:
+            for line in logs:
+                print(line, file=sys.stderr, flush=True)
+        if found is not None:
+            folder = step_dir(self.run, found)
+            self.engine.load_checkpoint(str(folder / "ds"), tag="state", load_optimizer_states=True,
+                                        load_lr_scheduler_states=True)
+            state = json.loads((folder / TRAINER_STATE).read_text(encoding="utf-8"))
+            self.loader.load_state_dict(state["loader"])
+            _set_rng_state(state["rng"][self.world.rank])
+            start, elapsed = int(state["step"]), float(state["elapsed_s"])
+            if self.world.is_main and not logs:
+                print(f"resuming from {folder}", file=sys.stderr, flush=True)
+        dist.barrier()
+        return start, elapsed
+
+    def save(self, step: int, elapsed_s: float) -> None:
+        """Write checkpoint `step`: staging folder, DeepSpeed state, trainer state, hf/, manifest,
+        rename; then prune old regular checkpoints."""
+        import torch.distributed as dist
+
+        from anchor.export import export_hf
+
+        run, world = self.run, self.world
+        staging = staging_path(run, step)
+        if world.is_main:
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+        dist.barrier()
+        self.engine.save_checkpoint(str(staging / "ds"), tag="state", save_latest=False)
+        rngs: list[Any] = [None] * world.size
+        dist.all_gather_object(rngs, _rng_state())
+        state = _full_state(self.engine, world)
+        if world.is_main:
+            trainer = {"step": step, "loader": self.loader.state_dict(), "rng": rngs, "elapsed_s": elapsed_s,
+                       "world": world.size}
+            (staging / TRAINER_STATE).write_text(json.dumps(trainer), encoding="utf-8")
+            export_hf(self.spec, state, staging / "hf", tokenizer_of=self.cfg.model)
+        dist.barrier()
+        if world.is_main:
+            write_manifest(staging, step, {"config": self.config_file})
+            publish(run, step)
+            keep = {s for s in list_steps(run) if self.cfg.is_eval_step(s)}
+            prune(run, self.cfg.keep_last, keep)
+        dist.barrier()
+
+
+def _full_state(engine: Any, world: World) -> dict[str, np.ndarray] | None:
+    """Every parameter as float32 numpy (Hugging Face names) on rank 0, gathered under ZeRO-3."""
+    import deepspeed
+    import torch
+
+    params = list(engine.module.named_parameters())
+    gather = engine.zero_optimization_stage() == 3
+    ctx = deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=None) if gather else None
+    if ctx is not None:
+        ctx.__enter__()
+    try:
+        if not world.is_main:
+            return None
+        with torch.no_grad():
+            return {name: p.detach().float().cpu().numpy().copy() for name, p in params}
+    finally:
+        if ctx is not None:
+            ctx.__exit__(None, None, None)

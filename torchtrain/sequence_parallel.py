@@ -36,7 +36,8 @@ Per rank:
 
 (`final_hidden_states` from torchtrain.loss: the final norm's output [B, s, H], the lm-head fused with
 the loss so no [B, s, V] logits exist; `next_token_loss_shard(out.logits, tokens, loss_mask, rank, P)`
-on ordinary logits gives the same.)
+on ordinary logits gives the same.) torchtrain.trainer's micro-batches are exactly this: the fused
+form, or the logits under ZeRO-3.
 
 The loss of the window is the SUM over the SP group of `ce_sum`, divided by `count`; likewise the
 gradient of the mean loss is the SUM over the group of each rank's gradient of `ce_sum / count`.
@@ -108,11 +109,24 @@ def shard(x: Any, rank: int, degree: int, dim: int = 1) -> Any:
     return x[tuple(index)]
 
 
+def counted_predictions(loss_mask: torch.Tensor) -> torch.Tensor:
+    """bool [B, T]: which predictions of whole windows the loss counts (docs/DESIGN.md §1).
+
+    The prediction at slot t (of token t+1) counts where loss_mask[:, t] is set; the last slot's
+    never does (its target lies outside the window). `next_token_loss_shard` counts these; the
+    trainer sums this rank's `shard` of them to normalise by the global batch's count.
+
+    Args:
+      loss_mask: int, float or bool [B, T], the whole window.
+    """
+    return torch.cat([loss_mask[:, :-1].bool(), torch.zeros_like(loss_mask[:, :1], dtype=torch.bool)], dim=1)
+
+
 def next_token_loss_shard(
     states: torch.Tensor, tokens: torch.Tensor, loss_mask: torch.Tensor, rank: int, degree: int,
     lm_head: nn.Module | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's part of the next-token loss of CONTRACT §1 under sequence parallelism.
+    """This rank's part of the next-token loss of docs/DESIGN.md §1 under sequence parallelism.
 
     Targets are the WHOLE window's tokens shifted by one, then sharded: the prediction at a shard's
     last slot is of the next shard's first token. With `lm_head`, `states` are the final hidden
@@ -134,7 +148,7 @@ def next_token_loss_shard(
     tokens = torch.as_tensor(tokens, device=states.device)
     loss_mask = torch.as_tensor(loss_mask, device=states.device)
     targets = torch.cat([tokens[:, 1:], tokens[:, -1:]], dim=1).long()  # the last slot never counts
-    counted = torch.cat([loss_mask[:, :-1].bool(), torch.zeros_like(loss_mask[:, :1], dtype=torch.bool)], dim=1)
+    counted = counted_predictions(loss_mask)
     count = counted.sum()
     mine = shard(counted, rank, degree)
     mine_targets = shard(targets, rank, degree)

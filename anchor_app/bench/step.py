@@ -39,7 +39,8 @@ def time_steps(model_dir: Path, data: Path, T: int, variant: str, engine: str, r
     (median, warm-up excluded), step_s_all, loss, peak_rss_gib or peak_cuda_gib}."""
     from anchor_app.bench.timing import peak_memory
     from torchtrain.config import load_train_config
-    from torchtrain.trainer import read_metrics, train
+    from torchtrain.metrics import read_metrics
+    from torchtrain.trainer import train
 
     cfg = load_train_config(None, [
         f"model={model_dir}", f"data={data}", f"seq_len={T}", f"variant={variant}", f"engine={engine}",

@@ -1,6 +1,6 @@
 """`anchor train` configs: every shipped config resolves and yields its DeepSpeed JSON; bad configs
 and bad command lines are one-line errors naming the key and the file, exit 2, before any process
-group starts and before anything is written (CONTRACT §8, issue Build 7)."""
+group starts and before anything is written (docs/DESIGN.md §8, issue Build 7)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from anchor.errors import InputError
 from anchor.spec import ModelSpec, RopeSpec
 from tests.train.conftest import ROOT, TINY
 from torchtrain.config import load_train_config
-from torchtrain.trainer import check_model, deepspeed_config
+from torchtrain.optim import deepspeed_config
+from torchtrain.run_folder import check_model
 
 CONFIGS = sorted((ROOT / "configs" / "train").rglob("*.yaml"))
 
@@ -185,7 +186,7 @@ def test_a_child_of_a_process_that_trained_is_not_mistaken_for_a_launched_rank(t
 def test_engine_defaults_to_auto_and_resolves_to_a_linear_one_here():
     """No `engine:` means auto; on this CPU it runs as varlen (never a dense engine by default)."""
     from torchtrain.config import validate
-    from torchtrain.trainer import resolved_engine
+    from torchtrain.run_folder import resolved_engine
 
     cfg = validate({"model": "random:llama", "data": "corpus", "steps": 1})
     assert cfg.engine == "auto"

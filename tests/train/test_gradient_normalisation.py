@@ -1,5 +1,5 @@
 """The trainer's gradient of one global batch, however it is split, is the oracle's single-batch
-gradient of the mean loss over all counted targets (CONTRACT §8): on 2 data-parallel processes, on
+gradient of the mean loss over all counted targets (docs/DESIGN.md §8): on 2 data-parallel processes, on
 2 sequence-parallel processes, and with gradient accumulation of 2 (fp32, CPU, gloo). The trainer
 writes the averaged gradient at the accumulation boundary (`dump_grads`), the oracle is
 `jaxref.value_and_grad` in fp64 on the same four windows."""

@@ -77,7 +77,7 @@ def oracle(packed):
 
     from anchor.data.packed import Loader, PackedData
     from torchtrain.config import load_train_config
-    from torchtrain.trainer import lr_factor
+    from torchtrain.optim import lr_factor
 
     cfg = load_train_config(TINY, ["steps=1"])
     batch = next(Loader(PackedData.open(packed), batch_size=GLOBAL, variant="anchor", seed=0))

@@ -1,5 +1,5 @@
 """Runs survive a kill: `kill -9` at a random step, then the same command again, continues exactly
-(CONTRACT §8); a corrupt newest checkpoint is detected through its manifest and skipped."""
+(docs/DESIGN.md §8); a corrupt newest checkpoint is detected through its manifest and skipped."""
 
 from __future__ import annotations
 

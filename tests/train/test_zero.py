@@ -1,6 +1,6 @@
 """DeepSpeed ZeRO 0-3 on 2 gloo processes give the losses of one plain process (fp32, 1e-6), and
 the loss is the mean over all counted targets of the global batch whatever the split
-(CONTRACT §8). bf16: the drift against fp32 is measured and printed (documented in the README)."""
+(docs/DESIGN.md §8). bf16: the drift against fp32 is measured and printed (documented in the README)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,77 @@
+"""The optimizer of a training run (docs/DESIGN.md §8): AdamW's parameter groups, the learning-rate
+schedule, and the DeepSpeed config that carries both into the engine.
+
+    optimizer, scheduler = build_optimizer(model, cfg)      # AdamW over param_groups, LambdaLR of lr_factor
+    deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                         config=deepspeed_config(cfg, world_size), ...)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from torchtrain.config import TrainConfig
+
+
+def lr_factor(cfg: TrainConfig, step: int) -> float:
+    """Multiplier of `lr` for the update of optimizer step `step` (0-based): linear warmup from
+    lr/warmup_steps, then constant, cosine or linear decay to `min_lr_ratio * lr` at the last step."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return 1.0
+    span = max(1, cfg.steps - cfg.warmup_steps - 1)
+    t = min(1.0, (step - cfg.warmup_steps) / span)
+    shape = 0.5 * (1.0 + math.cos(math.pi * t)) if cfg.schedule == "cosine" else 1.0 - t
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
+
+
+def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]:
+    """AdamW groups: weight decay on every parameter except those whose name contains a `no_decay` entry."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if any(s in name for s in cfg.no_decay) else decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over `param_groups` (the config's lr, betas and eps) and its schedule: the lr of optimizer
+    step s (0-based) is `lr * lr_factor(cfg, s)`."""
+    import torch
+
+    optimizer = torch.optim.AdamW(param_groups(model, cfg), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(cfg, s))
+
+
+def deepspeed_config(cfg: TrainConfig, world: int) -> dict[str, Any]:
+    """The DeepSpeed JSON of a run of `world` processes.
+
+    DeepSpeed's data-parallel world is every rank (see torchtrain.distributed), so its batch is
+    counted in per-rank slices: `train_batch_size = micro_batch * grad_accum * world`. Clipping is
+    always explicit (DeepSpeed's default is 1.0, not off).
+    """
+    zero: dict[str, Any] = {"stage": cfg.zero_stage}
+    if cfg.zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = False
+    return {
+        "train_batch_size": cfg.micro_batch * cfg.grad_accum(world) * world,
+        "train_micro_batch_size_per_gpu": cfg.micro_batch,
+        "gradient_accumulation_steps": cfg.grad_accum(world),
+        "gradient_clipping": cfg.grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": cfg.dtype == "bfloat16"},
+        "fp16": {"enabled": False},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 2**62,
+        "wall_clock_breakdown": False,
+    }

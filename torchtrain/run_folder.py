@@ -1,0 +1,264 @@
+"""The run folder (docs/DESIGN.md §8), checked and prepared before any process group starts.
+
+    prepare_run(cfg, "runs/tiny")     # checks everything, packs data, writes config.yaml
+
+    RUN/config.yaml       the config as resolved (`auto` engine, seq_len): what every rank trains, and what
+                          a rerun with the same --out must match (only RESUMABLE_CHANGES may differ)
+    RUN/deepspeed.json    the generated DeepSpeed config (torchtrain.optim.deepspeed_config)
+    RUN/data/             the corpus packed on the fly, when `data` is not an `anchor pack` output
+    RUN/checkpoints/      torchtrain.checkpoint; RUN/metrics.jsonl, grads/, tensorboard/: torchtrain.metrics
+
+The checks here (`check_model`) run again in every worker, on the machine that trains.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from anchor.atomic import write_text_atomic
+from anchor.errors import InputError
+from anchor.yamlfile import read_yaml
+from torchtrain import checkpoint as ckpt
+from torchtrain.config import RESUMABLE_CHANGES, TrainConfig, check_world, validate
+from torchtrain.optim import deepspeed_config
+
+if TYPE_CHECKING:
+    import torch
+
+    from anchor.spec import ModelSpec
+
+CONFIG_FILE = "config.yaml"
+DS_CONFIG_FILE = "deepspeed.json"
+DATA_DIR = "data"
+
+
+def load_run_config(run: Path) -> TrainConfig:
+    """RUN/config.yaml, validated: the config a worker trains."""
+    return validate(read_yaml(run / CONFIG_FILE), source=str(run / CONFIG_FILE))
+
+
+def data_dir(cfg: TrainConfig, run: Path) -> Path:
+    """The packed folder of a prepared run: `data` itself when it is an `anchor pack` output, else RUN/data."""
+    return Path(cfg.data) if (Path(cfg.data) / "pack.json").is_file() else run / DATA_DIR
+
+
+def model_spec(cfg: TrainConfig) -> ModelSpec:
+    """The spec of `cfg.model` with the config's RoPE overrides applied."""
+    from anchor.weights import load_spec
+
+    spec = load_spec(cfg.model)
+    if cfg.rope:
+        try:
+            spec = spec.with_rope(**cfg.rope_overrides())
+        except TypeError as e:
+            raise InputError(f"rope: {e}", path=cfg.source) from None
+    return spec
+
+
+def resolved_engine(cfg: TrainConfig) -> str:
+    """The engine `cfg.engine` runs as on this machine (`auto` resolved by
+    torchtrain.engines.resolve_engine for the device init_world picks: CUDA where torch sees one)."""
+    import torch
+
+    from torchtrain.engines import resolve_engine
+
+    dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
+    return resolve_engine(cfg.engine, "cuda" if torch.cuda.is_available() else "cpu", dtype)
+
+
+def check_model(cfg: TrainConfig, spec: ModelSpec, seq_len: int, *, here: bool = True,
+                memory: bool = True) -> ModelSpec:
+    """Length, sequence parallelism and (`here`: on this machine) the engine against the model, and
+    (`memory`) a dense engine's T x T tensors against the memory free here; returns the spec to train
+    (with `max_position` raised to `seq_len` when the RoPE is overridden for a longer context)."""
+    import torch
+
+    from torchtrain.engines import check_engine
+    from torchtrain.sequence_parallel import check_sequence_parallel
+
+    if seq_len > spec.max_position:
+        if not cfg.rope:
+            raise InputError(
+                f"seq_len {seq_len} is beyond the model's {spec.max_position} positions; extend its RoPE for the "
+                f"longer context (e.g. rope.theta: the paper uses 1e6 at 32K, 5e6 at 64K, 1e7 at 128K, 5e7 at 256K)",
+                path=cfg.source)
+        spec = spec.replace(max_position=seq_len)
+    try:
+        check_sequence_parallel(spec, seq_len, cfg.sequence_parallel)
+    except InputError as e:
+        raise InputError(str(e), path=cfg.source) from None
+    if cfg.dtype == "bfloat16" and cfg.zero_stage == 0:
+        # DeepSpeed's stage-0 bf16 optimizer departs from the fp32 update (tiny.yaml, 5 steps: 4% in
+        # the loss, where ZeRO 1-3 in bf16 stay within 1e-3 of fp32); ZeRO-1 on one process is the
+        # same memory as stage 0.
+        raise InputError("dtype bfloat16 needs zero_stage >= 1 (DeepSpeed's stage-0 bf16 optimizer drifts "
+                         "from the fp32 update; ZeRO-1 costs nothing extra on one process)", path=cfg.source)
+    if not here:
+        return spec
+    dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
+    engine = resolved_engine(cfg)
+    check_engine(engine, dtype)
+    if engine == "flex" and not torch.cuda.is_available():
+        raise InputError("engine 'flex' has no backward on CPU (FlexAttention); train with varlen, sdpa, eager "
+                         "or flash_varlen_emulated on CPU", path=cfg.source)
+    if memory:
+        check_dense_memory(cfg, spec, seq_len, engine, dtype)
+    return spec
+
+
+def check_dense_memory(cfg: TrainConfig, spec: ModelSpec, seq_len: int, engine: str, dtype: torch.dtype) -> None:
+    """eager and sdpa hold T x T tensors (torchtrain.engines.dense_attention_bytes, per micro-batch):
+    refuse before any work when they exceed the memory free here (on the CPU the local processes
+    share it; on CUDA each has its device)."""
+    import torch
+
+    from torchtrain import engines
+    from torchtrain.distributed import launched_externally
+
+    cuda = torch.cuda.is_available()
+    need = engines.dense_attention_bytes(engine, seq_len=seq_len, batch=cfg.micro_batch,
+                                         layers=1 if cfg.activation_checkpointing else spec.num_layers,
+                                         heads=-(-spec.num_heads // cfg.sequence_parallel), dtype=dtype)
+    procs = 1 if cuda else int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if launched_externally() else cfg.nproc
+    need *= procs
+    free = engines.available_memory("cuda" if cuda else "cpu")
+    if not need or free is None or need <= free:
+        return
+    what = "mask" if engine == "sdpa" else "mask and attention scores"
+    linear = engines.resolve_engine(engines.AUTO, "cuda" if cuda else "cpu", dtype)
+    raise InputError(f"engine {engine!r} needs about {need / 2**30:.1f} GiB for its dense T x T {what} at "
+                     f"seq_len={seq_len} (micro_batch={cfg.micro_batch}{f', {procs} processes' if procs > 1 else ''}); "
+                     f"{free / 2**30:.1f} GiB available: use engine: auto ({linear}, linear in T) or a shorter seq_len",
+                     path=cfg.source)
+
+
+def _resolve_data(cfg: TrainConfig, run: Path, progress: bool) -> Path:
+    """The packed folder to train on: `data` itself when it is an `anchor pack` output (checked
+    against the config), else `RUN/data`, packed from the corpus once and reused on resume."""
+    from anchor.data.packed import PackedData
+
+    data = Path(cfg.data)
+    if (data / "pack.json").is_file():
+        packed = PackedData.open(data)
+        layout = packed.meta.get("layout", {})
+        if cfg.seq_len is not None and cfg.seq_len != packed.seq_len:
+            raise InputError(f"seq_len {cfg.seq_len} differs from the packed data's {packed.seq_len}", path=data)
+        for key in ("tags", "interleave"):
+            if bool(layout.get(key)) != getattr(cfg, key):
+                raise InputError(f"{key}: the config says {getattr(cfg, key)}, the packed data was made with "
+                                 f"{bool(layout.get(key))}", path=data)
+        _check_tokenizer(cfg, packed.meta, data)
+        return data
+    if cfg.seq_len is None:
+        raise InputError("seq_len is required when data is a corpus packed on the fly", path=cfg.source)
+    target = run / DATA_DIR
+    if (target / "pack.json").is_file():
+        return target
+    from anchor.data.mixture import MixtureSpec
+    from anchor.data.packing import Layout
+    from anchor.data.pipeline import PackConfig, pack_corpus
+
+    source: str | Path = cfg.data
+    if cfg.data == "corpus":
+        from anchor.data.corpus import CORPUS_FILE, write_default_corpus
+
+        write_default_corpus(run / "corpus", progress=progress)
+        source = run / "corpus" / CORPUS_FILE
+    p = cfg.pack
+    mix_keys = ("budget", "long_threshold", "upsample_factor")
+    mixture = MixtureSpec(kind=p.get("mixture", "original"), seed=p.get("seed", cfg.seed),
+                          **{k: p[k] for k in mix_keys if k in p})
+    pack_cfg = PackConfig(seq_len=cfg.seq_len, mixture=mixture,
+                          layout=Layout(tags=cfg.tags, interleave=cfg.interleave, mean_chunk=p.get("mean_chunk", 0)),
+                          seed=p.get("seed", cfg.seed), text_field=p.get("text_field", "text"),
+                          domain_field=p.get("domain_field"), skip_bad=p.get("skip_bad", False))
+    pack_corpus(cfg.model, source, target, pack_cfg, progress=progress)
+    return target
+
+
+def _check_tokenizer(cfg: TrainConfig, meta: dict[str, Any], where: Path) -> None:
+    from anchor.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(cfg.model)
+    ident = (meta.get("tokenizer") or {}).get("identity")
+    if ident is not None and ident != tok.identity:
+        raise InputError(f"the packed data was tokenized with another tokenizer than the model {cfg.model!r}'s",
+                         path=where)
+
+
+def _saved_config(run: Path) -> dict[str, Any] | None:
+    path = run / CONFIG_FILE
+    if not path.is_file():
+        return None
+    return read_yaml(path)
+
+
+def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, progress: bool = True) -> None:
+    """Check the config against the model, the data and the run folder, pack data on the fly if
+    needed, and write RUN/config.yaml; nothing distributed starts before this returns."""
+    from anchor.outdir import guard_out, write_marker
+
+    run = Path(run)
+    check_world(cfg, world if world is not None else cfg.nproc)
+    asked = cfg.engine
+    cfg = cfg.replace(engine=resolved_engine(cfg))  # `auto` resolved: config.yaml records the engine that runs
+    spec = model_spec(cfg)
+    data_path = Path(cfg.data)
+    seq_len = cfg.seq_len
+    if seq_len is None and (data_path / "pack.json").is_file():
+        from anchor.data.packed import PackedData
+
+        seq_len = PackedData.open(data_path).seq_len
+    if seq_len is not None:
+        check_model(cfg, spec, seq_len)  # before packing and before the run folder: a bad length fails fast
+    if cfg.data != "corpus" and not data_path.exists():
+        raise InputError("no such data file or folder (an `anchor pack` output, a corpus, or `corpus`)",
+                         path=data_path)
+    guard_out(run, "train", inputs=[cfg.data, cfg.model], replace=False)
+    saved = _saved_config(run)
+    if saved is not None:
+        _check_resume_config(cfg, saved, run, asked_engine=asked)
+    run.mkdir(parents=True, exist_ok=True)
+    write_marker(run, "train")
+    ckpt.clear_staging(run)
+    data = _resolve_data(cfg, run, progress)
+    from anchor.data.packed import PackedData
+
+    packed = PackedData.open(data)
+    if cfg.seq_len is None:
+        cfg = cfg.replace(seq_len=packed.seq_len)
+    spec = check_model(cfg, spec, packed.seq_len, memory=seq_len is None)
+    vocab = (packed.meta.get("tokenizer") or {}).get("vocab_size")
+    if vocab is not None and vocab > spec.vocab_size:
+        raise InputError(f"the packed data's tokenizer has {vocab} tokens, the model only {spec.vocab_size}", path=data)
+    if packed.num_windows < cfg.global_batch:
+        raise InputError(f"{packed.num_windows} windows are fewer than one global batch of {cfg.global_batch}; "
+                         "pack more data or lower global_batch", path=data)
+    import yaml
+
+    resolved = {**cfg.to_dict(), "seq_len": packed.seq_len}
+    write_text_atomic(run / CONFIG_FILE, yaml.safe_dump(resolved, sort_keys=False))
+    (run / DS_CONFIG_FILE).write_text(json.dumps(deepspeed_config(cfg, world or cfg.nproc), indent=1))
+
+
+def _check_resume_config(cfg: TrainConfig, saved: Any, run: Path, *, asked_engine: str | None = None) -> None:
+    """A rerun with the same --out must train the same thing (only RESUMABLE_CHANGES may differ).
+    `cfg.engine` is already resolved, so `auto` equals the engine it resolves to here (`asked_engine`:
+    the name the config gave, for the message)."""
+    if not isinstance(saved, dict):
+        raise InputError("not a run's config (not a mapping)", path=run / CONFIG_FILE)
+    mine = cfg.to_dict()
+    for key, value in mine.items():
+        if key in RESUMABLE_CHANGES or (key == "seq_len" and value is None):
+            continue
+        old = saved.get(key)
+        if isinstance(old, list):
+            value = list(value) if isinstance(value, (tuple, list)) else value
+        if old != value:
+            if key == "engine" and asked_engine not in (None, value):
+                value = f"{value} ({asked_engine} here)"
+            raise InputError(f"{key} is {value!r} but the run was started with {old!r}; resume with the same "
+                             f"config or choose another --out", path=run / CONFIG_FILE)
