@@ -77,14 +77,13 @@ def run_bench(*, model: str = "default", seq_lens: list[int] = (2048, 4096, 8192
               step_steps: int = 3, step_variants: list[str] | None = None, estimate_model: str = "llama2-7b",
               estimate_lengths: list[int] = (65536, 131072), gpus: int = 8, gpu: str = "a100",
               device: str | None = None, dtype: str | None = None, seed: int = 0, progress: bool = True) -> dict[str, Any]:
+    """The whole benchmark, as `anchor bench` runs it: attention alone (`_bench_attention`), training steps of
+    the model cut to `step_layers` layers with the estimate they calibrate (`_bench_steps`), and the paper's
+    setting at assumed GPU rates (`_paper_estimate`). Returns bench.json's content."""
     import torch
 
-    from anchor_app.bench.step import cut_model, time_steps
-    from anchor_app.bench.timing import Heads, time_variants
-    from anchor_app.bench.windows import corpus_pack, corpus_source
-    from anchor.data.pipeline import PackConfig, pack_corpus
+    from anchor_app.bench.timing import Heads
     from anchor.machine import machine
-    from anchor.progress import ProgressBar
     from anchor.weights import load_spec
 
     t_start = time.perf_counter()
@@ -106,86 +105,123 @@ def run_bench(*, model: str = "default", seq_lens: list[int] = (2048, 4096, 8192
         "distributions": {d: describe(d) for d in distributions},
         "attention": [], "step": [], "estimate": [], "paper": PAPER_SAVING,
     }
-
     if attention:
-        bar = ProgressBar("bench attention", len(seq_lens) * len(distributions) * len(engines), progress)
-        for T in seq_lens:
-            for dist in distributions:
-                seg = layout_seg(dist, T, windows, model=model, data=data, seed=seed, progress=False)
-                from anchor.data.batch import make_batch
-
-                n_pairs = {v: int(pairs(make_batch(seg, seg, np.zeros_like(seg), v).doc_ids, v).sum()) for v in variants}
-                lengths = doc_lengths(seg)
-                for engine in engines:
-                    bar.describe(f"{engine} T={T} {dist}")
-                    timed = time_variants(engine, variants, seg, heads, device=device, dtype=dtype,
-                                          repeats=repeats, seed=seed)
-                    for v in variants:
-                        row = {"engine": engine, "variant": v, "seq_len": T, "distribution": dist, "pass": "fwd+bwd",
-                               "windows": int(seg.shape[0]), "documents": [len(x) for x in lengths],
-                               "longest_document": [max(x) if x else 0 for x in lengths], "pairs": n_pairs[v],
-                               "flops": float(attention_flops(n_pairs[v], heads.heads, heads.head_dim)),
-                               **timed[v]}
-                        result["attention"].append(row)
-                    bar.advance(1)
-        bar.close()
-        _ratios(result["attention"], "ms", ("engine", "seq_len", "distribution"))
-
+        result["attention"] = _bench_attention(model, data, seq_lens, distributions, engines, variants, heads,
+                                               windows=windows, repeats=repeats, device=device, dtype=dtype,
+                                               seed=seed, progress=progress)
     if step:
-        T = step_seq_len or min(8192, max(seq_lens))
-        step_variants = list(dict.fromkeys(["full", *(step_variants or [v for v in variants if v in ("anchor",)])]))
-        engine = "varlen" if "varlen" in engines else engines[0]
-        bar = ProgressBar("bench step", len(step_variants), progress)
-        with tempfile.TemporaryDirectory(prefix="anchor-bench-") as tmp:
-            folder, cut = cut_model(model, step_layers, T, Path(tmp) / "model")
-            pack = Path(tmp) / "data"  # packed with the cut model's own tokenizer (the trainer checks it)
-            try:
-                pack_corpus(str(folder), corpus_pack(T, model=model, data=data), pack, PackConfig(seq_len=T))
-            except InputError:  # its tokenizer's identity differs from the model's: tokenize again
-                pack_corpus(str(folder), corpus_source(data), pack, PackConfig(seq_len=T))
-            from anchor.data.packed import PackedData
+        _bench_steps(result, model=model, data=data, T=step_seq_len or min(8192, max(seq_lens)),
+                     step_variants=list(dict.fromkeys(
+                         ["full", *(step_variants or [v for v in variants if v in ("anchor",)])])),
+                     engine="varlen" if "varlen" in engines else engines[0], step_layers=step_layers,
+                     step_steps=step_steps, device=device, dtype=dtype, progress=progress)
+    _paper_estimate(result, est.MODELS[estimate_model], est.GPUS[gpu], estimate_lengths, variants, gpus, seed)
+    result["runtime_s"] = round(time.perf_counter() - t_start, 1)
+    return result
 
-            packed = PackedData.open(pack)
-            for v in step_variants:
-                bar.describe(f"{v} T={T}")
-                row = {"engine": engine, "variant": v, "seq_len": T, "model": model, "layers": step_layers,
-                       "dtype": dtype, "steps": step_steps}
-                try:
-                    row.update(time_steps(folder, pack, T, v, engine, Path(tmp) / f"run-{v}", steps=step_steps,
-                                          dtype=dtype, device=device))
-                except torch.OutOfMemoryError:
-                    row["error"] = f"out of memory at T={T}"
-                # the windows the steps trained on: the loader's first `steps` (seed 0), as the trainer draws them
-                from anchor.data.packed import Loader
 
-                loader = Loader(packed, batch_size=1, variant=v, seed=0)
-                n_pairs = sum(int(pairs(next(loader).doc_ids, v).sum()) for _ in range(step_steps))
-                row.update({k: v_ / step_steps for k, v_ in step_flops(cut, n_pairs, T * step_steps).items()})
-                row["flops"] = row.pop("total")
-                row["dense_flops"], row["attention_flops"] = row.pop("dense"), row.pop("attention")
-                result["step"].append(row)
+def _bench_attention(model: str, data: str | None, seq_lens: list[int], distributions: list[str],
+                     engines: list[str], variants: list[str], heads, *, windows: int, repeats: int, device: str,
+                     dtype: str, seed: int, progress: bool) -> list[dict[str, Any]]:
+    """Attention alone, forward and backward, of every engine × variant on the same windows per length and
+    distribution; each row with its ratios against `full`."""
+    from anchor.data.batch import make_batch
+    from anchor.progress import ProgressBar
+    from anchor_app.bench.timing import time_variants
+
+    rows: list[dict[str, Any]] = []
+    bar = ProgressBar("bench attention", len(seq_lens) * len(distributions) * len(engines), progress)
+    for T in seq_lens:
+        for dist in distributions:
+            seg = layout_seg(dist, T, windows, model=model, data=data, seed=seed, progress=False)
+            n_pairs = {v: int(pairs(make_batch(seg, seg, np.zeros_like(seg), v).doc_ids, v).sum()) for v in variants}
+            lengths = doc_lengths(seg)
+            for engine in engines:
+                bar.describe(f"{engine} T={T} {dist}")
+                timed = time_variants(engine, variants, seg, heads, device=device, dtype=dtype,
+                                      repeats=repeats, seed=seed)
+                for v in variants:
+                    row = {"engine": engine, "variant": v, "seq_len": T, "distribution": dist, "pass": "fwd+bwd",
+                           "windows": int(seg.shape[0]), "documents": [len(x) for x in lengths],
+                           "longest_document": [max(x) if x else 0 for x in lengths], "pairs": n_pairs[v],
+                           "flops": float(attention_flops(n_pairs[v], heads.heads, heads.head_dim)),
+                           **timed[v]}
+                    rows.append(row)
                 bar.advance(1)
-        bar.close()
-        _ratios(result["step"], "step_s", ("engine", "seq_len"))
-        cal = est.calibrate(result["step"])
-        if cal is not None:
-            result["calibration"] = {**cal, "machine": "this one", "model": f"{model}, first {step_layers} layers"}
-            here = est.shape_of(cut, f"{model} ({step_layers} layers)")
-            for r in result["step"]:
-                if r.get("step_s"):
-                    e = est.estimate(here, T, 1, r["attention_flops"] / (
-                        est.BWD_FACTOR * 4 * here.num_layers * here.num_heads * here.head_dim), est.A100,
-                        rates=cal["rates_flops_per_s"])
-                    e.update(variant=r["variant"], distribution="corpus", measured_step_s=r["step_s"])
-                    result["estimate"].append(e)
+    bar.close()
+    _ratios(rows, "ms", ("engine", "seq_len", "distribution"))
+    return rows
 
-    # The estimate: the paper's setting with assumed GPU rates, on synthetic windows of each length.
-    shape, g = est.MODELS[estimate_model], est.GPUS[gpu]
+
+def _bench_steps(result: dict[str, Any], *, model: str, data: str | None, T: int, step_variants: list[str],
+                 engine: str, step_layers: int, step_steps: int, device: str, dtype: str, progress: bool) -> None:
+    """Training steps of the model cut to its first `step_layers` layers, on windows of T packed from the
+    corpus: rows into result["step"], then the calibration they give and its estimate per variant."""
+    import torch
+
+    from anchor.data.packed import Loader, PackedData
+    from anchor.data.pipeline import PackConfig, pack_corpus
+    from anchor.progress import ProgressBar
+    from anchor_app.bench.step import cut_model, time_steps
+    from anchor_app.bench.windows import corpus_pack, corpus_source
+
+    bar = ProgressBar("bench step", len(step_variants), progress)
+    with tempfile.TemporaryDirectory(prefix="anchor-bench-") as tmp:
+        folder, cut = cut_model(model, step_layers, T, Path(tmp) / "model")
+        pack = Path(tmp) / "data"  # packed with the cut model's own tokenizer (the trainer checks it)
+        try:
+            pack_corpus(str(folder), corpus_pack(T, model=model, data=data), pack, PackConfig(seq_len=T))
+        except InputError:  # its tokenizer's identity differs from the model's: tokenize again
+            pack_corpus(str(folder), corpus_source(data), pack, PackConfig(seq_len=T))
+        packed = PackedData.open(pack)
+        for v in step_variants:
+            bar.describe(f"{v} T={T}")
+            row = {"engine": engine, "variant": v, "seq_len": T, "model": model, "layers": step_layers,
+                   "dtype": dtype, "steps": step_steps}
+            try:
+                row.update(time_steps(folder, pack, T, v, engine, Path(tmp) / f"run-{v}", steps=step_steps,
+                                      dtype=dtype, device=device))
+            except torch.OutOfMemoryError:
+                row["error"] = f"out of memory at T={T}"
+            # the windows the steps trained on: the loader's first `steps` (seed 0), as the trainer draws them
+            loader = Loader(packed, batch_size=1, variant=v, seed=0)
+            n_pairs = sum(int(pairs(next(loader).doc_ids, v).sum()) for _ in range(step_steps))
+            row.update({k: v_ / step_steps for k, v_ in step_flops(cut, n_pairs, T * step_steps).items()})
+            row["flops"] = row.pop("total")
+            row["dense_flops"], row["attention_flops"] = row.pop("dense"), row.pop("attention")
+            result["step"].append(row)
+            bar.advance(1)
+    bar.close()
+    _ratios(result["step"], "step_s", ("engine", "seq_len"))
+    _calibrated_estimate(result, cut, T, model, step_layers)
+
+
+def _calibrated_estimate(result: dict[str, Any], cut, T: int, model: str, step_layers: int) -> None:
+    """The GPU rates calibrated on the measured steps (result["calibration"]) and, for each timed step, the
+    estimate of the cut model at T with them (into result["estimate"])."""
+    cal = est.calibrate(result["step"])
+    if cal is None:
+        return
+    result["calibration"] = {**cal, "machine": "this one", "model": f"{model}, first {step_layers} layers"}
+    here = est.shape_of(cut, f"{model} ({step_layers} layers)")
+    for r in result["step"]:
+        if r.get("step_s"):
+            e = est.estimate(here, T, 1, r["attention_flops"] / (
+                est.BWD_FACTOR * 4 * here.num_layers * here.num_heads * here.head_dim), est.A100,
+                rates=cal["rates_flops_per_s"])
+            e.update(variant=r["variant"], distribution="corpus", measured_step_s=r["step_s"])
+            result["estimate"].append(e)
+
+
+def _paper_estimate(result: dict[str, Any], shape, g, estimate_lengths: list[int], variants: list[str], gpus: int,
+                    seed: int) -> None:
+    """The estimate: the paper's setting with assumed GPU rates, on synthetic windows of each length (into
+    result["estimate"], with each variant's saving against full), and its assumptions."""
+    from anchor.data.batch import make_batch
+
     for T in estimate_lengths:
         for dist in ("long_upsampled", "slimpajama"):
             seg = synthetic_seg(dist, T, 8, seed)
-            from anchor.data.batch import make_batch
-
             per_variant = {}
             for v in variants:
                 p = float(pairs(make_batch(seg, seg, np.zeros_like(seg), v).doc_ids, v).mean())
@@ -195,5 +231,3 @@ def run_bench(*, model: str = "default", seq_lens: list[int] = (2048, 4096, 8192
                          saving_vs_full=round(1 - e["days_per_1b_tokens"] / per_variant["full"]["days_per_1b_tokens"], 4))
                 result["estimate"].append(e)
     result["estimate_assumptions"] = est.assumptions(g)
-    result["runtime_s"] = round(time.perf_counter() - t_start, 1)
-    return result

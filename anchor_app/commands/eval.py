@@ -1,4 +1,4 @@
-"""`anchor eval`: RULER offline at exact lengths, averaged over a run's last checkpoints, perplexity beside it (CONTRACT §9)."""
+"""`anchor eval`: RULER offline at exact lengths, averaged over a run's last checkpoints, perplexity beside it (docs/DESIGN.md §9)."""
 
 from __future__ import annotations
 
@@ -63,9 +63,45 @@ def eval_(
     """Generate RULER's prompts with the model's tokenizer (no downloads), decode greedily with a KV cache,
     score as RULER does (0-100), for every checkpoint; mean and std over checkpoints per task and length;
     perplexity on held-out windows beside it. Writes eval.json, samples.jsonl, report.md and a PNG."""
+    from anchor.outdir import guard_out, out_lock
+
+    task_list, length_list, qa = _check_options(run=run, model=model, checkpoints=checkpoints, tasks=tasks,
+                                                lengths=lengths, samples=samples, seed=seed, squad=squad,
+                                                hotpotqa=hotpotqa, dtype=dtype, batch_size=batch_size,
+                                                perplexity_windows=perplexity_windows)
+    harness_list, lm_harness = _check_harness(harness, harness_tasks, harness_data)
+    out = guard_out(out, "eval", inputs=tuple(str(p) for p in (run, model, haystack, squad, hotpotqa, harness_data)
+                                              if p))
+
+    from anchor_app.eval.runner import checkpoints_of_run, parts_dir, run_eval, write_eval
+
+    if run is not None:
+        sources = checkpoints_of_run(run, _split(checkpoints, "--checkpoints") if checkpoints else None)
+    else:
+        sources = [(str(model), str(model))]
+    with out_lock(out, "eval"):
+        result = run_eval(sources, tasks=task_list, lengths=length_list, samples=samples, seed=seed, haystack=haystack,
+                          qa_data={t: str(f) for t, f in qa.items() if f is not None}, engine=engine, dtype=dtype,
+                          batch_size=batch_size, perplexity_windows=perplexity_windows, progress=progress,
+                          parts=parts_dir(out))
+        if lm_harness is not None:
+            result["harness"] = lm_harness.run_harness(
+                sources, tasks=harness_list, lengths=length_list, limit=samples, data_dir=harness_data,
+                engine=engine, dtype=dtype, batch_size=batch_size, progress=progress)
+        path = write_eval(result, out)
+    from anchor_app.eval.runner import render_report
+
+    typer.echo(render_report(result, None))
+    typer.echo(f"wrote {path / 'eval.json'}, {path / 'samples.jsonl'}, {path / 'report.md'}")
+
+
+def _check_options(*, run: Path | None, model: str | None, checkpoints: str | None, tasks: str, lengths: str,
+                   samples: int, seed: int, squad: Path | None, hotpotqa: Path | None, dtype: str, batch_size: int,
+                   perplexity_windows: int) -> tuple[list[str], list[int], dict[str, Path | None]]:
+    """The evaluation's options checked before any work (one-line InputErrors): returns the tasks, the
+    lengths and the QA files by task."""
     from anchor.errors import InputError
     from anchor.limits import check_int, check_seed
-    from anchor.outdir import guard_out, out_lock
 
     if (run is None) == (model is None):
         raise InputError("give exactly one of --run (a training run) and --model")
@@ -95,36 +131,23 @@ def eval_(
                              f"({'SQuAD v2.0 dev JSON' if t == 'qa_1' else 'HotpotQA dev distractor JSON'})")
         if f is not None and not f.is_file():
             raise InputError("no such file", path=f)
+    return task_list, length_list, qa
+
+
+def _check_harness(harness: str | None, harness_tasks: str, harness_data: Path | None):
+    """`--harness`, `--harness-tasks` and `--harness-data` checked (lm-eval importable when asked for):
+    returns the harness tasks and the module `anchor_app.eval.harness`, or None without `--harness`."""
+    from anchor.errors import InputError
+
     harness_list = _split(harness_tasks, "--harness-tasks")
     if harness is None and harness_data is not None:
         raise InputError("--harness-data is read by --harness lm-eval; give --harness lm-eval too")
-    if harness is not None:
-        from anchor_app.eval import harness as lm_harness
+    if harness is None:
+        return harness_list, None
+    from anchor_app.eval import harness as lm_harness
 
-        if harness not in lm_harness.HARNESSES:
-            raise InputError(f"--harness: unknown harness {harness!r} (supported: {', '.join(lm_harness.HARNESSES)})")
-        lm_harness.check_tasks(harness_list, harness_data)
-        lm_harness.require()
-    out = guard_out(out, "eval", inputs=tuple(str(p) for p in (run, model, haystack, squad, hotpotqa, harness_data)
-                                              if p))
-
-    from anchor_app.eval.runner import checkpoints_of_run, parts_dir, run_eval, write_eval
-
-    if run is not None:
-        sources = checkpoints_of_run(run, _split(checkpoints, "--checkpoints") if checkpoints else None)
-    else:
-        sources = [(str(model), str(model))]
-    with out_lock(out, "eval"):
-        result = run_eval(sources, tasks=task_list, lengths=length_list, samples=samples, seed=seed, haystack=haystack,
-                          qa_data={t: str(f) for t, f in qa.items() if f is not None}, engine=engine, dtype=dtype,
-                          batch_size=batch_size, perplexity_windows=perplexity_windows, progress=progress,
-                          parts=parts_dir(out))
-        if harness is not None:
-            result["harness"] = lm_harness.run_harness(
-                sources, tasks=harness_list, lengths=length_list, limit=samples, data_dir=harness_data,
-                engine=engine, dtype=dtype, batch_size=batch_size, progress=progress)
-        path = write_eval(result, out)
-    from anchor_app.eval.runner import render_report
-
-    typer.echo(render_report(result, None))
-    typer.echo(f"wrote {path / 'eval.json'}, {path / 'samples.jsonl'}, {path / 'report.md'}")
+    if harness not in lm_harness.HARNESSES:
+        raise InputError(f"--harness: unknown harness {harness!r} (supported: {', '.join(lm_harness.HARNESSES)})")
+    lm_harness.check_tasks(harness_list, harness_data)
+    lm_harness.require()
+    return harness_list, lm_harness

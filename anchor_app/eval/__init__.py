@@ -1,8 +1,8 @@
-"""Long-context evaluation (`anchor eval`, issue 15, CONTRACT §9).
+"""Long-context evaluation (`anchor eval`, issue 15, docs/DESIGN.md §9).
 
 - `anchor_app.eval.ruler`: RULER's 13 synthetic tasks generated offline with the model's tokenizer
   (`ruler.generate`, `TASK_NAMES`, `Sample`; `generate` is not re-exported here: the name belongs to
-  the submodule `anchor_app.eval.generate`).
+  the submodule `anchor_app.eval.generate`); a package with one module per task family, as upstream's.
 - `anchor_app.eval.scoring`: RULER's scores, 0-100 (`score`, `string_match_all`, `string_match_part`),
   and lm-evaluation-harness's variants beside them.
 - `anchor_app.eval.words`: the word lists that stand in for `wonderwords`.

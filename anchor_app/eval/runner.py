@@ -1,10 +1,10 @@
-"""`anchor eval`: RULER at exact lengths over checkpoints, averaged, with perplexity beside it (CONTRACT §9).
+"""`anchor eval`: RULER at exact lengths over checkpoints, averaged, with perplexity beside it (docs/DESIGN.md §9).
 
     result = run_eval(checkpoints=[("step-40", "runs/x/checkpoints/step-40"), ...], tasks=["niah_single_1"],
                       lengths=[1024, 2048], samples=10)
     write_eval(result, "runs/x-eval")      # eval.json, samples.jsonl, report.md, score_vs_length.png
 
-What runs, per checkpoint (a model of CONTRACT §6 or a training checkpoint's `hf/`):
+What runs, per checkpoint (a model of docs/DESIGN.md §6 or a training checkpoint's `hf/`):
   RULER     every task × length: the same `samples` prompts for every checkpoint (generated once with
             the model's tokenizer, `anchor_app.eval.ruler`), the BOS in front where the model has one (the
             prompt is generated one token shorter so prompt + BOS + answer budget fit the length),
@@ -172,19 +172,42 @@ def run_eval(checkpoints: Sequence[tuple[str, str]], *, tasks: Sequence[str] = D
     length, mean, std, checkpoints), perplexity rows (checkpoint, length, ppl, nll, tokens), the
     samples with predictions (for samples.jsonl), settings, machine, runtime_s.
     """
-    from anchor_app.eval import ruler, scoring
-    from anchor_app.eval.generate import eval_model_source, greedy_generate, load_eval_model
-    from anchor_app.eval.perplexity import heldout_windows, perplexity
     from anchor.machine import machine
-    from anchor.tokenizer import load_tokenizer
-    from anchor.weights import load_spec
-
     from anchor_app.eval.dtype import dtype_choice
 
     choice = dtype_choice(dtype)
     dtype = choice["dtype"]
 
     t0 = time.time()
+    tok = _check_inputs(checkpoints, tasks, lengths, samples)
+    bos = 1 if tok.first_token_id is not None else 0
+    qa_data = qa_data or {}
+    prompt_sets = _generate_prompts(tok, bos, tasks, lengths, samples, seed, haystack, qa_data)
+    windows = _heldout(tok, lengths, perplexity_windows)
+    settings = {"tasks": list(tasks), "lengths": list(lengths), "samples": samples, "seed": seed,
+                "haystack": haystack or "embedded corpus prose", "engine": engine, "dtype": dtype,
+                "batch_size": batch_size, "perplexity_windows": perplexity_windows,
+                "bos": bool(bos), "scoring": "RULER: string_match_all; string_match_part for qa_*"}
+    rows, ppl_rows, sample_rows, reused_s = _evaluate_checkpoints(
+        checkpoints, tok, bos, prompt_sets, windows, settings, haystack=haystack, qa_data=qa_data, parts=parts,
+        progress=progress)
+    return {
+        "rows": rows, "summary": _summary(rows, tasks, lengths), "perplexity": ppl_rows, "samples": sample_rows,
+        "checkpoints": [{"label": lb, "source": src} for lb, src in checkpoints],
+        "settings": settings, "dtype_choice": choice, "machine": machine(),
+        "runtime_s": round(time.time() - t0 + reused_s, 1),
+    }
+
+
+def _check_inputs(checkpoints: Sequence[tuple[str, str]], tasks: Sequence[str], lengths: Sequence[int],
+                  samples: int):
+    """Check what `run_eval` was given before any work (one-line InputErrors); returns the tokenizer of the
+    first checkpoint's model (every checkpoint reads the same prompts)."""
+    from anchor.tokenizer import load_tokenizer
+    from anchor.weights import load_spec
+    from anchor_app.eval import ruler
+    from anchor_app.eval.generate import eval_model_source
+
     if not checkpoints:
         raise InputError("nothing to evaluate (no checkpoint or model)")
     for t in tasks:
@@ -199,25 +222,43 @@ def run_eval(checkpoints: Sequence[tuple[str, str]], *, tasks: Sequence[str] = D
         if L > spec.max_position:
             raise InputError(f"--lengths: {L} is longer than the model's {spec.max_position} positions "
                              f"(max_position_embeddings of {checkpoints[0][1]})")
-    tok = load_tokenizer(first_source)
-    bos = 1 if tok.first_token_id is not None else 0
-    qa_data = qa_data or {}
-    # the prompts: once, for every checkpoint
+    return load_tokenizer(first_source)
+
+
+def _generate_prompts(tok, bos: int, tasks: Sequence[str], lengths: Sequence[int], samples: int, seed: int,
+                      haystack: str | None, qa_data: dict[str, str]) -> dict[tuple[str, int], list]:
+    """The prompts of every task × length: once, for every checkpoint (one token shorter with a BOS)."""
+    from anchor_app.eval import ruler
+
     prompt_sets: dict[tuple[str, int], list] = {}
     for t in tasks:
         for L in lengths:
             prompt_sets[(t, L)] = ruler.generate(t, L - bos, tok, samples, seed=seed, haystack=haystack,
                                                  qa_data=qa_data.get(t))
-    windows = {L: heldout_windows(tok, L, perplexity_windows) for L in lengths} if perplexity_windows else {}
-    total = len(checkpoints) * (len(tasks) * len(lengths) * samples + len(windows) * perplexity_windows)
-    settings = {"tasks": list(tasks), "lengths": list(lengths), "samples": samples, "seed": seed,
-                "haystack": haystack or "embedded corpus prose", "engine": engine, "dtype": dtype,
-                "batch_size": batch_size, "perplexity_windows": perplexity_windows,
-                "bos": bool(bos), "scoring": "RULER: string_match_all; string_match_part for qa_*"}
-    store = _Parts(parts)
-    from anchor import __version__
+    return prompt_sets
 
-    bar = ProgressBar("eval", total, progress, unit="prompts")
+
+def _heldout(tok, lengths: Sequence[int], perplexity_windows: int) -> dict[int, Any]:
+    """{length: held-out windows} for perplexity ({} when `perplexity_windows` is 0)."""
+    from anchor_app.eval.perplexity import heldout_windows
+
+    return {L: heldout_windows(tok, L, perplexity_windows) for L in lengths} if perplexity_windows else {}
+
+
+def _evaluate_checkpoints(checkpoints: Sequence[tuple[str, str]], tok, bos: int,
+                          prompt_sets: dict[tuple[str, int], list], windows: dict[int, Any],
+                          settings: dict[str, Any], *, haystack: str | None, qa_data: dict[str, str],
+                          parts: str | Path | None, progress: bool) -> tuple[list, list, list, float]:
+    """Every checkpoint in turn: its part from `parts` when a killed evaluation finished it with these
+    settings, else evaluated and its part saved. Returns (rows, perplexity rows, sample rows, the seconds
+    the reused parts took)."""
+    from anchor import __version__
+    from anchor_app.eval.generate import eval_model_source
+
+    per_checkpoint = (len(settings["tasks"]) * len(settings["lengths"]) * settings["samples"]
+                      + len(windows) * settings["perplexity_windows"])
+    store = _Parts(parts)
+    bar = ProgressBar("eval", len(checkpoints) * per_checkpoint, progress, unit="prompts")
     rows, ppl_rows, sample_rows = [], [], []
     reused_s = 0.0
     try:
@@ -233,32 +274,10 @@ def run_eval(checkpoints: Sequence[tuple[str, str]], *, tasks: Sequence[str] = D
                 ppl_rows += done["perplexity"]
                 sample_rows += done["samples"]
                 reused_s += float(done["seconds"])
-                bar.advance(len(tasks) * len(lengths) * samples + len(windows) * perplexity_windows)
+                bar.advance(per_checkpoint)
                 continue
             t_ckpt = time.time()
-            mine: dict[str, list] = {"rows": [], "perplexity": [], "samples": []}
-            bar.describe(f"{label}: loading")
-            model = load_eval_model(source, engine=engine, dtype=dtype)
-            for (t, L), ss in prompt_sets.items():
-                bar.describe(f"{label}: {t} at {L}")
-                outs = greedy_generate(model, tok, _prompts(tok, ss), [s.tokens_to_generate for s in ss],
-                                       batch_size=batch_size, progress=False)
-                preds = [tok.decode(o) for o in outs]
-                mine["rows"].append({"checkpoint": label, "task": t, "length": L,
-                                     "score": scoring.score(t, preds, [s.answers for s in ss]), "samples": len(ss)})
-                for s, p, o in zip(ss, preds, outs):
-                    mine["samples"].append({"checkpoint": label, "task": t, "length": L, "index": s.index,
-                                            "input": s.input, "answer_prefix": s.answer_prefix, "answers": s.answers,
-                                            "prediction": p, "prompt_tokens": s.prompt_tokens + bos,
-                                            "generated_tokens": len(o)})
-                bar.advance(len(ss))
-            for L, w in windows.items():
-                bar.describe(f"{label}: perplexity at {L}")
-                r = perplexity(model, w, "full")
-                mine["perplexity"].append({"checkpoint": label, "length": L, "ppl": r.ppl, "nll": r.nll,
-                                           "tokens": r.tokens, "windows": r.windows})
-                bar.advance(perplexity_windows)
-            del model
+            mine = _evaluate_checkpoint(label, source, tok, bos, prompt_sets, windows, settings, bar)
             mine = _normal(mine)  # as a reused part reads back: the same result either way
             store.save(i, {"key": key, **mine, "seconds": round(time.time() - t_ckpt, 1)})
             rows += mine["rows"]
@@ -266,6 +285,44 @@ def run_eval(checkpoints: Sequence[tuple[str, str]], *, tasks: Sequence[str] = D
             sample_rows += mine["samples"]
     finally:
         bar.close()
+    return rows, ppl_rows, sample_rows, reused_s
+
+
+def _evaluate_checkpoint(label: str, source: str, tok, bos: int, prompt_sets: dict[tuple[str, int], list],
+                         windows: dict[int, Any], settings: dict[str, Any], bar: ProgressBar) -> dict[str, list]:
+    """One checkpoint: greedy answers to every prompt, scored, and perplexity on the held-out windows."""
+    from anchor_app.eval import scoring
+    from anchor_app.eval.generate import greedy_generate, load_eval_model
+    from anchor_app.eval.perplexity import perplexity
+
+    mine: dict[str, list] = {"rows": [], "perplexity": [], "samples": []}
+    bar.describe(f"{label}: loading")
+    model = load_eval_model(source, engine=settings["engine"], dtype=settings["dtype"])
+    for (t, L), ss in prompt_sets.items():
+        bar.describe(f"{label}: {t} at {L}")
+        outs = greedy_generate(model, tok, _prompts(tok, ss), [s.tokens_to_generate for s in ss],
+                               batch_size=settings["batch_size"], progress=False)
+        preds = [tok.decode(o) for o in outs]
+        mine["rows"].append({"checkpoint": label, "task": t, "length": L,
+                             "score": scoring.score(t, preds, [s.answers for s in ss]), "samples": len(ss)})
+        for s, p, o in zip(ss, preds, outs):
+            mine["samples"].append({"checkpoint": label, "task": t, "length": L, "index": s.index,
+                                    "input": s.input, "answer_prefix": s.answer_prefix, "answers": s.answers,
+                                    "prediction": p, "prompt_tokens": s.prompt_tokens + bos,
+                                    "generated_tokens": len(o)})
+        bar.advance(len(ss))
+    for L, w in windows.items():
+        bar.describe(f"{label}: perplexity at {L}")
+        r = perplexity(model, w, "full")
+        mine["perplexity"].append({"checkpoint": label, "length": L, "ppl": r.ppl, "nll": r.nll,
+                                   "tokens": r.tokens, "windows": r.windows})
+        bar.advance(settings["perplexity_windows"])
+    del model
+    return mine
+
+
+def _summary(rows: list[dict[str, Any]], tasks: Sequence[str], lengths: Sequence[int]) -> list[dict[str, Any]]:
+    """Per task × length: the mean and standard deviation of the score over the checkpoints."""
     summary = []
     for t in tasks:
         for L in lengths:
@@ -273,12 +330,7 @@ def run_eval(checkpoints: Sequence[tuple[str, str]], *, tasks: Sequence[str] = D
             summary.append({"task": t, "length": L, "mean": float(np.mean(vals)),
                             "std": float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0,
                             "checkpoints": [r["checkpoint"] for r in rows if r["task"] == t and r["length"] == L]})
-    return {
-        "rows": rows, "summary": summary, "perplexity": ppl_rows, "samples": sample_rows,
-        "checkpoints": [{"label": lb, "source": src} for lb, src in checkpoints],
-        "settings": settings, "dtype_choice": choice, "machine": machine(),
-        "runtime_s": round(time.time() - t0 + reused_s, 1),
-    }
+    return summary
 
 
 def _table(result: dict[str, Any]) -> list[str]:

@@ -1,0 +1,38 @@
+"""`anchor demo`: the paper's experiment end to end on the embedded default, small enough for a CPU.
+
+Stages, each in its own sub-folder of `--out`:
+  top5     the oracle's next-token top-5 on a prompt next to transformers' own (GGUF loaded by
+           transformers itself, eager attention, fp32)
+  corpus   the embedded default corpus (`anchor corpus`)
+  pack     tokenized, long-document-upsampled and packed windows (`anchor pack`)
+  audit    a short RoPE/bf16 precision audit (`anchor audit`, quick settings)
+  train    short continued pre-training runs, AnchorAttention against full attention, on the packed
+           windows (`anchor train`, the `varlen` engine, evaluation checkpoints as the paper's)
+  parity   the trained anchor checkpoint in the trainer held against the oracle, layer by layer,
+           forward and gradients (`anchor parity --grads`)
+  eval     RULER on every run, averaged over its evaluation checkpoints, perplexity beside it
+           (`anchor eval --run`)
+  bench    attention time of anchor against full on packed windows, with the FLOP ratio (`anchor bench`)
+and `index.html`: one page, a section per stage, tables and figures inline, every link relative;
+`summary.png`, four figures of the run side by side.
+
+Stages run in that order; `--steps` selects some (their inputs come along: `eval` needs `train`,
+which needs `pack`, which needs `corpus`). `--out` is a demo folder (anchor's marker, verb `demo`):
+every stage publishes its own sub-folder atomically and is recorded in `demo.json` with a
+fingerprint of its settings, its inputs' fingerprints and anchor's version. A second run reuses
+every stage whose fingerprint still matches (`--fresh` redoes them); a killed demo keeps the stages
+it finished, and a killed training run resumes from its newest checkpoint.
+
+The package, one module per concern:
+  settings    the stage names, `DemoSettings` and the profiles
+  next_token  the top-5 check (`top5`, `print_top5`)
+  stages      the stages (`RUNNERS`: stage name -> function of the stage context)
+  planning    planning, fingerprints, stage reuse, the record, `run_demo`
+  page        `index.html` and `summary.png`
+"""
+
+from anchor_app.demo.planning import check_steps, fingerprints, plan, read_record, run_demo
+from anchor_app.demo.settings import DEFAULT_PROMPT, PROFILES, STAGES, DemoSettings
+
+__all__ = ["DEFAULT_PROMPT", "PROFILES", "STAGES", "DemoSettings", "check_steps", "fingerprints", "plan", "read_record",
+           "run_demo"]

@@ -1,0 +1,217 @@
+"""The demo's page and figures: `index.html` (a section per finished stage, tables and figures inline,
+every link relative) and `summary.png` (four figures of the run side by side)."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from anchor.atomic import write_text_atomic
+from anchor_app.demo.settings import DEMO_JSON, STAGES, TITLES
+
+
+def save_figure(fig, path: Path, dpi: int = 110) -> None:
+    """Save a matplotlib figure to `path` atomically (a temporary name, then a rename)."""
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
+    fig.savefig(tmp, dpi=dpi)
+    os.replace(tmp, path)
+
+
+SUMMARY_PANELS = (("audit", "figure1.png", "precision audit"), ("train", "loss.png", "training loss"),
+                  ("eval", "ruler.png", "RULER"), ("bench", "time_ratio_vs_flop_ratio.png", "attention time"))
+
+
+def summary_figure(out: Path, record: dict[str, Any]) -> Path | None:
+    """`summary.png`: the audit, the loss curves, RULER and the speed figure side by side (those that exist)."""
+    panels = [(out / st / name, title) for st, name, title in SUMMARY_PANELS
+              if record["stages"].get(st, {}).get("done") and (out / st / name).is_file()]
+    target = out / "summary.png"
+    if not panels:
+        target.unlink(missing_ok=True)
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.image as mpimg
+    import matplotlib.pyplot as plt
+
+    cols = 2 if len(panels) > 1 else 1
+    rows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 4.2 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, (path, title) in zip(axes.flat, panels):
+        ax.imshow(mpimg.imread(path))
+    fig.suptitle(f"anchor demo — {record['model']}", fontsize=14)
+    fig.tight_layout()
+    save_figure(fig, target, dpi=90)
+    plt.close(fig)
+    return target
+
+
+def _esc(x: Any) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{_esc(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _f(x: Any, spec: str = ".4g") -> str:
+    return "—" if x is None else format(x, spec) if isinstance(x, (int, float)) else str(x)
+
+
+class _Page:
+    def __init__(self, out: Path):
+        self.out, self.parts = out, []
+
+    def add(self, text: str) -> None:
+        self.parts.append(text)
+
+    def link(self, rel: str, text: str | None = None) -> str:
+        """A relative link to `rel` when the file exists (else its name, unlinked)."""
+        if (self.out / rel).exists():
+            return f"<a href='{_esc(rel)}'>{_esc(text or rel)}</a>"
+        return _esc(text or rel)
+
+    def img(self, rel: str, alt: str) -> None:
+        self.figs([(rel, alt)], grid=False)
+
+    def figs(self, items: list[tuple[str, str]], grid: bool = True) -> None:
+        """Figures that exist, inline; two to a row when `grid`."""
+        cells = [f"<figure><img src='{_esc(rel)}' alt='{_esc(alt)}'><figcaption>{_esc(alt)}</figcaption></figure>"
+                 for rel, alt in items if (self.out / rel).is_file()]
+        if cells:
+            self.add(f"<div class='{'figs' if grid and len(cells) > 1 else 'fig'}'>" + "".join(cells) + "</div>")
+
+
+def _section_top5(p: _Page, s: dict[str, Any]) -> None:
+    p.add(f"<p>Prompt <code>{_esc(s['prompt'])}</code> ({s['tokens']} tokens), oracle policy {_esc(s['policy'])}. "
+          f"Same top-5 in the same order: <b>{s['same_top5']}</b>; largest probability difference "
+          f"{s['max_prob_diff_top5']:.2e}. {p.link('top5/top5.md', 'top5.md')}</p>")
+    p.add(_table(["rank", "oracle", "p", "transformers", "p"],
+                 [[r, repr(a["token"]), f"{a['prob']:.5f}", repr(b["token"]), f"{b['prob']:.5f}"]
+                  for r, (a, b) in enumerate(zip(s["oracle"], s["transformers"]), 1)]))
+
+
+def _section_corpus(p: _Page, s: dict[str, Any]) -> None:
+    flat = [[k, v if not isinstance(v, (dict, list)) else json.dumps(v)[:120]] for k, v in s.items()]
+    p.add(_table(["key", "value"], flat))
+    p.add(f"<p>{p.link('corpus/corpus.json', 'corpus.json')}</p>")
+
+
+def _section_pack(p: _Page, s: dict[str, Any]) -> None:
+    p.add(_table(["key", "value"], [[k, v] for k, v in s.items()]))
+    p.add(f"<p>{p.link('pack/stats.md', 'stats.md')} · {p.link('pack/stats.json', 'stats.json')}</p>")
+
+
+def _section_audit(p: _Page, s: dict[str, Any]) -> None:
+    p.add(f"<p>Policies {', '.join(map(_esc, s.get('policies', [])))}: attention difference D under a shift of every "
+          f"position, per token and per length (quick settings). {p.link('audit/report.md', 'report.md')} · "
+          f"{p.link('audit/audit.json', 'audit.json')}</p>")
+    p.img("audit/figure1.png", "figure 1: the paper's panels on this model")
+    p.figs([(f"audit/{name}.png", name.replace("_", " "))
+            for name in ("shift_curve", "per_token", "length_curve", "error_budget")])
+
+
+def _section_train(p: _Page, s: dict[str, Any]) -> None:
+    p.add(f"<p>{_esc(s['model'])}, windows of {s['seq_len']} slots, engine {_esc(s['engine'])}, {_esc(s['dtype'])}. "
+          "Step time: median over the steps after the first.</p>")
+    p.add(_table(["variant", "steps", "loss: first", "last", "step s (median)", "tokens/s", "step time / full",
+                  "evaluation checkpoints"],
+                 [[v, r["steps"], _f(r["loss_first"]), _f(r["loss_last"]), _f(r["step_s_median"], ".3g"),
+                   _f(r["tokens_per_s_median"], ".4g"), _f(r.get("step_time_vs_full"), ".3f"),
+                   ", ".join(r["eval_checkpoints"])] for v, r in s["runs"].items()]))
+    p.img("train/loss.png", "loss per step")
+    p.add("<p>" + " · ".join(f"{v}: {p.link(f'train/{v}/metrics.jsonl', 'metrics.jsonl')}, "
+                              f"{p.link(f'train/{v}/config.yaml', 'config.yaml')}" for v in s["runs"]) + "</p>")
+
+
+def _section_parity(p: _Page, s: dict[str, Any]) -> None:
+    p.add(f"<p>Model: the trained checkpoint <code>{_esc(s['model'])}</code>. Forward, layer by layer: "
+          f"<b>{s['passed']}/{s['cases']}</b> cases pass; gradients of every parameter and AdamW steps (fp32, "
+          f"<code>{_esc(s.get('grad_model', s['model']))}</code>): <b>{s['grad_passed']}/{s['grad_cases']}</b>. "
+          f"{p.link('parity/index.html', 'layer-wise report')} · {p.link('parity/summary.md', 'summary.md')}</p>")
+    p.add(_table(["case", "pass"], s["ids"]))
+    p.figs([(f"parity/figures/{fig.name}", fig.stem.split("_", 2)[-1] + ": per-parameter errors")
+            for fig in sorted((p.out / "parity" / "figures").glob("grads_*.png"))[:4]])
+
+
+def _section_eval(p: _Page, s: dict[str, Any]) -> None:
+    Ls = [str(L) for L in s["lengths"]]
+    p.add(f"<p>RULER tasks {', '.join(map(_esc, s['tasks']))}, {s['samples']} samples per task and length, greedy, "
+          f"{_esc(s['dtype'])}, prefill engine {_esc(s.get('engine', 'sdpa'))}; each cell: the mean of the tasks, "
+          "mean ± std over the run's evaluation checkpoints (the paper's table).</p>")
+    if s.get("dtype_choice", {}).get("reason"):
+        p.add(f"<p>dtype: {_esc(s['dtype_choice']['reason'])}.</p>")
+    p.add(_table(["run", "checkpoints", *Ls],
+                 [[v, ", ".join(r["checkpoints"]), *[f"{r['scores'][L]['mean']:.1f} ± {r['scores'][L]['std']:.1f}"
+                                                    for L in Ls]] for v, r in s["runs"].items()]))
+    p.img("eval/ruler.png", "RULER score against length")
+    rows = []
+    for v, r in s["runs"].items():
+        for t in r["tasks"]:
+            rows.append([v, t["task"], t["length"], f"{t['mean']:.1f} ± {t['std']:.1f}"])
+    p.add("<h3>Per task</h3>" + _table(["run", "task", "length", "score"], rows))
+    if any(r["perplexity"] for r in s["runs"].values()):
+        p.add("<h3>Perplexity on held-out windows (mean over checkpoints)</h3>")
+        p.add(_table(["run", *Ls], [[v, *[_f(r["perplexity"].get(L), ".4g") for L in Ls]] for v, r in s["runs"].items()]))
+    p.add("<p>" + " · ".join(f"{v}: {p.link(f'eval/{v}/report.md', 'report.md')}, "
+                              f"{p.link(f'eval/{v}/samples.jsonl', 'samples.jsonl')}" for v in s["runs"]) + "</p>")
+
+
+def _section_bench(p: _Page, s: dict[str, Any]) -> None:
+    p.add(f"<p>Attention alone, forward + backward, on windows packed from the corpus ({_esc(s.get('machine'))}); "
+          "ratios against full measured in the same run on the same windows.</p>")
+    p.add(_table(["engine", "variant", "T", "ms", "time / full", "FLOPs / full"],
+                 [[r["engine"], r["variant"], r["seq_len"], _f(r["ms"], ".4g"), _f(r["time_ratio"], ".3f"),
+                   _f(r["flop_ratio"], ".3f")] for r in s["attention"]]))
+    p.figs([(f"bench/{name}.png", name.replace("_", " ")) for name in ("time_ratio_vs_flop_ratio", "time_vs_length")])
+    est = [e for e in s.get("estimate", []) if e.get("variant") == "anchor"]
+    if est:
+        p.add("<h3>Estimate for the paper's setting (assumed GPU rates)</h3>")
+        p.add(_table(["model", "T", "GPUs", "distribution", "days / 1B tokens", "saving vs full"],
+                     [[e.get("model"), e.get("seq_len"), e.get("gpus"), e.get("distribution"),
+                       _f(e.get("days_per_1b_tokens"), ".3g"), _f(e.get("saving_vs_full"), ".1%")] for e in est]))
+    p.add(f"<p>{p.link('bench/report.md', 'report.md')} · {p.link('bench/bench.json', 'bench.json')}</p>")
+
+
+SECTIONS = {"top5": _section_top5, "corpus": _section_corpus, "pack": _section_pack, "audit": _section_audit,
+            "train": _section_train, "parity": _section_parity, "eval": _section_eval, "bench": _section_bench}
+
+_CSS = ("body{font:15px/1.45 system-ui,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em;color:#222}"
+        "img{max-width:100%}figure{margin:1em 0}figcaption{font-size:12px;color:#666}"
+        "table{border-collapse:collapse;margin:.5em 0}td,th{padding:2px 8px;border-bottom:1px solid #ddd;"
+        "text-align:left;font-size:13px}code{background:#f4f4f4;padding:0 3px}.note{color:#a60}"
+        ".figs{display:grid;grid-template-columns:1fr 1fr;gap:10px}.fig img{max-width:720px}")
+
+
+def index_page(out: Path, record: dict[str, Any], fps: dict[str, str] | None = None) -> None:
+    """`index.html`: a section per finished stage, tables and figures inline, every link relative."""
+    p = _Page(out)
+    done = [st for st in STAGES if record["stages"].get(st, {}).get("done")]
+    p.add(f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>anchor demo — {_esc(record['model'])}"
+          f"</title><style>{_CSS}</style></head><body>")
+    p.add(f"<h1>anchor demo — {_esc(record['model'])}</h1>")
+    p.add(f"<p>The paper's experiment end to end: {', '.join(done) or 'no stage finished yet'}. "
+          f"This run: {record.get('seconds', 0):.0f} s; ran {', '.join(record.get('ran', [])) or 'nothing'}; "
+          f"reused {', '.join(record.get('reused', [])) or 'nothing'}. {p.link(DEMO_JSON, DEMO_JSON)}</p>")
+    p.img("summary.png", "summary: audit, training loss, RULER, attention time")
+    p.add("<ul>" + "".join(f"<li><a href='#{st}'>{_esc(TITLES[st])}</a></li>" for st in done) + "</ul>")
+    for st in done:
+        rec = record["stages"][st]
+        p.add(f"<h2 id='{st}'>{_esc(TITLES[st])}</h2>")
+        stale = fps is not None and rec.get("fingerprint") != fps.get(st)
+        p.add(f"<p>Finished {_esc(rec.get('finished'))} in {_f(rec.get('seconds'), '.0f')} s"
+              + (" <span class='note'>(from an earlier demo with other settings)</span>" if stale else "") + ".</p>")
+        try:
+            SECTIONS[st](p, rec["summary"])
+        except (KeyError, TypeError) as e:  # a record from an older demo: link the folder
+            p.add(f"<p class='note'>No summary in this record ({_esc(e)}).</p>")
+    p.add("</body></html>")
+    write_text_atomic(out / "index.html", "\n".join(p.parts) + "\n")

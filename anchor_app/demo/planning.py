@@ -1,0 +1,211 @@
+"""Planning, fingerprints and stage reuse: which stages run, which are reused, and the record (demo.json).
+
+Every stage is recorded in `demo.json` with a fingerprint of its settings, its inputs' fingerprints and
+anchor's version; a stage whose fingerprint still matches is reused, `train` and `eval` resume where a
+killed demo left them (`RESUMABLE`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from anchor.atomic import write_text_atomic
+from anchor.errors import InputError
+from anchor_app.demo.page import index_page, summary_figure
+from anchor_app.demo.settings import DEMO_JSON, NEEDS, PROFILES, STAGES, TITLES, DemoSettings
+from anchor_app.demo.stages import RUNNERS, StageContext
+
+# Stages that a stopped demo continues (the same fingerprint): training from each run's newest checkpoint,
+# evaluation from the checkpoint it was on (finished runs whole, finished checkpoints from their parts).
+RESUMABLE = ("train", "eval")
+
+# The settings each stage's result depends on (besides its inputs' fingerprints and the model file).
+_KEYS = {"top5": ("model", "prompt", "policy"), "corpus": (), "pack": ("model", "seq_len", "budget"),
+         "audit": ("model",),
+         "train": ("model", "seq_len", "train_variants", "train_steps", "global_batch", "lr", "train_engine",
+                   "train_dtype", "eval_every", "eval_window", "seed"),
+         "parity": ("parity_seq_len", "parity_policies", "parity_grad_layers"),
+         "eval": ("eval_tasks", "eval_lengths", "eval_samples", "eval_dtype", "eval_engine", "perplexity_windows",
+                  "seed"),
+         "bench": ("model", "bench_seq_lens", "bench_windows", "bench_repeats", "seed")}
+
+
+def check_steps(steps: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """`--steps` as a tuple of known stage names, in the pipeline's order; none or an unknown one is an InputError."""
+    items = [x.strip() for x in steps.split(",")] if isinstance(steps, str) else [str(x).strip() for x in steps]
+    items = [x for x in items if x]
+    if not items:
+        raise InputError(f"--steps: no step given: select at least one stage ({', '.join(STAGES)})")
+    unknown = [x for x in items if x not in STAGES]
+    if unknown:
+        raise InputError(f"--steps: unknown demo stage {unknown[0]!r} (stages: {', '.join(STAGES)})")
+    return tuple(x for x in STAGES if x in items)
+
+
+def plan(steps: tuple[str, ...]) -> tuple[str, ...]:
+    """The selected stages and every stage they need, in the pipeline's order."""
+    want: set[str] = set()
+
+    def add(x: str) -> None:
+        if x not in want:
+            want.add(x)
+            for y in NEEDS.get(x, ()):
+                add(y)
+
+    for x in steps:
+        add(x)
+    return tuple(x for x in STAGES if x in want)
+
+
+def _model_identity(model: str) -> dict[str, Any]:
+    from anchor.paths import resolve_model_name
+
+    try:
+        path = Path(resolve_model_name(model))
+    except Exception:  # noqa: BLE001 - the stages report a bad model themselves
+        return {"name": model}
+    if path.is_file():
+        st = path.stat()
+        return {"name": model, "path": str(path.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file())
+        return {"name": model, "path": str(path.resolve()),
+                "files": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
+    return {"name": model}
+
+
+def fingerprints(settings: DemoSettings) -> dict[str, str]:
+    """sha256 (16 hex) per stage of its settings, its inputs' fingerprints, the model file and anchor's version."""
+    from anchor import __version__
+
+    d = asdict(settings)
+    ident = _model_identity(settings.model)
+    fps: dict[str, str] = {}
+    for stage in STAGES:
+        blob = {"stage": stage, "version": __version__, "settings": {k: d[k] for k in _KEYS[stage]},
+                "needs": {x: fps[x] for x in NEEDS.get(stage, ())}}
+        if "model" in _KEYS[stage]:
+            blob["model"] = ident
+        text = json.dumps(blob, sort_keys=True, default=list)
+        fps[stage] = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return fps
+
+
+def read_record(out: Path) -> dict[str, Any]:
+    """demo.json of an earlier demo in `out` ({} when none or unreadable)."""
+    try:
+        d = json.loads((out / DEMO_JSON).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return d if isinstance(d, dict) and isinstance(d.get("stages"), dict) else {}
+
+
+def _stage_done(out: Path, stage: str, rec: dict[str, Any] | None, fp: str) -> bool:
+    from anchor.outdir import read_marker
+
+    return bool(rec and rec.get("done") and rec.get("fingerprint") == fp and read_marker(out / stage) is not None)
+
+
+def _clear(out: Path, stage: str) -> None:
+    """Remove a stage folder before it is redone: only one anchor wrote (its marker)."""
+    from anchor.outdir import MARKER, rmtree, read_marker
+
+    path = out / stage
+    if not path.exists():
+        return
+    if read_marker(path) is None and any(path.iterdir()):
+        raise InputError(f"the demo's stage folder holds files anchor did not write (no {MARKER}); "
+                         "move them away or name another --out", path=path)
+    rmtree(path)
+
+
+def run_demo(model: str = "default", out: str | Path = "runs/demo", *, steps: tuple[str, ...] = STAGES,
+             settings: DemoSettings | None = None, fresh: bool = False, say: Callable[[str], None] = print,
+             progress: bool = True, **overrides: Any) -> dict[str, Any]:
+    """Run (or reuse) the selected stages into the demo folder `out`. Returns the record written to demo.json.
+
+    `overrides` replace fields of `settings` (default: the `demo` profile), e.g. seq_len=512."""
+    from anchor.outdir import guard_out, out_lock
+
+    steps = check_steps(steps)
+    s = replace(settings or PROFILES["demo"], model=model, **overrides)
+    pol_file = s.policy if s.policy.endswith((".yaml", ".yml")) else None
+    out = guard_out(out, "demo", inputs=(model, pol_file), replace=False)
+    todo = plan(steps)
+    fps = fingerprints(s)
+    t0 = time.time()
+    _check_model(s.model)  # a bad model fails before the folder exists
+    created = not out.exists() or not any(out.iterdir())
+    with out_lock(out, "demo"):
+        try:
+            return _run_stages(out, s, steps, todo, fps, fresh, say, progress, t0)
+        except BaseException:
+            from anchor.outdir import rmtree
+
+            if created and not any(r.get("done") for r in read_record(out).get("stages", {}).values()):
+                rmtree(out)  # nothing finished: leave no half-written demo folder behind
+            raise
+
+
+def _check_model(model: str) -> None:
+    """The model exists and its config reads (weights and tokenizer are checked by the first stage that loads
+    them; a failure before any stage finished removes the folder it created)."""
+    from anchor.weights import load_spec
+
+    load_spec(model)
+
+
+def _run_stages(out: Path, s: DemoSettings, steps: tuple[str, ...], todo: tuple[str, ...], fps: dict[str, str],
+                fresh: bool, say: Callable[[str], None], progress: bool, t0: float) -> dict[str, Any]:
+    from anchor.outdir import remove_stale_staging, write_marker
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_marker(out, "demo")
+    for stage in STAGES:
+        remove_stale_staging(out / stage)
+    for tmp in out.glob(".parity-model-*"):  # the cut model of a killed parity stage
+        shutil.rmtree(tmp, ignore_errors=True)
+    old = read_record(out)
+    record: dict[str, Any] = {"model": s.model, "settings": asdict(s), "stages": dict(old.get("stages", {})),
+                              "ran": [], "reused": [], "selected": list(steps)}
+    ctx = StageContext(out, s, progress, say, record["stages"])
+    for i, stage in enumerate(todo, 1):
+        rec = record["stages"].get(stage)
+        if not fresh and _stage_done(out, stage, rec, fps[stage]):
+            say(f"[{i}/{len(todo)}] {stage}: reused (finished {rec['finished']}, settings unchanged)")
+            record["reused"].append(stage)
+            continue
+        resumable = stage in RESUMABLE and not fresh and rec is not None and rec.get("fingerprint") == fps[stage]
+        if not resumable:
+            _clear(out, stage)
+        say(f"[{i}/{len(todo)}] {stage}: {TITLES[stage]}")
+        record["stages"][stage] = {"fingerprint": fps[stage], "done": False, "started": _now()}
+        _write_record(out, record, t0)
+        t = time.time()
+        summary = RUNNERS[stage](ctx)
+        record["stages"][stage] = {"fingerprint": fps[stage], "done": True, "started": record["stages"][stage]["started"],
+                                   "finished": _now(), "seconds": round(time.time() - t, 1), "summary": summary}
+        record["ran"].append(stage)
+        _write_record(out, record, t0)
+        index_page(out, record, fps)
+    record["seconds"] = round(time.time() - t0, 1)
+    _write_record(out, record, t0)
+    summary_figure(out, record)
+    index_page(out, record, fps)
+    return record
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _write_record(out: Path, record: dict[str, Any], t0: float) -> None:
+    record["seconds"] = round(time.time() - t0, 1)
+    record["finished"] = _now()
+    write_text_atomic(out / DEMO_JSON, json.dumps(record, indent=1, ensure_ascii=False, default=str))

@@ -1,0 +1,291 @@
+"""The demo's stages: each takes the stage context and returns a small JSON summary (kept in demo.json).
+
+`RUNNERS` maps each stage name of `STAGES` to its function; `anchor_app.demo.planning` runs them in order.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from anchor_app.demo.next_token import print_top5, top5
+from anchor_app.demo.page import save_figure
+from anchor_app.demo.settings import DemoSettings
+
+
+@dataclass
+class StageContext:
+    """What a stage reads: the demo folder, the settings, how to report, and the records of earlier stages."""
+
+    out: Path
+    settings: DemoSettings
+    progress: bool
+    say: Callable[[str], None]
+    records: dict[str, Any] = field(default_factory=dict)
+
+    def stage(self, name: str) -> Path:
+        return self.out / name
+
+
+def _container(path: Path) -> None:
+    """A stage folder holding several anchor outputs (runs, evaluations): made and marked as the demo's."""
+    from anchor.outdir import read_marker, write_marker
+
+    path.mkdir(parents=True, exist_ok=True)
+    if read_marker(path) is None:
+        write_marker(path, "demo")
+
+
+def stage_top5(ctx: StageContext) -> dict[str, Any]:
+    from anchor.atomic import publish, staging_dir
+
+    s = ctx.settings
+    with staging_dir(ctx.stage("top5"), "demo") as tmp:
+        result = top5(s.model, s.prompt, s.policy, tmp / "top5")
+        publish(tmp / "top5", ctx.stage("top5"), "demo")
+    print_top5(result)
+    return result
+
+
+def stage_corpus(ctx: StageContext) -> dict[str, Any]:
+    from anchor.data.corpus import write_default_corpus
+
+    return write_default_corpus(ctx.stage("corpus"), progress=ctx.progress)
+
+
+def stage_pack(ctx: StageContext) -> dict[str, Any]:
+    from anchor.data.mixture import MixtureSpec
+    from anchor.data.pipeline import PackConfig, pack_corpus
+
+    s = ctx.settings
+    cfg = PackConfig(seq_len=s.seq_len, mixture=MixtureSpec(kind="upsample_long", budget=s.budget,
+                                                            long_threshold=s.seq_len))
+    stats = pack_corpus(s.model, ctx.stage("corpus") / "corpus.jsonl", ctx.stage("pack"), cfg, progress=ctx.progress)
+    return {k: stats[k] for k in ("windows", "tokens", "documents", "seq_len") if k in stats}
+
+
+def stage_audit(ctx: StageContext) -> dict[str, Any]:
+    from jaxref.audit.report import write_audit
+    from jaxref.audit.runner import run_audit
+
+    result = run_audit(ctx.settings.model, data=str(ctx.stage("corpus") / "corpus.jsonl"), quick=True,
+                       progress=ctx.progress)
+    write_audit(result, ctx.stage("audit"))
+    return {"runtime_s": result.get("runtime_s"), "policies": sorted(result.get("shift_curve", {}))}
+
+
+def _train_overrides(s: DemoSettings, data: Path, variant: str) -> list[str]:
+    return [f"model={s.model}", f"data={data}", f"seq_len={s.seq_len}", f"variant={variant}",
+            f"steps={s.train_steps}", f"global_batch={s.global_batch}", "micro_batch=1", f"lr={s.lr}",
+            "warmup_steps=1", "schedule=constant", f"dtype={s.train_dtype}", f"engine={s.train_engine}",
+            "zero_stage=0", "save_every=0", "keep_last=1", f"eval_every={s.eval_every}",
+            f"eval_window={s.eval_window}", f"seed={s.seed}"]
+
+
+def stage_train(ctx: StageContext) -> dict[str, Any]:
+    """One run per variant on the packed windows (resumed where a killed demo left it)."""
+    from torchtrain import checkpoint as ckpt
+    from torchtrain.config import load_train_config
+    from torchtrain.metrics import read_metrics
+    from torchtrain.trainer import train
+
+    s = ctx.settings
+    root = ctx.stage("train")
+    _container(root)
+    runs: dict[str, Any] = {}
+    for i, v in enumerate(s.train_variants, 1):
+        ctx.say(f"    run {i}/{len(s.train_variants)}: variant {v}, {s.train_steps} steps of "
+                f"{s.global_batch} x {s.seq_len} slots, engine {s.train_engine}")
+        cfg = load_train_config(None, _train_overrides(s, ctx.stage("pack").resolve(), v))
+        train(cfg, root / v, progress=ctx.progress)
+        m = read_metrics(root / v)
+        step_s = [s.global_batch * s.seq_len / r["tokens_per_s"] for r in m]
+        last = max(ckpt.list_steps(root / v))
+        runs[v] = {"steps": len(m), "loss_first": m[0]["loss"], "loss_last": m[-1]["loss"],
+                   "loss": [r["loss"] for r in m],
+                   "step_s_median": float(np.median(step_s[1:] if len(step_s) > 1 else step_s)),
+                   "tokens_per_s_median": float(np.median([r["tokens_per_s"] for r in m[1:] or m])),
+                   "elapsed_s": m[-1]["elapsed_s"], "last_checkpoint": f"{v}/checkpoints/step-{last}/hf",
+                   "eval_checkpoints": [f"step-{k}" for k in sorted(ckpt.list_steps(root / v)) if cfg.is_eval_step(k)]}
+    if "full" in runs:
+        for v, r in runs.items():
+            r["step_time_vs_full"] = r["step_s_median"] / runs["full"]["step_s_median"]
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for v, r in runs.items():
+        ax.plot(range(1, len(r["loss"]) + 1), r["loss"], marker="o", label=v)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss (mean over counted targets)")
+    ax.set_title(f"{s.model}: continued pre-training at T={s.seq_len}")
+    ax.legend()
+    fig.tight_layout()
+    save_figure(fig, root / "loss.png")
+    plt.close(fig)
+    return {"runs": runs, "model": s.model, "seq_len": s.seq_len, "engine": s.train_engine, "dtype": s.train_dtype}
+
+
+def stage_parity(ctx: StageContext) -> dict[str, Any]:
+    """The trained checkpoint forward (whole model, fp32 and bf16) and its gradients and AdamW steps (fp32,
+    on its first `parity_grad_layers` layers: the gradient cases of a 135M model hold some twenty copies of
+    its parameters in fp64, 22 GB)."""
+    import tempfile
+
+    from anchor_app.bench.step import cut_model
+    from anchor.weights import load_spec
+    from parity_tests.report import write_report
+    from parity_tests.suite import build_cases, run_parity
+
+    s = ctx.settings
+    first = "anchor" if "anchor" in s.train_variants else s.train_variants[0]
+    rel = f"train/{ctx.records['train']['summary']['runs'][first]['last_checkpoint']}"
+    model = str((ctx.out / rel).resolve())
+    T = s.parity_seq_len
+    cases = build_cases(model, variants=["full", "anchor"], layouts=["plain"], policies=list(s.parity_policies),
+                        engines=["sdpa"], seq_lens=[T])
+    result = run_parity(cases, progress=ctx.progress)
+    layers = load_spec(model).num_layers
+    cut = min(s.parity_grad_layers or layers, layers)
+    label = rel if cut == layers else f"{rel} (first {cut} of {layers} layers)"
+    with tempfile.TemporaryDirectory(prefix=".parity-model-", dir=ctx.out) as tmp:
+        grad_model = model if cut == layers else str(cut_model(model, cut, T, Path(tmp) / "model")[0])
+        grad = run_parity(build_cases(grad_model, variants=["full", "anchor"], layouts=["plain"], policies=["fp32"],
+                                      engines=["sdpa"], seq_lens=[T]), progress=ctx.progress, grads=True)
+    for c in grad["cases"] + grad["grad_cases"]:
+        c["id"] = c["id"].replace(grad_model, label)
+    for c in result["cases"]:
+        c["id"] = c["id"].replace(model, rel)
+    result["cases"] += [c for c in grad["cases"] if grad_model != model]
+    result.update(grad_cases=grad["grad_cases"], optimizer=grad["optimizer"], model=model, grad_model=label,
+                  runtime_s=round(result["runtime_s"] + grad["runtime_s"], 2),
+                  **{"pass": bool(result["pass"] and grad["pass"])})
+    write_report(result, ctx.stage("parity"))
+    grads = result["grad_cases"]
+    return {"model": rel, "grad_model": label, "cases": len(result["cases"]),
+            "passed": sum(c["pass"] for c in result["cases"]), "grad_cases": len(grads),
+            "grad_passed": sum(c["pass"] for c in grads), "pass": bool(result["pass"]),
+            "ids": [[c["id"], bool(c["pass"])] for c in result["cases"] + grads]}
+
+
+def _run_scores(result: dict[str, Any]) -> dict[int, dict[str, float]]:
+    """Per length: the task-averaged score of each checkpoint, then mean and std over checkpoints."""
+    out = {}
+    for L in result["settings"]["lengths"]:
+        per_ckpt = {}
+        for r in result["rows"]:
+            if r["length"] == L:
+                per_ckpt.setdefault(r["checkpoint"], []).append(r["score"])
+        vals = [float(np.mean(v)) for v in per_ckpt.values()]
+        out[L] = {"mean": float(np.mean(vals)), "std": float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0,
+                  "checkpoints": len(vals)}
+    return out
+
+
+def _finished_eval(folder: Path, s: DemoSettings, sources: list[tuple[str, str]]) -> dict[str, Any] | None:
+    """The evaluation a stopped demo published for one run (`eval.json`, written whole by write_eval), when
+    it evaluated these checkpoints with these settings; None otherwise (it is then run again).
+
+    Only read when the stage resumes, i.e. its fingerprint (settings and the training it reads) is the
+    unfinished stage's: within a run, finished checkpoints come back from their parts (`run_eval(parts=...)`)."""
+    from anchor_app.eval.runner import resolve_dtype
+    from anchor.outdir import read_marker
+
+    if read_marker(folder) is None:
+        return None
+    try:
+        r = json.loads((folder / "eval.json").read_text(encoding="utf-8"))
+        got = r["settings"]
+        same = ([c["label"] for c in r["checkpoints"]] == [lb for lb, _ in sources]
+                and [c["source"] for c in r["checkpoints"]] == [str(src) for _, src in sources]
+                and got["tasks"] == list(s.eval_tasks) and got["lengths"] == list(s.eval_lengths)
+                and got["samples"] == s.eval_samples and got["seed"] == s.seed and got["dtype"] == resolve_dtype(s.eval_dtype)
+                and got["engine"] == s.eval_engine
+                and got["perplexity_windows"] == s.perplexity_windows)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return r if same else None
+
+
+def stage_eval(ctx: StageContext) -> dict[str, Any]:
+    from anchor_app.eval.runner import checkpoints_of_run, parts_dir, run_eval, write_eval
+
+    s = ctx.settings
+    root = ctx.stage("eval")
+    _container(root)
+    runs: dict[str, Any] = {}
+    choice: dict[str, Any] = {}
+    for i, v in enumerate(s.train_variants, 1):
+        sources = checkpoints_of_run(ctx.stage("train") / v)
+        result = _finished_eval(root / v, s, sources)
+        if result is not None:
+            ctx.say(f"    run {i}/{len(s.train_variants)}: {v}: evaluated before the demo stopped, reused")
+        else:
+            ctx.say(f"    run {i}/{len(s.train_variants)}: {v}, checkpoints {', '.join(lb for lb, _ in sources)}")
+            result = run_eval(sources, tasks=list(s.eval_tasks), lengths=list(s.eval_lengths),
+                              samples=s.eval_samples, seed=s.seed, dtype=s.eval_dtype,
+                              engine=s.eval_engine, perplexity_windows=s.perplexity_windows, progress=ctx.progress,
+                              parts=parts_dir(root / v))  # a stopped demo resumes at the checkpoint
+            write_eval(result, root / v)
+        choice = result.get("dtype_choice") or {"dtype": result["settings"]["dtype"]}
+        ppl = {}
+        for r in result["perplexity"]:
+            ppl.setdefault(r["length"], []).append(r["ppl"])
+        runs[v] = {"checkpoints": [c["label"] for c in result["checkpoints"]],
+                   "scores": {str(L): x for L, x in _run_scores(result).items()},
+                   "tasks": [{k: r[k] for k in ("task", "length", "mean", "std")} for r in result["summary"]],
+                   "perplexity": {str(L): float(np.mean(p)) for L, p in ppl.items()},
+                   "runtime_s": result["runtime_s"]}
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for v, r in runs.items():
+        Ls = [int(L) for L in r["scores"]]
+        ax.errorbar(Ls, [r["scores"][str(L)]["mean"] for L in Ls], yerr=[r["scores"][str(L)]["std"] for L in Ls],
+                    marker="o", capsize=3, label=v)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(s.eval_lengths), [str(L) for L in s.eval_lengths])
+    ax.set_ylim(-5, 105)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("RULER score (mean of tasks)")
+    ax.set_title(f"RULER ({', '.join(s.eval_tasks)}), mean ± std over checkpoints", fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    save_figure(fig, root / "ruler.png")
+    plt.close(fig)
+    return {"runs": runs, "tasks": list(s.eval_tasks), "lengths": list(s.eval_lengths), "samples": s.eval_samples,
+            "dtype": choice.get("dtype", s.eval_dtype), "dtype_choice": choice, "engine": s.eval_engine}
+
+
+def stage_bench(ctx: StageContext) -> dict[str, Any]:
+    from anchor_app.bench.report import write_bench
+    from anchor_app.bench.run import run_bench
+
+    s = ctx.settings
+    result = run_bench(model=s.model, seq_lens=list(s.bench_seq_lens), variants=["full", "anchor"],
+                       distributions=["corpus"], data=str(ctx.stage("corpus") / "corpus.jsonl"),
+                       windows=s.bench_windows, repeats=s.bench_repeats, step=False, seed=s.seed,
+                       progress=ctx.progress)
+    write_bench(result, ctx.stage("bench"))
+    rows = [{k: r.get(k) for k in ("engine", "variant", "seq_len", "ms", "flop_ratio", "time_ratio")}
+            for r in result["attention"]]
+    paper = [{k: e.get(k) for k in ("model", "seq_len", "gpus", "variant", "distribution", "days_per_1b_tokens",
+                                    "saving_vs_full")} for e in result["estimate"] if e.get("saving_vs_full") is not None]
+    return {"attention": rows, "estimate": paper, "machine": result["machine"].get("cpu"),
+            "runtime_s": result["runtime_s"]}
+
+
+RUNNERS: dict[str, Callable[[StageContext], dict[str, Any]]] = {
+    "top5": stage_top5, "corpus": stage_corpus, "pack": stage_pack, "audit": stage_audit, "train": stage_train,
+    "parity": stage_parity, "eval": stage_eval, "bench": stage_bench}
