@@ -42,7 +42,7 @@ _HF_ARCH = {
 
 @dataclass(frozen=True)
 class RopeSpec:
-    """Rotary embedding: `theta_i = base^(-2i/d)` and a scaling kind (CONTRACT §3).
+    """Rotary embedding: `theta_i = base^(-2i/d)` and a scaling kind (docs/DESIGN.md §3).
 
     Fields a kind does not use are ignored by it. Each kind matches Hugging Face's
     `ROPE_INIT_FUNCTIONS[kind]` for the same parameters; `ntk` is the fixed NTK-aware
@@ -169,7 +169,7 @@ def random_preset(name: str) -> ModelSpec:
 
 
 def ntk_base(rope: RopeSpec, head_dim: int) -> float:
-    """Fixed NTK-aware base: `base * factor^(d/(d-2))` (CONTRACT §3)."""
+    """Fixed NTK-aware base: `base * factor^(d/(d-2))` (docs/DESIGN.md §3)."""
     return rope.base * rope.factor ** (head_dim / (head_dim - 2))
 
 

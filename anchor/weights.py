@@ -343,7 +343,7 @@ def read_gguf(path: Path) -> tuple[ModelSpec, StateDict]:
 
 
 def _locate(name: str) -> tuple[str, str | Path]:
-    """("random", preset) | ("gguf", path) | ("dir", path) for a model named as in CONTRACT §6."""
+    """("random", preset) | ("gguf", path) | ("dir", path) for a model named as in docs/DESIGN.md §6."""
     name = resolve_model_name(name)
     if name.startswith("random:"):
         return "random", name.split(":", 1)[1]
@@ -358,7 +358,7 @@ def _locate(name: str) -> tuple[str, str | Path]:
 
 
 def load_spec(name: str) -> ModelSpec:
-    """The spec of a model named as in CONTRACT §6, without reading the weights."""
+    """The spec of a model named as in docs/DESIGN.md §6, without reading the weights."""
     kind, where = _locate(name)
     if kind == "random":
         return random_preset(str(where))
@@ -366,7 +366,7 @@ def load_spec(name: str) -> ModelSpec:
 
 
 def load_weights(name: str, *, seed: int = 0) -> tuple[ModelSpec, StateDict]:
-    """`(spec, float32 state dict)` for a model named as in CONTRACT §6 (`seed` is for random presets)."""
+    """`(spec, float32 state dict)` for a model named as in docs/DESIGN.md §6 (`seed` is for random presets)."""
     kind, where = _locate(name)
     if kind == "random":
         spec = random_preset(str(where))

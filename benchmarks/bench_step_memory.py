@@ -56,7 +56,7 @@ def _mem_available() -> int:
 
 
 def window(T: int, docs: int, vocab: int, seed: int):
-    """One anchor window (CONTRACT §1): the BOS anchor at slot 0, then `docs` documents of random
+    """One anchor window (docs/DESIGN.md §1): the BOS anchor at slot 0, then `docs` documents of random
     lengths filling the T slots, random tokens. Returns the Batch of `anchor.data.batch.make_batch`."""
     import numpy as np
 

@@ -5,10 +5,14 @@ Modules:
            (`case_inputs`), the fast subset and the full matrix
   runners  the registry of runners producing taps from a case (every torchtrain engine; register more:
            sequence-parallel layouts, new kernels), and the oracle's taps (`oracle_taps`)
+  emulations  the oracle's emulation of each engine's arithmetic (`EMULATIONS`: engine -> dtype policy)
   core     per-layer, per-tap errors (max-abs, relative L2, per-token KL), the pass rule, the first
            divergent (layer, tap), emulation fidelity
   suite    `run_case`, `run_parity`, `build_cases`, `describe`
   report   parity.json, index.html with a layer-wise plot per case, summary.md
+  grads    gradient and AdamW-step parity (`run_grad_case`)
+  torch_audit  the precision audit of the torch stack (`anchor audit --stack torch`): D per shift beside
+           its emulation's
 
     from parity_tests.cases import Case
     from parity_tests.suite import run_case

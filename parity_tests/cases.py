@@ -8,7 +8,7 @@ batch with the real data pipeline (`anchor.data.Packer` and `make_batch`), from 
 sees in training are the ones compared here:
 
   plain       documents back to back, cut at the window's end, the last window padded
-  tags        each document preceded by its domain tag (CONTRACT §2 "domain tags")
+  tags        each document preceded by its domain tag (docs/DESIGN.md §2 "domain tags")
   interleave  documents cut into chunks and shuffled, chunks keeping their document's id
 
 Random presets get short documents too (one and two tokens: masks break there). A pretrained
@@ -43,7 +43,7 @@ DOMAINS: tuple[str, ...] = ("RedPajamaWikipedia", "RedPajamaGithub", "RedPajamaB
 class Case:
     """One parity case.
 
-    model: a model name of CONTRACT §6 ("default", "random:llama", a folder, a .gguf file).
+    model: a model name of docs/DESIGN.md §6 ("default", "random:llama", a folder, a .gguf file).
     variant: one of VARIANTS; layout: one of LAYOUTS.
     policy: "fp32" (trainer in float32) or the oracle bf16 preset the trainer in bfloat16 is held
       against ("hf_bf16", "fa2_bf16", "paper_bf16"), or "bf16": the engine runner's own emulation.
@@ -90,7 +90,7 @@ class Case:
 
 @dataclass(frozen=True)
 class CaseInputs:
-    """The packed batch of a case, int64 numpy [B, T] each (CONTRACT §1), and the tapped rows.
+    """The packed batch of a case, int64 numpy [B, T] each (docs/DESIGN.md §1), and the tapped rows.
 
     real: bool [B, T], the non-padding slots (errors are measured there: a padding slot only
     attends to itself and is never trained on).

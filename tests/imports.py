@@ -69,6 +69,23 @@ def graph(root: Path = ROOT) -> dict[str, set[str]]:
     return edges
 
 
+MAX_FUNCTION_LINES = 100
+REASON = "longer than 100 lines because"  # the words a docstring uses to state why a function is long
+
+
+def long_functions(root: Path = ROOT, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, str, int]]:
+    """(module, function, lines) for each library function over `limit` lines whose docstring does not
+    state why ("longer than 100 lines because ...")."""
+    found = []
+    for name, path in modules(root).items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > limit and REASON not in (ast.get_docstring(node) or "").lower():
+                    found.append((name, node.name, lines))
+    return sorted(found)
+
+
 def floor(module: str) -> int:
     return FLOORS[module.split(".")[0]]
 
@@ -144,6 +161,8 @@ def main() -> int:
         print(f"breach: {src} -> {dst}")
     for loop in loops:
         print("cycle: " + " <-> ".join(loop))
+    for module, function, lines in long_functions():
+        print(f"long: {module}.{function} ({lines} lines, no reason stated)")
     return 1 if bad or loops else 0
 
 

@@ -18,6 +18,24 @@ def test_no_circle_of_imports():
     assert not loops, "circles of imports:\n" + "\n".join(" <-> ".join(loop) for loop in loops)
 
 
+def test_no_long_function_without_a_reason():
+    long = imports.long_functions()
+    assert not long, "library functions over 100 lines whose docstring states no reason:\n" + "\n".join(
+        f"{m}.{f}: {n} lines" for m, f, n in long)
+
+
+def test_a_long_function_is_found_unless_its_docstring_says_why(tmp_path):
+    body = "".join(f"    x{i} = {i}\n" for i in range(101))
+    _tree(tmp_path, {
+        "anchor/__init__.py": "",
+        "anchor/long.py": f"def long():\n{body}\n\ndef explained():\n"
+                          f'    """Longer than 100 lines because the table below is one unit."""\n{body}',
+    })
+    for package in ("jaxref", "torchtrain", "parity_tests", "anchor_app"):
+        _tree(tmp_path, {f"{package}/__init__.py": ""})
+    assert imports.long_functions(tmp_path) == [("anchor.long", "long", 102)]
+
+
 def test_every_floor_package_is_read():
     rooms = imports.modules()
     for package in imports.FLOORS:

@@ -1,4 +1,4 @@
-"""Next-token cross-entropy under the loss mask of CONTRACT §1, from logits or fused with the lm-head."""
+"""Next-token cross-entropy under the loss mask of docs/DESIGN.md §1, from logits or fused with the lm-head."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stock Hugging Face transformers models with torchtrain attention engines (CONTRACT §7).
+"""Stock Hugging Face transformers models with torchtrain attention engines (docs/DESIGN.md §7).
 
 Weights come from `anchor.weights.load_weights` (the oracle reads the same float32 arrays), the
 config from `anchor.spec.to_hf_config` (the one translation point), the model from
@@ -69,7 +69,7 @@ def build_model(
     *,
     seed: int = 0,
 ) -> nn.Module:
-    """A stock transformers causal LM with a torchtrain attention engine (CONTRACT §7).
+    """A stock transformers causal LM with a torchtrain attention engine (docs/DESIGN.md §7).
 
     Args:
       name: a local Hugging Face folder, a `.gguf` file, "default"/"smollm2", or `random:<preset>`.

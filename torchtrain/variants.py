@@ -1,4 +1,4 @@
-"""Attention variants of CONTRACT §2: the mask predicate first, dense masks second.
+"""Attention variants of docs/DESIGN.md §2: the mask predicate first, dense masks second.
 
 Legend: B batch, T slots. `doc_ids` is int [B, T]: 0 is the anchor (slot 0, anchor variant only),
 documents are 1, 2, … in order of first appearance, -1 is padding.
@@ -30,7 +30,7 @@ _RULES: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Ten
 
 
 def check_doc_ids(doc_ids: torch.Tensor, variant: Variant) -> None:
-    """Reject doc_ids that break CONTRACT §1 for this variant (one-line InputError).
+    """Reject doc_ids that break docs/DESIGN.md §1 for this variant (one-line InputError).
 
     Args:
       doc_ids: int [B, T].
@@ -47,7 +47,7 @@ def check_doc_ids(doc_ids: torch.Tensor, variant: Variant) -> None:
 
 
 def mask_predicate(doc_ids: torch.Tensor, variant: Variant) -> MaskPredicate:
-    """CONTRACT §2 as a FlexAttention-style `mask_mod(b, h, q_idx, kv_idx) -> bool`; broadcasts.
+    """docs/DESIGN.md §2 as a FlexAttention-style `mask_mod(b, h, q_idx, kv_idx) -> bool`; broadcasts.
 
     Query slot i sees key slot j iff j <= i, neither is padding and the variant's rule holds;
     a padding slot sees only itself.

@@ -1,4 +1,4 @@
-"""Batches of packed windows for one attention variant (CONTRACT §1-§2).
+"""Batches of packed windows for one attention variant (docs/DESIGN.md §1-§2).
 
 Legend: B windows per batch, T slots per window.
 
@@ -27,7 +27,7 @@ from anchor.variants import VARIANTS, Variant, check_variant  # noqa: F401  (re-
 
 @dataclass(frozen=True)
 class Batch:
-    """int32 numpy arrays [B, T] each (CONTRACT §1)."""
+    """int32 numpy arrays [B, T] each (docs/DESIGN.md §1)."""
 
     tokens: np.ndarray
     doc_ids: np.ndarray
@@ -59,7 +59,7 @@ def reset_positions(doc_ids: np.ndarray) -> np.ndarray:
 
 def make_batch(tokens: np.ndarray, seg: np.ndarray, tag: np.ndarray, variant: Variant, *,
                mask_cross_doc_loss: bool = False) -> Batch:
-    """The four arrays of CONTRACT §1 for `variant` from packed windows.
+    """The four arrays of docs/DESIGN.md §1 for `variant` from packed windows.
 
     Args:
       tokens: int [B, T] token ids (slot 0: the first token).

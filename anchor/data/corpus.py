@@ -1,4 +1,4 @@
-"""The embedded default corpus: real text every Python installation carries (CONTRACT §6).
+"""The embedded default corpus: real text every Python installation carries (docs/DESIGN.md §6).
 
 Domains, each in a deterministic order (sorted paths / keys):
   code     the standard library's modules (`*.py`, test suites and site-packages left out)

@@ -1,4 +1,4 @@
-"""Packing documents into windows of T slots (CONTRACT §1), with domain tags and interleaving.
+"""Packing documents into windows of T slots (docs/DESIGN.md §1), with domain tags and interleaving.
 
 Legend: W windows, T slots per window, C = T - 1 stream slots per window, S selected documents.
 
@@ -36,7 +36,7 @@ BLOCK_SLOTS = 1 << 22  # stream slots per packing block (bounds memory: ~100 byt
 
 @dataclass(frozen=True)
 class Layout:
-    """The data layouts of CONTRACT §2; they combine with every attention variant."""
+    """The data layouts of docs/DESIGN.md §2; they combine with every attention variant."""
 
     tags: bool = False
     interleave: bool = False

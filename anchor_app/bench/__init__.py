@@ -1,4 +1,4 @@
-"""`anchor bench`: what AnchorAttention costs against full attention, measured and modelled (CONTRACT §10).
+"""`anchor bench`: what AnchorAttention costs against full attention, measured and modelled (docs/DESIGN.md §10).
 
     flops      the FLOP model: query-key pairs each variant's mask allows, attention and step FLOPs
     windows    document layouts to time: windows packed from a corpus, synthetic length distributions

@@ -2,7 +2,7 @@
 
 Legend: B windows, T slots, N query heads, K kv heads, D head dim, L layers, P parameters.
 
-Pairs. CONTRACT §2's mask, counted row by row without building it: a padding slot sees itself; in
+Pairs. docs/DESIGN.md §2's mask, counted row by row without building it: a padding slot sees itself; in
 `full` a slot sees every non-padding slot up to it; in `intra_doc(_reset)` the earlier slots of its
 own document (`make_batch` gives the first slot to document 1); in `anchor` those plus the anchor at slot 0
 (which sees only itself). `pairs` gives the per-window sums; tests hold them against the dense mask.
@@ -41,7 +41,7 @@ def _rank_in_doc(doc: np.ndarray) -> np.ndarray:
 def pairs(doc_ids: np.ndarray, variant: str) -> np.ndarray:
     """Allowed (query, key) pairs per window, key <= query, diagonal included. doc_ids int [B, T] -> int64 [B].
 
-    doc_ids as the model receives them (CONTRACT §1: -1 padding; in `anchor` slot 0 is document 0).
+    doc_ids as the model receives them (docs/DESIGN.md §1: -1 padding; in `anchor` slot 0 is document 0).
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}")

@@ -1,4 +1,4 @@
-"""`anchor audit`: the RoPE/BF16 precision audit of a model (paper §2, Figure 1; CONTRACT §5)."""
+"""`anchor audit`: the RoPE/BF16 precision audit of a model (paper §2, Figure 1; docs/DESIGN.md §5)."""
 
 from __future__ import annotations
 

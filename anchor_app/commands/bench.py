@@ -1,5 +1,5 @@
 """`anchor bench`: attention and training-step speed per variant against the FLOP limit, and the
-days-per-1B-tokens estimate (CONTRACT §10)."""
+days-per-1B-tokens estimate (docs/DESIGN.md §10)."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ def pack(
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
 ) -> None:
     """Tokenize (EOS per document), mix (original or long documents upsampled per domain) and pack into
-    windows of T slots (CONTRACT §1); writes shards, pack.json, stats.json, stats.md, doc_lengths.png."""
+    windows of T slots (docs/DESIGN.md §1); writes shards, pack.json, stats.json, stats.md, doc_lengths.png."""
     from anchor.data.config import PACK_FLAGS, check_pack_options, load_pack_config
     from anchor.data.mixture import MixtureSpec
     from anchor.data.packing import Layout

@@ -1,4 +1,4 @@
-"""`anchor train`: continued pre-training on DeepSpeed with any attention variant (CONTRACT §8)."""
+"""`anchor train`: continued pre-training on DeepSpeed with any attention variant (docs/DESIGN.md §8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Greedy generation with a KV cache through the torchtrain model and its engines (issue 15, CONTRACT §9).
+"""Greedy generation with a KV cache through the torchtrain model and its engines (issue 15, docs/DESIGN.md §9).
 
     model = load_eval_model("default")                         # bf16, engine sdpa, eval mode
     tok = load_tokenizer(eval_model_source("default"))
@@ -16,7 +16,7 @@ pre-hook, which sees no torchtrain engine then, stays out of the way), with tran
 
 - prefill: the prompts of a batch, left-padded to the longest, go through the model's own engine:
   `torchtrain.engines.prepare_meta(engine, doc_ids, "full")` once per batch, with doc_ids 1 on prompt
-  tokens and -1 on padding (CONTRACT §1-§2: a padding slot attends only to itself and is never
+  tokens and -1 on padding (docs/DESIGN.md §1-§2: a padding slot attends only to itself and is never
   attended to), then `torchtrain.engines.attend` in every layer: the mask metadata and the arithmetic
   of training. transformers writes the keys and values into the cache before calling it.
 - decode: each step feeds one token per row against the cache (queries fewer than keys, causal aligned
@@ -24,7 +24,7 @@ pre-hook, which sees no torchtrain engine then, stays out of the way), with tran
   padding. The arithmetic is the engine family's: Hugging Face eager for `eager`, SDPA for every other
   engine (flex and the varlen engines have no cache path; in fp32 they agree with SDPA to rounding).
 - positions: RoPE positions start at 0 at each row's first prompt token (padding slots get 0 and are
-  masked). A prompt is one document, so every variant of CONTRACT §2 gives the same mask and
+  masked). A prompt is one document, so every variant of docs/DESIGN.md §2 gives the same mask and
   positions as `full`.
 - batching: prompts are sorted by length (longest first, ties by input order) into batches of
   `batch_size`, to keep padding small; results come back in input order. A row that stops leaves the
@@ -64,8 +64,8 @@ PAD_ID = 0  # token id of left padding: never attended to, so any valid id works
 
 
 def eval_model_source(source: str | Path) -> str:
-    """The model name to load for `source` (CONTRACT §6): a checkpoint folder `RUN/checkpoints/step-N`
-    stands for its `hf/` folder (CONTRACT §8); other names are returned as they are."""
+    """The model name to load for `source` (docs/DESIGN.md §6): a checkpoint folder `RUN/checkpoints/step-N`
+    stands for its `hf/` folder (docs/DESIGN.md §8); other names are returned as they are."""
     path = Path(source)
     if path.is_dir() and not (path / "config.json").exists():
         if (path / "hf").is_dir():

@@ -116,7 +116,7 @@ def check_tasks(tasks: Sequence[str], data_dir: str | Path | None) -> None:
 
 
 def tokenizer_folder(source: str) -> Path:
-    """A Hugging Face folder with the tokenizer of the model `source` (CONTRACT §6), as lm-eval's RULER
+    """A Hugging Face folder with the tokenizer of the model `source` (docs/DESIGN.md §6), as lm-eval's RULER
     loads it: the model's own folder when it has a tokenizer.json, else the tokenizer written once
     under `cache_dir()/harness_tokenizers/<identity>` (GGUF and random:<preset>)."""
     import os

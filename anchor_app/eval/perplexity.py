@@ -5,7 +5,7 @@
 
 Legend: W windows, B windows per forward, T slots per window, H hidden size, V vocabulary.
 
-Windows are packed exactly as training windows (CONTRACT §1, `anchor.data.packing.Packer`: documents
+Windows are packed exactly as training windows (docs/DESIGN.md §1, `anchor.data.packing.Packer`: documents
 with their EOS back to back, the first token at slot 0, cut at T), and the loss of a window is the
 trainer's (`anchor.data.batch.make_batch` for the variant, `torchtrain.next_token_loss`): the
 prediction at slot t of token t+1 counts where `loss_mask[t]` is 1. Perplexity of a length is
@@ -181,7 +181,7 @@ def perplexity(model: nn.Module, windows: PackedData, variant: Variant = "full",
     Args:
       model: a torchtrain model (`anchor_app.eval.generate.load_eval_model`, `torchtrain.build_model`).
       windows: packed windows of one length (`heldout_windows`, or an `anchor pack` output).
-      variant: the attention variant and loss masking (CONTRACT §1-§2).
+      variant: the attention variant and loss masking (docs/DESIGN.md §1-§2).
       batch_size: windows per forward.
       mask_cross_doc_loss: in `full`, also leave out predictions whose target is in another document.
       progress: a progress bar over the windows.

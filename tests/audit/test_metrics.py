@@ -1,4 +1,4 @@
-"""The audit's metrics against plain-loop numpy implementations of CONTRACT §5, and the probe plumbing.
+"""The audit's metrics against plain-loop numpy implementations of docs/DESIGN.md §5, and the probe plumbing.
 
 Brute force: `D = Σ_{l,h} Σ_j n_j Σ_i |P_ij(Δ1) − P_ij(Δ2)|` with 1-based `n_j = 1/(L−j+1)`, per-token
 the same per j, `D_logit = (1/T) Σ_{l,h} Σ_i |A_i1(Δ1) − A_i1(Δ2)|`, written as loops over every index.

@@ -1,4 +1,4 @@
-"""Property tests of packing and batches against slot-by-slot references written from CONTRACT §1-§2."""
+"""Property tests of packing and batches against slot-by-slot references written from docs/DESIGN.md §1-§2."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def pack_all(store, selection, T, tags, interleave=False, mean_chunk=0, seed=0, 
 
 
 def ref_batch(tokens, seg, tag, variant, mask_cross_doc_loss):
-    """CONTRACT §1-§2 for one window, written slot by slot."""
+    """docs/DESIGN.md §1-§2 for one window, written slot by slot."""
     T = len(seg)
     doc = [int(s) for s in seg]
     if variant != "anchor":

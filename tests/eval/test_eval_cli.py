@@ -1,5 +1,5 @@
 """`anchor eval` end to end: checkpoints written by `anchor train`, averaged; eval.json, samples.jsonl,
-report.md and the PNG as CONTRACT §9 says; bad input is one line and exit 2 with nothing written."""
+report.md and the PNG as docs/DESIGN.md §9 says; bad input is one line and exit 2 with nothing written."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Packed-window layouts for tests: doc_ids per CONTRACT §1 built from document lengths."""
+"""Packed-window layouts for tests: doc_ids per docs/DESIGN.md §1 built from document lengths."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from jaxref.policy import ONE_BLOCK, PRESETS, STAGES, DtypePolicy, get_policy, p
 
 POLICY_DIR = Path(__file__).resolve().parents[2] / "configs" / "policies"
 
-# CONTRACT §4, stage by stage: (hf_bf16, fa2_bf16, paper_bf16).
+# docs/DESIGN.md §4, stage by stage: (hf_bf16, fa2_bf16, paper_bf16).
 EXPECTED = {
     "param": ("bfloat16",) * 3,
     "act": ("bfloat16",) * 3,

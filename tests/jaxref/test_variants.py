@@ -1,4 +1,4 @@
-"""CONTRACT §2 masks and positions against a brute-force reading of the contract text."""
+"""docs/DESIGN.md §2 masks and positions against a brute-force reading of the contract text."""
 
 from __future__ import annotations
 

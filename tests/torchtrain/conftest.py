@@ -1,7 +1,7 @@
 """Shared helpers for the torchtrain tests, and a stand-in for the packed-batch maker.
 
 The real batch maker lives in anchor/data (another engineer's work); `packed_batch` builds the
-same four arrays of CONTRACT §1 for a given variant (§2), with the layouts that break masks:
+same four arrays of docs/DESIGN.md §1 for a given variant (§2), with the layouts that break masks:
 several documents, one-token documents, a last document cut by the window, padding at the end,
 and (optionally) interleaved chunks of documents.
 """
@@ -86,7 +86,7 @@ def _row(rng: np.random.Generator, T: int, layout: str) -> tuple[np.ndarray, np.
 
 def packed_batch(variant: str, T: int, *, vocab: int = 331, first_token: int = 1, seed: int = 0,
                  layouts: tuple[str, ...] = ("cut", "padded")) -> PackedBatch:
-    """A batch of len(layouts) windows laid out per CONTRACT §1–§2 for `variant`."""
+    """A batch of len(layouts) windows laid out per docs/DESIGN.md §1–§2 for `variant`."""
     rng = np.random.default_rng(seed)
     rows = {k: [] for k in ("tokens", "doc_ids", "positions", "loss_mask")}
     for layout in layouts:

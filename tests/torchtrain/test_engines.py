@@ -124,7 +124,7 @@ def test_no_doc_ids_is_full_causal():
 
 
 def test_public_entry_point():
-    """CONTRACT §7 as written: build_model(name, engine, dtype) and model(..., variant=...).logits,
+    """docs/DESIGN.md §7 as written: build_model(name, engine, dtype) and model(..., variant=...).logits,
     with numpy arrays at the boundary."""
     model = torchtrain.build_model("random:smollm2", engine="sdpa", dtype="float32")
     batch = packed_batch("anchor", 33)

@@ -1,4 +1,4 @@
-"""The mask predicate against CONTRACT §2 by brute force; varlen segments and the varlen emulation
+"""The mask predicate against docs/DESIGN.md §2 by brute force; varlen segments and the varlen emulation
 against the dense mask (acceptance 2)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ LAYOUTS = ("cut", "padded", "interleaved")
 
 
 def contract_mask(doc: list[int], variant: str) -> torch.Tensor:
-    """CONTRACT §2 spelled out slot by slot (bool [T, T])."""
+    """docs/DESIGN.md §2 spelled out slot by slot (bool [T, T])."""
     T = len(doc)
     out = torch.zeros(T, T, dtype=torch.bool)
     for i in range(T):
