@@ -8,9 +8,13 @@ resuming and the RNG states they carry.
       hf/                  config.json, model.safetensors, tokenizer: a Hugging Face folder
 
 A checkpoint is built in `RUN/checkpoints/.step-<N>.tmp` by all ranks and renamed into place by
-rank 0 after the manifest is written, so `step-<N>` exists only complete. DeepSpeed loads its files
-with `torch.load(weights_only=False)` (pickle), so a checkpoint is loaded only after every file's
-sha256 matches the manifest this run wrote; otherwise the next older one is tried.
+rank 0 after the manifest is written, so `step-<N>` exists only complete. A checkpoint is loaded only
+after every file's sha256 matches the manifest this run wrote (otherwise the next older one is tried):
+the checksum guards against corruption. Against a planted object (a manifest rewritten to match),
+DeepSpeed's files, which it writes and reads as pickles (`torch.load(weights_only=False)`), are read
+through torch's `weights_only` unpickler, which builds tensors, containers and the few DeepSpeed types
+of `DEEPSPEED_ALLOWLIST` and nothing else (`safe_loads`): any other object is refused in one line
+before it is built, and nothing of it runs.
 
 `Checkpointer` saves and resumes one rank's state (every rank calls both): model, optimizer and LR
 scheduler through DeepSpeed; the loader's position and the rank's RNG states (torch on CPU and
@@ -21,13 +25,17 @@ metrics.jsonl is no part of a checkpoint: a resumed run cuts it back to its step
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib
 import json
 import os
+import pickle
 import random
 import re
 import shutil
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from anchor.atomic import write_text_atomic
+from anchor.errors import InputError
 
 if TYPE_CHECKING:
     from anchor.data.packed import Loader
@@ -176,6 +185,44 @@ def clear_staging(run: Path) -> None:
 # RNG states: every generator a rank draws from
 
 
+# The types DeepSpeed pickles into its checkpoint files besides tensors and containers (read off the
+# files of runs at ZeRO 0-3, float32 and bfloat16: the optimizer states of the bf16 and ZeRO paths).
+DEEPSPEED_ALLOWLIST = (
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+)
+
+
+@contextlib.contextmanager
+def safe_loads(allowlist: tuple[str, ...] = DEEPSPEED_ALLOWLIST) -> Iterator[None]:
+    """Inside, every `torch.load` (DeepSpeed's `load_checkpoint` calls it with weights_only=False) runs
+    torch's weights_only unpickler with `allowlist` as its only extra types. A file holding any other
+    object raises InputError naming the file and the object; the object is never built."""
+    import torch
+
+    allowed = [getattr(importlib.import_module(name.rpartition(".")[0]), name.rpartition(".")[2])
+               for name in allowlist]
+    real_load = torch.load
+
+    def load(f: Any, *args: Any, **kwargs: Any) -> Any:
+        kwargs["weights_only"] = True
+        try:
+            with torch.serialization.safe_globals(allowed):
+                return real_load(f, *args, **kwargs)
+        except pickle.UnpicklingError as e:
+            found = re.search(r"(?:Unsupported global: GLOBAL|Unsupported class) ([\w.]+)", str(e))
+            what = found.group(1) if found else "an object torch's weights_only reader refuses"
+            raise InputError(f"{f}: a pickle naming {what}, not one of the types DeepSpeed writes: refused "
+                             "before building it") from None
+
+    torch.load = load
+    try:
+        yield
+    finally:
+        torch.load = real_load
+
+
 def seed_rng(seed: int) -> None:
     """Seed torch (CPU and CUDA), numpy and Python's `random` (a rank passes `seed + rank`)."""
     import torch
@@ -248,8 +295,9 @@ class Checkpointer:
                 print(line, file=sys.stderr, flush=True)
         if found is not None:
             folder = step_dir(self.run, found)
-            self.engine.load_checkpoint(str(folder / "ds"), tag="state", load_optimizer_states=True,
-                                        load_lr_scheduler_states=True)
+            with safe_loads():
+                self.engine.load_checkpoint(str(folder / "ds"), tag="state", load_optimizer_states=True,
+                                            load_lr_scheduler_states=True)
             state = json.loads((folder / TRAINER_STATE).read_text(encoding="utf-8"))
             self.loader.load_state_dict(state["loader"])
             _set_rng_state(state["rng"][self.world.rank])

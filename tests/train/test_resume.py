@@ -183,3 +183,63 @@ def test_signal_stops_the_run_cleanly_then_it_resumes(packed, tmp_path, sig, npr
     done = len(metrics(out))
     run_train(out, "steps=" + str(done + 2), *args[1:])
     assert [r["step"] for r in metrics(out)] == list(range(1, done + 3))
+
+
+class _Planted:
+    """An object whose unpickling creates a file: what a planted payload would do instead."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_planted_pickle_is_refused_and_never_runs(packed, tmp_path):
+    """Issue 32 item 2: an object planted in DeepSpeed's model states, with the manifest's hash rewritten
+    to match, is refused in one line (exit 2) before it is built; the resume writes nothing."""
+    import json
+
+    import torch
+
+    from torchtrain.checkpoint import sha256_file
+
+    out = tmp_path / "run"
+    run_train(out, "steps=2", "save_every=2", "eval_window=0", f"data={packed}")
+    folder = out / "checkpoints" / "step-2"
+    victim = next((folder / "ds").rglob("mp_rank_00_model_states.pt"))
+    marker = tmp_path / "payload-ran"
+    state = torch.load(victim, weights_only=False)  # our own file, written by the run above
+    state["planted"] = _Planted(marker)
+    torch.save(state, victim)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"][str(victim.relative_to(folder))] = sha256_file(victim)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+
+    p = run_train(out, "steps=3", "save_every=2", "eval_window=0", f"data={packed}", check=False)
+    print(p.stderr)
+    assert not marker.exists(), "the planted object was built: its payload ran"
+    assert p.returncode == 2
+    errors = [line for line in p.stderr.splitlines() if "refused" in line]
+    assert len(errors) == 1 and "mp_rank_00_model_states.pt" in errors[0] and "io.open" in errors[0]
+    assert "Traceback" not in p.stderr
+    assert [r["step"] for r in metrics(out)] == [1, 2]
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
+
+
+@pytest.mark.parametrize("zero_stage,dtype", [(1, "bfloat16"), (2, "float32"), (3, "bfloat16")])
+def test_resume_through_the_weights_only_reader(packed, tmp_path, zero_stage, dtype):
+    """Every DeepSpeed file of a ZeRO-1..3, fp32 or bf16 checkpoint loads through the weights_only reader
+    (torchtrain.checkpoint.DEEPSPEED_ALLOWLIST), and the resumed run equals the uninterrupted one."""
+    args = ("save_every=1", "keep_last=3", "eval_window=0", f"zero_stage={zero_stage}", f"dtype={dtype}",
+            f"data={packed}")
+    ref, out = tmp_path / "ref", tmp_path / "resumed"
+    run_train(ref, "steps=3", *args)
+    run_train(out, "steps=2", *args)
+    p = run_train(out, "steps=3", *args)
+    assert "resuming from" in p.stderr and "step-2" in p.stderr
+    ma, mb = metrics(ref), metrics(out)
+    assert [{k: r[k] for k in DETERMINISTIC} for r in ma] == [{k: r[k] for k in DETERMINISTIC} for r in mb]
+    wa, wb = final_weights(ref, 3), final_weights(out, 3)
+    assert all(np.array_equal(wa[name], wb[name]) for name in wa)
