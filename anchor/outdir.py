@@ -117,9 +117,9 @@ def guard_out(out: str | Path, verb: str, *, inputs: Iterable[Any] = (), replace
     whose parent is a file, an existing file, a folder that holds or lies inside any of `inputs`
     (paths of --data/--model/--run/policy files; None and names such as 'random:llama' or 'default'
     are skipped), a parent anchor cannot write.
-    replace=True (verbs that publish a whole new folder): allowed if missing, empty, or carrying MARKER.
-    replace=False (a resumable run folder, `anchor train`): allowed if missing, empty, or carrying
-    MARKER whose verb is `verb`.
+    Allowed: a missing or empty folder, or one carrying MARKER whose verb is `verb`: a verb replaces
+    (replace=True: it publishes a whole new folder) or resumes (replace=False: `anchor train`, the demo)
+    only its own outputs, never another verb's (a training run's checkpoints are not an eval's to replace).
     """
     if out is None or str(out).strip() == "":
         raise InputError("--out: no folder given")
@@ -165,7 +165,7 @@ def guard_out(out: str | Path, verb: str, *, inputs: Iterable[Any] = (), replace
                 raise InputError(
                     f"--out {show} is a folder anchor did not write ({_describe(path)}; no {MARKER}): "
                     "it is never replaced; name a new or empty folder")
-            if not replace and marker["verb"] != verb:
+            if marker["verb"] != verb:  # a verb replaces (or resumes) only its own outputs
                 raise InputError(
                     f"--out {show} holds the output of `anchor {marker['verb']}`, not of `anchor {verb}`; "
                     "name a new or empty folder")

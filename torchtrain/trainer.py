@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from anchor.data.packed import Loader, PackedData
 from anchor.errors import InputError
-from anchor.outdir import out_lock
+from anchor.outdir import guard_out, out_lock
 from anchor.progress import ProgressBar
 from torchtrain import checkpoint as ckpt
 from torchtrain import sequence_parallel as sp
@@ -66,6 +66,7 @@ def train(cfg: TrainConfig, run: str | Path, *, progress: bool = True) -> int:
         return _train_external(cfg, run, progress)
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
+    guard_out(run, "train", inputs=[cfg.data, cfg.model], replace=False)  # before the lock file beside it
     with out_lock(run, "train"):  # a second trainer on the same --out exits 2 naming this one
         prepare_run(cfg, run, progress=progress)
         handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}

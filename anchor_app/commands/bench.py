@@ -88,13 +88,15 @@ def bench(
         from anchor.errors import InputError
 
         raise InputError("no such file or folder", path=data)
-    out = guard_out(out, "bench", inputs=tuple(p for p in (data,) if p))
+    out = guard_out(out, "bench", inputs=(data, model))  # --model counts as an input: never under --out
 
+    from anchor.outdir import out_lock
     from anchor_app.bench.report import render_report, write_bench
 
-    result = run_bench(model=model, data=data, attention=attention, step=step, step_seq_len=step_seq_len,
-                       step_variants=_names(step_variants, "--step-variants") if step_variants else None,
-                       seed=seed, progress=progress, **opts)
-    path = write_bench(result, out)
+    with out_lock(out, "bench"):  # from the start: a second bench on this --out exits 2 before any work
+        result = run_bench(model=model, data=data, attention=attention, step=step, step_seq_len=step_seq_len,
+                           step_variants=_names(step_variants, "--step-variants") if step_variants else None,
+                           seed=seed, progress=progress, **opts)
+        path = write_bench(result, out)
     typer.echo(render_report(result, None))
     typer.echo(f"wrote {path / 'bench.json'}, {path / 'report.md'}")

@@ -26,7 +26,10 @@ def train(
     from torchtrain.config import load_train_config
     from torchtrain.trainer import train as run_training
 
+    from anchor.outdir import guard_out
+
     cfg = load_train_config(config, overrides or [])
+    guard_out(out, "train", inputs=[config, cfg.data, cfg.model], replace=False)  # --config counts as an input
     step = run_training(cfg, out, progress=progress)
     if os.environ.get("RANK", "0") == "0":  # under torchrun every rank runs this command
         typer.echo(f"trained to step {step}: {out / 'metrics.jsonl'}, {out / 'checkpoints'}")

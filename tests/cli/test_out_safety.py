@@ -20,7 +20,12 @@ WORK = {
     "parity": ("parity_tests.suite", "run_parity"),
     "corpus": ("anchor.data.corpus", "write_default_corpus"),
     "demo": ("anchor_app.demo", "run_demo"),
+    "train": ("torchtrain.trainer", "train"),
+    "bench": ("anchor_app.bench.run", "run_bench"),
+    "eval": ("anchor_app.eval.runner", "run_eval"),
 }
+TINY = Path(__file__).resolve().parents[2] / "configs/train/tiny.yaml"
+INPUT_DATA = ("pack", "audit", "train", "bench")  # the verbs given the corpus as an input (argv)
 
 
 def argv(verb: str, out: str, corpus: Path, model: str = "random:llama") -> list[str]:
@@ -31,6 +36,10 @@ def argv(verb: str, out: str, corpus: Path, model: str = "random:llama") -> list
                    "--no-progress"],
         "corpus": ["corpus", "--max-docs", "1", "--no-progress"],
         "demo": ["demo", "--model", model, "--steps", "top5", "--no-progress"],
+        "train": ["train", "--config", str(TINY), f"model={model}", f"data={corpus}", "--no-progress"],
+        "bench": ["bench", "--model", model, "--data", str(corpus), "--seq-len", "64", "--windows", "1",
+                  "--no-progress"],
+        "eval": ["eval", "--model", model, "--tasks", "vt", "--lengths", "256", "--samples", "1", "--no-progress"],
     }[verb] + ["--out", out]
 
 
@@ -105,7 +114,7 @@ def test_unsafe_out_is_refused_before_work(verb, target, setup, needle, tmp_path
     patch(verb)
     before = tree_hash(keep)
     code, _, err = run_cli(argv(verb, out, corpus), capsys)
-    if target == "data-folder" and verb not in ("pack", "audit"):
+    if target == "data-folder" and verb not in INPUT_DATA:
         # the folder is no input of this verb: it is still a folder of the user's files
         needle = "anchor did not write"
     assert_usage_error(code, err, verb, needle)
@@ -114,7 +123,7 @@ def test_unsafe_out_is_refused_before_work(verb, target, setup, needle, tmp_path
     assert after == before and calls == []
 
 
-@pytest.mark.parametrize("verb", ["audit", "parity", "demo", "pack"])
+@pytest.mark.parametrize("verb", ["audit", "parity", "demo", "pack", "train", "bench", "eval"])
 def test_out_holding_the_model_folder_is_refused(verb, tmp_path, capsys, no_work):
     from anchor.spec import random_preset
     from anchor.weights import random_state, write_hf_dir
@@ -129,6 +138,40 @@ def test_out_holding_the_model_folder_is_refused(verb, tmp_path, capsys, no_work
         code, _, err = run_cli(argv(verb, str(out), corpus, model=str(model)), capsys)
         assert_usage_error(code, err, verb, "input")
     assert tree_hash(tmp_path / "models") == before and calls == []
+
+
+@pytest.mark.parametrize("verb", sorted(WORK))
+def test_another_verbs_output_is_never_replaced(verb, tmp_path, capsys, no_work):
+    """Issue 32 item 4: a verb replaces only outputs of its own verb; a training run (its checkpoints) is
+    no eval's, bench's or pack's to replace (train itself resumes only a train folder)."""
+    corpus = write_corpus(tmp_path / "c.jsonl")
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step-2").mkdir(parents=True)
+    (run / "checkpoints" / "step-2" / "weights.bin").write_bytes(b"expensive" * 100)
+    write_marker(run, "demo" if verb == "train" else "train")
+    patch, calls = no_work
+    patch(verb)
+    before = tree_hash(run)
+    code, _, err = run_cli(argv(verb, str(run), corpus), capsys)
+    assert_usage_error(code, err, verb, "holds the output of `anchor")
+    assert tree_hash(run) == before and calls == []
+
+
+def test_train_refuses_the_root_and_a_config_inside_out(tmp_path, capsys):
+    """Issue 32 items 7 and 11: `--out /` is one line, exit 2 (it was a traceback: the lock beside the folder
+    ran before the guard), also through the Python API; a --config inside --out is an input, refused."""
+    from torchtrain.config import load_train_config
+    from torchtrain.trainer import train
+
+    with pytest.raises(InputError, match="root"):
+        train(load_train_config(TINY, []), "/")
+    out = tmp_path / "run"
+    out.mkdir()
+    config = out / "my.yaml"
+    config.write_text(TINY.read_text())
+    code, _, err = run_cli(["train", "--config", str(config), "--out", str(out), "--no-progress"], capsys)
+    assert_usage_error(code, err, "train", "input")
+    assert sorted(p.name for p in out.iterdir()) == ["my.yaml"]
 
 
 def test_home_folder_is_refused(tmp_path, capsys, monkeypatch, no_work):
