@@ -6,6 +6,9 @@
                           a rerun with the same --out must match (only RESUMABLE_CHANGES may differ)
     RUN/deepspeed.json    the generated DeepSpeed config (torchtrain.optim.deepspeed_config)
     RUN/data/             the corpus packed on the fly, when `data` is not an `anchor pack` output
+    RUN/data_source.json  what the run trains on: `data` resolved, a fingerprint of its content, and the
+                          settings RUN/data was packed with; RUN/data is reused only when they still
+                          hold, and a resume whose data changed is refused
     RUN/checkpoints/      torchtrain.checkpoint; RUN/metrics.jsonl, grads/, tensorboard/: torchtrain.metrics
 
 The checks here (`check_model`) run again in every worker, on the machine that trains.
@@ -13,8 +16,10 @@ The checks here (`check_model`) run again in every worker, on the machine that t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +38,50 @@ if TYPE_CHECKING:
 CONFIG_FILE = "config.yaml"
 DS_CONFIG_FILE = "deepspeed.json"
 DATA_DIR = "data"
+SOURCE_FILE = "data_source.json"
+_EDGE = 1 << 20  # bytes of each end of a file read by the fingerprint
+
+
+def content_fingerprint(path: Path) -> str:
+    """sha256 over every file under `path` (or `path` itself): its relative name, its size, and its first
+    and last MiB. Cheap on a corpus of many GB, and it changes when a file is replaced, cut or grown."""
+    digest = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for f in files:
+        size = f.stat().st_size
+        digest.update(f"{f.relative_to(path) if f != path else f.name}\0{size}\0".encode())
+        with open(f, "rb") as handle:
+            digest.update(handle.read(_EDGE))
+            if size > 2 * _EDGE:
+                handle.seek(size - _EDGE)
+                digest.update(handle.read(_EDGE))
+    return digest.hexdigest()[:32]
+
+
+def resolved_data(data: str) -> str:
+    """`data` as the run records it: `corpus` (the embedded corpus), else the absolute path."""
+    return data if data == "corpus" else str(Path(data).expanduser().resolve())
+
+
+def data_source(cfg: TrainConfig) -> dict[str, Any]:
+    """What RUN/data_source.json records: the data (resolved) and its content's fingerprint, and, for a
+    corpus packed on the fly, every setting the packing reads."""
+    data = resolved_data(cfg.data)
+    record: dict[str, Any] = {"data": data,
+                              "fingerprint": None if data == "corpus" else content_fingerprint(Path(data))}
+    if not (Path(data) / "pack.json").is_file():
+        record["packed_with"] = {"model": cfg.model, "seq_len": cfg.seq_len, "tags": cfg.tags,
+                                 "interleave": cfg.interleave, "seed": cfg.seed,
+                                 "pack": {k: cfg.pack[k] for k in sorted(cfg.pack)}}
+    return record
+
+
+def _read_source(run: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads((run / SOURCE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def load_run_config(run: Path) -> TrainConfig:
@@ -156,7 +205,11 @@ def _resolve_data(cfg: TrainConfig, run: Path, progress: bool) -> Path:
         raise InputError("seq_len is required when data is a corpus packed on the fly", path=cfg.source)
     target = run / DATA_DIR
     if (target / "pack.json").is_file():
-        return target
+        if (_read_source(run) or {}).get("packed_with") == data_source(cfg)["packed_with"]:
+            return target
+        # packed for other settings by an earlier attempt that stopped before config.yaml (a resume with
+        # other settings is refused before this): packed again, never trained on silently
+        shutil.rmtree(target)
     from anchor.data.mixture import MixtureSpec
     from anchor.data.packing import Layout
     from anchor.data.pipeline import PackConfig, pack_corpus
@@ -224,7 +277,13 @@ def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, 
     run.mkdir(parents=True, exist_ok=True)
     write_marker(run, "train")
     ckpt.clear_staging(run)
+    source = data_source(cfg)
+    if saved is not None:
+        _check_source(source, run)
+        if _read_source(run) is None:  # a run from before data_source.json: its config.yaml matched above
+            write_text_atomic(run / SOURCE_FILE, json.dumps(source, indent=1) + "\n")
     data = _resolve_data(cfg, run, progress)
+    write_text_atomic(run / SOURCE_FILE, json.dumps(source, indent=1) + "\n")
     from anchor.data.packed import PackedData
 
     packed = PackedData.open(data)
@@ -239,9 +298,20 @@ def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, 
                          "pack more data or lower global_batch", path=data)
     import yaml
 
-    resolved = {**cfg.to_dict(), "seq_len": packed.seq_len}
+    resolved = {**cfg.to_dict(), "seq_len": packed.seq_len, "data": resolved_data(cfg.data)}
     write_text_atomic(run / CONFIG_FILE, yaml.safe_dump(resolved, sort_keys=False))
     (run / DS_CONFIG_FILE).write_text(json.dumps(deepspeed_config(cfg, world or cfg.nproc), indent=1))
+
+
+def _check_source(source: dict[str, Any], run: Path) -> None:
+    """A resumed run trains on the data it started with: same content (the fingerprint), same packing."""
+    old = _read_source(run)
+    if old is None:
+        return  # a run from before data_source.json: its config.yaml was compared already
+    if old.get("fingerprint") != source.get("fingerprint"):
+        raise InputError(f"data {source['data']}: its content changed since the run started (fingerprint "
+                         f"{old.get('fingerprint')} then, {source.get('fingerprint')} now); resume with the same data "
+                         "or choose another --out", path=run / SOURCE_FILE)
 
 
 def _check_resume_config(cfg: TrainConfig, saved: Any, run: Path, *, asked_engine: str | None = None) -> None:
@@ -255,6 +325,8 @@ def _check_resume_config(cfg: TrainConfig, saved: Any, run: Path, *, asked_engin
         if key in RESUMABLE_CHANGES or (key == "seq_len" and value is None):
             continue
         old = saved.get(key)
+        if key == "data" and isinstance(old, str):  # the same data by another name is the same data
+            old, value = resolved_data(old), resolved_data(value)
         if isinstance(old, list):
             value = list(value) if isinstance(value, (tuple, list)) else value
         if old != value:

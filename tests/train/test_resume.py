@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import time
@@ -243,3 +244,42 @@ def test_resume_through_the_weights_only_reader(packed, tmp_path, zero_stage, dt
     assert [{k: r[k] for k in DETERMINISTIC} for r in ma] == [{k: r[k] for k in DETERMINISTIC} for r in mb]
     wa, wb = final_weights(ref, 3), final_weights(out, 3)
     assert all(np.array_equal(wa[name], wb[name]) for name in wa)
+
+
+def test_a_failed_first_attempt_never_leaves_its_pack_to_another_config(corpus, tmp_path):
+    """Issue 32 item 1: a first attempt that packs RUN/data and then fails (a global batch larger than the
+    data) left that pack to a rerun with other settings, which trained on it with exit 0 while config.yaml
+    recorded the new settings. The pack is reused only when the settings it was made with still hold."""
+    import json
+
+    out = tmp_path / "run"
+    p = run_train(out, f"data={corpus}", "tags=false", "pack.budget=20000", "global_batch=100000", check=False)
+    assert p.returncode == 2 and (out / "data" / "pack.json").is_file(), p.stderr
+    first = json.loads((out / "data" / "pack.json").read_text())
+    run_train(out, f"data={corpus}", "tags=true", "pack.budget=30000", "steps=1")
+    second = json.loads((out / "data" / "pack.json").read_text())
+    print("layout before/after:", first["layout"], second["layout"])
+    assert first["layout"]["tags"] is False and second["layout"]["tags"] is True
+    source = json.loads((out / "data_source.json").read_text())
+    assert source["packed_with"]["tags"] is True and source["packed_with"]["pack"]["budget"] == 30000
+
+
+def test_resume_compares_the_data_by_path_and_content(corpus, tmp_path):
+    """Issue 32 item 1: the same file by another name resumes; the same name with other content is refused."""
+    import shutil
+
+    data = tmp_path / "c.jsonl"
+    shutil.copy(corpus, data)
+    out = tmp_path / "run"
+    run_train(out, f"data={data}", "steps=1", "pack.budget=20000")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    relative = os.path.relpath(data, elsewhere)  # ../c.jsonl: the same file by another name
+    p = subprocess.run(train_cmd(out, f"data={relative}", "steps=2", "pack.budget=20000"), env=ENV,
+                       capture_output=True, text=True, timeout=600, cwd=elsewhere)
+    assert p.returncode == 0, p.stderr
+    with open(data, "a", encoding="utf-8") as f:
+        f.write('{"text": "a document added after the run started", "domain": "prose"}\n')
+    p = run_train(out, f"data={data}", "steps=3", "pack.budget=20000", check=False)
+    print(p.stderr)
+    assert p.returncode == 2 and "content changed" in p.stderr and "Traceback" not in p.stderr
