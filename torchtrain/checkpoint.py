@@ -223,6 +223,23 @@ def safe_loads(allowlist: tuple[str, ...] = DEEPSPEED_ALLOWLIST) -> Iterator[Non
         torch.load = real_load
 
 
+def read_trainer_state(path: Path) -> dict[str, Any]:
+    """trainer.json, its shape checked: a file that is not what `Checkpointer.save` writes (tampered with a
+    matching manifest, or from another version) is one InputError naming it."""
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot read the trainer state: {e}", path=path) from None
+    shape = {"step": int, "loader": dict, "rng": list, "elapsed_s": (int, float)}
+    bad = [k for k, t in shape.items() if not isinstance(state, dict) or not isinstance(state.get(k), t)
+           or isinstance(state.get(k), bool)]
+    if not bad and (not state["rng"] or not all(isinstance(r, dict) for r in state["rng"]) or state["step"] < 0):
+        bad = ["rng" if state["step"] >= 0 else "step"]
+    if bad:
+        raise InputError(f"not a trainer state this run wrote ({', '.join(bad)} missing or malformed)", path=path)
+    return state
+
+
 def seed_rng(seed: int) -> None:
     """Seed torch (CPU and CUDA), numpy and Python's `random` (a rank passes `seed + rank`)."""
     import torch
@@ -295,15 +312,29 @@ class Checkpointer:
                 print(line, file=sys.stderr, flush=True)
         if found is not None:
             folder = step_dir(self.run, found)
+            state = read_trainer_state(folder / TRAINER_STATE)
+            saved_world = len(state["rng"])
+            if saved_world != self.world.size and self.cfg.zero_stage >= 1:
+                raise InputError(f"the checkpoint was written by {saved_world} processes and ZeRO-{self.cfg.zero_stage} "
+                                 f"partitions the optimizer states over them: resume with nproc={saved_world}",
+                                 path=folder)
             with safe_loads():
                 self.engine.load_checkpoint(str(folder / "ds"), tag="state", load_optimizer_states=True,
                                             load_lr_scheduler_states=True)
-            state = json.loads((folder / TRAINER_STATE).read_text(encoding="utf-8"))
-            self.loader.load_state_dict(state["loader"])
-            _set_rng_state(state["rng"][self.world.rank])
+            try:
+                self.loader.load_state_dict(state["loader"])
+                if saved_world == self.world.size:
+                    _set_rng_state(state["rng"][self.world.rank])
+                else:  # another process count (ZeRO-0): the data position is exact, the RNG states derived
+                    seed_rng(self.cfg.seed + 1_000_003 * int(state["step"]) + self.world.rank)
+            except (KeyError, IndexError, TypeError, ValueError) as e:
+                raise InputError(f"not a trainer state this run wrote ({type(e).__name__}: {e})",
+                                 path=folder / TRAINER_STATE) from None
             start, elapsed = int(state["step"]), float(state["elapsed_s"])
             if self.world.is_main and not logs:
-                print(f"resuming from {folder}", file=sys.stderr, flush=True)
+                print(f"resuming from {folder}" + (f" ({saved_world} processes then, {self.world.size} now: data "
+                      "position exact, RNG states derived per rank)" if saved_world != self.world.size else ""),
+                      file=sys.stderr, flush=True)
         dist.barrier()
         return start, elapsed
 

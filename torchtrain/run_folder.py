@@ -280,6 +280,7 @@ def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, 
     source = data_source(cfg)
     if saved is not None:
         _check_source(source, run)
+        _check_process_count(cfg, run, world if world is not None else cfg.nproc)
         if _read_source(run) is None:  # a run from before data_source.json: its config.yaml matched above
             write_text_atomic(run / SOURCE_FILE, json.dumps(source, indent=1) + "\n")
     data = _resolve_data(cfg, run, progress)
@@ -301,6 +302,24 @@ def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, 
     resolved = {**cfg.to_dict(), "seq_len": packed.seq_len, "data": resolved_data(cfg.data)}
     write_text_atomic(run / CONFIG_FILE, yaml.safe_dump(resolved, sort_keys=False))
     (run / DS_CONFIG_FILE).write_text(json.dumps(deepspeed_config(cfg, world or cfg.nproc), indent=1))
+
+
+def _check_process_count(cfg: TrainConfig, run: Path, world: int) -> None:
+    """A resume with another process count works at ZeRO-0 (torchtrain.checkpoint.Checkpointer.resume);
+    at ZeRO >= 1 the optimizer states are partitioned over the processes that wrote them: refused here,
+    before any process starts (the workers check it again on the checkpoint they load)."""
+    if cfg.zero_stage < 1:
+        return
+    for step in reversed(ckpt.list_steps(run)):
+        try:
+            saved_world = len(ckpt.read_trainer_state(ckpt.step_dir(run, step) / ckpt.TRAINER_STATE)["rng"])
+        except InputError:
+            continue  # unreadable: the workers skip or name it
+        if saved_world != world:
+            raise InputError(f"the newest checkpoint (step-{step}) was written by {saved_world} processes and "
+                             f"ZeRO-{cfg.zero_stage} partitions the optimizer states over them: resume with "
+                             f"nproc={saved_world}", path=run)
+        return
 
 
 def _check_source(source: dict[str, Any], run: Path) -> None:

@@ -283,3 +283,48 @@ def test_resume_compares_the_data_by_path_and_content(corpus, tmp_path):
     p = run_train(out, f"data={data}", "steps=3", "pack.budget=20000", check=False)
     print(p.stderr)
     assert p.returncode == 2 and "content changed" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_resume_with_another_process_count(packed, tmp_path):
+    """Issue 32 item 3: resuming with another nproc crashed (IndexError at the RNG states of rank 1). At
+    ZeRO-0 it resumes: the data position exact (the same windows: the same counted tokens per step as the
+    uninterrupted run), the RNG states derived per rank. At ZeRO >= 1, whose optimizer states are
+    partitioned over the processes, it is refused in one line before any work."""
+    args = ("save_every=2", "keep_last=2", "eval_window=0", "micro_batch=1", f"data={packed}")
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    run_train(ref, "steps=3", *args)
+    run_train(out, "steps=2", *args)
+    p = run_train(out, "steps=3", "nproc=2", *args)
+    assert "1 processes then, 2 now" in p.stderr
+    assert [r["step"] for r in metrics(out)] == [1, 2, 3]
+    assert [r["tokens"] for r in metrics(out)] == [r["tokens"] for r in metrics(ref)]
+    assert abs(metrics(out)[2]["loss"] - metrics(ref)[2]["loss"]) < 1e-3 * abs(metrics(ref)[2]["loss"])
+
+    zero = tmp_path / "zero1"
+    run_train(zero, "steps=2", "zero_stage=1", *args)
+    p = run_train(zero, "steps=3", "zero_stage=1", "nproc=2", *args, check=False)
+    print(p.stderr)
+    lines = [line for line in p.stderr.splitlines() if "resume with nproc=1" in line]
+    assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr
+    assert [r["step"] for r in metrics(zero)] == [1, 2]
+
+
+def test_a_tampered_trainer_state_is_one_line(packed, tmp_path):
+    """Issue 32 item 3: trainer.json rewritten (its manifest hash fixed to match) is refused in one line."""
+    import json
+
+    from torchtrain.checkpoint import sha256_file
+
+    out = tmp_path / "run"
+    run_train(out, "steps=2", "save_every=2", "eval_window=0", f"data={packed}")
+    folder = out / "checkpoints" / "step-2"
+    state = json.loads((folder / "trainer.json").read_text())
+    state["rng"] = {"not": "a list"}
+    (folder / "trainer.json").write_text(json.dumps(state))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"]["trainer.json"] = sha256_file(folder / "trainer.json")
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    p = run_train(out, "steps=3", "save_every=2", "eval_window=0", f"data={packed}", check=False)
+    print(p.stderr)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert len([line for line in p.stderr.splitlines() if "trainer.json" in line and "malformed" in line]) == 1
