@@ -281,6 +281,10 @@ def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, 
     if saved is not None:
         _check_source(source, run)
         _check_process_count(cfg, run, world if world is not None else cfg.nproc)
+        trained = max(ckpt.list_steps(run), default=0)
+        if cfg.steps < trained:  # config.yaml would say the run stops before where it stands
+            raise InputError(f"steps={cfg.steps} but the run has a checkpoint at step {trained}; steps may grow on a "
+                             f"rerun, not shrink below it (choose another --out for a shorter run)", path=run / CONFIG_FILE)
         if _read_source(run) is None:  # a run from before data_source.json: its config.yaml matched above
             write_text_atomic(run / SOURCE_FILE, json.dumps(source, indent=1) + "\n")
     data = _resolve_data(cfg, run, progress)

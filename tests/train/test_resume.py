@@ -328,3 +328,15 @@ def test_a_tampered_trainer_state_is_one_line(packed, tmp_path):
     print(p.stderr)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert len([line for line in p.stderr.splitlines() if "trainer.json" in line and "malformed" in line]) == 1
+
+
+def test_a_rerun_never_shrinks_steps_below_the_trained(packed, tmp_path):
+    """Issue 32 item 9: a finished run rerun with fewer steps rewrote config.yaml (eval --run then read the
+    wrong schedule); now refused in one line, config.yaml unchanged."""
+    out = tmp_path / "run"
+    run_train(out, "steps=4", "save_every=2", "eval_window=0", f"data={packed}")
+    before = (out / "config.yaml").read_text()
+    p = run_train(out, "steps=2", "save_every=2", "eval_window=0", f"data={packed}", check=False)
+    print(p.stderr)
+    assert p.returncode == 2 and "steps=2" in p.stderr and "step 4" in p.stderr and "Traceback" not in p.stderr
+    assert (out / "config.yaml").read_text() == before
