@@ -32,6 +32,7 @@ HFLM splits them) and `loglikelihood_rolling` (disjoint windows of the model's l
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import tempfile
 from collections.abc import Sequence
@@ -109,6 +110,67 @@ def check_tasks(tasks: Sequence[str], data_dir: str | Path | None) -> None:
         if not (Path(data_dir) / lt.data).is_file():
             raise InputError(f"--harness-tasks {t}: no {lt.data} in --harness-data (JSONL: {lt.fields})",
                              path=data_dir)
+        check_local_data(t, Path(data_dir) / lt.data)
+
+
+def _strings(n: int | None = None):
+    def ok(v: Any) -> bool:
+        return isinstance(v, list) and all(isinstance(s, str) for s in v) and (n is None or len(v) == n) and bool(v)
+    return ok
+
+
+def _index(v: Any) -> bool:
+    return (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 3) or (isinstance(v, str) and v in "0123" and v != "")
+
+
+_STR = (lambda v: isinstance(v, str), "a string")
+# per local task: field -> (check, what it must be, required); the fields configs/eval/*_local.yaml read
+LOCAL_FIELDS: dict[str, dict[str, tuple[Any, str, bool]]] = {
+    "mmlu": {"question": (*_STR, True), "choices": (_strings(4), "a list of 4 strings", True),
+             "answer": (_index, "an index 0-3", True), "subject": (*_STR, False)},
+    "hellaswag": {"activity_label": (*_STR, True), "ctx_a": (*_STR, True), "ctx_b": (*_STR, True),
+                  "endings": (_strings(4), "a list of 4 strings", True), "label": (_index, "an index 0-3", True)},
+    "longbench": {"input": (*_STR, True), "context": (*_STR, True),
+                  "answers": (_strings(), "a non-empty list of strings", True),
+                  "dataset": (lambda v: v in ("hotpotqa", "2wikimqa", "musique"), "hotpotqa, 2wikimqa or musique",
+                              True)},
+}
+
+
+def check_local_data(task: str, path: Path) -> int:
+    """Every line of a local task's JSONL read and checked before any work (a bad line used to surface as a
+    traceback after the whole RULER evaluation): an InputError naming the file, the line and the field.
+    Returns the number of records."""
+    fields = LOCAL_FIELDS[task]
+    count = 0
+    try:
+        handle = open(path, encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"cannot read: {e.strerror or e}", path=path) from None
+    with handle:
+        try:
+            for n, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except ValueError as e:
+                    raise InputError(f"line {n}: not JSON ({e.msg})", path=path) from None
+                if not isinstance(rec, dict):
+                    raise InputError(f"line {n}: a JSON object is expected, got {type(rec).__name__}", path=path)
+                for name, (ok, what, required) in fields.items():
+                    if name not in rec:
+                        if required:
+                            raise InputError(f"line {n}: no field {name!r} ({task} needs {LOCAL_TASKS[task].fields})",
+                                             path=path)
+                    elif not ok(rec[name]):
+                        raise InputError(f"line {n}: field {name!r} must be {what}", path=path)
+                count += 1
+        except UnicodeDecodeError as e:
+            raise InputError(f"not UTF-8 text (invalid byte at offset {e.start} of a line)", path=path) from None
+    if count == 0:
+        raise InputError(f"no records ({task} needs JSONL: {LOCAL_TASKS[task].fields})", path=path)
+    return count
 
 
 # ---------------------------------------------------------------------------------------------

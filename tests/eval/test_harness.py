@@ -92,6 +92,39 @@ def test_loglikelihood_equals_a_full_forward():
     assert is_greedy
 
 
+VALID = {
+    "mmlu": {"question": "2 + 2 =", "choices": ["1", "2", "3", "4"], "answer": 3, "subject": "arithmetic"},
+    "hellaswag": {"activity_label": "Cooking", "ctx_a": "A man cracks an egg.", "ctx_b": "he",
+                  "endings": ["fries it.", "sings.", "flies.", "sleeps."], "label": "0"},
+    "longbench": {"input": "Who?", "context": "Ada wrote it.", "answers": ["Ada"], "dataset": "hotpotqa"},
+}
+
+
+@pytest.mark.parametrize("task", ["mmlu", "hellaswag", "longbench"])
+@pytest.mark.parametrize("damage", ["not-json", "missing-field", "wrong-type", "not-an-object", "empty"])
+def test_malformed_local_data_is_refused_before_any_work(task, damage, tmp_path, capsys, monkeypatch):
+    """Issue 32 item 8: a non-JSON line, a missing field, a field of the wrong type: one line naming the file
+    and the line, exit 2, before RULER's evaluation starts (it was a traceback after all of it)."""
+    from anchor_app.eval import runner
+    from tests.cli.helpers import assert_usage_error, run_cli
+
+    pytest.importorskip("lm_eval")
+    good = json.dumps(VALID[task])
+    field = next(iter(VALID[task]))
+    bad = {"not-json": "{not json", "missing-field": json.dumps({k: v for k, v in VALID[task].items() if k != field}),
+           "wrong-type": json.dumps({**VALID[task], field: 7}), "not-an-object": "[1, 2]", "empty": None}[damage]
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / harness.LOCAL_TASKS[task].data).write_text("" if bad is None else f"{good}\n{good}\n{bad}\n")
+    monkeypatch.setattr(runner, "run_eval", lambda *a, **k: pytest.fail("the evaluation started"))
+    code, _, err = run_cli(["eval", "--model", "random:llama", "--tasks", "vt", "--lengths", "256", "--samples", "1",
+                            "--harness", "lm-eval", "--harness-tasks", task, "--harness-data", str(data),
+                            "--out", str(tmp_path / "out"), "--no-progress"], capsys)
+    line = assert_usage_error(code, err, "eval", harness.LOCAL_TASKS[task].data)
+    assert ("line 3" in line) if bad is not None else ("no records" in line)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("task", ["mmlu", "hellaswag", "longbench"])
 def test_missing_local_data_is_one_line(task, tmp_path):
     file = harness.LOCAL_TASKS[task].data
@@ -103,8 +136,8 @@ def test_missing_local_data_is_one_line(task, tmp_path):
         harness.check_tasks(["niah_single_1", task], tmp_path)
     print(e.value)
     assert "\n" not in str(e.value) and f"no {file}" in str(e.value) and str(tmp_path) in str(e.value)
-    (tmp_path / file).write_text("{}\n")
-    harness.check_tasks(["niah_single_1", task], tmp_path)  # present: no error
+    (tmp_path / file).write_text(json.dumps(VALID[task]) + "\n")
+    harness.check_tasks(["niah_single_1", task], tmp_path)  # present and well-formed: no error
     with pytest.raises(InputError, match="unknown task 'qa_1'"):
         harness.check_tasks(["qa_1"], tmp_path)
 
