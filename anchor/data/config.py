@@ -23,7 +23,7 @@ PACK_SCHEMA: dict[str, tuple[tuple[type, ...], str]] = {
     "mixture": ((str,), f"one of {', '.join(MIXTURES)}"),
     "budget": ((int, type(None)), "tokens to select (documents with their EOS); null: the whole source"),
     "long_threshold": ((int,), "documents longer than this many tokens are long"),
-    "upsample_factor": ((int, float), "upsample_long: copies of each long document per pass"),
+    "upsample_factor": ((int, float), "upsample_long: short documents kept with 1 / factor; upsample_repeat: copies of each long one per pass"),
     "tags": ((bool,), "precede each document by its domain tag"),
     "interleave": ((bool,), "interleave document chunks inside windows"),
     "mean_chunk": ((int,), "interleave: mean chunk length in slots (0: T/8)"),

@@ -183,6 +183,7 @@ def _pack_stats(model: str, data: str | Path, cfg: PackConfig, meta: dict[str, A
         "read": counts_dict,
         "source": {"docs": store.num_docs, "tokens": store.num_tokens},
         "mixture": {**asdict(cfg.mixture), "selected_docs": int(selection.size),
+                    "repeated_docs": int(selection.size - np.unique(selection).size),
                     "selected_tokens": int((store.length[selection] + 1).sum()), "tag_tokens": tally.tag_slots},
         "domains": mixture_table(store.length, store.domain, store.domains, selection, cfg.mixture),
         "layout": asdict(cfg.layout),
@@ -255,6 +256,14 @@ def _pct(x: float) -> str:
     return f"{100 * x:.2f}%"
 
 
+def _upsampling(m: dict[str, Any]) -> str:
+    if m["kind"] == "upsample_long":
+        return f", short documents kept with probability 1/{m['upsample_factor']}"
+    if m["kind"] == "upsample_repeat":
+        return f", long documents copied x{m['upsample_factor']}"
+    return ""
+
+
 def stats_markdown(stats: dict[str, Any]) -> str:
     """The human report of `anchor pack` (stats.md)."""
     m, w = stats["mixture"], stats["windows"]
@@ -266,8 +275,9 @@ def stats_markdown(stats: dict[str, Any]) -> str:
         f"- read: {stats['read'].get('read', '?')} documents; skipped: "
         + (", ".join(f"{v} {k}" for k, v in stats["read"].get("skipped", {}).items() if v) or "none"),
         f"- mixture: `{m['kind']}`, budget {m['budget'] or 'the source size'}, long = more than "
-        f"{m['long_threshold']} tokens" + (f", upsampled x{m['upsample_factor']}" if m["kind"] == "upsample_long" else "")
-        + f", seed {m['seed']}: {m['selected_docs']} documents, {m['selected_tokens']} tokens"
+        f"{m['long_threshold']} tokens" + _upsampling(m)
+        + f", seed {m['seed']}: {m['selected_docs']} documents ({m.get('repeated_docs', 0)} repeated), "
+          f"{m['selected_tokens']} tokens"
         + (f" (+{m['tag_tokens']} tag tokens)" if m["tag_tokens"] else ""),
         f"- layout: tags {stats['layout']['tags']}, interleave {stats['layout']['interleave']}",
         "",

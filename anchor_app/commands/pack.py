@@ -22,13 +22,13 @@ def pack(
     seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Slots per window (T), at least 2.")] = None,
     config: Annotated[Optional[Path], typer.Option(
         "--config", help="YAML with any of these options (configs/data/*.yaml); command-line options win.")] = None,
-    mixture: Annotated[str, typer.Option("--mixture", help="original | upsample_long")] = "original",
+    mixture: Annotated[str, typer.Option("--mixture", help="original | upsample_long (long documents kept, short ones sampled down) | upsample_repeat (long ones copied)")] = "original",
     budget: Annotated[Optional[int], typer.Option(
         "--budget", help="Tokens to select (documents with their EOS); default: the whole source.")] = None,
     long_threshold: Annotated[int, typer.Option(
         "--long-threshold", help="Documents longer than this many tokens are long.")] = 4096,
     upsample_factor: Annotated[float, typer.Option(
-        "--upsample-factor", help="upsample_long: copies of each long document per pass (1 to 1000).")] = 4.0,
+        "--upsample-factor", help="upsample_long: short documents kept with probability 1 / factor; upsample_repeat: copies of each long document per pass (1 to 1000).")] = 4.0,
     tags: Annotated[bool, typer.Option("--tags", help="Precede each document by its domain tag.")] = False,
     interleave: Annotated[bool, typer.Option("--interleave", help="Interleave document chunks in windows.")] = False,
     mean_chunk: Annotated[int, typer.Option(

@@ -60,9 +60,33 @@ def test_corpus_command(tmp_path, capsys):
     assert no_leftovers(tmp_path, "c")
 
 
+def test_pack_upsample_long_on_the_embedded_corpus(tmp_path, capsys):
+    """Issue 32 acceptance 4: `anchor pack --mixture upsample_long` on the embedded corpus: no document
+    repeated (the pool suffices), a long-document share above the original mixture's, the domains' shares
+    reported before and after, and moved."""
+    from anchor.data.corpus import CORPUS_FILE, write_default_corpus
+
+    write_default_corpus(tmp_path / "c")
+    out = tmp_path / "packed"
+    code, _, _ = run(pack_args(tmp_path / "c" / CORPUS_FILE, out, "--mixture", "upsample_long", "--long-threshold", "16384",
+                               "--upsample-factor", "3", seq_len=1024), capsys)
+    assert code == 0
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["mixture"]["repeated_docs"] == 0
+    rows = stats["domains"].values()
+    assert all(r["repeated_docs"] == 0 for r in rows)
+    long_then = sum(r["source_long_share"] * r["source_tokens"] for r in rows) / sum(r["source_tokens"] for r in rows)
+    long_now = sum(r["long_share"] * r["tokens"] for r in rows) / sum(r["tokens"] for r in rows)
+    print({k: (round(r["source_token_ratio"], 3), round(r["token_ratio"], 3)) for k, r in stats["domains"].items()},
+          "long share", round(long_then, 3), "->", round(long_now, 3))
+    assert long_now > long_then + 0.02
+    assert max(abs(r["token_ratio"] - r["source_token_ratio"]) for r in rows) > 0.005
+    assert "0 repeated" in (out / "stats.md").read_text()
+
+
 def test_pack_end_to_end(small_corpus, tmp_path, capsys):
     out = tmp_path / "packed"
-    code, _, _ = run(pack_args(small_corpus, out, "--mixture", "upsample_long", "--long-threshold", "2000",
+    code, _, _ = run(pack_args(small_corpus, out, "--mixture", "upsample_repeat", "--long-threshold", "2000",
                                "--upsample-factor", "3", "--tags", "--interleave", "--seed", "4"), capsys)
     assert code == 0
     for name in ("pack.json", "stats.json", "stats.md", "doc_lengths.png", "store/store.json"):

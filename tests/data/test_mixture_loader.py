@@ -25,9 +25,43 @@ def synthetic(seed=0):
 
 
 @pytest.mark.parametrize("factor", [2.0, 3.5])
-def test_upsample_long_keeps_domain_shares(factor):
+def test_upsample_long_samples_without_repeats_and_moves_the_domains(factor):
+    """Issue 32 item 12: long documents kept, short ones with probability 1/factor within each domain, none
+    repeated while the pool lasts; the long share rises as expected and the domains' shares move towards
+    the domains richer in long documents (c: 70% long, a: 10%)."""
     length, domain = synthetic()
     spec = MixtureSpec("upsample_long", long_threshold=800, upsample_factor=factor, seed=3)
+    sel = select_documents(length, domain, spec)
+    table = mixture_table(length, domain, ["a", "b", "c"], sel, spec)
+    assert np.bincount(sel, minlength=length.size).max() == 1
+    assert set(np.flatnonzero(length > 800)) <= set(sel.tolist())
+    for name, row in table.items():
+        print(name, {k: round(v, 4) for k, v in row.items()})
+        assert row["repeated_docs"] == 0
+        assert row["long_share"] > row["source_long_share"]
+        assert abs(row["long_share"] - row["expected_long_share"]) < 0.02
+        short_kept = row["docs"] - int(((length > 800) & (domain == "abc".index(name))).sum())
+        short_all = row["source_docs"] - int(((length > 800) & (domain == "abc".index(name))).sum())
+        assert short_kept == round(short_all / factor)
+    assert table["a"]["token_ratio"] < table["a"]["source_token_ratio"]
+    assert table["c"]["token_ratio"] > table["c"]["source_token_ratio"]
+
+
+def test_upsample_long_budget_uses_the_pool_before_repeating():
+    length, domain = synthetic()
+    total = int((length + 1).sum())
+    spec = MixtureSpec("upsample_long", long_threshold=800, upsample_factor=3, seed=2, budget=total - 5000)
+    copies = np.bincount(select_documents(length, domain, spec), minlength=length.size)
+    assert copies.max() == 1 and copies.sum() > 0.9 * length.size  # the unsampled short ones came next
+    spec = MixtureSpec("upsample_long", long_threshold=800, upsample_factor=3, seed=2, budget=total + 5000)
+    copies = np.bincount(select_documents(length, domain, spec), minlength=length.size)
+    assert copies.min() == 1 and 1 <= int((copies == 2).sum()) < 0.1 * length.size  # repeats only past the pool
+
+
+@pytest.mark.parametrize("factor", [2.0, 3.5])
+def test_upsample_repeat_keeps_domain_shares(factor):
+    length, domain = synthetic()
+    spec = MixtureSpec("upsample_repeat", long_threshold=800, upsample_factor=factor, seed=3)
     sel = select_documents(length, domain, spec)
     table = mixture_table(length, domain, ["a", "b", "c"], sel, spec)
     for name, row in table.items():
@@ -52,8 +86,8 @@ def test_upsample_one_pass_counts_copies():
     domain = np.zeros(5, dtype=int)
     long = length > 800
     one_pass = int(((length + 1) * np.where(long, 3, 1)).sum())
-    sel = select_documents(length, domain, MixtureSpec("upsample_long", budget=one_pass, long_threshold=800,
-                                                       upsample_factor=3))
+    sel = select_documents(length, domain, MixtureSpec("upsample_repeat", budget=one_pass, long_threshold=800,
+                                                         upsample_factor=3))
     assert np.bincount(sel, minlength=5).tolist() == [1, 3, 1, 3, 1]
 
 
