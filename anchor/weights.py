@@ -9,6 +9,7 @@ parsed from its JSON header, GGUF through the `gguf` package.
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -204,7 +205,16 @@ def write_hf_dir(spec: ModelSpec, state: StateDict, path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(to_hf_config(spec), indent=2))
     save_file({k: np.ascontiguousarray(v) for k, v in state.items()}, str(path / "model.safetensors"))
+    readable_by_umask(path / "model.safetensors")
     return path
+
+
+def readable_by_umask(path: Path) -> None:
+    """safetensors writes its files 0600 (a private temporary file renamed); give them the mode every other
+    file gets (0666 less the umask), so a checkpoint's weights are as readable as its config."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 # ---------------------------------------------------------------------------------------------

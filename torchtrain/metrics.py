@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from anchor.atomic import write_text_atomic
+from anchor.weights import readable_by_umask
 
 if TYPE_CHECKING:
     from torchtrain.distributed import World
@@ -115,4 +116,5 @@ def dump_grads(engine: Any, world: World, run: Path, step: int) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
         save_file(grads, str(tmp))
+        readable_by_umask(tmp)
         os.replace(tmp, path)

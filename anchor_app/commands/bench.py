@@ -78,6 +78,10 @@ def bench(
     from anchor.outdir import guard_out
 
     check_seed(seed)
+    if step_seq_len is not None and step_seq_len < 1:  # 0 used to mean the default, silently
+        from anchor.errors import InputError
+
+        raise InputError(f"--step-seq-len must be >= 1 (leave it out for the default), got {step_seq_len}")
     opts = dict(seq_lens=_ints(seq_len, "--seq-len"), variants=_names(variants, "--variants"),
                 engines=_names(engines, "--engines") if engines is not None else None,
                 distributions=_names(distributions, "--distributions"), windows=windows, repeats=repeats,

@@ -156,6 +156,8 @@ def test_cli_step(tmp_path, capsys):
     (["--windows", "0"], "--windows must be >= 1"),
     (["--estimate-model", "gpt5"], "--estimate-model: unknown model 'gpt5'"),
     (["--data", "/nonexistent/corpus.jsonl"], "/nonexistent/corpus.jsonl"),
+    (["--step-seq-len", "0"], "--step-seq-len"),  # issue 32 item 11: 0 was silently the default
+    (["--step-seq-len", "-5"], "--step-seq-len"),
 ])
 def test_cli_bad_input(tmp_path, capsys, args, needle):
     out = tmp_path / "bench"

@@ -89,3 +89,20 @@ def test_truncated_and_malformed_files_are_value_errors(tmp_path):
         cut.write_bytes(bad)
         with pytest.raises(ValueError, match=needle):
             read_gguf_file(cut)
+
+
+def test_safetensors_are_written_with_the_umask_mode(tmp_path):
+    """Issue 32 item 11: hf/model.safetensors was written 0600 (safetensors' private temporary file)."""
+    import os
+
+    from anchor.spec import random_preset
+    from anchor.weights import random_state, write_hf_dir
+
+    umask = os.umask(0o022)
+    try:
+        spec = random_preset("llama")
+        out = write_hf_dir(spec, random_state(spec), tmp_path / "hf")
+    finally:
+        os.umask(umask)
+    assert oct(os.stat(out / "model.safetensors").st_mode & 0o777) == oct(0o644)
+    assert oct(os.stat(out / "config.json").st_mode & 0o777) == oct(0o644)
