@@ -125,8 +125,10 @@ def select_documents(length: np.ndarray, domain: np.ndarray, spec: MixtureSpec) 
     cost = length + 1
     if spec.kind == "upsample_long":
         sel = _sample_long(cost, domain, length > spec.long_threshold, spec.budget, spec.upsample_factor, rng)
-        if sel.size == 0:
-            raise InputError(f"the budget of {spec.budget} tokens selects no documents")
+        if sel.size == 0:  # only without a budget: no long document, and too few short ones to keep any
+            raise InputError(f"upsample_long selects no documents: none of the {length.size} is longer than "
+                             f"long_threshold {spec.long_threshold}, and a share 1/{spec.upsample_factor:g} of "
+                             f"each domain's short ones rounds to none")
         return sel[rng.permutation(sel.size)].astype(np.int64)
     total = int(cost.sum())
     budget = total if spec.budget is None else int(spec.budget)
