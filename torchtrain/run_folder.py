@@ -211,7 +211,7 @@ def _resolve_data(cfg: TrainConfig, run: Path, progress: bool) -> Path:
         # other settings is refused before this): packed again, never trained on silently
         shutil.rmtree(target)
     from anchor.data.mixture import MixtureSpec
-    from anchor.data.packing import Layout
+    from anchor.data.config import layout_of
     from anchor.data.pipeline import PackConfig, pack_corpus
 
     source: str | Path = cfg.data
@@ -225,7 +225,7 @@ def _resolve_data(cfg: TrainConfig, run: Path, progress: bool) -> Path:
     mixture = MixtureSpec(kind=p.get("mixture", "original"), seed=p.get("seed", cfg.seed),
                           **{k: p[k] for k in mix_keys if k in p})
     pack_cfg = PackConfig(seq_len=cfg.seq_len, mixture=mixture,
-                          layout=Layout(tags=cfg.tags, interleave=cfg.interleave, mean_chunk=p.get("mean_chunk", 0)),
+                          layout=layout_of(p, tags=cfg.tags, interleave=cfg.interleave),
                           seed=p.get("seed", cfg.seed), text_field=p.get("text_field", "text"),
                           domain_field=p.get("domain_field"), skip_bad=p.get("skip_bad", False))
     pack_corpus(cfg.model, source, target, pack_cfg, progress=progress)

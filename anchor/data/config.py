@@ -26,7 +26,12 @@ PACK_SCHEMA: dict[str, tuple[tuple[type, ...], str]] = {
     "upsample_factor": ((int, float), "upsample_long: short documents kept with 1 / factor; upsample_repeat: copies of each long one per pass"),
     "tags": ((bool,), "precede each document by its domain tag"),
     "interleave": ((bool,), "interleave document chunks inside windows"),
-    "mean_chunk": ((int,), "interleave: mean chunk length in slots (0: T/8)"),
+    "chunk_doc_min": ((int,), "interleave: documents of at least this many slots in a window are cut"),
+    "chunk_doc_max": ((int,), "interleave: and of at most this many"),
+    "chunks_max": ((int,), "interleave: into 2 to this many chunks"),
+    "chunk_cut_lo": ((int, float), "interleave: cuts at or after this fraction of the document's length"),
+    "chunk_cut_hi": ((int, float), "interleave: cuts at or before this fraction of the document's length"),
+    "mean_chunk": ((int,), "interleave: > 0 cuts every document before each slot with probability 1/mean_chunk instead (0: the chunk_* keys)"),
     "seed": ((int,), "seed of the mixture and the interleaving"),
     "skip_bad": ((bool,), "skip and count bad records"),
     "text_field": ((str,), "dotted path of the text"),
@@ -55,12 +60,39 @@ def check_pack_options(opts: dict[str, Any], origin: dict[str, str] | None = Non
     check_int(opts.get("long_threshold", 4096), name("long_threshold"), lo=1)
     check_float(opts.get("upsample_factor", 4.0), name("upsample_factor"), lo=1.0, hi=MAX_UPSAMPLE_FACTOR)
     check_int(opts.get("mean_chunk", 0), name("mean_chunk"), lo=0, hi=MAX_SEQ_LEN)
+    for key in ("chunk_doc_min", "chunk_doc_max", "chunks_max"):
+        if key in opts:
+            check_int(opts[key], name(key), lo=2, hi=MAX_SEQ_LEN)
+    for key in ("chunk_cut_lo", "chunk_cut_hi"):
+        if key in opts:
+            check_float(opts[key], name(key), lo=0.0, hi=1.0)
+    try:
+        layout_of(opts).check()
+    except InputError as e:
+        where = sorted({origin[k] for k in LAYOUT_CHUNK_KEYS if k in origin})
+        raise InputError(str(e), path=where[0] if where else None) from None
     check_seed(opts.get("seed", 0), name("seed"))
     if opts.get("mixture", "original") not in MIXTURES:
         raise InputError(f"{name('mixture')}: unknown mixture {opts['mixture']!r} (known: {', '.join(MIXTURES)})")
     for key in ("text_field",):
         if not str(opts.get(key, "text")).strip():
             raise InputError(f"{name(key)}: empty")
+
+
+LAYOUT_CHUNK_KEYS = ("chunk_doc_min", "chunk_doc_max", "chunks_max", "chunk_cut_lo", "chunk_cut_hi", "mean_chunk")
+
+
+def layout_of(opts: dict[str, Any], *, tags: bool | None = None, interleave: bool | None = None):
+    """The packing Layout of pack options (`anchor pack`'s, or a train config's `pack:` mapping, whose
+    `tags`/`interleave` come from the top level)."""
+    from anchor.data.packing import Layout
+
+    chunking = {k: opts[k] for k in LAYOUT_CHUNK_KEYS if opts.get(k) is not None}
+    for k in ("chunk_cut_lo", "chunk_cut_hi"):
+        if k in chunking:
+            chunking[k] = float(chunking[k])
+    return Layout(tags=bool(opts.get("tags", False) if tags is None else tags),
+                  interleave=bool(opts.get("interleave", False) if interleave is None else interleave), **chunking)
 
 
 def validate_pack_config(d: Any, *, source: str = "config") -> dict[str, Any]:

@@ -12,19 +12,22 @@ in the next window; the last window is padded. Per slot the packer keeps three a
   seg     int32  [W, T]  0 at slot 0, then 1, 2, ... per document in order of first appearance, -1 padding
   tag     uint8  [W, T]  1 on domain-tag slots
 
-Interleaving (`Layout.interleave`) works inside each window: every document's slots are cut at
-random points (a cut before each slot with probability 1 / mean_chunk, and always at document
-boundaries), the chunks are shuffled so that each document's chunks keep their order (every chunk
-draws a uniform key; each document's sorted keys go to its chunks in order; chunks are sorted by
-key), and documents are renumbered by first appearance. Padding stays at the end.
+Interleaving (`Layout.interleave`) works inside each window. Every document (its slots in the
+window: tag, tokens, EOS) of `chunk_doc_min`..`chunk_doc_max` slots is cut into k chunks, k uniform
+in 2..`chunks_max`, at k - 1 distinct points drawn uniformly between `chunk_cut_lo` and
+`chunk_cut_hi` of its length (the authors' code: 64-2048 tokens, 2-3 chunks, 20-80%); other
+documents stay whole. (`mean_chunk` > 0 selects the earlier scheme instead: a cut before each slot
+with probability 1 / mean_chunk.) The chunks are shuffled so that each document's chunks keep their
+order (every chunk draws a uniform key; each document's sorted keys go to its chunks in order; chunks
+are sorted by key), and documents are renumbered by first appearance. Padding stays at the end.
 
 Everything is vectorised over blocks of windows, so memory is bounded by the block size.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -36,14 +39,45 @@ BLOCK_SLOTS = 1 << 22  # stream slots per packing block (bounds memory: ~100 byt
 
 @dataclass(frozen=True)
 class Layout:
-    """The data layouts of docs/DESIGN.md §2; they combine with every attention variant."""
+    """The data layouts of docs/DESIGN.md §2; they combine with every attention variant.
+
+    The chunking keys are read only with `interleave` (module docstring)."""
 
     tags: bool = False
     interleave: bool = False
-    mean_chunk: int = 0  # interleave: mean chunk length in slots; 0 means max(2, T // 8)
+    chunk_doc_min: int = 64  # documents of chunk_doc_min..chunk_doc_max slots in a window are cut
+    chunk_doc_max: int = 2048
+    chunks_max: int = 3  # into 2..chunks_max chunks
+    chunk_cut_lo: float = 0.2  # at points between these fractions of the document's length
+    chunk_cut_hi: float = 0.8
+    mean_chunk: int = 0  # > 0: instead, a cut before each slot with probability 1 / mean_chunk
 
-    def chunk(self, seq_len: int) -> int:
-        return self.mean_chunk if self.mean_chunk > 0 else max(2, seq_len // 8)
+    def cut_range(self, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The offsets (from a document's first slot) where a document of `length` slots may be cut:
+        [lo, hi], both int64 like `length`."""
+        length = np.asarray(length, dtype=np.int64)
+        lo = np.maximum(1, np.ceil(self.chunk_cut_lo * length - 1e-9).astype(np.int64))
+        hi = np.minimum(length - 1, np.floor(self.chunk_cut_hi * length + 1e-9).astype(np.int64))
+        return lo, hi
+
+    def check(self) -> None:
+        """InputError where the chunking keys contradict each other (a document in range must have room
+        for chunks_max - 1 distinct cuts)."""
+        if self.chunk_doc_min < 2 or self.chunk_doc_max < self.chunk_doc_min:
+            raise InputError(f"chunk_doc_min {self.chunk_doc_min} / chunk_doc_max {self.chunk_doc_max}: "
+                             "want 2 <= chunk_doc_min <= chunk_doc_max")
+        if not 0.0 <= self.chunk_cut_lo <= self.chunk_cut_hi <= 1.0:
+            raise InputError(f"chunk_cut_lo {self.chunk_cut_lo} / chunk_cut_hi {self.chunk_cut_hi}: "
+                             "want 0 <= chunk_cut_lo <= chunk_cut_hi <= 1")
+        if self.mean_chunk < 0:
+            raise InputError(f"mean_chunk {self.mean_chunk}: want 0 or more")
+        if self.chunks_max < 2:
+            raise InputError(f"chunks_max {self.chunks_max}: want at least 2")
+        lo, hi = self.cut_range(np.array([self.chunk_doc_min]))
+        if int(hi[0] - lo[0] + 1) < self.chunks_max - 1:
+            raise InputError(f"a document of chunk_doc_min = {self.chunk_doc_min} slots has {max(0, int(hi[0] - lo[0] + 1))} "
+                             f"cut points between chunk_cut_lo and chunk_cut_hi, fewer than chunks_max - 1 = "
+                             f"{self.chunks_max - 1}")
 
 
 def tag_text(domain: str) -> str:
@@ -75,12 +109,14 @@ class Packer:
       seq_len: T >= 2.
       first_token, eos: the ids at slot 0 and at the end of each document.
       tag_tokens: per domain of the store, the tag's token ids (None: no tags).
-      layout: tags / interleave; seed: the interleaving's random stream.
+      layout: interleave and its chunking (the tags come as `tag_tokens`); seed: the interleaving's
+        random stream.
+
+    After `blocks()`, `chunks` holds what the interleaving did (a ChunkTally).
     """
 
     def __init__(self, store: TokenStore, selection: np.ndarray, seq_len: int, *, first_token: int, eos: int,
-                 tag_tokens: list[list[int]] | None = None, interleave: bool = False, mean_chunk: int = 0,
-                 seed: int = 0):
+                 tag_tokens: list[list[int]] | None = None, layout: Layout = Layout(), seed: int = 0):
         if seq_len < 2:
             raise InputError(f"--seq-len must be at least 2, got {seq_len}")
         self.store = store
@@ -91,8 +127,9 @@ class Packer:
         self.C = self.T - 1
         self.first_token = int(first_token)
         self.eos = int(eos)
-        self.interleave = interleave
-        self.p_cut = 1.0 / Layout(mean_chunk=mean_chunk).chunk(self.T)
+        layout.check()
+        self.layout = layout
+        self.chunks = ChunkTally()
         self.seed = seed
         ndom = max(1, len(store.domains))
         if tag_tokens is None:
@@ -117,8 +154,8 @@ class Packer:
         for w0 in range(0, self.num_windows, per):
             w1 = min(self.num_windows, w0 + per)
             flat = self.stream_block(w0, w1)
-            if self.interleave:
-                flat = interleave_flat(*flat, self.C, self.p_cut, rng)
+            if self.layout.interleave:
+                flat = interleave_flat(*flat, self.C, self.layout, rng, self.chunks)
             yield self.assemble(*flat)
 
     def block(self, w0: int, w1: int) -> WindowBlock:
@@ -175,27 +212,84 @@ class Packer:
         return tok, seg, tag
 
 
-def interleave_block(block: WindowBlock, p_cut: float, rng: np.random.Generator) -> WindowBlock:
+@dataclass
+class ChunkTally:
+    """What interleaving did, summed over blocks (stats.json's `interleave`): documents (their pieces in
+    windows), those of chunk_doc_min..chunk_doc_max slots, and per chunk count k >= 2 the documents cut
+    into k chunks (all of them, and those in that range)."""
+
+    docs: int = 0
+    docs_in_range: int = 0
+    cut: dict[int, int] = field(default_factory=dict)
+    cut_in_range: dict[int, int] = field(default_factory=dict)
+
+    def add(self, chunks: np.ndarray, in_range: np.ndarray) -> None:
+        self.docs += int(chunks.size)
+        self.docs_in_range += int(in_range.sum())
+        for into, sel in ((self.cut, chunks >= 2), (self.cut_in_range, (chunks >= 2) & in_range)):
+            k, n = np.unique(chunks[sel], return_counts=True)
+            for ki, ni in zip(k.tolist(), n.tolist()):
+                into[ki] = into.get(ki, 0) + ni
+
+    def to_dict(self, layout: Layout) -> dict[str, Any]:
+        docs_cut = sum(self.cut_in_range.values())
+        return {"scheme": "mean_chunk" if layout.mean_chunk > 0 else "chunk_docs", "docs": self.docs,
+                "docs_cut": sum(self.cut.values()), "chunks": {str(k): v for k, v in sorted(self.cut.items())},
+                "docs_in_range": self.docs_in_range, "docs_in_range_cut": docs_cut,
+                "chunks_in_range": {str(k): v for k, v in sorted(self.cut_in_range.items())},
+                "in_range_cut_share": docs_cut / self.docs_in_range if self.docs_in_range else 0.0}
+
+
+def interleave_block(block: WindowBlock, layout: Layout, rng: np.random.Generator) -> WindowBlock:
     """`interleave_flat` on assembled windows (slot 0 stays in place)."""
     nw, T = block.seg.shape
     tok, seg, tag = (np.ascontiguousarray(x[:, 1:]).ravel() for x in (block.tokens, block.seg, block.tag))
-    tok, seg, tag = interleave_flat(tok, seg, tag, T - 1, p_cut, rng)
+    tok, seg, tag = interleave_flat(tok, seg, tag, T - 1, layout, rng)
     out = WindowBlock(block.tokens.copy(), block.seg.copy(), block.tag.copy())
     out.tokens[:, 1:], out.seg[:, 1:], out.tag[:, 1:] = (x.reshape(nw, T - 1) for x in (tok, seg, tag))
     return out
 
 
-def interleave_flat(tok: np.ndarray, seg: np.ndarray, tag: np.ndarray, C: int, p_cut: float,
-                    rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Cut each window's documents (stream slots, flat [n C]) into chunks and shuffle them, keeping
-    each document's chunk order; documents are renumbered by first appearance (module docstring)."""
+def chunk_cuts(new_doc: np.ndarray, seg: np.ndarray, layout: Layout, rng: np.random.Generator,
+               tally: ChunkTally | None = None) -> np.ndarray:
+    """Where chunks start (bool, flat [n C]): every document start (`new_doc`) plus the layout's cuts
+    (module docstring). `tally` counts the documents and their chunks."""
+    n = seg.shape[0]
+    cut = new_doc.copy()
+    starts = np.flatnonzero(new_doc)
+    length = np.diff(np.append(starts, n))
+    real = seg[starts] >= 0
+    in_range = real & (length >= layout.chunk_doc_min) & (length <= layout.chunk_doc_max)
+    if layout.mean_chunk > 0:
+        cut[rng.integers(0, n, rng.binomial(n, 1.0 / layout.mean_chunk))] = True
+    else:
+        pick = np.flatnonzero(in_range)
+        lo, hi = layout.cut_range(length[pick])
+        k = rng.integers(2, layout.chunks_max + 1, size=pick.size)
+        points = np.zeros((pick.size, layout.chunks_max - 1), dtype=np.int64)
+        for j in range(layout.chunks_max - 1):  # distinct points: draw among the rest, step over earlier ones
+            v = rng.integers(0, hi - lo + 1 - j)
+            for prev in np.sort(points[:, :j], axis=1).T:
+                v += v >= prev
+            points[:, j] = v
+        use = np.arange(layout.chunks_max - 1)[None, :] < (k - 1)[:, None]
+        cut[(starts[pick][:, None] + lo[:, None] + points)[use]] = True
+    if tally is not None:
+        chunks = np.add.reduceat(cut.astype(np.int64), starts) if starts.size else np.zeros(0, np.int64)
+        tally.add(chunks[real], in_range[real])
+    return cut
+
+
+def interleave_flat(tok: np.ndarray, seg: np.ndarray, tag: np.ndarray, C: int, layout: Layout,
+                    rng: np.random.Generator, tally: ChunkTally | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cut each window's documents (stream slots, flat [n C]) into chunks (`chunk_cuts`) and shuffle them,
+    keeping each document's chunk order; documents are renumbered by first appearance (module docstring)."""
     n = seg.shape[0]
     nw = n // C
     new_doc = np.ones(n, dtype=bool)
     np.not_equal(seg[1:], seg[:-1], out=new_doc[1:])
     new_doc[::C] = True  # each window's slot 1
-    cut = new_doc.copy()
-    cut[rng.integers(0, n, rng.binomial(n, p_cut))] = True
+    cut = chunk_cuts(new_doc, seg, layout, rng, tally)
     starts = np.flatnonzero(cut)  # chunk start (flat slot index)
     lens = np.diff(np.append(starts, n))
     row = starts // C

@@ -68,12 +68,12 @@ def pack_corpus(model: str, data: str | Path, out: str | Path, cfg: PackConfig, 
         selection = select_documents(store.length, store.domain, cfg.mixture)
         tag_tokens = _tag_tokens(store, tok, cfg, vocab, model)
         packer = Packer(store, selection, cfg.seq_len, first_token=tok.first_token_id, eos=tok.eos_id,
-                        tag_tokens=tag_tokens, interleave=cfg.layout.interleave,
-                        mean_chunk=cfg.layout.mean_chunk, seed=cfg.seed)
+                        tag_tokens=tag_tokens, layout=cfg.layout, seed=cfg.seed)
         check_disk(packer.num_windows * cfg.seq_len * 9, tmp,
                    f"{packer.num_windows} windows of {cfg.seq_len} slots", name=out)
         writer = ShardWriter(work, cfg.seq_len, packer.num_windows, shard_slots)
         tally = _write_windows(packer, writer, progress)
+        tally.chunks = packer.chunks.to_dict(cfg.layout) if cfg.layout.interleave else None
         t_pack = time.perf_counter()
         meta = _pack_meta(cfg, packer.num_windows, writer.shards, store, tok)
         stats = _pack_stats(model, data, cfg, meta, counts_dict, store, selection, tally,
@@ -129,6 +129,7 @@ class _WindowTally:
     cost: float = 0.0  # Σ over windows of the anchor variant's attention cost (packing.window_stats)
     tag_slots: int = 0
     pad_slots: int = 0
+    chunks: dict[str, Any] | None = None  # with interleave: packing.ChunkTally.to_dict
 
 
 def _write_windows(packer: Packer, writer: ShardWriter, progress: bool) -> _WindowTally:
@@ -187,6 +188,7 @@ def _pack_stats(model: str, data: str | Path, cfg: PackConfig, meta: dict[str, A
                     "selected_tokens": int((store.length[selection] + 1).sum()), "tag_tokens": tally.tag_slots},
         "domains": mixture_table(store.length, store.domain, store.domains, selection, cfg.mixture),
         "layout": asdict(cfg.layout),
+        "interleave": tally.chunks,
         "windows": {
             "seq_len": T,
             "count": W,
@@ -264,6 +266,19 @@ def _upsampling(m: dict[str, Any]) -> str:
     return ""
 
 
+def _chunking(stats: dict[str, Any]) -> str:
+    c, lay = stats.get("interleave"), stats["layout"]
+    if not c:
+        return ""
+    rule = (f"cuts before each slot with probability 1/{lay['mean_chunk']}" if c["scheme"] == "mean_chunk" else
+            f"documents of {lay['chunk_doc_min']}-{lay['chunk_doc_max']} slots cut into 2-{lay['chunks_max']} "
+            f"chunks at {lay['chunk_cut_lo']:g}-{lay['chunk_cut_hi']:g} of their length")
+    split = ", ".join(f"{n} into {k}" for k, n in c["chunks_in_range"].items()) or "none"
+    return (f" ({rule}): {c['docs_in_range_cut']} of the {c['docs_in_range']} documents of "
+            f"{lay['chunk_doc_min']}-{lay['chunk_doc_max']} slots cut ({split}), {c['docs_cut']} of all "
+            f"{c['docs']}")
+
+
 def stats_markdown(stats: dict[str, Any]) -> str:
     """The human report of `anchor pack` (stats.md)."""
     m, w = stats["mixture"], stats["windows"]
@@ -279,7 +294,7 @@ def stats_markdown(stats: dict[str, Any]) -> str:
         + f", seed {m['seed']}: {m['selected_docs']} documents ({m.get('repeated_docs', 0)} repeated), "
           f"{m['selected_tokens']} tokens"
         + (f" (+{m['tag_tokens']} tag tokens)" if m["tag_tokens"] else ""),
-        f"- layout: tags {stats['layout']['tags']}, interleave {stats['layout']['interleave']}",
+        f"- layout: tags {stats['layout']['tags']}, interleave {stats['layout']['interleave']}" + _chunking(stats),
         "",
         "## Domains",
         "",

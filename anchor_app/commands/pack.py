@@ -31,8 +31,19 @@ def pack(
         "--upsample-factor", help="upsample_long: short documents kept with probability 1 / factor; upsample_repeat: copies of each long document per pass (1 to 1000).")] = 4.0,
     tags: Annotated[bool, typer.Option("--tags", help="Precede each document by its domain tag.")] = False,
     interleave: Annotated[bool, typer.Option("--interleave", help="Interleave document chunks in windows.")] = False,
+    chunk_doc_min: Annotated[int, typer.Option(
+        "--chunk-doc-min", help="--interleave: documents of at least this many slots in a window are cut.")] = 64,
+    chunk_doc_max: Annotated[int, typer.Option(
+        "--chunk-doc-max", help="--interleave: and of at most this many.")] = 2048,
+    chunks_max: Annotated[int, typer.Option(
+        "--chunks-max", help="--interleave: into 2 to this many chunks.")] = 3,
+    chunk_cut_lo: Annotated[float, typer.Option(
+        "--chunk-cut-lo", help="--interleave: cuts at or after this fraction of a document's length.")] = 0.2,
+    chunk_cut_hi: Annotated[float, typer.Option(
+        "--chunk-cut-hi", help="--interleave: cuts at or before this fraction of a document's length.")] = 0.8,
     mean_chunk: Annotated[int, typer.Option(
-        "--mean-chunk", help="--interleave: mean chunk length in slots (0: T/8).")] = 0,
+        "--mean-chunk", help="--interleave: > 0 cuts every document before each slot with probability "
+                             "1/mean-chunk instead (the earlier scheme); 0: the --chunk-* options.")] = 0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the mixture and of the interleaving.")] = 0,
     skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Skip and count bad records instead of failing.")] = False,
     text_field: Annotated[str, typer.Option("--text-field", help="Dotted path of the text in each record.")] = "text",
@@ -42,9 +53,8 @@ def pack(
 ) -> None:
     """Tokenize (EOS per document), mix (original or long documents upsampled per domain) and pack into
     windows of T slots (docs/DESIGN.md §1); writes shards, pack.json, stats.json, stats.md, doc_lengths.png."""
-    from anchor.data.config import PACK_FLAGS, check_pack_options, load_pack_config
+    from anchor.data.config import PACK_FLAGS, check_pack_options, layout_of, load_pack_config
     from anchor.data.mixture import MixtureSpec
-    from anchor.data.packing import Layout
     from anchor.data.pipeline import PackConfig, pack_corpus
     from anchor.errors import InputError
     from anchor.outdir import guard_out, out_lock
@@ -66,7 +76,7 @@ def pack(
         seq_len=opts["seq_len"],
         mixture=MixtureSpec(kind=opts["mixture"], budget=opts["budget"], long_threshold=opts["long_threshold"],
                             upsample_factor=float(opts["upsample_factor"]), seed=opts["seed"]),
-        layout=Layout(tags=opts["tags"], interleave=opts["interleave"], mean_chunk=opts["mean_chunk"]),
+        layout=layout_of(opts),
         seed=opts["seed"], text_field=opts["text_field"], domain_field=opts["domain_field"],
         skip_bad=opts["skip_bad"],
     )

@@ -84,6 +84,30 @@ def test_pack_upsample_long_on_the_embedded_corpus(tmp_path, capsys):
     assert "0 repeated" in (out / "stats.md").read_text()
 
 
+def test_pack_interleave_cuts_most_short_documents_at_65536(tmp_path, capsys):
+    """Issue 32 acceptance 4: `--interleave` at 65536 on a SlimPajama-like length distribution
+    (log-normal, median ~500 tokens) cuts most documents of 64-2048 tokens into 2-3 chunks, and
+    stats.json says so; the earlier per-slot scheme (`--mean-chunk 8192`, its default T/8 at this length)
+    leaves almost all of them whole."""
+    rng = np.random.default_rng(3)
+    words = np.clip(rng.lognormal(np.log(500), 1.2, 500), 5, 30000).astype(int)
+    data = write_jsonl(tmp_path / "c.jsonl", [{"text": " ".join(["alpha"] * int(n)), "meta": {"redpajama_set_name": "RedPajamaCommonCrawl"}}
+                                               for n in words])
+    out = {}
+    for name, extra in (("chunks", []), ("per_slot", ["--mean-chunk", "8192"])):
+        code, _, _ = run(pack_args(data, tmp_path / name, "--interleave", *extra, seq_len=65536), capsys)
+        assert code == 0
+        out[name] = json.loads((tmp_path / name / "stats.json").read_text())["interleave"]
+    c = out["chunks"]
+    print({k: (v["docs_in_range"], v["docs_in_range_cut"], v["chunks_in_range"]) for k, v in out.items()})
+    assert c["scheme"] == "chunk_docs" and c["docs_in_range"] > 150
+    assert c["in_range_cut_share"] > 0.9
+    assert set(c["chunks_in_range"]) == {"2", "3"}
+    assert min(c["chunks_in_range"].values()) > 0.3 * c["docs_in_range_cut"]
+    assert out["per_slot"]["in_range_cut_share"] < 0.3
+    assert "documents of 64-2048 slots cut" in (tmp_path / "chunks" / "stats.md").read_text()
+
+
 def test_pack_end_to_end(small_corpus, tmp_path, capsys):
     out = tmp_path / "packed"
     code, _, _ = run(pack_args(small_corpus, out, "--mixture", "upsample_repeat", "--long-threshold", "2000",

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 
 from anchor.data.batch import VARIANTS, make_batch
 from anchor.data.mixture import MixtureSpec, select_documents
-from anchor.data.packing import Packer, window_stats
+from anchor.data.packing import Layout, Packer, window_stats
 from anchor.data.store import TokenStore
+from anchor.errors import InputError
 
 FIRST, EOS = 1, 2
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -50,9 +51,9 @@ def ref_windows(docs, domains, selection, T, tags):
     return tok, seg, tag
 
 
-def pack_all(store, selection, T, tags, interleave=False, mean_chunk=0, seed=0, block_slots=1 << 20):
-    packer = Packer(store, selection, T, first_token=FIRST, eos=EOS, tag_tokens=tags, interleave=interleave,
-                    mean_chunk=mean_chunk, seed=seed)
+def pack_all(store, selection, T, tags, interleave=False, mean_chunk=0, seed=0, block_slots=1 << 20, layout=None):
+    packer = Packer(store, selection, T, first_token=FIRST, eos=EOS, tag_tokens=tags,
+                    layout=layout or Layout(interleave=interleave, mean_chunk=mean_chunk), seed=seed)
     blocks = list(packer.blocks(block_slots))
     return tuple(np.concatenate([getattr(b, k) for b in blocks]) for k in ("tokens", "seg", "tag"))
 
@@ -96,8 +97,13 @@ def test_windows_match_reference(corpus, T, use_tags, block, mixture, seed):
     if mixture == "identity":
         selection = np.arange(len(docs))
     else:
-        selection = select_documents(store.length, store.domain,
-                                     MixtureSpec(mixture, long_threshold=10, upsample_factor=2.5, seed=seed))
+        spec = MixtureSpec(mixture, long_threshold=10, upsample_factor=2.5, seed=seed)
+        if mixture == "upsample_long" and max(map(len, docs)) <= 10 and all(
+                round(np.sum(np.asarray(domains) == d) / 2.5) == 0 for d in set(domains)):
+            with pytest.raises(InputError, match="upsample_long selects no documents"):
+                select_documents(store.length, store.domain, spec)
+            return
+        selection = select_documents(store.length, store.domain, spec)
     tags = tags if use_tags else None
     tok, seg, tag = pack_all(store, selection, T, tags, block_slots=block)
     rtok, rseg, rtag = ref_windows(docs, domains, selection, T, tags)
@@ -138,6 +144,78 @@ def test_interleave_keeps_chunk_order(corpus, T, use_tags, mean_chunk, seed, blo
         # documents are numbered 1, 2, ... by first appearance
         firsts = [int(s) for i, s in enumerate(m[1]) if s > 0 and s not in m[1][:i]]
         assert firsts == list(range(1, len(firsts) + 1))
+
+
+@SETTINGS
+@given(corpus=corpora(), T=st.integers(2, 48), use_tags=st.booleans(), chunks_max=st.integers(2, 4),
+       seed=st.integers(0, 1000), block=st.integers(1, 300))
+def test_interleave_by_chunking_keeps_chunk_order(corpus, T, use_tags, chunks_max, seed, block):
+    """The authors' chunking (documents of a length range cut into 2..chunks_max chunks) at the sizes of
+    the generated corpora: chunk order, padding and numbering as with the per-slot scheme."""
+    docs, domains, ndom, tags = corpus
+    store = TokenStore.from_docs(docs, domains, [f"d{i}" for i in range(ndom)])
+    tags = tags if use_tags else None
+    layout = Layout(interleave=True, chunk_doc_min=4, chunk_doc_max=20, chunks_max=chunks_max)
+    plain = pack_all(store, np.arange(len(docs)), T, tags, block_slots=block)
+    mixed = pack_all(store, np.arange(len(docs)), T, tags, seed=seed, block_slots=block, layout=layout)
+    for w in range(len(plain[0])):
+        p = [a[w] for a in plain]
+        m = [a[w] for a in mixed]
+        np.testing.assert_array_equal(m[1] < 0, p[1] < 0)
+        assert sorted(doc_sequences(*m).values()) == sorted(doc_sequences(*p).values())
+        firsts = [int(s) for i, s in enumerate(m[1]) if s > 0 and s not in m[1][:i]]
+        assert firsts == list(range(1, len(firsts) + 1))
+
+
+@pytest.mark.parametrize("chunks_max,cut", [(3, (0.2, 0.8)), (5, (0.1, 0.5))])
+def test_chunk_cuts_follow_the_authors_rule(chunks_max, cut):
+    """Every document of chunk_doc_min..chunk_doc_max slots is cut into k chunks, k uniform in
+    2..chunks_max, at distinct points inside [cut_lo, cut_hi] of its length; other documents stay whole;
+    the tally counts the same."""
+    from anchor.data.packing import ChunkTally, chunk_cuts
+
+    rng = np.random.default_rng(7)
+    C = 9001
+    lengths = np.concatenate([rng.integers(1, 3000, 3000), [63, 64, 2048, 2049]])
+    seg, starts, w, used = [], [], 0, 0
+    for n in lengths:  # documents inside windows of C slots; a window's rest is padding
+        if used + n > C:
+            seg.append(np.full(C - used, -1, np.int32))
+            used = 0
+        starts.append(sum(map(len, seg)) + 0)
+        seg.append(np.full(n, len(starts), np.int32))
+        used += n
+    seg.append(np.full((C - used) % C, -1, np.int32))
+    seg = np.concatenate(seg)
+    new_doc = np.ones(seg.size, dtype=bool)
+    np.not_equal(seg[1:], seg[:-1], out=new_doc[1:])
+    new_doc[::C] = True
+    layout = Layout(interleave=True, chunks_max=chunks_max, chunk_cut_lo=cut[0], chunk_cut_hi=cut[1])
+    tally = ChunkTally()
+    cuts = chunk_cuts(new_doc, seg, layout, np.random.default_rng(1), tally)
+    ks = []
+    for s0, n in zip(starts, lengths):
+        inner = np.flatnonzero(cuts[s0 + 1:s0 + n]) + 1  # cut offsets inside the document
+        assert cuts[s0]
+        if 64 <= n <= 2048:
+            assert 1 <= inner.size <= chunks_max - 1, (n, inner)
+            assert inner.min() >= np.ceil(cut[0] * n - 1e-9) and inner.max() <= np.floor(cut[1] * n + 1e-9), (n, inner)
+            ks.append(inner.size + 1)
+        else:
+            assert inner.size == 0, (n, inner)
+    counts = np.bincount(ks, minlength=chunks_max + 1)[2:]
+    print("documents per chunk count 2..", chunks_max, counts.tolist())
+    share = counts / counts.sum()
+    assert np.all(np.abs(share - 1 / (chunks_max - 1)) < 0.06)  # uniform over 2..chunks_max (~1300 draws)
+    assert tally.docs_in_range == len(ks) and tally.docs == len(lengths)
+    assert tally.cut_in_range == {k: int(c) for k, c in zip(range(2, chunks_max + 1), counts) if c}
+
+
+def test_chunking_refuses_a_range_without_room():
+    with pytest.raises(InputError, match="chunks_max - 1 = 4"):
+        Layout(interleave=True, chunk_doc_min=4, chunks_max=5).check()
+    with pytest.raises(InputError, match="chunk_cut_lo"):
+        Layout(interleave=True, chunk_cut_lo=0.9, chunk_cut_hi=0.1).check()
 
 
 def test_interleave_does_interleave():

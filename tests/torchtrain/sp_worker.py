@@ -64,7 +64,7 @@ class Case:
 def windows(layout: str, T: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Two packed windows [2, T] (tokens, seg, tag): one from the middle of the stream (documents
     cut at both ends) and the last one (padded)."""
-    from anchor.data.packing import Packer
+    from anchor.data.packing import Layout, Packer
     from anchor.data.store import TokenStore
 
     tags, interleave = LAYOUTS[layout]
@@ -76,7 +76,8 @@ def windows(layout: str, T: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray,
     domains = [int(d) for d in rng.integers(0, len(TAG_TOKENS), size=len(docs))]
     store = TokenStore.from_docs(docs, domains, [f"d{i}" for i in range(len(TAG_TOKENS))])
     packer = Packer(store, np.arange(len(docs)), T, first_token=FIRST, eos=EOS,
-                    tag_tokens=TAG_TOKENS if tags else None, interleave=interleave, mean_chunk=9, seed=seed)
+                    tag_tokens=TAG_TOKENS if tags else None, layout=Layout(interleave=interleave, mean_chunk=9),
+                    seed=seed)
     blocks = list(packer.blocks())
     tok, seg, tag = (np.concatenate([getattr(b, k) for b in blocks]) for k in ("tokens", "seg", "tag"))
     pick = [1, len(seg) - 1]

@@ -217,3 +217,17 @@ def test_dense_engine_refused_when_its_mask_does_not_fit(tmp_path, capsys, monke
 
     cfg = load_train_config(TINY, ["seq_len=4096", "micro_batch=1", "global_batch=1"])
     check_model(cfg, load_spec(cfg.model), 4096)  # auto: no T x T tensors, no refusal
+
+
+@pytest.mark.parametrize("override,match", [
+    ("pack.chunks_max=60", "chunks_max - 1 = 59"),
+    ("pack.chunk_cut_lo=0.9", "chunk_cut_lo 0.9"),
+    ("pack.chunk_doc_max=10", "chunk_doc_max 10"),
+])
+def test_pack_chunking_keys_are_checked_before_any_work(override, match):
+    """The interleave chunking keys (issue 32 item 13) are read as `anchor pack` reads them, and a range
+    with no room for the cuts is one line naming the keys."""
+    with pytest.raises(InputError, match=match):
+        load_train_config(TINY, [override])
+    cfg = load_train_config(TINY, ["pack.chunks_max=4", "pack.chunk_cut_hi=0.9"])
+    assert cfg.pack["chunks_max"] == 4
