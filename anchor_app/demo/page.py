@@ -201,6 +201,8 @@ def index_page(out: Path, record: dict[str, Any], fps: dict[str, str] | None = N
     p.add(f"<p>The paper's experiment end to end: {', '.join(done) or 'no stage finished yet'}. "
           f"This run: {record.get('seconds', 0):.0f} s; ran {', '.join(record.get('ran', [])) or 'nothing'}; "
           f"reused {', '.join(record.get('reused', [])) or 'nothing'}. {p.link(DEMO_JSON, DEMO_JSON)}</p>")
+    if record.get("left_out"):
+        p.add("<p class='note'>Left out on this model: " + "; ".join(map(_esc, record["left_out"])) + ".</p>")
     p.img("summary.png", "summary: audit, training loss, RULER, attention time")
     p.add("<ul>" + "".join(f"<li><a href='#{st}'>{_esc(TITLES[st])}</a></li>" for st in done) + "</ul>")
     for st in done:

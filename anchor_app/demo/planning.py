@@ -138,19 +138,44 @@ def run_demo(model: str = "default", out: str | Path = "runs/demo", *, steps: tu
     pol_file = s.policy if s.policy.endswith((".yaml", ".yml")) else None
     out = guard_out(out, "demo", inputs=(model, pol_file), replace=False)
     todo = plan(steps)
-    fps = fingerprints(s)
     t0 = time.time()
     _check_model(s.model)  # a bad model fails before the folder exists
+    s, left_out = feasible(s, todo)  # and a task that cannot run is left out before any work
+    for line in left_out:
+        say(f"left out: {line}")
+    fps = fingerprints(s)
     created = not out.exists() or not any(out.iterdir())
     with out_lock(out, "demo"):
         try:
-            return _run_stages(out, s, steps, todo, fps, fresh, say, progress, t0)
+            return _run_stages(out, s, steps, todo, fps, fresh, say, progress, t0, left_out)
         except BaseException:
             from anchor.outdir import rmtree
 
             if created and not any(r.get("done") for r in read_record(out).get("stages", {}).values()):
                 rmtree(out)  # nothing finished: leave no half-written demo folder behind
             raise
+
+
+def feasible(s: DemoSettings, todo: tuple[str, ...]) -> tuple[DemoSettings, list[str]]:
+    """The settings with what cannot run on this model left out, and a line for each thing left out; an
+    InputError (before any work) where nothing of a stage would be left. Today: the RULER tasks whose prompts
+    do not fit every evaluation length with the model's tokenizer (a byte-level tokenizer needs ~1.7K tokens
+    for `vt`); they are left out of the whole grid, so every length averages the same tasks."""
+    if "eval" not in todo:
+        return s, []
+    from anchor.tokenizer import load_tokenizer
+    from anchor_app.eval.runner import tasks_that_do_not_fit
+
+    misfits = tasks_that_do_not_fit(load_tokenizer(s.model), s.eval_tasks, s.eval_lengths, s.eval_samples, s.seed)
+    if not misfits:
+        return s, []
+    keep = tuple(t for t in s.eval_tasks if t not in misfits)
+    if not keep:
+        first = next(iter(misfits.values()))
+        raise InputError(f"no RULER task of the demo fits its evaluation lengths "
+                         f"{', '.join(map(str, s.eval_lengths))} with the model {s.model!r}'s tokenizer ({first}); "
+                         "give longer lengths or leave out the eval stage (--steps)")
+    return replace(s, eval_tasks=keep), [f"RULER {t}: {why}" for t, why in misfits.items()]
 
 
 def _check_model(model: str) -> None:
@@ -162,7 +187,8 @@ def _check_model(model: str) -> None:
 
 
 def _run_stages(out: Path, s: DemoSettings, steps: tuple[str, ...], todo: tuple[str, ...], fps: dict[str, str],
-                fresh: bool, say: Callable[[str], None], progress: bool, t0: float) -> dict[str, Any]:
+                fresh: bool, say: Callable[[str], None], progress: bool, t0: float,
+                left_out: list[str]) -> dict[str, Any]:
     from anchor.outdir import remove_stale_staging, write_marker
 
     out.mkdir(parents=True, exist_ok=True)
@@ -173,7 +199,7 @@ def _run_stages(out: Path, s: DemoSettings, steps: tuple[str, ...], todo: tuple[
         shutil.rmtree(tmp, ignore_errors=True)
     old = read_record(out)
     record: dict[str, Any] = {"model": s.model, "settings": asdict(s), "stages": dict(old.get("stages", {})),
-                              "ran": [], "reused": [], "selected": list(steps)}
+                              "ran": [], "reused": [], "selected": list(steps), "left_out": left_out}
     ctx = StageContext(out, s, progress, say, record["stages"])
     for i, stage in enumerate(todo, 1):
         rec = record["stages"].get(stage)

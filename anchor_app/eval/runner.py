@@ -238,6 +238,27 @@ def _generate_prompts(tok, bos: int, tasks: Sequence[str], lengths: Sequence[int
     return prompt_sets
 
 
+def tasks_that_do_not_fit(tok, tasks: Sequence[str], lengths: Sequence[int], samples: int, seed: int,
+                          haystack: str | None = None) -> dict[str, str]:
+    """{task: why} for each RULER task whose prompts (made as `run_eval` makes them) do not fit one of
+    `lengths` with this tokenizer; seconds of tokenizing, no model. The qa tasks (which read files) are
+    not checked here."""
+    from anchor_app.eval import ruler
+
+    bos = 1 if tok.first_token_id is not None else 0
+    out: dict[str, str] = {}
+    for t in tasks:
+        if t.startswith("qa_"):
+            continue
+        for L in lengths:
+            try:
+                ruler.generate(t, L - bos, tok, samples, seed=seed, haystack=haystack)
+            except InputError as e:
+                out[t] = str(e)
+                break
+    return out
+
+
 def _heldout(tok, lengths: Sequence[int], perplexity_windows: int) -> dict[int, Any]:
     """{length: held-out windows} for perplexity ({} when `perplexity_windows` is 0)."""
     from anchor_app.eval.perplexity import heldout_windows

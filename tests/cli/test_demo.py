@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from anchor_app.demo import STAGES, DemoSettings, fingerprints, plan, read_record, run_demo
+from anchor.errors import InputError
 from anchor.outdir import read_marker
 from tests.browser.pagecheck import check_links
 from tests.cli.helpers import assert_usage_error, run_cli
@@ -157,3 +158,25 @@ def test_a_stage_folder_of_user_files_is_never_removed(tmp_path, capsys):
     code, _, err = run_cli(["demo", "--model", MODEL, "--steps", "corpus", "--out", out, "--no-progress"], capsys)
     assert_usage_error(code, err, "demo", "anchor did not write")
     assert (mine / "notes.txt").read_text() == "mine"
+
+
+def test_a_task_that_cannot_fit_is_left_out_before_any_work(tmp_path):
+    """Issue 32 item 10: the demo's default RULER tasks on random:llama (a byte-level tokenizer): `vt` needs
+    ~1.7K tokens and cannot fit 1024, so it is left out of the whole grid before any stage runs, with a line
+    said and kept for the page; where no task fits, one line and exit 2 in seconds, no folder."""
+    import time
+
+    from anchor_app.demo import PROFILES
+    from anchor_app.demo.planning import feasible
+
+    s = replace(PROFILES["demo"], model=MODEL)
+    kept, notes = feasible(s, plan(("eval",)))
+    assert kept.eval_tasks == ("niah_single_1",) and kept.eval_lengths == s.eval_lengths
+    assert len(notes) == 1 and notes[0].startswith("RULER vt: ") and "does not fit in 1023 tokens" in notes[0]
+    assert feasible(s, plan(("bench",))) == (s, [])  # no evaluation: nothing to check
+    assert fingerprints(kept)["eval"] != fingerprints(s)["eval"] and fingerprints(kept)["train"] == fingerprints(s)["train"]
+
+    t = time.time()
+    with pytest.raises(InputError, match="no RULER task of the demo fits its evaluation lengths 64"):
+        run_demo(MODEL, tmp_path / "d", settings=replace(s, eval_lengths=(64,)), progress=False, say=quiet)
+    assert time.time() - t < 30 and not (tmp_path / "d").exists()
