@@ -103,11 +103,32 @@ def publish(src: Path, out: str | Path, verb: str | None = None) -> None:
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
-    """`path` holds the old text or the new, never part of it: written beside it, fsynced, renamed."""
+    """`path` holds the old text or the new, never part of it: written beside it, fsynced, renamed. The
+    temporary files a killed writer left beside it (`.<name>.tmp-<pid>` of a dead pid) are removed."""
     path = Path(path)
+    remove_dead_writers_files(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def remove_dead_writers_files(path: Path) -> None:
+    """Remove `.<name>.tmp-<pid>` beside `path` where no process `pid` runs (a writer killed between its
+    write and its rename)."""
+    from anchor.outdir import pid_alive
+
+    prefix = f".{path.name}.tmp-"
+    try:
+        leftovers = [p for p in path.parent.iterdir() if p.name.startswith(prefix)]
+    except OSError:
+        return
+    for p in leftovers:
+        pid = p.name[len(prefix):]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            try:
+                p.unlink()
+            except OSError:
+                pass
