@@ -149,11 +149,27 @@ def run_demo(model: str = "default", out: str | Path = "runs/demo", *, steps: tu
         try:
             return _run_stages(out, s, steps, todo, fps, fresh, say, progress, t0, left_out)
         except BaseException:
-            from anchor.outdir import rmtree
-
             if created and not any(r.get("done") for r in read_record(out).get("stages", {}).values()):
-                rmtree(out)  # nothing finished: leave no half-written demo folder behind
+                _remove_own_files(out)  # nothing finished: leave no half-written demo folder behind
             raise
+
+
+def _remove_own_files(out: Path) -> None:
+    """Remove what this demo wrote in `out` (its record, page, figure, marker, stage folders with their
+    markers, staging leftovers), then `out` itself if nothing else is left: files a user put there
+    meanwhile stay, and so does the folder holding them."""
+    from anchor.outdir import MARKER, read_marker, rmtree
+
+    if not out.is_dir():
+        return
+    for p in out.iterdir():
+        own = (p.name in (DEMO_JSON, "index.html", "summary.png", MARKER)
+               or (p.is_dir() and p.name in STAGES and read_marker(p) is not None)
+               or (p.name.startswith(".") and (".tmp-" in p.name or p.name.startswith(".parity-model-"))))
+        if own:
+            rmtree(p) if p.is_dir() else p.unlink()
+    if not any(out.iterdir()):
+        out.rmdir()
 
 
 def feasible(s: DemoSettings, todo: tuple[str, ...]) -> tuple[DemoSettings, list[str]]:

@@ -180,3 +180,35 @@ def test_a_task_that_cannot_fit_is_left_out_before_any_work(tmp_path):
     with pytest.raises(InputError, match="no RULER task of the demo fits its evaluation lengths 64"):
         run_demo(MODEL, tmp_path / "d", settings=replace(s, eval_lengths=(64,)), progress=False, say=quiet)
     assert time.time() - t < 30 and not (tmp_path / "d").exists()
+
+
+def test_an_interrupted_first_stage_keeps_what_the_user_put_in_out(tmp_path, monkeypatch):
+    """Issue 32 item 11: the demo's first stage fails (here: interrupted) before any stage finished; it removes
+    what it wrote, but a file the user put into the (empty, then) `--out` meanwhile stays, with the folder.
+    Without such a file the folder goes, as before."""
+    out = tmp_path / "demo"
+    out.mkdir()
+
+    def interrupted(ctx):
+        from anchor.outdir import write_marker
+
+        ctx.stage("top5").mkdir(parents=True, exist_ok=True)
+        write_marker(ctx.stage("top5"), "demo")  # a stage folder the demo made
+        (out / "my-notes.txt").write_text("mine")  # the user, meanwhile
+        raise KeyboardInterrupt
+
+    import anchor_app.demo.planning as planning
+
+    monkeypatch.setitem(planning.RUNNERS, "top5", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_demo(MODEL, out, steps=("top5",), settings=TINY, progress=False, say=quiet)
+    assert sorted(p.name for p in out.iterdir()) == ["my-notes.txt"]
+
+    def interrupted_alone(ctx):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(planning.RUNNERS, "top5", interrupted_alone)
+    fresh = tmp_path / "fresh"
+    with pytest.raises(KeyboardInterrupt):
+        run_demo(MODEL, fresh, steps=("top5",), settings=TINY, progress=False, say=quiet)
+    assert not fresh.exists()
