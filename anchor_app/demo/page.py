@@ -38,12 +38,18 @@ def summary_figure(out: Path, record: dict[str, Any]) -> Path | None:
     import matplotlib.image as mpimg
     import matplotlib.pyplot as plt
 
-    cols = 2 if len(panels) > 1 else 1
-    rows = (len(panels) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 4.2 * rows), squeeze=False)
-    for ax in axes.flat:
+    # the audit's figure (four panels of its own) spans the top row at full width; the others share rows of two
+    wide = [pt for pt in panels if pt[1] == "precision audit"]
+    rest = [pt for pt in panels if pt[1] != "precision audit"]
+    cols = 2 if len(rest) > 1 else 1
+    rows = (len(rest) + cols - 1) // cols
+    heights = ([2.0] if wide else []) + [1.0] * rows
+    fig = plt.figure(figsize=(7 * cols if rest else 14, 4.2 * sum(heights)))
+    grid = fig.add_gridspec(len(heights), cols, height_ratios=heights)
+    cells = ([fig.add_subplot(grid[0, :])] if wide else []) + [
+        fig.add_subplot(grid[(1 if wide else 0) + k // cols, k % cols]) for k in range(len(rest))]
+    for ax, (path, title) in zip(cells, wide + rest):
         ax.axis("off")
-    for ax, (path, title) in zip(axes.flat, panels):
         ax.imshow(mpimg.imread(path))
     fig.suptitle(f"anchor demo — {record['model']}", fontsize=14)
     fig.tight_layout()
@@ -122,11 +128,21 @@ def _section_audit(p: _Page, s: dict[str, Any]) -> None:
 def _section_train(p: _Page, s: dict[str, Any]) -> None:
     p.add(f"<p>{_esc(s['model'])}, windows of {s['seq_len']} slots, engine {_esc(s['engine'])}, {_esc(s['dtype'])}. "
           "Step time: median over the steps after the first.</p>")
+    def load(r: dict[str, Any]) -> str:
+        la = r.get("load_average") or {}
+        text = f"{_f(la.get('before'), '.2f')} → {_f(la.get('after'), '.2f')} ({la.get('cores', '?')} cores)"
+        return text + (" busy" if r.get("busy") else "")
+
     p.add(_table(["variant", "steps", "loss: first", "last", "step s (median)", "tokens/s", "step time / full",
-                  "evaluation checkpoints"],
+                  "load average (before → after)", "evaluation checkpoints"],
                  [[v, r["steps"], _f(r["loss_first"]), _f(r["loss_last"]), _f(r["step_s_median"], ".3g"),
-                   _f(r["tokens_per_s_median"], ".4g"), _f(r.get("step_time_vs_full"), ".3f"),
+                   _f(r["tokens_per_s_median"], ".4g"), _f(r.get("step_time_vs_full"), ".3f"), load(r),
                    ", ".join(r["eval_checkpoints"])] for v, r in s["runs"].items()]))
+    busy = [v for v, r in s["runs"].items() if r.get("busy")]
+    if busy:
+        p.add(f"<p class='note'>The machine was busy with other work when {', '.join(map(_esc, busy))} started "
+              "(1-minute load average above half the cores): its step times, and the ratios to full, are not "
+              "comparable. Run the demo alone to time it.</p>")
     p.img("train/loss.png", "loss per step")
     p.add("<p>" + " · ".join(f"{v}: {p.link(f'train/{v}/metrics.jsonl', 'metrics.jsonl')}, "
                               f"{p.link(f'train/{v}/config.yaml', 'config.yaml')}" for v in s["runs"]) + "</p>")

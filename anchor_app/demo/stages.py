@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -86,6 +87,19 @@ def _train_overrides(s: DemoSettings, data: Path, variant: str) -> list[str]:
             f"eval_window={s.eval_window}", f"seed={s.seed}"]
 
 
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def busy_machine(load_before: float | None) -> bool:
+    """Whether other work held the machine when a timed run started: a 1-minute load average above half
+    the cores (the run's own processes are not counted yet), so its step times are not comparable."""
+    return load_before is not None and load_before > 0.5 * (os.cpu_count() or 1)
+
+
 def stage_train(ctx: StageContext) -> dict[str, Any]:
     """One run per variant on the packed windows (resumed where a killed demo left it)."""
     from torchtrain import checkpoint as ckpt
@@ -101,7 +115,9 @@ def stage_train(ctx: StageContext) -> dict[str, Any]:
         ctx.say(f"    run {i}/{len(s.train_variants)}: variant {v}, {s.train_steps} steps of "
                 f"{s.global_batch} x {s.seq_len} slots, engine {s.train_engine}")
         cfg = load_train_config(None, _train_overrides(s, ctx.stage("pack").resolve(), v))
+        load_before = _load_average()  # other work on the machine, before this run adds its own
         train(cfg, root / v, progress=ctx.progress)
+        load_after = _load_average()
         m = read_metrics(root / v)
         step_s = [s.global_batch * s.seq_len / r["tokens_per_s"] for r in m]
         last = max(ckpt.list_steps(root / v))
@@ -110,7 +126,9 @@ def stage_train(ctx: StageContext) -> dict[str, Any]:
                    "step_s_median": float(np.median(step_s[1:] if len(step_s) > 1 else step_s)),
                    "tokens_per_s_median": float(np.median([r["tokens_per_s"] for r in m[1:] or m])),
                    "elapsed_s": m[-1]["elapsed_s"], "last_checkpoint": f"{v}/checkpoints/step-{last}/hf",
-                   "eval_checkpoints": [f"step-{k}" for k in sorted(ckpt.list_steps(root / v)) if cfg.is_eval_step(k)]}
+                   "eval_checkpoints": [f"step-{k}" for k in sorted(ckpt.list_steps(root / v)) if cfg.is_eval_step(k)],
+                   "load_average": {"before": load_before, "after": load_after, "cores": os.cpu_count()},
+                   "busy": busy_machine(load_before)}
     if "full" in runs:
         for v, r in runs.items():
             r["step_time_vs_full"] = r["step_s_median"] / runs["full"]["step_s_median"]
