@@ -9,7 +9,8 @@ sees in training are the ones compared here:
 
   plain       documents back to back, cut at the window's end, the last window padded
   tags        each document preceded by its domain tag (docs/DESIGN.md §2 "domain tags")
-  interleave  documents cut into chunks and shuffled, chunks keeping their document's id
+  interleave  documents cut into chunks and shuffled, chunks keeping their document's id (a cut before
+              each slot with probability 8 / T: `anchor.data.packing.Layout.mean_chunk`)
 
 Random presets get short documents too (one and two tokens: masks break there). A pretrained
 model (SmolLM2) gets documents of realistic length (>= 64 tokens): on random ids or very short
@@ -183,6 +184,7 @@ def case_inputs(case: Case) -> CaseInputs:
 @functools.lru_cache(maxsize=16)
 def _inputs(key: tuple) -> CaseInputs:
     from anchor.data import Packer, TokenStore, make_batch, tag_text
+    from anchor.data.packing import Layout as PackLayout
 
     model, variant, layout, T, B, seed = key
     spec = load_spec(model)
@@ -209,8 +211,11 @@ def _inputs(key: tuple) -> CaseInputs:
         if over > 0 and len(docs[-1]) > over:
             docs[-1] = docs[-1][: len(docs[-1]) - over]
     store = TokenStore.from_docs(docs, domains, list(DOMAINS))
+    # interleave: the per-slot scheme (mean chunk T // 8 slots, as before the authors' chunking became the
+    # default): the authors' cuts only documents of 64+ slots, which would leave T = 97 nearly plain
+    chunking = PackLayout(interleave=layout == "interleave", mean_chunk=max(2, T // 8))
     packer = Packer(store, np.arange(len(docs)), T, first_token=spec.first_token_id, eos=spec.eos_token_id,
-                    tag_tokens=tag_tokens, interleave=layout == "interleave", seed=seed)
+                    tag_tokens=tag_tokens, layout=chunking, seed=seed)
     blocks = list(itertools.islice(packer.blocks(), 1))[0]
     tokens, seg, tag = blocks.tokens[:B], blocks.seg[:B], blocks.tag[:B]
     if tokens.shape[0] < B:
