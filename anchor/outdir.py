@@ -180,6 +180,31 @@ def _iter(folder: Path):
         return
 
 
+def missing_folders(path: str | Path) -> list[Path]:
+    """`path` and its ancestors that do not exist yet, closest first: what a later `mkdir(parents=True)`
+    will create, so that a failed first attempt can remove exactly that (`remove_created`)."""
+    out = []
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        out.append(p)
+        p = p.parent
+    return out
+
+
+def remove_created(created: list[Path]) -> None:
+    """Undo `missing_folders`' creations: the closest (with what the verb wrote in it), then each parent
+    while it is empty (never what someone else put there meanwhile)."""
+    if not created:
+        return
+    if created[0].exists():
+        rmtree(created[0])
+    for p in created[1:]:
+        try:
+            p.rmdir()
+        except OSError:
+            return
+
+
 # ---------------------------------------------------------------------------------------------
 # Processes
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from anchor.data.config import PACK_SCHEMA, layout_of, validate_pack_config
+from anchor.data.config import PACK_SCHEMA, check_pack_options, validate_pack_config
 from anchor.engines import TRAIN_ENGINES
 from anchor.errors import InputError
 from anchor.limits import SEED_MAX
@@ -372,10 +372,10 @@ def validate(d: Any, *, source: str = "config", origins: dict[str, str] | None =
             raise InputError(f"unknown key 'pack.{bad[0]}' (known: {', '.join(PACK_KEYS)})",
                              path=origins.get(f"pack.{bad[0]}", source))
         out["pack"] = validate_pack_config(out["pack"], source=f"{source}: pack")
-        try:
-            layout_of(out["pack"]).check()
+        try:  # ranges as `anchor pack` checks them, named as this config names them
+            check_pack_options(out["pack"], names={k: f"pack.{k}" for k in PACK_SCHEMA})
         except InputError as e:
-            raise InputError(f"pack: {e}", path=source) from None
+            raise InputError(str(e), path=source) from None
     cfg = TrainConfig(**out, source=source)
     # across keys: the batch arithmetic that needs no world size (under torchrun the launcher's
     # world replaces `nproc`: check_world)

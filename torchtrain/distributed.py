@@ -75,9 +75,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def quiet_deepspeed_import() -> None:
+    """Without CUDA, name DeepSpeed's accelerator (`cpu`, what its auto-detection picks) before it is
+    imported: its auto-detection prints a WARNING in every process ("Setting accelerator to CPU. If you have
+    GPU ..."), twice on every 2-process run, and nothing else differs."""
+    if "deepspeed" not in sys.modules and not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
 def _quiet_deepspeed() -> None:
     """DeepSpeed's shared-memory all-reduce serves inference only; building it costs 1-2 min of
     C++ compilation on first use and leaves 69 MB /dev/shm files per rank (TOOLCHAIN-FACTS)."""
+    quiet_deepspeed_import()
     import deepspeed  # noqa: F401  (imports deepspeed.comm.torch)
 
     sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None  # type: ignore[attr-defined]
@@ -85,6 +94,7 @@ def _quiet_deepspeed() -> None:
 
 def init_world(sp: int) -> World:
     """Join (or, alone, create) the process group: gloo on CPU, NCCL on CUDA. Returns this rank's World."""
+    quiet_deepspeed_import()
     import deepspeed
 
     _quiet_deepspeed()

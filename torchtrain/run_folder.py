@@ -154,34 +154,43 @@ def check_model(cfg: TrainConfig, spec: ModelSpec, seq_len: int, *, here: bool =
         raise InputError("engine 'flex' has no backward on CPU (FlexAttention); train with varlen, sdpa, eager "
                          "or flash_varlen_emulated on CPU", path=cfg.source)
     if memory:
-        check_dense_memory(cfg, spec, seq_len, engine, dtype)
+        check_step_memory(cfg, spec, seq_len, engine, dtype)
     return spec
 
 
-def check_dense_memory(cfg: TrainConfig, spec: ModelSpec, seq_len: int, engine: str, dtype: torch.dtype) -> None:
-    """eager and sdpa hold T x T tensors (torchtrain.engines.dense_attention_bytes, per micro-batch):
-    refuse before any work when they exceed the memory free here (on the CPU the local processes
-    share it; on CUDA each has its device)."""
+def check_step_memory(cfg: TrainConfig, spec: ModelSpec, seq_len: int, engine: str, dtype: torch.dtype) -> None:
+    """One step's memory (torchtrain.memory.step_memory: the processes, weights and optimizer, activations
+    linear in T, a dense engine's T x T tensors) against the memory free here, before any work: on the CPU
+    the local processes share it (`nproc`), on CUDA each has its device. One line naming the key that
+    weighs most and the estimate."""
     import torch
 
     from torchtrain import engines
     from torchtrain.distributed import launched_externally
+    from torchtrain.memory import step_memory
 
     cuda = torch.cuda.is_available()
-    need = engines.dense_attention_bytes(engine, seq_len=seq_len, batch=cfg.micro_batch,
-                                         layers=1 if cfg.activation_checkpointing else spec.num_layers,
-                                         heads=-(-spec.num_heads // cfg.sequence_parallel), dtype=dtype)
     procs = 1 if cuda else int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if launched_externally() else cfg.nproc
-    need *= procs
+    need = step_memory(spec, seq_len=seq_len, micro_batch=cfg.micro_batch, dtype=dtype, engine=engine,
+                       zero_stage=cfg.zero_stage, procs=procs, sequence_parallel=cfg.sequence_parallel,
+                       activation_checkpointing=cfg.activation_checkpointing)
     free = engines.available_memory("cuda" if cuda else "cpu")
-    if not need or free is None or need <= free:
+    if free is None or need.total <= free:
         return
-    what = "mask" if engine == "sdpa" else "mask and attention scores"
-    linear = engines.resolve_engine(engines.AUTO, "cuda" if cuda else "cpu", dtype)
-    raise InputError(f"engine {engine!r} needs about {need / 2**30:.1f} GiB for its dense T x T {what} at "
-                     f"seq_len={seq_len} (micro_batch={cfg.micro_batch}{f', {procs} processes' if procs > 1 else ''}); "
-                     f"{free / 2**30:.1f} GiB available: use engine: auto ({linear}, linear in T) or a shorter seq_len",
-                     path=cfg.source)
+    if need.dense > need.activations:
+        what = "mask" if engine == "sdpa" else "mask and attention scores"
+        linear = engines.resolve_engine(engines.AUTO, "cuda" if cuda else "cpu", dtype)
+        hint = f"most of it is the dense T x T {what}: use engine: auto ({linear}, linear in T) or a shorter seq_len"
+        key = f"engine {engine!r} at seq_len={seq_len} (micro_batch={cfg.micro_batch})"
+    elif procs > 1 and need.base * procs > need.per_process:
+        key, hint = f"nproc={procs}", "fewer processes"
+    elif need.activations >= need.states:
+        key = f"seq_len={seq_len} (micro_batch={cfg.micro_batch})"
+        hint = "a shorter seq_len, activation_checkpointing: true, or sequence_parallel over more processes"
+    else:
+        key, hint = "the model's weights and optimizer", "a higher zero_stage over more processes, or a smaller model"
+    raise InputError(f"{key} needs about {need.describe()} for one training step; {free / 2**30:.1f} GiB "
+                     f"available here: {hint}", path=cfg.source)
 
 
 def _resolve_data(cfg: TrainConfig, run: Path, progress: bool) -> Path:
@@ -228,7 +237,7 @@ def _resolve_data(cfg: TrainConfig, run: Path, progress: bool) -> Path:
                           layout=layout_of(p, tags=cfg.tags, interleave=cfg.interleave),
                           seed=p.get("seed", cfg.seed), text_field=p.get("text_field", "text"),
                           domain_field=p.get("domain_field"), skip_bad=p.get("skip_bad", False))
-    pack_corpus(cfg.model, source, target, pack_cfg, progress=progress)
+    pack_corpus(cfg.model, source, target, pack_cfg, progress=progress, names={"seq_len": "seq_len", "budget": "pack.budget"})
     return target
 
 
@@ -252,7 +261,7 @@ def _saved_config(run: Path) -> dict[str, Any] | None:
 def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, progress: bool = True) -> None:
     """Check the config against the model, the data and the run folder, pack data on the fly if
     needed, and write RUN/config.yaml; nothing distributed starts before this returns."""
-    from anchor.outdir import guard_out, write_marker
+    from anchor.outdir import guard_out
 
     run = Path(run)
     check_world(cfg, world if world is not None else cfg.nproc)
@@ -275,6 +284,15 @@ def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, 
     if saved is not None:
         _check_resume_config(cfg, saved, run, asked_engine=asked)
     run.mkdir(parents=True, exist_ok=True)
+    _fill_run(cfg, run, spec, seq_len, saved, world, progress)
+
+
+def _fill_run(cfg: TrainConfig, run: Path, spec: ModelSpec, seq_len: int | None, saved: dict[str, Any] | None,
+              world: int | None, progress: bool) -> None:
+    """The run folder's marker, data (packed on the fly when needed), data_source.json, the checks that need
+    the packed data, then config.yaml and the DeepSpeed config (prepare_run)."""
+    from anchor.outdir import write_marker
+
     write_marker(run, "train")
     ckpt.clear_staging(run)
     source = data_source(cfg)

@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from anchor.data.packed import Loader, PackedData
 from anchor.errors import InputError
-from anchor.outdir import guard_out, out_lock
+from anchor.outdir import guard_out, missing_folders, out_lock, remove_created
 from anchor.progress import ProgressBar
 from torchtrain import checkpoint as ckpt
 from torchtrain import sequence_parallel as sp
@@ -67,22 +67,33 @@ def train(cfg: TrainConfig, run: str | Path, *, progress: bool = True) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     guard_out(run, "train", inputs=[cfg.data, cfg.model], replace=False)  # before the lock file beside it
-    with out_lock(run, "train"):  # a second trainer on the same --out exits 2 naming this one
-        prepare_run(cfg, run, progress=progress)
-        handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            if cfg.nproc == 1:
-                return worker(str(run), progress)
-            launch_local(cfg.nproc, _launched_worker, str(run), progress)
-        except SignalException as e:
-            # The elastic agent took SIGINT/SIGTERM over and stopped the workers; hand the signal
-            # to whoever handled it before (the CLI: "interrupted", exit 130/143).
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
-            signal.raise_signal(e.sigval)
-            raise
-        finally:
-            ckpt.clear_staging(run)  # a checkpoint an interrupted run was writing
+    created = missing_folders(run)  # the run folder and the parents this first attempt makes
+    unprepared = True
+    try:
+        with out_lock(run, "train"):  # a second trainer on the same --out exits 2 naming this one
+            try:
+                prepare_run(cfg, run, progress=progress)
+                unprepared = False
+            finally:
+                if unprepared and created:  # failed before config.yaml: the run folder goes, under the lock
+                    remove_created(created[:1])
+            handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                if cfg.nproc == 1:
+                    return worker(str(run), progress)
+                launch_local(cfg.nproc, _launched_worker, str(run), progress)
+            except SignalException as e:
+                # The elastic agent took SIGINT/SIGTERM over and stopped the workers; hand the signal
+                # to whoever handled it before (the CLI: "interrupted", exit 130/143).
+                for sig, handler in handlers.items():
+                    signal.signal(sig, handler)
+                signal.raise_signal(e.sigval)
+                raise
+            finally:
+                ckpt.clear_staging(run)  # a checkpoint an interrupted run was writing
+    finally:
+        if unprepared and created:
+            remove_created(created[1:])  # and the parents it made, once the lock file beside it is gone
     return _last_step(run)
 
 

@@ -46,15 +46,19 @@ MAX_UPSAMPLE_FACTOR = 1000.0  # copies of a long document per pass: beyond this 
 MAX_SEQ_LEN = 1 << 31  # slots per window: int32 positions
 
 
-def check_pack_options(opts: dict[str, Any], origin: dict[str, str] | None = None) -> None:
+def check_pack_options(opts: dict[str, Any], origin: dict[str, str] | None = None, *,
+                       names: dict[str, str] | None = None) -> None:
     """Ranges of the size and seed options (from the command line or, per `origin`, a config file);
-    InputError naming the flag, or the file and key."""
+    InputError naming the flag, or the file and key, or `names[key]` (a train config's `pack.budget`)."""
     origin = origin or {}
 
     def name(key: str) -> str:
+        if names is not None:
+            return names.get(key, key)
         return option_name(key, PACK_FLAGS[key], origin.get(key))
 
-    check_int(opts["seq_len"], name("seq_len"), lo=2, hi=MAX_SEQ_LEN)
+    if "seq_len" in opts:
+        check_int(opts["seq_len"], name("seq_len"), lo=2, hi=MAX_SEQ_LEN)
     if opts.get("budget") is not None:
         check_int(opts["budget"], name("budget"), lo=1)
     check_int(opts.get("long_threshold", 4096), name("long_threshold"), lo=1)

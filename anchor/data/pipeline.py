@@ -43,16 +43,19 @@ class PackConfig:
 
 
 def pack_corpus(model: str, data: str | Path, out: str | Path, cfg: PackConfig, *, progress: bool = False,
-                tok: Tok | None = None, shard_slots: int = SHARD_SLOTS) -> dict[str, Any]:
+                tok: Tok | None = None, shard_slots: int = SHARD_SLOTS,
+                names: dict[str, str] | None = None) -> dict[str, Any]:
     """Build the packed folder `out` from a corpus (or a token store) `data`; returns stats.json's dict.
 
     Steps: the token store (`_store_for`), the checks against the model's vocabulary and the disk,
     the mixture's selection, the windows written shard by shard (`_write_windows`), then pack.json
     (`_pack_meta`), stats.json (`_pack_stats`), stats.md and the figure. `shard_slots` bounds the
-    slots per shard file.
+    slots per shard file. `names`: how errors name the options (default `anchor pack`'s flags; a train
+    config passes its keys, `seq_len` and `pack.budget`).
     """
+    names = {"seq_len": "--seq-len", "budget": "--budget", **(names or {})}
     t0 = time.perf_counter()
-    check_pack_size(cfg.seq_len)
+    check_pack_size(cfg.seq_len, names["seq_len"])
     tok = tok or load_tokenizer(model)
     vocab = _model_vocab(model, tok)
     out = Path(out)
@@ -63,7 +66,7 @@ def pack_corpus(model: str, data: str | Path, out: str | Path, cfg: PackConfig, 
         check_vocab(store, tok, vocab, model, source)
         if cfg.mixture.budget is not None:
             check_disk(cfg.mixture.budget * 9 * cfg.seq_len / (cfg.seq_len - 1), tmp,
-                       f"--budget {cfg.mixture.budget} (packed windows of {cfg.seq_len})", name=out)
+                       f"{names['budget']} {cfg.mixture.budget} (packed windows of {cfg.seq_len})", name=out)
         t_tok = time.perf_counter()
         selection = select_documents(store.length, store.domain, cfg.mixture)
         tag_tokens = _tag_tokens(store, tok, cfg, vocab, model)

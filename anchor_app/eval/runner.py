@@ -179,7 +179,7 @@ def run_eval(checkpoints: Sequence[tuple[str, str]], *, tasks: Sequence[str] = D
     dtype = choice["dtype"]
 
     t0 = time.time()
-    tok = _check_inputs(checkpoints, tasks, lengths, samples)
+    tok = _check_inputs(checkpoints, tasks, lengths, samples, engine=engine, dtype=dtype, batch_size=batch_size)
     bos = 1 if tok.first_token_id is not None else 0
     qa_data = qa_data or {}
     prompt_sets = _generate_prompts(tok, bos, tasks, lengths, samples, seed, haystack, qa_data)
@@ -200,8 +200,9 @@ def run_eval(checkpoints: Sequence[tuple[str, str]], *, tasks: Sequence[str] = D
 
 
 def _check_inputs(checkpoints: Sequence[tuple[str, str]], tasks: Sequence[str], lengths: Sequence[int],
-                  samples: int):
-    """Check what `run_eval` was given before any work (one-line InputErrors); returns the tokenizer of the
+                  samples: int, *, engine: str = "sdpa", dtype: str = "float32", batch_size: int = 4):
+    """Check what `run_eval` was given before any work (one-line InputErrors), the memory of each length
+    included (torchtrain.memory.forward_memory against the memory free here); returns the tokenizer of the
     first checkpoint's model (every checkpoint reads the same prompts)."""
     from anchor.tokenizer import load_tokenizer
     from anchor.weights import load_spec
@@ -222,7 +223,28 @@ def _check_inputs(checkpoints: Sequence[tuple[str, str]], tasks: Sequence[str], 
         if L > spec.max_position:
             raise InputError(f"--lengths: {L} is longer than the model's {spec.max_position} positions "
                              f"(max_position_embeddings of {checkpoints[0][1]})")
+    _check_memory(spec, max(lengths, default=0), engine=engine, dtype=dtype, batch_size=batch_size)
     return load_tokenizer(first_source)
+
+
+def _check_memory(spec, length: int, *, engine: str, dtype: str, batch_size: int) -> None:
+    """The longest length's forward (a batch of prompts with their KV cache) against the memory free here."""
+    import torch
+
+    from torchtrain import engines
+    from torchtrain.memory import forward_memory
+
+    if length <= 0:
+        return
+    cuda = torch.cuda.is_available()
+    need = forward_memory(spec, seq_len=length, batch=batch_size, engine=engine,
+                          dtype=torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+    free = engines.available_memory("cuda" if cuda else "cpu")
+    if free is not None and need.total > free:
+        hint = ("most of it is the engine's dense T x T mask: --engine varlen is linear in T"
+                if need.dense > need.activations else "shorter --lengths or a smaller --batch-size")
+        raise InputError(f"--lengths {length} needs about {need.describe()} to evaluate (--batch-size {batch_size}, "
+                         f"engine {engine}, {dtype}); {free / 2**30:.1f} GiB available here: {hint}")
 
 
 def _generate_prompts(tok, bos: int, tasks: Sequence[str], lengths: Sequence[int], samples: int, seed: int,

@@ -116,6 +116,10 @@ def _bad_inputs(tiny_run: Path, tmp: Path) -> list[tuple[list[str], str]]:
         f.unlink()
     not_a_run = tmp / "not-a-run"
     not_a_run.mkdir()
+    long_positions = tmp / "long-positions"  # the tiny model with 4M positions: a length the memory refuses
+    shutil.copytree(tiny_run / "checkpoints" / "step-8" / "hf", long_positions)
+    cfg = json.loads((long_positions / "config.json").read_text())
+    (long_positions / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 4_000_000}))
     base = ["--lengths", "2048", "--samples", "1", "--no-progress"]
     return [
         (["--model", str(empty), *base], "no hf/"),
@@ -127,6 +131,10 @@ def _bad_inputs(tiny_run: Path, tmp: Path) -> list[tuple[list[str], str]]:
         (["--run", str(not_a_run), *base], "not a training run"),
         (["--run", str(tiny_run), "--model", "default", *base], "exactly one of --run"),
         (["--run", str(tiny_run), "--dtype", "float16", *base], "--dtype: unsupported dtype 'float16'"),
+        (["--model", str(long_positions), "--lengths", "3000000", "--samples", "1", "--engine", "sdpa"],
+         "--lengths 3000000 needs about"),  # 180 TB of dense masks (was: tried to allocate them)
+        (["--model", str(long_positions), "--lengths", "3000000", "--samples", "1", "--engine", "varlen"],
+         "shorter --lengths or a smaller --batch-size"),  # ~100 GB of KV cache and activations
     ]
 
 

@@ -102,8 +102,16 @@ BAD = [
     ("tiny", ["engine=warp"], ["engine", "expected one of"]),
     # a dense T x T mask of 13 TiB: refused before packing, whatever the machine
     ("tiny", ["engine=sdpa", "seq_len=1048576", "rope.theta=5e7"],
-     ["engine 'sdpa' needs about", "GiB for its dense T x T mask at seq_len=1048576", "available", "engine: auto"]),
+     ["engine 'sdpa' at seq_len=1048576", "needs about", "dense T x T mask", "available", "engine: auto"]),
+    # activations linear in T, 250 GB at 1e7 slots on the default engine: refused before packing
+    ("tiny", ["seq_len=10000001", "rope.theta=5e7"],
+     ["seq_len=10000001 (micro_batch=2) needs about", "activations", "available", "activation_checkpointing"]),
     ("tiny", ["dtype=bfloat16", "zero_stage=0"], ["bfloat16 needs zero_stage >= 1"]),
+    # pack keys are named as the config names them, not as `anchor pack`'s flags (issue 32 item 11)
+    ("tiny", ["pack.budget=0"], ["pack.budget must be at least 1"]),
+    ("tiny", ["pack.upsample_factor=5000"], ["pack.upsample_factor must be at most 1000"]),
+    ("tiny", ["pack.seed=-3"], ["pack.seed"]),
+    ("tiny", ["pack.budget=100000000000000"], ["pack.budget 100000000000000 (packed windows of", "of disk"]),
     ("tiny", ["steps"], ["override 'steps' is not key=value"]),
     ("\xff\xfe not utf8", [], ["bad.yaml", "not UTF-8"]),
     ("model: [unclosed\n", [], ["bad.yaml", "invalid YAML"]),
@@ -128,6 +136,8 @@ def test_bad_config_is_one_line_exit_2_nothing_written(tmp_path, capsys, text, o
     assert len(lines) == 1 and lines[0].startswith("anchor train: error:"), lines
     for w in words:
         assert w in lines[0]
+    for flag in ("--budget", "--seq-len", "--upsample-factor", "--seed"):  # flags `anchor train` does not have
+        assert flag not in lines[0]
     assert not out.exists(), "a refused run wrote its folder"
 
 
@@ -196,12 +206,13 @@ def test_engine_defaults_to_auto_and_resolves_to_a_linear_one_here():
 
 @pytest.mark.parametrize("engine", ["sdpa", "eager"])
 def test_dense_engine_refused_when_its_mask_does_not_fit(tmp_path, capsys, monkeypatch, engine):
-    """With 0.1 GiB free, tiny at T=4096 (sdpa: 13 bytes per T² pair, 0.2 GiB) is refused in one line
-    naming the engine and the estimate, exit 2, nothing written; auto (linear in T) is not."""
+    """With 0.7 GiB free, tiny at T=4096 (sdpa: 13 bytes per T² pair, 0.2 GiB, beside the 0.56 GiB of a
+    linear engine's step) is refused in one line naming the engine and the estimate, exit 2, nothing
+    written; auto (linear in T) is not."""
     from anchor_app.cli import main
     from torchtrain import engines
 
-    monkeypatch.setattr(engines, "available_memory", lambda device="cpu": 2**30 // 10)
+    monkeypatch.setattr(engines, "available_memory", lambda device="cpu": int(0.7 * 2**30))
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as e:
         main(["train", "--config", str(TINY), "--out", str(out), "--no-progress", f"engine={engine}",
@@ -209,8 +220,8 @@ def test_dense_engine_refused_when_its_mask_does_not_fit(tmp_path, capsys, monke
     err = [l for l in capsys.readouterr().err.splitlines() if l.strip() and "[WARNING]" not in l]
     print(err)
     assert e.value.code == 2 and len(err) == 1
-    assert f"engine {engine!r} needs about" in err[0] and "seq_len=4096 (micro_batch=1)" in err[0]
-    assert "0.1 GiB available" in err[0] and "tiny.yaml" in err[0]
+    assert f"engine {engine!r} at seq_len=4096 (micro_batch=1) needs about" in err[0]
+    assert "0.7 GiB available" in err[0] and "tiny.yaml" in err[0] and "dense T x T" in err[0]
     assert not out.exists(), "a refused run wrote its folder"
     from anchor.weights import load_spec
     from torchtrain.config import load_train_config
@@ -231,3 +242,57 @@ def test_pack_chunking_keys_are_checked_before_any_work(override, match):
         load_train_config(TINY, [override])
     cfg = load_train_config(TINY, ["pack.chunks_max=4", "pack.chunk_cut_hi=0.9"])
     assert cfg.pack["chunks_max"] == 4
+
+
+def test_many_processes_are_refused_by_their_memory(tmp_path, capsys, monkeypatch):
+    """Issue 32 item 6: `nproc` far beyond what the machine holds: every local process costs its own
+    interpreter, torch and DeepSpeed (torchtrain.memory.BASE_PROCESS_BYTES, measured): with 4 GiB free,
+    16 processes of tiny are refused in one line naming nproc and the estimate, before any process starts;
+    2 are not."""
+    from anchor_app.cli import main
+    from anchor.weights import load_spec
+    from torchtrain import engines
+    from torchtrain.config import load_train_config
+
+    monkeypatch.setattr(engines, "available_memory", lambda device="cpu": 4 * 2**30)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--config", str(TINY), "--out", str(out), "--no-progress", "nproc=16", "global_batch=16",
+              "micro_batch=1"])
+    err = [l for l in capsys.readouterr().err.splitlines() if l.strip() and "[WARNING]" not in l]
+    print(err)
+    assert e.value.code == 2 and len(err) == 1
+    assert "nproc=16 needs about" in err[0] and "16 x [process 0.45" in err[0] and "fewer processes" in err[0]
+    assert not out.exists()
+    cfg = load_train_config(TINY, ["nproc=2", "global_batch=2", "micro_batch=1"])
+    check_model(cfg, load_spec(cfg.model), cfg.seq_len or 256)
+
+
+def test_a_late_config_error_leaves_no_run_folder_nor_parents(tmp_path, capsys):
+    """Issue 32 item 11: an error found after the run folder was made (here: the packed data holds fewer windows
+    than one global batch, known only once packed) left the run folder, its pack and the parents the verb had
+    made; a folder that existed before stays, with what it held."""
+    from anchor_app.cli import main
+
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "mine.txt").write_text("x")
+    for out in (tmp_path / "a" / "b" / "run", kept / "run"):
+        with pytest.raises(SystemExit) as e:
+            main(["train", "--config", str(TINY), "--out", str(out), "--no-progress", "global_batch=100000",
+                  "micro_batch=1", "pack.budget=20000"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "fewer than one global batch" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"], list(tmp_path.iterdir())
+    assert sorted(p.name for p in kept.iterdir()) == ["mine.txt"]
+
+
+def test_a_two_process_run_prints_no_warnings(tmp_path):
+    """Issue 32 item 11: every 2-process run printed DeepSpeed's accelerator WARNING once per process; stderr
+    and stdout (DeepSpeed logs there) of a 2-process run now hold no WARNING line (and no other noise than the progress-free run's own)."""
+    from tests.train.conftest import run_train
+
+    p = run_train(tmp_path / "run", "nproc=2", "global_batch=2", "micro_batch=1", "steps=1")
+    noise = [l for l in (p.stdout + p.stderr).splitlines() if "WARN" in l.upper() or "warn(" in l]
+    print(p.stdout, p.stderr)
+    assert noise == [], noise

@@ -249,12 +249,20 @@ def test_resume_through_the_weights_only_reader(packed, tmp_path, zero_stage, dt
 def test_a_failed_first_attempt_never_leaves_its_pack_to_another_config(corpus, tmp_path):
     """Issue 32 item 1: a first attempt that packs RUN/data and then fails (a global batch larger than the
     data) left that pack to a rerun with other settings, which trained on it with exit 0 while config.yaml
-    recorded the new settings. The pack is reused only when the settings it was made with still hold."""
+    recorded the new settings. Now such an attempt removes its run folder (item 11); a first attempt killed
+    between its pack and config.yaml (kill -9: nothing can clean up) leaves RUN/data, and that pack is
+    reused only when the settings it was made with still hold."""
     import json
+    import shutil
 
     out = tmp_path / "run"
     p = run_train(out, f"data={corpus}", "tags=false", "pack.budget=20000", "global_batch=100000", check=False)
-    assert p.returncode == 2 and (out / "data" / "pack.json").is_file(), p.stderr
+    assert p.returncode == 2 and not out.exists(), p.stderr
+    # the state a kill -9 right after packing leaves: the marker, RUN/data, data_source.json, no config.yaml
+    run_train(out, f"data={corpus}", "tags=false", "pack.budget=20000", "steps=1")
+    for p in out.iterdir():
+        if p.name not in ("data", "data_source.json", ".anchor-output.json"):
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
     first = json.loads((out / "data" / "pack.json").read_text())
     run_train(out, f"data={corpus}", "tags=true", "pack.budget=30000", "steps=1")
     second = json.loads((out / "data" / "pack.json").read_text())

@@ -1,0 +1,131 @@
+"""What one training step will take in memory, estimated from the sizes before any work (issue 32 item 6).
+
+    need = step_memory(spec, seq_len=65536, micro_batch=1, dtype=torch.float32, engine="varlen",
+                       zero_stage=0, procs=1, sequence_parallel=1, activation_checkpointing=False)
+    need.total          # bytes on this machine (all local processes on the CPU; one device on CUDA)
+
+Legend: P parameters, T slots per window, B windows per micro-batch, h hidden size, i MLP size, N query
+heads, K kv heads, D head dim, V vocabulary, L layers, e bytes per activation element (4 fp32, 2 bf16).
+
+The parts, per process:
+  base         the process itself (Python, torch, transformers, DeepSpeed): `BASE_PROCESS_BYTES`, measured
+  states       weights, gradients and AdamW's two moments: fp32 4 + 4 + 8 bytes per parameter; bf16 under
+               DeepSpeed 2 + 2 (+ 4 fp32 master) + 8; ZeRO-1 shards the moments (and the master), ZeRO-2 the
+               gradients too, ZeRO-3 the weights too, over the processes
+  activations  B T / sp slots, each keeping per layer what the backward reads:
+               e (7 h + 4 i + (3 N + 4 K) D) (the norms' inputs and outputs, q/k/v before and after RoPE, the
+               attention output, o_proj and the residual; gate, up, act(gate), their product), for every
+               layer (for one, plus the layer inputs, under activation checkpointing), one more layer for
+               the backward's transients, and at ZeRO-3 (the loss is not fused there) the logits' V e
+  dense        the engine's T x T tensors (`torchtrain.engines.dense_attention_bytes`; 0 for the linear ones)
+
+Checked against measured peaks (peak RSS of a fresh `anchor train` process) in
+`benchmarks/bench_memory.py` (`benchmarks/results/memory_cpu.json`: estimate / peak per row).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from anchor.spec import ModelSpec
+from torchtrain import engines
+
+BASE_PROCESS_BYTES = int(0.45 * 2**30)  # peak RSS of a training process at T -> 0 (tiny.yaml, CPU, fp32)
+
+
+def parameters(spec: ModelSpec) -> int:
+    """P of a Llama-family decoder (embedding, layers, final norm, the head when not tied)."""
+    h, d = spec.hidden_size, spec.head_dim
+    attn = h * (spec.num_heads + 2 * spec.num_kv_heads) * d + spec.num_heads * d * h
+    if spec.qkv_bias:
+        attn += (spec.num_heads + 2 * spec.num_kv_heads) * d
+    layer = attn + 3 * h * spec.intermediate_size + 2 * h
+    head = 0 if spec.tie_embeddings else spec.vocab_size * h
+    return spec.vocab_size * h + spec.num_layers * layer + h + head
+
+
+def activation_bytes_per_slot(spec: ModelSpec, elem: int, *, layers: int) -> int:
+    """Bytes one slot keeps for the backward in `layers` decoder layers (module docstring)."""
+    per_layer = (7 * spec.hidden_size + 4 * spec.intermediate_size
+                 + (3 * spec.num_heads + 4 * spec.num_kv_heads) * spec.head_dim)
+    return elem * per_layer * layers
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    base: int
+    states: int
+    activations: int
+    dense: int
+    procs: int
+    states_are: str = "weights and optimizer"
+
+    @property
+    def per_process(self) -> int:
+        return self.base + self.states + self.activations + self.dense
+
+    @property
+    def total(self) -> int:
+        return self.per_process * self.procs
+
+    def describe(self) -> str:
+        g = 2**30
+        return (f"{self.total / g:.1f} GiB ({self.procs} x [process {self.base / g:.2f} + {self.states_are} "
+                f"{self.states / g:.2f} + activations {self.activations / g:.2f} + dense T x T {self.dense / g:.2f}])")
+
+
+def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch.dtype, engine: str,
+                zero_stage: int, procs: int, sequence_parallel: int = 1,
+                activation_checkpointing: bool = False) -> StepMemory:
+    """The estimate of one training step's peak memory (module docstring); `procs` the processes that
+    share this memory (the local ones on a CPU, 1 on a CUDA device)."""
+    P = parameters(spec)
+    n = max(1, procs)
+    bf16 = dtype == torch.bfloat16
+    weights, grads, moments = (2 + 4, 2, 8) if bf16 else (4, 4, 8)  # bf16: the fp32 master with the weights
+    if zero_stage >= 1:
+        moments /= n
+        if bf16:
+            weights -= 4 - 4 / n
+    if zero_stage >= 2:
+        grads /= n
+    if zero_stage >= 3:
+        weights /= n
+    states = int(P * (weights + grads + moments))
+    elem = 2 if bf16 else 4
+    slots = micro_batch * -(-seq_len // max(1, sequence_parallel))
+    kept = 1 if activation_checkpointing else spec.num_layers
+    per_slot = activation_bytes_per_slot(spec, elem, layers=kept + 1)
+    if activation_checkpointing:
+        per_slot += elem * spec.hidden_size * spec.num_layers
+    if zero_stage >= 3:
+        per_slot += elem * spec.vocab_size
+    heads = -(-spec.num_heads // max(1, sequence_parallel))
+    dense = engines.dense_attention_bytes(engine, seq_len=seq_len, batch=micro_batch,
+                                          layers=1 if activation_checkpointing else spec.num_layers,
+                                          heads=heads, dtype=dtype)
+    return StepMemory(base=BASE_PROCESS_BYTES, states=states, activations=int(per_slot * slots), dense=int(dense),
+                      procs=n)
+
+
+def forward_memory(spec: ModelSpec, *, seq_len: int, batch: int, dtype: torch.dtype, engine: str) -> StepMemory:
+    """The estimate of a forward pass without gradients over `batch` rows of `seq_len` slots with a KV
+    cache (evaluation's prefill, then its decode): the weights (e P), the cache 2 L K D e per slot, twice
+    (transformers' DynamicCache copies a layer's cache when it grows), one layer's transients
+    e (4 h + 3 i + (N + 2 K) D) + 8 h per slot (the norms in fp32), and a dense engine's T x T tensors of
+    one layer: the boolean mask and its additive copy (sdpa), and the fp32 scores and probabilities (eager).
+    Logits are kept for the last slot only (`logits_to_keep=1`), or in chunks for perplexity."""
+    elem = 2 if dtype == torch.bfloat16 else 4
+    h, d = spec.hidden_size, spec.head_dim
+    kv = 2 * 2 * spec.num_layers * spec.num_kv_heads * d * elem
+    layer = elem * (4 * h + 3 * spec.intermediate_size + (spec.num_heads + 2 * spec.num_kv_heads) * d) + 8 * h
+    slots = batch * seq_len
+    dense = 0
+    if engine == "sdpa":
+        dense = batch * seq_len * seq_len * (1 + elem)
+    elif engine == "eager":
+        dense = batch * seq_len * seq_len * (1 + 2 * 4 * spec.num_heads)
+    return StepMemory(base=BASE_PROCESS_BYTES, states=int(parameters(spec) * elem), activations=int((kv + layer) * slots),
+                      dense=int(dense), procs=1, states_are="weights")
