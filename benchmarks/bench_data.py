@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from anchor.data.batch import VARIANTS, make_batch  # noqa: E402
 from anchor.data.corpus import default_corpus_documents  # noqa: E402
 from anchor.data.packed import ShardWriter  # noqa: E402
-from anchor.data.packing import Packer  # noqa: E402
+from anchor.data.packing import Layout, Packer  # noqa: E402
 from anchor.data.readers import Document  # noqa: E402
 from anchor.data.store import BATCH_CHARS, TokenStore, document_batches, write_store  # noqa: E402
 from anchor.machine import machine  # noqa: E402
@@ -122,7 +122,7 @@ def bench_packing(store: TokenStore, T: int, repeats: int, tags: bool, interleav
     tag_tokens = [[5, 6, 7], [8, 9], [10], [11, 12, 13, 14]] if tags else None
 
     def run():
-        p = Packer(store, selection, T, first_token=1, eos=2, tag_tokens=tag_tokens, interleave=interleave)
+        p = Packer(store, selection, T, first_token=1, eos=2, tag_tokens=tag_tokens, layout=Layout(interleave=interleave))
         for _ in p.blocks():
             pass
         return p
@@ -153,7 +153,7 @@ def bench_pack_and_write(store: TokenStore, T: int, repeats: int) -> dict:
 
 
 def bench_batches(store: TokenStore, T: int, B: int, repeats: int, interleave: bool) -> dict:
-    p = Packer(store, np.arange(store.num_docs), T, first_token=1, eos=2, tag_tokens=None, interleave=interleave)
+    p = Packer(store, np.arange(store.num_docs), T, first_token=1, eos=2, tag_tokens=None, layout=Layout(interleave=interleave))
     block = next(p.blocks(B * (T - 1)))
     tokens, seg, tag = block.tokens[:B], block.seg[:B], block.tag[:B]
     out = {"seq_len": T, "batch": tokens.shape[0], "interleave": interleave}
