@@ -6,7 +6,15 @@ appearance, -1 padding); `anchor.data.make_batch` turns it into each variant's d
 Corpus windows: the default corpus (or `--data`: a corpus file/folder or an `anchor pack` output)
 packed with the model's tokenizer at each length, the original mixture; `n` windows evenly spread
 over the pack. Tokenizing is done once: later lengths are packed from the first pack's token store.
-Packs are cached under `cache_dir()/bench/` by source, model and length.
+Packs are cached under `cache_dir()/bench/` by source, model and length (`pack-<key>-<T>/`), the default
+corpus under `cache_dir()/bench/corpus/`.
+
+The cache is shared by every bench on the machine, running or killed (`cached_entry`): an entry is
+built in a temporary sibling `.<entry>.tmp-<pid>-<random>/` and renamed into place whole; a process
+that finishes second uses the first one's entry. An entry is used only when complete (its marker and
+its main file: `pack.json`, `corpus.jsonl`); anything else at its path (a leftover of an older version
+or of a copy cut short) is set aside and rebuilt. Temporary siblings whose process is gone are
+removed by the next bench.
 
 Synthetic distributions (document lengths in tokens, documents concatenated and cut at window
 ends, the rest of a cut document opening the next window, as the packer does):
@@ -20,7 +28,12 @@ ends, the rest of a cut document opening the next window, as the packer does):
 from __future__ import annotations
 
 import hashlib
+import os
+import re
+import secrets
+import tempfile
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -72,15 +85,92 @@ def _pack_key(source: str, model: str) -> str:
     return hashlib.sha256(f"{Path(source).resolve() if Path(source).exists() else source}|{model}".encode()).hexdigest()[:16]
 
 
+_TMP_RE = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[^/]*$")
+
+
+def remove_stale_temporaries(root: Path) -> None:
+    """Remove the temporary siblings `.<entry>.tmp-<pid>-*` in `root` whose process is gone (a bench
+    killed while building a cache entry)."""
+    from anchor.outdir import pid_alive, rmtree
+
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        m = _TMP_RE.match(name)
+        if m and not pid_alive(int(m.group("pid"))):
+            rmtree(root / name)
+
+
+def _locked(path: Path):
+    """An exclusive flock on `path` (created if missing; never removed, so every process locks the same
+    file), held until the returned file is closed; the kernel drops it when the process dies."""
+    import fcntl
+
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def cached_entry(entry: Path, complete: Callable[[Path], bool], build: Callable[[Path], None]) -> Path:
+    """`entry`, a folder of the shared cache, built by `build(folder)` if it is not complete yet.
+
+    The build goes to a temporary sibling `.<entry>.tmp-<pid>-<random>/` (other processes may build
+    the same entry at the same time, each in its own), then is renamed into place under a lock held
+    only for the rename: if another process's complete entry is there by then, it is used and this one
+    dropped; an incomplete one (no marker or main file) is set aside and removed first. A complete
+    entry is never replaced, so a process reading one is never disturbed.
+    """
+    from anchor.outdir import rmtree, staging_prefix
+
+    if complete(entry):
+        return entry
+    root = entry.parent
+    root.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(root)
+    tmp = Path(tempfile.mkdtemp(prefix=staging_prefix(entry), dir=root))
+    try:
+        built = tmp / entry.name
+        build(built)
+        with _locked(root / f".{entry.name}.cache-lock"):
+            if complete(entry):  # another process finished first: use its entry
+                return entry
+            if entry.exists() or entry.is_symlink():  # incomplete: set aside (a tmp name: removed if we die)
+                aside = root / f"{staging_prefix(entry)}incomplete-{secrets.token_hex(4)}"
+                os.replace(entry, aside)
+                rmtree(aside)
+            os.replace(built, entry)
+        return entry
+    finally:
+        rmtree(tmp)
+
+
+def _complete(main_file: str, verb: str) -> Callable[[Path], bool]:
+    def complete(folder: Path) -> bool:
+        from anchor.outdir import read_marker
+
+        marker = read_marker(folder)
+        return (folder / main_file).is_file() and marker is not None and marker["verb"] == verb
+    return complete
+
+
+pack_complete = _complete("pack.json", "pack")  # as `anchor pack` publishes it: the marker, then one rename
+corpus_complete = _complete("corpus.jsonl", "corpus")
+
+
 def corpus_source(data: str | None = None, progress: bool = False) -> str:
     """`data`, or the default corpus's JSONL (written under the cache once)."""
     from anchor.data.corpus import write_default_corpus
     from anchor.paths import cache_dir
 
     if data is None:
-        corpus = cache_dir() / "bench" / "corpus"
-        if not (corpus / "corpus.jsonl").is_file():
-            write_default_corpus(corpus, progress=progress)
+        corpus = cached_entry(cache_dir() / "bench" / "corpus", corpus_complete,
+                              lambda folder: write_default_corpus(folder, progress=progress))
         return str(corpus / "corpus.jsonl")
     if not Path(data).exists():
         raise InputError("no such file or folder", path=data)
@@ -89,18 +179,18 @@ def corpus_source(data: str | None = None, progress: bool = False) -> str:
 
 def corpus_pack(T: int, *, model: str = "default", data: str | None = None, progress: bool = False) -> Path:
     """The `anchor pack` folder of `data` (None: the default corpus) at T slots, cached."""
-    from anchor.data.packed import is_pack_output
     from anchor.data.pipeline import PackConfig, pack_corpus
     from anchor.paths import cache_dir
 
     source = corpus_source(data, progress)
     root = cache_dir() / "bench"
     key = _pack_key(source, model)
-    out = root / f"pack-{key}-{T}"
-    if not is_pack_output(out):
-        earlier = sorted(p for p in root.glob(f"pack-{key}-*") if is_pack_output(p))
-        pack_corpus(model, earlier[0] if earlier else source, out, PackConfig(seq_len=T), progress=progress)
-    return out
+
+    def build(folder: Path) -> None:
+        earlier = sorted(p for p in root.glob(f"pack-{key}-*") if pack_complete(p))  # its token store: no tokenizing
+        pack_corpus(model, earlier[0] if earlier else source, folder, PackConfig(seq_len=T), progress=progress)
+
+    return cached_entry(root / f"pack-{key}-{T}", pack_complete, build)
 
 
 def corpus_seg(T: int, n: int, *, model: str = "default", data: str | None = None, progress: bool = False) -> np.ndarray:
