@@ -115,12 +115,15 @@ def render_report(result: dict[str, Any], figures: list[str] | None) -> str:
     return "\n".join(lines)
 
 
-def write_bench(result: dict[str, Any], out: str | Path) -> Path:
-    """bench.json, report.md and the figures into `out`, via a staging folder renamed at the end."""
+def write_bench(result: dict[str, Any], out: str | Path, staging: Path | None = None) -> Path:
+    """bench.json, report.md and the figures into `out`, via a staging folder renamed at the end (`staging`:
+    one of `anchor.atomic.staging_dir(out)` the caller holds, else a new one)."""
+    import contextlib
+
     from anchor.atomic import publish, staging_dir
 
     out = Path(out).resolve()
-    with staging_dir(out, "bench") as tmp:
+    with contextlib.nullcontext(staging) if staging is not None else staging_dir(out, "bench") as tmp:
         work = tmp / "bench"
         work.mkdir()
         figures = plot_figures(result, work)

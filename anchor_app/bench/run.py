@@ -7,14 +7,20 @@ Ratios (`flop_ratio`, `time_ratio`) are a variant's against `full` on the same e
 distribution and windows, measured in the same run (`full` is always timed). On the `varlen`
 engine `full` is one causal fused SDPA call per window (torch's fastest exact causal attention),
 so `varlen` rows compare each mask's cost with causal attention's.
+
+Temporary files (the cut model, its pack, the training
+runs) go to `work_dir` (`anchor bench`: inside --out's staging folder, which the next bench on that
+--out removes if this one is killed), else to `cache_dir()/bench/.work.tmp-<pid>-<random>/`, which
+the next bench removes once its process is gone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -59,6 +65,28 @@ def check_options(*, seq_lens: list[int], variants: list[str], engines: list[str
         raise InputError(f"--gpu: unknown GPU {gpu!r} (known: {', '.join(est.GPUS)})")
 
 
+@contextlib.contextmanager
+def work_folder(work_dir: str | Path | None = None) -> Iterator[Path]:
+    """A folder for the temporary files, removed at the end: `work_dir` (created), else a new
+    `cache_dir()/bench/.work.tmp-<pid>-<random>/` (those of dead processes removed first)."""
+    from anchor.outdir import rmtree, staging_prefix
+    from anchor.paths import cache_dir
+    from anchor_app.bench.windows import remove_stale_temporaries
+
+    if work_dir is not None:
+        work = Path(work_dir)
+        work.mkdir(parents=True, exist_ok=True)
+    else:
+        root = cache_dir() / "bench"
+        root.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(root)
+        work = Path(tempfile.mkdtemp(prefix=staging_prefix(root / "work"), dir=root))
+    try:
+        yield work
+    finally:
+        rmtree(work)
+
+
 def _ratios(rows: list[dict[str, Any]], key: str, group: tuple[str, ...]) -> None:
     """flop_ratio and time_ratio of each row against the `full` row of its group."""
     full = {tuple(r[g] for g in group): r for r in rows if r["variant"] == "full"}
@@ -76,10 +104,12 @@ def run_bench(*, model: str = "default", seq_lens: list[int] = (2048, 4096, 8192
               attention: bool = True, step: bool = True, step_seq_len: int | None = None, step_layers: int = 2,
               step_steps: int = 3, step_variants: list[str] | None = None, estimate_model: str = "llama2-7b",
               estimate_lengths: list[int] = (65536, 131072), gpus: int = 8, gpu: str = "a100",
-              device: str | None = None, dtype: str | None = None, seed: int = 0, progress: bool = True) -> dict[str, Any]:
+              device: str | None = None, dtype: str | None = None, seed: int = 0, progress: bool = True,
+              work_dir: str | Path | None = None) -> dict[str, Any]:
     """The whole benchmark, as `anchor bench` runs it: attention alone (`_bench_attention`), training steps of
     the model cut to `step_layers` layers with the estimate they calibrate (`_bench_steps`), and the paper's
-    setting at assumed GPU rates (`_paper_estimate`). Returns bench.json's content."""
+    setting at assumed GPU rates (`_paper_estimate`). Returns bench.json's content. Temporary files go to
+    `work_dir` (module docstring)."""
     import torch
 
     from anchor_app.bench.timing import Heads
@@ -114,7 +144,7 @@ def run_bench(*, model: str = "default", seq_lens: list[int] = (2048, 4096, 8192
                      step_variants=list(dict.fromkeys(
                          ["full", *(step_variants or [v for v in variants if v in ("anchor",)])])),
                      engine="varlen" if "varlen" in engines else engines[0], step_layers=step_layers,
-                     step_steps=step_steps, device=device, dtype=dtype, progress=progress)
+                     step_steps=step_steps, device=device, dtype=dtype, progress=progress, work_dir=work_dir)
     _paper_estimate(result, est.MODELS[estimate_model], est.GPUS[gpu], estimate_lengths, variants, gpus, seed)
     result["runtime_s"] = round(time.perf_counter() - t_start, 1)
     return result
@@ -153,26 +183,33 @@ def _bench_attention(model: str, data: str | None, seq_lens: list[int], distribu
     return rows
 
 
+def step_pack(folder: Path, T: int, pack: Path, *, model: str, data: str | None) -> Path:
+    """The corpus packed at T with the cut model's own tokenizer (the trainer checks it) into `pack`."""
+    from anchor.data.pipeline import PackConfig, pack_corpus
+    from anchor_app.bench.windows import corpus_pack, corpus_source
+
+    try:
+        pack_corpus(str(folder), corpus_pack(T, model=model, data=data), pack, PackConfig(seq_len=T))
+    except InputError:  # its tokenizer's identity differs from the model's: tokenize again
+        pack_corpus(str(folder), corpus_source(data), pack, PackConfig(seq_len=T))
+    return pack
+
+
 def _bench_steps(result: dict[str, Any], *, model: str, data: str | None, T: int, step_variants: list[str],
-                 engine: str, step_layers: int, step_steps: int, device: str, dtype: str, progress: bool) -> None:
+                 engine: str, step_layers: int, step_steps: int, device: str, dtype: str, progress: bool,
+                 work_dir: str | Path | None = None) -> None:
     """Training steps of the model cut to its first `step_layers` layers, on windows of T packed from the
     corpus: rows into result["step"], then the calibration they give and its estimate per variant."""
     import torch
 
     from anchor.data.packed import Loader, PackedData
-    from anchor.data.pipeline import PackConfig, pack_corpus
     from anchor.progress import ProgressBar
     from anchor_app.bench.step import cut_model, time_steps
-    from anchor_app.bench.windows import corpus_pack, corpus_source
 
     bar = ProgressBar("bench step", len(step_variants), progress)
-    with tempfile.TemporaryDirectory(prefix="anchor-bench-") as tmp:
+    with work_folder(work_dir) as tmp:
         folder, cut = cut_model(model, step_layers, T, Path(tmp) / "model")
-        pack = Path(tmp) / "data"  # packed with the cut model's own tokenizer (the trainer checks it)
-        try:
-            pack_corpus(str(folder), corpus_pack(T, model=model, data=data), pack, PackConfig(seq_len=T))
-        except InputError:  # its tokenizer's identity differs from the model's: tokenize again
-            pack_corpus(str(folder), corpus_source(data), pack, PackConfig(seq_len=T))
+        pack = step_pack(folder, T, Path(tmp) / "data", model=model, data=data)
         packed = PackedData.open(pack)
         for v in step_variants:
             bar.describe(f"{v} T={T}")

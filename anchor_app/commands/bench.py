@@ -94,13 +94,16 @@ def bench(
         raise InputError("no such file or folder", path=data)
     out = guard_out(out, "bench", inputs=(data, model))  # --model counts as an input: never under --out
 
-    from anchor.outdir import out_lock
+    from anchor.atomic import staging_dir
     from anchor_app.bench.report import render_report, write_bench
 
-    with out_lock(out, "bench"):  # from the start: a second bench on this --out exits 2 before any work
+    # From the start: the lock (a second bench on this --out exits 2 before any work) and the staging
+    # folder `.<out>.tmp-<pid>-<random>` that holds the temporary files too (the cut model, its pack, the
+    # training runs): removed at the end, or by the next bench on this --out if this one is killed.
+    with staging_dir(out, "bench", inputs=(data, model)) as tmp:
         result = run_bench(model=model, data=data, attention=attention, step=step, step_seq_len=step_seq_len,
                            step_variants=_names(step_variants, "--step-variants") if step_variants else None,
-                           seed=seed, progress=progress, **opts)
-        path = write_bench(result, out)
+                           seed=seed, progress=progress, work_dir=tmp / "work", **opts)
+        path = write_bench(result, out, staging=tmp)
     typer.echo(render_report(result, None))
     typer.echo(f"wrote {path / 'bench.json'}, {path / 'report.md'}")
