@@ -2,6 +2,8 @@
 
     nice -n 5 .venv/bin/python benchmarks/bench_step_memory.py [--seq-len 32768] [--check-len 8192]
         [--check-lens 4096,8192] [--docs 5] [--before auto|run|estimate]
+        [--bench-cases default:2:1024,...] [--attention-cases varlen:16384,...]
+    nice -n 5 .venv/bin/python benchmarks/bench_step_memory.py --estimates-only   # the last two kinds only
 
 One step = forward + backward (no optimizer step) of one window of T slots of random tokens with a
 few documents, variant `anchor`, engine `varlen`, fp32, through a 2-layer model of SmolLM2's shape
@@ -21,6 +23,21 @@ only where the machine has the memory for it (`--before auto`: MemAvailable abov
 measured at the longest check length, plus the per-slot growth of that difference measured between
 the two check lengths (the model of it, fp32 logits and their gradient, is 2 x V x 4 bytes per
 slot; both are recorded). The JSON says which.
+
+The estimate (`anchor_app.bench.memory`, the sizes `anchor bench` checks before any work) beside every
+measured peak, with estimate / measured:
+  logits, fused  what the step adds over the built model (step_bytes): gradients 4 P, the activations
+                 (`activation_bytes_per_slot`, L + 1 layers) and the lm-head's chunks (fused) or the
+                 logits and their gradient, 2 x V x 4 bytes per slot (logits)
+  bench          `anchor bench`'s training-step rows as it runs them (`--bench-cases MODEL:LAYERS:T`): a
+                 fresh process cuts the model, packs the default corpus at T and trains 2 steps
+                 (`anchor_app.bench.step.time_steps`, variant anchor, engine varlen); its whole life's
+                 peak RSS (VmHWM) against `step_memory(...).total`
+  attention      `anchor bench`'s attention rows (`--attention-cases ENGINE:T`, SmolLM2's heads, the
+                 variants full, intra_doc, anchor, 1 slimpajama window): a fresh process's peak RSS
+                 against `attention_memory(...).total`
+`--estimates-only` runs the last two and adds the estimates to the rows of the JSON already there (their
+peaks measured by an earlier run; the estimate is a function of the recorded sizes), keeping them.
 
 Writes benchmarks/results/step_memory_cpu.json.
 """
@@ -106,16 +123,105 @@ def run_case(case: str, T: int, docs: int, seed: int) -> dict:
             "loss": float(loss.detach()), "torch_threads": torch.get_num_threads()}
 
 
-def in_subprocess(case: str, T: int, docs: int, seed: int) -> dict:
-    cmd = [sys.executable, __file__, "--child", case, "--seq-len", str(T), "--docs", str(docs), "--seed", str(seed)]
-    print(f"running {case} at T={T} ...", flush=True)
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+def run_bench_case(model: str, layers: int, T: int) -> dict:
+    """`anchor bench`'s step rows in this (fresh) process, as `_bench_steps` runs them; the whole process's
+    peak RSS. The estimate `anchor bench` checks before any work, beside it."""
+    import tempfile
+
+    import torch
+
+    from anchor.weights import load_spec
+    from anchor_app.bench.memory import step_memory
+    from anchor_app.bench.run import step_pack
+    from anchor_app.bench.step import cut_model, time_steps
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-step-memory-") as tmp:
+        folder, _ = cut_model(model, layers, T, Path(tmp) / "model")
+        step_pack(folder, T, Path(tmp) / "data", model=model, data=None)
+        row = time_steps(folder, Path(tmp) / "data", T, "anchor", "varlen", Path(tmp) / "run", steps=2)
+    peak = _status_kib("VmHWM") * 1024
+    need = step_memory(load_spec(model), T, layers, engine="varlen", dtype="float32", device="cpu")
+    return {"case": "bench", "model": model, "layers": layers, "seq_len": T, "engine": "varlen", "variant": "anchor",
+            "steps": 2, "peak_rss_bytes": peak, "peak_rss_gib": round(peak / GiB, 3),
+            "estimate_bytes": need.total, "estimate_parts": need.parts,
+            "estimate_over_peak": round(need.total / peak, 3), "step_s": row["step_s"],
+            "run_s": round(time.perf_counter() - t0, 1), "torch_threads": torch.get_num_threads()}
+
+
+def run_attention_case(engine: str, T: int) -> dict:
+    """`anchor bench`'s attention rows at T on `engine` in this (fresh) process (SmolLM2's heads, three
+    variants, one slimpajama window); the whole process's peak RSS, and the estimate beside it."""
+    import torch
+
+    from anchor.weights import load_spec
+    from anchor_app.bench.memory import attention_memory
+    from anchor_app.bench.timing import Heads, time_variants
+    from anchor_app.bench.windows import synthetic_seg
+
+    spec = load_spec("default")
+    variants = ["full", "intra_doc", "anchor"]
+    t0 = time.perf_counter()
+    seg = synthetic_seg("slimpajama", T, 1, 0)
+    time_variants(engine, variants, seg, Heads(spec.num_heads, spec.num_kv_heads, spec.head_dim), device="cpu",
+                  dtype="float32", repeats=1)
+    peak = _status_kib("VmHWM") * 1024
+    need = attention_memory(spec, T, engine, len(variants), windows=1, dtype="float32", device="cpu")
+    return {"case": "attention", "model": "default (heads)", "seq_len": T, "engine": engine, "variants": variants,
+            "windows": 1, "peak_rss_bytes": peak, "peak_rss_gib": round(peak / GiB, 3),
+            "estimate_bytes": need.total, "estimate_parts": need.parts,
+            "estimate_over_peak": round(need.total / peak, 3), "run_s": round(time.perf_counter() - t0, 1),
+            "torch_threads": torch.get_num_threads()}
+
+
+def fwd_bwd_estimate(row: dict) -> dict:
+    """The estimate of what a `logits`/`fused` step adds over the built model (step_bytes), from its sizes."""
+    from anchor.weights import load_spec
+    from anchor_app.bench.memory import HEAD_BYTES, activation_bytes_per_slot, parameters
+
+    spec = load_spec("default").replace(num_layers=row["layers"])
+    T = row["seq_len"]
+    parts = {"gradients": 4 * parameters(spec), "activations": T * activation_bytes_per_slot(spec, 4, spec.num_layers + 1),
+             **({"lm-head chunks": HEAD_BYTES} if row["case"] == "fused" else {"logits and gradient": 2 * spec.vocab_size * 4 * T})}
+    est = sum(parts.values())
+    return {"step_estimate_bytes": est, "step_estimate_parts": parts,
+            "step_estimate_over_step_bytes": round(est / row["step_bytes"], 3)}
+
+
+def _child(cmd: list[str], what: str) -> dict:
+    print(f"running {what} ...", flush=True)
+    done = subprocess.run([sys.executable, __file__, *cmd], capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise SystemExit(f"{case} at T={T} failed (exit {done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+        raise SystemExit(f"{what} failed (exit {done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def in_subprocess(case: str, T: int, docs: int, seed: int) -> dict:
+    result = _child(["--child", case, "--seq-len", str(T), "--docs", str(docs), "--seed", str(seed)], f"{case} at T={T}")
+    result.update(fwd_bwd_estimate(result))
     print(f"  {case} T={T}: peak RSS {result['peak_rss_gib']:.2f} GiB (step adds "
-          f"{result['step_bytes'] / GiB:.2f} GiB), {result['step_s']} s, loss {result['loss']:.4f}", flush=True)
+          f"{result['step_bytes'] / GiB:.2f} GiB, estimate {result['step_estimate_bytes'] / GiB:.2f}: "
+          f"x{result['step_estimate_over_step_bytes']}), {result['step_s']} s, loss {result['loss']:.4f}", flush=True)
     return result
+
+
+def estimate_cases(bench_cases: str, attention_cases: str) -> dict:
+    """The `bench` and `attention` cases, each in a fresh process."""
+    rows = []
+    for case in filter(None, bench_cases.split(",")):
+        model, layers, T = case.rsplit(":", 2)
+        r = _child(["--child", "bench", "--model", model, "--layers", layers, "--seq-len", T], f"bench {case}")
+        rows.append(r)
+        print(f"  bench {case}: peak RSS {r['peak_rss_gib']:.2f} GiB, estimate {r['estimate_bytes'] / GiB:.2f} "
+              f"(x{r['estimate_over_peak']}), {r['run_s']} s", flush=True)
+    for case in filter(None, attention_cases.split(",")):
+        engine, T = case.split(":")
+        r = _child(["--child", "attention", "--engine", engine, "--seq-len", T], f"attention {case}")
+        rows.append(r)
+        print(f"  attention {case}: peak RSS {r['peak_rss_gib']:.2f} GiB, estimate {r['estimate_bytes'] / GiB:.2f} "
+              f"(x{r['estimate_over_peak']}), {r['run_s']} s", flush=True)
+    return {"rows": rows, "how": "fresh process per case; VmHWM of the whole process against anchor_app.bench.memory's "
+                                 "estimate (what `anchor bench` checks against the memory available before any work)"}
 
 
 def main() -> None:
@@ -128,13 +234,42 @@ def main() -> None:
                     help="the logits case at --seq-len: measured where memory allows (auto), always, or estimated")
     ap.add_argument("--target-gib", type=float, default=8.0)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    ap.add_argument("--child", choices=("logits", "fused"), help=argparse.SUPPRESS)
+    ap.add_argument("--bench-cases", default="default:2:1024,default:2:2047,random:llama:1:65537",
+                    help="MODEL:LAYERS:T of anchor bench's step rows, measured against the estimate")
+    ap.add_argument("--attention-cases", default="varlen:8191,sdpa:4095",
+                    help="ENGINE:T of anchor bench's attention rows, measured against the estimate")
+    ap.add_argument("--estimates-only", action="store_true",
+                    help="only the bench and attention cases; the estimates added to the JSON's earlier rows")
+    ap.add_argument("--child", choices=("logits", "fused", "bench", "attention"), help=argparse.SUPPRESS)
+    ap.add_argument("--model", default="default", help=argparse.SUPPRESS)
+    ap.add_argument("--layers", type=int, default=2, help=argparse.SUPPRESS)
+    ap.add_argument("--engine", default="varlen", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child == "bench":
+        print(json.dumps(run_bench_case(args.model, args.layers, args.seq_len)))
+        return
+    if args.child == "attention":
+        print(json.dumps(run_attention_case(args.engine, args.seq_len)))
+        return
     if args.child:
         print(json.dumps(run_case(args.child, args.seq_len, args.docs, args.seed)))
         return
 
     from anchor.machine import machine
+
+    path = Path(args.out) / "step_memory_cpu.json"
+    if args.estimates_only:
+        result = json.loads(path.read_text())
+        for row in [*result["check"].values(), result["after"], result["before"]]:
+            if "step_bytes" in row:
+                row.update(fwd_bwd_estimate(row))
+        result["estimates"] = estimate_cases(args.bench_cases, args.attention_cases)
+        result["estimates"]["machine"] = machine(mem_available_gib=round(_mem_available() / GiB, 1))
+        result["estimates"]["note"] = ("the logits/fused rows' peaks are from the earlier full run (same script, "
+                                       "same sizes); their step_estimate_* fields were added by --estimates-only")
+        path.write_text(json.dumps(result, indent=1))
+        print(f"wrote {path}")
+        return
 
     lens = sorted(int(x) for x in args.check_lens.split(","))
     if len(lens) != 2:
@@ -177,13 +312,12 @@ def main() -> None:
         "note": "2-core machine shared with other agents: step times are loaded-machine figures; RSS peaks are "
                 "per process and not affected by the load",
         "machine": machine(mem_available_gib_at_decision=round(available / GiB, 1)),
+        "estimates": estimate_cases(args.bench_cases, args.attention_cases),
     }
     print(f"T={T}: before {before['peak_rss_bytes'] / GiB:.2f} GiB ({before_source}), "
           f"after {after['peak_rss_bytes'] / GiB:.2f} GiB; target {args.target_gib} GiB: "
           f"{'met' if result['after_under_target'] else 'NOT met'}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "step_memory_cpu.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1))
     print(f"wrote {path}")
 

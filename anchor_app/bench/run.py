@@ -8,7 +8,8 @@ distribution and windows, measured in the same run (`full` is always timed). On 
 engine `full` is one causal fused SDPA call per window (torch's fastest exact causal attention),
 so `varlen` rows compare each mask's cost with causal attention's.
 
-Temporary files (the cut model, its pack, the training
+Sizes are checked before any work against the memory available here (`anchor_app.bench.memory`:
+one line naming the option and the estimate). Temporary files (the cut model, its pack, the training
 runs) go to `work_dir` (`anchor bench`: inside --out's staging folder, which the next bench on that
 --out removes if this one is killed), else to `cache_dir()/bench/.work.tmp-<pid>-<random>/`, which
 the next bench removes once its process is gone.
@@ -65,6 +66,29 @@ def check_options(*, seq_lens: list[int], variants: list[str], engines: list[str
         raise InputError(f"--gpu: unknown GPU {gpu!r} (known: {', '.join(est.GPUS)})")
 
 
+def resolve_device(device: str | None = None, dtype: str | None = None) -> tuple[str, str]:
+    """(device, dtype) as run_bench uses them: CUDA in bf16 where there is one, else the CPU in fp32."""
+    import torch
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return device, dtype or ("bfloat16" if device == "cuda" else "float32")
+
+
+def check_memory(*, model: str, seq_lens: list[int], variants: list[str], engines: list[str] | None, windows: int,
+                 attention: bool, step: bool, step_seq_len: int | None, step_layers: int, device: str | None = None,
+                 dtype: str | None = None) -> None:
+    """The sizes' estimated memory against the memory available here (anchor_app.bench.memory), before any
+    work: InputError naming the option and the estimate."""
+    from anchor_app.bench.memory import check_bench_memory
+    from anchor.weights import load_spec
+
+    device, dtype = resolve_device(device, dtype)
+    engines = list(engines or (["varlen", "flex", "sdpa"] if device == "cuda" else ["varlen"]))
+    check_bench_memory(load_spec(model), model=model, seq_lens=list(seq_lens), engines=engines,
+                       variants=list(variants), windows=windows, attention=attention, step=step,
+                       step_seq_len=step_seq_len, step_layers=step_layers, device=device, dtype=dtype)
+
+
 @contextlib.contextmanager
 def work_folder(work_dir: str | Path | None = None) -> Iterator[Path]:
     """A folder for the temporary files, removed at the end: `work_dir` (created), else a new
@@ -117,14 +141,16 @@ def run_bench(*, model: str = "default", seq_lens: list[int] = (2048, 4096, 8192
     from anchor.weights import load_spec
 
     t_start = time.perf_counter()
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
+    device, dtype = resolve_device(device, dtype)
     engines = list(engines or (["varlen", "flex", "sdpa"] if device == "cuda" else ["varlen"]))
     variants = list(dict.fromkeys(["full", *variants]))  # full: the reference of every ratio
     seq_lens, distributions = list(seq_lens), list(distributions)
     check_options(seq_lens=seq_lens, variants=variants, engines=engines, distributions=distributions,
                   windows=windows, repeats=repeats, step_layers=step_layers, step_steps=step_steps, gpus=gpus,
                   estimate_lengths=list(estimate_lengths), estimate_model=estimate_model, gpu=gpu)
+    check_memory(model=model, seq_lens=seq_lens, variants=variants, engines=engines, windows=windows,
+                 attention=attention, step=step, step_seq_len=step_seq_len, step_layers=step_layers, device=device,
+                 dtype=dtype)
     spec = load_spec(model)
     heads = Heads(spec.num_heads, spec.num_kv_heads, spec.head_dim)
     result: dict[str, Any] = {

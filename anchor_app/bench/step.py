@@ -11,6 +11,7 @@ process's over the whole run (model, optimizer, activations, the final checkpoin
 
 from __future__ import annotations
 
+import gc
 import re
 import statistics
 from pathlib import Path
@@ -49,6 +50,7 @@ def time_steps(model_dir: Path, data: Path, T: int, variant: str, engine: str, r
         "lr=2e-5"])
     with peak_memory(device) as mem:
         train(cfg, run, progress=False)
+    gc.collect()  # the trainer's model and optimizer sit in reference cycles: freed now, not on top of the next run
     rows = read_metrics(run)
     times = [T / r["tokens_per_s"] for r in rows]
     timed = times[1:] or times

@@ -73,7 +73,7 @@ def bench(
     """Time attention (forward + backward) per engine, variant and length on packed windows, and whole
     training steps, set against the FLOP model; estimate days per 1B tokens for a large model. Writes
     bench.json, report.md and PNG figures to --out."""
-    from anchor_app.bench.run import check_options, run_bench
+    from anchor_app.bench.run import check_memory, check_options, run_bench
     from anchor.limits import check_seed
     from anchor.outdir import guard_out
 
@@ -92,6 +92,10 @@ def bench(
         from anchor.errors import InputError
 
         raise InputError("no such file or folder", path=data)
+    # the sizes against the memory here, before any work (`anchor bench --step-seq-len 100000000` grew to
+    # 13 GB before failing)
+    check_memory(model=model, seq_lens=opts["seq_lens"], variants=opts["variants"], engines=opts["engines"],
+                 windows=windows, attention=attention, step=step, step_seq_len=step_seq_len, step_layers=step_layers)
     out = guard_out(out, "bench", inputs=(data, model))  # --model counts as an input: never under --out
 
     from anchor.atomic import staging_dir

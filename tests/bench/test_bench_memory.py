@@ -1,0 +1,91 @@
+"""`anchor bench` with sizes that cannot fit: refused before any work, in one line naming the option and
+the estimate. Each test failed on the code before the fix (the comments and docstrings say how)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from anchor.errors import InputError
+from anchor_app.cli import main
+
+T = 129  # odd, and small: the corpus below holds a few windows of it
+
+
+def _corpus(path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    path.write_text("".join(json.dumps({"text": " ".join(f"w{int(x)}" for x in rng.integers(0, 50, n))}) + "\n"
+                            for n in rng.integers(5, 60, 40)))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Sizes bounded before allocation
+
+
+class _Result:
+    def __init__(self, code, out, err):
+        self.exit_code, self.output = code, out + err
+
+
+def _run(args, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", *args])
+    out = capsys.readouterr()
+    return _Result(e.value.code, out.out, out.err)
+
+
+@pytest.fixture
+def eight_gib(monkeypatch):
+    """8 GiB available here, whatever the machine has (`anchor.limits.available_memory`, which the bench's
+    check and the packer's read)."""
+    import anchor.limits
+
+    monkeypatch.setattr(anchor.limits, "available_memory", lambda: 8 << 30)
+    return 8 << 30
+
+
+@pytest.mark.parametrize("args, needle", [
+    # the training-step rows: on the old code this cut the model and packed the corpus, then the packer
+    # refused `--seq-len 100000000 (packing a window)`, an option not given (where more memory was free,
+    # it went on to 13 GB before failing)
+    (["--step-seq-len", "100000000", "--no-attention"], "--step-seq-len 100000000"),
+    (["--step-seq-len", "88888887", "--no-attention", "--step-layers", "1"], "--step-seq-len 88888887"),
+    # the attention rows: on the old code a traceback (RuntimeError: can't allocate memory) after
+    # allocating q, k and v, from the dense T x T masks
+    (["--seq-len", "300001", "--engines", "sdpa", "--no-step", "--distributions", "slimpajama"],
+     "--seq-len 300001"),
+])
+def test_sizes_that_cannot_fit_are_refused_before_any_work(tmp_path, monkeypatch, capsys, eight_gib, args, needle):
+    monkeypatch.setenv("ANCHOR_CACHE", str(tmp_path / "cache"))
+    corpus = _corpus(tmp_path / "docs.jsonl")
+    out = tmp_path / "bench"
+    r = _run(["--out", str(out), "--no-progress", "--model", "random:llama", "--data", str(corpus),
+              "--estimate-seq-len", "4096", *args], capsys)
+    print(r.output)
+    assert r.exit_code == 2
+    line = r.output.strip()
+    assert len(line.splitlines()) == 1 and needle in line and "needs about" in line and "GiB" in line
+    assert not out.exists() and not (tmp_path / "cache").exists()  # no work, nothing written
+
+
+def test_the_estimate_grows_with_the_sizes_and_lets_small_ones_through(eight_gib):
+    """(On the old code: no estimate, ModuleNotFoundError.)"""
+    from anchor_app.bench.memory import attention_memory, check_bench_memory, step_memory
+    from anchor.weights import load_spec
+
+    spec = load_spec("default")
+    small = dict(model="default", seq_lens=[4099], engines=["varlen"], variants=["anchor"], windows=2,
+                 attention=True, step=True, step_seq_len=None, step_layers=2, device="cpu", dtype="float32")
+    check_bench_memory(spec, **small)  # 4099: about 1 GiB each, well within 8 GiB
+    a, b = (step_memory(spec, t, 2).total for t in (4099, 8197))
+    assert 0 < a < b < 2.5 * a
+    assert step_memory(spec, 4099, 3).total > a  # more layers, more memory
+    assert attention_memory(spec, 4099, "sdpa", 2).total > attention_memory(spec, 4099, "varlen", 2).total
+    with pytest.raises(InputError, match=r"--step-seq-len 100003 .* needs about 1\d\.\d GiB"):  # 15.3
+        check_bench_memory(spec, **{**small, "attention": False, "step_seq_len": 100003})
+    with pytest.raises(InputError, match=r"--seq-len 300001 .* needs about"):  # varlen: 11.4 GiB, linear in T
+        check_bench_memory(spec, **{**small, "step": False, "seq_lens": [4099, 300001]})
