@@ -5,7 +5,7 @@
 Both sides train the same model with the same engine, windows, global batch, micro-batches,
 masked loss, AdamW groups and clipping, in this one process: the plain loop is what a user would
 write by hand (forward, masked cross-entropy over the global count, backward per micro-batch,
-`clip_grad_norm_`, `AdamW.step`); `anchor train` adds DeepSpeed (ZeRO as configured), the loader,
+`clip_grad_norm_`, `AdamW.step`; on CUDA where there is one, with the RoPE the config sets); `anchor train` adds DeepSpeed (ZeRO as configured), the loader,
 metrics, the count all-reduce and the progress line. The rounds alternate (plain, then anchor
 train) so slow drift of a shared machine hits both; the first step of each run is a warm-up and is
 left out; the ratio is that of the median step times over all rounds. Checkpoint writing is not a
@@ -33,7 +33,11 @@ def plain_steps(cfg, data, steps: int) -> list[float]:
     from torchtrain.model import build_model
     from torchtrain.optim import param_groups
 
-    model = build_model(cfg.model, engine=cfg.engine, dtype=cfg.dtype, seed=cfg.seed)
+    from torchtrain.run_folder import check_model, model_spec
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    spec = check_model(cfg, model_spec(cfg), cfg.seq_len, memory=False)  # the RoPE the trainer trains with
+    model = build_model(cfg.model, engine=cfg.engine, dtype=cfg.dtype, rope=spec.rope, seed=cfg.seed).to(device)
     if cfg.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     opt = torch.optim.AdamW(param_groups(model, cfg), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
@@ -43,20 +47,24 @@ def plain_steps(cfg, data, steps: int) -> list[float]:
     for _ in range(steps):
         t0 = time.perf_counter()
         batch = next(loader)
-        tokens = torch.as_tensor(batch.tokens, dtype=torch.long)
+        tokens = torch.as_tensor(batch.tokens, dtype=torch.long, device=device)
         targets = torch.roll(tokens, -1, dims=1)
-        mask = torch.as_tensor(batch.loss_mask, dtype=torch.float32)
+        mask = torch.as_tensor(batch.loss_mask, dtype=torch.float32, device=device)
         count = mask.sum().clamp_min(1.0)
         for m in range(gas):
             rows = slice(m * cfg.micro_batch, (m + 1) * cfg.micro_batch)
-            out = model(input_ids=tokens[rows], position_ids=torch.as_tensor(batch.positions[rows], dtype=torch.long),
-                        doc_ids=torch.as_tensor(batch.doc_ids[rows], dtype=torch.long), variant=cfg.variant)
+            out = model(input_ids=tokens[rows],
+                        position_ids=torch.as_tensor(batch.positions[rows], dtype=torch.long, device=device),
+                        doc_ids=torch.as_tensor(batch.doc_ids[rows], dtype=torch.long, device=device),
+                        variant=cfg.variant)
             ce = token_cross_entropy(out.logits, targets[rows])
             ((ce * mask[rows]).sum() / count).backward()
         if cfg.grad_clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     return times
 
