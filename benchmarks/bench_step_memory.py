@@ -177,11 +177,12 @@ def run_attention_case(engine: str, T: int) -> dict:
 def fwd_bwd_estimate(row: dict) -> dict:
     """The estimate of what a `logits`/`fused` step adds over the built model (step_bytes), from its sizes."""
     from anchor.weights import load_spec
-    from anchor_app.bench.memory import HEAD_BYTES, activation_bytes_per_slot, parameters
+    from anchor_app.bench.memory import HEAD_BYTES
+    from torchtrain.memory import activation_bytes_per_slot, parameters
 
     spec = load_spec("default").replace(num_layers=row["layers"])
     T = row["seq_len"]
-    parts = {"gradients": 4 * parameters(spec), "activations": T * activation_bytes_per_slot(spec, 4, spec.num_layers + 1),
+    parts = {"gradients": 4 * parameters(spec), "activations": T * activation_bytes_per_slot(spec, 4, layers=spec.num_layers + 1),
              **({"lm-head chunks": HEAD_BYTES} if row["case"] == "fused" else {"logits and gradient": 2 * spec.vocab_size * 4 * T})}
     est = sum(parts.values())
     return {"step_estimate_bytes": est, "step_estimate_parts": parts,

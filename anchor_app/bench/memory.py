@@ -41,9 +41,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from anchor.errors import InputError
+from torchtrain.memory import BASE_PROCESS_BYTES, activation_bytes_per_slot, parameters  # shared with train's check
 
 GiB = 2**30
-BASE_BYTES = int(0.45 * GiB)  # peak RSS of `python -c "import torch, transformers, torchtrain.trainer"`: 0.36
+BASE_BYTES = BASE_PROCESS_BYTES  # peak RSS of `python -c "import torch, transformers, torchtrain.trainer"`: 0.36
 # GiB, 0.48 after the cut and the pack (SmolLM2, CPU)
 LOAD_BYTES_PER_PARAM = 5  # measured 4.9: SmolLM2-135M's Q4_1 GGUF read to float32, 0.62 GiB over the imports
 STATE_BYTES_PER_PARAM = 16  # fp32 weights 4 + gradients 4 + AdamW 8 (bf16: 2 + 4 master + 2 + 8)
@@ -51,24 +52,6 @@ HEAD_BYTES = 3 * (1 << 24) * 4  # torchtrain.loss: chunks of 2^24 logits (fp32),
 ATTENTION_COPIES = 10  # measured 8.8 (varlen, CPU, fp32, T = 4K-16K: 33.6 KB per slot at N, K, D = 9, 3, 64)
 ATTENTION_FIXED_BYTES = int(0.15 * GiB)  # measured 0.14 GiB (the same runs, T -> 0)
 SEG_BYTES_PER_SLOT = 64  # seg int32, make_batch's arrays and pairs' int64 ranks, for all windows at once
-
-
-def parameters(spec: Any) -> int:
-    """P of a Llama-family decoder (embedding, layers, final norm, the head when not tied)."""
-    h, d = spec.hidden_size, spec.head_dim
-    attn = h * (spec.num_heads + 2 * spec.num_kv_heads) * d + spec.num_heads * d * h
-    if spec.qkv_bias:
-        attn += (spec.num_heads + 2 * spec.num_kv_heads) * d
-    layer = attn + 3 * h * spec.intermediate_size + 2 * h
-    head = 0 if spec.tie_embeddings else spec.vocab_size * h
-    return spec.vocab_size * h + spec.num_layers * layer + h + head
-
-
-def activation_bytes_per_slot(spec: Any, elem: int, layers: int) -> int:
-    """Bytes one slot keeps for the backward in `layers` decoder layers."""
-    per_layer = (7 * spec.hidden_size + 4 * spec.intermediate_size
-                 + (3 * spec.num_heads + 4 * spec.num_kv_heads) * spec.head_dim)
-    return elem * per_layer * layers
 
 
 def _elem(dtype: str) -> int:
@@ -105,7 +88,7 @@ def train_parts(spec: Any, T: int, *, engine: str = "varlen", dtype: str = "floa
     """The `train` phase of the module docstring for the cut model `spec` (its layers those kept)."""
     L = spec.num_layers
     return {"weights and optimizer": STATE_BYTES_PER_PARAM * parameters(spec),
-            "activations": T * activation_bytes_per_slot(spec, _elem(dtype), L + 1),
+            "activations": T * activation_bytes_per_slot(spec, _elem(dtype), layers=L + 1),
             "lm-head chunks": HEAD_BYTES,
             "dense T x T": _dense(engine, T, L, spec.num_heads, dtype)}
 
