@@ -9,6 +9,8 @@ Families:
   llama    Llama 2 / Llama 3 (Llama 3 is `llama` with `rope.kind == "llama3"` and GQA)
   mistral  Mistral (GQA, explicit head_dim allowed)
   qwen2    Qwen2 (bias on q/k/v, no BOS token: slot 0 holds EOS)
+  qwen3    Qwen3 (RMSNorm of each query and key head over head_dim after the projections and before
+           RoPE, no q/k/v bias, head_dim independent of hidden / heads, no BOS token; tied or untied)
   smollm2  SmolLM2 (Llama architecture with tied input/output embeddings)
 """
 
@@ -20,24 +22,27 @@ from typing import Any, Literal
 
 from anchor.errors import InputError
 
-Family = Literal["llama", "mistral", "qwen2", "smollm2"]
+Family = Literal["llama", "mistral", "qwen2", "qwen3", "smollm2"]
 RopeKind = Literal["default", "linear", "dynamic", "yarn", "llama3", "ntk"]
 RopeLayout = Literal["half", "interleaved"]
 
-FAMILIES: tuple[str, ...] = ("llama", "mistral", "qwen2", "smollm2")
+FAMILIES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "smollm2")
 ROPE_KINDS: tuple[str, ...] = ("default", "linear", "dynamic", "yarn", "llama3", "ntk")
 ROPE_LAYOUTS: tuple[str, ...] = ("half", "interleaved")
 
 # The paper's RoPE base per training context length (AnchorAttention, §3.3 / Table 2).
 PAPER_ROPE_BASE: dict[int, float] = {32768: 1e6, 65536: 5e6, 131072: 1e7, 262144: 5e7}
 
-_HF_MODEL_TYPE = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "smollm2": "llama"}
+_HF_MODEL_TYPE = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "smollm2": "llama"}
 _HF_ARCH = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
     "smollm2": "LlamaForCausalLM",
 }
+# transformers' Qwen3Config.head_dim default: a Qwen3 config.json without head_dim means 128, not hidden / heads.
+_QWEN3_HEAD_DIM = 128
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,12 @@ class ModelSpec:
             raise InputError(f"q/k/v bias is a Qwen2 feature; family {self.family!r} has none")
 
     @property
+    def qk_norm(self) -> bool:
+        """Queries and keys are RMS-normed per head over D (weights q_norm, k_norm [D]) after their
+        projections and before RoPE: Qwen3's `Qwen3Attention`, the family's only difference from Llama."""
+        return self.family == "qwen3"
+
+    @property
     def first_token_id(self) -> int:
         """The token at slot 0 of every window: BOS, or EOS where the tokenizer has no BOS (Qwen)."""
         return self.eos_token_id if self.bos_token_id is None else self.bos_token_id
@@ -145,6 +156,14 @@ RANDOM_PRESETS: dict[str, ModelSpec] = {
         family="qwen2", vocab_size=331, hidden_size=84, num_layers=3, num_heads=6, num_kv_heads=2,
         head_dim=14, intermediate_size=97, rms_norm_eps=1e-6, max_position=8192,
         rope=RopeSpec(base=1e6), tie_embeddings=True, qkv_bias=True, bos_token_id=None, eos_token_id=2,
+    ),
+    # head_dim 18 is not hidden / heads (14), as in Qwen3 (head_dim 128 throughout; Qwen3-0.6B: hidden
+    # 1024 / 16 heads = 64); tied as Qwen3-0.6B to 4B (8B and up untie: tests/jaxref/test_decoder_parity.py
+    # reads such a config).
+    "qwen3": ModelSpec(
+        family="qwen3", vocab_size=331, hidden_size=84, num_layers=3, num_heads=6, num_kv_heads=2,
+        head_dim=18, intermediate_size=97, rms_norm_eps=1e-6, max_position=8192,
+        rope=RopeSpec(base=1e6), tie_embeddings=True, bos_token_id=None, eos_token_id=2,
     ),
     "smollm2": ModelSpec(
         family="smollm2", vocab_size=331, hidden_size=90, num_layers=3, num_heads=9, num_kv_heads=3,
@@ -237,6 +256,10 @@ def to_hf_config(spec: ModelSpec) -> dict[str, Any]:
     elif spec.family == "mistral":
         d["sliding_window"] = None
     elif spec.family == "qwen2":
+        d["use_sliding_window"] = False
+        d["sliding_window"] = None
+    elif spec.family == "qwen3":
+        d["attention_bias"] = False
         d["use_sliding_window"] = False
         d["sliding_window"] = None
     return d
@@ -375,14 +398,24 @@ def from_hf_config(d: dict[str, Any], *, source: str = "config.json") -> ModelSp
     if not isinstance(d, dict):
         raise InputError(f"a model config must be a JSON object, got {type(d).__name__}", path=source)
     model_type = d.get("model_type")
-    if model_type not in ("llama", "mistral", "qwen2"):
+    if model_type not in ("llama", "mistral", "qwen2", "qwen3"):
         raise InputError(
-            f"unsupported architecture {model_type!r} (supported: llama, mistral, qwen2)", path=source
+            f"unsupported architecture {model_type!r} (supported: llama, mistral, qwen2, qwen3)", path=source
         )
     r = _HFReader(d, source)
     hidden = r.int("hidden_size")
     heads = r.int("num_attention_heads")
-    head_dim = r.int("head_dim", None) or hidden // heads
+    if model_type == "qwen3":  # transformers' Qwen3Config: 128 when absent, an error when null
+        head_dim = r.int("head_dim", None) if "head_dim" in d else _QWEN3_HEAD_DIM
+        if head_dim is None:
+            raise r.fail("head_dim", "an integer", None)
+        if r.bool("attention_bias", False):
+            raise InputError("Qwen3 configs with attention_bias are not supported", path=source)
+        if r.bool("use_sliding_window", False):
+            raise InputError("Qwen3 configs with use_sliding_window are not supported (sliding-window "
+                             "attention layers)", path=source)
+    else:
+        head_dim = r.int("head_dim", None) or hidden // heads
     tie = r.bool("tie_word_embeddings", False)
     family: str = model_type
     if model_type == "llama" and tie:
@@ -407,7 +440,7 @@ def from_hf_config(d: dict[str, Any], *, source: str = "config.json") -> ModelSp
             rope=_rope_from_hf(d, head_dim, source=source),
             tie_embeddings=tie,
             qkv_bias=model_type == "qwen2",
-            bos_token_id=bos if model_type != "qwen2" else None,
+            bos_token_id=None if model_type in ("qwen2", "qwen3") else bos,
             eos_token_id=min(2, vocab - 1) if eos is None else eos,
         )
     except InputError as e:

@@ -12,7 +12,7 @@ Model names:
                     gguf_file=...)` builds it (gpt2-style byte-level BPE); the result is cached
                     under `cache_dir()/tokenizers/<sha256 of the file>.json`
   random:<preset>   a byte-level tokenizer: 0 unk, 1 bos, 2 eos, 3 + byte (259 ids, which fit the
-                    presets' vocabulary of 331); no BOS where the preset has none (qwen2)
+                    presets' vocabulary of 331); no BOS where the preset has none (qwen2, qwen3)
   default, smollm2  the embedded default model (`anchor.paths.resolve_model_name`)
 
 `identity` is a sha256 over the vocabulary, the merges and the special tokens: a token store
@@ -229,7 +229,7 @@ def _load_hf_dir(path: Path, name: str) -> HFTok:
     eos = _token_id(tokenizer, tcfg.get("eos_token")) if tcfg.get("eos_token") is not None else None
     if eos is None:
         eos = _config_token_id(cfg, "eos_token_id", path / "config.json")
-    if cfg.get("model_type") == "qwen2":
+    if cfg.get("model_type") in ("qwen2", "qwen3"):
         bos = None  # Qwen has no BOS: slot 0 holds EOS (anchor.spec.from_hf_config)
     if eos is None:
         raise InputError("cannot tell the EOS token (no eos_token in tokenizer_config.json or "
@@ -343,7 +343,7 @@ def gguf_tokenizer_json(path: Path) -> tuple[str, dict[str, Any]]:
     eos = field("tokenizer.ggml.eos_token_id")
     if eos is None:
         raise InputError("the GGUF file names no EOS token (tokenizer.ggml.eos_token_id)", path=path)
-    if arch == "qwen2":
+    if arch in ("qwen2", "qwen3"):
         bos = None  # Qwen has no BOS: slot 0 holds EOS (anchor.spec.from_hf_config)
     meta = {"bos_id": None if bos is None else int(bos), "eos_id": int(eos), "architecture": arch}
     return tokenizer.to_str(), meta

@@ -52,6 +52,9 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
             shapes[p + "self_attn.q_proj.bias"] = (N * D,)
             shapes[p + "self_attn.k_proj.bias"] = (K * D,)
             shapes[p + "self_attn.v_proj.bias"] = (K * D,)
+        if spec.qk_norm:  # one weight per head dimension, shared by all heads
+            shapes[p + "self_attn.q_norm.weight"] = (D,)
+            shapes[p + "self_attn.k_norm.weight"] = (D,)
     return shapes
 
 
@@ -229,6 +232,8 @@ _GGUF_LAYER_NAMES = {
     "attn_q.bias": "self_attn.q_proj.bias",
     "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
     "attn_output.weight": "self_attn.o_proj.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
@@ -264,8 +269,8 @@ def gguf_spec(path: Path, reader=None) -> ModelSpec:
     """The ModelSpec of a GGUF file, read from its metadata."""
     reader = reader or _gguf_reader(path)
     arch = _gguf_field(reader, "general.architecture")
-    if arch not in ("llama", "qwen2"):
-        raise InputError(f"unsupported architecture {arch!r} (supported: llama, qwen2)", path=path)
+    if arch not in ("llama", "qwen2", "qwen3"):
+        raise InputError(f"unsupported architecture {arch!r} (supported: llama, qwen2, qwen3)", path=path)
 
     def need(key):
         v = _gguf_field(reader, f"{arch}.{key}")
@@ -293,7 +298,7 @@ def gguf_spec(path: Path, reader=None) -> ModelSpec:
     eps = float(_gguf_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6))
     bos = _gguf_field(reader, "tokenizer.ggml.bos_token_id")
     eos = _gguf_field(reader, "tokenizer.ggml.eos_token_id", 2)
-    family = "qwen2" if arch == "qwen2" else ("smollm2" if tied else "llama")
+    family = arch if arch in ("qwen2", "qwen3") else ("smollm2" if tied else "llama")
     return ModelSpec(
         family=family,  # type: ignore[arg-type]
         vocab_size=vocab,
@@ -308,7 +313,7 @@ def gguf_spec(path: Path, reader=None) -> ModelSpec:
         rope=rope,
         tie_embeddings=tied,
         qkv_bias=arch == "qwen2",
-        bos_token_id=None if arch == "qwen2" or bos is None else int(bos),
+        bos_token_id=None if arch in ("qwen2", "qwen3") or bos is None else int(bos),
         eos_token_id=int(eos),
     )
 

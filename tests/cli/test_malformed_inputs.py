@@ -124,6 +124,23 @@ def qwen2_default_config(fx: Path) -> None:
     (fx / "model" / "config.json").write_text(cfg.to_json_string())
 
 
+def qwen3_config(**changes) -> Callable[[Path], None]:
+    """What transformers writes for a Qwen3Config at the preset's sizes (head_dim its default, 128), with
+    `changes` to the written file."""
+    def edit(fx: Path) -> None:
+        from transformers import Qwen3Config
+
+        from anchor.spec import random_preset
+
+        s = random_preset("qwen3")
+        cfg = Qwen3Config(vocab_size=s.vocab_size, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
+                          num_hidden_layers=s.num_layers, num_attention_heads=s.num_heads,
+                          num_key_value_heads=s.num_kv_heads, tie_word_embeddings=True)
+        (fx / "model" / "config.json").write_text(cfg.to_json_string())
+        edit_config(**changes)(fx)
+    return edit
+
+
 def no_eos_anywhere(fx: Path) -> None:
     edit_config(eos_token_id=None)(fx)
     (fx / "model" / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>"}))
@@ -246,6 +263,10 @@ CASES = [
     Case("cfg-eos-list", edit_config(eos_token_id=[2, 5]), PACK_MODEL, "ok", hf=True),
     Case("cfg-bos-null", edit_config(bos_token_id=None), PACK_MODEL, "ok", hf=True),
     Case("cfg-qwen2-default", qwen2_default_config, PACK_MODEL, "ok", hf=True),
+    Case("cfg-qwen3-default", qwen3_config(), PACK_MODEL, "ok", hf=True),
+    Case("cfg-qwen3-head-dim-null", qwen3_config(head_dim=None), PACK_MODEL, (CFG, "head_dim", "integer"), hf=False),
+    Case("cfg-qwen3-attention-bias", qwen3_config(attention_bias=True), PACK_MODEL, (CFG, "attention_bias")),
+    Case("cfg-qwen3-sliding-window", qwen3_config(use_sliding_window=True), PACK_MODEL, (CFG, "use_sliding_window")),
     Case("cfg-rope-theta-string", edit_rope(rope_theta="10000.0"), PACK_MODEL, "ok", hf=True),
     Case("cfg-json-list", write("model/config.json", "[1, 2]"), PACK_MODEL, (CFG, "JSON object"), hf=False),
     Case("cfg-not-utf8", write("model/config.json", b'{"model_type": "\xff"}'), PACK_MODEL, (CFG, "unreadable"),

@@ -1,5 +1,6 @@
 """anchor.gguf_file reads what the gguf package's GGUFReader reads (metadata values, tensor names, shapes,
-types and raw data), and a truncated or malformed file is a ValueError naming the problem."""
+types and raw data), and a truncated or malformed file is a ValueError naming the problem; a Qwen3 GGUF
+(q/k norm tensors) reads back as the weights written."""
 
 from __future__ import annotations
 
@@ -106,3 +107,41 @@ def test_safetensors_are_written_with_the_umask_mode(tmp_path):
         os.umask(umask)
     assert oct(os.stat(out / "model.safetensors").st_mode & 0o777) == oct(0o644)
     assert oct(os.stat(out / "config.json").st_mode & 0o777) == oct(0o644)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_qwen3_gguf_reads_as_the_weights_written(tmp_path, tied):
+    """A Qwen3 GGUF as llama.cpp's converter names it (gguf's own tensor name map for QWEN3: attn_q_norm,
+    attn_k_norm; key_length = head_dim, not hidden / heads; no q/k row permutation) reads back as the
+    spec and the float32 weights it was written from."""
+    from anchor.spec import random_preset
+    from anchor.weights import load_weights, random_state
+
+    spec = random_preset("qwen3").replace(tie_embeddings=tied)
+    state = random_state(spec, seed=2)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, spec.num_layers)
+    path = tmp_path / "qwen3.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen3")
+    w.add_block_count(spec.num_layers)
+    w.add_context_length(spec.max_position)
+    w.add_embedding_length(spec.hidden_size)
+    w.add_feed_forward_length(spec.intermediate_size)
+    w.add_head_count(spec.num_heads)
+    w.add_head_count_kv(spec.num_kv_heads)
+    w.add_key_length(spec.head_dim)
+    w.add_value_length(spec.head_dim)
+    w.add_rope_freq_base(spec.rope.base)
+    w.add_layer_norm_rms_eps(spec.rms_norm_eps)
+    w.add_vocab_size(spec.vocab_size)
+    w.add_bos_token_id(1)  # Qwen files name one; the toolkit's Qwen has none (slot 0 holds EOS)
+    w.add_eos_token_id(spec.eos_token_id)
+    for name, x in state.items():
+        w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    got_spec, got = load_weights(str(path))
+    print(sorted(n for n in got if "norm" in n and "layers.0." in n))
+    assert got_spec == spec.replace(rms_norm_eps=float(np.float32(spec.rms_norm_eps)))  # GGUF keeps a float32
+    assert set(got) == set(state) and all(np.array_equal(got[k], v) for k, v in state.items())

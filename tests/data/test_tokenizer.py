@@ -67,7 +67,7 @@ def test_gguf_tokenizer_equals_transformers(gguf_path, tmp_path):
     assert load_tokenizer("random:llama").identity != tok.identity
 
 
-@pytest.mark.parametrize("preset", ["llama", "llama3", "mistral", "qwen2", "smollm2"])
+@pytest.mark.parametrize("preset", ["llama", "llama3", "mistral", "qwen2", "qwen3", "smollm2"])
 def test_random_byte_tokenizer(preset):
     from anchor.spec import random_preset
 
