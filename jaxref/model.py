@@ -1,4 +1,4 @@
-"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM2) as pure functions over a params pytree.
+"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM2) as pure functions over a params pytree.
 
 Legend: B batch, T slots, H hidden, N query heads, K kv heads, D head dim, F MLP width, V vocab,
 L layers, R tapped query rows.
@@ -7,7 +7,8 @@ Params (Hugging Face (out, in) layout, layer weights stacked on a leading L axis
 run under one `lax.scan`):
   embed [V,H], final_norm [H], lm_head [V,H] (absent when tied),
   layers: attn_norm [L,H], mlp_norm [L,H], wq [L,N*D,H], wk/wv [L,K*D,H], wo [L,H,N*D],
-          bq [L,N*D], bk/bv [L,K*D] (Qwen2 only), w_gate/w_up [L,F,H], w_down [L,H,F].
+          bq [L,N*D], bk/bv [L,K*D] (Qwen2 only), q_norm/k_norm [L,D] (Qwen3 only),
+          w_gate/w_up [L,F,H], w_down [L,H,F].
 
 Every stage runs in the dtype the policy names (docs/DESIGN.md §4); a linear layer accumulates in fp32
 when its activations are bf16/fp16 (as GPU and CPU matmuls do) and rounds to the activation dtype.
@@ -51,6 +52,8 @@ LAYER_NAMES: dict[str, str] = {
     "self_attn.q_proj.bias": "bq",
     "self_attn.k_proj.bias": "bk",
     "self_attn.v_proj.bias": "bv",
+    "self_attn.q_norm.weight": "q_norm",
+    "self_attn.k_norm.weight": "k_norm",
     "mlp.gate_proj.weight": "w_gate",
     "mlp.up_proj.weight": "w_up",
     "mlp.down_proj.weight": "w_down",
@@ -91,7 +94,8 @@ def linear(x_BTI, w_OI, b_O, act, param):
 
 
 def rms_norm(x_BTH, w_H, eps: float, norm, out, param):
-    """Hugging Face RMSNorm: statistics in `norm`, cast to `out` *before* the weight multiply."""
+    """Hugging Face RMSNorm over the last axis (H, or D for Qwen3's per-head q/k norms): statistics in
+    `norm`, cast to `out` *before* the weight multiply."""
     x = x_BTH.astype(norm)
     var = jnp.mean(x * x, axis=-1, keepdims=True)
     x = (x * jax.lax.rsqrt(var + jnp.asarray(eps, norm))).astype(out)
@@ -130,6 +134,9 @@ def decoder_layer(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Varia
     q = linear(x, lp["wq"], lp.get("bq"), act, param).reshape(B, T, N, D)
     k = linear(x, lp["wk"], lp.get("bk"), act, param).reshape(B, T, K, D)
     v = linear(x, lp["wv"], lp.get("bv"), act, param).reshape(B, T, K, D)
+    if spec.qk_norm:  # Qwen3: each head's q and k RMS-normed over D before RoPE (Qwen3Attention)
+        q = rms_norm(q, lp["q_norm"], spec.rms_norm_eps, norm, act, param)
+        k = rms_norm(k, lp["k_norm"], spec.rms_norm_eps, norm, act, param)
     rope_dt = policy.dtype("rope_apply")
     q = rope_lib.apply(q, cos, sin, spec.rope.layout, rope_dt)
     k = rope_lib.apply(k, cos, sin, spec.rope.layout, rope_dt)

@@ -15,7 +15,7 @@ FlashAttention-2 bf16 and the paper's bf16 recipe). A policy can also be written
 Stages, in docs/DESIGN.md §4 order:
   param       weights as stored
   act         residual stream and layer inputs/outputs
-  norm        RMSNorm arithmetic
+  norm        RMSNorm arithmetic (the layers' and the final norm, Qwen3's per-head q/k norms)
   rope_angle  position * inv_freq
   rope_table  cos/sin as used
   rope_apply  x*cos + rotate(x)*sin

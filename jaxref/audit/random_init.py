@@ -4,7 +4,7 @@ random-init baseline (Figure 1, green line: "initialized with kaiming_uniform_ i
   nn.Linear weight  kaiming_uniform_(a=√5)  =  U(−1/√fan_in, 1/√fan_in)
   nn.Linear bias    U(−1/√fan_in, 1/√fan_in)            (Qwen2's q/k/v biases)
   nn.Embedding      N(0, 1)
-  RMSNorm weight    1
+  RMSNorm weight    1                                   (Qwen3's q/k norms too)
 
 An untied lm-head is an nn.Linear (fan_in = hidden size); a tied one is the embedding.
 """

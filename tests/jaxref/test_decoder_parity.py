@@ -1,6 +1,11 @@
-"""The oracle's decoder against transformers (torch, fp32, eager attention with an explicit 4-D mask)."""
+"""The oracle's decoder against transformers (torch, eager attention with an explicit 4-D mask): in fp32,
+and in fp64 against transformers' own code run in float64 throughout (tests.jaxref.numerics), for every
+family: the random presets and a Qwen3 folder that transformers itself wrote (its config.json read by
+anchor.spec, head_dim not hidden / heads, one kv head, an untied lm head)."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
@@ -11,6 +16,7 @@ import jaxref
 from anchor.spec import to_hf_config
 from anchor.weights import load_weights
 from tests.jaxref.layouts import random_layout
+from tests.jaxref.numerics import torch_float_is_float64
 
 _MODELS: dict[str, tuple] = {}
 
@@ -58,7 +64,7 @@ def hf_logits(model, tokens, doc, pos, variant):
 
 CASES = [
     pytest.param(name, T, marks=[pytest.mark.model] if name == "default" else [])
-    for name in ("random:llama", "random:qwen2", "random:mistral", "random:llama3", "default")
+    for name in ("random:llama", "random:qwen2", "random:mistral", "random:llama3", "random:qwen3", "default")
     for T in (97, 1025)
 ]
 
@@ -84,3 +90,105 @@ def test_final_logits_match_transformers_fp32(name, T):
         err = np.linalg.norm((out - ref)[:, real]) / np.linalg.norm(ref[:, real])
         print(f"{name} T={T} {variant}: rel L2 {err:.3e}, max abs {np.abs(out - ref)[:, real].max():.3e}")
         assert err <= 1e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# fp64: the oracle's truth against transformers' definition evaluated in float64
+
+
+def qwen3_folder(path):
+    """A Qwen3 model folder written by transformers (`save_pretrained`) at odd sizes: head_dim 22 where
+    hidden / heads is 12, 5 query heads on 1 kv head, untied lm head, weights drawn so that every norm
+    weight differs from 1 (a q/k-norm weight applied to the wrong tensor shows)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(vocab_size=263, hidden_size=60, intermediate_size=83, num_hidden_layers=2,
+                      num_attention_heads=5, num_key_value_heads=1, head_dim=22, rms_norm_eps=1e-6,
+                      max_position_embeddings=4096, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                      rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    model = Qwen3ForCausalLM(cfg)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            x = torch.randn(p.shape, generator=g)
+            p.copy_(1 + 0.1 * x if name.endswith("norm.weight") else x / (p.shape[1] ** 0.5 if p.ndim == 2 else 1))
+    model.save_pretrained(path)
+    return path
+
+
+def fp64_pair(name: str):
+    """(spec, oracle params, transformers' model in float64) for a model name."""
+    spec, state = load_weights(name)
+    if name.startswith("random:"):
+        cfg, weights = AutoConfig.for_model(**to_hf_config(spec)), state
+    else:  # transformers reads the folder's config.json, safetensors its weights
+        from safetensors.numpy import load_file
+
+        cfg, weights = AutoConfig.from_pretrained(name), load_file(f"{name}/model.safetensors")
+    with torch_float_is_float64():  # from_pretrained itself would load float32 data as float64 here
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float64)
+    missing, unexpected = model.load_state_dict({k: torch.tensor(v, dtype=torch.float64)
+                                                 for k, v in weights.items()}, strict=False)
+    assert not unexpected and set(missing) <= ({"lm_head.weight"} if spec.tie_embeddings else set())
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float64
+    return spec, jaxref.params_from_state(spec, state), model.eval()
+
+
+FP64_MODELS = ["random:llama", "random:qwen2", "random:mistral", "random:smollm2", "random:qwen3", "qwen3-folder"]
+
+
+@pytest.mark.parametrize("name", FP64_MODELS)
+def test_final_logits_match_transformers_fp64(name, tmp_path):
+    """fp64 against transformers in float64 at T = 97: both are the same real function evaluated in
+    float64 (measured: rel L2 <= 1e-15); 1e-10 leaves room for other summation orders only, so a
+    missing or misplaced q/k norm (order 1) or a wrong norm weight fails by orders of magnitude."""
+    if name == "qwen3-folder":
+        name = str(qwen3_folder(tmp_path / "qwen3"))
+    spec, params, model = fp64_pair(name)
+    if not name.startswith("random:"):
+        assert (spec.family, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.tie_embeddings) == \
+            ("qwen3", 22, 5, 1, False) and spec.qk_norm and spec.bos_token_id is None
+    T = 97
+    rng = np.random.default_rng(T)
+    for variant in ("full", "anchor"):
+        doc = random_layout(rng, T, variant) if variant != "full" else np.ones(T, np.int32)
+        pos = jaxref.positions(doc, variant)
+        tokens = rng.integers(3, spec.vocab_size, (1, T))
+        with torch_float_is_float64():
+            ref = hf_logits(model, tokens, doc, pos, variant)
+        out = np.asarray(jaxref.forward(params, spec, tokens, positions=pos[None], doc_ids=doc[None],
+                                        variant=variant, policy="fp64"))
+        assert out.dtype == ref.dtype == np.float64
+        real = doc >= 0
+        err = np.linalg.norm((out - ref)[:, real]) / np.linalg.norm(ref[:, real])
+        print(f"{spec.family} ({name}) T={T} {variant} fp64: rel L2 {err:.3e}, "
+              f"max abs {np.abs(out - ref)[:, real].max():.3e}")
+        assert err <= 1e-10
+
+
+@pytest.mark.parametrize("changes", [{}, {"head_dim": 22, "num_key_value_heads": 1, "tie_word_embeddings": True},
+                                     {"eos_token_id": [7, 2], "rope_parameters": {"rope_type": "linear",
+                                                                                  "rope_theta": 5e6, "factor": 4.0}}])
+def test_qwen3_config_values_as_transformers_reads_them(changes):
+    """anchor.spec reads a Qwen3 config.json to the values transformers' Qwen3Config holds: head_dim 128 where
+    the file has none (not hidden / heads), heads, tying, RoPE; slot 0 holds EOS (no BOS, as Qwen2)."""
+    from transformers import Qwen3Config
+
+    from anchor.spec import from_hf_config
+
+    written = json.loads(Qwen3Config(vocab_size=263, hidden_size=60, intermediate_size=83, num_hidden_layers=2,
+                                     num_attention_heads=5, **{"num_key_value_heads": 5, **changes}).to_json_string())
+    if "head_dim" not in changes:  # transformers writes it; a config.json may leave it out (128 then)
+        del written["head_dim"]
+    cfg = Qwen3Config.from_dict(written)  # transformers' reading of the file
+    spec = from_hf_config(written)
+    print(changes, "->", spec)
+    assert spec.family == "qwen3" and spec.qk_norm and not spec.qkv_bias
+    assert spec.head_dim == cfg.head_dim == changes.get("head_dim", 128)
+    assert (spec.num_heads, spec.num_kv_heads, spec.tie_embeddings) == \
+        (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.tie_word_embeddings)
+    assert (spec.rope.base, spec.rope.kind, spec.rope.factor) == (cfg.rope_parameters["rope_theta"],
+                                                                    cfg.rope_parameters["rope_type"],
+                                                                    cfg.rope_parameters.get("factor", 1.0))
+    assert spec.bos_token_id is None and spec.first_token_id == spec.eos_token_id
+    assert AutoConfig.for_model(**to_hf_config(spec)).to_dict()["head_dim"] == spec.head_dim

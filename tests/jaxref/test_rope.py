@@ -41,6 +41,7 @@ from transformers.models.llama import modeling_llama  # noqa: E402
 from anchor.spec import ModelSpec, RopeSpec, to_hf_config  # noqa: E402
 from jaxref import rope as R  # noqa: E402
 from jaxref.policy import PRESETS  # noqa: E402
+from tests.jaxref.numerics import torch_float_is_float64  # noqa: E402
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
@@ -78,21 +79,6 @@ def _spec(kind: str, layout: str) -> ModelSpec:
     )
 
 
-@contextlib.contextmanager
-def _torch_float_is_float64():
-    """Redirect transformers' hard-coded float32 RoPE casts to float64 (see the module docstring)."""
-    old_default = torch.get_default_dtype()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(torch, "float", torch.float64)
-        mp.setattr(torch, "float32", torch.float64)
-        mp.setattr(torch.Tensor, "float", torch.Tensor.double)
-        torch.set_default_dtype(torch.float64)
-        try:
-            yield
-        finally:
-            torch.set_default_dtype(old_default)
-
-
 def _hf_rope(spec: ModelSpec, positions: np.ndarray, x_BTND: np.ndarray, fp64: bool):
     """transformers' (inv_freq, cos, sin, rotated x) for `spec`, a fresh rotary module per call."""
     half = spec.rope.layout == "half"
@@ -104,7 +90,7 @@ def _hf_rope(spec: ModelSpec, positions: np.ndarray, x_BTND: np.ndarray, fp64: b
         config, module = AutoConfig.for_model(**{**d, "model_type": "cohere"}), modeling_cohere
         rotary_cls = modeling_cohere.CohereRotaryEmbedding
     dtype = torch.float64 if fp64 else torch.float32
-    with _torch_float_is_float64() if fp64 else contextlib.nullcontext():
+    with torch_float_is_float64() if fp64 else contextlib.nullcontext():
         rotary = rotary_cls(config)
         x = torch.tensor(x_BTND, dtype=dtype).transpose(1, 2)  # [B, N, T, D] as transformers holds q/k
         cos, sin = rotary(x, torch.tensor(positions, dtype=torch.int64))

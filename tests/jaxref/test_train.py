@@ -67,10 +67,11 @@ def rel(a, b) -> float:
 
 
 # fp64 against torch's double for every variant on Llama and two on Qwen2 (tied embeddings, qkv
-# biases); fp32 against torch's float32 where the loss must equal torchtrain's to its rounding.
+# biases) and Qwen3 (q/k norms); fp32 against torch's float32 where the loss must equal torchtrain's to
+# its rounding.
 CASES = ([("random:llama", v, "fp64", "float64") for v in jaxref.VARIANTS]
-         + [("random:qwen2", v, "fp64", "float64") for v in ("full", "anchor")]
-         + [(name, "anchor", "fp32", "float32") for name in ("random:llama", "random:qwen2")])
+         + [(name, v, "fp64", "float64") for name in ("random:qwen2", "random:qwen3") for v in ("full", "anchor")]
+         + [(name, "anchor", "fp32", "float32") for name in ("random:llama", "random:qwen2", "random:qwen3")])
 
 
 @pytest.mark.parametrize("name,variant,policy,torch_dtype", CASES)
@@ -82,7 +83,7 @@ def test_loss_and_grads_match_torch(name, variant, policy, torch_dtype):
     ref_loss, ref = torch_value_and_grad(name, torch_dtype, bt, variant)
     assert {k: v.shape for k, v in grads.items()} == expected_shapes(spec)
     assert set(grads) == set(ref)
-    assert ("lm_head.weight" in grads) == (name == "random:llama")  # the Qwen2 preset ties its embeddings
+    assert ("lm_head.weight" in grads) == (name == "random:llama")  # the Qwen presets tie their embeddings
     assert all(g.dtype == (np.float64 if policy == "fp64" else np.float32) for g in grads.values())
     errs = {n: rel(grads[n], ref[n]) for n in ref}
     worst = max(errs, key=errs.get)
@@ -112,7 +113,7 @@ def test_defaults_and_empty_mask():
 
 
 def test_hf_state_inverts_params_from_state():
-    for name in ("random:llama", "random:qwen2"):
+    for name in ("random:llama", "random:qwen2", "random:qwen3"):
         params, spec = oracle(name)
         state = jaxref.hf_state(params, spec)
         assert {k: v.shape for k, v in state.items()} == expected_shapes(spec)
@@ -169,7 +170,8 @@ def ce_loss_np(logits, tokens, loss_mask) -> float:
     return float(nll[counted].sum() / counted.sum())
 
 
-@pytest.mark.parametrize("name,variant", [("random:llama", "anchor"), ("random:qwen2", "intra_doc_reset")])
+@pytest.mark.parametrize("name,variant", [("random:llama", "anchor"), ("random:qwen2", "intra_doc_reset"),
+                                          ("random:qwen3", "intra_doc")])
 def test_fp64_grads_match_finite_differences(name, variant):
     """fp64 truth without torch's float32 internals: the gradient's derivative along a random
     direction against a central difference of `jaxref.forward`'s fp64 loss (step 1e-6: truncation
