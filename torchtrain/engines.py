@@ -1,7 +1,7 @@
 """Attention engines: selection, availability, per-step mask metadata, and transformers registration.
 
 Every engine is registered in transformers' `AttentionInterface` (`attn_implementation(engine)`), so stock
-Llama/Mistral/Qwen2 models call it in every decoder layer. The variant and the documents come in
+Llama/Mistral/Qwen2/Qwen3 models call it in every decoder layer. The variant and the documents come in
 as forward keywords (`doc_ids` [B, T], `variant`); a forward pre-hook on the decoder stack
 (`install`) turns them into an `AttnMeta` once per forward step (dense mask, block mask or varlen
 segments) and passes it to every layer as the keyword `attn_meta`.

@@ -2,7 +2,9 @@
 
 Weights come from `anchor.weights.load_weights` (the oracle reads the same float32 arrays), the
 config from `anchor.spec.to_hf_config` (the one translation point), the model from
-`AutoModelForCausalLM.from_config`; no transformers file is patched.
+`AutoModelForCausalLM.from_config` (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
+Qwen3ForCausalLM: `anchor.spec`'s families); no transformers file is patched. The engines see q and k
+as the model's attention module hands them over, after RoPE (and, in Qwen3, after its q/k norms).
 """
 
 from __future__ import annotations

@@ -8,17 +8,19 @@ import torch
 
 import torchtrain
 from anchor.errors import InputError, UnavailableError
-from anchor.spec import RopeSpec
+from anchor.spec import RopeSpec, to_hf_config
 from anchor.weights import load_weights
 from tests.torchtrain.conftest import packed_batch
 from torchtrain.engines import flash_attn_kernel
 
 
-@pytest.mark.parametrize("name", ["random:llama", "random:qwen2", "random:mistral", "random:smollm2"])
+@pytest.mark.parametrize("name", ["random:llama", "random:qwen2", "random:mistral", "random:smollm2", "random:qwen3"])
 def test_random_presets_hold_the_oracle_weights(name):
     spec, state = load_weights(name)
     model = torchtrain.build_model(name, engine="eager")
     got = model.state_dict()
+    assert type(model).__name__ == to_hf_config(spec)["architectures"][0]  # Qwen3ForCausalLM for qwen3
+    assert set(got) - {"lm_head.weight"} <= set(state)  # every parameter from the oracle's (q/k norms too)
     for k, v in state.items():
         assert torch.equal(got[k], torch.from_numpy(v)), k
     assert model.config.use_cache is False
