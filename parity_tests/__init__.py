@@ -13,6 +13,11 @@ Modules:
   grads    gradient and AdamW-step parity (`run_grad_case`)
   torch_audit  the precision audit of the torch stack (`anchor audit --stack torch`): D per shift beside
            its emulation's
+  hf_stack  stock transformers (its own attention implementations, inputs packed as transformers expects)
+           and users' attention functions against the oracle (`anchor parity --stack hf`): which variant
+           each computes when asked for each, and the bf16 rule where it computes the one asked
+  hf_report  its parity.json and summary.md
+  planted_attention  users' attention functions for the tests: a correct one and planted defects
 
     from parity_tests.cases import Case
     from parity_tests.suite import run_case

@@ -28,3 +28,15 @@ EMULATIONS: dict[Engine, str] = {  # keys: exactly ENGINES, in its order (tests/
     "flash_varlen_emulated": "fa2_bf16_1pass",
     "varlen": "sdpa_cpu_bf16",
 }
+
+# transformers' own attention implementations (parity_tests.hf_stack, `anchor parity --stack hf`):
+#   eager              eager_attention_forward: bf16 q·kᵀ, softmax in fp32 rounded to bf16, bf16 p·v (hf_bf16)
+#   sdpa               F.scaled_dot_product_attention with transformers' mask: torch's fused CPU kernel
+#   flex_attention     compiled FlexAttention: FlashAttention-2's arithmetic over key blocks of 128
+#   flash_attention_2  FlashAttention-2 (CUDA; not run by the CPU runners)
+HF_EMULATIONS: dict[str, str] = {
+    "eager": "hf_bf16",
+    "sdpa": "sdpa_cpu_bf16",
+    "flex_attention": "fa2_bf16",
+    "flash_attention_2": "fa2_bf16",
+}

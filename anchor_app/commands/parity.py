@@ -29,15 +29,33 @@ def parity(
         "--model", help="HF folder, .gguf file, random:<preset> or default.")] = "default",
     variants: Annotated[str, typer.Option(
         "--variants", help="Comma-separated attention variants.")] = "full,intra_doc,intra_doc_reset,anchor",
-    engines: Annotated[str, typer.Option(
-        "--engines", help="Comma-separated engines (torchtrain engines and registered parity runners).")
-    ] = "eager,sdpa,flash_varlen_emulated",
+    engines: Annotated[str | None, typer.Option(
+        "--engines", help="Comma-separated engines (torchtrain engines and registered parity runners; "
+                          "default eager,sdpa,flash_varlen_emulated). --stack torch only.")] = None,
     policies: Annotated[str, typer.Option(
         "--policies", help="Comma-separated: fp32 (trainer in float32, held within 1e-5 of fp64), bf16 (trainer in "
                            "bfloat16, held against the oracle's emulation of its engine), or a bf16 preset "
-                           "(hf_bf16, fa2_bf16, paper_bf16).")] = "fp32,bf16",
-    layouts: Annotated[str, typer.Option(
-        "--layouts", help="Comma-separated data layouts: plain, tags, interleave.")] = "plain",
+                           "(hf_bf16, fa2_bf16, paper_bf16). --stack hf: fp32 (always run: it identifies the "
+                           "variant computed) and bf16 (the bf16 rule).")] = "fp32,bf16",
+    layouts: Annotated[str | None, typer.Option(
+        "--layouts", help="Comma-separated data layouts: plain, tags, interleave (default plain). "
+                          "--stack torch only.")] = None,
+    stack: Annotated[str, typer.Option(
+        "--stack", help="torch: torchtrain's engines; hf: stock transformers (its own attention implementations, "
+                        "inputs packed as transformers expects) or your --attention function.")] = "torch",
+    attn_implementation: Annotated[str | None, typer.Option(
+        "--attn-implementation", help="--stack hf: comma-separated transformers implementations: eager, sdpa, "
+                                      "flex_attention, flash_attention_2 (default all four without --attention, "
+                                      "none with it).")] = None,
+    attention: Annotated[str | None, typer.Option(
+        "--attention", help="--stack hf: your attention function, pkg.module:function with transformers' "
+                            "AttentionInterface signature; it gets doc_ids= and variant= keywords.")] = None,
+    rope_in: Annotated[str, typer.Option(
+        "--rope-in", help="--attention: model (q and k arrive rotated, transformers' convention) or attention "
+                          "(your function applies RoPE; q and k arrive unrotated).")] = "model",
+    emulation: Annotated[str | None, typer.Option(
+        "--emulation", help="--attention: the oracle bf16 preset your function's arithmetic follows (default "
+                            "fa2_bf16; paper_bf16 with --rope-in attention).")] = None,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Window length T, 8 to the model's positions (odd sizes find more bugs).")] = 97,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the document lengths and the interleaving.")] = 0,
     grads: Annotated[bool, typer.Option(
@@ -49,7 +67,11 @@ def parity(
     MLP outputs, hidden states and logits of every layer, for each variant x layout x policy x engine, on
     batches made by the real packer; with --grads also every parameter's gradient and the parameters after
     1 and 3 AdamW steps. Writes parity.json, index.html, summary.md and figures to --out;
-    exits 1 when a case fails."""
+    exits 1 when a case fails.
+
+    With --stack hf: stock transformers (or your --attention function) per variant: which variant it
+    computes, and whether it passes the bf16 rule; parity.json and summary.md; exits 1 when one does not
+    compute the variant asked or fails the rule."""
     from parity_tests.cases import LAYOUTS, VARIANTS
     from parity_tests.report import render_markdown, write_report
     from parity_tests.suite import build_cases, run_parity
@@ -60,26 +82,31 @@ def parity(
     bad = [v for v in variant_list if v not in VARIANTS]
     if bad:
         raise InputError(f"--variants: unknown variant {bad[0]!r} (known: {', '.join(VARIANTS)})")
-    layout_list = _split(layouts, "--layouts")
+    if stack not in ("torch", "hf"):
+        raise InputError(f"--stack: expected torch or hf, got {stack!r}")
+    if stack == "hf":
+        if engines is not None or layouts is not None or grads:
+            given = next(o for o, v in (("--engines", engines), ("--layouts", layouts), ("--grads", grads)) if v)
+            raise InputError(f"{given} applies to --stack torch (--stack hf holds transformers' own attention)")
+        return _parity_hf(out, model, variant_list, policies, seq_len, seed, attn_implementation, attention,
+                          rope_in, emulation, progress)
+    given = next((o for o, v in (("--attn-implementation", attn_implementation), ("--attention", attention),
+                                 ("--rope-in", rope_in != "model"), ("--emulation", emulation)) if v), None)
+    if given:
+        raise InputError(f"{given} applies to --stack hf")
+    engines = engines or "eager,sdpa,flash_varlen_emulated"
+    layout_list = _split(layouts or "plain", "--layouts")
     bad = [v for v in layout_list if v not in LAYOUTS]
     if bad:
         raise InputError(f"--layouts: unknown layout {bad[0]!r} (known: {', '.join(LAYOUTS)})")
-    from anchor.limits import check_int, check_memory, check_seed
+    from anchor.limits import check_seed
     from anchor.outdir import guard_out, out_lock
-    from anchor.weights import load_spec
 
     check_seed(seed)
     policy_list = _split(policies, "--policies")
     out = guard_out(out, "parity",
                     inputs=(model, *[p for p in policy_list if p.endswith((".yaml", ".yml"))]))
-    spec = load_spec(model)  # a bad --model fails here, before anything heavy
-    check_int(seq_len, "--seq-len", lo=8)
-    if seq_len > spec.max_position:
-        raise InputError(f"--seq-len {seq_len} is longer than the model's {spec.max_position} positions "
-                         f"(max_position_embeddings of {model})")
-    # an estimate: the trainer's eager attention holds [windows (<= 2), heads, T, T] scores and probabilities
-    check_memory(PARITY_BYTES_PER_SCORE * 2 * spec.num_heads * seq_len * seq_len,
-                 f"--seq-len {seq_len} (attention maps of {spec.num_heads} heads)")
+    _checked_length(model, seq_len)
     engine_list = _split(engines, "--engines")
     if grads:
         import torch
@@ -95,4 +122,56 @@ def parity(
         path = write_report(result, out)
     typer.echo(render_markdown(result))
     typer.echo(f"wrote {path / 'parity.json'}, {path / 'index.html'}, {path / 'summary.md'}")
+    return 0 if result["pass"] else 1
+
+
+def _checked_length(model: str, seq_len: int):
+    """The model's spec, after checking --seq-len against its positions and the memory of its attention maps."""
+    from anchor.errors import InputError
+    from anchor.limits import check_int, check_memory
+    from anchor.weights import load_spec
+
+    spec = load_spec(model)  # a bad --model fails here, before anything heavy
+    check_int(seq_len, "--seq-len", lo=8)
+    if seq_len > spec.max_position:
+        raise InputError(f"--seq-len {seq_len} is longer than the model's {spec.max_position} positions "
+                         f"(max_position_embeddings of {model})")
+    # an estimate: eager attention holds [windows (<= 2), heads, T, T] scores and probabilities
+    check_memory(PARITY_BYTES_PER_SCORE * 2 * spec.num_heads * seq_len * seq_len,
+                 f"--seq-len {seq_len} (attention maps of {spec.num_heads} heads)")
+    return spec
+
+
+def _parity_hf(out: Path, model: str, variant_list: list[str], policies: str, seq_len: int, seed: int,
+               attn_implementation: str | None, attention: str | None, rope_in: str, emulation: str | None,
+               progress: bool) -> int:
+    """`anchor parity --stack hf` (parity_tests.hf_stack): checks, then the rows, then the report."""
+    from anchor.errors import InputError
+    from anchor.limits import check_seed
+    from anchor.outdir import guard_out, out_lock
+    from parity_tests.hf_report import render_markdown, write_report
+    from parity_tests.hf_stack import run_hf_stack, stock, user_stack
+
+    check_seed(seed)
+    policy_list = _split(policies, "--policies")
+    bad = [p for p in policy_list if p not in ("fp32", "bf16")]
+    if bad or "fp32" not in policy_list:
+        raise InputError(f"--policies with --stack hf: fp32 or fp32,bf16 (got {policies!r})")
+    dtypes = ["float32"] + (["bfloat16"] if "bf16" in policy_list else [])
+    implementations = None if attn_implementation is None else _split(attn_implementation, "--attn-implementation")
+    for name in implementations or ():
+        stock(name)  # an unknown name fails here
+    if attention is None and (rope_in != "model" or emulation):
+        raise InputError("--rope-in and --emulation apply to --attention")
+    if attention is not None:
+        user_stack(attention, rope_in=rope_in, emulation=emulation)  # a bad function fails here
+    out = guard_out(out, "parity", inputs=(model,))
+    _checked_length(model, seq_len)
+    with out_lock(out, "parity"):
+        result = run_hf_stack(model, implementations=implementations, attention=attention, rope_in=rope_in,
+                              emulation=emulation, variants=variant_list, seq_len=seq_len, seed=seed,
+                              dtypes=dtypes, progress=progress)
+        path = write_report(result, out)
+    typer.echo(render_markdown(result))
+    typer.echo(f"wrote {path / 'parity.json'}, {path / 'summary.md'}")
     return 0 if result["pass"] else 1

@@ -1,0 +1,97 @@
+"""The report of `anchor parity --stack hf` (parity_tests.hf_stack): parity.json and summary.md, written into a
+staging folder next to `--out` and renamed into place when complete.
+
+summary.md holds the table implementation x variant (what each computes when asked for each variant, and
+whether it passes the bf16 rule), then one line per row with its first divergences.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from anchor.variants import VARIANTS
+from parity_tests.hf_stack import describe_row, where
+
+
+def cell(row: dict[str, Any]) -> str:
+    """The table's cell of a row: computes it / computes X instead / none / error / not run; bf16 verdict."""
+    status = row["status"]
+    if status == "not_run":
+        return "not run"
+    if status == "error":
+        return f"error: `{row['error']}`"
+    if status == "instead":
+        return f"computes `{row['computes']}` instead"
+    if status == "none":
+        return f"computes none (closest `{row['closest']}`)"
+    b = row["bf16"]
+    if b is None:
+        return "computes it"
+    return f"computes it; bf16 {'passes' if b['pass'] else 'FAILS'} ({b['worst_margin']:.2f})"
+
+
+def table(result: dict[str, Any]) -> list[str]:
+    """The markdown table: a row per implementation, a column per variant asked."""
+    variants = [v for v in VARIANTS if any(r["variant"] == v for r in result["rows"])]
+    names = list(dict.fromkeys(r["implementation"] for r in result["rows"]))
+    by = {(r["implementation"], r["variant"]): r for r in result["rows"]}
+    lines = ["| implementation | " + " | ".join(f"`{v}`" for v in variants) + " |",
+             "|---|" + "---|" * len(variants)]
+    for n in names:
+        lines.append(f"| `{n}` | " + " | ".join(cell(by[(n, v)]) if (n, v) in by else "" for v in variants) + " |")
+    return lines
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    """summary.md (also printed): the table, the rule, the feeds, each row's details and what was not run."""
+    rule = result["rule"]
+    rows = result["rows"]
+    held = sum(r["status"] not in ("not_run",) for r in rows)
+    ok = sum(r["status"] == "computes" and (r["bf16"] is None or r["bf16"]["pass"]) for r in rows)
+    lines = [
+        f"# transformers {result['transformers']} under the oracle: {result['model']}, T = {result['seq_len']}",
+        "",
+        f"{ok}/{held} (implementation, variant) pairs compute the variant asked"
+        + (" and pass the bf16 rule" if "bfloat16" in result["dtypes"] else "")
+        + (f"; {len(rows) - held} not run here" if held < len(rows) else "") + ".",
+        "",
+        *table(result),
+        "",
+        f"What it computes: its float32 taps (embeddings, q and k after RoPE, attention and MLP outputs, hidden "
+        f"states, logits; every layer) against the oracle's fp64 taps of each variant on the same tokens and "
+        f"documents, at that variant's positions; a variant is computed when every tap is within "
+        f"{rule['fp32_tol']:g} (relative L2). bf16 rule, where it computes the variant asked: relative L2 against "
+        f"fp64 <= {rule['factor']:g} x the emulation's (RMS over {rule['orders']} summation orders) + "
+        f"{rule['floor']:g} per tap and layer (logits: also mean KL); the number in brackets is the worst "
+        f"error / tolerance (< 1 passes).",
+        "",
+        "Inputs: " + "; ".join(sorted({f"{r['feed']}" for r in rows})) + ".",
+        "",
+        "| implementation | variant | finding | bf16 rule (emulation) | s |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        b = r["bf16"]
+        bf16 = "-" if b is None else (f"passes ({b['policy']}, {b['worst_margin']:.2f})" if b["pass"] else
+                                      f"FAILS at {where(b['first_divergence'])} ({b['policy']})")
+        lines.append(f"| `{r['implementation']}` | `{r['variant']}` | {describe_row(r)} | {bf16} | "
+                     f"{r.get('runtime_s', 0):.1f} |")
+    lines += ["", f"Total {result['runtime_s']:.0f} s."]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(result: dict[str, Any], out: str | Path) -> Path:
+    """Write parity.json and summary.md into `out` atomically. Returns `out`."""
+    from anchor.atomic import publish, staging_dir
+    from parity_tests.report import _finite, _json_default
+
+    out = Path(out).resolve()
+    with staging_dir(out, "parity") as tmp:
+        work = tmp / "report"
+        work.mkdir()
+        (work / "parity.json").write_text(json.dumps(_finite(result), indent=1, default=_json_default))
+        (work / "summary.md").write_text(render_markdown(result))
+        publish(work, out, "parity")
+    return out

@@ -1,0 +1,711 @@
+"""Stock transformers, and users' attention functions, held against the oracle (`anchor parity --stack hf`).
+
+Legend: B windows, T slots, N/K query/kv heads, D head dim, R tapped rows, L layers.
+
+What runs, a *stack*:
+  a stock implementation  the stock model class of the family (transformers' `LlamaForCausalLM`, ...) with one
+                          of transformers' own attention implementations and no torchtrain engine: `eager`,
+                          `sdpa`, `flex_attention` (forward only on the CPU), `flash_attention_2` (CUDA and
+                          flash-attn: not run by the CPU runners, reported with the reason)
+  a user's function       `fn(module, query, key, value, attention_mask, scaling=..., dropout=..., **kwargs)
+                          -> (out [B,T,N,D], weights or None)`, registered in transformers' AttentionInterface
+                          under `USER_NAME` (a custom name: transformers builds no mask for it, attention_mask
+                          is None and causality is the function's job)
+
+What it is given, per variant (`feed`):
+  stock     input_ids and position_ids packed as transformers expects packed sequences: `full` is one
+            sequence (0 … T-1); the other variants have their documents flattened as
+            DataCollatorWithFlattening makes them (position_ids restart at 0 at each document; `anchor`'s
+            anchor slot is a sequence of its own). No attention_mask: in transformers 5.23 eager, sdpa and
+            flex_attention read the documents from position_ids only where attention_mask is None
+            (masking_utils._preprocess_mask_arguments -> find_packed_sequence_indices: a new sequence
+            wherever a position is not the previous one + 1; the causal rule then compares positions), so
+            a 2-D attention_mask, even all ones, makes them attend across documents
+            (test_hf_stack.py::test_an_attention_mask_of_ones_attends_across_documents).
+            flash_attention_2 reads cu_seq_lens_q/k and max_length_q/k (DataCollatorWithFlattening's
+            return_flash_attn_kwargs) or, at batch size 1 only, the restarting position_ids
+            (modeling_flash_attention_utils._is_packed_sequence).
+  function  input_ids, position_ids = the variant's positions (docs/DESIGN.md §2), and the keywords
+            doc_ids (int [B,T], §1) and variant, which reach the function in every layer. With
+            rope_in="model" (transformers' convention) q and k arrive rotated at position_ids. With
+            rope_in="attention" the function applies RoPE itself: transformers' rotary tables are made
+            the identity (cos 1, sin 0: exact in every dtype), q and k arrive unrotated, and the function
+            may hand its rotated q and k to `kwargs["record_qk"](q, k)` so the report compares them
+            (otherwise the comparison starts at each layer's attention output).
+
+How it is judged, per variant asked (`hold`):
+  1. which variant it computes: its float32 taps against the oracle's fp64 taps of every variant on
+     the same tokens and doc_ids (each with its own positions, §2); a variant is computed when every
+     tap of every layer (embeddings, q, k, attention and MLP outputs, hidden states, logits; the
+     attention rows are the harness's own reading, left out here) is within the fp32 rule
+     (parity_tests.core.RULE.fp32_tol). `computes` is the variant asked when it is within, else the
+     closest one within, else none (`closest` names the nearest);
+  2. where it computes the variant asked, its bfloat16 taps against fp64 truth by the suite's bf16
+     rule: 2 x the emulation's error (RMS over summation orders) + the floor, the emulation of each
+     implementation in parity_tests.emulations.HF_EMULATIONS (a user's function names its own).
+An exception in a run is recorded with its first line.
+
+    from parity_tests.hf_stack import run_hf_stack
+    result = run_hf_stack("random:llama", implementations=["sdpa"], variants=["intra_doc"])
+    result["rows"][0]["status"], result["rows"][0]["computes"]     # "instead", "intra_doc_reset"
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import hashlib
+import importlib
+import importlib.util
+import itertools
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from anchor.errors import InputError
+from anchor.spec import ModelSpec, from_hf_config, to_hf_config
+from anchor.variants import VARIANTS
+from parity_tests.cases import Case, CaseInputs, case_inputs
+from parity_tests.core import RULE, Rule, compare, judge
+from parity_tests.emulations import HF_EMULATIONS
+from parity_tests.runners import HIDDEN_TAPS, TAP_ORDER, Taps, permute_units
+
+IMPLEMENTATIONS: tuple[str, ...] = ("eager", "sdpa", "flex_attention", "flash_attention_2")
+RopeIn = Literal["model", "attention"]
+ROPE_IN: tuple[str, ...] = ("model", "attention")
+# The name a user's function is registered under: without "flash" in it, which transformers would take
+# for a request of a FlashAttention kernel (and try to import one).
+USER_NAME = "anchor_user_attention"
+TRUTH = "fp64"
+# Taps that say what a stack computed: q/k (its positions), the attention, MLP and hidden outputs (its
+# mask) and the logits. The attention rows (scores, probs) are the harness's own reading of q and k
+# under the mask asked for, so they are judged in the rule but do not identify a variant.
+IDENTIFYING: tuple[str, ...] = ("embed", "q", "k", "attn_out", "mlp_out", "hidden", "logits")
+DEFAULT_EMULATION: dict[str, str] = {"model": "fa2_bf16", "attention": "paper_bf16"}
+DTYPES: tuple[str, ...] = ("float32", "bfloat16")
+
+
+# ---------------------------------------------------------------------------------------------
+# What runs
+
+
+@dataclass(frozen=True)
+class Stack:
+    """One attention implementation under test.
+
+    name: the report's name (an implementation, or `pkg.module:function`).
+    implementation: what the model's attn_implementation is set to (USER_NAME for a function).
+    function: a user's attention function (None: transformers' own).
+    rope_in: for a function, who applies RoPE ("model" or "attention", see the module docstring).
+    emulation: the oracle bf16 preset the bf16 rule scales from.
+    positions: for transformers' own implementations, "packed" (the module docstring's feed) or "variant"
+      (position_ids as the variant defines them, §2: what torchtrain's engines get).
+    attention_mask: also pass a 2-D attention_mask of ones (what a tokenizer's batch carries).
+    """
+
+    name: str
+    implementation: str
+    function: Callable[..., Any] | None = None
+    rope_in: RopeIn = "model"
+    emulation: str = "fa2_bf16"
+    positions: Literal["packed", "variant"] = "packed"
+    attention_mask: bool = False
+
+    @property
+    def user(self) -> bool:
+        return self.function is not None
+
+
+def stock(implementation: str) -> Stack:
+    """A stack of one of transformers' own attention implementations (IMPLEMENTATIONS)."""
+    if implementation not in IMPLEMENTATIONS:
+        raise InputError(f"--attn-implementation: unknown implementation {implementation!r} "
+                         f"(known: {', '.join(IMPLEMENTATIONS)})")
+    return Stack(implementation, implementation, emulation=HF_EMULATIONS[implementation])
+
+
+def user_stack(function: Callable[..., Any] | str, *, rope_in: str = "model", emulation: str | None = None,
+               name: str | None = None) -> Stack:
+    """A stack of a user's attention function (a callable or "pkg.module:function")."""
+    if rope_in not in ROPE_IN:
+        raise InputError(f"--rope-in: expected one of {', '.join(ROPE_IN)}, got {rope_in!r}")
+    if isinstance(function, str):
+        name = name or function
+        function = load_function(function)
+    if not callable(function):
+        raise InputError(f"--attention: {function!r} is not callable")
+    name = name or f"{getattr(function, '__module__', '?')}:{getattr(function, '__qualname__', repr(function))}"
+    emulation = emulation or DEFAULT_EMULATION[rope_in]
+    import jaxref
+
+    jaxref.get_policy(emulation)  # an unknown preset is an InputError here, before any work
+    return Stack(name, USER_NAME, function, rope_in, emulation)  # type: ignore[arg-type]
+
+
+def load_function(spec: str) -> Callable[..., Any]:
+    """`pkg.module:function` -> the function; the working directory is searched first (as `python -m` does)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise InputError(f"--attention: expected pkg.module:function, got {spec!r}")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as e:  # the user's module: any error while importing it is an input error
+        raise InputError(f"--attention: cannot import {module_name!r}: {type(e).__name__}: {_first_line(e)}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise InputError(f"--attention: module {module_name!r} has no {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise InputError(f"--attention: {spec} is not callable")
+    return obj
+
+
+def not_run_reason(stack: Stack) -> str | None:
+    """None when the stack runs here (the CPU runners), else why not."""
+    if stack.implementation == "flash_attention_2":
+        import torch
+
+        have = importlib.util.find_spec("flash_attn") is not None
+        missing = [w for w, ok in (("CUDA", torch.cuda.is_available()), ("the flash-attn package", have)) if not ok]
+        return ("flash_attention_2 runs FlashAttention-2's CUDA kernels"
+                + (f"; {' and '.join(missing)} not available here" if missing else "")
+                + "; the parity runners run on the CPU")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The model under test
+
+
+_SUBJECTS = itertools.count()
+
+
+@dataclass(eq=False)
+class Subject:
+    """The model under test: its spec and float32 weights (Hugging Face names), the model whose parity
+    inputs it is fed (`data`: its tokenizer and documents), and a user's module (run as built) or None
+    (the stock class built from the weights)."""
+
+    name: str
+    spec: ModelSpec
+    state: dict[str, np.ndarray]
+    data: str
+    module: Any = None
+    key: int = field(default_factory=lambda: next(_SUBJECTS))  # caches are keyed by it (ids are reused)
+    _params: Any = field(default=None, repr=False)
+
+    @property
+    def params(self):
+        if self._params is None:
+            import jaxref
+
+            self._params = jaxref.params_from_state(self.spec, self.state)
+        return self._params
+
+
+@functools.lru_cache(maxsize=2)
+def named_subject(name: str) -> Subject:
+    """A model named as in docs/DESIGN.md §6, fed its own parity inputs."""
+    from anchor.weights import load_weights
+
+    spec, state = load_weights(name)
+    return Subject(name, spec, dict(state), name)
+
+
+def module_subject(module: Any, *, data: str = "random:llama") -> Subject:
+    """A user's transformers causal LM of a supported family (llama, mistral, qwen2, SmolLM2's llama).
+
+    Its weights are read as they are (bf16 ones widen exactly to float32); `data` names the model whose
+    parity inputs it is fed (their token ids must lie within its vocabulary).
+    """
+    config = getattr(module, "config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        raise InputError(f"expected a transformers causal LM (with a .config), got {type(module).__name__}")
+    spec = from_hf_config(config.to_dict(), source=f"{type(module).__name__}.config")
+    state = {k: v.detach().float().cpu().numpy() for k, v in module.state_dict().items()}
+    subject = Subject(f"module:{type(module).__name__}", spec, state, data, module)
+    try:
+        subject.params  # noqa: B018 (a missing weight is an InputError now, not a KeyError mid-run)
+    except KeyError as e:
+        raise InputError(f"{type(module).__name__}: no weight {e} (expected Hugging Face names)") from None
+    return subject
+
+
+def subject_inputs(subject: Subject, variant: str, seq_len: int, seed: int = 0) -> CaseInputs:
+    """The parity inputs of `subject.data` for the variant (layout plain), checked against the vocabulary."""
+    inputs = case_inputs(Case(subject.data, variant, "plain", "fp32", "eager", seq_len, seed=seed))
+    if int(inputs.tokens.max()) >= subject.spec.vocab_size:
+        raise InputError(f"the inputs of {subject.data} hold token ids up to {int(inputs.tokens.max())}, beyond "
+                         f"{subject.name}'s vocabulary of {subject.spec.vocab_size}: name another data model")
+    return inputs
+
+
+def _torch_dtype(dtype: str):
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+
+
+def stock_model(spec: ModelSpec, state: dict[str, np.ndarray], dtype: str):
+    """The family's stock transformers class built from the weights (config by anchor.spec.to_hf_config),
+    parameters rounded to `dtype`; RoPE's inv_freq stays float32 (built by from_config(dtype=), as
+    from_pretrained(dtype=) builds it)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(**to_hf_config(spec))
+    config.use_cache = False
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=_torch_dtype(dtype))
+    tensors = {k: torch.tensor(v) for k, v in state.items() if not (spec.tie_embeddings and k == "lm_head.weight")}
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    if sorted(missing) != (["lm_head.weight"] if spec.tie_embeddings else []) or unexpected:
+        raise InputError(f"weights do not fit the {spec.family} model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    return model.eval()
+
+
+_MODELS: dict[tuple[int, str], Any] = {}
+
+
+def subject_model(subject: Subject, dtype: str):
+    """The torch model of the subject in `dtype` (cached, one subject at a time): the stock class, or a
+    copy of the user's module with its parameters cast (buffers kept as built: a bf16 inv_freq stays)."""
+    key = (subject.key, dtype)
+    if key not in _MODELS:
+        for k in [k for k in _MODELS if k[0] != subject.key]:
+            del _MODELS[k]
+        if subject.module is None:
+            model = stock_model(subject.spec, subject.state, dtype)
+        else:
+            model = copy.deepcopy(subject.module).eval()
+            for p in model.parameters():
+                p.data = p.data.to(_torch_dtype(dtype))
+        _MODELS[key] = model
+    return _MODELS[key]
+
+
+# ---------------------------------------------------------------------------------------------
+# Feeds and taps
+
+
+def packed_positions(doc_ids: np.ndarray) -> np.ndarray:
+    """DataCollatorWithFlattening's position_ids for windows whose sequences are the runs of equal
+    doc_ids: 0, 1, … restarting wherever doc_ids changes. int [B, T] -> int64 [B, T]."""
+    doc_ids = np.asarray(doc_ids)
+    B, T = doc_ids.shape
+    out = np.zeros((B, T), dtype=np.int64)
+    for b in range(B):
+        starts = np.flatnonzero(np.r_[True, doc_ids[b, 1:] != doc_ids[b, :-1]])
+        run = np.repeat(starts, np.diff(np.r_[starts, T]))
+        out[b] = np.arange(T) - run
+    return out
+
+
+def feed(stack: Stack, inputs: CaseInputs, variant: str) -> dict[str, Any]:
+    """The model's keyword inputs for the variant (see the module docstring)."""
+    import torch
+
+    tokens = torch.from_numpy(inputs.tokens)
+    if stack.user:
+        return {"input_ids": tokens, "position_ids": torch.from_numpy(inputs.positions),
+                "doc_ids": torch.from_numpy(inputs.doc_ids), "variant": variant}
+    if stack.positions == "variant":
+        pos = inputs.positions
+    elif variant == "full":
+        pos = np.broadcast_to(np.arange(inputs.shape[1]), inputs.shape)
+    else:
+        pos = packed_positions(inputs.doc_ids)
+    out = {"input_ids": tokens, "position_ids": torch.from_numpy(np.ascontiguousarray(pos))}
+    if stack.attention_mask:
+        out["attention_mask"] = torch.ones_like(tokens)
+    return out
+
+
+class _Recorder:
+    """The taps of one forward (torchtrain.taps' set, from a stock model): hooks on the embeddings,
+    each layer's attention, MLP and output, and the lm-head; q and k as the attention function gets
+    them (or as a RoPE-applying function hands them over); the attention rows R of the variant asked,
+    read from those q and k as torchtrain.taps reads them (scores in the activation dtype, fp32 softmax
+    over the keys the variant allows)."""
+
+    def __init__(self, doc_ids: np.ndarray, variant: str, rows: Sequence[int]):
+        import torch
+
+        self.doc_ids = torch.from_numpy(np.asarray(doc_ids))
+        self.variant = variant
+        self.rows = torch.tensor(list(rows), dtype=torch.long)
+        self.store: dict[str, dict[int, Any]] = {name: {} for name in TAP_ORDER}
+
+    def put(self, name: str, layer: int, x) -> None:
+        self.store[name][layer] = x.detach().to(device="cpu", dtype=_torch_dtype("float32"), copy=True)
+
+    def attention(self, layer: int, q, k, scale: float) -> None:
+        """q [B,N,T,D], k [B,K,T,D] after RoPE."""
+        import torch
+        import torch.nn.functional as F
+
+        from torchtrain.attention import expand_kv
+        from torchtrain.variants import dense_mask
+
+        self.put("q", layer, q.transpose(1, 2))
+        self.put("k", layer, k.transpose(1, 2))
+        with torch.no_grad():
+            s = torch.matmul(q[:, :, self.rows], expand_kv(k, q.shape[1] // k.shape[1]).transpose(2, 3)) * scale
+            allowed = dense_mask(self.doc_ids.to(q.device), self.variant, self.rows)[:, None]
+            p = F.softmax(s.float().masked_fill(~allowed, float("-inf")), dim=-1)
+        self.put("scores", layer, s)
+        self.put("probs", layer, p)
+
+    def taps(self) -> Taps:
+        out = {}
+        for name in TAP_ORDER:
+            by_layer = self.store[name]
+            if by_layer:
+                out[name] = np.stack([by_layer[i].numpy() for i in sorted(by_layer)])
+        return out
+
+
+def _output(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+@contextlib.contextmanager
+def _recording(model, stack: Stack, rec: _Recorder) -> Iterator[None]:
+    """Hooks on the model, and the attention function wrapped (a local override of transformers'
+    AttentionInterface for the implementation's own name, removed on exit) so that q and k are seen
+    as the function gets them; with rope_in="attention" the rotary tables are made the identity."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    name = stack.implementation
+    original = ALL_ATTENTION_FUNCTIONS[name] if name in ALL_ATTENTION_FUNCTIONS else None  # None: eager
+
+    def attention(module, query, key, value, attention_mask, *args, **kwargs):
+        scale = kwargs.get("scaling") or query.shape[-1] ** -0.5
+        layer = module.layer_idx
+        if stack.rope_in == "attention":
+            kwargs["record_qk"] = lambda q, k: rec.attention(layer, q, k, scale)
+        else:
+            rec.attention(layer, query, key, scale)
+        fn = original or sys.modules[type(module).__module__].eager_attention_forward
+        return fn(module, query, key, value, attention_mask, *args, **kwargs)
+
+    decoder = model.base_model
+    handles = [decoder.embed_tokens.register_forward_hook(lambda m, a, out: rec.put("embed", 0, out))]
+    for i, layer in enumerate(decoder.layers):
+        handles += [
+            layer.self_attn.register_forward_hook(lambda m, a, out, i=i: rec.put("attn_out", i, _output(out))),
+            layer.mlp.register_forward_hook(lambda m, a, out, i=i: rec.put("mlp_out", i, _output(out))),
+            layer.register_forward_hook(lambda m, a, out, i=i: rec.put("hidden", i, _output(out))),
+        ]
+    handles.append(model.get_output_embeddings().register_forward_hook(lambda m, a, out: rec.put("logits", 0, out)))
+    if stack.rope_in == "attention":
+        import torch
+
+        handles.append(decoder.rotary_emb.register_forward_hook(
+            lambda m, a, out: (torch.ones_like(out[0]), torch.zeros_like(out[1]))))
+    ALL_ATTENTION_FUNCTIONS[name] = attention
+    try:
+        yield
+    finally:
+        del ALL_ATTENTION_FUNCTIONS[name]
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
+def _registered(stack: Stack) -> Iterator[None]:
+    """A user's function registered under USER_NAME for the block (the previous entry put back)."""
+    if not stack.user:
+        yield
+        return
+    from transformers import AttentionInterface
+
+    mapping = AttentionInterface._global_mapping
+    before = mapping.get(USER_NAME)
+    AttentionInterface.register(USER_NAME, stack.function)
+    try:
+        yield
+    finally:
+        if before is None:
+            mapping.pop(USER_NAME, None)
+        else:
+            mapping[USER_NAME] = before
+
+
+def run_stack(subject: Subject, stack: Stack, inputs: CaseInputs, variant: str, dtype: str) -> Taps:
+    """The stack's taps on the inputs of `variant` (one forward, no gradient) in `dtype`."""
+    import torch
+
+    model = subject_model(subject, dtype)
+    rec = _Recorder(inputs.doc_ids, variant, inputs.rows)
+    with _registered(stack):
+        model.set_attn_implementation(stack.implementation)
+        with _recording(model, stack, rec), torch.no_grad():
+            model(**feed(stack, inputs, variant), use_cache=False)
+    return rec.taps()
+
+
+# ---------------------------------------------------------------------------------------------
+# The oracle
+
+
+_ORACLE: dict[tuple, Taps] = {}
+_ORACLE_SIZE = 5  # the four variants' truths on one set of inputs, and one more
+
+
+def _inputs_key(inputs: CaseInputs) -> str:
+    h = hashlib.sha256()
+    for a in (inputs.tokens, inputs.doc_ids, np.asarray(inputs.rows)):
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def oracle(subject: Subject, inputs: CaseInputs, variant: str, policy: str, order: int = 0, *,
+           cache: bool = True) -> Taps:
+    """The oracle's taps of `variant` on the inputs' tokens and doc_ids, at that variant's positions (§2),
+    under a dtype policy; `order` k > 0: the same model with its units listed in another order
+    (parity_tests.runners.permute_units; the bf16 rule's summation orders). Cached (the few last)."""
+    import jaxref
+
+    key = (subject.key, _inputs_key(inputs), variant, policy, order)
+    if key in _ORACLE:
+        _ORACLE[key] = _ORACLE.pop(key)
+        return _ORACLE[key]
+    params, hidden_perm = (subject.params, None) if not order else permute_units(subject.params, order)
+    positions = jaxref.positions(inputs.doc_ids, variant)
+    _, per_layer = jaxref.forward(params, subject.spec, inputs.tokens, positions=positions, doc_ids=inputs.doc_ids,
+                                  variant=variant, policy=policy, taps=True, tap_rows=inputs.rows)
+    out: Taps = {}
+    for name in TAP_ORDER:
+        x = np.asarray(per_layer[name])
+        if x.dtype.itemsize < 4:  # bf16 -> float32 exactly
+            x = x.astype(np.float32)
+        if hidden_perm is not None and name in HIDDEN_TAPS:
+            x = x[..., np.argsort(hidden_perm)]
+        out[name] = x[None] if name in ("embed", "logits") else x
+    if cache:
+        while len(_ORACLE) >= _ORACLE_SIZE:
+            _ORACLE.pop(next(iter(_ORACLE)))
+        _ORACLE[key] = out
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Judging
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def _error(e: BaseException) -> str:
+    return f"{type(e).__name__}: {_first_line(e)}"
+
+
+def _worst_margin(layers: list[dict[str, Any]]) -> float:
+    return max((e["rel_l2"] / e["tol"] for entry in layers for e in entry["taps"].values() if e.get("tol")),
+               default=0.0)
+
+
+def _only(taps: Taps, names: Sequence[str]) -> Taps:
+    return {k: v for k, v in taps.items() if k in names}
+
+
+def identify(test: Taps, subject: Subject, inputs: CaseInputs, asked: str, rule: Rule = RULE) -> dict[str, Any]:
+    """Which variant float32 taps compute: each variant's fp64 truth on the same inputs, judged by the fp32
+    rule on the IDENTIFYING taps. Returns {"computes", "closest", "candidates": {variant: {"pass",
+    "worst_margin", "first_divergence"}}, "layers": the comparison against the variant asked}."""
+    candidates, asked_layers = {}, None
+    for variant in VARIANTS:
+        layers = compare(_only(test, IDENTIFYING), oracle(subject, inputs, variant, TRUTH), inputs)
+        verdict = judge(layers, False, rule)
+        candidates[variant] = {"pass": verdict["pass"], "worst_margin": _worst_margin(layers),
+                               "first_divergence": verdict["first_divergence"]}
+        if variant == asked:
+            asked_layers = layers
+    within = sorted((c["worst_margin"], v) for v, c in candidates.items() if c["pass"])
+    closest = min(candidates, key=lambda v: candidates[v]["worst_margin"])
+    computes = asked if candidates[asked]["pass"] else (within[0][1] if within else None)
+    return {"computes": computes, "closest": closest, "candidates": candidates, "layers": asked_layers}
+
+
+def bf16_verdict(test: Taps, subject: Subject, inputs: CaseInputs, variant: str, emulation: str,
+                 rule: Rule = RULE) -> dict[str, Any]:
+    """bfloat16 taps against fp64 truth of the variant by the suite's bf16 rule (parity_tests.core)."""
+    import jaxref
+
+    policy = jaxref.get_policy(emulation).name  # sdpa_cpu_bf16 resolves to this machine's capability
+    truth = oracle(subject, inputs, variant, TRUTH)
+    baseline = [oracle(subject, inputs, variant, policy, order=k, cache=False) for k in range(rule.orders)]
+    layers = compare(test, truth, inputs, baseline=baseline, emulation=baseline[0])
+    verdict = judge(layers, True, rule)
+    logits = layers[-1]["taps"].get("logits", {})
+    return {"policy": policy, **verdict, "worst_margin": _worst_margin(layers), "layers": layers,
+            "summary": {"logits_rel_l2": logits.get("rel_l2"), "logits_baseline_rel_l2": logits.get("baseline_rel_l2"),
+                        "logits_kl_mean": logits.get("kl_mean")}}
+
+
+def hold(subject: Subject, stack: Stack, variant: str, *, seq_len: int = 97, seed: int = 0,
+         dtypes: Sequence[str] = DTYPES, rule: Rule = RULE) -> dict[str, Any]:
+    """One row of the report: the stack asked for `variant` (see the module docstring).
+
+    Returns {implementation, variant, status, computes, closest, candidates, fp32 (the comparison against
+    the variant asked: pass, first_divergence, layers), bf16 (where it computes the variant and bfloat16
+    is in dtypes: policy, pass, first_divergence, layers, summary), error, reason, runtime_s}; status is
+    "computes", "instead" (computes another variant), "none" (none of them within the fp32 rule),
+    "error" or "not_run".
+    """
+    t0 = time.perf_counter()
+    row: dict[str, Any] = {"implementation": stack.name, "variant": variant, "feed": feed_description(stack, variant),
+                           "status": None, "computes": None, "closest": None, "candidates": None, "fp32": None,
+                           "bf16": None, "error": None, "reason": None}
+    if stack.user:
+        row.update(rope_in=stack.rope_in, emulation=stack.emulation)
+    reason = not_run_reason(stack)
+    if reason:
+        row.update(status="not_run", reason=reason)
+        return row
+    inputs = subject_inputs(subject, variant, seq_len, seed)
+    row["rows"] = list(inputs.rows)
+    try:
+        test = run_stack(subject, stack, inputs, variant, "float32")
+    except Exception as e:  # whatever the stack raises is the finding
+        row.update(status="error", error=_error(e), runtime_s=round(time.perf_counter() - t0, 2))
+        return row
+    found = identify(test, subject, inputs, variant, rule)
+    asked = compare(test, oracle(subject, inputs, variant, TRUTH), inputs)
+    fp32 = judge(asked, False, rule)
+    row.update(computes=found["computes"], closest=found["closest"], candidates=found["candidates"],
+               fp32={**fp32, "worst_margin": _worst_margin(asked), "layers": asked},
+               status="computes" if found["computes"] == variant else "instead" if found["computes"] else "none")
+    if found["computes"] == variant and "bfloat16" in dtypes:
+        try:
+            test16 = run_stack(subject, stack, inputs, variant, "bfloat16")
+        except Exception as e:  # a stack that runs in float32 may still fail in bfloat16
+            row.update(status="error", error=f"bfloat16: {_error(e)}")
+        else:
+            row["bf16"] = bf16_verdict(test16, subject, inputs, variant, stack.emulation, rule)
+    row["runtime_s"] = round(time.perf_counter() - t0, 2)
+    return row
+
+
+def feed_description(stack: Stack, variant: str) -> str:
+    if stack.user:
+        where = "rotated by the model" if stack.rope_in == "model" else "unrotated (the function applies RoPE)"
+        return f"position_ids of the variant (§2), doc_ids and variant as keywords; q/k {where}"
+    mask = "an attention_mask of ones" if stack.attention_mask else "no attention_mask"
+    if stack.positions == "variant":
+        return f"position_ids of the variant (§2), {mask}"
+    if variant == "full":
+        return f"one sequence: position_ids 0..T-1, {mask}"
+    return f"documents flattened: position_ids restart at 0 per document (DataCollatorWithFlattening), {mask}"
+
+
+def passed(row: dict[str, Any]) -> bool:
+    """A row holds: not run (it cannot be judged here), or it computes the variant asked and passes the
+    bf16 rule where that was run."""
+    if row["status"] == "not_run":
+        return True
+    return row["status"] == "computes" and (row["bf16"] is None or row["bf16"]["pass"])
+
+
+def run_hf_stack(model: Any = "default", *, implementations: Sequence[str] | None = None,
+                 attention: Callable[..., Any] | str | None = None, rope_in: str = "model",
+                 emulation: str | None = None, variants: Sequence[str] = VARIANTS, seq_len: int = 97,
+                 seed: int = 0, dtypes: Sequence[str] = DTYPES, data: str = "random:llama",
+                 progress: bool = False, rule: Rule = RULE) -> dict[str, Any]:
+    """Hold stock transformers implementations and/or a user's attention function against the oracle.
+
+    Args:
+      model: a model name of docs/DESIGN.md §6 (its stock class is built from its weights), or a user's
+        transformers causal LM of a supported family (a torch.nn.Module, run as built: its dtype and
+        buffers; the oracle reads its weights).
+      implementations: transformers' own implementations (IMPLEMENTATIONS); default all of them when no
+        `attention` is given, none when one is.
+      attention: a user's attention function, or "pkg.module:function".
+      rope_in, emulation: for `attention` (see the module docstring; emulation defaults to fa2_bf16 with
+        rope_in="model", paper_bf16 with "attention").
+      variants: the variants asked; seq_len: T; seed: the documents' lengths.
+      dtypes: "float32" (always run: it identifies the variant) and "bfloat16" (the bf16 rule).
+      data: for a module, the model whose parity inputs it is fed.
+    Returns:
+      {"stack": "hf", "model", "rows": [hold(...) per implementation x variant], "pass", "rule",
+       "seq_len", "machine", "versions", "runtime_s"}.
+    """
+    from anchor.progress import ProgressBar
+
+    t0 = time.perf_counter()
+    bad = [d for d in dtypes if d not in DTYPES]
+    if bad or "float32" not in dtypes:
+        raise InputError(f"dtypes: float32 and optionally bfloat16, got {list(dtypes)}")
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad or not variants:
+        raise InputError(f"--variants: unknown variant {bad[0] if bad else None!r} (known: {', '.join(VARIANTS)})")
+    if implementations is None:
+        implementations = () if attention is not None else IMPLEMENTATIONS
+    stacks = [stock(i) for i in implementations]
+    if attention is not None:
+        stacks.append(user_stack(attention, rope_in=rope_in, emulation=emulation))
+    if not stacks:
+        raise InputError("nothing to hold: name --attn-implementation or --attention")
+    subject = named_subject(model) if isinstance(model, str) else module_subject(model, data=data)
+    if seq_len > subject.spec.max_position:
+        raise InputError(f"--seq-len {seq_len} is longer than {subject.name}'s {subject.spec.max_position} positions")
+    rows = []
+    bar = ProgressBar("parity", len(stacks) * len(variants), progress)
+    try:
+        for variant in sorted(variants, key=lambda v: (v == "anchor", VARIANTS.index(v))):  # shared inputs first
+            for stack in stacks:
+                bar.describe(f"{stack.name} / {variant}", log=False)
+                row = hold(subject, stack, variant, seq_len=seq_len, seed=seed, dtypes=dtypes, rule=rule)
+                rows.append(row)
+                bar.advance(1, f"{stack.name} / {variant}: {describe_row(row)} ({row.get('runtime_s', 0):.1f} s)")
+    finally:
+        bar.close()
+        _ORACLE.clear()
+        _MODELS.clear()
+    order = {s.name: i for i, s in enumerate(stacks)}
+    rows.sort(key=lambda r: (order[r["implementation"]], VARIANTS.index(r["variant"])))
+    from anchor.machine import machine
+
+    import transformers
+
+    return {"stack": "hf", "model": subject.name, "data": subject.data, "seq_len": seq_len, "seed": seed,
+            "dtypes": list(dtypes), "rows": rows, "pass": all(passed(r) for r in rows), "rule": rule.to_dict(),
+            "truth": TRUTH, "transformers": transformers.__version__, "machine": machine(),
+            "runtime_s": round(time.perf_counter() - t0, 2)}
+
+
+def where(first: dict[str, Any] | None) -> str:
+    """`layer 3 / q`, `head / logits`, or `-`."""
+    if not first:
+        return "-"
+    layer = first["layer"]
+    return f"{'layer ' + str(layer) if isinstance(layer, int) else layer} / {first['tap']}"
+
+
+def describe_row(row: dict[str, Any]) -> str:
+    """One line: what the stack computes for the variant asked, and the bf16 rule's verdict."""
+    status = row["status"]
+    if status == "not_run":
+        return f"not run ({row['reason']})"
+    if status == "error":
+        return f"error: {row['error']}"
+    fp32 = f"fp32 first divergence from {row['variant']} at {where(row['fp32']['first_divergence'])}"
+    if status == "instead":
+        return f"computes {row['computes']} instead of {row['variant']} ({fp32})"
+    if status == "none":
+        return f"computes none of the variants (closest: {row['closest']}; {fp32})"
+    if row["bf16"] is None:
+        return "computes it"
+    b = row["bf16"]
+    return "computes it; bf16 rule " + ("passes" if b["pass"] else f"FAILS at {where(b['first_divergence'])}")
+
