@@ -32,7 +32,7 @@ from anchor.variants import VARIANTS
 
 Layout = Literal["plain", "tags", "interleave"]
 LAYOUTS: tuple[str, ...] = get_args(Layout)
-RANDOM_MODELS: tuple[str, ...] = ("random:llama", "random:qwen2", "random:mistral")
+RANDOM_MODELS: tuple[str, ...] = ("random:llama", "random:qwen2", "random:mistral", "random:qwen3")
 DEFAULT_MODEL = "default"
 SIZES: tuple[int, ...] = (97, 515, 1025)
 # "bf16" in a case's policy means the oracle's emulation of the engine's own bf16 stack.
@@ -238,6 +238,8 @@ FAST_CASES: tuple[Case, ...] = (
     Case("random:mistral", "intra_doc_reset", "tags", "fp32", "sdpa", 97),
     Case("random:llama", "anchor", "interleave", BF16, "varlen", 97),
     Case("random:qwen2", "intra_doc", "plain", "fp32", "varlen", 97),
+    Case("random:qwen3", "anchor", "tags", "fp32", "eager", 97),
+    Case("random:qwen3", "intra_doc_reset", "interleave", BF16, "sdpa", 97),
 )
 
 

@@ -73,12 +73,14 @@ State = dict[str, np.ndarray]
 
 
 _LAYER_ORDER = ("mlp.down_proj", "mlp.up_proj", "mlp.gate_proj", "post_attention_layernorm", "self_attn.o_proj",
-                "self_attn.v_proj", "self_attn.k_proj", "self_attn.q_proj", "input_layernorm")
+                "self_attn.v_proj", "self_attn.k_norm", "self_attn.q_norm", "self_attn.k_proj", "self_attn.q_proj",
+                "input_layernorm")
 
 
 def backward_order(names) -> list[str]:
     """Parameter names in the order the backward pass reaches them: lm_head, the final norm, layers
-    L-1 … 0 (MLP down/up/gate, its norm, o/v/k/q with their biases, the attention norm), embeddings."""
+    L-1 … 0 (MLP down/up/gate, its norm, o and v, Qwen3's k/q norms, k and q, each with its bias, the
+    attention norm), embeddings."""
     def key(name: str) -> tuple:
         if name.startswith("lm_head"):
             return (0,)

@@ -217,7 +217,7 @@ _UNIT_AXES: dict[str, dict[str, int]] = {
     "embed": {"H": 1}, "final_norm": {"H": 0}, "lm_head": {"H": 1},
     "attn_norm": {"H": 1}, "mlp_norm": {"H": 1},
     "wq": {"H": 2}, "wk": {"H": 2}, "wv": {"H": 2}, "wo": {"H": 1},
-    "bq": {}, "bk": {}, "bv": {},
+    "bq": {}, "bk": {}, "bv": {}, "q_norm": {}, "k_norm": {},
     "w_gate": {"I": 1, "H": 2}, "w_up": {"I": 1, "H": 2}, "w_down": {"H": 1, "I": 2},
 }
 

@@ -103,7 +103,7 @@ def test_parity_on_smollm2_passes(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["random:llama", "random:qwen2"])
+@pytest.mark.parametrize("model", ["random:llama", "random:qwen2", "random:qwen3"])
 def test_parity_on_the_other_random_presets_passes(tmp_path, model):
     out = tmp_path / "parity"
     rc = _run(["parity", "--model", model, "--out", str(out), "--no-progress"])

@@ -18,6 +18,7 @@ FAST = (
     Case("random:llama", "anchor", "plain", "fp32", "sdpa", 97),
     Case("random:qwen2", "intra_doc_reset", "tags", "fp32", "eager", 97),
     Case("random:mistral", "anchor", "interleave", BF16, "sdpa", 97),
+    Case("random:qwen3", "anchor", "interleave", "fp32", "varlen", 97),
 )
 
 
@@ -62,10 +63,14 @@ def test_full_grad_case(case):
 def test_backward_order():
     names = ["model.embed_tokens.weight", "model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.q_proj.bias",
              "model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.down_proj.weight", "model.norm.weight",
-             "lm_head.weight", "model.layers.10.mlp.up_proj.weight", "model.layers.1.self_attn.o_proj.weight"]
+             "lm_head.weight", "model.layers.10.mlp.up_proj.weight", "model.layers.1.self_attn.o_proj.weight",
+             "model.layers.0.self_attn.q_norm.weight", "model.layers.0.self_attn.k_proj.weight",
+             "model.layers.0.self_attn.k_norm.weight"]
     assert backward_order(names) == [
         "lm_head.weight", "model.norm.weight", "model.layers.10.mlp.up_proj.weight",
         "model.layers.1.mlp.down_proj.weight", "model.layers.1.self_attn.o_proj.weight",
+        "model.layers.0.self_attn.k_norm.weight", "model.layers.0.self_attn.q_norm.weight",
+        "model.layers.0.self_attn.k_proj.weight",
         "model.layers.0.self_attn.q_proj.bias", "model.layers.0.self_attn.q_proj.weight",
         "model.layers.0.input_layernorm.weight", "model.embed_tokens.weight"]
 
