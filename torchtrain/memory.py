@@ -41,6 +41,8 @@ def parameters(spec: ModelSpec) -> int:
     attn = h * (spec.num_heads + 2 * spec.num_kv_heads) * d + spec.num_heads * d * h
     if spec.qkv_bias:
         attn += (spec.num_heads + 2 * spec.num_kv_heads) * d
+    if spec.qk_norm:
+        attn += 2 * d  # Qwen3's q and k RMSNorm weights
     layer = attn + 3 * h * spec.intermediate_size + 2 * h
     head = 0 if spec.tie_embeddings else spec.vocab_size * h
     return spec.vocab_size * h + spec.num_layers * layer + h + head
