@@ -41,7 +41,7 @@ import numpy as np
 
 from parity_tests.cases import BF16, Case, CaseInputs, case_inputs
 from parity_tests.core import RULE, Rule
-from parity_tests.runners import Runner, get_runner, oracle_model, resolve_policy
+from parity_tests.runners import Runner, device, get_runner, oracle_model, resolve_policy
 
 TRUTH = "fp64"
 STEPS: tuple[int, ...] = (1, 3)
@@ -112,7 +112,8 @@ def torch_training(case: Case, inputs: CaseInputs, dtype: str, engine: str, step
     import torchtrain
     from torchtrain.optim import param_groups
 
-    model = torchtrain.build_model(case.model, engine=engine, dtype=dtype).train()  # fresh: the steps change it
+    on = device()
+    model = torchtrain.build_model(case.model, engine=engine, dtype=dtype).train().to(on)  # fresh: the steps change it
     params = dict(model.named_parameters())
     bf16 = dtype == "bfloat16"
     # bf16: the optimizer steps fp32 master copies, which are rounded into the model after each step
@@ -124,17 +125,17 @@ def torch_training(case: Case, inputs: CaseInputs, dtype: str, engine: str, step
 
     groups = param_groups(_NamedView(by_hf), _Cfg)
     optim = torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps)
-    feed = {"input_ids": torch.from_numpy(inputs.tokens), "position_ids": torch.from_numpy(inputs.positions),
-            "doc_ids": torch.from_numpy(inputs.doc_ids), "variant": case.variant}
-    tokens, mask = torch.from_numpy(inputs.tokens), torch.from_numpy(inputs.loss_mask)
-    snap = lambda: {n: p.detach().float().numpy().copy() for n, p in by_hf.items()}  # noqa: E731  (fp32 masters)
+    feed = {"input_ids": torch.from_numpy(inputs.tokens).to(on), "position_ids": torch.from_numpy(inputs.positions).to(on),
+            "doc_ids": torch.from_numpy(inputs.doc_ids).to(on), "variant": case.variant}
+    tokens, mask = torch.from_numpy(inputs.tokens).to(on), torch.from_numpy(inputs.loss_mask).to(on)
+    snap = lambda: {n: p.detach().float().cpu().numpy().copy() for n, p in by_hf.items()}  # noqa: E731  (fp32 masters)
     out: dict[str, Any] = {"loss": [], "params": {0: snap()}}
     for step in range(1, steps + 1):
         model.zero_grad(set_to_none=True)
         loss, _ = torchtrain.next_token_loss(model(**feed, use_cache=False).logits, tokens, mask)
         loss.backward()
         out["loss"].append(float(loss.detach()))
-        out.setdefault("step_grads", []).append({n: p.grad.detach().float().numpy().copy() for n, p in params.items()})
+        out.setdefault("step_grads", []).append({n: p.grad.detach().float().cpu().numpy().copy() for n, p in params.items()})
         if step == 1:
             out["grads"] = out["step_grads"][0]
         if bf16:

@@ -90,12 +90,37 @@ def get_runner(name: str) -> Runner:
 # The trainer
 
 
+_DEVICE = ["cpu"]  # where the trainer's side runs: `use_device`
+
+
+def use_device(name: str) -> str:
+    """Run the trainer's side of the parity cases on `name` ("cpu" or "cuda"; the oracle stays where JAX
+    runs): one line where the device is not here. Returns the name."""
+    import torch
+
+    if name not in ("cpu", "cuda"):
+        raise InputError(f"--device: expected cpu or cuda, got {name!r}")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise InputError("--device cuda: no CUDA device here (torch.cuda.is_available() is False)")
+    _DEVICE[0] = name
+    return name
+
+
+def device() -> str:
+    return _DEVICE[0]
+
+
 @functools.lru_cache(maxsize=4)
-def torch_model(model: str, dtype: str):
-    """A torchtrain model (cached per name and dtype; engines are switched in place)."""
+def _torch_model(model: str, dtype: str, where: str):
     import torchtrain
 
-    return torchtrain.build_model(model, engine="eager", dtype=dtype).eval()
+    return torchtrain.build_model(model, engine="eager", dtype=dtype).eval().to(where)
+
+
+def torch_model(model: str, dtype: str):
+    """A torchtrain model on the parity device (cached per name, dtype and device; engines are switched in
+    place)."""
+    return _torch_model(model, dtype, device())
 
 
 Setup = Callable[[Any], contextlib.AbstractContextManager]
@@ -122,8 +147,8 @@ class TorchRunner(Runner):
             torchtrain.check_engine(self.engine)
         except InputError as e:
             return str(e)
-        if self.engine == "flash_varlen":
-            return "engine 'flash_varlen' runs on CUDA; the parity runners run on the CPU (use flash_varlen_emulated)"
+        if self.engine == "flash_varlen" and device() != "cuda":
+            return "engine 'flash_varlen' runs on CUDA: run the parity cases with --device cuda (or use flash_varlen_emulated)"
         return None
 
     def run(self, case: Case, inputs: CaseInputs, dtype: str) -> Taps:
@@ -132,10 +157,11 @@ class TorchRunner(Runner):
         import torchtrain
 
         model = torchtrain.set_engine(torch_model(case.model, dtype), self.engine)
+        on = device()
         feed = {
-            "input_ids": torch.from_numpy(inputs.tokens),
-            "position_ids": torch.from_numpy(inputs.positions),
-            "doc_ids": torch.from_numpy(inputs.doc_ids),
+            "input_ids": torch.from_numpy(inputs.tokens).to(on),
+            "position_ids": torch.from_numpy(inputs.positions).to(on),
+            "doc_ids": torch.from_numpy(inputs.doc_ids).to(on),
             "variant": case.variant,
         }
         ctx = self.setup(model) if self.setup is not None else contextlib.nullcontext()

@@ -58,6 +58,9 @@ def parity(
                             "fa2_bf16; paper_bf16 with --rope-in attention).")] = None,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Window length T, 8 to the model's positions (odd sizes find more bugs).")] = 97,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the document lengths and the interleaving.")] = 0,
+    device: Annotated[str, typer.Option(
+        "--device", help="Where the trainer's side runs: cpu, or cuda (the real kernels: varlen's FlashAttention-2, "
+                         "flex with its backward, flash_varlen); the oracle runs where JAX runs.")] = "cpu",
     grads: Annotated[bool, typer.Option(
         "--grads/--no-grads", help="Also compare each case's gradients and the parameters after 1 and 3 AdamW steps, "
                                    "per parameter (a per-parameter error plot per case).")] = False,
@@ -85,6 +88,8 @@ def parity(
     if stack not in ("torch", "hf"):
         raise InputError(f"--stack: expected torch or hf, got {stack!r}")
     if stack == "hf":
+        if device != "cpu":
+            raise InputError("--device applies to --stack torch (the --stack hf runners run on the CPU)")
         if engines is not None or layouts is not None or grads:
             given = next(o for o, v in (("--engines", engines), ("--layouts", layouts), ("--grads", grads)) if v)
             raise InputError(f"{given} applies to --stack torch (--stack hf holds transformers' own attention)")
@@ -108,17 +113,19 @@ def parity(
                     inputs=(model, *[p for p in policy_list if p.endswith((".yaml", ".yml"))]))
     _checked_length(model, seq_len)
     engine_list = _split(engines, "--engines")
-    if grads:
-        import torch
+    from parity_tests.runners import use_device
 
-        if "flex" in engine_list and not torch.cuda.is_available():
+    use_device(device)
+    if grads:
+        if "flex" in engine_list and device != "cuda":
             raise InputError("--grads: engine 'flex' has no backward on the CPU (FlexAttention limitation); "
-                             "leave it out of --engines or run on CUDA")
+                             "leave it out of --engines or run with --device cuda")
     with out_lock(out, "parity"):
         cases = build_cases(model, variants=variant_list, layouts=layout_list, policies=policy_list,
                             engines=engine_list, seq_lens=[seq_len], seed=seed)
         result = run_parity(cases, progress=progress, grads=grads)
         result["model"] = model
+        result["device"] = device
         path = write_report(result, out)
     typer.echo(render_markdown(result))
     typer.echo(f"wrote {path / 'parity.json'}, {path / 'index.html'}, {path / 'summary.md'}")

@@ -1,0 +1,37 @@
+"""`anchor parity --device` (issue 28 item 2, the CPU side): the trainer's side of the parity cases runs on
+the device named; without CUDA, `--device cuda` is one line and exit 2 before any work; `--device cpu` is
+the suite as before, recorded in parity.json."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.cli.helpers import assert_usage_error, run_cli
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: --device cuda runs")
+def test_device_cuda_without_cuda_is_one_line(tmp_path, capsys):
+    out = tmp_path / "p"
+    code, _, err = run_cli(["parity", "--model", "random:llama", "--out", out, "--device", "cuda", "--variants",
+                            "anchor", "--policies", "fp32", "--engines", "varlen", "--no-progress"], capsys)
+    assert_usage_error(code, err, "parity", "--device cuda: no CUDA device here")
+    assert not out.exists()
+
+
+def test_device_cpu_runs_and_is_recorded(tmp_path, capsys):
+    out = tmp_path / "p"
+    code, _, err = run_cli(["parity", "--model", "random:llama", "--out", out, "--device", "cpu", "--variants",
+                            "anchor", "--policies", "fp32,bf16", "--engines", "varlen", "--seq-len", "97", "--grads",
+                            "--no-progress"], capsys)
+    assert code == 0, err
+    result = json.loads((out / "parity.json").read_text())
+    assert result["device"] == "cpu" and result["pass"]
+
+
+def test_a_bad_device_name_is_one_line(tmp_path, capsys):
+    code, _, err = run_cli(["parity", "--model", "random:llama", "--out", tmp_path / "p", "--device", "tpu",
+                            "--no-progress"], capsys)
+    assert_usage_error(code, err, "parity", "--device: expected cpu or cuda, got 'tpu'")
