@@ -86,8 +86,9 @@ def run_pairs_torch(model, tokens_nT: np.ndarray, shifts: Sequence[int], ref_shi
         setattr(layer.self_attn, TAP_ATTR, rec)
     try:
         with torch.no_grad():
-            model.model(input_ids=torch.from_numpy(tokens), position_ids=torch.from_numpy(positions),
-                        doc_ids=torch.ones(tokens.shape, dtype=torch.int64), variant="full", use_cache=False)
+            on = next(model.parameters()).device  # the model's device: CUDA where there is one
+            model.model(input_ids=torch.from_numpy(tokens).to(on), position_ids=torch.from_numpy(positions).to(on),
+                        doc_ids=torch.ones(tokens.shape, dtype=torch.int64, device=on), variant="full", use_cache=False)
     finally:
         for layer in layers:
             delattr(layer.self_attn, TAP_ATTR)
@@ -213,7 +214,8 @@ def audit_torch_stack(model: str = "default", engine: str = "eager", dtype: str 
         out["length_curve"][key] = lc
 
     try:
-        torch_model = torchtrain.model_from_weights(spec, state, engine, dtype).eval()
+        device = "cuda" if torch.cuda.is_available() else "cpu"  # the stack as it trains: the GPU's kernels there
+        torch_model = torchtrain.model_from_weights(spec, state, engine, dtype).eval().to(device)
         bar.describe(f"{name}: shift curve (T={settings.seq_len})")
         sc = shift_curve_torch(torch_model, shift_w, settings.shifts, settings.ref_shift, engine, per_call, bar.advance)
         bar.describe(f"{name}: length curve (T={settings.max_len})")
