@@ -10,9 +10,14 @@ What runs, per checkpoint (a model of docs/DESIGN.md §6 or a training checkpoin
             prompt is generated one token shorter so prompt + BOS + answer budget fit the length),
             greedy generation with a KV cache (`anchor_app.eval.generate`), RULER's score 0–100
             (`anchor_app.eval.scoring`: string-match-all, or string-match-part for QA)
-  perplexity  per length, on held-out packed windows (`anchor_app.eval.perplexity`)
-Then per task × length: mean and standard deviation over the checkpoints (the paper averages five
-checkpoints of the last 50 steps).
+  perplexity  per length, on held-out packed windows (`anchor_app.eval.perplexity`; `perplexity_docs="long"`:
+            one long held-out document per window), with the mean NLL per bucket of `perplexity_bucket`
+            positions (`buckets` of each perplexity row)
+Each RULER row carries its samples' scores (`sample_scores`, RULER's metric per sample) and their standard
+error (`se`, the standard deviation over samples / sqrt(n)). Then per task × length: mean and standard
+deviation over the checkpoints (the paper averages five checkpoints of the last 50 steps), and the standard
+error over samples of the checkpoint mean (`se`: each sample's score averaged over the checkpoints, which
+all read the same prompts). The model runs on CUDA where torch sees it (`settings.device`), else on the CPU.
 
 Nothing finished is lost when an evaluation is killed: with `parts` (`parts_dir(out)`, the CLI's and the
 demo's), each checkpoint's rows, perplexity and samples are written there (one JSON file, atomically) as
@@ -39,6 +44,7 @@ from anchor.progress import ProgressBar
 
 DEFAULT_TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_1", "vt", "cwe", "fwe")
 DEFAULT_LENGTHS = (1024, 2048)
+PERPLEXITY_DOCS = ("packed", "long")  # held-out windows: packed documents, or one long document per window
 
 
 def checkpoints_of_run(run: str | Path, names: Sequence[str] | None = None) -> list[tuple[str, str]]:
@@ -162,31 +168,42 @@ def run_eval(checkpoints: Sequence[tuple[str, str]], *, tasks: Sequence[str] = D
              lengths: Sequence[int] = DEFAULT_LENGTHS, samples: int = 10, seed: int = 42,
              haystack: str | None = None, qa_data: dict[str, str] | None = None, engine: str = "sdpa",
              dtype: str = "auto", batch_size: int = 4, perplexity_windows: int = 2,
+             perplexity_docs: str = "packed", perplexity_bucket: int = 2048, perplexity_data: str | None = None,
              progress: bool = False, parts: str | Path | None = None) -> dict[str, Any]:
     """Evaluate every checkpoint (label, model source) on RULER `tasks` × `lengths` and perplexity.
 
     `parts`: a folder (`parts_dir(out)`) where each finished checkpoint is kept, and reused from, so a
     killed evaluation resumes at the checkpoint it was on (module docstring).
+    `perplexity_docs`: "packed" (held-out documents packed as training windows) or "long" (one held-out
+    document of at least the length per window); `perplexity_bucket`: positions per bucket of the NLL by
+    position; `perplexity_data`: held-out documents (None: the standard library's test suites).
 
-    Returns eval.json's content: rows (checkpoint, task, length, score, samples), summary (task,
-    length, mean, std, checkpoints), perplexity rows (checkpoint, length, ppl, nll, tokens), the
-    samples with predictions (for samples.jsonl), settings, machine, runtime_s.
+    Returns eval.json's content: rows (checkpoint, task, length, score, samples, se, sample_scores),
+    summary (task, length, mean, std, se, checkpoints), perplexity rows (checkpoint, length, ppl, nll,
+    tokens, windows, buckets), the samples with predictions (for samples.jsonl), settings, machine,
+    runtime_s.
     """
     from anchor.machine import machine
     from anchor_app.eval.dtype import dtype_choice
 
     choice = dtype_choice(dtype)
     dtype = choice["dtype"]
+    if perplexity_docs not in PERPLEXITY_DOCS:
+        raise InputError(f"perplexity_docs must be one of {', '.join(PERPLEXITY_DOCS)}, got {perplexity_docs!r}")
+    if isinstance(perplexity_bucket, bool) or not isinstance(perplexity_bucket, int) or perplexity_bucket < 1:
+        raise InputError(f"perplexity_bucket must be an integer >= 1, got {perplexity_bucket!r}")
 
     t0 = time.time()
     tok = _check_inputs(checkpoints, tasks, lengths, samples, engine=engine, dtype=dtype, batch_size=batch_size)
     bos = 1 if tok.first_token_id is not None else 0
     qa_data = qa_data or {}
     prompt_sets = _generate_prompts(tok, bos, tasks, lengths, samples, seed, haystack, qa_data)
-    windows = _heldout(tok, lengths, perplexity_windows)
+    windows = _heldout(tok, lengths, perplexity_windows, perplexity_docs, perplexity_data)
     settings = {"tasks": list(tasks), "lengths": list(lengths), "samples": samples, "seed": seed,
                 "haystack": haystack or "embedded corpus prose", "engine": engine, "dtype": dtype,
                 "batch_size": batch_size, "perplexity_windows": perplexity_windows,
+                "perplexity_docs": perplexity_docs, "perplexity_bucket": perplexity_bucket,
+                "perplexity_data": perplexity_data or "stdlib test suites", "device": eval_device(),
                 "bos": bool(bos), "scoring": "RULER: string_match_all; string_match_part for qa_*"}
     rows, ppl_rows, sample_rows, reused_s = _evaluate_checkpoints(
         checkpoints, tok, bos, prompt_sets, windows, settings, haystack=haystack, qa_data=qa_data, parts=parts,
@@ -281,11 +298,32 @@ def tasks_that_do_not_fit(tok, tasks: Sequence[str], lengths: Sequence[int], sam
     return out
 
 
-def _heldout(tok, lengths: Sequence[int], perplexity_windows: int) -> dict[int, Any]:
+def _heldout(tok, lengths: Sequence[int], perplexity_windows: int, docs: str = "packed",
+             data: str | None = None) -> dict[int, Any]:
     """{length: held-out windows} for perplexity ({} when `perplexity_windows` is 0)."""
     from anchor_app.eval.perplexity import heldout_windows
 
-    return {L: heldout_windows(tok, L, perplexity_windows) for L in lengths} if perplexity_windows else {}
+    if not perplexity_windows:
+        return {}
+    return {L: heldout_windows(tok, L, perplexity_windows, data or None, whole_documents=docs == "long")
+            for L in lengths}
+
+
+def eval_device() -> str:
+    """Where the evaluated models run: CUDA where torch sees it, else the CPU."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def standard_error(values: Sequence[float]) -> float | None:
+    """The standard error of the mean of `values` (sample standard deviation / sqrt(n)); 0.0 for one value,
+    None for none."""
+    if len(values) == 0:
+        return None
+    if len(values) == 1:
+        return 0.0
+    return float(np.std(np.asarray(values, dtype=np.float64), ddof=1) / np.sqrt(len(values)))
 
 
 def _evaluate_checkpoints(checkpoints: Sequence[tuple[str, str]], tok, bos: int,
@@ -341,13 +379,17 @@ def _evaluate_checkpoint(label: str, source: str, tok, bos: int, prompt_sets: di
     mine: dict[str, list] = {"rows": [], "perplexity": [], "samples": []}
     bar.describe(f"{label}: loading")
     model = load_eval_model(source, engine=settings["engine"], dtype=settings["dtype"])
+    if settings.get("device", "cpu") != "cpu":
+        model = model.to(settings["device"])  # parameters only: the RoPE buffers keep their float32
     for (t, L), ss in prompt_sets.items():
         bar.describe(f"{label}: {t} at {L}")
         outs = greedy_generate(model, tok, _prompts(tok, ss), [s.tokens_to_generate for s in ss],
                                batch_size=settings["batch_size"], progress=False)
         preds = [tok.decode(o) for o in outs]
+        per_sample = [scoring.score(t, [p], [s.answers]) for p, s in zip(preds, ss)]
         mine["rows"].append({"checkpoint": label, "task": t, "length": L,
-                             "score": scoring.score(t, preds, [s.answers for s in ss]), "samples": len(ss)})
+                             "score": scoring.score(t, preds, [s.answers for s in ss]), "samples": len(ss),
+                             "se": standard_error(per_sample), "sample_scores": per_sample})
         for s, p, o in zip(ss, preds, outs):
             mine["samples"].append({"checkpoint": label, "task": t, "length": L, "index": s.index,
                                     "input": s.input, "answer_prefix": s.answer_prefix, "answers": s.answers,
@@ -356,24 +398,37 @@ def _evaluate_checkpoint(label: str, source: str, tok, bos: int, prompt_sets: di
         bar.advance(len(ss))
     for L, w in windows.items():
         bar.describe(f"{label}: perplexity at {L}")
-        r = perplexity(model, w, "full")
+        r = perplexity(model, w, "full", bucket=settings.get("perplexity_bucket", 2048))
         mine["perplexity"].append({"checkpoint": label, "length": L, "ppl": r.ppl, "nll": r.nll,
-                                   "tokens": r.tokens, "windows": r.windows})
+                                   "tokens": r.tokens, "windows": r.windows, "bucket": r.bucket,
+                                   "buckets": [dict(b) for b in r.buckets]})
         bar.advance(settings["perplexity_windows"])
     del model
     return mine
 
 
 def _summary(rows: list[dict[str, Any]], tasks: Sequence[str], lengths: Sequence[int]) -> list[dict[str, Any]]:
-    """Per task × length: the mean and standard deviation of the score over the checkpoints."""
+    """Per task × length: the mean and standard deviation of the score over the checkpoints, and the
+    standard error over samples of that mean (each sample's score averaged over the checkpoints)."""
     summary = []
     for t in tasks:
         for L in lengths:
-            vals = [r["score"] for r in rows if r["task"] == t and r["length"] == L]
+            mine = [r for r in rows if r["task"] == t and r["length"] == L]
+            vals = [r["score"] for r in mine]
             summary.append({"task": t, "length": L, "mean": float(np.mean(vals)),
                             "std": float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0,
-                            "checkpoints": [r["checkpoint"] for r in rows if r["task"] == t and r["length"] == L]})
+                            "se": sample_mean_se([r.get("sample_scores") for r in mine]),
+                            "checkpoints": [r["checkpoint"] for r in mine]})
     return summary
+
+
+def sample_mean_se(per_checkpoint: Sequence[Sequence[float] | None]) -> float | None:
+    """The standard error over samples of a score averaged over checkpoints that read the same prompts:
+    each sample's score averaged over the checkpoints, then `standard_error` of those (None when a
+    checkpoint's per-sample scores are missing or their counts differ)."""
+    if not per_checkpoint or any(s is None for s in per_checkpoint) or len({len(s) for s in per_checkpoint}) != 1:
+        return None
+    return standard_error(np.mean(np.asarray(per_checkpoint, dtype=np.float64), axis=0).tolist())
 
 
 def _table(result: dict[str, Any]) -> list[str]:
@@ -394,6 +449,23 @@ def _table(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _bucket_table(result: dict[str, Any]) -> list[str]:
+    """The held-out NLL by position bucket at the longest length, a row per checkpoint ([] without buckets)."""
+    rows = [r for r in result["perplexity"] if r.get("buckets")]
+    if not rows:
+        return []
+    L = max(r["length"] for r in rows)
+    rows = [r for r in rows if r["length"] == L]
+    spans = [(b["start"], b["end"]) for b in rows[0]["buckets"]]
+    head = " | ".join(f"{a}-{e}" for a, e in spans)
+    lines = ["", f"### Held-out NLL by position at {L} (mean over the targets predicted at those positions)", "",
+             f"| checkpoint | {head} |", "|---" * (len(spans) + 1) + "|"]
+    for r in rows:
+        by = {(b["start"], b["end"]): b["nll"] for b in r["buckets"]}
+        lines.append(f"| {r['checkpoint']} | " + " | ".join(f"{by[k]:.3f}" if k in by else "-" for k in spans) + " |")
+    return lines
+
+
 def render_report(result: dict[str, Any], figure: str | None) -> str:
     s = result["settings"]
     lines = ["# RULER evaluation", "",
@@ -401,13 +473,14 @@ def render_report(result: dict[str, Any], figure: str | None) -> str:
              f"{', '.join(map(str, s['lengths']))}, {s['samples']} samples each (seed {s['seed']}), greedy decoding on "
              f"engine `{s['engine']}` in {s['dtype']}; scores 0–100 ({s['scoring']}). Runtime {result['runtime_s']:.0f} s.",
              "", "## Score by length (mean over tasks)", "", *_table(result), "",
-             "## Per task (mean ± std over checkpoints)", "",
+             "## Per task (mean ± std over checkpoints; SE: standard error over samples)", "",
              "| task | " + " | ".join(str(L) for L in s["lengths"]) + " |", "|---" * (len(s["lengths"]) + 1) + "|"]
     for t in s["tasks"]:
         cells = []
         for L in s["lengths"]:
             e = next(x for x in result["summary"] if x["task"] == t and x["length"] == L)
-            cells.append(f"{e['mean']:.1f} ± {e['std']:.1f}")
+            se = f" (SE {e['se']:.1f})" if e.get("se") is not None else ""
+            cells.append(f"{e['mean']:.1f} ± {e['std']:.1f}{se}")
         lines.append(f"| {t} | " + " | ".join(cells) + " |")
     if result["perplexity"]:
         lines += ["", "## Perplexity on held-out windows", "", "| checkpoint | " + " | ".join(str(L) for L in s["lengths"])
@@ -415,6 +488,7 @@ def render_report(result: dict[str, Any], figure: str | None) -> str:
         for c in result["checkpoints"]:
             vals = {r["length"]: r["ppl"] for r in result["perplexity"] if r["checkpoint"] == c["label"]}
             lines.append(f"| {c['label']} | " + " | ".join(f"{vals[L]:.2f}" if L in vals else "-" for L in s["lengths"]) + " |")
+        lines += _bucket_table(result)
     if figure:
         lines += ["", f"![score against length]({figure})"]
     text = "\n".join(lines) + "\n"
