@@ -15,12 +15,14 @@ def demo(
     out: Annotated[Path, typer.Option("--out", help="The demo folder: finished stages are kept and reused by the "
                                                     "next run (see README: what --out may replace).")] = Path("runs/demo"),
     model: Annotated[str, typer.Option("--model", help="HF folder, .gguf file, 'default' or random:<preset>.")] = "default",
-    steps: Annotated[str, typer.Option(
+    steps: Annotated[Optional[str], typer.Option(
         "--steps", help="Comma-separated stages: top5,corpus,pack,audit,train,parity,eval,bench (the stages they "
-                        "need come along).")] = "top5,corpus,pack,audit,train,parity,eval,bench",
+                        "need come along; default: the profile's, every stage but for paper-gpu)."),
+    ] = None,
     profile: Annotated[str, typer.Option(
-        "--profile", help="Settings: demo (minutes on a CPU) or paper-small (the paper's four variants, RULER "
-                          "1K-4K over five checkpoints; hours on a CPU).")] = "demo",
+        "--profile", help="Settings: demo (minutes on a CPU), paper-small (the paper's four variants, RULER "
+                          "1K-4K over five checkpoints; hours on a CPU) or paper-gpu (SmolLM2 at 16K in bf16, "
+                          "the four variants and two fp32 runs, RULER 4K-16K; about 20 minutes on one H100).")] = "demo",
     fresh: Annotated[bool, typer.Option("--fresh", help="Redo every selected stage instead of reusing it.")] = False,
     prompt: Annotated[str, typer.Option("--prompt", help="Prompt for the next-token comparison.")] = "",
     policy: Annotated[str, typer.Option("--policy", help="Oracle dtype policy of top5: preset name or YAML file.")] = "fp32",
@@ -28,6 +30,9 @@ def demo(
         "--seq-len", help="Window size of pack and train (default: the profile's).")] = None,
     train_steps: Annotated[Optional[int], typer.Option(
         "--train-steps", help="Optimizer steps per training run (default: the profile's).")] = None,
+    heldout: Annotated[Optional[Path], typer.Option(
+        "--heldout", help="Held-out documents for the held-out loss (a corpus file `anchor pack` reads; default: "
+                          "this Python's test suites, which the embedded corpus leaves out).")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
 ) -> None:
     """Run the paper's experiment on the embedded default (or --model): corpus, packing, audit, training with
@@ -38,9 +43,9 @@ def demo(
     from anchor.errors import InputError
     from anchor.limits import check_int
 
-    step_list = check_steps(steps)
     if profile not in PROFILES:
         raise InputError(f"--profile: unknown profile {profile!r} (profiles: {', '.join(PROFILES)})")
+    step_list = check_steps(PROFILES[profile].stages if steps is None else steps)
     overrides = {"prompt": prompt or DEFAULT_PROMPT, "policy": policy}
     if seq_len is not None:
         check_int(seq_len, "--seq-len", lo=2, hi=1 << 31)
@@ -51,10 +56,14 @@ def demo(
         overrides["train_steps"] = train_steps
     if policy.endswith((".yaml", ".yml")) and not Path(policy).is_file():
         raise InputError("no such policy file", path=policy)
+    if heldout is not None:
+        if not heldout.exists():
+            raise InputError("no such held-out file", path=heldout)
+        overrides["perplexity_data"] = str(heldout.resolve())
     from anchor.outdir import guard_out
 
     pol_file = policy if policy.endswith((".yaml", ".yml")) else None
-    out = guard_out(out, "demo", inputs=(model, pol_file), replace=False)  # before any work
+    out = guard_out(out, "demo", inputs=(model, pol_file, heldout), replace=False)  # before any work
     record = run_demo(model, out, steps=step_list, settings=PROFILES[profile], fresh=fresh, progress=progress,
                       say=typer.echo, **overrides)
     typer.echo(f"demo finished in {record['seconds']:.0f} s (ran: {', '.join(record['ran']) or 'nothing'}; "

@@ -27,8 +27,14 @@ The package, one module per concern:
   settings    the stage names, `DemoSettings` and the profiles
   next_token  the top-5 check (`top5`, `print_top5`)
   stages      the stages (`RUNNERS`: stage name -> function of the stage context)
-  planning    planning, fingerprints, stage reuse, the record, `run_demo`
+  planning    planning, fingerprints, stage reuse, the checks before any work, the record, `run_demo`
   page        `index.html` and `summary.png`
+  summary     the profile's summary JSON (`paper_gpu.json`) and the reset comparison (bf16 against fp32)
+
+Profiles (`--profile`, settings.PROFILES): `demo`, `paper-small` (the four variants at 4K, hours on a CPU) and
+`paper-gpu` (SmolLM2-135M continued at 16K with a raised RoPE base in bf16 under ZeRO-1, the four variants and
+intra_doc / intra_doc_reset again in fp32; its own stages corpus, pack, train, eval; about 20 minutes on one
+H100): runs named `<variant>@fp32` train in float32 (settings.run_names).
 """
 
 from anchor_app.demo.planning import check_steps, fingerprints, plan, read_record, run_demo

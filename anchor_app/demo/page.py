@@ -22,12 +22,19 @@ def save_figure(fig, path: Path, dpi: int = 110) -> None:
 
 SUMMARY_PANELS = (("audit", "figure1.png", "precision audit"), ("train", "loss.png", "training loss"),
                   ("eval", "ruler.png", "RULER"), ("bench", "time_ratio_vs_flop_ratio.png", "attention time"))
+# Figures that fill the summary up to four panels where a profile runs no audit or bench (paper-gpu).
+EXTRA_PANELS = (("train", "step_time_vs_flops.png", "step time against FLOPs"),
+                ("eval", "position_loss.png", "held-out loss by position"))
 
 
 def summary_figure(out: Path, record: dict[str, Any]) -> Path | None:
-    """`summary.png`: the audit, the loss curves, RULER and the speed figure side by side (those that exist)."""
-    panels = [(out / st / name, title) for st, name, title in SUMMARY_PANELS
-              if record["stages"].get(st, {}).get("done") and (out / st / name).is_file()]
+    """`summary.png`: the audit, the loss curves, RULER and the speed figure side by side (those that exist),
+    filled up to four with EXTRA_PANELS."""
+    def there(st: str, name: str) -> bool:
+        return bool(record["stages"].get(st, {}).get("done")) and (out / st / name).is_file()
+
+    panels = [(out / st / name, title) for st, name, title in SUMMARY_PANELS if there(st, name)]
+    panels += [(out / st / name, title) for st, name, title in EXTRA_PANELS if there(st, name)][:max(0, 4 - len(panels))]
     target = out / "summary.png"
     if not panels:
         target.unlink(missing_ok=True)
@@ -126,24 +133,34 @@ def _section_audit(p: _Page, s: dict[str, Any]) -> None:
 
 
 def _section_train(p: _Page, s: dict[str, Any]) -> None:
-    p.add(f"<p>{_esc(s['model'])}, windows of {s['seq_len']} slots, engine {_esc(s['engine'])}, {_esc(s['dtype'])}. "
-          "Step time: median over the steps after the first.</p>")
+    rope = f", RoPE base {_f(s['rope_theta'], '.3g')}" if s.get("rope_theta") else ""
+    zero = f", DeepSpeed ZeRO-{s['zero_stage']}" if s.get("zero_stage") else ""
+    p.add(f"<p>{_esc(s['model'])}, windows of {s['seq_len']} slots, engine {_esc(s['engine'])}, {_esc(s['dtype'])}"
+          f"{_esc(rope)}{_esc(zero)}. Step time: median over the steps after the first; FLOP ratio: the run's "
+          "mask against full attention on the windows it trained on, for the whole step (6 FLOPs per matmul "
+          "parameter and token plus attention) and for attention alone (anchor_app/bench/flops.py).</p>")
     def load(r: dict[str, Any]) -> str:
         la = r.get("load_average") or {}
         text = f"{_f(la.get('before'), '.2f')} → {_f(la.get('after'), '.2f')} ({la.get('cores', '?')} cores)"
         return text + (" busy" if r.get("busy") else "")
 
-    p.add(_table(["variant", "steps", "loss: first", "last", "step s (median)", "tokens/s", "step time / full",
-                  "load average (before → after)", "evaluation checkpoints"],
-                 [[v, r["steps"], _f(r["loss_first"]), _f(r["loss_last"]), _f(r["step_s_median"], ".3g"),
-                   _f(r["tokens_per_s_median"], ".4g"), _f(r.get("step_time_vs_full"), ".3f"), load(r),
+    def ratio(r: dict[str, Any], k: str) -> str:
+        return _f((r.get("flop_ratio") or {}).get(k), ".3f")
+
+    p.add(_table(["run", "dtype", "engine", "steps", "loss: first", "last", "step s (median)", "tokens/s",
+                  "step time / full", "FLOP ratio: step", "attention", "load average (before → after)",
+                  "evaluation checkpoints"],
+                 [[v, r.get("dtype", s["dtype"]), r.get("engine", s["engine"]), r["steps"], _f(r["loss_first"]),
+                   _f(r["loss_last"]), _f(r["step_s_median"], ".3g"), _f(r["tokens_per_s_median"], ".4g"),
+                   _f(r.get("step_time_vs_full"), ".3f"), ratio(r, "step"), ratio(r, "attention"), load(r),
                    ", ".join(r["eval_checkpoints"])] for v, r in s["runs"].items()]))
     busy = [v for v, r in s["runs"].items() if r.get("busy")]
     if busy:
         p.add(f"<p class='note'>The machine was busy with other work when {', '.join(map(_esc, busy))} started "
               "(1-minute load average above half the cores): its step times, and the ratios to full, are not "
               "comparable. Run the demo alone to time it.</p>")
-    p.img("train/loss.png", "loss per step")
+    p.figs([("train/loss.png", "loss per step"),
+            ("train/step_time_vs_flops.png", "step time over full's against the FLOP ratio")])
     p.add("<p>" + " · ".join(f"{v}: {p.link(f'train/{v}/metrics.jsonl', 'metrics.jsonl')}, "
                               f"{p.link(f'train/{v}/config.yaml', 'config.yaml')}" for v in s["runs"]) + "</p>")
 
@@ -158,27 +175,78 @@ def _section_parity(p: _Page, s: dict[str, Any]) -> None:
             for fig in sorted((p.out / "parity" / "figures").glob("grads_*.png"))[:4]])
 
 
+def _cell(x: dict[str, Any]) -> str:
+    """A score averaged over checkpoints: mean ± std over them, and the standard error over samples."""
+    se = f" (SE {x['se']:.1f})" if x.get("se") is not None else ""
+    return f"{x['mean']:.1f} ± {x['std']:.1f}{se}"
+
+
 def _section_eval(p: _Page, s: dict[str, Any]) -> None:
     Ls = [str(L) for L in s["lengths"]]
     p.add(f"<p>RULER tasks {', '.join(map(_esc, s['tasks']))}, {s['samples']} samples per task and length, greedy, "
           f"{_esc(s['dtype'])}, prefill engine {_esc(s.get('engine', 'sdpa'))}; each cell: the mean of the tasks, "
-          "mean ± std over the run's evaluation checkpoints (the paper's table).</p>")
+          "mean ± std over the run's evaluation checkpoints (the paper's table), and in brackets the standard "
+          "error over samples (each sample's score averaged over the checkpoints, which read the same prompts; "
+          f"at most 50 / √({len(s['tasks'])} × {s['samples']}) = "
+          f"{50 / (len(s['tasks']) * s['samples']) ** 0.5:.1f} points for a 0–100 score).</p>")
     if s.get("dtype_choice", {}).get("reason"):
         p.add(f"<p>dtype: {_esc(s['dtype_choice']['reason'])}.</p>")
     p.add(_table(["run", "checkpoints", *Ls],
-                 [[v, ", ".join(r["checkpoints"]), *[f"{r['scores'][L]['mean']:.1f} ± {r['scores'][L]['std']:.1f}"
-                                                    for L in Ls]] for v, r in s["runs"].items()]))
+                 [[v, ", ".join(r["checkpoints"]), *[_cell(r["scores"][L]) for L in Ls]] for v, r in s["runs"].items()]))
     p.img("eval/ruler.png", "RULER score against length")
     rows = []
     for v, r in s["runs"].items():
         for t in r["tasks"]:
-            rows.append([v, t["task"], t["length"], f"{t['mean']:.1f} ± {t['std']:.1f}"])
-    p.add("<h3>Per task</h3>" + _table(["run", "task", "length", "score"], rows))
+            rows.append([v, t["task"], t["length"], _cell(t)])
+    p.add("<h3>Per task</h3>" + _table(["run", "task", "length", "score: mean ± std over checkpoints (SE)"], rows))
     if any(r["perplexity"] for r in s["runs"].values()):
-        p.add("<h3>Perplexity on held-out windows (mean over checkpoints)</h3>")
+        docs = ("one long held-out document per window" if s.get("perplexity_docs") == "long"
+                else "held-out packed windows")
+        p.add(f"<h3>Perplexity on {docs} (mean over checkpoints)</h3>")
         p.add(_table(["run", *Ls], [[v, *[_f(r["perplexity"].get(L), ".4g") for L in Ls]] for v, r in s["runs"].items()]))
+    _position_buckets(p, s)
+    if s.get("reset", {}).get("pairs"):
+        _reset(p, s["reset"])
     p.add("<p>" + " · ".join(f"{v}: {p.link(f'eval/{v}/report.md', 'report.md')}, "
                               f"{p.link(f'eval/{v}/samples.jsonl', 'samples.jsonl')}" for v in s["runs"]) + "</p>")
+
+
+def _position_buckets(p: _Page, s: dict[str, Any]) -> None:
+    """The held-out NLL by position bucket at the longest length: a run per row, mean ± std over checkpoints."""
+    with_buckets = {v: r["buckets"] for v, r in s["runs"].items() if r.get("buckets")}
+    if not with_buckets:
+        return
+    L = str(max(int(x) for b in with_buckets.values() for x in b))
+    spans = sorted({(c["start"], c["end"]) for b in with_buckets.values() for c in b.get(L, [])})
+    p.add(f"<h3>Held-out loss by position at {L} (NLL per token, mean ± std over checkpoints)</h3>")
+    p.add(f"<p>Bucket a–b: the predictions made at positions a to b − 1 of the held-out "
+          f"{'documents' if s.get('perplexity_docs') == 'long' else 'windows'}.</p>")
+    rows = []
+    for v, b in with_buckets.items():
+        by = {(c["start"], c["end"]): c for c in b.get(L, [])}
+        rows.append([v, *[f"{by[k]['nll']:.3f} ± {by[k]['std']:.3f}" if k in by else "—" for k in spans]])
+    p.add(_table(["run", *[f"{a}–{e}" for a, e in spans]], rows))
+    p.img("eval/position_loss.png", "held-out loss by position, and against full attention")
+
+
+def _reset(p: _Page, r: dict[str, Any]) -> None:
+    """intra_doc_reset − intra_doc in each dtype (anchor_app.demo.summary.reset_effect)."""
+    p.add("<h3>The reset of positions: intra_doc_reset − intra_doc, bf16 against fp32</h3>")
+    p.add(f"<p>Training loss over the first {r.get('steps_compared')} steps (the steps every one of these runs "
+          "trained, on the same windows), RULER (mean of tasks) and held-out NLL, each averaged over the runs' "
+          "evaluation checkpoints. In exact arithmetic the reset changes nothing under an intra-document mask "
+          "(RoPE is relative); fp32 keeps that to rounding.</p>")
+    Ls = sorted({L for e in r["pairs"] for L in e.get("ruler_diff", {})}, key=int)
+    rows = []
+    for e in r["pairs"]:
+        ld = e["loss_diff"]
+        rows.append([" − ".join(reversed(e["runs"])), e.get("dtype"), f"{ld['mean_abs']:.3g}", f"{ld['max_abs']:.3g}",
+                     *[_f(e.get("ruler_diff", {}).get(L), "+.1f") for L in Ls],
+                     *[_f(e.get("heldout_nll_diff", {}).get(L), "+.3g") for L in Ls]])
+    p.add(_table(["runs", "dtype", "|Δ loss| mean", "max", *[f"Δ RULER {L}" for L in Ls],
+                  *[f"Δ NLL {L}" for L in Ls]], rows))
+    if r.get("size"):
+        p.add(f"<p><b>{_esc(r['size'])}</b>.</p>")
 
 
 def _section_bench(p: _Page, s: dict[str, Any]) -> None:
@@ -219,6 +287,10 @@ def index_page(out: Path, record: dict[str, Any], fps: dict[str, str] | None = N
           f"reused {', '.join(record.get('reused', [])) or 'nothing'}. {p.link(DEMO_JSON, DEMO_JSON)}</p>")
     if record.get("left_out"):
         p.add("<p class='note'>Left out on this model: " + "; ".join(map(_esc, record["left_out"])) + ".</p>")
+    if record.get("summary_json"):
+        p.add(f"<p>Summary of the runs: {p.link(record['summary_json'], record['summary_json'])} (machine, seconds, "
+              "per run and evaluation checkpoint: RULER per task and length with standard errors, held-out loss "
+              "by position, step times).</p>")
     p.img("summary.png", "summary: audit, training loss, RULER, attention time")
     p.add("<ul>" + "".join(f"<li><a href='#{st}'>{_esc(TITLES[st])}</a></li>" for st in done) + "</ul>")
     for st in done:

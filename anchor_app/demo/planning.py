@@ -18,8 +18,9 @@ from typing import Any, Callable
 from anchor.atomic import write_text_atomic
 from anchor.errors import InputError
 from anchor_app.demo.page import index_page, summary_figure
-from anchor_app.demo.settings import DEMO_JSON, NEEDS, PROFILES, STAGES, TITLES, DemoSettings
+from anchor_app.demo.settings import DEMO_JSON, NEEDS, PROFILES, STAGES, TITLES, DemoSettings, run_names
 from anchor_app.demo.stages import RUNNERS, StageContext
+from anchor_app.demo.summary import write_summary
 
 # Stages that a stopped demo continues (the same fingerprint): training from each run's newest checkpoint,
 # evaluation from the checkpoint it was on (finished runs whole, finished checkpoints from their parts).
@@ -34,6 +35,14 @@ _KEYS = {"top5": ("model", "prompt", "policy"), "corpus": (), "pack": ("model", 
          "eval": ("eval_tasks", "eval_lengths", "eval_samples", "eval_dtype", "eval_engine", "perplexity_windows",
                   "seed"),
          "bench": ("model", "bench_seq_lens", "bench_windows", "bench_repeats", "seed")}
+# Settings added later, hashed into a stage's fingerprint only where they differ from their default: a demo
+# folder of an earlier version keeps its fingerprints (and is reused) while any other value changes them.
+# Every field of DemoSettings is in _KEYS, here, or in _NOT_RESULTS (`unlisted_settings()`, tested).
+_KEYS_IF_SET = {"train": ("train_rope_theta", "zero_stage", "train_warmup_steps", "fp32_variants", "fp32_steps",
+                          "fp32_eval_window"),
+                "eval": ("eval_batch_size", "perplexity_docs", "perplexity_bucket", "perplexity_data")}
+# Fields that change no stage's result: what runs by default, and where the summary goes.
+_NOT_RESULTS = ("stages", "summary_json")
 
 
 def check_steps(steps: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
@@ -85,16 +94,28 @@ def fingerprints(settings: DemoSettings) -> dict[str, str]:
     from anchor import __version__
 
     d = asdict(settings)
+    default = asdict(DemoSettings())
     ident = _model_identity(settings.model)
     fps: dict[str, str] = {}
     for stage in STAGES:
-        blob = {"stage": stage, "version": __version__, "settings": {k: d[k] for k in _KEYS[stage]},
+        keys = {k: d[k] for k in _KEYS[stage]}
+        keys.update({k: d[k] for k in _KEYS_IF_SET.get(stage, ()) if d[k] != default[k]})
+        blob = {"stage": stage, "version": __version__, "settings": keys,
                 "needs": {x: fps[x] for x in NEEDS.get(stage, ())}}
         if "model" in _KEYS[stage]:
             blob["model"] = ident
         text = json.dumps(blob, sort_keys=True, default=list)
         fps[stage] = hashlib.sha256(text.encode()).hexdigest()[:16]
     return fps
+
+
+def unlisted_settings() -> list[str]:
+    """Fields of DemoSettings that no stage's fingerprint names and that are not marked as changing no
+    result ([] when the fingerprints are complete)."""
+    from dataclasses import fields
+
+    listed = {k for keys in (*_KEYS.values(), *_KEYS_IF_SET.values()) for k in keys} | set(_NOT_RESULTS)
+    return [f.name for f in fields(DemoSettings) if f.name not in listed]
 
 
 def read_record(out: Path) -> dict[str, Any]:
@@ -125,22 +146,25 @@ def _clear(out: Path, stage: str) -> None:
     rmtree(path)
 
 
-def run_demo(model: str = "default", out: str | Path = "runs/demo", *, steps: tuple[str, ...] = STAGES,
+def run_demo(model: str = "default", out: str | Path = "runs/demo", *, steps: tuple[str, ...] | None = None,
              settings: DemoSettings | None = None, fresh: bool = False, say: Callable[[str], None] = print,
              progress: bool = True, **overrides: Any) -> dict[str, Any]:
     """Run (or reuse) the selected stages into the demo folder `out`. Returns the record written to demo.json.
 
-    `overrides` replace fields of `settings` (default: the `demo` profile), e.g. seq_len=512."""
+    `steps`: the stages to run (None: the profile's, `settings.stages`). `overrides` replace fields of
+    `settings` (default: the `demo` profile), e.g. seq_len=512."""
     from anchor.outdir import guard_out, out_lock
 
-    steps = check_steps(steps)
     s = replace(settings or PROFILES["demo"], model=model, **overrides)
+    steps = check_steps(s.stages if steps is None else steps)
     pol_file = s.policy if s.policy.endswith((".yaml", ".yml")) else None
     out = guard_out(out, "demo", inputs=(model, pol_file), replace=False)
     todo = plan(steps)
     t0 = time.time()
     _check_model(s.model)  # a bad model fails before the folder exists
     s, left_out = feasible(s, todo)  # and a task that cannot run is left out before any work
+    if "train" in todo:
+        check_disk(s, out)  # the runs' checkpoints fit the disk
     for line in left_out:
         say(f"left out: {line}")
     fps = fingerprints(s)
@@ -163,13 +187,18 @@ def _remove_own_files(out: Path) -> None:
     if not out.is_dir():
         return
     for p in out.iterdir():
-        own = (p.name in (DEMO_JSON, "index.html", "summary.png", MARKER)
+        own = (p.name in (DEMO_JSON, "index.html", "summary.png", MARKER) or p.name in _summary_names()
                or (p.is_dir() and p.name in STAGES and read_marker(p) is not None)
                or (p.name.startswith(".") and (".tmp-" in p.name or p.name.startswith(".parity-model-"))))
         if own:
             rmtree(p) if p.is_dir() else p.unlink()
     if not any(out.iterdir()):
         out.rmdir()
+
+
+def _summary_names() -> set[str]:
+    """The summary JSON names of every profile (files the demo writes into its folder)."""
+    return {p.summary_json for p in PROFILES.values() if p.summary_json}
 
 
 def feasible(s: DemoSettings, todo: tuple[str, ...]) -> tuple[DemoSettings, list[str]]:
@@ -182,7 +211,13 @@ def feasible(s: DemoSettings, todo: tuple[str, ...]) -> tuple[DemoSettings, list
     from anchor.tokenizer import load_tokenizer
     from anchor_app.eval.runner import tasks_that_do_not_fit
 
-    misfits = tasks_that_do_not_fit(load_tokenizer(s.model), s.eval_tasks, s.eval_lengths, s.eval_samples, s.seed)
+    tok = load_tokenizer(s.model)
+    if s.perplexity_windows and s.perplexity_docs == "long":  # enough long held-out documents, before training
+        from anchor_app.eval.perplexity import heldout_windows
+
+        heldout_windows(tok, max(s.eval_lengths), s.perplexity_windows, s.perplexity_data or None,
+                        whole_documents=True)
+    misfits = tasks_that_do_not_fit(tok, s.eval_tasks, s.eval_lengths, s.eval_samples, s.seed)
     if not misfits:
         return s, []
     keep = tuple(t for t in s.eval_tasks if t not in misfits)
@@ -192,6 +227,49 @@ def feasible(s: DemoSettings, todo: tuple[str, ...]) -> tuple[DemoSettings, list
                          f"{', '.join(map(str, s.eval_lengths))} with the model {s.model!r}'s tokenizer ({first}); "
                          "give longer lengths or leave out the eval stage (--steps)")
     return replace(s, eval_tasks=keep), [f"RULER {t}: {why}" for t, why in misfits.items()]
+
+
+def bytes_per_param(dtype: str, zero_stage: int) -> int:
+    """A checkpoint's bytes per parameter: DeepSpeed's module (4 in fp32, 2 in bf16), AdamW's two moments (8),
+    ZeRO >= 1's fp32 copy of the parameters (4), and hf/ in fp32 (4). 16 in fp32 under ZeRO-0: SmolLM2-135M's
+    measured 2.1 GB is 15.6."""
+    return (4 if dtype == "float32" else 2) + 8 + (4 if zero_stage >= 1 else 0) + 4
+
+
+def checkpoint_bytes(s: DemoSettings) -> int:
+    """About how many bytes the `train` stage's checkpoints take: every run's evaluation checkpoints and its
+    last (kept for good), `bytes_per_param` each."""
+    from anchor.weights import load_spec
+    from anchor_app.bench.flops import matmul_params
+    from anchor_app.demo.settings import parse_run, run_names
+
+    spec = load_spec(s.model)
+    params = matmul_params(spec) + (0 if spec.tie_embeddings else spec.vocab_size * spec.hidden_size)
+    total = 0
+    for run in run_names(s):
+        r = parse_run(s, run)
+        steps, window = r["steps"], r["eval_window"]
+        count = len({k for k in range(1, steps + 1) if steps - k < window and (steps - k) % s.eval_every == 0}
+                    | {steps})
+        total += count * params * bytes_per_param(r["dtype"], s.zero_stage)
+    return total
+
+
+def check_disk(s: DemoSettings, out: Path) -> None:
+    """The checkpoints still to write (checkpoint_bytes less what `out/train` holds) against the disk's free
+    space: one line and exit 2 before any work, where they would not fit."""
+    need = checkpoint_bytes(s)
+    train = out / "train"
+    have = sum(f.stat().st_size for f in train.rglob("*") if f.is_file()) if train.is_dir() else 0
+    where = out
+    while not where.exists():
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if need - have > free:
+        raise InputError(f"the training runs' checkpoints need about {(need - have) / 1e9:.1f} GB "
+                         f"({len(run_names(s))} runs, their evaluation checkpoints and last ones); "
+                         f"{free / 1e9:.1f} GB are free here: free some space or name an --out on a larger disk",
+                         path=where)
 
 
 def _check_model(model: str) -> None:
@@ -239,6 +317,9 @@ def _run_stages(out: Path, s: DemoSettings, steps: tuple[str, ...], todo: tuple[
     record["seconds"] = round(time.time() - t0, 1)
     _write_record(out, record, t0)
     summary_figure(out, record)
+    if write_summary(out, record, s) is not None:
+        record["summary_json"] = s.summary_json
+        _write_record(out, record, t0)
     index_page(out, record, fps)
     return record
 

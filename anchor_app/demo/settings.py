@@ -1,12 +1,15 @@
 """The demo's settings and stage names: what every other module of `anchor_app.demo` reads.
 
 `STAGES` in the pipeline's order, `NEEDS` (the stages each one reads), `TITLES` (the page's headings),
-`DemoSettings` (everything a stage's result depends on besides its inputs) and `PROFILES` (`--profile`).
+`DemoSettings` (everything a stage's result depends on besides its inputs), `PROFILES` (`--profile`) and
+`run_names` / `parse_run` (the training runs of a profile: its variants, and short float32 runs named
+`<variant>@fp32`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 DEFAULT_PROMPT = "The quick brown fox jumps over the lazy dog. The capital of France is"
 STAGES = ("top5", "corpus", "pack", "audit", "train", "parity", "eval", "bench")
@@ -52,6 +55,48 @@ class DemoSettings:
     bench_windows: int = 1
     bench_repeats: int = 2
     seed: int = 0
+    # Added for `paper-gpu`; at these defaults the demo behaves, and fingerprints its stages, as before
+    # (planning._KEYS_IF_SET: a key enters a stage's fingerprint only when it differs from its default).
+    train_rope_theta: float | None = None     # the runs' RoPE base (train config `rope.theta`); None: the model's
+    zero_stage: int = 0                       # DeepSpeed ZeRO stage of the runs (bf16 needs >= 1)
+    train_warmup_steps: int = 1
+    fp32_variants: tuple[str, ...] = ()       # short float32 runs beside the others, named `<variant>@fp32`
+    fp32_steps: int = 0                       # their steps (same seed, windows, schedule: their first steps
+                                              # are the main runs' first steps in float32)
+    fp32_eval_window: int = 1                 # their evaluation checkpoints: every eval_every over the last this many
+    eval_batch_size: int = 4                  # prompts per generation batch
+    perplexity_docs: str = "packed"           # packed held-out windows, or `long`: one long document per window
+    perplexity_bucket: int = 2048             # positions per bucket of the held-out NLL by position
+    perplexity_data: str = ""                 # held-out documents (a corpus file); "": the stdlib test suites
+    # Not results: what runs when --steps is not given, and the summary JSON written into the demo folder
+    stages: tuple[str, ...] = STAGES
+    summary_json: str = ""
+
+
+FP32_SUFFIX = "@fp32"
+
+
+def run_names(s: DemoSettings) -> tuple[str, ...]:
+    """The training runs of `s`, in order: one per variant, then the float32 runs `<variant>@fp32`."""
+    return tuple(s.train_variants) + tuple(f"{v}{FP32_SUFFIX}" for v in s.fp32_variants)
+
+
+def parse_run(s: DemoSettings, run: str) -> dict[str, Any]:
+    """What a run of `run_names(s)` trains: variant, dtype, steps and evaluation window."""
+    if run.endswith(FP32_SUFFIX):
+        return {"variant": run[:-len(FP32_SUFFIX)], "dtype": "float32", "steps": s.fp32_steps,
+                "eval_window": s.fp32_eval_window}
+    return {"variant": run, "dtype": s.train_dtype, "steps": s.train_steps, "eval_window": s.eval_window}
+
+
+# The paper's RoPE base per training length (its "RoPE base" study): 1M at 32K, 5M at 64K, 10M at 128K,
+# 50M at 256K. paper-gpu trains SmolLM2-135M (base 1e5, 8192 positions) at 16K: 5e5, SmolLM2's own base
+# raised 5x for the doubling of its context, the paper's factor for a doubling (32K -> 64K: 1M -> 5M;
+# 128K -> 256K: 10M -> 50M). It also lies between the paper's schedule carried back one doubling from 32K
+# (about 3e5 on its log-log trend) and the base that did best at 16K in the paper's 32K study (600K-900K),
+# above the lower bound of Men et al. for 16K (about 3e5 at head dim 128).
+PAPER_ROPE_THETA = {32768: 1e6, 65536: 5e6, 131072: 1e7, 262144: 5e7}
+PAPER_GPU_ROPE_THETA = 5e5
 
 
 # `make paper-small`: the paper's comparison at small scale (four variants, RULER 1K-4K, five checkpoints).
@@ -62,5 +107,19 @@ PROFILES = {
         train_steps=20, global_batch=1, eval_every=4, eval_window=20, parity_seq_len=515,
         eval_tasks=("niah_single_1", "niah_multikey_1", "vt"), eval_lengths=(1024, 2048, 4096),
         eval_samples=4, perplexity_windows=2, bench_seq_lens=(4096, 8192, 16384), bench_windows=2),
+    # `make paper-gpu`: the comparison on one GPU (README: paper-gpu). SmolLM2-135M continued at 16K, beyond
+    # its 8192 positions, RoPE base 5e5; bf16 under ZeRO-1; 200 steps of one window each, evaluation
+    # checkpoints every 10 steps over the last 50 (the paper's five); RULER 4K-16K with 36 samples per task
+    # and length (the standard error of a length's task mean is at most 50 / sqrt(3 x 36) = 4.8 points);
+    # held-out NLL by 2K position bucket on eight long documents; intra_doc and intra_doc_reset again in fp32
+    # for 40 steps (the reset's size in bf16 against fp32).
+    "paper-gpu": DemoSettings(
+        seq_len=16384, budget=3_400_000, train_variants=("full", "intra_doc", "intra_doc_reset", "anchor"),
+        train_steps=200, global_batch=1, lr=1e-4, train_warmup_steps=10, train_engine="auto",
+        train_dtype="bfloat16", zero_stage=1, train_rope_theta=PAPER_GPU_ROPE_THETA, eval_every=10, eval_window=50,
+        fp32_variants=("intra_doc", "intra_doc_reset"), fp32_steps=40, fp32_eval_window=1,
+        eval_tasks=("niah_single_1", "niah_multikey_1", "vt"), eval_lengths=(4096, 8192, 16384), eval_samples=36,
+        eval_batch_size=36, eval_engine="varlen", perplexity_windows=8, perplexity_docs="long",
+        perplexity_bucket=2048, stages=("corpus", "pack", "train", "eval"), summary_json="paper_gpu.json"),
 }
 

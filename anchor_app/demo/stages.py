@@ -15,7 +15,7 @@ import numpy as np
 
 from anchor_app.demo.next_token import print_top5, top5
 from anchor_app.demo.page import save_figure
-from anchor_app.demo.settings import DemoSettings
+from anchor_app.demo.settings import DemoSettings, parse_run, run_names
 
 
 @dataclass
@@ -79,12 +79,38 @@ def stage_audit(ctx: StageContext) -> dict[str, Any]:
     return {"runtime_s": result.get("runtime_s"), "policies": sorted(result.get("shift_curve", {}))}
 
 
-def _train_overrides(s: DemoSettings, data: Path, variant: str) -> list[str]:
-    return [f"model={s.model}", f"data={data}", f"seq_len={s.seq_len}", f"variant={variant}",
-            f"steps={s.train_steps}", f"global_batch={s.global_batch}", "micro_batch=1", f"lr={s.lr}",
-            "warmup_steps=1", "schedule=constant", f"dtype={s.train_dtype}", f"engine={s.train_engine}",
-            "zero_stage=0", "save_every=0", "keep_last=1", f"eval_every={s.eval_every}",
-            f"eval_window={s.eval_window}", f"seed={s.seed}"]
+def _train_overrides(s: DemoSettings, data: Path, run: str) -> list[str]:
+    """The `anchor train` config of one run of `run_names(s)` (its variant, dtype, steps, evaluation window)."""
+    r = parse_run(s, run)
+    out = [f"model={s.model}", f"data={data}", f"seq_len={s.seq_len}", f"variant={r['variant']}",
+           f"steps={r['steps']}", f"global_batch={s.global_batch}", "micro_batch=1", f"lr={s.lr}",
+           f"warmup_steps={s.train_warmup_steps}", "schedule=constant", f"dtype={r['dtype']}",
+           f"engine={s.train_engine}", f"zero_stage={s.zero_stage}", "save_every=0", "keep_last=1",
+           f"eval_every={s.eval_every}", f"eval_window={r['eval_window']}", f"seed={s.seed}"]
+    if s.train_rope_theta is not None:
+        out.append(f"rope.theta={float(s.train_rope_theta)!r}")
+    return out
+
+
+def flop_ratios(pack: Path, model: str, variant: str, steps: int, global_batch: int, seed: int) -> dict[str, float]:
+    """`variant`'s FLOPs against full attention's on the windows a run of `steps` steps trains on (the
+    trainer's order on one process: anchor.data.packed.Loader with the run's seed and batch): `attention`,
+    the query-key pairs its mask allows; `step`, the whole training step (anchor_app.bench.flops: 6 FLOPs
+    per matmul parameter and token, plus attention)."""
+    from anchor.data.packed import Loader, PackedData
+    from anchor.weights import load_spec
+    from anchor_app.bench import flops
+
+    loader = Loader(PackedData.open(pack), batch_size=global_batch, variant=variant, seed=seed)
+    mine = full = tokens = 0
+    for _ in range(steps):
+        b = next(loader)
+        mine += int(flops.pairs(b.doc_ids, variant).sum())
+        full += int(flops.pairs(b.doc_ids, "full").sum())  # padding reads the same under every variant
+        tokens += int(b.tokens.size)
+    spec = load_spec(model)
+    return {"attention": mine / full,
+            "step": flops.step_flops(spec, mine, tokens)["total"] / flops.step_flops(spec, full, tokens)["total"]}
 
 
 def _load_average() -> float | None:
@@ -101,7 +127,7 @@ def busy_machine(load_before: float | None) -> bool:
 
 
 def stage_train(ctx: StageContext) -> dict[str, Any]:
-    """One run per variant on the packed windows (resumed where a killed demo left it)."""
+    """One run per variant on the packed windows, then the float32 runs (resumed where a killed demo left them)."""
     from torchtrain import checkpoint as ckpt
     from torchtrain.config import load_train_config
     from torchtrain.metrics import read_metrics
@@ -111,27 +137,34 @@ def stage_train(ctx: StageContext) -> dict[str, Any]:
     root = ctx.stage("train")
     _container(root)
     runs: dict[str, Any] = {}
-    for i, v in enumerate(s.train_variants, 1):
-        ctx.say(f"    run {i}/{len(s.train_variants)}: variant {v}, {s.train_steps} steps of "
-                f"{s.global_batch} x {s.seq_len} slots, engine {s.train_engine}")
+    names = run_names(s)
+    for i, v in enumerate(names, 1):
+        r = parse_run(s, v)
+        ctx.say(f"    run {i}/{len(names)}: {v}: variant {r['variant']}, {r['steps']} steps of "
+                f"{s.global_batch} x {s.seq_len} slots, {r['dtype']}, engine {s.train_engine}")
         cfg = load_train_config(None, _train_overrides(s, ctx.stage("pack").resolve(), v))
         load_before = _load_average()  # other work on the machine, before this run adds its own
         train(cfg, root / v, progress=ctx.progress)
         load_after = _load_average()
         m = read_metrics(root / v)
-        step_s = [s.global_batch * s.seq_len / r["tokens_per_s"] for r in m]
+        step_s = [s.global_batch * s.seq_len / x["tokens_per_s"] for x in m]
         last = max(ckpt.list_steps(root / v))
         runs[v] = {"steps": len(m), "loss_first": m[0]["loss"], "loss_last": m[-1]["loss"],
-                   "loss": [r["loss"] for r in m],
+                   "loss": [x["loss"] for x in m],
                    "step_s_median": float(np.median(step_s[1:] if len(step_s) > 1 else step_s)),
-                   "tokens_per_s_median": float(np.median([r["tokens_per_s"] for r in m[1:] or m])),
+                   "tokens_per_s_median": float(np.median([x["tokens_per_s"] for x in m[1:] or m])),
                    "elapsed_s": m[-1]["elapsed_s"], "last_checkpoint": f"{v}/checkpoints/step-{last}/hf",
                    "eval_checkpoints": [f"step-{k}" for k in sorted(ckpt.list_steps(root / v)) if cfg.is_eval_step(k)],
                    "load_average": {"before": load_before, "after": load_after, "cores": os.cpu_count()},
-                   "busy": busy_machine(load_before)}
-    if "full" in runs:
-        for v, r in runs.items():
-            r["step_time_vs_full"] = r["step_s_median"] / runs["full"]["step_s_median"]
+                   "busy": busy_machine(load_before), "variant": r["variant"], "dtype": r["dtype"],
+                   "step_s": [round(x, 5) for x in step_s],
+                   "engine": load_train_config(root / v / "config.yaml").engine,
+                   "flop_ratio": flop_ratios(ctx.stage("pack"), s.model, r["variant"], r["steps"], s.global_batch,
+                                             s.seed)}
+    for v, r in runs.items():  # against the full run of the same dtype
+        base = "full" if not v.endswith("@fp32") else "full@fp32"
+        if base in runs:
+            r["step_time_vs_full"] = r["step_s_median"] / runs[base]["step_s_median"]
 
     import matplotlib
 
@@ -140,7 +173,8 @@ def stage_train(ctx: StageContext) -> dict[str, Any]:
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for v, r in runs.items():
-        ax.plot(range(1, len(r["loss"]) + 1), r["loss"], marker="o", label=v)
+        ax.plot(range(1, len(r["loss"]) + 1), r["loss"], marker="o" if len(r["loss"]) < 40 else None,
+                ls="--" if v.endswith("@fp32") else "-", label=v)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss (mean over counted targets)")
     ax.set_title(f"{s.model}: continued pre-training at T={s.seq_len}")
@@ -148,7 +182,32 @@ def stage_train(ctx: StageContext) -> dict[str, Any]:
     fig.tight_layout()
     save_figure(fig, root / "loss.png")
     plt.close(fig)
-    return {"runs": runs, "model": s.model, "seq_len": s.seq_len, "engine": s.train_engine, "dtype": s.train_dtype}
+    if any("flop_ratio" in r and r.get("step_time_vs_full") is not None for r in runs.values()):
+        _plot_step_time_vs_flops(runs, root / "step_time_vs_flops.png", s)
+    return {"runs": runs, "model": s.model, "seq_len": s.seq_len, "engine": s.train_engine, "dtype": s.train_dtype,
+            "rope_theta": s.train_rope_theta, "zero_stage": s.zero_stage}
+
+
+def _plot_step_time_vs_flops(runs: dict[str, Any], path: Path, s: DemoSettings) -> None:
+    """Each run's median step time over full's (same dtype) against its FLOP ratio: the whole step (filled)
+    and attention alone (open); on the diagonal a step costs what its FLOPs say."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.2, 4.2))
+    ax.plot([0, 1.05], [0, 1.05], color="grey", lw=0.8, ls=":", label="time = FLOPs")
+    for k, (v, r) in enumerate((v, r) for v, r in runs.items() if "flop_ratio" in r and r.get("step_time_vs_full")):
+        color = f"C{k}"
+        ax.plot(r["flop_ratio"]["step"], r["step_time_vs_full"], "o", color=color, label=f"{v}: step")
+        ax.plot(r["flop_ratio"]["attention"], r["step_time_vs_full"], "o", mfc="none", color=color)
+    ax.set_xlim(0, 1.05)
+    ax.set_ylim(0, max(1.2, *(r.get("step_time_vs_full") or 0 for r in runs.values())) * 1.05)
+    ax.set_xlabel("FLOP ratio to full (filled: whole step, open: attention)")
+    ax.set_ylabel("median step time / full's")
+    ax.set_title(f"step time against FLOPs at T={s.seq_len}", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
 
 
 def stage_parity(ctx: StageContext) -> dict[str, Any]:
@@ -193,17 +252,46 @@ def stage_parity(ctx: StageContext) -> dict[str, Any]:
             "ids": [[c["id"], bool(c["pass"])] for c in result["cases"] + grads]}
 
 
-def _run_scores(result: dict[str, Any]) -> dict[int, dict[str, float]]:
-    """Per length: the task-averaged score of each checkpoint, then mean and std over checkpoints."""
+def _run_scores(result: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """Per length: the task-averaged score of each checkpoint, then mean and std over checkpoints, and the
+    standard error over samples of that mean (`se`: each (task, sample)'s score averaged over the checkpoints,
+    which read the same prompts; None where eval.json has no per-sample scores)."""
+    from anchor_app.eval.runner import standard_error
+
     out = {}
     for L in result["settings"]["lengths"]:
-        per_ckpt = {}
+        per_ckpt: dict[str, list[float]] = {}
+        units: dict[str, list[list[float]]] = {}  # task -> per checkpoint, the samples' scores
         for r in result["rows"]:
             if r["length"] == L:
                 per_ckpt.setdefault(r["checkpoint"], []).append(r["score"])
+                units.setdefault(r["task"], []).append(r.get("sample_scores"))
         vals = [float(np.mean(v)) for v in per_ckpt.values()]
+        se = None
+        if all(x is not None for xs in units.values() for x in xs):
+            pooled = [m for xs in units.values() for m in np.mean(np.asarray(xs, dtype=np.float64), axis=0)]
+            se = standard_error(pooled)
         out[L] = {"mean": float(np.mean(vals)), "std": float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0,
-                  "checkpoints": len(vals)}
+                  "se": se, "checkpoints": len(vals)}
+    return out
+
+
+def _bucket_means(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Per length: the held-out NLL of each position bucket, mean and std over the checkpoints."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for L in result["settings"]["lengths"]:
+        rows = [r for r in result["perplexity"] if r["length"] == L and r.get("buckets")]
+        if not rows:
+            continue
+        spans = sorted({(b["start"], b["end"]) for r in rows for b in r["buckets"]})
+        cells = []
+        for a, e in spans:
+            vals = [b["nll"] for r in rows for b in r["buckets"] if (b["start"], b["end"]) == (a, e)]
+            cells.append({"start": a, "end": e, "nll": float(np.mean(vals)),
+                          "std": float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0, "checkpoints": len(vals),
+                          "tokens": int(sum(b["tokens"] for r in rows for b in r["buckets"]
+                                            if (b["start"], b["end"]) == (a, e)) // len(vals))})
+        out[str(L)] = cells
     return out
 
 
@@ -226,7 +314,10 @@ def _finished_eval(folder: Path, s: DemoSettings, sources: list[tuple[str, str]]
                 and got["tasks"] == list(s.eval_tasks) and got["lengths"] == list(s.eval_lengths)
                 and got["samples"] == s.eval_samples and got["seed"] == s.seed and got["dtype"] == resolve_dtype(s.eval_dtype)
                 and got["engine"] == s.eval_engine
-                and got["perplexity_windows"] == s.perplexity_windows)
+                and got["perplexity_windows"] == s.perplexity_windows and got["batch_size"] == s.eval_batch_size
+                and got.get("perplexity_docs") == s.perplexity_docs
+                and got.get("perplexity_bucket") == s.perplexity_bucket
+                and got.get("perplexity_data") == (s.perplexity_data or "stdlib test suites"))
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return r if same else None
@@ -240,26 +331,33 @@ def stage_eval(ctx: StageContext) -> dict[str, Any]:
     _container(root)
     runs: dict[str, Any] = {}
     choice: dict[str, Any] = {}
-    for i, v in enumerate(s.train_variants, 1):
+    names = run_names(s)
+    for i, v in enumerate(names, 1):
         sources = checkpoints_of_run(ctx.stage("train") / v)
         result = _finished_eval(root / v, s, sources)
         if result is not None:
-            ctx.say(f"    run {i}/{len(s.train_variants)}: {v}: evaluated before the demo stopped, reused")
+            ctx.say(f"    run {i}/{len(names)}: {v}: evaluated before the demo stopped, reused")
         else:
-            ctx.say(f"    run {i}/{len(s.train_variants)}: {v}, checkpoints {', '.join(lb for lb, _ in sources)}")
+            ctx.say(f"    run {i}/{len(names)}: {v}, checkpoints {', '.join(lb for lb, _ in sources)}")
             result = run_eval(sources, tasks=list(s.eval_tasks), lengths=list(s.eval_lengths),
-                              samples=s.eval_samples, seed=s.seed, dtype=s.eval_dtype,
-                              engine=s.eval_engine, perplexity_windows=s.perplexity_windows, progress=ctx.progress,
+                              samples=s.eval_samples, seed=s.seed, dtype=s.eval_dtype, engine=s.eval_engine,
+                              batch_size=s.eval_batch_size, perplexity_windows=s.perplexity_windows,
+                              perplexity_docs=s.perplexity_docs, perplexity_bucket=s.perplexity_bucket,
+                              perplexity_data=s.perplexity_data or None, progress=ctx.progress,
                               parts=parts_dir(root / v))  # a stopped demo resumes at the checkpoint
             write_eval(result, root / v)
         choice = result.get("dtype_choice") or {"dtype": result["settings"]["dtype"]}
-        ppl = {}
+        ppl: dict[int, list[float]] = {}
+        nll: dict[int, list[float]] = {}
         for r in result["perplexity"]:
             ppl.setdefault(r["length"], []).append(r["ppl"])
+            nll.setdefault(r["length"], []).append(r["nll"])
         runs[v] = {"checkpoints": [c["label"] for c in result["checkpoints"]],
                    "scores": {str(L): x for L, x in _run_scores(result).items()},
-                   "tasks": [{k: r[k] for k in ("task", "length", "mean", "std")} for r in result["summary"]],
+                   "tasks": [{k: r.get(k) for k in ("task", "length", "mean", "std", "se")} for r in result["summary"]],
                    "perplexity": {str(L): float(np.mean(p)) for L, p in ppl.items()},
+                   "nll": {str(L): float(np.mean(p)) for L, p in nll.items()},
+                   "buckets": _bucket_means(result),
                    "runtime_s": result["runtime_s"]}
 
     import matplotlib
@@ -271,7 +369,7 @@ def stage_eval(ctx: StageContext) -> dict[str, Any]:
     for v, r in runs.items():
         Ls = [int(L) for L in r["scores"]]
         ax.errorbar(Ls, [r["scores"][str(L)]["mean"] for L in Ls], yerr=[r["scores"][str(L)]["std"] for L in Ls],
-                    marker="o", capsize=3, label=v)
+                    marker="o", capsize=3, ls="--" if v.endswith("@fp32") else "-", label=v)
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(s.eval_lengths), [str(L) for L in s.eval_lengths])
     ax.set_ylim(-5, 105)
@@ -282,8 +380,56 @@ def stage_eval(ctx: StageContext) -> dict[str, Any]:
     fig.tight_layout()
     save_figure(fig, root / "ruler.png")
     plt.close(fig)
-    return {"runs": runs, "tasks": list(s.eval_tasks), "lengths": list(s.eval_lengths), "samples": s.eval_samples,
-            "dtype": choice.get("dtype", s.eval_dtype), "dtype_choice": choice, "engine": s.eval_engine}
+    if any(r["buckets"] for r in runs.values()):
+        _plot_position_loss(runs, root / "position_loss.png")
+    out = {"runs": runs, "tasks": list(s.eval_tasks), "lengths": list(s.eval_lengths), "samples": s.eval_samples,
+           "dtype": choice.get("dtype", s.eval_dtype), "dtype_choice": choice, "engine": s.eval_engine,
+           "perplexity_docs": s.perplexity_docs, "perplexity_windows": s.perplexity_windows,
+           "perplexity_bucket": s.perplexity_bucket}
+    train = (ctx.records.get("train") or {}).get("summary")
+    if train and s.fp32_variants:
+        from anchor_app.demo.summary import reset_effect
+
+        out["reset"] = reset_effect(train["runs"], runs)
+    return out
+
+
+def _plot_position_loss(runs: dict[str, Any], path: Path) -> None:
+    """Held-out NLL by position bucket at the longest length (mean over checkpoints), and each run's
+    difference to full's (the run named `full`, else none)."""
+    import matplotlib.pyplot as plt
+
+    L = max(int(x) for r in runs.values() for x in r["buckets"])
+    both = "full" in runs and str(L) in runs["full"]["buckets"]
+    fig, axes = plt.subplots(1, 2 if both else 1, figsize=(11 if both else 6, 3.8), squeeze=False)
+    ax = axes[0][0]
+    for v, r in runs.items():
+        cells = r["buckets"].get(str(L))
+        if cells:
+            mid = [(c["start"] + c["end"]) / 2 for c in cells]
+            ax.errorbar(mid, [c["nll"] for c in cells], yerr=[c["std"] for c in cells], marker="o", ms=3, capsize=2,
+                        ls="--" if v.endswith("@fp32") else "-", label=v)
+    ax.set_xlabel("position in the held-out document (bucket middle)")
+    ax.set_ylabel("NLL (nats per token)")
+    ax.set_title(f"held-out loss by position at {L}, mean ± std over checkpoints", fontsize=9)
+    ax.legend(fontsize=7)
+    if both:
+        ax = axes[0][1]
+        base = {(c["start"], c["end"]): c["nll"] for c in runs["full"]["buckets"][str(L)]}
+        ax.axhline(0, color="grey", lw=0.8)
+        for v, r in runs.items():
+            cells = [c for c in r["buckets"].get(str(L), []) if (c["start"], c["end"]) in base]
+            if v != "full" and not v.endswith("@fp32") and cells:  # full's dtype only
+                ax.plot([(c["start"] + c["end"]) / 2 for c in cells],
+                        [c["nll"] - base[(c["start"], c["end"])] for c in cells], marker="o", ms=3,
+                        ls="--" if v.endswith("@fp32") else "-", label=v)
+        ax.set_xlabel("position in the held-out document (bucket middle)")
+        ax.set_ylabel("NLL − full's NLL")
+        ax.set_title("against full attention (below 0: better)", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
 
 
 def stage_bench(ctx: StageContext) -> dict[str, Any]:

@@ -1,0 +1,169 @@
+"""`anchor demo --profile paper-gpu` (`make paper-gpu`) dry-run on the CPU: the profile's own stages (corpus, pack,
+train, eval) at tiny sizes on `random:llama` (windows of 128 with the profile's RoPE override, 2 steps per run,
+two samples per RULER task and length), and every field the page and the summary JSON (paper_gpu.json) must hold:
+RULER per run x length with the spread over checkpoints and the standard error over samples, per task and
+checkpoint with standard errors; the held-out loss by position bucket; step time over full's beside the FLOP
+ratio; the bf16 against fp32 reset comparison. Also the profile's real settings: the paper's evaluation
+schedule, the RoPE base, the sample count that bounds the standard error, and fingerprints that stay complete.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+
+from anchor_app.demo import PROFILES, fingerprints, read_record, run_demo
+from anchor_app.demo.settings import run_names
+from tests.browser.pagecheck import check_links
+
+MODEL = "random:llama"
+TINY = replace(PROFILES["paper-gpu"], model=MODEL, seq_len=128, budget=20_000, train_rope_theta=2e4, train_steps=2,
+               train_warmup_steps=1, eval_every=1, eval_window=2, fp32_steps=1, eval_lengths=(768, 1024),
+               eval_samples=2, eval_batch_size=2, eval_dtype="float32", perplexity_windows=2, perplexity_bucket=256)
+RUNS = ("full", "intra_doc", "intra_doc_reset", "anchor", "intra_doc@fp32", "intra_doc_reset@fp32")
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: on shared cores torch's second thread spins (a tiny model's evaluation took 12x
+    as long with two threads beside other work)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_the_profile_settings():
+    from torchtrain.config import load_train_config
+
+    from anchor_app.demo.planning import unlisted_settings
+    from anchor_app.demo.stages import _train_overrides
+
+    s = PROFILES["paper-gpu"]
+    assert s.model == "default" and s.seq_len == 16384 and s.train_rope_theta == 5e5
+    assert (s.train_dtype, s.zero_stage, s.train_engine) == ("bfloat16", 1, "auto")
+    assert run_names(s) == RUNS and s.stages == ("corpus", "pack", "train", "eval")
+    assert s.eval_lengths == (4096, 8192, 16384) and s.eval_tasks == ("niah_single_1", "niah_multikey_1", "vt")
+    # the standard error of a 0-100 score averaged over n samples is at most 50 / sqrt(n): below 5 points for a
+    # length's mean of the three tasks
+    assert 50 / math.sqrt(len(s.eval_tasks) * s.eval_samples) < 5 and s.eval_batch_size == s.eval_samples
+    configs = {v: load_train_config(None, _train_overrides(s, "pack", v)) for v in run_names(s)}
+    for v, cfg in configs.items():
+        assert cfg.rope == {"theta": 5e5} and cfg.zero_stage == 1 and cfg.seed == s.seed and cfg.engine == "auto"
+        assert cfg.dtype == ("float32" if v.endswith("@fp32") else "bfloat16")
+    # the paper's schedule: every 10 steps over the last 50, five checkpoints; the fp32 runs their last
+    assert [k for k in range(1, 201) if configs["anchor"].is_eval_step(k)] == [160, 170, 180, 190, 200]
+    assert [k for k in range(1, 41) if configs["intra_doc@fp32"].is_eval_step(k)] == [40]
+    # every setting is in a fingerprint (or changes no result); the new ones only where not at their default
+    assert unlisted_settings() == []
+    a, b = fingerprints(PROFILES["paper-small"]), fingerprints(replace(PROFILES["paper-small"], zero_stage=1))
+    assert [k for k in a if a[k] != b[k]] == ["train", "parity", "eval"]
+    c = fingerprints(replace(PROFILES["paper-gpu"], eval_samples=10))
+    assert [k for k in c if c[k] != fingerprints(PROFILES["paper-gpu"])[k]] == ["eval"]
+
+
+def test_paper_gpu_dry_run(tmp_path, one_thread):
+    out = tmp_path / "paper-gpu"
+    said: list[str] = []
+    record = run_demo(MODEL, out, settings=TINY, progress=False, say=said.append)
+    print(f"dry run: {record['seconds']} s")
+    assert record["ran"] == ["corpus", "pack", "train", "eval"] and record["summary_json"] == "paper_gpu.json"
+    assert any(x.startswith("left out: RULER vt") for x in said)  # vt needs ~1.7K byte tokens
+    tasks = ["niah_single_1", "niah_multikey_1"]
+
+    # the runs: the RoPE override, bf16 under ZeRO-1, the fp32 pair; step time against the FLOP ratio
+    import yaml
+
+    cfg = yaml.safe_load((out / "train" / "anchor" / "config.yaml").read_text())
+    assert cfg["rope"] == {"theta": 2e4} and cfg["zero_stage"] == 1 and cfg["dtype"] == "bfloat16"
+    train = record["stages"]["train"]["summary"]
+    assert tuple(train["runs"]) == RUNS and train["rope_theta"] == 2e4
+    for v, r in train["runs"].items():
+        assert r["dtype"] == ("float32" if v.endswith("@fp32") else "bfloat16") and len(r["step_s"]) == r["steps"]
+        assert 0 < r["flop_ratio"]["attention"] <= 1 and 0 < r["flop_ratio"]["step"] <= 1
+        if not v.endswith("@fp32"):
+            assert r["step_time_vs_full"] > 0
+    assert train["runs"]["full"]["flop_ratio"] == {"attention": 1.0, "step": 1.0}
+
+    # eval.json: standard errors per row, per-sample scores, buckets that average back to the NLL
+    result = json.loads((out / "eval" / "anchor" / "eval.json").read_text())
+    assert result["settings"]["perplexity_docs"] == "long" and result["settings"]["device"] == "cpu"
+    for r in result["rows"]:
+        assert len(r["sample_scores"]) == 2 and r["se"] is not None
+    for p in result["perplexity"]:
+        spans = [(b["start"], b["end"]) for b in p["buckets"]]
+        assert spans == [(k, min(p["length"], k + 256)) for k in range(0, p["length"], 256)]
+        assert sum(b["tokens"] for b in p["buckets"]) == p["tokens"]
+        assert sum(b["nll"] * b["tokens"] for b in p["buckets"]) / p["tokens"] == pytest.approx(p["nll"], rel=1e-9)
+    assert {s["se"] is not None for s in result["summary"]} == {True}
+
+    # the page: the table with standard errors, the position buckets, step time vs FLOPs, the reset, the summary
+    page = (out / "index.html").read_text()
+    for needle in ("<th>768</th><th>1024</th>", "(SE ", "Held-out loss by position at 1024", "<th>768–1024</th>",
+                   "step time / full", "FLOP ratio: step", "bf16 against fp32", "href='paper_gpu.json'",
+                   "RoPE base 2e+04", "ZeRO-1", "intra_doc_reset@fp32", "Left out on this model"):
+        assert needle in page, needle
+    for fig in ("train/step_time_vs_flops.png", "eval/position_loss.png", "eval/ruler.png", "summary.png"):
+        assert (out / fig).is_file() and f"src='{fig}'" in page, fig
+    problems = check_links(out / "index.html")
+    assert not problems, "\n".join(problems)
+
+    # the summary JSON: machine, seconds, per run and checkpoint RULER with standard errors, buckets, step times
+    summary = json.loads((out / "paper_gpu.json").read_text())
+    assert summary["machine"]["cpu_count"] and summary["seconds"]["stages_total"] > 0
+    assert set(summary["seconds"]["train_runs"]) == set(RUNS) == set(summary["seconds"]["eval_runs"])
+    assert summary["rope"]["theta"] == 2e4 and summary["rope"]["paper_gpu_16k"] == 5e5
+    assert summary["ruler"]["se_bound_of_task_mean"] == pytest.approx(50 / math.sqrt(2 * 2))  # two tasks (vt left out), two samples
+    for v in RUNS:
+        r = summary["runs"][v]
+        assert r["step_s_median"] > 0 and r["step_s"] and r["flop_ratio"]["step"] > 0 and r["engine"] == "varlen"
+        assert ("step_time_vs_full" in r) and list(r["checkpoints"]) == (["step-1"] if v.endswith("@fp32")
+                                                                        else ["step-1", "step-2"])
+        for c in r["checkpoints"].values():
+            assert sorted(c["ruler"]) == sorted(tasks)
+            for t in tasks:
+                for L in ("768", "1024"):
+                    assert set(c["ruler"][t][L]) == {"score", "se", "n"} and c["ruler"][t][L]["n"] == 2
+            assert all(c["ruler_mean_of_tasks"][L]["se"] is not None for L in ("768", "1024"))
+            assert [b["start"] for b in c["heldout"]["1024"]["buckets"]] == [0, 256, 512, 768]
+        m = r["mean_over_checkpoints"]
+        assert m["ruler_mean_of_tasks"]["1024"]["se"] is not None and len(m["buckets"]["1024"]) == 4
+    reset = summary["reset_effect"]
+    assert [e["dtype"] for e in reset["pairs"]] == ["bfloat16", "float32"] and reset["steps_compared"] == 1
+    assert "bf16_over_fp32_loss_diff" in reset and "size" in reset
+    for e in reset["pairs"]:
+        assert set(e["ruler_diff"]) == {"768", "1024"} and set(e["heldout_nll_diff"]) == {"768", "1024"}
+        assert e["bucket_nll_diff"]["1024"]
+
+    # a second run reuses every stage (the new settings keep the fingerprints stable) and rewrites the summary
+    again = run_demo(MODEL, out, settings=TINY, progress=False, say=lambda _: None)
+    assert again["ran"] == [] and again["reused"] == ["corpus", "pack", "train", "eval"]
+    assert read_record(out)["summary_json"] == "paper_gpu.json" and (out / "paper_gpu.json").is_file()
+
+
+def test_checkpoints_that_do_not_fit_the_disk_are_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    import shutil
+    from collections import namedtuple
+
+    from anchor.errors import InputError
+    from anchor_app.demo import planning
+    from tests.cli.helpers import assert_usage_error, run_cli
+
+    # the real profile: 20 bf16 checkpoints (ZeRO-1: 18 bytes a parameter) and 2 fp32 ones (20) of SmolLM2-135M
+    assert planning.checkpoint_bytes(replace(PROFILES["paper-gpu"], model="random:llama")) > 0
+    assert planning.bytes_per_param("bfloat16", 1) == 18 and planning.bytes_per_param("float32", 0) == 16
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(10**6, 10**6 - 1000, 1000))
+    with pytest.raises(InputError, match=r"checkpoints need about .* GB \(6 runs.* GB are free here"):
+        run_demo(MODEL, tmp_path / "d", settings=TINY, progress=False, say=lambda _: None)
+    assert not (tmp_path / "d").exists()
+    monkeypatch.undo()
+    code, _, err = run_cli(["demo", "--model", MODEL, "--profile", "paper-gpu", "--heldout", str(tmp_path / "nope.jsonl"),
+                            "--out", tmp_path / "d", "--no-progress"], capsys)
+    assert_usage_error(code, err, "demo", "no such held-out file")
+    assert not (tmp_path / "d").exists()
