@@ -40,7 +40,8 @@ _KEYS = {"top5": ("model", "prompt", "policy"), "corpus": (), "pack": ("model", 
 # Every field of DemoSettings is in _KEYS, here, or in _NOT_RESULTS (`unlisted_settings()`, tested).
 _KEYS_IF_SET = {"train": ("train_rope_theta", "zero_stage", "train_warmup_steps", "fp32_variants", "fp32_steps",
                           "fp32_eval_window"),
-                "eval": ("eval_batch_size", "perplexity_docs", "perplexity_bucket", "perplexity_data")}
+                "eval": ("eval_batch_size", "eval_group_by_budget", "perplexity_docs", "perplexity_bucket",
+                         "perplexity_data")}
 # Fields that change no stage's result: what runs by default, and where the summary goes.
 _NOT_RESULTS = ("stages", "summary_json")
 

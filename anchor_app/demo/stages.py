@@ -315,6 +315,7 @@ def _finished_eval(folder: Path, s: DemoSettings, sources: list[tuple[str, str]]
                 and got["samples"] == s.eval_samples and got["seed"] == s.seed and got["dtype"] == resolve_dtype(s.eval_dtype)
                 and got["engine"] == s.eval_engine
                 and got["perplexity_windows"] == s.perplexity_windows and got["batch_size"] == s.eval_batch_size
+                and got.get("group_by_budget", False) == s.eval_group_by_budget
                 and got.get("perplexity_docs") == s.perplexity_docs
                 and got.get("perplexity_bucket") == s.perplexity_bucket
                 and got.get("perplexity_data") == (s.perplexity_data or "stdlib test suites"))
@@ -343,7 +344,8 @@ def stage_eval(ctx: StageContext) -> dict[str, Any]:
                               samples=s.eval_samples, seed=s.seed, dtype=s.eval_dtype, engine=s.eval_engine,
                               batch_size=s.eval_batch_size, perplexity_windows=s.perplexity_windows,
                               perplexity_docs=s.perplexity_docs, perplexity_bucket=s.perplexity_bucket,
-                              perplexity_data=s.perplexity_data or None, progress=ctx.progress,
+                              perplexity_data=s.perplexity_data or None,
+                              group_by_budget=s.eval_group_by_budget, progress=ctx.progress,
                               parts=parts_dir(root / v))  # a stopped demo resumes at the checkpoint
             write_eval(result, root / v)
         choice = result.get("dtype_choice") or {"dtype": result["settings"]["dtype"]}

@@ -169,7 +169,8 @@ def run_eval(checkpoints: Sequence[tuple[str, str]], *, tasks: Sequence[str] = D
              haystack: str | None = None, qa_data: dict[str, str] | None = None, engine: str = "sdpa",
              dtype: str = "auto", batch_size: int = 4, perplexity_windows: int = 2,
              perplexity_docs: str = "packed", perplexity_bucket: int = 2048, perplexity_data: str | None = None,
-             progress: bool = False, parts: str | Path | None = None) -> dict[str, Any]:
+             group_by_budget: bool = False, progress: bool = False,
+             parts: str | Path | None = None) -> dict[str, Any]:
     """Evaluate every checkpoint (label, model source) on RULER `tasks` × `lengths` and perplexity.
 
     `parts`: a folder (`parts_dir(out)`) where each finished checkpoint is kept, and reused from, so a
@@ -177,6 +178,8 @@ def run_eval(checkpoints: Sequence[tuple[str, str]], *, tasks: Sequence[str] = D
     `perplexity_docs`: "packed" (held-out documents packed as training windows) or "long" (one held-out
     document of at least the length per window); `perplexity_bucket`: positions per bucket of the NLL by
     position; `perplexity_data`: held-out documents (None: the standard library's test suites).
+    `group_by_budget`: the tasks whose answers have the same budget generate together at each length
+    (`batch_size` prompts per forward as always; the same answers up to the rounding of other batch shapes).
 
     Returns eval.json's content: rows (checkpoint, task, length, score, samples, se, sample_scores),
     summary (task, length, mean, std, se, checkpoints), perplexity rows (checkpoint, length, ppl, nll,
@@ -204,6 +207,7 @@ def run_eval(checkpoints: Sequence[tuple[str, str]], *, tasks: Sequence[str] = D
                 "batch_size": batch_size, "perplexity_windows": perplexity_windows,
                 "perplexity_docs": perplexity_docs, "perplexity_bucket": perplexity_bucket,
                 "perplexity_data": perplexity_data or "stdlib test suites", "device": eval_device(),
+                "group_by_budget": bool(group_by_budget),
                 "bos": bool(bos), "scoring": "RULER: string_match_all; string_match_part for qa_*"}
     rows, ppl_rows, sample_rows, reused_s = _evaluate_checkpoints(
         checkpoints, tok, bos, prompt_sets, windows, settings, haystack=haystack, qa_data=qa_data, parts=parts,
@@ -373,18 +377,17 @@ def _evaluate_checkpoint(label: str, source: str, tok, bos: int, prompt_sets: di
                          windows: dict[int, Any], settings: dict[str, Any], bar: ProgressBar) -> dict[str, list]:
     """One checkpoint: greedy answers to every prompt, scored, and perplexity on the held-out windows."""
     from anchor_app.eval import scoring
-    from anchor_app.eval.generate import greedy_generate, load_eval_model
+    from anchor_app.eval.generate import load_eval_model
     from anchor_app.eval.perplexity import perplexity
 
     mine: dict[str, list] = {"rows": [], "perplexity": [], "samples": []}
     bar.describe(f"{label}: loading")
     model = load_eval_model(source, engine=settings["engine"], dtype=settings["dtype"])
     if settings.get("device", "cpu") != "cpu":
-        model = model.to(settings["device"])  # parameters only: the RoPE buffers keep their float32
+        model = model.to(settings["device"])  # the device only: the RoPE buffers stay float32
+    generated = _generate_groups(model, tok, prompt_sets, settings, bar, label)
     for (t, L), ss in prompt_sets.items():
-        bar.describe(f"{label}: {t} at {L}")
-        outs = greedy_generate(model, tok, _prompts(tok, ss), [s.tokens_to_generate for s in ss],
-                               batch_size=settings["batch_size"], progress=False)
+        outs = generated[(t, L)]
         preds = [tok.decode(o) for o in outs]
         per_sample = [scoring.score(t, [p], [s.answers]) for p, s in zip(preds, ss)]
         mine["rows"].append({"checkpoint": label, "task": t, "length": L,
@@ -395,7 +398,6 @@ def _evaluate_checkpoint(label: str, source: str, tok, bos: int, prompt_sets: di
                                     "input": s.input, "answer_prefix": s.answer_prefix, "answers": s.answers,
                                     "prediction": p, "prompt_tokens": s.prompt_tokens + bos,
                                     "generated_tokens": len(o)})
-        bar.advance(len(ss))
     for L, w in windows.items():
         bar.describe(f"{label}: perplexity at {L}")
         r = perplexity(model, w, "full", bucket=settings.get("perplexity_bucket", 2048))
@@ -405,6 +407,32 @@ def _evaluate_checkpoint(label: str, source: str, tok, bos: int, prompt_sets: di
         bar.advance(settings["perplexity_windows"])
     del model
     return mine
+
+
+def _generate_groups(model, tok, prompt_sets: dict[tuple[str, int], list], settings: dict[str, Any], bar: ProgressBar,
+                     label: str) -> dict[tuple[str, int], list[list[int]]]:
+    """Greedy answers to every prompt set, {(task, length): generated ids per sample}: one `greedy_generate`
+    call per set, or with `settings["group_by_budget"]` one per length and answer budget, the tasks that share
+    both in the same batches (a batch runs until its longest answer is done: the needle tasks' 128 tokens
+    then pass once per length instead of once per task)."""
+    from anchor_app.eval.generate import greedy_generate
+
+    groups: dict[Any, list[tuple[str, int]]] = {}
+    for (t, L), ss in prompt_sets.items():
+        budgets = {s.tokens_to_generate for s in ss}
+        key = (L, budgets.pop()) if settings.get("group_by_budget") and len(budgets) == 1 else (t, L)
+        groups.setdefault(key, []).append((t, L))
+    out: dict[tuple[str, int], list[list[int]]] = {}
+    for members in groups.values():
+        bar.describe(f"{label}: {', '.join(t for t, _ in members)} at {members[0][1]}")
+        sets = [prompt_sets[m] for m in members]
+        outs = greedy_generate(model, tok, [p for ss in sets for p in _prompts(tok, ss)],
+                               [s.tokens_to_generate for ss in sets for s in ss],
+                               batch_size=settings["batch_size"], progress=False)
+        for m, ss in zip(members, sets):
+            out[m], outs = outs[:len(ss)], outs[len(ss):]
+        bar.advance(sum(len(ss) for ss in sets))
+    return out
 
 
 def _summary(rows: list[dict[str, Any]], tasks: Sequence[str], lengths: Sequence[int]) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ from tests.browser.pagecheck import check_links
 MODEL = "random:llama"
 TINY = replace(PROFILES["paper-gpu"], model=MODEL, seq_len=128, budget=20_000, train_rope_theta=2e4, train_steps=2,
                train_warmup_steps=1, eval_every=1, eval_window=2, fp32_steps=1, eval_lengths=(768, 1024),
-               eval_samples=2, eval_batch_size=2, eval_dtype="float32", perplexity_windows=2, perplexity_bucket=256)
+               eval_samples=2, eval_batch_size=4, eval_dtype="float32", perplexity_windows=2, perplexity_bucket=256)
 RUNS = ("full", "intra_doc", "intra_doc_reset", "anchor", "intra_doc@fp32", "intra_doc_reset@fp32")
 
 
@@ -51,7 +51,8 @@ def test_the_profile_settings():
     assert s.eval_lengths == (4096, 8192, 16384) and s.eval_tasks == ("niah_single_1", "niah_multikey_1", "vt")
     # the standard error of a 0-100 score averaged over n samples is at most 50 / sqrt(n): below 5 points for a
     # length's mean of the three tasks
-    assert 50 / math.sqrt(len(s.eval_tasks) * s.eval_samples) < 5 and s.eval_batch_size == s.eval_samples
+    assert 50 / math.sqrt(len(s.eval_tasks) * s.eval_samples) < 5
+    assert s.eval_group_by_budget and s.eval_batch_size == 2 * s.eval_samples  # both needle tasks in one batch
     configs = {v: load_train_config(None, _train_overrides(s, "pack", v)) for v in run_names(s)}
     for v, cfg in configs.items():
         assert cfg.rope == {"theta": 5e5} and cfg.zero_stage == 1 and cfg.seed == s.seed and cfg.engine == "auto"
