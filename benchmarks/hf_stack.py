@@ -6,7 +6,8 @@ For each run (model @ T): transformers' eager, sdpa and flex_attention (forward 
 flash_attention_2 (reported as not run without CUDA and flash-attn), each asked for the four variants
 with its inputs packed as transformers expects packed sequences (parity_tests.hf_stack): which variant
 it computes, and, where it computes the one asked, whether its bf16 forward passes the suite's rule.
-Writes benchmarks/results/hf_stack_<model>_T<T>.json (the report, with the machine) and .md (summary.md).
+Writes benchmarks/results/hf_stack_<model>_T<T>.json (the report with the machine; the per-layer tables
+are left out, `anchor parity --stack hf` writes them) and .md (summary.md).
 """
 
 from __future__ import annotations
@@ -16,6 +17,18 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def slim(result: dict) -> dict:
+    """The report without its per-layer tables (each row keeps its verdicts, first divergences, margins)."""
+    rows = []
+    for row in result["rows"]:
+        row = dict(row)
+        for key in ("fp32", "bf16"):
+            if row.get(key):
+                row[key] = {k: v for k, v in row[key].items() if k != "layers"}
+        rows.append(row)
+    return {**result, "rows": rows}
 
 
 def main() -> None:
@@ -31,7 +44,7 @@ def main() -> None:
         result = run_hf_stack(model, seq_len=int(T), progress=True)
         result["command"] = f"anchor parity --stack hf --model {model} --seq-len {T} --out DIR"
         stem = ROOT / "benchmarks/results" / f"hf_stack_{model.replace('random:', 'random_').replace('default', 'smollm2')}_T{T}"
-        stem.with_suffix(".json").write_text(json.dumps(_finite(result), indent=1, default=_json_default))
+        stem.with_suffix(".json").write_text(json.dumps(_finite(slim(result)), indent=1, default=_json_default))
         stem.with_suffix(".md").write_text(render_markdown(result))
         print(render_markdown(result))
 

@@ -33,3 +33,4 @@ def test_readme_python_block_runs(tmp_path, monkeypatch):
     assert namespace["out"].logits.shape[:2] == namespace["tokens"].shape
     assert namespace["train"] and (tmp_path / "runs/tiny/config.yaml").exists()
     assert namespace["result"] and namespace["grads"]
+    assert namespace["report"]["rows"][0]["status"] == "computes"

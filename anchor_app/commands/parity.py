@@ -44,9 +44,8 @@ def parity(
         "--stack", help="torch: torchtrain's engines; hf: stock transformers (its own attention implementations, "
                         "inputs packed as transformers expects) or your --attention function.")] = "torch",
     attn_implementation: Annotated[str | None, typer.Option(
-        "--attn-implementation", help="--stack hf: comma-separated transformers implementations: eager, sdpa, "
-                                      "flex_attention, flash_attention_2 (default all four without --attention, "
-                                      "none with it).")] = None,
+        "--attn-implementation", help="--stack hf: transformers' eager,sdpa,flex_attention,flash_attention_2 "
+                                      "(comma-separated; default all four, none with --attention).")] = None,
     attention: Annotated[str | None, typer.Option(
         "--attention", help="--stack hf: your attention function, pkg.module:function with transformers' "
                             "AttentionInterface signature; it gets doc_ids= and variant= keywords.")] = None,
@@ -70,11 +69,8 @@ def parity(
     MLP outputs, hidden states and logits of every layer, for each variant x layout x policy x engine, on
     batches made by the real packer; with --grads also every parameter's gradient and the parameters after
     1 and 3 AdamW steps. Writes parity.json, index.html, summary.md and figures to --out;
-    exits 1 when a case fails.
-
-    With --stack hf: stock transformers (or your --attention function) per variant: which variant it
-    computes, and whether it passes the bf16 rule; parity.json and summary.md; exits 1 when one does not
-    compute the variant asked or fails the rule."""
+    exits 1 when a case fails. --stack hf: stock transformers or your --attention function, per variant
+    (parity_tests.hf_stack); exits 1 where one does not compute the variant asked or fails the bf16 rule."""
     from parity_tests.cases import LAYOUTS, VARIANTS
     from parity_tests.report import render_markdown, write_report
     from parity_tests.suite import build_cases, run_parity
@@ -90,15 +86,12 @@ def parity(
     if stack == "hf":
         if device != "cpu":
             raise InputError("--device applies to --stack torch (the --stack hf runners run on the CPU)")
-        if engines is not None or layouts is not None or grads:
-            given = next(o for o, v in (("--engines", engines), ("--layouts", layouts), ("--grads", grads)) if v)
-            raise InputError(f"{given} applies to --stack torch (--stack hf holds transformers' own attention)")
+        _refuse({"--engines": engines, "--layouts": layouts, "--grads": grads},
+                "applies to --stack torch (--stack hf holds transformers' own attention)")
         return _parity_hf(out, model, variant_list, policies, seq_len, seed, attn_implementation, attention,
                           rope_in, emulation, progress)
-    given = next((o for o, v in (("--attn-implementation", attn_implementation), ("--attention", attention),
-                                 ("--rope-in", rope_in != "model"), ("--emulation", emulation)) if v), None)
-    if given:
-        raise InputError(f"{given} applies to --stack hf")
+    _refuse({"--attn-implementation": attn_implementation, "--attention": attention, "--rope-in": rope_in != "model",
+             "--emulation": emulation}, "applies to --stack hf")
     engines = engines or "eager,sdpa,flash_varlen_emulated"
     layout_list = _split(layouts or "plain", "--layouts")
     bad = [v for v in layout_list if v not in LAYOUTS]
@@ -130,6 +123,15 @@ def parity(
     typer.echo(render_markdown(result))
     typer.echo(f"wrote {path / 'parity.json'}, {path / 'index.html'}, {path / 'summary.md'}")
     return 0 if result["pass"] else 1
+
+
+def _refuse(options: dict, why: str) -> None:
+    """One line naming the first option given (a truthy value) that does not apply here."""
+    from anchor.errors import InputError
+
+    given = next((name for name, value in options.items() if value), None)
+    if given:
+        raise InputError(f"{given} {why}")
 
 
 def _checked_length(model: str, seq_len: int):
