@@ -120,6 +120,18 @@ def _load_average() -> float | None:
         return None
 
 
+def release_memory() -> None:
+    """Free what the last run left: the trainer's engine and model sit in reference cycles, and torch's CUDA
+    cache keeps their blocks; the next run's memory check (mem_get_info) would count them as taken."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def busy_machine(load_before: float | None) -> bool:
     """Whether other work held the machine when a timed run started: a 1-minute load average above half
     the cores (the run's own processes are not counted yet), so its step times are not comparable."""
@@ -145,6 +157,7 @@ def stage_train(ctx: StageContext) -> dict[str, Any]:
         cfg = load_train_config(None, _train_overrides(s, ctx.stage("pack").resolve(), v))
         load_before = _load_average()  # other work on the machine, before this run adds its own
         train(cfg, root / v, progress=ctx.progress)
+        release_memory()
         load_after = _load_average()
         m = read_metrics(root / v)
         step_s = [s.global_batch * s.seq_len / x["tokens_per_s"] for x in m]
@@ -340,6 +353,7 @@ def stage_eval(ctx: StageContext) -> dict[str, Any]:
             ctx.say(f"    run {i}/{len(names)}: {v}: evaluated before the demo stopped, reused")
         else:
             ctx.say(f"    run {i}/{len(names)}: {v}, checkpoints {', '.join(lb for lb, _ in sources)}")
+            release_memory()
             result = run_eval(sources, tasks=list(s.eval_tasks), lengths=list(s.eval_lengths),
                               samples=s.eval_samples, seed=s.seed, dtype=s.eval_dtype, engine=s.eval_engine,
                               batch_size=s.eval_batch_size, perplexity_windows=s.perplexity_windows,
