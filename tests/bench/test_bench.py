@@ -13,11 +13,11 @@ import torch
 from anchor_app.bench import estimate as est
 from anchor_app.bench.flops import attention_flops, full_pairs, pairs, step_flops
 from anchor_app.bench.windows import SYNTHETIC, doc_lengths, synthetic_seg
-from anchor_app.cli import main
 from anchor.data.batch import make_batch
 from anchor.spec import random_preset
 from tests.torchtrain.conftest import packed_batch
 from torchtrain.variants import VARIANTS, dense_mask
+from tests.bench.helpers import run_bench as _run
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -89,18 +89,6 @@ def test_calibration_recovers_rates():
     assert cal["rates_flops_per_s"]["attention"] == pytest.approx(rates["attention"], rel=1e-9)
     same = est.calibrate([{"dense_flops": 1e12, "attention_flops": 1e11, "step_s": 11.0}] * 2)
     assert same["how"].startswith("one rate") and same["rates_flops_per_s"]["dense"] == pytest.approx(1e11)
-
-
-class _Result:
-    def __init__(self, code, out, err):
-        self.exit_code, self.output = code, out + err
-
-
-def _run(args, capsys):
-    with pytest.raises(SystemExit) as e:
-        main(["bench", *args])
-    out = capsys.readouterr()
-    return _Result(e.value.code, out.out, out.err)
 
 
 def test_cli_attention(tmp_path, capsys):

@@ -4,32 +4,13 @@ The test failed on the code before the fix (its docstring says how)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
-
-ROOT = Path(__file__).resolve().parents[2]
-T = 129  # odd, and small: the corpus below holds a few windows of it
-
-
-def _corpus(path: Path) -> Path:
-    rng = np.random.default_rng(0)
-    path.write_text("".join(json.dumps({"text": " ".join(f"w{int(x)}" for x in rng.integers(0, 50, n))}) + "\n"
-                            for n in rng.integers(5, 60, 40)))
-    return path
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    tmpdir = tmp_path / "tmpdir"
-    tmpdir.mkdir(exist_ok=True)
-    return {**os.environ, "ANCHOR_CACHE": str(tmp_path / "cache"), "TMPDIR": str(tmpdir),
-            "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
+from tests.bench.helpers import corpus as _corpus, env as _env, T
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,39 +3,15 @@ the estimate. Each test failed on the code before the fix (the comments and docs
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 from anchor.errors import InputError
-from anchor_app.cli import main
-
-T = 129  # odd, and small: the corpus below holds a few windows of it
-
-
-def _corpus(path: Path) -> Path:
-    rng = np.random.default_rng(0)
-    path.write_text("".join(json.dumps({"text": " ".join(f"w{int(x)}" for x in rng.integers(0, 50, n))}) + "\n"
-                            for n in rng.integers(5, 60, 40)))
-    return path
+from tests.bench.helpers import corpus as _corpus, run_bench as _run
 
 
 # ---------------------------------------------------------------------------------------------
 # 2. Sizes bounded before allocation
-
-
-class _Result:
-    def __init__(self, code, out, err):
-        self.exit_code, self.output = code, out + err
-
-
-def _run(args, capsys):
-    with pytest.raises(SystemExit) as e:
-        main(["bench", *args])
-    out = capsys.readouterr()
-    return _Result(e.value.code, out.out, out.err)
 
 
 @pytest.fixture
