@@ -21,19 +21,19 @@ def _mask(doc_ids: torch.Tensor, variant: str, documents: bool) -> torch.Tensor:
     return (keep | (i == j))[:, None]
 
 
-def packed_attention(module, query, key, value, attention_mask, *, scaling=None, dropout=0.0,
-                     doc_ids=None, variant="full", **kwargs):
-    """query [B, N, T, D], key/value [B, K, T, D] -> ([B, T, N, D], None)."""
-    mask = _mask(doc_ids, variant, documents=True)
+def _sdpa(query, key, value, mask, scaling):
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
                                          enable_gqa=query.shape[1] != key.shape[1])
     return out.transpose(1, 2).contiguous(), None
+
+
+def packed_attention(module, query, key, value, attention_mask, *, scaling=None, dropout=0.0,
+                     doc_ids=None, variant="full", **kwargs):
+    """query [B, N, T, D], key/value [B, K, T, D] -> ([B, T, N, D], None)."""
+    return _sdpa(query, key, value, _mask(doc_ids, variant, documents=True), scaling)
 
 
 def packed_attention_with_a_bug(module, query, key, value, attention_mask, *, scaling=None, dropout=0.0,
                                 doc_ids=None, variant="full", **kwargs):
     """The same with the bug planted: the document mask forgotten (plain causal attention across documents)."""
-    mask = _mask(doc_ids, variant, documents=False)
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
-                                         enable_gqa=query.shape[1] != key.shape[1])
-    return out.transpose(1, 2).contiguous(), None
+    return _sdpa(query, key, value, _mask(doc_ids, variant, documents=False), scaling)
