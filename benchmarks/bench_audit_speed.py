@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/bench_audit_speed.py [--reference benchmarks/results/audit_speed_reference.json]
         [--out benchmarks/results/audit_speed_cpu.json] [--audit-out DIR] [--warm 1] [--baseline-jaxref DIR]
+    .venv/bin/python benchmarks/bench_audit_speed.py --quick      # `anchor audit --quick`, the CI audit
+        (-> benchmarks/results/audit_quick_speed_cpu.json; no reference: its numbers are only recorded)
 
     git archive d03cd90 jaxref | tar -x -C /tmp/base      # the pre-change oracle, for --baseline-jaxref /tmp/base
 
@@ -22,6 +24,8 @@ SmolLM2's MLP shape, a measure of what the shared cores gave), and vs_committed:
 against benchmarks/results/audit_smollm2/audit.json (an earlier oracle, with --random-init).
 The reference is the default audit's audit.json written by the code before the speed-up (commit
 d03cd90, kept as benchmarks/results/audit_speed_reference.json). The limit is 120 s (issue 14).
+`ratios`: each run's wall time over the matmul floor measured in the same run (issue 31 asks <= 1.25),
+and over the floor at XLA's own matmul rates (what the oracle's matmuls can reach at best).
 """
 
 from __future__ import annotations
@@ -95,6 +99,17 @@ def _rate(fn, flop: float, seconds: float = 1.0) -> float:
     return flop * n / (time.perf_counter() - t0) / 1e9
 
 
+def audit_forward_flop(spec: dict, T: int) -> float:
+    """Matrix-product FLOPs of one audit forward of one sequence of T tokens (spec: ModelSpec as a dict):
+    every layer's q/k/v projections and causal q·kᵀ, every layer but the last's p·v, o-projection and MLP
+    (the last layer's come after its attention map); no lm-head."""
+    H, F, L = spec["hidden_size"], spec["intermediate_size"], spec["num_layers"]
+    N, K, D = spec["num_heads"], spec["num_kv_heads"], spec["head_dim"]
+    qkv = 2 * H * (N * D + 2 * K * D)
+    o_mlp = 2 * (N * D * H + 3 * H * F)
+    return T * (L * qkv + (L - 1) * o_mlp) + L * 2 * 2 * N * D * T * (T + 1) / 2 - 2 * N * D * T * (T + 1) / 2
+
+
 def matmul_floor(audit: dict) -> dict:
     """The least time the audit's matrix products take on this machine: their FLOPs over the best rate measured.
 
@@ -114,13 +129,10 @@ def matmul_floor(audit: dict) -> dict:
 
     jax.config.update("jax_enable_x64", True)
     spec, st = audit["spec"], audit["settings"]
-    H, F, L = spec["hidden_size"], spec["intermediate_size"], spec["num_layers"]
-    N, K, D = spec["num_heads"], spec["num_kv_heads"], spec["head_dim"]
-    qkv = 2 * H * (N * D + 2 * K * D)
-    o_mlp = 2 * (N * D * H + 3 * H * F)
+    H, F = spec["hidden_size"], spec["intermediate_size"]
 
-    def forward_flop(T: int) -> float:  # one sequence of T tokens
-        return T * (L * qkv + (L - 1) * o_mlp) + L * 2 * 2 * N * D * T * (T + 1) / 2 - 2 * N * D * T * (T + 1) / 2
+    def forward_flop(T: int) -> float:
+        return audit_forward_flop(spec, T)
 
     n_pol = len(audit["policies"])
     fwd = {"shift curves": n_pol * st["num_seqs"] * (len(st["shifts"]) + 1) * forward_flop(st["seq_len"]),
@@ -142,7 +154,7 @@ def matmul_floor(audit: dict) -> dict:
         rates[dt] = {"xla": round(_rate(lambda: f(ja, jb).block_until_ready(), flop), 1),
                      "numpy_blas": round(_rate(lambda: a @ b, flop), 1)}
     def floor(r32: float, r64: float) -> float:
-        return round((total - fp64) / r32 / 1e9 + fp64 / r64 / 1e9, 1)
+        return round((total - fp64) / r32 / 1e9 + fp64 / r64 / 1e9, 2)
 
     best = {dt: max(r.values()) for dt, r in rates.items()}
     return {"tflop": {k: round(v / 1e12, 3) for k, v in fwd.items()}, "tflop_total": round(total / 1e12, 3),
@@ -152,7 +164,8 @@ def matmul_floor(audit: dict) -> dict:
             " ".join(matmul_floor.__doc__.split("\n\n")[1].split())}
 
 
-def run_audit_cli(audit_out: Path, cache: Path, cwd: str, *, jaxref_dir: str | None = None) -> dict:
+def run_audit_cli(audit_out: Path, cache: Path, cwd: str, *, jaxref_dir: str | None = None,
+                  options: tuple[str, ...] = ()) -> dict:
     """`anchor audit --out audit_out` in its own process with JAX's compilation cache in `cache`
     (or, with `jaxref_dir`, the jaxref package found there and no compilation cache): wall and CPU
     seconds, the phases (from the progress lines) and audit.json."""
@@ -167,7 +180,7 @@ def run_audit_cli(audit_out: Path, cache: Path, cwd: str, *, jaxref_dir: str | N
     load_before = [round(x, 2) for x in os.getloadavg()]
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time()
-    proc = subprocess.Popen([str(exe), "audit", "--out", str(audit_out), *extra], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([str(exe), "audit", "--out", str(audit_out), *options, *extra], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=cwd, env=env)
     # each phase from the arrival of its line (seconds since the command started); the first phase
     # starts after imports, reading the weights and tokenizing ("setup"), the last ends with the
@@ -196,66 +209,87 @@ def run_audit_cli(audit_out: Path, cache: Path, cwd: str, *, jaxref_dir: str | N
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reference", default=str(ROOT / "benchmarks/results/audit_speed_reference.json"))
-    ap.add_argument("--committed", default=str(ROOT / "benchmarks/results/audit_smollm2/audit.json"))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/audit_speed_cpu.json"))
+    ap.add_argument("--reference", default=None,
+                    help="audit.json to compare with (default: benchmarks/results/audit_speed_reference.json; "
+                         "none with --quick)")
+    ap.add_argument("--committed", default=None,
+                    help="(default: benchmarks/results/audit_smollm2/audit.json; none with --quick)")
+    ap.add_argument("--out", default=None, help="(default: benchmarks/results/audit_speed_cpu.json, "
+                                                "audit_quick_speed_cpu.json with --quick)")
+    ap.add_argument("--quick", action="store_true", help="time `anchor audit --quick` (the audit for CI)")
+    ap.add_argument("--model", default=None, help="--model of the audit (default: its default, SmolLM2)")
     ap.add_argument("--audit-out", default=None, help="keep the last audit's output here (default: a temporary folder)")
     ap.add_argument("--warm", type=int, default=1, help="runs after the first, with the compilation cache it filled")
     ap.add_argument("--baseline-jaxref", default=None,
                     help="a folder holding the pre-change jaxref package (`git archive d03cd90 jaxref | tar -x -C DIR`): "
                          "run it first, in the same conditions, for a ratio measured in one session")
     args = ap.parse_args()
+    results = ROOT / "benchmarks/results"
+    if not args.quick:
+        args.reference = args.reference or str(results / "audit_speed_reference.json")
+        args.committed = args.committed or str(results / "audit_smollm2/audit.json")
+    args.out = args.out or str(results / ("audit_quick_speed_cpu.json" if args.quick else "audit_speed_cpu.json"))
+    options = (("--quick",) if args.quick else ()) + (("--model", args.model) if args.model else ())
+    command = " ".join(["anchor audit --out DIR", *options])
 
     from anchor.machine import machine
 
     def rel(p: str) -> str:
         return str(Path(p).resolve().relative_to(ROOT)) if Path(p).resolve().is_relative_to(ROOT) else p
 
-    ref = json.loads(Path(args.reference).read_text())
+    ref = json.loads(Path(args.reference).read_text()) if args.reference else None
+
+    def comparison_of(audit: dict) -> dict:
+        if ref is None:
+            return {"reference": None}
+        per_key = compare(audit, ref)
+        return {"reference": rel(args.reference), "bitwise_equal": all(v["differ"] == 0 for v in per_key.values()),
+                "per_key": per_key}
     tmp = Path(tempfile.mkdtemp(prefix="bench_audit_speed-"))
     cache = tmp / "jax-cache"  # empty: the first run compiles everything, as on a fresh checkout
     gflops_before = matmul_gflops()
     runs = []
     if args.baseline_jaxref:
-        r = run_audit_cli(tmp / "baseline", cache, str(tmp), jaxref_dir=str(Path(args.baseline_jaxref).resolve()))
+        r = run_audit_cli(tmp / "baseline", cache, str(tmp), jaxref_dir=str(Path(args.baseline_jaxref).resolve()),
+                          options=options)
         audit = r.pop("audit")
-        comparison = compare(audit, ref)
         runs.append({"label": f"baseline: the pre-change jaxref from {args.baseline_jaxref} (no compilation cache)",
-                     **r, "comparison": {"reference": rel(args.reference),
-                                         "bitwise_equal": all(v["differ"] == 0 for v in comparison.values()),
-                                         "per_key": comparison}})
+                     **r, "comparison": comparison_of(audit)})
         print(json.dumps({k: runs[-1][k] for k in ("label", "wall_s", "cpu_s", "phases")}, indent=2), flush=True)
     for i in range(1 + args.warm):
         last = i == args.warm
         out = Path(args.audit_out) if (args.audit_out and last) else tmp / f"audit{i}"
-        r = run_audit_cli(out, cache, str(tmp))
+        r = run_audit_cli(out, cache, str(tmp), options=options)
         audit = r.pop("audit")
-        comparison = compare(audit, ref)
         r = {"label": "cold: empty compilation cache" if i == 0 else "warm: the programs from the cache the first "
                                                                      "run filled",
-             **r, "runtime_s_reported_by_audit": round(audit["runtime_s"], 1),
-             "comparison": {"reference": rel(args.reference),
-                            "bitwise_equal": all(v["differ"] == 0 for v in comparison.values()),
-                            "per_key": comparison}}
+             **r, "runtime_s_reported_by_audit": round(audit["runtime_s"], 1), "comparison": comparison_of(audit)}
         runs.append(r)
         print(json.dumps({k: r[k] for k in ("label", "wall_s", "cpu_s", "within_limit", "phases")}, indent=2))
-        print("bitwise equal to the reference:", r["comparison"]["bitwise_equal"], flush=True)
+        if ref is not None:
+            print("bitwise equal to the reference:", r["comparison"]["bitwise_equal"], flush=True)
     new = [r for r in runs if not r["label"].startswith("baseline")]
     record = {
-        "benchmark": "default `anchor audit` on SmolLM2 (anchor audit --out DIR, every option at its default)",
+        "benchmark": (f"`{command}`" + ("" if options else " on SmolLM2, every option at its default")),
+        "command": command,
         "settings": audit["settings"], "limit_s": LIMIT_S,
         "wall_s": new[0]["wall_s"], "cpu_s": new[0]["cpu_s"], "within_limit": new[0]["within_limit"],
         "warm_wall_s": new[-1]["wall_s"] if len(new) > 1 else None,
         "warm_cpu_s": new[-1]["cpu_s"] if len(new) > 1 else None,
         "runs": runs,
         "machine": machine(matmul_gflops_before=gflops_before, matmul_gflops_after=matmul_gflops(),
-                           note="2 cores shared with other agents' jobs during the runs (see each run's load "
-                                "averages, and matmul_gflops: an fp32 matmul of SmolLM2's MLP shape timed before "
-                                "and after; an idle machine gives more)"),
+                           note="matmul_gflops: an fp32 matmul of SmolLM2's MLP shape timed before and after the "
+                                "runs; with each run's load averages, it tells whether other work shared the cores"),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    record["matmul_floor"] = matmul_floor(audit)
-    if Path(args.committed).is_file():
+    record["matmul_floor"] = floor = matmul_floor(audit)
+    timed = [("cold", new[0])] + ([("warm", new[-1])] if len(new) > 1 else [])
+    record["ratios"] = {
+        "note": "wall time over the matmul floor of this run (floor_s; issue 31: <= 1.25), and over the floor at "
+                "XLA's own matmul rates (floor_s_at_xla_rates: the oracle's matmuls are XLA's)",
+        **{f"{label}_over_floor{suffix}": round(r["wall_s"] / floor[key], 2) if floor[key] > 0 else None
+           for label, r in timed for suffix, key in (("", "floor_s"), ("_at_xla_rates", "floor_s_at_xla_rates"))}}
+    if args.committed and Path(args.committed).is_file():
         committed = json.loads(Path(args.committed).read_text())
         record["vs_committed"] = {
             "file": rel(args.committed),
