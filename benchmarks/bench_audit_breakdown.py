@@ -10,13 +10,14 @@ calls apart, in one process, on SmolLM2 with the audit's own windows and program
                  the attention replaced by v (`projections`: embedding, norms, q/k/v/o projections,
                  RoPE, MLP and the policy's roundings; no q·kᵀ, softmax, p·v or probe);
   length call    one window of 1024 under two shifts, first-key logits only (per policy);
-  budget call    one window of 128 under two shifts, for the first four policies of the error budget;
+  error budget   its 33 policies' calls (one window of 128 under two shifts each), compiled and run as
+                 one program per policy and as the groups that share a program (runner.budget_groups);
   floor          each call's matrix products (bench_audit_speed.audit_forward_flop) at the best rate
                  measured here at the call's MLP shape, of XLA's jitted matmul and numpy's BLAS
                  (`floor_s`, as bench_audit_speed's floor), and at XLA's (`floor_s_xla`); fp32, fp64
                  for a policy whose `act` is fp64;
   compile        seconds to compile each program with no cache, and the first call's extra seconds
-                 over the later ones (the audit runs the length and budget programs once each).
+                 over the later ones (the audit runs each length program once).
 
 No result is asserted: the numbers say which part of the audit's wall time is matrix products at XLA's
 rate, which part is XLA's rate below BLAS's, and which is everything else.
@@ -80,6 +81,36 @@ def _timed(fn, repeats: int) -> tuple[float, list[float]]:
         fn()
         later.append(time.perf_counter() - t0)
     return first, later
+
+
+def budget_programs(MapsRunner, params, spec, policies, w, ref: int) -> dict:
+    """The error budget's calls compiled and run as one program per policy and as `runner.budget_groups`
+    (several policies per program), each from nothing; whether every policy's outputs are equal."""
+    import numpy as np
+
+    from jaxref.audit import runner
+    from jaxref.audit.maps import batch_inputs
+
+    n, T = w.shape
+    _, positions, _ = batch_inputs(w, np.asarray([ref, 0]))
+    out, results = {}, {}
+    for label, groups in (("one program per policy", [(p,) for p in policies]),
+                          ("grouped (runner.budget_groups)", runner.budget_groups(spec, policies, T, n))):
+        maps = MapsRunner(params, spec, background=False)
+        t0 = time.perf_counter()
+        for g in groups:
+            maps.program(g if len(g) > 1 else g[0], 2 * n, T, 2, False, int(positions.max()))
+        compile_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        res = [r for g in groups for r in (maps.run_many(w, [ref, 0], g) if len(g) > 1 else [maps.run(w, [ref, 0], g[0])])]
+        run_s = time.perf_counter() - t0
+        results[label] = res
+        out[label] = {"programs": len(groups), "compile_s": round(compile_s, 2), "run_s": round(run_s, 2)}
+        print(label, out[label], flush=True)
+    a, b = results.values()
+    out["policies"] = len(policies)
+    out["bitwise_equal"] = all(np.array_equal(x[k], y[k]) for x, y in zip(a, b) for k in x)
+    return out
 
 
 def main() -> None:
@@ -161,13 +192,12 @@ def main() -> None:
         rows.append(one("shift", pol, remap(windows.shift[:1]), shift_deltas, False, True))
         rows.append(one("length", pol, remap(windows.length[:1]), [ref, 0], True, False))
     budget = runner.budget_runs(runner.budget_plan(get_policy(settings.budget_policy or "hf_bf16")))
-    for pol in budget[:4]:
-        rows.append(one("budget", pol, remap(windows.budget), [ref, 0], False, False))
+    record_budget = budget_programs(MapsRunner, params, spec, budget, remap(windows.budget), ref)
     record = {
         "benchmark": __doc__.splitlines()[0],
         "note": " ".join(__doc__.split("\n\n")[1].split()),
         "calls": rows,
-        "budget_programs": len(budget),
+        "error_budget": record_budget,
         "matmul_gflops": rates,
         "machine": machine(matmul_gflops_before=gflops_before, matmul_gflops_after=matmul_gflops(),
                            note="matmul_gflops: XLA's fp32 matmul at SmolLM2's MLP shape before and after"),

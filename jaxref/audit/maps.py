@@ -13,7 +13,9 @@ under one `lax.scan`, op for op) without what comes after them:
     are not;
   * every shift of a window goes through one call with a leading batch axis ([B, T] =
     windows × G, window-major), compiled once per (arithmetic, shape) and kept; `prefetch`
-    compiles the programs an audit will need on a background thread while the current one runs.
+    compiles the programs an audit will need on a background thread while the current one runs;
+  * several policies on the same inputs can share one program (`run_many`: the error budget's
+    policies, a few programs instead of one per policy; each policy's numbers unchanged).
 
 What a shift cannot change is shared by construction: tokens, the embedding lookup and the mask
 are the same for every shift (only `positions`, hence the RoPE tables, differ), and the vocabulary
@@ -82,6 +84,22 @@ def _maps(params, tokens, pos, doc_ids, *, spec: ModelSpec, policy: DtypePolicy,
 _maps_jit = jax.jit(_maps, static_argnames=("spec", "policy", "group", "first_only", "seq_len", "fused"))
 
 
+def _maps_many(params, tokens, pos, doc_ids, *, spec: ModelSpec, policies: tuple[DtypePolicy, ...], group: int,
+               first_only: bool, seq_len: int | None, fused: bool):
+    """`_maps` of several policies on the same inputs in one program: a tuple, one entry per policy.
+
+    One compile instead of one per policy: most of a small program's compile time is XLA's cost per
+    program, so the error budget's 33 programs of T = 128 compile in a third of the time as 3 programs
+    of 11 (benchmarks/bench_audit_breakdown.py). The policies' forwards are independent in the
+    program and each one's outputs are bitwise those of its own `_maps` program (tests/audit/test_audit_speed.py).
+    """
+    return tuple(_maps(params, tokens, pos, doc_ids, spec=spec, policy=p, group=group, first_only=first_only,
+                       seq_len=seq_len, fused=fused) for p in policies)
+
+
+_maps_many_jit = jax.jit(_maps_many, static_argnames=("spec", "policies", "group", "first_only", "seq_len", "fused"))
+
+
 def batch_inputs(tokens_nT: np.ndarray, deltas: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Tokens, positions and doc ids [n*G, T] of `n` windows under the G shifts `deltas` (window-major)."""
     n, T = tokens_nT.shape
@@ -111,22 +129,33 @@ class MapsRunner:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-compile") if background else None
 
     @staticmethod
-    def _key(policy: DtypePolicy, B: int, T: int, group: int, first_only: bool, seq_len: int | None) -> tuple:
-        return (tuple(getattr(policy, s) for s in STAGES), policy.attention, policy.kv_block, policy.exp, policy.lanes,
-                B, T, group, first_only, seq_len)
+    def _policy_key(policy: DtypePolicy) -> tuple:
+        return (tuple(getattr(policy, s) for s in STAGES), policy.attention, policy.kv_block, policy.exp, policy.lanes)
+
+    @staticmethod
+    def _key(policy: DtypePolicy | tuple[DtypePolicy, ...], B: int, T: int, group: int, first_only: bool,
+             seq_len: int | None) -> tuple:
+        pk = (tuple(map(MapsRunner._policy_key, policy)) if isinstance(policy, tuple)
+              else MapsRunner._policy_key(policy))
+        return (pk, B, T, group, first_only, seq_len)
 
     def _seq_len(self, max_pos: int) -> int | None:
         return int(max_pos) + 1 if self.spec.rope.kind == "dynamic" else None
 
-    def _compile(self, policy: DtypePolicy, B: int, T: int, group: int, first_only: bool, seq_len: int | None):
+    def _compile(self, policy: DtypePolicy | tuple[DtypePolicy, ...], B: int, T: int, group: int, first_only: bool,
+                 seq_len: int | None):
         args = (self.params, jax.ShapeDtypeStruct((B, T), jnp.int32), jax.ShapeDtypeStruct((B, T), jnp.int64),
                 jax.ShapeDtypeStruct((B, T), jnp.int32))
-        return _maps_jit.lower(*args, spec=self.spec, policy=policy, group=group, first_only=first_only,
-                               seq_len=seq_len, fused=self.fused).compile()
+        static = dict(spec=self.spec, group=group, first_only=first_only, seq_len=seq_len, fused=self.fused)
+        if isinstance(policy, tuple):
+            return _maps_many_jit.lower(*args, policies=policy, **static).compile()
+        return _maps_jit.lower(*args, policy=policy, **static).compile()
 
-    def program(self, policy: DtypePolicy, B: int, T: int, group: int, first_only: bool, max_pos: int,
-                *, wait: bool = True):
-        """The compiled program (compiling it now, or waiting for a prefetch); with wait=False, start it only."""
+    def program(self, policy: DtypePolicy | tuple[DtypePolicy, ...], B: int, T: int, group: int, first_only: bool,
+                max_pos: int, *, wait: bool = True):
+        """The compiled program (compiling it now, or waiting for a prefetch); with wait=False, start it only.
+
+        `policy` a tuple: one program for all of them (`_maps_many`), whose output is a tuple."""
         seq_len = self._seq_len(max_pos)
         key = self._key(policy, B, T, group, first_only, seq_len)
         with self._lock:
@@ -140,7 +169,8 @@ class MapsRunner:
                 self._programs[key] = fut
         return fut.result() if wait else None
 
-    def prefetch(self, policy: DtypePolicy, B: int, T: int, group: int, first_only: bool, max_pos: int) -> None:
+    def prefetch(self, policy: DtypePolicy | tuple[DtypePolicy, ...], B: int, T: int, group: int, first_only: bool,
+                 max_pos: int) -> None:
         """Start compiling a program that will be needed (no-op without a background thread)."""
         if self._pool is not None:
             self.program(policy, B, T, group, first_only, max_pos, wait=False)
@@ -157,6 +187,15 @@ class MapsRunner:
         prog = self.program(policy, B, T, len(deltas), first_only, int(positions.max()))
         out = prog(self.params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(doc_ids))
         return {k: np.asarray(v, np.float64) for k, v in out.items()}
+
+    def run_many(self, tokens_nT: np.ndarray, deltas, policies: tuple[DtypePolicy, ...], *, first_only: bool = False
+                 ) -> list[dict[str, np.ndarray]]:
+        """`run` for several policies in one call of one program (`_maps_many`): a list, one result per policy."""
+        tokens, positions, doc_ids = batch_inputs(tokens_nT, deltas)
+        B, T = tokens.shape
+        prog = self.program(tuple(policies), B, T, len(deltas), first_only, int(positions.max()))
+        outs = prog(self.params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(doc_ids))
+        return [{k: np.asarray(v, np.float64) for k, v in o.items()} for o in outs]
 
     def with_params(self, params: Params) -> MapsRunner:
         """A runner over other params of the same shapes and dtypes (the random-init model), sharing the

@@ -305,6 +305,29 @@ def budget_runs(plan: dict[str, Any]) -> list[DtypePolicy]:
     return out
 
 
+BUDGET_POLICIES_PER_CALL = 11
+"""Error-budget policies that share one program (`MapsRunner.run_many`), memory permitting: the 33 of
+hf_bf16's budget compile as 3 programs, in about a third of the time of 33 (README, "The precision
+audit's speed")."""
+
+
+def budget_groups(spec: ModelSpec, runs: Sequence[DtypePolicy], T: int, n: int) -> list[tuple[DtypePolicy, ...]]:
+    """The budget's policies in `runs` order, cut into the groups that share a program: at most
+    BUDGET_POLICIES_PER_CALL, and as many as the maps of `n` windows of T under two shifts each fit in
+    the memory budget (>= 1)."""
+    per_policy = MEM_BYTES_PER_MAP_ENTRY * spec.num_heads * T * T * 2 * n
+    k = int(max(1, min(BUDGET_POLICIES_PER_CALL, _MEM_BUDGET // per_policy)))
+    return [tuple(runs[c:c + k]) for c in range(0, len(runs), k)]
+
+
+def d_pairs(params: Params, spec: ModelSpec, windows: np.ndarray, policies: Sequence[DtypePolicy], delta1: int,
+            delta2: int, *, maps: MapsRunner | None = None) -> list[float]:
+    """`d_pair` of each policy, all of them in one call of one program; each value equals d_pair's."""
+    maps = maps or MapsRunner(params, spec, background=False)
+    rs = maps.run_many(windows, [delta2, delta1], tuple(policies))
+    return [float(np.mean([metrics.d_from_colsums(r["col"][:, s, 0]) for s in range(windows.shape[0])])) for r in rs]
+
+
 def error_budget(params: Params, spec: ModelSpec, windows: np.ndarray, base: DtypePolicy, delta1: int, delta2: int,
                  tick: Callable[[int], None] = lambda n: None, stages: Sequence[str] = BUDGET_STAGES, *,
                  maps: MapsRunner | None = None) -> dict[str, Any]:
@@ -316,11 +339,13 @@ def error_budget(params: Params, spec: ModelSpec, windows: np.ndarray, base: Dty
     plan = budget_plan(base, stages)
     maps = maps or MapsRunner(params, spec, background=False)
     cache: dict[tuple, float] = {}
+    n, T = windows.shape
+    for group in budget_groups(spec, budget_runs(plan), T, n):
+        for p, d in zip(group, d_pairs(params, spec, windows, group, delta1, delta2, maps=maps)):
+            cache[_key(p)] = d
+        tick(2 * n * len(group))
 
     def D(p: DtypePolicy) -> float:
-        if _key(p) not in cache:
-            cache[_key(p)] = d_pair(params, spec, windows, p, delta1, delta2, maps=maps)
-            tick(2 * windows.shape[0])
         return cache[_key(p)]
 
     d_base, d64, d32 = D(plan["base"]), D(plan["fp64"]), D(plan["fp32"])
@@ -495,8 +520,8 @@ def _prefetch_programs(maps: MapsRunner, settings: AuditSettings, k: int, pols: 
         for B, T, group, first_only, max_pos in _shift_programs(settings, k):
             maps.prefetch(pol, B, T, group, first_only, max_pos)
         maps.prefetch(pol, 2, settings.max_len, 2, True, settings.max_len - 1 + settings.ref_shift)
-    for p in budget_pols:
-        maps.prefetch(p, 2 * settings.budget_seqs, budget_len, 2, False, budget_len - 1 + settings.ref_shift)
+    for group in budget_groups(maps.spec, budget_pols, budget_len, settings.budget_seqs):
+        maps.prefetch(group, 2 * settings.budget_seqs, budget_len, 2, False, budget_len - 1 + settings.ref_shift)
 
 
 def _curves(params: Params, spec: ModelSpec, kind: str, pols: list[DtypePolicy], settings: AuditSettings,

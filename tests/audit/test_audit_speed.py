@@ -100,21 +100,56 @@ def test_each_program_compiles_once(model):
     maps.close()
 
 
-def test_prefetch_order_is_the_order_the_budget_runs(model, monkeypatch):
-    """run_audit compiles the budget's programs ahead in `budget_runs` order: the order error_budget needs them."""
+def test_budget_groups_are_the_programs_prefetched_and_run(model, monkeypatch):
+    """error_budget evaluates its policies in `budget_runs` order, a group per program
+    (`budget_groups`), and run_audit prefetches exactly those programs: nothing compiled twice."""
     params, spec, toks = model
     seen = []
-    real = runner.d_pair
+    real = runner.d_pairs
 
-    def record(params, spec, windows, policy, delta1, delta2, *, maps=None):
-        seen.append(runner._key(policy))
-        return real(params, spec, windows, policy, delta1, delta2, maps=maps)
+    def record(params, spec, windows, policies, delta1, delta2, *, maps=None):
+        seen.append(tuple(runner._key(p) for p in policies))
+        return real(params, spec, windows, policies, delta1, delta2, maps=maps)
 
-    monkeypatch.setattr(runner, "d_pair", record)
+    monkeypatch.setattr(runner, "d_pairs", record)
     base = jaxref.get_policy("hf_bf16")
     stages = ("act", "rope_apply", "logits")
-    runner.error_budget(params, spec, toks[:1, :41], base, 0, REF, stages=stages)
-    assert seen == [runner._key(p) for p in runner.budget_runs(runner.budget_plan(base, stages))]
+    runs = runner.budget_runs(runner.budget_plan(base, stages))
+    maps = MapsRunner(params, spec, background=False)
+    runner.error_budget(params, spec, toks[:1, :41], base, 0, REF, stages=stages, maps=maps)
+    assert [k for group in seen for k in group] == [runner._key(p) for p in runs]
+    groups = runner.budget_groups(spec, runs, 41, 1)
+    assert len(seen) == len(groups) == -(-len(runs) // runner.BUDGET_POLICIES_PER_CALL) and len(groups) > 1
+    ran = set(maps._programs)
+    ahead = MapsRunner(params, spec)  # what run_audit's prefetch compiles for the same budget
+    settings = runner.AuditSettings(budget_seq_len=41, budget_seqs=1, shifts=(0,), max_len=41, seq_len=41)
+    runner._prefetch_programs(ahead, settings, 1, [], runs, 41)
+    assert set(ahead._programs) == ran
+    ahead.close()
+
+
+def test_budget_groups_fit_the_memory_budget(model):
+    """Long budget windows share programs only as far as their maps fit (one policy per call at worst)."""
+    _, spec, _ = model
+    runs = runner.budget_runs(runner.budget_plan(jaxref.get_policy("hf_bf16")))
+    assert max(map(len, runner.budget_groups(spec, runs, 128, 1))) == runner.BUDGET_POLICIES_PER_CALL
+    assert max(map(len, runner.budget_groups(spec, runs, 4096, 1))) == 1
+    assert [p for g in runner.budget_groups(spec, runs, 1024, 2) for p in g] == runs
+
+
+@pytest.mark.parametrize("stages", [("act", "rope_apply", "logits", "softmax")])
+def test_policies_sharing_a_program_give_their_own_numbers(model, stages):
+    """run_many (one program for several policies) equals run (one program each), bitwise, per policy."""
+    params, spec, toks = model
+    runs = runner.budget_runs(runner.budget_plan(jaxref.get_policy("fa2_bf16"), stages))
+    maps = MapsRunner(params, spec, background=False)
+    together = maps.run_many(toks[:1], [REF, 0, 2000], tuple(runs))
+    assert len(together) == len(runs) > 4
+    for p, r in zip(runs, together):
+        alone = maps.run(toks[:1], [REF, 0, 2000], p)
+        for key in ("col", "first"):
+            np.testing.assert_array_equal(r[key], alone[key])
+    assert not np.array_equal(together[0]["col"], together[1]["col"])  # the policies differ
 
 
 def test_shift_programs_cover_every_call(model):
