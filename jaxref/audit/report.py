@@ -336,7 +336,7 @@ def plot_figures(result: dict[str, Any], out: Path) -> list[str]:
     for name, panel in (("shift_curve", shift_panel), ("per_token", token_panel), ("length_curve", length_panel)):
         fig, ax = plt.subplots(figsize=(5.5, 4))
         panel(ax)
-        fig.tight_layout()
+        fig.subplots_adjust(left=0.15, right=0.97, top=0.92, bottom=0.16 if name == "shift_curve" else 0.12)
         fig.savefig(out / f"{name}.png", dpi=120)
         plt.close(fig)
         files.append(f"{name}.png")
@@ -344,7 +344,7 @@ def plot_figures(result: dict[str, Any], out: Path) -> list[str]:
     for ax, panel in zip(axes, (shift_panel, token_panel, length_panel)):
         panel(ax)
     fig.suptitle(f"RoPE under reduced precision: {result['model']}")
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.05, right=0.99, top=0.86, bottom=0.17, wspace=0.25)
     fig.savefig(out / "figure1.png", dpi=110)
     plt.close(fig)
     files.append("figure1.png")
@@ -362,7 +362,7 @@ def plot_figures(result: dict[str, Any], out: Path) -> list[str]:
         ax.set_xlabel(f"D removed by raising the stage to fp64 (D = {eb['D']:.3g})")
         ax.set_title(f"Error budget of {name}")
         ax.legend(fontsize=7)
-        fig.tight_layout()
+        fig.subplots_adjust(left=0.2, right=0.97, top=0.93, bottom=0.12)
         fig.savefig(out / "error_budget.png", dpi=120)
         plt.close(fig)
         files.append("error_budget.png")
