@@ -89,9 +89,10 @@ def _maps_many(params, tokens, pos, doc_ids, *, spec: ModelSpec, policies: tuple
     """`_maps` of several policies on the same inputs in one program: a tuple, one entry per policy.
 
     One compile instead of one per policy: most of a small program's compile time is XLA's cost per
-    program, so the error budget's 33 programs of T = 128 compile in a third of the time as 3 programs
-    of 11 (benchmarks/bench_audit_breakdown.py). The policies' forwards are independent in the
-    program and each one's outputs are bitwise those of its own `_maps` program (tests/audit/test_audit_speed.py).
+    program, so the error budget's 33 policies at T = 128, as 3 programs of 11, compile in a third of
+    the time of 33 programs (benchmarks/bench_audit_breakdown.py). The policies' forwards are
+    independent in the program and each one's outputs are bitwise those of its own `_maps` program
+    (tests/audit/test_audit_speed.py).
     """
     return tuple(_maps(params, tokens, pos, doc_ids, spec=spec, policy=p, group=group, first_only=first_only,
                        seq_len=seq_len, fused=fused) for p in policies)
