@@ -211,7 +211,7 @@ def render_report(result: dict[str, Any], figures: list[str]) -> str:
     comp = result.get("comparison")
     if comp:
         stack = result["stack"]
-        lines += [f"## The torch stack beside the oracle's emulation of it", "",
+        lines += ["## The torch stack beside the oracle's emulation of it", "",
                   f"`{comp['torch']}`: torchtrain's model on engine `{stack['engine']}` in {stack['dtype']} (logits "
                   f"{stack['logits']}; maps from the q and k the engine received), against the oracle under "
                   f"`{comp['oracle']}`, on the same windows and shifts. Largest relative difference of D: "
