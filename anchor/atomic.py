@@ -18,6 +18,7 @@ the old one deleted (on failure it is renamed back); SIGINT/SIGTERM are held off
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import signal
@@ -100,6 +101,16 @@ def publish(src: Path, out: str | Path, verb: str | None = None) -> None:
             rmtree(old)
         else:
             os.replace(src, out)
+
+
+def sha256_file(path: str | Path) -> str:
+    """The sha256 of a file's bytes (hex), read a MiB at a time: the checksum written beside
+    checkpoints, cached tokenizers and the parts of a file carried to another machine."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

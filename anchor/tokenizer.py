@@ -32,6 +32,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from anchor.atomic import sha256_file
 from anchor.errors import InputError
 from anchor.paths import cache_dir, resolve_model_name
 
@@ -261,14 +262,6 @@ def _config_token_id(cfg: dict[str, Any], key: str, path: Path) -> int | None:
 # GGUF files
 
 
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable-character map (the byte-level BPE alphabet)."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
@@ -351,7 +344,7 @@ def gguf_tokenizer_json(path: Path) -> tuple[str, dict[str, Any]]:
 
 def gguf_tokenizer_cached(path: Path) -> tuple[str, dict[str, Any]]:
     """`gguf_tokenizer_json`, cached on disk by the file's sha256 (reading a GGUF takes seconds)."""
-    digest = _file_sha256(path)
+    digest = sha256_file(path)
     folder = cache_dir() / "tokenizers"
     cached = folder / f"gguf-{digest[:32]}-v{_GGUF_CACHE_VERSION}.json"
     if cached.is_file():

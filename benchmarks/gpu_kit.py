@@ -33,6 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from anchor.atomic import sha256_file  # noqa: E402
 from anchor.errors import InputError  # noqa: E402
 
 NOTE = "random weights of this config's shapes (benchmarks/gpu_kit.py): for timing only"
@@ -60,16 +61,6 @@ def weights(folder: Path, seed: int) -> None:
     print(f"wrote {folder / 'model.safetensors'} ({NOTE}, seed {seed})")
 
 
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def split(src: Path, out: Path, part_mib: float) -> dict:
     """`src` as parts of at most `part_mib` MiB in `out`, with manifest.json; returns the manifest."""
     if not src.is_file():
@@ -83,8 +74,8 @@ def split(src: Path, out: Path, part_mib: float) -> dict:
         for k in range(-(-src.stat().st_size // size) or 1):
             name = f"{src.name}.part-{k:03d}"
             (out / name).write_bytes(f.read(size))
-            parts.append({"file": name, "bytes": (out / name).stat().st_size, "sha256": _sha256(out / name)})
-    manifest = {"name": src.name, "bytes": src.stat().st_size, "sha256": _sha256(src), "parts": parts}
+            parts.append({"file": name, "bytes": (out / name).stat().st_size, "sha256": sha256_file(out / name)})
+    manifest = {"name": src.name, "bytes": src.stat().st_size, "sha256": sha256_file(src), "parts": parts}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     print(f"{src.name}: {len(parts)} parts of at most {part_mib:g} MiB in {out}, sha256 {manifest['sha256']}")
     return manifest
@@ -105,11 +96,11 @@ def join(parts_dir: Path, stash: Path, into: Path) -> Path | None:
     for part in m["parts"]:
         src = parts_dir / part["file"]
         if src.is_file():
-            if _sha256(src) != part["sha256"]:
+            if sha256_file(src) != part["sha256"]:
                 raise InputError(f"{part['file']}: sha256 differs from the manifest's (damaged in transfer)",
                                  path=src)
             shutil.copyfile(src, stash / part["file"])
-    have = [p for p in m["parts"] if (stash / p["file"]).is_file() and _sha256(stash / p["file"]) == p["sha256"]]
+    have = [p for p in m["parts"] if (stash / p["file"]).is_file() and sha256_file(stash / p["file"]) == p["sha256"]]
     if len(have) < len(m["parts"]):
         print(f"{m['name']}: have {len(have)} of {len(m['parts'])} parts in {stash}")
         return None
@@ -120,7 +111,7 @@ def join(parts_dir: Path, stash: Path, into: Path) -> Path | None:
         for p in m["parts"]:
             with open(stash / p["file"], "rb") as f:
                 shutil.copyfileobj(f, out)
-    digest = _sha256(tmp)
+    digest = sha256_file(tmp)
     if digest != m["sha256"] or tmp.stat().st_size != m["bytes"]:
         tmp.unlink()
         raise InputError(f"the joined file hashes {digest}, the manifest says {m['sha256']}", path=target)

@@ -26,7 +26,6 @@ metrics.jsonl is no part of a checkpoint: a resumed run cuts it back to its step
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib
 import json
 import os
@@ -42,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from anchor.atomic import write_text_atomic
+from anchor.atomic import sha256_file, write_text_atomic
 from anchor.errors import InputError
 
 if TYPE_CHECKING:
@@ -66,14 +65,6 @@ def step_dir(run: Path, step: int) -> Path:
 
 def staging_path(run: Path, step: int) -> Path:
     return checkpoints_dir(run) / f".step-{step}.tmp"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:
