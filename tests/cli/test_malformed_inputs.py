@@ -111,17 +111,21 @@ def write(rel: str, data: bytes | str) -> Callable[[Path], None]:
     return edit
 
 
+def _default_config(config_cls, preset: str) -> str:
+    """config.json as transformers writes a default `config_cls` at the sizes of the `preset`."""
+    from anchor.spec import random_preset
+
+    s = random_preset(preset)
+    return config_cls(vocab_size=s.vocab_size, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
+                      num_hidden_layers=s.num_layers, num_attention_heads=s.num_heads,
+                      num_key_value_heads=s.num_kv_heads, tie_word_embeddings=True).to_json_string()
+
+
 def qwen2_default_config(fx: Path) -> None:
     """What transformers writes for a default Qwen2Config (bos/eos null), at the preset's sizes."""
     from transformers import Qwen2Config
 
-    from anchor.spec import random_preset
-
-    s = random_preset("qwen2")
-    cfg = Qwen2Config(vocab_size=s.vocab_size, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
-                      num_hidden_layers=s.num_layers, num_attention_heads=s.num_heads,
-                      num_key_value_heads=s.num_kv_heads, tie_word_embeddings=True)
-    (fx / "model" / "config.json").write_text(cfg.to_json_string())
+    (fx / "model" / "config.json").write_text(_default_config(Qwen2Config, "qwen2"))
 
 
 def qwen3_config(**changes) -> Callable[[Path], None]:
@@ -130,13 +134,7 @@ def qwen3_config(**changes) -> Callable[[Path], None]:
     def edit(fx: Path) -> None:
         from transformers import Qwen3Config
 
-        from anchor.spec import random_preset
-
-        s = random_preset("qwen3")
-        cfg = Qwen3Config(vocab_size=s.vocab_size, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
-                          num_hidden_layers=s.num_layers, num_attention_heads=s.num_heads,
-                          num_key_value_heads=s.num_kv_heads, tie_word_embeddings=True)
-        (fx / "model" / "config.json").write_text(cfg.to_json_string())
+        (fx / "model" / "config.json").write_text(_default_config(Qwen3Config, "qwen3"))
         edit_config(**changes)(fx)
     return edit
 
