@@ -131,16 +131,13 @@ def matmul_floor(audit: dict) -> dict:
     spec, st = audit["spec"], audit["settings"]
     H, F = spec["hidden_size"], spec["intermediate_size"]
 
-    def forward_flop(T: int) -> float:
-        return audit_forward_flop(spec, T)
-
     n_pol = len(audit["policies"])
-    fwd = {"shift curves": n_pol * st["num_seqs"] * (len(st["shifts"]) + 1) * forward_flop(st["seq_len"]),
-           "length curves": n_pol * st["length_seqs"] * 2 * forward_flop(st["max_len"])}
+    fwd = {"shift curves": n_pol * st["num_seqs"] * (len(st["shifts"]) + 1) * audit_forward_flop(spec, st["seq_len"]),
+           "length curves": n_pol * st["length_seqs"] * 2 * audit_forward_flop(spec, st["max_len"])}
     fp64 = 0.0
     if audit.get("error_budget"):
         runs = budget_runs(budget_plan(get_policy(st["budget_policy"])))
-        one = st["budget_seqs"] * 2 * forward_flop(st["budget_seq_len"])
+        one = st["budget_seqs"] * 2 * audit_forward_flop(spec, st["budget_seq_len"])
         fwd["error budget"] = one * len(runs)
         fp64 = one * sum(p.act == "float64" for p in runs)
     total = sum(fwd.values())

@@ -244,14 +244,6 @@ def _shift_programs(settings: AuditSettings, k: int) -> list[tuple[int, int, int
     return calls
 
 
-def d_pair(params: Params, spec: ModelSpec, windows: np.ndarray, policy: DtypePolicy, delta1: int,
-           delta2: int, *, maps: MapsRunner | None = None) -> float:
-    """Mean over windows of D(X, Δ1, Δ2), all windows in one call."""
-    maps = maps or MapsRunner(params, spec, background=False)
-    r = maps.run(windows, [delta2, delta1], policy)
-    return float(np.mean([metrics.d_from_colsums(r["col"][:, s, 0]) for s in range(windows.shape[0])]))
-
-
 # ---------------------------------------------------------------------------------------------
 # Error budget
 
@@ -322,7 +314,8 @@ def budget_groups(spec: ModelSpec, runs: Sequence[DtypePolicy], T: int, n: int) 
 
 def d_pairs(params: Params, spec: ModelSpec, windows: np.ndarray, policies: Sequence[DtypePolicy], delta1: int,
             delta2: int, *, maps: MapsRunner | None = None) -> list[float]:
-    """`d_pair` of each policy, all of them in one call of one program; each value equals d_pair's."""
+    """Mean over windows of D(X, Δ1, Δ2) under each policy: every window and policy in one call of one
+    program (`MapsRunner.run_many`)."""
     maps = maps or MapsRunner(params, spec, background=False)
     rs = maps.run_many(windows, [delta2, delta1], tuple(policies))
     return [float(np.mean([metrics.d_from_colsums(r["col"][:, s, 0]) for s in range(windows.shape[0])])) for r in rs]
