@@ -12,9 +12,11 @@ online (fa2_bf16, paper_bf16): FlashAttention-2 over key blocks of `policy.kv_bl
        *before* p·v (the running sum uses the unrounded ones, as the kernel does), accumulation in
        pv_acc, division by the sum at the end.
 
-The fused fp32 CPU kernel (`jaxref.kernels`) is chosen by an argument, `fused`, passed down from the
-caller (`jaxref.model` resolves it once per forward); `fused=None` at these public functions means
-the user's default, `jaxref.kernels.enabled()` (off under `JAXREF_FUSED_ATTENTION=0`).
+On the CPU both paths run in the fused C++ kernel (`jaxref.kernels`) instead for the policies it
+covers (`kernel_args`: fp32 softmax and accumulators, operands and logits in fp32 or bf16, the exact
+exponential: fp32, hf_bf16, fa2_bf16, paper_bf16). It is chosen by an argument, `fused`, passed down
+from the caller (`jaxref.model` resolves it once per forward); `fused=None` at these public
+functions means the user's default, `jaxref.kernels.enabled()` (off under `JAXREF_FUSED_ATTENTION=0`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxref import kernels
-from jaxref.policy import DtypePolicy
+from jaxref.policy import ONE_BLOCK, DtypePolicy
 from jaxref.variants import Variant, allowed
 
 
@@ -161,16 +163,44 @@ def _by_row_blocks(T: int, make_block):
 
 
 ATTENTION_STAGES = ("qk_in", "qk_acc", "logits", "softmax", "pv_in", "pv_acc")
+_KERNEL_DTYPES = {"qk_in": ("float32", "bfloat16"), "qk_acc": ("float32",), "logits": ("float32", "bfloat16"),
+                  "softmax": ("float32",), "pv_in": ("float32", "bfloat16"), "pv_acc": ("float32",)}
 
 
-def fused_fp32(q, k, policy: DtypePolicy, fused: bool | None = None) -> bool:
-    """Whether `dense_attention` runs the fused C++ kernel (`jaxref.kernels`) on the CPU: `fused`
-    allows it (None: the user's default, `kernels.enabled()`), dense attention with every attention
-    stage fp32, self-attention (as many keys as queries), and the kernel built."""
+def kernel_args(q, k, policy: DtypePolicy, fused: bool | None = None) -> dict | None:
+    """The fused C++ kernel's arguments for this attention on the CPU, or None where it does not apply.
+
+    It applies when `fused` allows it (None: the user's default, `kernels.enabled()`), the kernel is
+    built, the attention is self-attention (as many keys as queries), every attention stage is one
+    the kernel rounds to (fp32 softmax and accumulators; operands and logits fp32 or bf16), and,
+    for the online softmax, the exponential is exact and the key block a multiple of 16 or the whole
+    window. Returns {logits_bf16, pv_bf16, kv_block} (kv_block 0: dense).
+    """
     if fused is None:
         fused = kernels.enabled()
-    return (policy.attention == "dense" and all(getattr(policy, s) == "float32" for s in ATTENTION_STAGES)
-            and q.shape[1] == k.shape[1] and fused and kernels.available())
+    if not (fused and q.shape[1] == k.shape[1]
+            and all(getattr(policy, s) in ok for s, ok in _KERNEL_DTYPES.items())):
+        return None
+    kv_block = 0
+    if policy.attention == "online":
+        T = q.shape[1]
+        if policy.exp != "exact" or not (policy.kv_block >= T or policy.kv_block % 16 == 0):
+            return None
+        kv_block = min(policy.kv_block, ONE_BLOCK)
+    if not kernels.available():
+        return None
+    return {"logits_bf16": policy.logits == "bfloat16", "pv_bf16": policy.pv_in == "bfloat16", "kv_block": kv_block}
+
+
+def _on_kernel(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, scale: float, args: dict, jax_path):
+    """The kernel on the CPU, `jax_path(q, k, v, doc_ids)` on other platforms (same arithmetic, up to
+    rounding): operands rounded to the policy's qk_in / pv_in first, as the JAX paths round them."""
+    qk_in, pv_in = policy.dtype("qk_in"), policy.dtype("pv_in")
+
+    def cpu(q, k, v, d):
+        return kernels.causal_attention(q.astype(qk_in), k.astype(qk_in), v.astype(pv_in), d, variant, scale, **args)
+
+    return jax.lax.platform_dependent(q, k, v, doc_ids, cpu=cpu, default=jax_path)
 
 
 def dense_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, scale: float, *,
@@ -179,17 +209,16 @@ def dense_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sca
 
     Rows go by blocks (`_by_row_blocks`), each against the keys up to the end of its class: the
     keys skipped are masked for the whole block and would contribute exp(−inf) = 0, so each row's
-    softmax and p·v are the dense ones. With every attention stage fp32, on the CPU, the same
-    arithmetic runs in the fused kernel instead when `fused` allows it (`fused_fp32`; None: the
-    user's default, `kernels.enabled()`; it differs from this path by rounding only, as
+    softmax and p·v are the dense ones. On the CPU, the same arithmetic runs in the fused kernel
+    instead when `fused` allows it and the kernel covers the policy (`kernel_args`; None: the user's
+    default, `kernels.enabled()`; it differs from this path by rounding only, as
     tests/jaxref/test_fused_attention.py measures). The kernel has no VJP: pass `fused=False` to
     trace a function that will be differentiated.
     """
-    if fused_fp32(q, k, policy, fused):
-        return jax.lax.platform_dependent(
-            q, k, v, doc_ids,
-            cpu=lambda q, k, v, d: kernels.causal_attention_f32(q, k, v, d, variant, scale),
-            default=lambda q, k, v, d: blocked_dense_attention(q, k, v, d, variant, policy, scale))
+    args = kernel_args(q, k, policy, fused)
+    if args is not None and args["kv_block"] == 0:
+        return _on_kernel(q, k, v, doc_ids, variant, policy, scale, args,
+                          lambda q, k, v, d: blocked_dense_attention(q, k, v, d, variant, policy, scale))
     return blocked_dense_attention(q, k, v, doc_ids, variant, policy, scale)
 
 
@@ -271,8 +300,22 @@ def _softmax_exp(x, policy: DtypePolicy, block_len=None):
     return jnp.exp(x)
 
 
-def online_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, scale: float):
+def online_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, scale: float, *,
+                     fused: bool | None = None):
     """FlashAttention-2 forward arithmetic over key blocks. Returns ctx [B,T,N,D] in `pv_acc`.
+
+    On the CPU it runs in the fused kernel when `fused` allows it and the kernel covers the policy
+    (`kernel_args`), as `dense_attention` does; else `blocked_online_attention`.
+    """
+    args = kernel_args(q, k, policy, fused)
+    if args is not None and args["kv_block"] > 0:
+        return _on_kernel(q, k, v, doc_ids, variant, policy, scale, args,
+                          lambda q, k, v, d: blocked_online_attention(q, k, v, d, variant, policy, scale))
+    return blocked_online_attention(q, k, v, doc_ids, variant, policy, scale)
+
+
+def blocked_online_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, scale: float):
+    """`online_attention` in JAX (every policy, every platform).
 
     Rows go by blocks (`_by_row_blocks`), as the kernel's outer loop does; each block runs over the
     key blocks up to the end of its class. A key block masked for a whole row leaves that row's
@@ -331,11 +374,11 @@ def online_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sc
 def attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, scale: float, *, fused: bool | None = None):
     """Dispatch on `policy.attention`. Returns ctx [B,T,N,D] in `pv_acc`.
 
-    `fused`: allow the fused fp32 CPU kernel in the dense path (`dense_attention`; None: the user's
-    default, `kernels.enabled()`); the online path never uses it.
+    `fused`: allow the fused CPU kernel where it covers the policy (`kernel_args`; None: the user's
+    default, `kernels.enabled()`).
     """
     if policy.attention == "online":
-        return online_attention(q, k, v, doc_ids, variant, policy, scale)
+        return online_attention(q, k, v, doc_ids, variant, policy, scale, fused=fused)
     return dense_attention(q, k, v, doc_ids, variant, policy, scale, fused=fused)
 
 

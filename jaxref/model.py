@@ -119,7 +119,7 @@ def decoder_layer(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Varia
       cos, sin: the RoPE tables of the slots' positions (`rope.rope_tables`).
       doc_ids: int [B,T]; variant: the attention variant.
       tap, tap_rows, probe: as `forward`'s taps, tap_rows (a tuple of query slots or None) and probe.
-      fused: allow the fused fp32 CPU kernel where the policy is fp32 dense (`attention.fused_fp32`);
+      fused: allow the fused CPU kernel where it covers the policy (`attention.kernel_args`);
         False traces the JAX path (which has a VJP).
 
     Returns:
@@ -154,8 +154,11 @@ def decoder_layer(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Varia
             s, p = row_scores_probs(q, k, doc_ids, jnp.asarray(tap_rows), variant, policy, scale)
             out.update(scores=s, probs=p)
     if probe is not None:
-        s, p = full_probs(q, k, doc_ids, variant, policy, scale)
-        out["probe"] = probe(s, p)
+        if getattr(probe, "reads_qk", False):  # a probe that forms the maps itself (jaxref.audit.maps.KernelProbe)
+            out["probe"] = probe(q, k, scale)
+        else:
+            s, p = full_probs(q, k, doc_ids, variant, policy, scale)
+            out["probe"] = probe(s, p)
     return h, out
 
 
@@ -171,7 +174,7 @@ def decoder_forward(params: Params, tokens, pos, doc_ids, *, spec: ModelSpec, po
       spec, policy, variant: a ModelSpec, a DtypePolicy (not a name) and a checked variant.
       tap, tap_rows, probe: as `forward`'s taps (a bool), tap_rows (a tuple or None) and probe.
       seq_len: the length dynamic RoPE scales by (max position + 1); None for other RoPE kinds.
-      fused: allow the fused fp32 CPU attention kernel (no VJP: pass False under `jax.grad`).
+      fused: allow the fused CPU attention kernel (no VJP: pass False under `jax.grad`).
 
     Returns:
       (logits [B,T,V] in the `head` dtype, {tap name: array}); the dict always holds "final_norm"
@@ -229,9 +232,11 @@ def forward(params: Params, config: ModelSpec, tokens, positions=None, doc_ids=N
         probabilities 0 where masked).
       probe: f(scores [B,N,T,T], probs [B,N,T,T]) -> pytree, evaluated per layer and stacked
         ([L, ...] under taps["probe"]); for reductions over whole attention maps at bounded memory.
-      fused: run fp32 dense attention in the fused C++ CPU kernel (`jaxref.kernels`) where it
-        applies; None (default): the user's switch, on unless `JAXREF_FUSED_ATTENTION=0`, read here
-        once per call.
+        A probe with `reads_qk = True` is called f(q, k, scale) instead and forms the maps itself
+        (`jaxref.audit.maps.KernelProbe`).
+      fused: run the attention in the fused C++ CPU kernel (`jaxref.kernels`) where it covers the
+        policy (`jaxref.attention.kernel_args`); None (default): the user's switch, on unless
+        `JAXREF_FUSED_ATTENTION=0`, read here once per call.
 
     Returns:
       logits [B, T, V] in the policy's `head` dtype, or (logits, taps) when taps or probe is given.

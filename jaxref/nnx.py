@@ -7,7 +7,7 @@
 The parameters are one `nnx.Param` holding the same pytree as `jaxref.load_model`; the forward is
 `jaxref.model.decoder_forward` and the loss `jaxref.train.next_token_loss`, so the module can never
 disagree with `jaxref.forward` / `jaxref.value_and_grad` beyond rounding. It always traces the JAX
-attention path (`fused=False`: the fused fp32 CPU kernel has no backward rule).
+attention path (`fused=False`: the fused CPU kernel has no backward rule).
 """
 
 from __future__ import annotations

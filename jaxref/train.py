@@ -13,7 +13,7 @@ Legend: B batch, T slots, V vocab.
 The loss is torchtrain's (`torchtrain.next_token_loss`, docs/DESIGN.md §8): the mean cross-entropy
 over the counted targets. The gradient is `jax.grad` through the same forward as `jaxref.forward`
 (`jaxref.model.decoder_forward`), so a policy's rounding casts are differentiated too (each cast's
-transpose casts the cotangent back). It traces the JAX attention path (`fused=False`): the fused fp32
+transpose casts the cotangent back). It traces the JAX attention path (`fused=False`): the fused
 CPU kernel (`jaxref.kernels`) has no VJP, and the JAX path is the same arithmetic up to rounding.
 """
 
@@ -70,7 +70,7 @@ def _value_and_grad(params, tokens, pos, doc_ids, loss_mask, *, spec, policy, va
     ce = jnp.promote_types(jnp.float32, policy.dtype("head"))
 
     def loss_fn(p):
-        # the JAX attention path: the fused fp32 kernel has no VJP
+        # the JAX attention path: the fused kernel has no VJP
         logits, _ = decoder_forward(p, tokens, pos, doc_ids, spec=spec, policy=policy, variant=variant,
                                     tap=False, tap_rows=None, probe=None, seq_len=seq_len, fused=False)
         return next_token_loss(logits, tokens, loss_mask, ce)

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
-from typing import Callable
+from typing import Callable, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +44,7 @@ import numpy as np
 from anchor.spec import ModelSpec
 from jaxref import kernels
 from jaxref import rope as rope_lib
+from jaxref.attention import full_probs
 from jaxref.model import Params, decoder_layer
 from jaxref.policy import STAGES, DtypePolicy
 
@@ -67,11 +69,57 @@ def group_probe(group: int, first_only: bool = False) -> Callable[[jax.Array, ja
     return probe
 
 
+@dataclass(frozen=True)
+class KernelProbe:
+    """`group_probe` computed by the C++ kernel (`jaxref.kernels.audit_probe`) on the CPU, from q and k.
+
+    The maps are formed and reduced inside the kernel, block by block, instead of as [B, N, T, T]
+    arrays in XLA (whose elementwise passes over them are memory-bound); on other platforms the
+    JAX probe runs. The same numbers up to rounding (tests/audit/test_audit_speed.py). For policies
+    whose maps the kernel forms (`covers`): fp32 q·kᵀ accumulation and softmax, operands and logits
+    fp32 or bf16. Variant `full`, one document per window (the audit's).
+    """
+
+    group: int
+    first_only: bool
+    policy: DtypePolicy
+    reads_qk: ClassVar[bool] = True  # jaxref.model.decoder_layer hands it (q, k, scale) instead of the maps
+
+    @staticmethod
+    def covers(policy: DtypePolicy) -> bool:
+        return (policy.qk_in in ("float32", "bfloat16") and policy.qk_acc == "float32"
+                and policy.logits in ("float32", "bfloat16") and policy.softmax == "float32")
+
+    def __call__(self, q, k, scale: float) -> dict[str, jax.Array]:
+        qk_in, policy, group, first_only = self.policy.dtype("qk_in"), self.policy, self.group, self.first_only
+
+        def cpu(q, k):
+            first, col = kernels.audit_probe(q.astype(qk_in), k.astype(qk_in), group, scale,
+                                             logits_bf16=policy.logits == "bfloat16", first_only=first_only)
+            return {"first": first} if first_only else {"first": first, "col": col}
+
+        def default(q, k):
+            B, T = q.shape[:2]
+            s, p = full_probs(q, k, jnp.ones((B, T), jnp.int32), "full", policy, scale)
+            return group_probe(group, first_only)(s, p)
+
+        return jax.lax.platform_dependent(q, k, cpu=cpu, default=default)
+
+
+def make_probe(group: int, first_only: bool, policy: DtypePolicy, fused: bool):
+    """The audit's probe for a forward under `policy`: the kernel's (`KernelProbe`) where `fused` allows
+    the kernels and it covers the policy, else `group_probe`. One rule for the batched pass and for
+    `runner.run_pairs` (jaxref.forward), so that both form the maps with the same arithmetic."""
+    if fused and KernelProbe.covers(policy) and kernels.available():
+        return KernelProbe(group, first_only, policy)
+    return group_probe(group, first_only)
+
+
 def _maps(params, tokens, pos, doc_ids, *, spec: ModelSpec, policy: DtypePolicy, group: int, first_only: bool,
           seq_len: int | None, fused: bool):
     """Per-layer probe outputs ([L, n, group-1, T] each) of variant `full` (the audit's)."""
     act, param = policy.dtype("act"), policy.dtype("param")
-    probe = group_probe(group, first_only)
+    probe = make_probe(group, first_only, policy, fused)
     cos, sin = rope_lib.rope_tables(spec.rope, spec.head_dim, pos, policy, seq_len=seq_len)
     h = params["embed"].astype(param)[tokens].astype(act)
     layer = partial(decoder_layer, spec=spec, policy=policy, variant="full", cos=cos, sin=sin, doc_ids=doc_ids,
@@ -118,7 +166,7 @@ class MapsRunner:
     in name share a program), the batch shape, the probe and the dynamic-RoPE length. Lowering and
     compiling a program while another executes overlaps the compiler (one thread) with the matmuls.
 
-    `fused`: allow the fused fp32 CPU attention kernel, as `jaxref.forward`'s argument; None (default):
+    `fused`: allow the fused CPU attention kernel, as `jaxref.forward`'s argument; None (default):
     the user's switch (`kernels.enabled()`, off under `JAXREF_FUSED_ATTENTION=0`), read here once.
     """
 

@@ -46,7 +46,8 @@ from anchor.progress import ProgressBar
 from anchor.errors import InputError
 from anchor.spec import ModelSpec
 from jaxref.audit import metrics
-from jaxref.audit.maps import MapsRunner
+from jaxref import kernels
+from jaxref.audit.maps import KernelProbe, MapsRunner, make_probe
 from jaxref.audit.random_init import torch_default_state
 from jaxref.audit.sequences import load_texts, make_windows
 from jaxref.model import Params, forward, params_from_state
@@ -129,6 +130,8 @@ def run_pairs(params: Params, spec: ModelSpec, tokens_nT: np.ndarray, shifts: Se
     """One forward call: each of the `n` windows under `ref_shift` and every shift of `shifts`.
 
     Args: tokens_nT int [n, T]; shifts: S values. Returns float64 `col` and `first`, each [L, n, S, T].
+    The maps are formed as the batched pass forms them (`maps.make_probe`: the fused kernel's probe
+    where the user's switch allows the kernels and it covers the policy, else `pair_probe`).
     """
     n, T = tokens_nT.shape
     group = len(shifts) + 1
@@ -136,8 +139,12 @@ def run_pairs(params: Params, spec: ModelSpec, tokens_nT: np.ndarray, shifts: Se
     tokens = np.repeat(tokens_nT, group, axis=0)
     positions = (np.arange(T, dtype=np.int64)[None, :] + np.tile(deltas, n)[:, None])
     doc_ids = np.ones_like(tokens, dtype=np.int32)
+    fused = kernels.enabled()
+    probe = make_probe(group, False, policy, fused)
+    if not isinstance(probe, KernelProbe):
+        probe = pair_probe(group)
     _, taps = forward(params, spec, tokens, positions=positions, doc_ids=doc_ids, variant="full",
-                      policy=policy, probe=pair_probe(group))
+                      policy=policy, probe=probe, fused=fused)
     return {k: np.asarray(v, np.float64) for k, v in taps["probe"].items()}
 
 

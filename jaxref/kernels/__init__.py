@@ -1,11 +1,19 @@
-"""Native CPU kernels behind `jax.ffi`: the fused fp32 causal attention (`attention_cpu.cc`).
+"""Native CPU kernels behind `jax.ffi`: the fused causal attention (`attention_cpu.cc`).
 
-XLA's CPU backend writes every op's output to memory, so the dense attention's scores make
-several trips through the caches per layer; at T=4096 that made the oracle slower than torch's
-fused SDPA. The kernel computes the same dense softmax attention in fp32 block by block, with the
-block's scores in cache. It serves the `fp32` policy only (every stage fp32, dense): the policies
-that emulate other roundings keep the pure-JAX path, which is also the reference the kernel is
-tested against.
+XLA's CPU backend writes every op's output to memory, so the attention's scores make several trips
+through the caches per layer; at T=4096 that made the oracle slower than torch's fused SDPA, and the
+bf16 policies' roundings (each one more pass over the T×T maps) made their attention cost twice the
+fp32 one. The kernel computes the same attention block by block, with the block's scores in cache:
+the dense softmax of the `fp32` policy, and, for the policies whose softmax and accumulators are
+fp32 with 16-bit operands and logits in bf16 or fp32, their dense softmax (`hf_bf16`) or
+FlashAttention-2 online softmax (`fa2_bf16`, `paper_bf16`) with the probabilities rounded where the
+policy rounds them (`jaxref.attention.kernel_args` decides). Other policies (fp64 or fp16 stages,
+torch's `fexp_u20` exponential) keep the pure-JAX path, which is also the reference the kernel is
+tested against (tests/jaxref/test_fused_attention.py).
+
+The same library holds the precision audit's probe (`audit_probe`): every shift's causal attention
+maps against the reference shift's, reduced to the audit's column and first-key sums inside the
+kernel (jaxref/audit/maps.py).
 
 The library is compiled on first use with the system C++ compiler (`$CXX`, else `c++`) against
 jaxlib's FFI headers into `<cache>/kernels/` (`anchor.paths.cache_dir()`), keyed by a hash of the
@@ -38,7 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 
 SOURCE = Path(__file__).with_name("attention_cpu.cc")
-TARGET = "jaxref_causal_attention_f32"
+TARGET = "jaxref_causal_attention"
+PROBE_TARGET = "jaxref_audit_probe"
 VARIANT_CODES = {"full": 0, "intra_doc": 1, "intra_doc_reset": 1, "anchor": 2}
 FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC"]
 
@@ -104,19 +113,41 @@ def available() -> bool:
     """Build, load and register the kernel once per process; False (with one warning) if that fails."""
     try:
         lib = ctypes.CDLL(str(build()))
-        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.JaxrefCausalAttentionF32), platform="cpu")
+        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.JaxrefCausalAttention), platform="cpu")
+        jax.ffi.register_ffi_target(PROBE_TARGET, jax.ffi.pycapsule(lib.JaxrefAuditProbe), platform="cpu")
     except (KernelBuildError, OSError, AttributeError) as e:
-        warnings.warn(f"jaxref: fused fp32 attention kernel unavailable, using the JAX path ({e})", stacklevel=2)
+        warnings.warn(f"jaxref: fused attention kernel unavailable, using the JAX path ({e})", stacklevel=2)
         return False
     return True
 
 
-def causal_attention_f32(q, k, v, doc_ids, variant: str, scale: float):
-    """Dense causal attention in fp32 by the C++ kernel. q [B,T,N,D], k/v [B,T,K,D], doc_ids [B,T].
+def causal_attention(q, k, v, doc_ids, variant: str, scale: float, *, logits_bf16: bool = False,
+                     pv_bf16: bool = False, kv_block: int = 0):
+    """Causal attention by the C++ kernel. q [B,T,N,D], k/v [B,T,K,D], doc_ids [B,T].
 
-    Returns ctx [B,T,N,D] fp32: the fp32 policy's `dense_attention`, up to rounding. Call only
-    after `available()` returned True; the target exists for the CPU platform only.
+    q, k hold the policy's qk_in values and v its pv_in values (cast to fp32 here, exactly);
+    `logits_bf16`: the scaled logits rounded to bf16; `pv_bf16`: the probabilities rounded to bf16
+    before p·v; `kv_block`: 0 for the dense softmax, else the online softmax's key block (a multiple
+    of 16, or >= T for one block). Returns ctx [B,T,N,D] fp32: the policy's `dense_attention` or
+    `online_attention`, up to rounding. Call only after `available()` returned True; the target
+    exists for the CPU platform only.
     """
     call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))
     return call(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), doc_ids.astype(jnp.int32),
-                variant=np.int32(VARIANT_CODES[variant]), scale=np.float32(scale))
+                variant=np.int32(VARIANT_CODES[variant]), scale=np.float32(scale),
+                logits_bf16=np.int32(bool(logits_bf16)), pv_bf16=np.int32(bool(pv_bf16)), kv_block=np.int32(kv_block))
+
+
+def audit_probe(q, k, shifts: int, scale: float, *, logits_bf16: bool = False, first_only: bool = False):
+    """The audit's probe by the C++ kernel: `first`, `col` [W, shifts-1, T] float64 (`col` all 0 when first_only).
+
+    q [B,T,N,D], k [B,T,K,D] hold the policy's qk_in values, B = W windows × `shifts` (window-major,
+    the reference shift first); causal maps, every slot one document. The numbers of
+    `jaxref.audit.maps.group_probe` on `jaxref.attention.full_probs` for a policy with fp32 qk_acc and
+    softmax and logits in bf16 (`logits_bf16`) or fp32, up to rounding. Call only after `available()`.
+    """
+    B, T = q.shape[:2]
+    out = jax.ShapeDtypeStruct((B // shifts, shifts - 1, T), jnp.float64)
+    call = jax.ffi.ffi_call(PROBE_TARGET, (out, out))
+    return call(q.astype(jnp.float32), k.astype(jnp.float32), shifts=np.int64(shifts), scale=np.float32(scale),
+                logits_bf16=np.int32(bool(logits_bf16)), first_only=np.int32(bool(first_only)))

@@ -1,14 +1,25 @@
-// Fused causal attention in fp32 for the CPU: the `fp32` policy's dense attention in one pass per
-// block of query rows, so the block's scores stay in cache (XLA's CPU backend materialises every
-// op's output, which costs the oracle more than the arithmetic at long lengths).
+// Fused causal attention for the CPU: the dense and online (FlashAttention-2) attention of the
+// policies whose softmax is fp32, in one pass per block of query rows, so the block's scores stay in
+// cache (XLA's CPU backend materialises every op's output, which costs the oracle more than the
+// arithmetic at long lengths).
 //
-// Same mathematics as jaxref.attention.dense_attention under the fp32 policy, every step in fp32:
-//   s[i, j] = (q_i · k_j) * scale        (masked: -inf)
-//   e[i, j] = exp(s[i, j] - max_j s[i, :])   (exact max over the whole row; masked: 0)
-//   o_i     = (sum_j e[i, j] v_j) / sum_j e[i, j]
-// which is the dense softmax attention; the division comes after p.v (as in FlashAttention and
-// torch's CPU kernel) rather than before. Only rounding differs: that, the summation order of the
-// matmuls and the exp polynomial.
+// Inputs are fp32 arrays holding the values the policy gives them (q and k already rounded to its
+// qk_in dtype, v to its pv_in dtype); the products are exact in fp32 for 16-bit operands and summed
+// in fp32 (qk_acc = pv_acc = fp32). Per row, with s[i, j] = q_i . k_j (masked: -inf):
+//
+//   dense, fp32 logits and p (the `fp32` policy; `logits_bf16 = pv_bf16 = kv_block = 0`):
+//     e[i, j] = exp(s[i, j] * scale - max_j s[i, :] * scale), o_i = (sum_j e[i, j] v_j) / sum_j e[i, j]
+//     the division after p.v (as in FlashAttention and torch's CPU kernel) rather than before.
+//   dense, otherwise (`hf_bf16`: bf16 logits, p rounded to bf16 for p.v):
+//     x = logits(s) (fp32: s * scale rounded to fp32; bf16: bf16(bf16(s) * scale)),
+//     p = exp(x - max x) / sum, rounded to bf16 when pv_bf16, o_i = sum_j p[i, j] v_j
+//     (jaxref.attention.dense_attention: the probabilities normalised before they are rounded).
+//   online (`kv_block` > 0: fa2_bf16, paper_bf16): over key blocks of kv_block keys, running max m,
+//     sum l (of the unrounded p) and accumulator acc: m' = max(m, max x_blk), p = exp(x - m'),
+//     c = exp(m - m'), l = l * c + sum p, acc = acc * c + bf16(p) . v_blk; o = acc / l
+//     (jaxref.attention.online_attention).
+// Only rounding differs from the JAX paths: the summation order of the matmuls and the sums, and the
+// exp polynomial (Cephes, about 1 ulp).
 //
 // Layout: q [B,T,N,D], k/v [B,T,K,D], doc_ids [B,T] int32, out [B,T,N,D]; query head n reads kv
 // head n / (N/K). Mask (CONTRACT §2, jaxref.variants.allowed): query i sees key j iff i == j, or
@@ -183,6 +194,80 @@ inline float exp_row(float* s, int64_t n, float mx, float scale) {
 #endif
 }
 
+// x rounded to bfloat16 (to nearest, ties to even), as a float; NaN stays NaN.
+inline float round_bf16(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  if ((b & 0x7F800000u) == 0x7F800000u && (b & 0x007FFFFFu)) return x;
+  b = (b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u;
+  float y;
+  std::memcpy(&y, &b, sizeof y);
+  return y;
+}
+
+#ifdef JAXREF_AVX2
+inline __m256 round_bf16_ps(__m256 x) {
+  const __m256i b = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_and_si256(_mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb)),
+                                     _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u)));
+  return _mm256_blendv_ps(_mm256_castsi256_ps(r), x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+#endif
+
+// One row's unscaled scores s[0..n) (n a multiple of 8) replaced by the logits the policy stores:
+// fp32: s * scale rounded to fp32; bf16: bf16(bf16(s) * scale) (the product formed in fp32, as
+// torch's bf16 tensor times a Python float). Masked entries stay -inf. Returns the row's largest.
+inline float logits_row(float* s, int64_t n, float scale, bool bf16) {
+#ifdef JAXREF_AVX2
+  const __m256 vsc = _mm256_set1_ps(scale);
+  __m256 m = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < n; j += 8) {
+    __m256 x = _mm256_loadu_ps(s + j);
+    if (bf16) x = round_bf16_ps(x);
+    x = _mm256_mul_ps(x, vsc);
+    if (bf16) x = round_bf16_ps(x);
+    _mm256_storeu_ps(s + j, x);
+    m = _mm256_max_ps(m, x);
+  }
+  float mv[8];
+  _mm256_storeu_ps(mv, m);
+  return lanes_max(mv);
+#else
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n; ++j) {
+    float x = bf16 ? round_bf16(s[j]) : s[j];
+    x = x * scale;
+    if (bf16) x = round_bf16(x);
+    s[j] = x;
+    m = std::max(m, x);
+  }
+  return m;
+#endif
+}
+
+// p[0..n) <- p / sum, rounded to bf16 when `bf16` (n a multiple of 8).
+inline void normalize_row(float* p, int64_t n, float sum, bool bf16) {
+#ifdef JAXREF_AVX2
+  const __m256 vs = _mm256_set1_ps(sum);
+  for (int64_t j = 0; j < n; j += 8) {
+    __m256 x = _mm256_div_ps(_mm256_loadu_ps(p + j), vs);
+    if (bf16) x = round_bf16_ps(x);
+    _mm256_storeu_ps(p + j, x);
+  }
+#else
+  for (int64_t j = 0; j < n; ++j) p[j] = bf16 ? round_bf16(p[j] / sum) : p[j] / sum;
+#endif
+}
+
+inline void round_row(float* p, int64_t n) {
+#ifdef JAXREF_AVX2
+  for (int64_t j = 0; j < n; j += 8) _mm256_storeu_ps(p + j, round_bf16_ps(_mm256_loadu_ps(p + j)));
+#else
+  for (int64_t j = 0; j < n; ++j) p[j] = round_bf16(p[j]);
+#endif
+}
+
 // Grow-only float buffers handed out to calls and given back, so that repeated calls (one per
 // layer) do not fault in fresh pages each time (buffers over 64 MiB are freed instead).
 class BufferPool {
@@ -233,6 +318,8 @@ struct Problem {
                        // fall in the same L1 sets
   int32_t variant;
   float scale;
+  bool logits_bf16, pv_bf16;  // the logits / the probabilities before p.v rounded to bf16
+  int64_t kv_block;           // 0: dense; else the online softmax's key block (a multiple of NR, or >= T)
   std::vector<float>* kv;  // per (b, kv head): k^T in panels [T16/NR][D][NR], then v in panels [D16/NR][T16][NR]
   std::unique_ptr<std::once_flag[]> packed;  // per (b, kv head)
   std::vector<int32_t> panel_doc;  // [B][T16/NR]: the document of all NR keys of a panel, else -2
@@ -301,7 +388,7 @@ void pack_kv(const Problem& P, int64_t b, int64_t h) {
 // [Mp][lds], context [Mp][D16], row maxima (8 lanes each) and sums, per row group its document
 // and whether it has padding, one tile.
 struct Scratch {
-  std::vector<float> qp, s, o, mx8, sum;
+  std::vector<float> qp, s, o, t, mx8, sum, mrun, corr;
   std::vector<int32_t> group_doc;
   std::vector<uint8_t> group_real;
   float tile[MR * NR];
@@ -311,10 +398,91 @@ struct Scratch {
     qp.resize(P.Mp * P.D);
     s.resize(std::max<size_t>(s.size(), P.Mp * P.lds));
     o.resize(P.Mp * P.D16);
+    if (P.kv_block > 0) t.resize(P.Mp * P.D16), mrun.resize(P.Mp), corr.resize(P.Mp);
     mx8.resize(P.Mp * 8);
     sum.resize(P.Mp);
   }
 };
+
+// o[Mt x D16] (+)= p[rows, k0..k0+kc) . v[k0..k0+kc) for the block's packed rows (ACC: add to o).
+inline void pv_slice(const Problem& P, const float* s, int64_t lds, const float* vp, int64_t k0, int64_t kc,
+                     int64_t Mt, float* o, bool acc) {
+  for (int64_t m0 = 0; m0 < Mt; m0 += MR)
+    for (int64_t d0 = 0; d0 < P.D16; d0 += NR) {
+      const float* A = s + m0 * lds + k0;
+      const float* Bv = vp + ((d0 / NR) * P.T16 + k0) * NR;
+      if (acc)
+        tile_kernel<true>(A, lds, Bv, kc, o + m0 * P.D16 + d0, P.D16);
+      else
+        tile_kernel<false>(A, lds, Bv, kc, o + m0 * P.D16 + d0, P.D16);
+    }
+}
+
+// The block's context rows o [M x D16] to out, divided by div[m] (nullptr: as they are).
+inline void write_rows(const Problem& P, const float* o, int64_t b, int64_t h, int64_t r0, int64_t R, int64_t M,
+                       const float* div) {
+  for (int64_t m = 0; m < M; ++m) {
+    const int64_t g = m / R, i = r0 + m % R;
+    float* orow = P.out + ((b * P.T + i) * P.N + h * P.G + g) * P.D;
+    const float* src = o + m * P.D16;
+    if (div)
+      for (int64_t d = 0; d < P.D; ++d) orow[d] = src[d] / div[m];
+    else
+      std::memcpy(orow, src, P.D * sizeof(float));
+  }
+}
+
+// Dense softmax with the policy's roundings (logits, probabilities normalised then rounded), then p.v.
+void dense_softmax_pv(const Problem& P, Scratch& W, int64_t b, int64_t h, int64_t r0, int64_t R, int64_t M,
+                      int64_t Mt, int64_t e16, const float* vp) {
+  const int64_t lds = P.lds;
+  for (int64_t m = 0; m < M; ++m) {
+    float* row = &W.s[m * lds];
+    const float mx = logits_row(row, e16, P.scale, P.logits_bf16);
+    const float sum = exp_row(row, e16, mx, 1.0f);
+    normalize_row(row, e16, sum, P.pv_bf16);
+  }
+  for (int64_t m = M; m < Mt; ++m) std::fill_n(&W.s[m * lds], e16, 0.0f);
+  for (int64_t k0 = 0; k0 < e16; k0 += KC) pv_slice(P, W.s.data(), lds, vp, k0, std::min<int64_t>(KC, e16 - k0), Mt,
+                                                    W.o.data(), k0 > 0);
+  write_rows(P, W.o.data(), b, h, r0, R, M, nullptr);
+}
+
+// FlashAttention-2's online softmax over key blocks of P.kv_block (the last one cut at e16; one
+// block when kv_block >= e16): running max and sum per row, p rounded before p.v when pv_bf16.
+void online_softmax_pv(const Problem& P, Scratch& W, int64_t b, int64_t h, int64_t r0, int64_t R, int64_t M,
+                       int64_t Mt, int64_t e16, const float* vp) {
+  const int64_t lds = P.lds, blk = P.kv_block >= P.T ? e16 : std::min(P.kv_block, e16);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  std::fill_n(W.mrun.begin(), Mt, ninf);
+  std::fill_n(W.sum.begin(), Mt, 0.0f);
+  std::fill_n(W.o.begin(), Mt * P.D16, 0.0f);
+  for (int64_t j0 = 0; j0 < e16; j0 += blk) {
+    const int64_t n = std::min(blk, e16 - j0);
+    for (int64_t m = 0; m < M; ++m) {
+      float* row = &W.s[m * lds + j0];
+      const float m_old = W.mrun[m];
+      const float m_new = std::max(m_old, logits_row(row, n, P.scale, P.logits_bf16));
+      const float m_safe = std::isfinite(m_new) ? m_new : 0.0f;  // nothing visible yet: exp() gives 0
+      const float psum = exp_row(row, n, m_safe, 1.0f);
+      if (P.pv_bf16) round_row(row, n);
+      const float c = std::exp((std::isfinite(m_old) ? m_old : m_safe) - m_safe);
+      W.sum[m] = W.sum[m] * c + psum;
+      W.mrun[m] = m_new;
+      W.corr[m] = c;
+    }
+    for (int64_t m = M; m < Mt; ++m) std::fill_n(&W.s[m * lds + j0], n, 0.0f);
+    for (int64_t k0 = j0; k0 < j0 + n; k0 += KC)
+      pv_slice(P, W.s.data(), lds, vp, k0, std::min<int64_t>(KC, j0 + n - k0), Mt, W.t.data(), k0 > j0);
+    for (int64_t m = 0; m < M; ++m) {
+      float* o = &W.o[m * P.D16];
+      const float* t = &W.t[m * P.D16];
+      const float c = W.corr[m];
+      for (int64_t d = 0; d < P.D; ++d) o[d] = o[d] * c + t[d];
+    }
+  }
+  write_rows(P, W.o.data(), b, h, r0, R, M, W.sum.data());
+}
 
 void run_task(const Problem& P, int64_t task, Scratch& W) {
   const int64_t nblk = (P.T + P.rows - 1) / P.rows;
@@ -387,6 +555,8 @@ void run_task(const Problem& P, int64_t task, Scratch& W) {
       }
     }
   }
+  if (P.kv_block > 0) return online_softmax_pv(P, W, b, h, r0, R, M, Mt, e16, vp);
+  if (P.logits_bf16 || P.pv_bf16) return dense_softmax_pv(P, W, b, h, r0, R, M, Mt, e16, vp);
   // Softmax numerators and p.v, KC keys at a time: the slice's exponentials are taken just before
   // they are multiplied by v (that slice of the buffer and of v stays in L2); the context
   // accumulates in W.o [Mt x D16] and is divided by the row sums at the end, as FlashAttention
@@ -440,7 +610,7 @@ void work(Shared& S) {
 
 ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                      ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> doc_ids, ffi::ResultBuffer<ffi::F32> out,
-                     int32_t variant, float scale) {
+                     int32_t variant, float scale, int32_t logits_bf16, int32_t pv_bf16, int32_t kv_block) {
   const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), dd = doc_ids.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || dd.size() != 2)
     return ffi::Error::InvalidArgument("attention: q, k, v must be rank 4 and doc_ids rank 2");
@@ -450,6 +620,8 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<
       vd[3] != kd[3] || dd[0] != P->B || dd[1] != P->T || P->K <= 0 || P->N % P->K != 0)
     return ffi::Error::InvalidArgument("attention: shapes of q [B,T,N,D], k/v [B,T,K,D], doc_ids [B,T] disagree");
   if (variant < FULL || variant > ANCHOR) return ffi::Error::InvalidArgument("attention: unknown variant code");
+  if (kv_block < 0 || (kv_block > 0 && kv_block < qd[1] && kv_block % NR != 0))
+    return ffi::Error::InvalidArgument("attention: kv_block must be 0 (dense), a multiple of 16 or >= T");
   if (P->B * P->T * P->N * P->D == 0) return ffi::Error::Success();
   P->q = q.typed_data(); P->k = k.typed_data(); P->v = v.typed_data(); P->doc = doc_ids.typed_data();
   P->out = out->typed_data();
@@ -461,6 +633,9 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<
   P->lds = P->T16 + NR;
   P->variant = variant;
   P->scale = scale;
+  P->logits_bf16 = logits_bf16 != 0;
+  P->pv_bf16 = pv_bf16 != 0;
+  P->kv_block = kv_block;
   P->kv = buffers().take(P->B * P->K * P->kv_stride());
   P->packed.reset(new std::once_flag[P->B * P->K]);
   panel_docs(*P);
@@ -483,9 +658,199 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<
   return ffi::Error::Success();
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// The precision audit's probe (jaxref/audit/maps.py): the causal attention maps of every shift of
+// a window against the reference shift's, reduced inside the kernel so that no map leaves it.
+// Batch element b = w * S + g is window w under shift g (g = 0 the reference). Per layer:
+//   first[w, g-1, i] = sum_n |A_g[n, i, 0] - A_0[n, i, 0]|          (A: the logits, in float64)
+//   col[w, g-1, j]   = sum_n sum_i |P_g[n, i, j] - P_0[n, i, j]|     (P: the probabilities; the
+//                      difference in fp32, its absolute value summed in float64)
+// with A = logits(q . k) as the attention takes them (fp32: rounded product with the scale; bf16:
+// bf16(bf16(s) * scale)) and P = exp(A - max A) / sum over the row's keys j <= i, in fp32 — the
+// same numbers as jaxref.audit.maps.group_probe on jaxref.attention.full_probs, up to rounding.
+// Work: one task per (window, block of query rows), all kv heads and shifts inside it; the
+// reference's probabilities of the block are kept while each shift's are formed. Each task sums its
+// column differences into its own slab, and the slabs are added in block order at the end (the same
+// result whatever thread ran a task).
+
+struct ProbeProblem {
+  const float *q, *k;
+  double *first, *col;
+  int64_t B, T, N, K, D, G, S, W;  // G query heads per kv head, S shifts per window, W windows
+  int64_t rows, Mp, T16;
+  int64_t lds;
+  float scale;
+  bool logits_bf16, first_only;
+  std::vector<float>* kp;                     // per (b, kv head): k^T in panels [T16/NR][D][NR]
+  std::unique_ptr<std::once_flag[]> packed;  // per (b, kv head)
+  mutable std::vector<double> slab;          // per task: [S-1][e16 of its block] column sums
+  std::vector<int64_t> slab_at;              // per row block: where its slab starts (per window: + w * slab_per_window)
+  int64_t slab_per_window = 0;
+  std::vector<int64_t> tasks;                // (w, block) flattened, longest first
+};
+
+void pack_k(const ProbeProblem& P, int64_t b, int64_t h) {
+  float* kp = P.kp->data() + (b * P.K + h) * P.T16 * P.D;
+  std::fill_n(kp, P.T16 * P.D, 0.0f);
+  for (int64_t j = 0; j < P.T; ++j) {
+    const float* kr = P.k + ((b * P.T + j) * P.K + h) * P.D;
+    float* kpanel = kp + (j / NR) * P.D * NR + j % NR;
+    for (int64_t d = 0; d < P.D; ++d) kpanel[d * NR] = kr[d];
+  }
+}
+
+struct ProbeScratch {
+  std::vector<float> qp, s, ref, a0;
+  float tile[MR * NR];
+  void fit(const ProbeProblem& P) {
+    qp.resize(P.Mp * P.D);
+    s.resize(P.Mp * P.lds);
+    ref.resize(P.Mp * P.lds);
+    a0.resize(P.Mp);
+  }
+};
+
+// The probabilities (and first logits) of rows r0..r0+R-1 of all G heads of kv head h in batch
+// element b, into W.s (rows of lds) and a[M].
+void probe_maps(const ProbeProblem& P, ProbeScratch& W, int64_t b, int64_t h, int64_t r0, int64_t R, float* a) {
+  std::call_once(P.packed[b * P.K + h], pack_k, std::cref(P), b, h);
+  const int64_t M = P.G * R, Mt = round_up(M, MR), e16 = round_up(r0 + R, NR), D = P.D, lds = P.lds;
+  for (int64_t g = 0; g < P.G; ++g)
+    for (int64_t r = 0; r < R; ++r)
+      std::memcpy(&W.qp[(g * R + r) * D], P.q + ((b * P.T + r0 + r) * P.N + h * P.G + g) * D, D * sizeof(float));
+  std::fill(W.qp.begin() + M * D, W.qp.begin() + Mt * D, 0.0f);
+  const float* kp = P.kp->data() + (b * P.K + h) * P.T16 * D;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t j0 = 0; j0 < e16; j0 += NR) {
+    const float* kpanel = kp + (j0 / NR) * D * NR;
+    for (int64_t m0 = 0; m0 < Mt; m0 += MR) {
+      tile_kernel<false>(&W.qp[m0 * D], D, kpanel, D, W.tile, NR);
+      for (int64_t mr = 0; mr < MR && m0 + mr < M; ++mr) {
+        const int64_t i = r0 + (m0 + mr) % R;
+        float* srow = &W.s[(m0 + mr) * lds + j0];
+        for (int c = 0; c < NR; ++c) srow[c] = j0 + c <= i ? W.tile[mr * NR + c] : ninf;
+      }
+    }
+  }
+  for (int64_t m = 0; m < M; ++m) {
+    float* row = &W.s[m * lds];
+    const float mx = logits_row(row, e16, P.scale, P.logits_bf16);
+    a[m] = row[0];
+    if (!P.first_only) normalize_row(row, e16, exp_row(row, e16, mx, 1.0f), false);
+  }
+}
+
+void probe_task(const ProbeProblem& P, int64_t task, ProbeScratch& W) {
+  const int64_t nblk = (P.T + P.rows - 1) / P.rows;
+  const int64_t w = task / nblk, blk = task % nblk;
+  const int64_t r0 = blk * P.rows, R = std::min(P.rows, P.T - r0), M = P.G * R, e16 = round_up(r0 + R, NR);
+  double* slab = P.slab.data() + w * P.slab_per_window + P.slab_at[blk];
+  if (!P.first_only) std::fill_n(slab, (P.S - 1) * e16, 0.0);
+  std::vector<double> first((P.S - 1) * R, 0.0);
+  std::vector<float> a(M);
+  for (int64_t h = 0; h < P.K; ++h) {
+    probe_maps(P, W, w * P.S, h, r0, R, W.a0.data());
+    if (!P.first_only) std::swap(W.s, W.ref);
+    for (int64_t g = 1; g < P.S; ++g) {
+      probe_maps(P, W, w * P.S + g, h, r0, R, a.data());
+      for (int64_t m = 0; m < M; ++m) first[(g - 1) * R + m % R] += std::fabs(double(a[m]) - double(W.a0[m]));
+      if (P.first_only) continue;
+      double* c = slab + (g - 1) * e16;
+      for (int64_t m = 0; m < M; ++m) {
+        const float* p = &W.s[m * P.lds];
+        const float* p0 = &W.ref[m * P.lds];
+        for (int64_t j = 0; j < e16; ++j) c[j] += double(std::fabs(p[j] - p0[j]));
+      }
+    }
+  }
+  for (int64_t g = 1; g < P.S; ++g)
+    std::memcpy(P.first + (w * (P.S - 1) + g - 1) * P.T + r0, &first[(g - 1) * R], R * sizeof(double));
+}
+
+struct ProbeShared {
+  std::shared_ptr<ProbeProblem> P;
+  std::atomic<int64_t> next{0}, done{0};
+  std::mutex mu;
+  std::condition_variable cv;
+};
+
+void probe_work(ProbeShared& S) {
+  const ProbeProblem& P = *S.P;
+  const int64_t n = static_cast<int64_t>(P.tasks.size());
+  thread_local ProbeScratch W;
+  bool fitted = false;
+  for (int64_t t; (t = S.next.fetch_add(1)) < n;) {
+    if (!fitted) W.fit(P), fitted = true;
+    probe_task(P, P.tasks[t], W);
+    if (S.done.fetch_add(1) + 1 == n) {
+      std::lock_guard<std::mutex> lock(S.mu);
+      S.cv.notify_all();
+    }
+  }
+}
+
+ffi::Error Probe(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                 ffi::ResultBuffer<ffi::F64> first, ffi::ResultBuffer<ffi::F64> col, int64_t shifts, float scale,
+                 int32_t logits_bf16, int32_t first_only) {
+  const auto qd = q.dimensions(), kd = k.dimensions();
+  if (qd.size() != 4 || kd.size() != 4) return ffi::Error::InvalidArgument("probe: q and k must be rank 4");
+  auto P = std::make_shared<ProbeProblem>();
+  P->B = qd[0]; P->T = qd[1]; P->N = qd[2]; P->D = qd[3]; P->K = kd[2]; P->S = shifts;
+  if (kd[0] != P->B || kd[1] != P->T || kd[3] != P->D || P->K <= 0 || P->N % P->K != 0 || P->S < 2 ||
+      P->B % P->S != 0)
+    return ffi::Error::InvalidArgument("probe: q [B,T,N,D], k [B,T,K,D] with B a multiple of the shifts (>= 2)");
+  P->W = P->B / P->S;
+  const int64_t out_n = P->W * (P->S - 1) * P->T;
+  std::fill_n(first->typed_data(), out_n, 0.0);
+  std::fill_n(col->typed_data(), out_n, 0.0);
+  if (out_n * P->N * P->D == 0) return ffi::Error::Success();
+  P->q = q.typed_data(); P->k = k.typed_data(); P->first = first->typed_data(); P->col = col->typed_data();
+  P->G = P->N / P->K;
+  P->rows = std::max<int64_t>(1, TARGET_ROWS / P->G);
+  P->Mp = round_up(P->G * P->rows, MR);
+  P->T16 = round_up(P->T, NR);
+  P->lds = P->T16 + NR;
+  P->scale = scale;
+  P->logits_bf16 = logits_bf16 != 0;
+  P->first_only = first_only != 0;
+  P->kp = buffers().take(P->B * P->K * P->T16 * P->D);
+  P->packed.reset(new std::once_flag[P->B * P->K]);
+  const int64_t nblk = (P->T + P->rows - 1) / P->rows;
+  for (int64_t blk = 0; blk < nblk; ++blk) {
+    P->slab_at.push_back(P->slab_per_window);
+    if (!P->first_only) P->slab_per_window += (P->S - 1) * round_up(std::min(P->T, (blk + 1) * P->rows), NR);
+  }
+  P->slab.resize(P->W * P->slab_per_window);
+  for (int64_t blk = nblk - 1; blk >= 0; --blk)
+    for (int64_t w = 0; w < P->W; ++w) P->tasks.push_back(w * nblk + blk);
+  auto S = std::make_shared<ProbeShared>();
+  S->P = P;
+  const int64_t n = static_cast<int64_t>(P->tasks.size());
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), n) - 1;
+  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([S] { probe_work(*S); });
+  probe_work(*S);
+  {
+    std::unique_lock<std::mutex> lock(S->mu);
+    S->cv.wait(lock, [&] { return S->done.load() == n; });
+  }
+  buffers().give(P->kp);
+  if (!P->first_only)  // the blocks' column sums, added in block order
+    for (int64_t w = 0; w < P->W; ++w)
+      for (int64_t blk = 0; blk < nblk; ++blk) {
+        const int64_t e16 = round_up(std::min(P->T, (blk + 1) * P->rows), NR), e = std::min(e16, P->T);
+        const double* slab = P->slab.data() + w * P->slab_per_window + P->slab_at[blk];
+        for (int64_t g = 1; g < P->S; ++g) {
+          double* c = P->col + (w * (P->S - 1) + g - 1) * P->T;
+          for (int64_t j = 0; j < e; ++j) c[j] += slab[(g - 1) * e16 + j];
+        }
+      }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxrefCausalAttentionF32, Attention,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxrefCausalAttention, Attention,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
@@ -494,4 +859,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxrefCausalAttentionF32, Attention,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int32_t>("variant")
-                                  .Attr<float>("scale"));
+                                  .Attr<float>("scale")
+                                  .Attr<int32_t>("logits_bf16")
+                                  .Attr<int32_t>("pv_bf16")
+                                  .Attr<int32_t>("kv_block"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxrefAuditProbe, Probe,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F64>>()
+                                  .Ret<ffi::Buffer<ffi::F64>>()
+                                  .Attr<int64_t>("shifts")
+                                  .Attr<float>("scale")
+                                  .Attr<int32_t>("logits_bf16")
+                                  .Attr<int32_t>("first_only"));

@@ -203,3 +203,42 @@ def test_compile_cache_gives_the_same_audit(tmp_path):
         assert second[key] == first[key]
     third = run("c", "--no-compile-cache")
     assert entries() == filled and third["shift_curve"] == first["shift_curve"]
+
+
+@pytest.mark.parametrize("policy", ["fp32", "hf_bf16", "paper_bf16"])
+def test_kernel_probe_forms_the_maps_of_the_jax_probe(model, policy):
+    """The C++ probe (maps.KernelProbe, what the audit runs on the CPU) against the JAX probe on the
+    same q and k of a real forward (first and last layer, a window under every shift): it differs
+    from the JAX probe by at most twice what the JAX probe's own fp32 arithmetic does (the same
+    probe with q·kᵀ's accumulation and the softmax in fp64, the logits rounded as the policy rounds them)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxref import kernels
+    from jaxref.attention import full_probs
+    from jaxref.audit.maps import KernelProbe, batch_inputs, group_probe
+
+    if not kernels.available():
+        pytest.skip("no C++ compiler: the kernel is not built")
+    params, spec, toks = model
+    pol = jaxref.get_policy(policy)
+    deltas = [REF, *SHIFTS]
+    tokens, positions, doc = batch_inputs(toks[:1], np.asarray(deltas))
+    _, taps = jaxref.forward(params, spec, tokens, positions=positions, doc_ids=doc, policy=pol, taps=True)
+    scale, G = spec.head_dim ** -0.5, len(deltas)
+
+    def jax_probe(p):
+        return jax.jit(lambda q, k: group_probe(G)(*full_probs(q, k, jnp.asarray(doc), "full", p, scale)))
+
+    kernel = jax.jit(lambda q, k: KernelProbe(G, False, pol)(q, k, scale))
+    wide = pol.with_stages(qk_acc="float64", softmax="float64")
+    for layer in (0, spec.num_layers - 1):
+        q, k = taps["q"][layer], taps["k"][layer]
+        got, ref, hi = kernel(q, k), jax_probe(pol)(q, k), jax_probe(wide)(q, k)
+        for key in ("col", "first"):
+            g, r, h = (np.asarray(x[key]) for x in (got, ref, hi))
+            own = np.abs(r - h).max()
+            print(f"{policy} layer {layer} {key}: |kernel - JAX| {np.abs(g - r).max():.3g}, JAX fp32 vs fp64 "
+                  f"arithmetic {own:.3g}, values up to {np.abs(r).max():.3g}")
+            assert g.shape == r.shape and np.abs(r).max() > 0
+            assert np.abs(g - r).max() <= 2 * own + 1e-12 * np.abs(r).max()

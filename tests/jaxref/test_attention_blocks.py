@@ -110,7 +110,7 @@ def test_online_blocks_equal_all_rows(variant, T):
     for name in ("fa2_bf16", "paper_bf16"):
         pol = get_policy({"base": name, "kv_block": 32})
         args = [jnp.asarray(x, pol.dtype("act")) for x in (q, k, v)]
-        blocked = A.online_attention(*args, jnp.asarray(doc), variant, pol, scale)
+        blocked = A.blocked_online_attention(*args, jnp.asarray(doc), variant, pol, scale)
         whole = online_all_rows(*args, jnp.asarray(doc), variant, pol, scale)
         assert blocked.shape == whole.shape == (B, T, N, D) and blocked.dtype == whole.dtype
         assert np.isfinite(np.asarray(blocked, np.float64)).all()

@@ -1,7 +1,10 @@
-"""The fused fp32 CPU kernel (jaxref/kernels) against the JAX dense path, both measured against fp64.
+"""The fused CPU kernel (jaxref/kernels) against the JAX paths, both measured against fp64.
 
-The kernel must be the fp32 policy's dense attention up to rounding: its error against fp64 truth
-is held to a small multiple of the JAX fp32 path's own error on the same inputs.
+fp32: the kernel must be the fp32 policy's dense attention up to rounding: its error against fp64
+truth is held to a small multiple of the JAX fp32 path's own error on the same inputs.
+bf16 policies (hf_bf16 dense; fa2_bf16, paper_bf16 online): the kernel must round where the policy
+rounds (logits, probabilities before p·v, the online softmax's blocks), so it stays far closer to the
+policy's JAX path than that path is to fp64: a kernel that skipped or moved one rounding would not.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def inputs(rng, B, T, N, K, D, variant, scale_qk=2.0):
 
 
 def fused(q, k, v, doc, variant, scale):
-    f = jax.jit(lambda q, k, v, d: kernels.causal_attention_f32(q, k, v, d, variant, scale))
+    f = jax.jit(lambda q, k, v, d: kernels.causal_attention(q, k, v, d, variant, scale))
     return np.asarray(f(*(jnp.asarray(x, jnp.float32) for x in (q, k, v)), jnp.asarray(doc)))
 
 
@@ -111,20 +114,73 @@ def test_fused_nan_rows_match_dense():
     np.testing.assert_array_equal(np.isnan(out), np.isnan(dense))
 
 
-def _lowered(policy):
-    q = jnp.zeros((1, 33, 4, 16), policy.dtype("qk_in"))
-    k = jnp.zeros((1, 33, 2, 16), policy.dtype("qk_in"))
-    doc = jnp.ones((1, 33), jnp.int32)
-    f = jax.jit(lambda q, k, v, d: A.dense_attention(q, k, v, d, "anchor", policy, 0.25))
+KERNEL_POLICIES = ["hf_bf16", "fa2_bf16", "paper_bf16", "fa2_bf16_1pass", {"base": "fa2_bf16", "kv_block": 32},
+                   {"base": "hf_bf16", "logits": "float32"}]
+BF16_SHAPES = [(2, 97, 9, 3, 64), (1, 515, 8, 2, 40), (2, 1025, 4, 4, 80)]
+
+
+def _bf16_case(name, variant, shape):
+    """(kernel output, the policy's JAX path, fp64 truth) on the same bf16 inputs."""
+    pol = get_policy(name)
+    B, T, N, K, D = shape
+    rng = np.random.default_rng(T * 7 + N)
+    q, k, v, doc = inputs(rng, B, T, N, K, D, variant)
+    args = [jnp.asarray(x, pol.dtype("act")) for x in (q, k, v)]
+    d, scale = jnp.asarray(doc), D ** -0.5
+    blocked = A.blocked_online_attention if pol.attention == "online" else A.blocked_dense_attention
+    ref = np.asarray(jax.jit(lambda q, k, v, d: blocked(q, k, v, d, variant, pol, scale))(*args, d))
+    f = jax.jit(lambda q, k, v, d: A.attention(q, k, v, d, variant, pol, scale, fused=True))
+    assert kernels.TARGET in f.lower(*args, d).as_text()
+    out = np.asarray(f(*args, d))
+    truth = np.asarray(A.blocked_dense_attention(*(jnp.asarray(x, jnp.float64) for x in args), d, variant, FP64, scale))
+    return out, ref, truth, (pol, args, d, scale)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("shape", BF16_SHAPES, ids=lambda s: "B{}_T{}_N{}_K{}_D{}".format(*s))
+@pytest.mark.parametrize("name", KERNEL_POLICIES, ids=lambda n: n if isinstance(n, str) else "_".join(map(str, n.values())))
+def test_kernel_rounds_where_the_policy_rounds(name, variant, shape):
+    out, ref, truth, _ = _bf16_case(name, variant, shape)
+    assert out.shape == ref.shape and out.dtype == np.float32 and np.isfinite(out).all()
+    err, own = rel(out, ref), rel(ref, truth)
+    print(f"{name} {variant} {shape}: kernel vs JAX path {err:.2e}, JAX path vs fp64 {own:.2e} "
+          f"({int((out != np.asarray(ref, np.float32)).sum())} of {out.size} values differ)")
+    assert err <= 0.05 * own
+
+
+@pytest.mark.parametrize("planted", ["logits_bf16", "pv_bf16", "kv_block"])
+def test_a_kernel_that_skips_a_rounding_fails_that_bound(planted):
+    """The bound above can fail: the kernel with one of the policy's roundings changed (logits kept
+    in fp32, probabilities not rounded, one key block instead of blocks of 32) is far outside it."""
+    name = {"logits_bf16": "hf_bf16", "pv_bf16": "hf_bf16", "kv_block": {"base": "fa2_bf16", "kv_block": 32}}[planted]
+    out, ref, truth, (pol, args, d, scale) = _bf16_case(name, "intra_doc", (2, 515, 9, 3, 64))
+    right = A.kernel_args(args[0], args[1], pol, True)
+    wrong = {**right, planted: (1 << 30) if planted == "kv_block" else not right[planted]}
+    qk_in, pv_in = pol.dtype("qk_in"), pol.dtype("pv_in")
+    bad = np.asarray(jax.jit(lambda q, k, v, d: kernels.causal_attention(
+        q.astype(qk_in), k.astype(qk_in), v.astype(pv_in), d, "intra_doc", scale, **wrong))(*args, d))
+    own = rel(ref, truth)
+    assert rel(out, ref) <= 0.05 * own < rel(bad, ref)
+
+
+def _lowered(policy, T=33):
+    q = jnp.zeros((1, T, 4, 16), policy.dtype("qk_in"))
+    k = jnp.zeros((1, T, 2, 16), policy.dtype("qk_in"))
+    doc = jnp.ones((1, T), jnp.int32)
+    f = jax.jit(lambda q, k, v, d: A.attention(q, k, v, d, "anchor", policy, 0.25))
     return f.lower(q, k, k, doc).as_text()
 
 
-def test_dispatch_fp32_only():
-    """The fp32 policy lowers to the kernel; policies that round elsewhere keep the JAX path."""
-    assert kernels.TARGET in _lowered(FP32)
-    for name in ("fp64", "hf_bf16"):
-        assert kernels.TARGET not in _lowered(get_policy(name))
-    assert kernels.TARGET not in _lowered(FP32.with_stages(softmax="float64"))
+def test_dispatch_to_the_policies_the_kernel_covers():
+    """fp32, hf_bf16, fa2_bf16 and paper_bf16 lower to the kernel; policies that round where it does
+    not (fp64 or fp16 stages, torch's fexp_u20, a key block that is not a multiple of 16) keep the JAX path."""
+    for name in ("fp32", "hf_bf16", "fa2_bf16", "paper_bf16", "fa2_bf16_1pass"):
+        assert kernels.TARGET in _lowered(get_policy(name)), name
+    for pol in (get_policy("fp64"), FP32.with_stages(softmax="float64"), get_policy("hf_bf16").with_stages(
+            pv_acc="float64"), get_policy("sdpa_cpu_bf16_avx512"), get_policy({"base": "fa2_bf16", "kv_block": 20}),
+            get_policy("hf_bf16").with_stages(qk_in="float16")):
+        assert kernels.TARGET not in _lowered(pol, T=97), pol.name
+    assert kernels.TARGET in _lowered(get_policy({"base": "fa2_bf16", "kv_block": 20}), T=17)  # one block
 
 
 def _run(code: str, **env) -> subprocess.CompletedProcess:
