@@ -12,9 +12,11 @@ online (fa2_bf16, paper_bf16): FlashAttention-2 over key blocks of `policy.kv_bl
        *before* p·v (the running sum uses the unrounded ones, as the kernel does), accumulation in
        pv_acc, division by the sum at the end.
 
-On the CPU both paths run in the fused C++ kernel (`jaxref.kernels`) instead for the policies it
-covers (`kernel_args`: fp32 softmax and accumulators, operands and logits in fp32 or bf16, the exact
-exponential: fp32, hf_bf16, fa2_bf16, paper_bf16). It is chosen by an argument, `fused`, passed down
+On the CPU the fused C++ kernel (`jaxref.kernels`) runs instead where it covers the policy
+(`kernel_args`): the dense path of the all-fp32 attention (`fp32`), and the online path with fp32
+softmax and accumulators, operands and logits in fp32 or bf16 and the exact exponential (`fa2_bf16`,
+`paper_bf16`). `hf_bf16`'s dense path stays in JAX: it is bit for bit torch's eager bf16 attention
+(parity_tests/test_fidelity.py), which the kernel's exponential and sums are not. It is chosen by an argument, `fused`, passed down
 from the caller (`jaxref.model` resolves it once per forward); `fused=None` at these public
 functions means the user's default, `jaxref.kernels.enabled()` (off under `JAXREF_FUSED_ATTENTION=0`).
 """
@@ -171,10 +173,11 @@ def kernel_args(q, k, policy: DtypePolicy, fused: bool | None = None) -> dict | 
     """The fused C++ kernel's arguments for this attention on the CPU, or None where it does not apply.
 
     It applies when `fused` allows it (None: the user's default, `kernels.enabled()`), the kernel is
-    built, the attention is self-attention (as many keys as queries), every attention stage is one
-    the kernel rounds to (fp32 softmax and accumulators; operands and logits fp32 or bf16), and,
-    for the online softmax, the exponential is exact and the key block a multiple of 16 or the whole
-    window. Returns {logits_bf16, pv_bf16, kv_block} (kv_block 0: dense).
+    built, the attention is self-attention (as many keys as queries), and either the attention is
+    dense with every attention stage fp32, or online with every stage one the kernel rounds to (fp32
+    softmax and accumulators; operands and logits fp32 or bf16), the exact exponential and a key
+    block that is a multiple of 16 or the whole window. Returns {logits_bf16, pv_bf16, kv_block}
+    (kv_block 0: dense).
     """
     if fused is None:
         fused = kernels.enabled()
@@ -182,6 +185,8 @@ def kernel_args(q, k, policy: DtypePolicy, fused: bool | None = None) -> dict | 
             and all(getattr(policy, s) in ok for s, ok in _KERNEL_DTYPES.items())):
         return None
     kv_block = 0
+    if policy.attention == "dense" and not all(getattr(policy, s) == "float32" for s in ATTENTION_STAGES):
+        return None  # hf_bf16 and the like: the JAX path is torch's eager arithmetic bit for bit
     if policy.attention == "online":
         T = q.shape[1]
         if policy.exp != "exact" or not (policy.kv_block >= T or policy.kv_block % 16 == 0):
@@ -209,9 +214,9 @@ def dense_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sca
 
     Rows go by blocks (`_by_row_blocks`), each against the keys up to the end of its class: the
     keys skipped are masked for the whole block and would contribute exp(−inf) = 0, so each row's
-    softmax and p·v are the dense ones. On the CPU, the same arithmetic runs in the fused kernel
-    instead when `fused` allows it and the kernel covers the policy (`kernel_args`; None: the user's
-    default, `kernels.enabled()`; it differs from this path by rounding only, as
+    softmax and p·v are the dense ones. With every attention stage fp32, on the CPU, the same
+    arithmetic runs in the fused kernel instead when `fused` allows it (`kernel_args`; None: the
+    user's default, `kernels.enabled()`; it differs from this path by rounding only, as
     tests/jaxref/test_fused_attention.py measures). The kernel has no VJP: pass `fused=False` to
     trace a function that will be differentiated.
     """

@@ -2,14 +2,14 @@
 
 XLA's CPU backend writes every op's output to memory, so the attention's scores make several trips
 through the caches per layer; at T=4096 that made the oracle slower than torch's fused SDPA, and the
-bf16 policies' roundings (each one more pass over the T×T maps) made their attention cost twice the
-fp32 one. The kernel computes the same attention block by block, with the block's scores in cache:
-the dense softmax of the `fp32` policy, and, for the policies whose softmax and accumulators are
-fp32 with 16-bit operands and logits in bf16 or fp32, their dense softmax (`hf_bf16`) or
-FlashAttention-2 online softmax (`fa2_bf16`, `paper_bf16`) with the probabilities rounded where the
-policy rounds them (`jaxref.attention.kernel_args` decides). Other policies (fp64 or fp16 stages,
-torch's `fexp_u20` exponential) keep the pure-JAX path, which is also the reference the kernel is
-tested against (tests/jaxref/test_fused_attention.py).
+online softmax's per-block passes made the FlashAttention-2 policies' attention cost twice the fp32
+one. The kernel computes the same attention block by block, with the block's scores in cache: the
+dense softmax of the `fp32` policy, and the FlashAttention-2 online softmax of the policies whose
+softmax and accumulators are fp32 with operands and logits in bf16 or fp32 (`fa2_bf16`,
+`paper_bf16`), the probabilities rounded where the policy rounds them (`jaxref.attention.kernel_args`
+decides). Other policies keep the pure-JAX path, which is also the reference the kernel is tested
+against (tests/jaxref/test_fused_attention.py): fp64 or fp16 stages, torch's `fexp_u20` exponential,
+and `hf_bf16`'s dense softmax, whose JAX path is bit for bit torch's eager attention.
 
 The same library holds the precision audit's probe (`audit_probe`): every shift's causal attention
 maps against the reference shift's, reduced to the audit's column and first-key sums inside the
@@ -126,10 +126,10 @@ def causal_attention(q, k, v, doc_ids, variant: str, scale: float, *, logits_bf1
     """Causal attention by the C++ kernel. q [B,T,N,D], k/v [B,T,K,D], doc_ids [B,T].
 
     q, k hold the policy's qk_in values and v its pv_in values (cast to fp32 here, exactly);
-    `logits_bf16`: the scaled logits rounded to bf16; `pv_bf16`: the probabilities rounded to bf16
-    before p·v; `kv_block`: 0 for the dense softmax, else the online softmax's key block (a multiple
-    of 16, or >= T for one block). Returns ctx [B,T,N,D] fp32: the policy's `dense_attention` or
-    `online_attention`, up to rounding. Call only after `available()` returned True; the target
+    `kv_block`: 0 for the dense fp32 softmax, else the online softmax's key block (a multiple of 16,
+    or >= T for one block), with `logits_bf16` (the scaled logits rounded to bf16) and `pv_bf16` (the
+    probabilities rounded to bf16 before p·v). Returns ctx [B,T,N,D] fp32: the policy's
+    `dense_attention` or `online_attention`, up to rounding. Call only after `available()` returned True; the target
     exists for the CPU platform only.
     """
     call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))

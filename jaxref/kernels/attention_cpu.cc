@@ -1,7 +1,7 @@
-// Fused causal attention for the CPU: the dense and online (FlashAttention-2) attention of the
-// policies whose softmax is fp32, in one pass per block of query rows, so the block's scores stay in
-// cache (XLA's CPU backend materialises every op's output, which costs the oracle more than the
-// arithmetic at long lengths).
+// Fused causal attention for the CPU: the `fp32` policy's dense attention and the online
+// (FlashAttention-2) attention of the policies whose softmax is fp32, in one pass per block of query
+// rows, so the block's scores stay in cache (XLA's CPU backend materialises every op's output, which
+// costs the oracle more than the arithmetic at long lengths).
 //
 // Inputs are fp32 arrays holding the values the policy gives them (q and k already rounded to its
 // qk_in dtype, v to its pv_in dtype); the products are exact in fp32 for 16-bit operands and summed
@@ -10,16 +10,15 @@
 //   dense, fp32 logits and p (the `fp32` policy; `logits_bf16 = pv_bf16 = kv_block = 0`):
 //     e[i, j] = exp(s[i, j] * scale - max_j s[i, :] * scale), o_i = (sum_j e[i, j] v_j) / sum_j e[i, j]
 //     the division after p.v (as in FlashAttention and torch's CPU kernel) rather than before.
-//   dense, otherwise (`hf_bf16`: bf16 logits, p rounded to bf16 for p.v):
-//     x = logits(s) (fp32: s * scale rounded to fp32; bf16: bf16(bf16(s) * scale)),
-//     p = exp(x - max x) / sum, rounded to bf16 when pv_bf16, o_i = sum_j p[i, j] v_j
-//     (jaxref.attention.dense_attention: the probabilities normalised before they are rounded).
-//   online (`kv_block` > 0: fa2_bf16, paper_bf16): over key blocks of kv_block keys, running max m,
+//   online (`kv_block` > 0: fa2_bf16, paper_bf16): x = logits(s) (fp32: s * scale rounded to fp32;
+//     bf16: bf16(bf16(s) * scale)); over key blocks of kv_block keys, running max m,
 //     sum l (of the unrounded p) and accumulator acc: m' = max(m, max x_blk), p = exp(x - m'),
 //     c = exp(m - m'), l = l * c + sum p, acc = acc * c + bf16(p) . v_blk; o = acc / l
 //     (jaxref.attention.online_attention).
 // Only rounding differs from the JAX paths: the summation order of the matmuls and the sums, and the
-// exp polynomial (Cephes, about 1 ulp).
+// exp polynomial (Cephes, about 1 ulp). The dense softmax of the bf16 policies (`hf_bf16`: p
+// normalised, then rounded to bf16) is not here: its JAX path is bit for bit torch's eager attention
+// (parity_tests/test_fidelity.py), and these exps and sums would flip some of those roundings.
 //
 // Layout: q [B,T,N,D], k/v [B,T,K,D], doc_ids [B,T] int32, out [B,T,N,D]; query head n reads kv
 // head n / (N/K). Mask (CONTRACT §2, jaxref.variants.allowed): query i sees key j iff i == j, or
@@ -246,17 +245,13 @@ inline float logits_row(float* s, int64_t n, float scale, bool bf16) {
 #endif
 }
 
-// p[0..n) <- p / sum, rounded to bf16 when `bf16` (n a multiple of 8).
-inline void normalize_row(float* p, int64_t n, float sum, bool bf16) {
+// p[0..n) <- p / sum (n a multiple of 8).
+inline void normalize_row(float* p, int64_t n, float sum) {
 #ifdef JAXREF_AVX2
   const __m256 vs = _mm256_set1_ps(sum);
-  for (int64_t j = 0; j < n; j += 8) {
-    __m256 x = _mm256_div_ps(_mm256_loadu_ps(p + j), vs);
-    if (bf16) x = round_bf16_ps(x);
-    _mm256_storeu_ps(p + j, x);
-  }
+  for (int64_t j = 0; j < n; j += 8) _mm256_storeu_ps(p + j, _mm256_div_ps(_mm256_loadu_ps(p + j), vs));
 #else
-  for (int64_t j = 0; j < n; ++j) p[j] = bf16 ? round_bf16(p[j] / sum) : p[j] / sum;
+  for (int64_t j = 0; j < n; ++j) p[j] = p[j] / sum;
 #endif
 }
 
@@ -318,7 +313,7 @@ struct Problem {
                        // fall in the same L1 sets
   int32_t variant;
   float scale;
-  bool logits_bf16, pv_bf16;  // the logits / the probabilities before p.v rounded to bf16
+  bool logits_bf16, pv_bf16;  // online: the logits / the probabilities before p.v rounded to bf16
   int64_t kv_block;           // 0: dense; else the online softmax's key block (a multiple of NR, or >= T)
   std::vector<float>* kv;  // per (b, kv head): k^T in panels [T16/NR][D][NR], then v in panels [D16/NR][T16][NR]
   std::unique_ptr<std::once_flag[]> packed;  // per (b, kv head)
@@ -418,34 +413,14 @@ inline void pv_slice(const Problem& P, const float* s, int64_t lds, const float*
     }
 }
 
-// The block's context rows o [M x D16] to out, divided by div[m] (nullptr: as they are).
+// The block's context rows o [M x D16] to out, each divided by its row sum.
 inline void write_rows(const Problem& P, const float* o, int64_t b, int64_t h, int64_t r0, int64_t R, int64_t M,
-                       const float* div) {
+                       const float* sum) {
   for (int64_t m = 0; m < M; ++m) {
     const int64_t g = m / R, i = r0 + m % R;
     float* orow = P.out + ((b * P.T + i) * P.N + h * P.G + g) * P.D;
-    const float* src = o + m * P.D16;
-    if (div)
-      for (int64_t d = 0; d < P.D; ++d) orow[d] = src[d] / div[m];
-    else
-      std::memcpy(orow, src, P.D * sizeof(float));
+    for (int64_t d = 0; d < P.D; ++d) orow[d] = o[m * P.D16 + d] / sum[m];
   }
-}
-
-// Dense softmax with the policy's roundings (logits, probabilities normalised then rounded), then p.v.
-void dense_softmax_pv(const Problem& P, Scratch& W, int64_t b, int64_t h, int64_t r0, int64_t R, int64_t M,
-                      int64_t Mt, int64_t e16, const float* vp) {
-  const int64_t lds = P.lds;
-  for (int64_t m = 0; m < M; ++m) {
-    float* row = &W.s[m * lds];
-    const float mx = logits_row(row, e16, P.scale, P.logits_bf16);
-    const float sum = exp_row(row, e16, mx, 1.0f);
-    normalize_row(row, e16, sum, P.pv_bf16);
-  }
-  for (int64_t m = M; m < Mt; ++m) std::fill_n(&W.s[m * lds], e16, 0.0f);
-  for (int64_t k0 = 0; k0 < e16; k0 += KC) pv_slice(P, W.s.data(), lds, vp, k0, std::min<int64_t>(KC, e16 - k0), Mt,
-                                                    W.o.data(), k0 > 0);
-  write_rows(P, W.o.data(), b, h, r0, R, M, nullptr);
 }
 
 // FlashAttention-2's online softmax over key blocks of P.kv_block (the last one cut at e16; one
@@ -556,7 +531,6 @@ void run_task(const Problem& P, int64_t task, Scratch& W) {
     }
   }
   if (P.kv_block > 0) return online_softmax_pv(P, W, b, h, r0, R, M, Mt, e16, vp);
-  if (P.logits_bf16 || P.pv_bf16) return dense_softmax_pv(P, W, b, h, r0, R, M, Mt, e16, vp);
   // Softmax numerators and p.v, KC keys at a time: the slice's exponentials are taken just before
   // they are multiplied by v (that slice of the buffer and of v stays in L2); the context
   // accumulates in W.o [Mt x D16] and is divided by the row sums at the end, as FlashAttention
@@ -622,6 +596,8 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<
   if (variant < FULL || variant > ANCHOR) return ffi::Error::InvalidArgument("attention: unknown variant code");
   if (kv_block < 0 || (kv_block > 0 && kv_block < qd[1] && kv_block % NR != 0))
     return ffi::Error::InvalidArgument("attention: kv_block must be 0 (dense), a multiple of 16 or >= T");
+  if (kv_block == 0 && (logits_bf16 || pv_bf16))
+    return ffi::Error::InvalidArgument("attention: the dense softmax is fp32 only (logits_bf16 = pv_bf16 = 0)");
   if (P->B * P->T * P->N * P->D == 0) return ffi::Error::Success();
   P->q = q.typed_data(); P->k = k.typed_data(); P->v = v.typed_data(); P->doc = doc_ids.typed_data();
   P->out = out->typed_data();
@@ -737,7 +713,7 @@ void probe_maps(const ProbeProblem& P, ProbeScratch& W, int64_t b, int64_t h, in
     float* row = &W.s[m * lds];
     const float mx = logits_row(row, e16, P.scale, P.logits_bf16);
     a[m] = row[0];
-    if (!P.first_only) normalize_row(row, e16, exp_row(row, e16, mx, 1.0f), false);
+    if (!P.first_only) normalize_row(row, e16, exp_row(row, e16, mx, 1.0f));
   }
 }
 
