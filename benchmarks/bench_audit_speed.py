@@ -19,6 +19,8 @@ session (the cores are shared: compare runs of one session). Records for each ru
   comparison           for every number of audit.json (machine, timings and notes aside) its largest
                        absolute and relative difference against the reference audit.json, per top-level
                        key, how many numbers differ at all, and whether all are bitwise equal
+  vs_baseline          with --baseline-jaxref: the same comparison against the baseline run's audit.json
+                       (the pre-change code's numbers, from this session)
 and for the whole: machine (anchor.machine, with `matmul_gflops` before and after: an fp32 matmul of
 SmolLM2's MLP shape, a measure of what the shared cores gave), and vs_committed: the same comparison
 against benchmarks/results/audit_smollm2/audit.json (an earlier oracle, with --random-init).
@@ -246,10 +248,11 @@ def main() -> None:
     cache = tmp / "jax-cache"  # empty: the first run compiles everything, as on a fresh checkout
     gflops_before = matmul_gflops()
     runs = []
+    baseline_audit = None
     if args.baseline_jaxref:
         r = run_audit_cli(tmp / "baseline", cache, str(tmp), jaxref_dir=str(Path(args.baseline_jaxref).resolve()),
                           options=options)
-        audit = r.pop("audit")
+        audit = baseline_audit = r.pop("audit")
         runs.append({"label": f"baseline: the pre-change jaxref from {args.baseline_jaxref} (no compilation cache)",
                      **r, "comparison": comparison_of(audit)})
         print(json.dumps({k: runs[-1][k] for k in ("label", "wall_s", "cpu_s", "phases")}, indent=2), flush=True)
@@ -261,6 +264,8 @@ def main() -> None:
         r = {"label": "cold: empty compilation cache" if i == 0 else "warm: the programs from the cache the first "
                                                                      "run filled",
              **r, "runtime_s_reported_by_audit": round(audit["runtime_s"], 1), "comparison": comparison_of(audit)}
+        if baseline_audit is not None:  # the same audit by the pre-change code, in this session
+            r["vs_baseline"] = compare(audit, baseline_audit)
         runs.append(r)
         print(json.dumps({k: r[k] for k in ("label", "wall_s", "cpu_s", "within_limit", "phases")}, indent=2))
         if ref is not None:
