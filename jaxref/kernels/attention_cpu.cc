@@ -559,27 +559,41 @@ void run_task(const Problem& P, int64_t task, Scratch& W) {
 
 // Tasks are shared through an atomic counter by the calling thread and the pool's workers; a
 // worker that starts after the last task is taken finds nothing to do. The caller waits for the
-// tasks to be *done* (not for workers to start), so it finishes even if no worker ever runs.
-struct Shared {
+// tasks to be *done* (not for workers to start), so it finishes even if no worker ever runs. Each
+// thread keeps one Scratch (per kind of problem) between calls.
+template <class Problem, class Scratch, void (*RUN)(const Problem&, int64_t, Scratch&)>
+struct Tasks {
   std::shared_ptr<Problem> P;
   std::atomic<int64_t> next{0}, done{0};
   std::mutex mu;
   std::condition_variable cv;
-};
 
-void work(Shared& S) {
-  const Problem& P = *S.P;
-  const int64_t n = static_cast<int64_t>(P.tasks.size());
-  thread_local Scratch W;
-  bool fitted = false;
-  for (int64_t t; (t = S.next.fetch_add(1)) < n;) {
-    if (!fitted) W.fit(P), fitted = true;
-    run_task(P, P.tasks[t], W);
-    if (S.done.fetch_add(1) + 1 == n) {
-      std::lock_guard<std::mutex> lock(S.mu);
-      S.cv.notify_all();
+  void work() {
+    const int64_t n = static_cast<int64_t>(P->tasks.size());
+    thread_local Scratch W;
+    bool fitted = false;
+    for (int64_t t; (t = next.fetch_add(1)) < n;) {
+      if (!fitted) W.fit(*P), fitted = true;
+      RUN(*P, P->tasks[t], W);
+      if (done.fetch_add(1) + 1 == n) {
+        std::lock_guard<std::mutex> lock(mu);
+        cv.notify_all();
+      }
     }
   }
+};
+
+// Runs every task of P->tasks (RUN(P, task, scratch)) on the calling thread and the pool's workers.
+template <class Problem, class Scratch, void (*RUN)(const Problem&, int64_t, Scratch&)>
+void run_tasks(ffi::ThreadPool& pool, std::shared_ptr<Problem> P) {
+  auto S = std::make_shared<Tasks<Problem, Scratch, RUN>>();
+  S->P = std::move(P);
+  const int64_t n = static_cast<int64_t>(S->P->tasks.size());
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), n) - 1;
+  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([S] { S->work(); });
+  S->work();
+  std::unique_lock<std::mutex> lock(S->mu);
+  S->cv.wait(lock, [&] { return S->done.load() == n; });
 }
 
 ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
@@ -620,16 +634,7 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<
   for (int64_t blk = nblk - 1; blk >= 0; --blk)
     for (int64_t b = 0; b < P->B; ++b)
       for (int64_t h = 0; h < P->K; ++h) P->tasks.push_back((b * P->K + h) * nblk + blk);
-  auto S = std::make_shared<Shared>();
-  S->P = P;
-  const int64_t n = static_cast<int64_t>(P->tasks.size());
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), n) - 1;
-  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([S] { work(*S); });
-  work(*S);
-  {
-    std::unique_lock<std::mutex> lock(S->mu);
-    S->cv.wait(lock, [&] { return S->done.load() == n; });
-  }
+  run_tasks<Problem, Scratch, run_task>(pool, P);
   buffers().give(P->kv);
   return ffi::Error::Success();
 }
@@ -744,28 +749,6 @@ void probe_task(const ProbeProblem& P, int64_t task, ProbeScratch& W) {
     std::memcpy(P.first + (w * (P.S - 1) + g - 1) * P.T + r0, &first[(g - 1) * R], R * sizeof(double));
 }
 
-struct ProbeShared {
-  std::shared_ptr<ProbeProblem> P;
-  std::atomic<int64_t> next{0}, done{0};
-  std::mutex mu;
-  std::condition_variable cv;
-};
-
-void probe_work(ProbeShared& S) {
-  const ProbeProblem& P = *S.P;
-  const int64_t n = static_cast<int64_t>(P.tasks.size());
-  thread_local ProbeScratch W;
-  bool fitted = false;
-  for (int64_t t; (t = S.next.fetch_add(1)) < n;) {
-    if (!fitted) W.fit(P), fitted = true;
-    probe_task(P, P.tasks[t], W);
-    if (S.done.fetch_add(1) + 1 == n) {
-      std::lock_guard<std::mutex> lock(S.mu);
-      S.cv.notify_all();
-    }
-  }
-}
-
 ffi::Error Probe(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                  ffi::ResultBuffer<ffi::F64> first, ffi::ResultBuffer<ffi::F64> col, int64_t shifts, float scale,
                  int32_t logits_bf16, int32_t first_only) {
@@ -800,16 +783,7 @@ ffi::Error Probe(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi:
   P->slab.resize(P->W * P->slab_per_window);
   for (int64_t blk = nblk - 1; blk >= 0; --blk)
     for (int64_t w = 0; w < P->W; ++w) P->tasks.push_back(w * nblk + blk);
-  auto S = std::make_shared<ProbeShared>();
-  S->P = P;
-  const int64_t n = static_cast<int64_t>(P->tasks.size());
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), n) - 1;
-  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([S] { probe_work(*S); });
-  probe_work(*S);
-  {
-    std::unique_lock<std::mutex> lock(S->mu);
-    S->cv.wait(lock, [&] { return S->done.load() == n; });
-  }
+  run_tasks<ProbeProblem, ProbeScratch, probe_task>(pool, P);
   buffers().give(P->kp);
   if (!P->first_only)  // the blocks' column sums, added in block order
     for (int64_t w = 0; w < P->W; ++w)
