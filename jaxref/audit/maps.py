@@ -16,6 +16,8 @@ under one `lax.scan`, op for op) without what comes after them:
     compiles the programs an audit will need on a background thread while the current one runs;
   * several policies on the same inputs can share one program (`run_many`: the error budget's
     policies, a few programs instead of one per policy; each policy's numbers unchanged).
+  * on the CPU the maps of the policies the kernel covers (fp32 softmax, bf16/fp32 logits) are
+    formed and reduced in the fused C++ kernel (`KernelProbe`), never as [B, N, T, T] arrays.
 
 What a shift cannot change is shared by construction: tokens, the embedding lookup and the mask
 are the same for every shift (only `positions`, hence the RoPE tables, differ), and the vocabulary
@@ -24,7 +26,8 @@ last layer's p·v and MLP (run inside the scan; computed apart, XLA fused the fp
 matmuls differently and the last layer's fp32 maps changed), layer 0's q/k/v projections per
 window rather than per shift, and several windows per call (the matmul kernels sum in an order that
 depends on the batch: fa2_bf16 and paper_bf16 moved): about 3%, under 1% and none of the work.
-The results are bitwise those of `jaxref.forward` with `runner.pair_probe` (tests/audit/test_audit_speed.py).
+The results are bitwise those of `jaxref.forward` with the same probe (`make_probe`: `runner.run_pairs`;
+tests/audit/test_audit_speed.py), and the kernel's probe is the JAX probe's numbers up to rounding.
 Like `jaxref.forward`, a runner resolves the fused-kernel switch once (`fused`, default the user's
 `JAXREF_FUSED_ATTENTION`) and passes it to every program it compiles.
 """
