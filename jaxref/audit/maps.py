@@ -37,7 +37,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import Callable, ClassVar
 
 import jax
@@ -52,12 +52,14 @@ from jaxref.model import Params, decoder_layer
 from jaxref.policy import STAGES, DtypePolicy
 
 
+@lru_cache(maxsize=None)
 def group_probe(group: int, first_only: bool = False) -> Callable[[jax.Array, jax.Array], dict[str, jax.Array]]:
     """The probe of `n` groups of `group` batch elements, element 0 of each group the reference.
 
     Returns per layer `first` [n, group-1, T] = Σ_h |A_i0 − A_ref,i0| (per query row i) and,
-    unless `first_only`, `col` [n, group-1, T] = Σ_h Σ_i |P_ij − P_ref,ij|; float64. The same
-    arithmetic as `runner.pair_probe` (which is this probe with both outputs).
+    unless `first_only`, `col` [n, group-1, T] = Σ_h Σ_i |P_ij − P_ref,ij|; float64. Cached, so
+    that `jax.jit` (where the probe is a static argument, as in `jaxref.forward`) sees one function
+    per size.
     """
 
     def probe(scores_BNTS, probs_BNTS):

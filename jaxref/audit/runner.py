@@ -34,7 +34,6 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Callable, Iterable, Sequence
 
 import jax
@@ -47,7 +46,7 @@ from anchor.errors import InputError
 from anchor.spec import ModelSpec
 from jaxref.audit import metrics
 from jaxref import kernels
-from jaxref.audit.maps import KernelProbe, MapsRunner, make_probe
+from jaxref.audit.maps import MapsRunner, make_probe
 from jaxref.audit.random_init import torch_default_state
 from jaxref.audit.sequences import load_texts, make_windows
 from jaxref.model import Params, forward, params_from_state
@@ -106,32 +105,13 @@ class AuditSettings:
 # Probes and forward passes
 
 
-@lru_cache(maxsize=None)
-def pair_probe(group: int) -> Callable[[jax.Array, jax.Array], dict[str, jax.Array]]:
-    """A probe for a batch of `n` groups of `group` elements, element 0 of each group the reference.
-
-    Returns per layer `col` [n, group-1, T] = Σ_h Σ_i |P_ij − P_ref,ij| and `first` [n, group-1, T]
-    = Σ_h |A_i0 − A_ref,i0| (per query row i), float64. Cached so that jit sees one function per size.
-    """
-
-    def probe(scores_BNTS, probs_BNTS):
-        B, N, T, S = probs_BNTS.shape
-        p = probs_BNTS.reshape(B // group, group, N, T, S)
-        col = jnp.abs(p[:, 1:] - p[:, :1]).astype(jnp.float64).sum(axis=(2, 3))
-        a = scores_BNTS[..., 0].astype(jnp.float64).reshape(B // group, group, N, T)
-        first = jnp.abs(a[:, 1:] - a[:, :1]).sum(axis=2)
-        return {"col": col, "first": first}
-
-    return probe
-
-
 def run_pairs(params: Params, spec: ModelSpec, tokens_nT: np.ndarray, shifts: Sequence[int], ref_shift: int,
               policy: DtypePolicy) -> dict[str, np.ndarray]:
     """One forward call: each of the `n` windows under `ref_shift` and every shift of `shifts`.
 
     Args: tokens_nT int [n, T]; shifts: S values. Returns float64 `col` and `first`, each [L, n, S, T].
     The maps are formed as the batched pass forms them (`maps.make_probe`: the fused kernel's probe
-    where the user's switch allows the kernels and it covers the policy, else `pair_probe`).
+    where the user's switch allows the kernels and it covers the policy, else `maps.group_probe`).
     """
     n, T = tokens_nT.shape
     group = len(shifts) + 1
@@ -141,8 +121,6 @@ def run_pairs(params: Params, spec: ModelSpec, tokens_nT: np.ndarray, shifts: Se
     doc_ids = np.ones_like(tokens, dtype=np.int32)
     fused = kernels.enabled()
     probe = make_probe(group, False, policy, fused)
-    if not isinstance(probe, KernelProbe):
-        probe = pair_probe(group)
     _, taps = forward(params, spec, tokens, positions=positions, doc_ids=doc_ids, variant="full",
                       policy=policy, probe=probe, fused=fused)
     return {k: np.asarray(v, np.float64) for k, v in taps["probe"].items()}

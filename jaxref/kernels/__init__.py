@@ -129,8 +129,8 @@ def causal_attention(q, k, v, doc_ids, variant: str, scale: float, *, logits_bf1
     `kv_block`: 0 for the dense fp32 softmax, else the online softmax's key block (a multiple of 16,
     or >= T for one block), with `logits_bf16` (the scaled logits rounded to bf16) and `pv_bf16` (the
     probabilities rounded to bf16 before p·v). Returns ctx [B,T,N,D] fp32: the policy's
-    `dense_attention` or `online_attention`, up to rounding. Call only after `available()` returned True; the target
-    exists for the CPU platform only.
+    `dense_attention` or `online_attention`, up to rounding. Call only after `available()` returned
+    True; the target exists for the CPU platform only.
     """
     call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))
     return call(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), doc_ids.astype(jnp.int32),

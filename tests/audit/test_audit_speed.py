@@ -1,6 +1,6 @@
 """The audit's batched maps-only pass (jaxref/audit/maps.py) gives the numbers of the per-shift path.
 
-The per-shift path is `jaxref.forward` with the pair probe, one shift per call (`runner.run_pairs`
+The per-shift path is `jaxref.forward` with the audit's probe, one shift per call (`runner.run_pairs`
 with a single shift): what the audit's arithmetic is defined by. The batched pass puts every shift
 of a window in one call and stops at the maps. Where the arithmetic is the same it must be bitwise
 equal; fp64 is the one policy whose matmul kernels sum in a batch-dependent order here, and there
