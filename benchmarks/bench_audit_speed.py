@@ -27,7 +27,8 @@ against benchmarks/results/audit_smollm2/audit.json (an earlier oracle, with --r
 The reference is the default audit's audit.json written by the code before the speed-up (commit
 d03cd90, kept as benchmarks/results/audit_speed_reference.json). The limit is 120 s (issue 14).
 `ratios`: each run's wall time over the matmul floor measured in the same run (issue 31 asks <= 1.25),
-and over the floor at XLA's own matmul rates (what the oracle's matmuls can reach at best).
+and over the floor at XLA's own matmul rates (kept to compare with the records from before the oracle's
+projections moved to numpy's BLAS on the CPU, `jaxref.kernels.matmul`).
 """
 
 from __future__ import annotations
@@ -288,7 +289,8 @@ def main() -> None:
     timed = [("cold", new[0])] + ([("warm", new[-1])] if len(new) > 1 else [])
     record["ratios"] = {
         "note": "wall time over the matmul floor of this run (floor_s; issue 31: <= 1.25), and over the floor at "
-                "XLA's own matmul rates (floor_s_at_xla_rates: the oracle's matmuls are XLA's)",
+                "XLA's own matmul rates (floor_s_at_xla_rates: what the oracle's matmuls reached before its projections "
+                "ran in numpy's BLAS, jaxref.kernels.matmul)",
         **{f"{label}_over_floor{suffix}": round(r["wall_s"] / floor[key], 2) if floor[key] > 0 else None
            for label, r in timed for suffix, key in (("", "floor_s"), ("_at_xla_rates", "floor_s_at_xla_rates"))}}
     if args.committed and Path(args.committed).is_file():

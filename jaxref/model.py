@@ -19,7 +19,8 @@ un-jitted, over arrays, for callers that trace it inside their own `jit`/`grad`)
 `params_from_state`, `default_doc_ids`.
 
 The fused-kernel switch is an argument, `fused`: `forward` resolves it once (default: the user's
-`JAXREF_FUSED_ATTENTION`, `jaxref.kernels.enabled()`) and hands the bool down to the attention.
+`JAXREF_FUSED_ATTENTION`, `jaxref.kernels.enabled()`) and hands the bool down to the attention and
+the projections (`linear`: numpy's BLAS on the CPU).
 """
 
 from __future__ import annotations
@@ -85,9 +86,20 @@ def params_from_state(spec: ModelSpec, state: dict[str, np.ndarray], dtype=jnp.f
 # Pure building blocks
 
 
-def linear(x_BTI, w_OI, b_O, act, param):
-    """`x @ wᵀ (+ b)`: operands in `act`/`param`, fp32 accumulation for 16-bit activations, result in `act`."""
-    y = wide_einsum("...I,OI->...O", x_BTI.astype(act), w_OI.astype(param), wide(act))
+def linear(x_BTI, w_OI, b_O, act, param, fused: bool = False):
+    """`x @ wᵀ (+ b)`: operands in `act`/`param`, fp32 accumulation for 16-bit activations, result in `act`.
+
+    With `fused`, on the CPU, the product runs in numpy's BLAS (`jaxref.kernels.matmul`) where the
+    operands widen exactly to the accumulator (fp32 or fp64): the same products, summed in BLAS's order
+    instead of XLA's (an ulp of the accumulator).
+    """
+    x, w, acc = x_BTI.astype(act), w_OI.astype(param), wide(act)
+    if fused and max(x.dtype.itemsize, w.dtype.itemsize) <= acc.itemsize and kernels.blas_available():
+        y = jax.lax.platform_dependent(
+            x, w, cpu=lambda x, w: kernels.matmul(x.astype(acc), w.astype(acc)),
+            default=lambda x, w: wide_einsum("...I,OI->...O", x, w, acc))
+    else:
+        y = wide_einsum("...I,OI->...O", x, w, acc)
     if b_O is not None:
         y = y + b_O.astype(param).astype(y.dtype)
     return y.astype(act)
@@ -131,9 +143,9 @@ def decoder_layer(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Varia
     N, K, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
     scale = spec.head_dim ** -0.5
     x = rms_norm(h, lp["attn_norm"], spec.rms_norm_eps, norm, act, param)
-    q = linear(x, lp["wq"], lp.get("bq"), act, param).reshape(B, T, N, D)
-    k = linear(x, lp["wk"], lp.get("bk"), act, param).reshape(B, T, K, D)
-    v = linear(x, lp["wv"], lp.get("bv"), act, param).reshape(B, T, K, D)
+    q = linear(x, lp["wq"], lp.get("bq"), act, param, fused).reshape(B, T, N, D)
+    k = linear(x, lp["wk"], lp.get("bk"), act, param, fused).reshape(B, T, K, D)
+    v = linear(x, lp["wv"], lp.get("bv"), act, param, fused).reshape(B, T, K, D)
     if spec.qk_norm:  # Qwen3: each head's q and k RMS-normed over D before RoPE (Qwen3Attention)
         q = rms_norm(q, lp["q_norm"], spec.rms_norm_eps, norm, act, param)
         k = rms_norm(k, lp["k_norm"], spec.rms_norm_eps, norm, act, param)
@@ -141,11 +153,11 @@ def decoder_layer(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Varia
     q = rope_lib.apply(q, cos, sin, spec.rope.layout, rope_dt)
     k = rope_lib.apply(k, cos, sin, spec.rope.layout, rope_dt)
     ctx = attention(q, k, v, doc_ids, variant, policy, scale, fused=fused).astype(act)
-    a = linear(ctx.reshape(B, T, N * D), lp["wo"], None, act, param)
+    a = linear(ctx.reshape(B, T, N * D), lp["wo"], None, act, param, fused)
     h = (h + a).astype(act)
     x = rms_norm(h, lp["mlp_norm"], spec.rms_norm_eps, norm, act, param)
-    m = silu_mul(linear(x, lp["w_gate"], None, act, param), linear(x, lp["w_up"], None, act, param), act)
-    m = linear(m, lp["w_down"], None, act, param)
+    m = silu_mul(linear(x, lp["w_gate"], None, act, param, fused), linear(x, lp["w_up"], None, act, param, fused), act)
+    m = linear(m, lp["w_down"], None, act, param, fused)
     h = (h + m).astype(act)
     out: dict[str, Any] = {}
     if tap:
@@ -189,7 +201,7 @@ def decoder_forward(params: Params, tokens, pos, doc_ids, *, spec: ModelSpec, po
     head = policy.dtype("head")
     x = rms_norm(h_out, params["final_norm"], spec.rms_norm_eps, policy.dtype("norm"), head, param)
     w_out = params["embed"] if spec.tie_embeddings else params["lm_head"]
-    logits = linear(x, w_out, None, head, param)
+    logits = linear(x, w_out, None, head, param, fused)
     per_layer = dict(per_layer)
     if tap:
         per_layer["embed"] = h

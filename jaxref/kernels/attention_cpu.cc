@@ -798,6 +798,117 @@ ffi::Error Probe(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi:
   return ffi::Error::Success();
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// The decoder's projections, y[M, N] = x[M, K] . w[N, K]^T in fp32 or fp64 (jaxref.model.linear),
+// by a private copy of the OpenBLAS numpy uses (jaxref.kernels loads it, sets its thread count to 1
+// and hands its entry points to jaxref_set_blas; numpy's own instance keeps its threads). XLA's CPU matmuls ran 10-30% below that BLAS at the decoder's shapes on
+// 2 cores. The BLAS runs single-threaded on the threads of XLA's pool (its own threads would compete
+// with the pool's, and OpenBLAS's thread count is one global), each call on a part of x [B, R, K] (B the leading axes, R rows each), cut so that
+// a row's result depends on R and the row alone, never on the batch around it (a window under the
+// same shift twice gives identical rows; a batch of one gives what a batch of many does):
+//   * every batch element's rows are cut alike, by R alone, in chunks of at most GEMM_CHUNK rows;
+//   * whole elements are grouped into one call (g of them, g the largest divisor of B leaving a call
+//     per thread, at most GEMM_ROWS rows a call) only when one element's call is large
+//     (R N K >= GEMM_GROUP_MNK): the BLAS picks its kernel by the call's shape, and its blocked kernel,
+//     which large calls get, gives a row the same result whatever rows the call holds; small calls get
+//     other kernels, so they always hold one chunk (tests/jaxref/test_blas_matmul.py).
+
+enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
+using sgemm64_t = void (*)(int, int, int, int64_t, int64_t, int64_t, float, const float*, int64_t,
+                           const float*, int64_t, float, float*, int64_t);
+using dgemm64_t = void (*)(int, int, int, int64_t, int64_t, int64_t, double, const double*, int64_t,
+                           const double*, int64_t, double, double*, int64_t);
+using sgemm32_t = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float,
+                           float*, int);
+using dgemm32_t = void (*)(int, int, int, int, int, int, double, const double*, int, const double*, int,
+                           double, double*, int);
+struct Blas {
+  void *sgemm = nullptr, *dgemm = nullptr;
+  bool ilp64 = true;
+};
+Blas& blas() {
+  static Blas b;
+  return b;
+}
+
+inline void gemm(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k) {
+  const Blas& b = blas();
+  if (b.ilp64)
+    reinterpret_cast<sgemm64_t>(b.sgemm)(ROW_MAJOR, NO_TRANS, TRANS, m, n, k, 1.0f, x, k, w, k, 0.0f, y, n);
+  else
+    reinterpret_cast<sgemm32_t>(b.sgemm)(ROW_MAJOR, NO_TRANS, TRANS, int(m), int(n), int(k), 1.0f, x, int(k), w,
+                                         int(k), 0.0f, y, int(n));
+}
+inline void gemm(const double* x, const double* w, double* y, int64_t m, int64_t n, int64_t k) {
+  const Blas& b = blas();
+  if (b.ilp64)
+    reinterpret_cast<dgemm64_t>(b.dgemm)(ROW_MAJOR, NO_TRANS, TRANS, m, n, k, 1.0, x, k, w, k, 0.0, y, n);
+  else
+    reinterpret_cast<dgemm32_t>(b.dgemm)(ROW_MAJOR, NO_TRANS, TRANS, int(m), int(n), int(k), 1.0, x, int(k), w,
+                                         int(k), 0.0, y, int(n));
+}
+
+template <class T>
+struct GemmProblem {
+  const T *x, *w;
+  T* y;
+  int64_t R, N, K, group, chunk, chunks;  // rows per element; elements per call; rows per chunk, chunks per element
+  std::vector<int64_t> tasks;             // (first element of the call) * chunks + chunk
+};
+struct NoScratch {
+  template <class P>
+  void fit(const P&) {}
+};
+
+template <class T>
+void gemm_task(const GemmProblem<T>& P, int64_t t, NoScratch&) {
+  const int64_t c = t % P.chunks, r0 = (t / P.chunks) * P.R + c * P.chunk;
+  const int64_t m = P.group > 1 ? P.group * P.R : std::min(P.chunk, P.R - c * P.chunk);
+  gemm(P.x + r0 * P.K, P.w, P.y + r0 * P.N, m, P.N, P.K);
+}
+
+constexpr int64_t GEMM_CHUNK = 1024;          // rows of one element in one call at most
+constexpr int64_t GEMM_ROWS = 4096;           // rows of a call of grouped elements at most
+constexpr double GEMM_GROUP_MNK = 8e6;        // an element's R N K from which elements are grouped
+
+template <ffi::DataType DT>
+ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<DT> w, ffi::ResultBuffer<DT> y) {
+  using T = ffi::NativeType<DT>;
+  const auto xd = x.dimensions(), wd = w.dimensions();
+  if (xd.size() < 1 || wd.size() != 2 || xd.back() != wd[1])
+    return ffi::Error::InvalidArgument("matmul: x [..., K] and w [N, K] disagree");
+  if (blas().sgemm == nullptr) return ffi::Error::Internal("matmul: no BLAS (jaxref_set_blas was not called)");
+  auto P = std::make_shared<GemmProblem<T>>();
+  P->K = wd[1];
+  P->N = wd[0];
+  P->R = xd.size() >= 2 ? xd[xd.size() - 2] : 1;
+  int64_t batch = 1;
+  for (size_t i = 0; i + 2 < xd.size(); ++i) batch *= xd[i];
+  if (batch * P->R * P->N == 0) return ffi::Error::Success();
+  if (P->K == 0) {
+    std::fill(y->typed_data(), y->typed_data() + batch * P->R * P->N, T(0));
+    return ffi::Error::Success();
+  }
+  P->x = x.typed_data();
+  P->w = w.typed_data();
+  P->y = y->typed_data();
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  P->chunks = (P->R + GEMM_CHUNK - 1) / GEMM_CHUNK;
+  P->chunk = (P->R + P->chunks - 1) / P->chunks;  // every chunk `chunk` rows but the last, shorter by < chunks
+  P->group = 1;
+  if (P->chunks == 1 && double(P->R) * double(P->N) * double(P->K) >= GEMM_GROUP_MNK)
+    for (int64_t g = batch / threads; g > 1; --g)
+      if (batch % g == 0 && g * P->R <= GEMM_ROWS) {
+        P->group = g;
+        break;
+      }
+  for (int64_t e = 0; e < batch; e += P->group)
+    for (int64_t c = 0; c < P->chunks; ++c) P->tasks.push_back(e * P->chunks + c);
+  run_tasks<GemmProblem<T>, NoScratch, gemm_task<T>>(pool, P);
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxrefCausalAttention, Attention,
@@ -825,3 +936,26 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxrefAuditProbe, Probe,
                                   .Attr<float>("scale")
                                   .Attr<int32_t>("logits_bf16")
                                   .Attr<int32_t>("first_only"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxrefMatmulF32, Matmul<ffi::F32>,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxrefMatmulF64, Matmul<ffi::F64>,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F64>>()
+                                  .Arg<ffi::Buffer<ffi::F64>>()
+                                  .Ret<ffi::Buffer<ffi::F64>>());
+
+// The BLAS entry points (cblas_sgemm / cblas_dgemm with 64-bit integers when ilp64, else 32-bit) of a
+// single-threaded BLAS instance, from jaxref.kernels before the first matmul.
+extern "C" void jaxref_set_blas(void* sgemm, void* dgemm, int ilp64) {
+  Blas& b = blas();
+  b.sgemm = sgemm;
+  b.dgemm = dgemm;
+  b.ilp64 = ilp64 != 0;
+}

@@ -1,0 +1,105 @@
+"""The decoder's projections in BLAS (`jaxref.kernels.matmul`, jaxref.model.linear with `fused`).
+
+The kernel runs a private, single-threaded copy of numpy's OpenBLAS on XLA's threads. What it
+promises: numpy's `x @ w.T` to the bit at the decoder's sizes; a row's result independent of the
+batch around it (the audit compares one window under two shifts in one batch, and the batched
+pass with a batch of one); numpy's own BLAS left as it was; the forward within its own rounding
+of XLA's matmuls.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxref
+from jaxref import kernels
+
+pytestmark = pytest.mark.skipif(not kernels.blas_available(), reason="no C++ compiler or no OpenBLAS in numpy")
+
+matmul = jax.jit(kernels.matmul)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("B,T,K,N", [(1, 97, 64, 160), (3, 515, 576, 192), (20, 256, 576, 576), (2, 1025, 576, 1536)])
+def test_matmul_is_numpy_and_independent_of_the_batch(dtype, B, T, K, N):
+    rng = np.random.default_rng(B * T + K)
+    x = rng.standard_normal((B, T, K)).astype(dtype)
+    w = rng.standard_normal((N, K)).astype(dtype)
+    x[-1] = x[0]  # the same window twice in one batch
+    y = np.asarray(matmul(jnp.asarray(x), jnp.asarray(w)))
+    assert y.dtype == dtype and y.shape == (B, T, N)
+    np.testing.assert_array_equal(y, x @ w.T)
+    np.testing.assert_array_equal(y[-1], y[0])
+    one = np.asarray(matmul(jnp.asarray(x[:1]), jnp.asarray(w)))
+    np.testing.assert_array_equal(one[0], y[0])
+
+
+@pytest.mark.parametrize("B,T", [(3, 23), (5, 37), (1, 7)])
+def test_tiny_calls_keep_identical_rows_identical(B, T):
+    """Small calls get the BLAS's small-matrix kernels, whose rows depend on the call's shape: every
+    element is still cut alike, so the same window twice gives the same rows (the audit's Δ = Δ_ref)."""
+    rng = np.random.default_rng(T)
+    x = rng.standard_normal((B, T, 84)).astype(np.float32)
+    x[-1] = x[0]
+    w = rng.standard_normal((97, 84)).astype(np.float32)
+    y = np.asarray(matmul(jnp.asarray(x), jnp.asarray(w)))
+    np.testing.assert_array_equal(y[-1], y[0])
+    np.testing.assert_allclose(y, x @ w.T, rtol=1e-5, atol=1e-5)
+
+
+def test_rank_two_and_empty_inputs():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((515, 33)).astype(np.float32)
+    w = rng.standard_normal((7, 33)).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(matmul(jnp.asarray(x), jnp.asarray(w))), x @ w.T, rtol=1e-5, atol=1e-5)
+    assert np.asarray(matmul(jnp.zeros((2, 0, 33)), jnp.asarray(w))).shape == (2, 0, 7)
+    np.testing.assert_array_equal(np.asarray(matmul(jnp.ones((3, 5, 0)), jnp.ones((4, 0)))), np.zeros((3, 5, 4)))
+
+
+def _numpy_openblas_threads() -> int | None:
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        path = line.split()[-1]
+        if "numpy.libs" in path and "openblas" in path and "-private-" not in path:
+            lib = ctypes.CDLL(path)
+            for name in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_", "openblas_get_num_threads"):
+                if hasattr(lib, name):
+                    return int(getattr(lib, name)())
+    return None
+
+
+def test_numpy_keeps_its_blas_threads():
+    """The kernel's BLAS is a private instance: numpy's thread count is what it was (OpenBLAS's count is
+    one global per instance; setting numpy's to 1 left numpy's matmuls on one core)."""
+    before = _numpy_openblas_threads()
+    if before is None:
+        pytest.skip("numpy's BLAS is not the wheel's OpenBLAS")
+    x = jnp.ones((4, 256, 576), jnp.float32)
+    jax.block_until_ready(matmul(x, jnp.ones((576, 576), jnp.float32)))
+    assert _numpy_openblas_threads() == before
+
+
+def test_forward_uses_blas_and_stays_within_rounding():
+    """`fused` puts every projection of the forward in the kernel (the lowered program calls it), and
+    the fp32 logits stay within 2x the XLA path's own error against fp64 (odd T = 97)."""
+    params, spec = jaxref.load_model("random:llama")
+    rng = np.random.default_rng(1)
+    toks = rng.integers(3, 259, size=(2, 97)).astype(np.int32)
+    fp64 = np.asarray(jaxref.forward(params, spec, toks, policy="fp64"), np.float64)
+    xla = np.asarray(jaxref.forward(params, spec, toks, policy="fp32", fused=False), np.float64)
+    blas = np.asarray(jaxref.forward(params, spec, toks, policy="fp32", fused=True), np.float64)
+    assert not np.array_equal(xla, blas)  # another summation order: the kernel did run
+    err_xla, err_blas = (np.linalg.norm(a - fp64) / np.linalg.norm(fp64) for a in (xla, blas))
+    print(f"fp32 logits vs fp64: XLA {err_xla:.3g}, BLAS {err_blas:.3g}")
+    assert err_blas <= 2 * err_xla
+    from jaxref.model import _forward_jit
+    hlo = _forward_jit.lower(params, jnp.asarray(toks), jnp.asarray(np.tile(np.arange(97), (2, 1))),
+                             jnp.ones((2, 97), jnp.int32), spec=spec, policy=jaxref.get_policy("fp32"),
+                             variant="full", tap=False, tap_rows=None, probe=None, seq_len=None,
+                             fused=True).as_text()
+    assert hlo.count("jaxref_matmul_f32") >= 7  # q, k, v, o, gate, up, down (in the layer scan) and the head
