@@ -802,11 +802,13 @@ ffi::Error Probe(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi:
 // ---------------------------------------------------------------------------------------------
 // The decoder's projections, y[M, N] = x[M, K] . w[N, K]^T in fp32 or fp64 (jaxref.model.linear),
 // by a private copy of the OpenBLAS numpy uses (jaxref.kernels loads it, sets its thread count to 1
-// and hands its entry points to jaxref_set_blas; numpy's own instance keeps its threads). XLA's CPU matmuls ran 10-30% below that BLAS at the decoder's shapes on
-// 2 cores. The BLAS runs single-threaded on the threads of XLA's pool (its own threads would compete
-// with the pool's, and OpenBLAS's thread count is one global), each call on a part of x [B, R, K] (B the leading axes, R rows each), cut so that
-// a row's result depends on R and the row alone, never on the batch around it (a window under the
-// same shift twice gives identical rows; a batch of one gives what a batch of many does):
+// and hands its entry points to jaxref_set_blas; numpy's own instance keeps its threads). XLA's CPU
+// matmuls ran 10-30% below that BLAS at the decoder's shapes on 2 cores. The BLAS runs
+// single-threaded on the threads of XLA's pool (its own threads would compete with the pool's, and
+// OpenBLAS's thread count is one global), each call on a part of x [B, R, K] (B the leading axes,
+// R rows each), cut so that a row's result depends on R and the row alone, never on the batch
+// around it (a window under the same shift twice gives identical rows; a batch of one gives what a
+// batch of many does):
 //   * every batch element's rows are cut alike, by R alone, in chunks of at most GEMM_CHUNK rows;
 //   * whole elements are grouped into one call (g of them, g the largest divisor of B leaving a call
 //     per thread, at most GEMM_ROWS rows a call) only when one element's call is large
@@ -853,8 +855,10 @@ template <class T>
 struct GemmProblem {
   const T *x, *w;
   T* y;
-  int64_t R, N, K, group, chunk, chunks;  // rows per element; elements per call; rows per chunk, chunks per element
-  std::vector<int64_t> tasks;             // (first element of the call) * chunks + chunk
+  int64_t R, N, K;       // rows per batch element, outputs, inputs
+  int64_t group;         // batch elements per call (1: one chunk of one element per call)
+  int64_t chunk, chunks;  // rows per chunk, chunks per element
+  std::vector<int64_t> tasks;  // (first element of the call) * chunks + chunk
 };
 struct NoScratch {
   template <class P>
