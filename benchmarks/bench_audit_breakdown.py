@@ -39,8 +39,9 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench_audit_speed import _rate, audit_forward_flop, matmul_gflops  # noqa: E402
 
 
-def _projections(params, tokens, pos, *, spec, policy):
-    """The audit's decoder with attention replaced by v: what is left is projections, norms and RoPE."""
+def _projections(params, tokens, pos, *, spec, policy, fused):
+    """The audit's decoder with attention replaced by v: what is left is projections, norms and RoPE
+    (the projections where the audit runs them: numpy's BLAS on the CPU with `fused`)."""
     import jax
     import jax.numpy as jnp
 
@@ -55,16 +56,16 @@ def _projections(params, tokens, pos, *, spec, policy):
 
     def layer(h, lp):
         x = rms_norm(h, lp["attn_norm"], spec.rms_norm_eps, norm, act, param)
-        q = linear(x, lp["wq"], lp.get("bq"), act, param).reshape(B, T, N, D)
-        k = linear(x, lp["wk"], lp.get("bk"), act, param).reshape(B, T, K, D)
-        v = linear(x, lp["wv"], lp.get("bv"), act, param).reshape(B, T, K, D)
+        q = linear(x, lp["wq"], lp.get("bq"), act, param, fused).reshape(B, T, N, D)
+        k = linear(x, lp["wk"], lp.get("bk"), act, param, fused).reshape(B, T, K, D)
+        v = linear(x, lp["wv"], lp.get("bv"), act, param, fused).reshape(B, T, K, D)
         q = rope_lib.apply(q, cos, sin, spec.rope.layout, policy.dtype("rope_apply"))
         k = rope_lib.apply(k, cos, sin, spec.rope.layout, policy.dtype("rope_apply"))
         ctx = jnp.repeat(v, N // K, axis=2).astype(act)
-        h = (h + linear(ctx.reshape(B, T, N * D), lp["wo"], None, act, param)).astype(act)
+        h = (h + linear(ctx.reshape(B, T, N * D), lp["wo"], None, act, param, fused)).astype(act)
         x = rms_norm(h, lp["mlp_norm"], spec.rms_norm_eps, norm, act, param)
-        m = silu_mul(linear(x, lp["w_gate"], None, act, param), linear(x, lp["w_up"], None, act, param), act)
-        h = (h + linear(m, lp["w_down"], None, act, param)).astype(act)
+        m = silu_mul(linear(x, lp["w_gate"], None, act, param, fused), linear(x, lp["w_up"], None, act, param, fused), act)
+        h = (h + linear(m, lp["w_down"], None, act, param, fused)).astype(act)
         return h, (q[:, :, 0, 0].astype(jnp.float32).sum() + k[:, :, 0, 0].astype(jnp.float32).sum())  # q, k live
 
     return jax.lax.scan(layer, h, params["layers"])[1]
@@ -131,6 +132,7 @@ def main() -> None:
     from anchor.weights import load_weights
     from jaxref.audit import runner
     from jaxref.audit.maps import MapsRunner, batch_inputs
+    from jaxref import kernels
     from jaxref.model import params_from_state
     from jaxref.policy import get_policy
 
@@ -173,7 +175,7 @@ def main() -> None:
                "call_s": round(statistics.median(later), 2),
                "floor_s": round(flop / max(r.values()) / 1e9, 2), "floor_s_xla": round(flop / r["xla"] / 1e9, 2)}
         if with_projections:
-            prog = jax.jit(partial(_projections, spec=spec, policy=pol))
+            prog = jax.jit(partial(_projections, spec=spec, policy=pol, fused=kernels.enabled()))
             args_ = (params, jnp.asarray(tokens), jnp.asarray(positions))
             prog(*args_).block_until_ready()
             _, later_p = _timed(lambda: prog(*args_).block_until_ready(), args.repeats)
