@@ -94,12 +94,15 @@ def linear(x_BTI, w_OI, b_O, act, param, fused: bool = False):
     instead of XLA's (an ulp of the accumulator).
     """
     x, w, acc = x_BTI.astype(act), w_OI.astype(param), wide(act)
+
+    def xla(x, w):
+        return wide_einsum("...I,OI->...O", x, w, acc)
+
     if fused and max(x.dtype.itemsize, w.dtype.itemsize) <= acc.itemsize and kernels.blas_available():
-        y = jax.lax.platform_dependent(
-            x, w, cpu=lambda x, w: kernels.matmul(x.astype(acc), w.astype(acc)),
-            default=lambda x, w: wide_einsum("...I,OI->...O", x, w, acc))
+        y = jax.lax.platform_dependent(x, w, cpu=lambda x, w: kernels.matmul(x.astype(acc), w.astype(acc)),
+                                       default=xla)
     else:
-        y = wide_einsum("...I,OI->...O", x, w, acc)
+        y = xla(x, w)
     if b_O is not None:
         y = y + b_O.astype(param).astype(y.dtype)
     return y.astype(act)

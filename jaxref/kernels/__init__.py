@@ -132,7 +132,6 @@ def available() -> bool:
     entries = _private_blas()
     if entries is not None:
         lib.jaxref_set_blas(ctypes.c_void_p(entries[0]), ctypes.c_void_p(entries[1]), ctypes.c_int(entries[2]))
-        _BLAS_READY.append(True)
     return True
 
 
@@ -142,8 +141,7 @@ def available() -> bool:
 _BLAS_NAMES = (("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", "scipy_openblas_set_num_threads64_", True),
                ("cblas_sgemm64_", "cblas_dgemm64_", "openblas_set_num_threads64_", True),
                ("cblas_sgemm", "cblas_dgemm", "openblas_set_num_threads", False))
-_BLAS_READY: list[bool] = []
-_BLAS_LIBS: list[ctypes.CDLL] = []  # the private instance, kept loaded
+_BLAS_LIBS: list[ctypes.CDLL] = []  # the private instance once loaded (kept: the kernel holds its entry points)
 
 
 def _private_blas() -> tuple[int, int, bool] | None:
@@ -165,7 +163,8 @@ def _private_blas() -> tuple[int, int, bool] | None:
                     and "openblas" in line.split()[-1].rsplit("/", 1)[-1].lower()})
     for path in map(Path, paths):
         try:
-            names = next((n for n in _BLAS_NAMES if all(hasattr(ctypes.CDLL(str(path)), f) for f in n[:3])), None)
+            found = ctypes.CDLL(str(path))
+            names = next((n for n in _BLAS_NAMES if all(hasattr(found, f) for f in n[:3])), None)
             if names is None:
                 continue
             st = path.stat()
@@ -195,16 +194,15 @@ def _private_blas() -> tuple[int, int, bool] | None:
 
 def blas_available() -> bool:
     """Whether `matmul` may run: the kernel library is loaded and a private copy of numpy's OpenBLAS too."""
-    return available() and bool(_BLAS_READY)
+    return available() and bool(_BLAS_LIBS)
 
 
 def matmul(x, w):
     """`x @ wᵀ` by numpy's BLAS: x [..., K], w [N, K], both float32 or both float64; returns [..., N].
 
-    Each batch element's rows (x's axis -2) go in chunks of at most 256, one single-threaded BLAS call
-    each on XLA's CPU threads; the cut depends on that axis's length alone, so a row's result does not
-    depend on the batch around it. Call only after `blas_available()` returned True; the targets exist
-    for the CPU platform only.
+    Single-threaded BLAS calls on XLA's CPU threads, each on rows of x cut alike in every batch element
+    (attention_cpu.cc says how), so a row's result does not depend on the batch around it. Call only
+    after `blas_available()` returned True; the targets exist for the CPU platform only.
     """
     dt = jnp.dtype(x.dtype)
     call = jax.ffi.ffi_call(MATMUL_TARGETS[dt], jax.ShapeDtypeStruct((*x.shape[:-1], w.shape[0]), dt))

@@ -40,6 +40,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -817,38 +818,29 @@ ffi::Error Probe(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi:
 //     other kernels, so they always hold one chunk (tests/jaxref/test_blas_matmul.py).
 
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
-using sgemm64_t = void (*)(int, int, int, int64_t, int64_t, int64_t, float, const float*, int64_t,
-                           const float*, int64_t, float, float*, int64_t);
-using dgemm64_t = void (*)(int, int, int, int64_t, int64_t, int64_t, double, const double*, int64_t,
-                           const double*, int64_t, double, double*, int64_t);
-using sgemm32_t = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float,
-                           float*, int);
-using dgemm32_t = void (*)(int, int, int, int, int, int, double, const double*, int, const double*, int,
-                           double, double*, int);
 struct Blas {
-  void *sgemm = nullptr, *dgemm = nullptr;
-  bool ilp64 = true;
+  void *sgemm = nullptr, *dgemm = nullptr;  // cblas_sgemm / cblas_dgemm
+  bool ilp64 = true;                        // their integers 64-bit (else 32-bit)
 };
 Blas& blas() {
   static Blas b;
   return b;
 }
 
-inline void gemm(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k) {
-  const Blas& b = blas();
-  if (b.ilp64)
-    reinterpret_cast<sgemm64_t>(b.sgemm)(ROW_MAJOR, NO_TRANS, TRANS, m, n, k, 1.0f, x, k, w, k, 0.0f, y, n);
-  else
-    reinterpret_cast<sgemm32_t>(b.sgemm)(ROW_MAJOR, NO_TRANS, TRANS, int(m), int(n), int(k), 1.0f, x, int(k), w,
-                                         int(k), 0.0f, y, int(n));
+// y[m, n] = x[m, k] . w[n, k]^T, row-major, by cblas_?gemm with integers of type I.
+template <class I, class T>
+void gemm_as(void* fn, const T* x, const T* w, T* y, int64_t m, int64_t n, int64_t k) {
+  using gemm_t = void (*)(int, int, int, I, I, I, T, const T*, I, const T*, I, T, T*, I);
+  reinterpret_cast<gemm_t>(fn)(ROW_MAJOR, NO_TRANS, TRANS, I(m), I(n), I(k), T(1), x, I(k), w, I(k), T(0), y, I(n));
 }
-inline void gemm(const double* x, const double* w, double* y, int64_t m, int64_t n, int64_t k) {
+template <class T>
+void gemm(const T* x, const T* w, T* y, int64_t m, int64_t n, int64_t k) {
   const Blas& b = blas();
+  void* fn = std::is_same<T, float>::value ? b.sgemm : b.dgemm;
   if (b.ilp64)
-    reinterpret_cast<dgemm64_t>(b.dgemm)(ROW_MAJOR, NO_TRANS, TRANS, m, n, k, 1.0, x, k, w, k, 0.0, y, n);
+    gemm_as<int64_t>(fn, x, w, y, m, n, k);
   else
-    reinterpret_cast<dgemm32_t>(b.dgemm)(ROW_MAJOR, NO_TRANS, TRANS, int(m), int(n), int(k), 1.0, x, int(k), w,
-                                         int(k), 0.0, y, int(n));
+    gemm_as<int>(fn, x, w, y, m, n, k);
 }
 
 template <class T>
@@ -913,6 +905,15 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<DT> w, ff
   return ffi::Error::Success();
 }
 
+template <ffi::DataType DT>
+auto matmul_binding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .template Arg<ffi::Buffer<DT>>()
+      .template Arg<ffi::Buffer<DT>>()
+      .template Ret<ffi::Buffer<DT>>();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxrefCausalAttention, Attention,
@@ -941,19 +942,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxrefAuditProbe, Probe,
                                   .Attr<int32_t>("logits_bf16")
                                   .Attr<int32_t>("first_only"));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxrefMatmulF32, Matmul<ffi::F32>,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxrefMatmulF64, Matmul<ffi::F64>,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F64>>()
-                                  .Arg<ffi::Buffer<ffi::F64>>()
-                                  .Ret<ffi::Buffer<ffi::F64>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxrefMatmulF32, Matmul<ffi::F32>, matmul_binding<ffi::F32>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxrefMatmulF64, Matmul<ffi::F64>, matmul_binding<ffi::F64>());
 
 // The BLAS entry points (cblas_sgemm / cblas_dgemm with 64-bit integers when ilp64, else 32-bit) of a
 // single-threaded BLAS instance, from jaxref.kernels before the first matmul.
