@@ -26,9 +26,11 @@ SmolLM2's MLP shape, a measure of what the shared cores gave), and vs_committed:
 against benchmarks/results/audit_smollm2/audit.json (an earlier oracle, with --random-init).
 The reference is the default audit's audit.json written by the code before the speed-up (commit
 d03cd90, kept as benchmarks/results/audit_speed_reference.json). The limit is 120 s (issue 14).
-`ratios`: each run's wall time over the matmul floor measured in the same run (issue 31 asks <= 1.25),
-and over the floor at XLA's own matmul rates (kept to compare with the records from before the oracle's
-projections moved to numpy's BLAS on the CPU, `jaxref.kernels.matmul`).
+`ratios`: each run's wall time over the matmul floor measured in the same session (`matmul_floor`, at the
+best rates measured: issue 31 asks <= 1.25), over the floor at XLA's own matmul rates (kept to compare
+with the records from before the oracle's projections moved to numpy's BLAS on the CPU,
+`jaxref.kernels.matmul`), and over the run's own floor at the rates measured just before and after it
+(`floor_around_s`; the rates, `matmul_rates`, are measured before the first run and after each).
 """
 
 from __future__ import annotations
@@ -113,27 +115,37 @@ def audit_forward_flop(spec: dict, T: int) -> float:
     return T * (L * qkv + (L - 1) * o_mlp) + L * 2 * 2 * N * D * T * (T + 1) / 2 - 2 * N * D * T * (T + 1) / 2
 
 
-def matmul_floor(audit: dict) -> dict:
-    """The least time the audit's matrix products take on this machine: their FLOPs over the best rate measured.
-
-    Counted: per token of every forward the audit runs, the q/k/v/o projections and the MLP of each layer
-    (not the last layer's o-projection and MLP, which come after its attention map) and the causal half of
-    q·kᵀ and p·v; not the lm-head (the audit has none), RoPE, norms, softmax, rounding or the probes.
-    A forward's products run in fp64 when its `act` stage is fp64 (the error budget's raised policies),
-    else in fp32 (16-bit operands are widened: jaxref.attention.wide_einsum). Rates: the best of XLA's
-    jitted matmul and numpy's BLAS at SmolLM2's MLP shape, fp32 and fp64, measured now.
-    """
+def matmul_rates() -> dict[str, dict[str, float]]:
+    """GFLOP/s now of XLA's jitted matmul and numpy's BLAS at SmolLM2's MLP shape, fp32 and fp64 (1 s each)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
+    jax.config.update("jax_enable_x64", True)
+    M, K, N = 4096, 576, 1536
+    rates = {}
+    for dt in ("float32", "float64"):
+        a, b = np.ones((M, K), dt), np.ones((K, N), dt)
+        ja, jb = jnp.asarray(a), jnp.asarray(b)
+        f = jax.jit(lambda x, y: x @ y)
+        flop = 2 * M * K * N
+        rates[dt] = {"xla": round(_rate(lambda: f(ja, jb).block_until_ready(), flop), 1),
+                     "numpy_blas": round(_rate(lambda: a @ b, flop), 1)}
+    return rates
+
+
+def mean_rates(a: dict, b: dict) -> dict[str, dict[str, float]]:
+    """The mean of two `matmul_rates` measurements, per dtype and implementation."""
+    return {dt: {k: round((a[dt][k] + b[dt][k]) / 2, 1) for k in a[dt]} for dt in a}
+
+
+def audit_flop(audit: dict) -> tuple[dict[str, float], float]:
+    """The audit's matrix-product FLOPs per part ({"shift curves", "length curves", "error budget"}) and
+    how many of them run in fp64."""
     from jaxref.audit.runner import budget_plan, budget_runs
     from jaxref.policy import get_policy
 
-    jax.config.update("jax_enable_x64", True)
     spec, st = audit["spec"], audit["settings"]
-    H, F = spec["hidden_size"], spec["intermediate_size"]
-
     n_pol = len(audit["policies"])
     fwd = {"shift curves": n_pol * st["num_seqs"] * (len(st["shifts"]) + 1) * audit_forward_flop(spec, st["seq_len"]),
            "length curves": n_pol * st["length_seqs"] * 2 * audit_forward_flop(spec, st["max_len"])}
@@ -143,24 +155,33 @@ def matmul_floor(audit: dict) -> dict:
         one = st["budget_seqs"] * 2 * audit_forward_flop(spec, st["budget_seq_len"])
         fwd["error budget"] = one * len(runs)
         fp64 = one * sum(p.act == "float64" for p in runs)
-    total = sum(fwd.values())
-    M, Kd, Nd = 4096, H, F
-    rates = {}
-    for dt in ("float32", "float64"):
-        a, b = np.ones((M, Kd), dt), np.ones((Kd, Nd), dt)
-        ja, jb = jnp.asarray(a), jnp.asarray(b)
-        f = jax.jit(lambda x, y: x @ y)
-        flop = 2 * M * Kd * Nd
-        rates[dt] = {"xla": round(_rate(lambda: f(ja, jb).block_until_ready(), flop), 1),
-                     "numpy_blas": round(_rate(lambda: a @ b, flop), 1)}
-    def floor(r32: float, r64: float) -> float:
-        return round((total - fp64) / r32 / 1e9 + fp64 / r64 / 1e9, 2)
+    return fwd, fp64
 
-    best = {dt: max(r.values()) for dt, r in rates.items()}
-    return {"tflop": {k: round(v / 1e12, 3) for k, v in fwd.items()}, "tflop_total": round(total / 1e12, 3),
+
+def floor_at(audit: dict, rates: dict, impl: str | None = None) -> float:
+    """Seconds of the audit's matrix products at `rates` (`matmul_rates`): the best implementation's rate
+    per dtype, or `impl`'s ("xla", "numpy_blas")."""
+    fwd, fp64 = audit_flop(audit)
+    r32, r64 = (max(rates[dt].values()) if impl is None else rates[dt][impl] for dt in ("float32", "float64"))
+    return round((sum(fwd.values()) - fp64) / r32 / 1e9 + fp64 / r64 / 1e9, 2)
+
+
+def matmul_floor(audit: dict, rates: dict | None = None) -> dict:
+    """The least time the audit's matrix products take on this machine: their FLOPs over the best rate measured.
+
+    Counted: per token of every forward the audit runs, the q/k/v/o projections and the MLP of each layer
+    (not the last layer's o-projection and MLP, which come after its attention map) and the causal half of
+    q·kᵀ and p·v; not the lm-head (the audit has none), RoPE, norms, softmax, rounding or the probes.
+    A forward's products run in fp64 when its `act` stage is fp64 (the error budget's raised policies),
+    else in fp32 (16-bit operands are widened: jaxref.attention.wide_einsum). Rates: the best of XLA's
+    jitted matmul and numpy's BLAS at SmolLM2's MLP shape, fp32 and fp64, measured now (or `rates`).
+    """
+    fwd, fp64 = audit_flop(audit)
+    rates = rates or matmul_rates()
+    return {"tflop": {k: round(v / 1e12, 3) for k, v in fwd.items()}, "tflop_total": round(sum(fwd.values()) / 1e12, 3),
             "tflop_in_fp64": round(fp64 / 1e12, 3), "matmul_gflops": rates,
-            "floor_s": floor(best["float32"], best["float64"]),
-            "floor_s_at_xla_rates": floor(rates["float32"]["xla"], rates["float64"]["xla"]), "note": matmul_floor.__doc__.split("\n\n")[0].strip() + " " +
+            "floor_s": floor_at(audit, rates), "floor_s_at_xla_rates": floor_at(audit, rates, "xla"),
+            "note": matmul_floor.__doc__.split("\n\n")[0].strip() + " " +
             " ".join(matmul_floor.__doc__.split("\n\n")[1].split())}
 
 
@@ -248,12 +269,22 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench_audit_speed-"))
     cache = tmp / "jax-cache"  # empty: the first run compiles everything, as on a fresh checkout
     gflops_before = matmul_gflops()
+    measured = [matmul_rates()]  # the matmul rates before the first run and after each
+
+    def around(r: dict, audit: dict) -> dict:
+        """The rates measured just before and after run r, and its floor at their mean."""
+        measured.append(matmul_rates())
+        r["matmul_gflops_around"] = {"before": measured[-2], "after": measured[-1]}
+        r["floor_around_s"] = floor_at(audit, mean_rates(measured[-2], measured[-1]))
+        return r
+
     runs = []
     baseline_audit = None
     if args.baseline_jaxref:
         r = run_audit_cli(tmp / "baseline", cache, str(tmp), jaxref_dir=str(Path(args.baseline_jaxref).resolve()),
                           options=options)
         audit = baseline_audit = r.pop("audit")
+        around(r, audit)
         runs.append({"label": f"baseline: the pre-change jaxref from {args.baseline_jaxref} (no compilation cache)",
                      **r, "comparison": comparison_of(audit)})
         print(json.dumps({k: runs[-1][k] for k in ("label", "wall_s", "cpu_s", "phases")}, indent=2), flush=True)
@@ -262,6 +293,7 @@ def main() -> None:
         out = Path(args.audit_out) if (args.audit_out and last) else tmp / f"audit{i}"
         r = run_audit_cli(out, cache, str(tmp), options=options)
         audit = r.pop("audit")
+        around(r, audit)
         r = {"label": "cold: empty compilation cache" if i == 0 else "warm: the programs from the cache the first "
                                                                      "run filled",
              **r, "runtime_s_reported_by_audit": round(audit["runtime_s"], 1), "comparison": comparison_of(audit)}
@@ -285,14 +317,20 @@ def main() -> None:
                                 "runs; with each run's load averages, it tells whether other work shared the cores"),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    record["matmul_floor"] = floor = matmul_floor(audit)
+    best = {dt: {k: max(m[dt][k] for m in measured) for k in measured[0][dt]} for dt in measured[0]}
+    record["matmul_floor"] = floor = matmul_floor(audit, best)
+    floor["rates_note"] = (f"matmul_gflops: the best of the {len(measured)} measurements of the session (before the "
+                           "first run and after each; each run's own are its matmul_gflops_around)")
     timed = [("cold", new[0])] + ([("warm", new[-1])] if len(new) > 1 else [])
     record["ratios"] = {
-        "note": "wall time over the matmul floor of this run (floor_s; issue 31: <= 1.25), and over the floor at "
-                "XLA's own matmul rates (floor_s_at_xla_rates: what the oracle's matmuls reached before its projections "
-                "ran in numpy's BLAS, jaxref.kernels.matmul)",
+        "note": "wall time over the matmul floor (floor_s: at the best rates measured in the session; issue 31: "
+                "<= 1.25); over the floor at XLA's own matmul rates (floor_s_at_xla_rates: what the oracle's matmuls "
+                "reached before its projections ran in numpy's BLAS, jaxref.kernels.matmul); and over the run's "
+                "floor at the mean of the rates measured just before and just after it (floor_around_s: the host's "
+                "rate moves by 15-25% between minutes, so the best rate of the session may not be what the run had)",
         **{f"{label}_over_floor{suffix}": round(r["wall_s"] / floor[key], 2) if floor[key] > 0 else None
-           for label, r in timed for suffix, key in (("", "floor_s"), ("_at_xla_rates", "floor_s_at_xla_rates"))}}
+           for label, r in timed for suffix, key in (("", "floor_s"), ("_at_xla_rates", "floor_s_at_xla_rates"))},
+        **{f"{label}_over_floor_around": round(r["wall_s"] / r["floor_around_s"], 2) for label, r in timed}}
     if args.committed and Path(args.committed).is_file():
         committed = json.loads(Path(args.committed).read_text())
         record["vs_committed"] = {
