@@ -124,34 +124,6 @@ def silu_mul(g, u, act):
     return (s.astype(hi) * u.astype(hi)).astype(act)
 
 
-def attention_inputs(h, lp, *, spec: ModelSpec, policy: DtypePolicy, cos, sin, fused: bool, v: bool = True):
-    """A layer's q [B,T,N,D] and k [B,T,K,D] after RoPE and v [B,T,K,D] (None with `v=False`) from
-    the residual stream h: the first half of `decoder_layer`, op for op."""
-    act, param, norm = policy.dtype("act"), policy.dtype("param"), policy.dtype("norm")
-    B, T, _ = h.shape
-    N, K, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
-    x = rms_norm(h, lp["attn_norm"], spec.rms_norm_eps, norm, act, param)
-    q = linear(x, lp["wq"], lp.get("bq"), act, param, fused).reshape(B, T, N, D)
-    k = linear(x, lp["wk"], lp.get("bk"), act, param, fused).reshape(B, T, K, D)
-    vv = linear(x, lp["wv"], lp.get("bv"), act, param, fused).reshape(B, T, K, D) if v else None
-    if spec.qk_norm:  # Qwen3: each head's q and k RMS-normed over D before RoPE (Qwen3Attention)
-        q = rms_norm(q, lp["q_norm"], spec.rms_norm_eps, norm, act, param)
-        k = rms_norm(k, lp["k_norm"], spec.rms_norm_eps, norm, act, param)
-    rope_dt = policy.dtype("rope_apply")
-    q = rope_lib.apply(q, cos, sin, spec.rope.layout, rope_dt)
-    k = rope_lib.apply(k, cos, sin, spec.rope.layout, rope_dt)
-    return q, k, vv
-
-
-def run_probe(probe, q, k, doc_ids, variant: Variant, policy: DtypePolicy, scale: float):
-    """A layer's probe output: `probe(q, k, scale)` for a probe that forms the maps itself
-    (`reads_qk`, jaxref.audit.maps.KernelProbe), else `probe(scores, probs)` of the full maps."""
-    if getattr(probe, "reads_qk", False):
-        return probe(q, k, scale)
-    s, p = full_probs(q, k, doc_ids, variant, policy, scale)
-    return probe(s, p)
-
-
 def decoder_layer(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Variant, cos, sin, doc_ids,
                   tap: bool, tap_rows, probe, fused: bool):
     """One pre-norm block, the body of the decoder's `lax.scan` over layers.
@@ -171,9 +143,18 @@ def decoder_layer(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Varia
     """
     act, param, norm = policy.dtype("act"), policy.dtype("param"), policy.dtype("norm")
     B, T, _ = h.shape
-    N, D = spec.num_heads, spec.head_dim
+    N, K, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
     scale = spec.head_dim ** -0.5
-    q, k, v = attention_inputs(h, lp, spec=spec, policy=policy, cos=cos, sin=sin, fused=fused)
+    x = rms_norm(h, lp["attn_norm"], spec.rms_norm_eps, norm, act, param)
+    q = linear(x, lp["wq"], lp.get("bq"), act, param, fused).reshape(B, T, N, D)
+    k = linear(x, lp["wk"], lp.get("bk"), act, param, fused).reshape(B, T, K, D)
+    v = linear(x, lp["wv"], lp.get("bv"), act, param, fused).reshape(B, T, K, D)
+    if spec.qk_norm:  # Qwen3: each head's q and k RMS-normed over D before RoPE (Qwen3Attention)
+        q = rms_norm(q, lp["q_norm"], spec.rms_norm_eps, norm, act, param)
+        k = rms_norm(k, lp["k_norm"], spec.rms_norm_eps, norm, act, param)
+    rope_dt = policy.dtype("rope_apply")
+    q = rope_lib.apply(q, cos, sin, spec.rope.layout, rope_dt)
+    k = rope_lib.apply(k, cos, sin, spec.rope.layout, rope_dt)
     ctx = attention(q, k, v, doc_ids, variant, policy, scale, fused=fused).astype(act)
     a = linear(ctx.reshape(B, T, N * D), lp["wo"], None, act, param, fused)
     h = (h + a).astype(act)
@@ -188,7 +169,11 @@ def decoder_layer(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Varia
             s, p = row_scores_probs(q, k, doc_ids, jnp.asarray(tap_rows), variant, policy, scale)
             out.update(scores=s, probs=p)
     if probe is not None:
-        out["probe"] = run_probe(probe, q, k, doc_ids, variant, policy, scale)
+        if getattr(probe, "reads_qk", False):  # a probe that forms the maps itself (jaxref.audit.maps.KernelProbe)
+            out["probe"] = probe(q, k, scale)
+        else:
+            s, p = full_probs(q, k, doc_ids, variant, policy, scale)
+            out["probe"] = probe(s, p)
     return h, out
 
 

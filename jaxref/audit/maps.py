@@ -5,13 +5,9 @@ T slots, N query heads.
 
 `jaxref.forward(..., probe=...)` runs the whole decoder and hands each layer's maps to a probe. The
 audit reads nothing but the maps, so this pass is the same decoder (`jaxref.model.decoder_layer`
-under a `lax.scan`, op for op) without what comes after them:
+under one `lax.scan`, op for op) without what comes after them:
 
-  * no final norm and no lm-head (the logits are never read), and the last layer stops at its
-    attention: no o-projection or MLP (about 3% of a call). Its attention itself is kept (and is an
-    output of the program, unread): where the maps are formed in JAX (the policies `KernelProbe`
-    does not cover), XLA shares q·kᵀ and the softmax between the attention and the probe, and
-    without the attention it fused them otherwise: the last layer's fp64 maps moved by an ulp;
+  * no final norm and no lm-head (the logits are never read);
   * the length curve (`first_only=True`) keeps only the logits towards key 0 (A_i0): q·kᵀ is
     still formed whole (so each A_i0 is the same number), its softmax and the T×T column sums
     are not;
@@ -25,10 +21,11 @@ under a `lax.scan`, op for op) without what comes after them:
 
 What a shift cannot change is shared by construction: tokens, the embedding lookup and the mask
 are the same for every shift (only `positions`, hence the RoPE tables, differ), and the vocabulary
-is cut to the tokens used (`runner.restrict_vocab`). Not cut, because the numbers would move:
-layer 0's q/k/v projections per window rather than per shift, and several windows per call (the
-matmul kernels sum in an order that depends on the batch: fa2_bf16 and paper_bf16 moved): under 1%
-and none of the work.
+is cut to the tokens used (`runner.restrict_vocab`). Not cut, because the numbers would move: the
+last layer's p·v and MLP (run inside the scan; computed apart, XLA fused the fp32 norm into the q/k
+matmuls differently and the last layer's fp32 maps changed), layer 0's q/k/v projections per
+window rather than per shift, and several windows per call (the matmul kernels sum in an order that
+depends on the batch: fa2_bf16 and paper_bf16 moved): about 3%, under 1% and none of the work.
 The results are bitwise those of `jaxref.forward` with the same probe (`make_probe`: `runner.run_pairs`;
 tests/audit/test_audit_speed.py), and the kernel's probe is the JAX probe's numbers up to rounding.
 Like `jaxref.forward`, a runner resolves the fused-kernel switch once (`fused`, default the user's
@@ -50,8 +47,8 @@ import numpy as np
 from anchor.spec import ModelSpec
 from jaxref import kernels
 from jaxref import rope as rope_lib
-from jaxref.attention import attention, full_probs
-from jaxref.model import Params, attention_inputs, decoder_layer, run_probe
+from jaxref.attention import full_probs
+from jaxref.model import Params, decoder_layer
 from jaxref.policy import STAGES, DtypePolicy
 
 
@@ -125,27 +122,16 @@ def make_probe(group: int, first_only: bool, policy: DtypePolicy, fused: bool):
 
 def _maps(params, tokens, pos, doc_ids, *, spec: ModelSpec, policy: DtypePolicy, group: int, first_only: bool,
           seq_len: int | None, fused: bool):
-    """Per-layer probe outputs ([L, n, group-1, T] each) of variant `full` (the audit's), and the last
-    layer's attention output (kept for the arithmetic of its maps; see the module's docstring).
-
-    Layers 0..L-2 are `decoder_layer` under one scan (over layer indices, so that the stacked weights
-    are not copied); the last layer stops at its attention: no o-projection or MLP."""
+    """Per-layer probe outputs ([L, n, group-1, T] each) of variant `full` (the audit's)."""
     act, param = policy.dtype("act"), policy.dtype("param")
     probe = make_probe(group, first_only, policy, fused)
     cos, sin = rope_lib.rope_tables(spec.rope, spec.head_dim, pos, policy, seq_len=seq_len)
     h = params["embed"].astype(param)[tokens].astype(act)
-    layers, L, scale = params["layers"], spec.num_layers, spec.head_dim ** -0.5
     layer = partial(decoder_layer, spec=spec, policy=policy, variant="full", cos=cos, sin=sin, doc_ids=doc_ids,
                     tap=False, tap_rows=None, probe=probe, fused=fused)
 
-    def layer_params(i):
-        return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), layers)
-
-    h, per_layer = jax.lax.scan(lambda h, i: layer(h, layer_params(i)), h, jnp.arange(L - 1))
-    q, k, v = attention_inputs(h, layer_params(L - 1), spec=spec, policy=policy, cos=cos, sin=sin, fused=fused)
-    ctx = attention(q, k, v, doc_ids, "full", policy, scale, fused=fused)
-    last = run_probe(probe, q, k, doc_ids, "full", policy, scale)
-    return jax.tree.map(lambda a, b: jnp.concatenate([a, b[None]]), per_layer["probe"], last), ctx
+    _, per_layer = jax.lax.scan(layer, h, params["layers"])
+    return per_layer["probe"]
 
 
 _maps_jit = jax.jit(_maps, static_argnames=("spec", "policy", "group", "first_only", "seq_len", "fused"))
@@ -254,7 +240,7 @@ class MapsRunner:
         B, T = tokens.shape
         prog = self.program(policy, B, T, len(deltas), first_only, int(positions.max()))
         out = prog(self.params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(doc_ids))
-        return {k: np.asarray(v, np.float64) for k, v in out[0].items()}
+        return {k: np.asarray(v, np.float64) for k, v in out.items()}
 
     def run_many(self, tokens_nT: np.ndarray, deltas, policies: tuple[DtypePolicy, ...], *, first_only: bool = False
                  ) -> list[dict[str, np.ndarray]]:
@@ -263,7 +249,7 @@ class MapsRunner:
         B, T = tokens.shape
         prog = self.program(tuple(policies), B, T, len(deltas), first_only, int(positions.max()))
         outs = prog(self.params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(doc_ids))
-        return [{k: np.asarray(v, np.float64) for k, v in o.items()} for o, _ in outs]
+        return [{k: np.asarray(v, np.float64) for k, v in o.items()} for o in outs]
 
     def with_params(self, params: Params) -> MapsRunner:
         """A runner over other params of the same shapes and dtypes (the random-init model), sharing the
