@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from anchor.machine import capabilities
+from anchor.machine import capabilities, cpu_flags
 
 CAPABILITIES: tuple[str, ...] = ("default", "avx2", "avx512")
 REPO = Path(__file__).resolve().parent.parent
@@ -49,6 +49,23 @@ def params() -> list:
     return [pytest.param(c, id=c, marks=() if c in have else
                          pytest.mark.skip(reason=f"this CPU cannot run torch's {c} kernels (has: {', '.join(sorted(have))})"))
             for c in CAPABILITIES]
+
+
+# torch's bf16 CPU flash attention packs its key/value blocks for AMX (`pack_vnni2`) on a CPU with
+# `amx_bf16`, past a few dozen keys, whatever capability it dispatches to; the packing exists only in its
+# AVX512 kernels, so under DEFAULT or AVX2 on such a CPU the kernel raises this instead of computing.
+BF16_FLASH_PACK_ERROR = "pack_vnni2 is only supported when avx512 is supported"
+
+
+def bf16_flash_cannot_run(capability: str) -> str | None:
+    """Why torch's bf16 CPU flash attention raises under `capability` on this CPU (a skip reason), or None.
+
+    A test that hits this asserts that the kernel still raises `BF16_FLASH_PACK_ERROR` before it skips, so
+    the skip ends the day torch computes there."""
+    if "amx_bf16" in cpu_flags() and capability.lower() != "avx512":
+        return (f"torch's bf16 CPU flash attention cannot run under {capability} on this CPU: it packs operands "
+                f"for AMX (amx_bf16) with code only its AVX512 kernels have ('{BF16_FLASH_PACK_ERROR}')")
+    return None
 
 
 def run_under(capability: str, target: str, *arrays: np.ndarray) -> list[np.ndarray]:
