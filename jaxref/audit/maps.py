@@ -8,9 +8,10 @@ audit reads nothing but the maps, so this pass is the same decoder (`jaxref.mode
 under one `lax.scan`, op for op) without what comes after them:
 
   * no final norm and no lm-head (the logits are never read);
-  * the length curve (`first_only=True`) keeps only the logits towards key 0 (A_i0): q·kᵀ is
-    still formed whole (so each A_i0 is the same number), its softmax and the T×T column sums
-    are not;
+  * the length curve (`first_only=True`) keeps only the logits towards key 0 (A_i0): no softmax
+    and no T×T column sums; the JAX probe still forms q·kᵀ whole (so each A_i0 is the same
+    number), the kernel's only the scores of the first panel of keys (each score is its own dot
+    product there, the same number either way);
   * every shift of a window goes through one call with a leading batch axis ([B, T] =
     windows × G, window-major), compiled once per (arithmetic, shape) and kept; `prefetch`
     compiles the programs an audit will need on a background thread while the current one runs;

@@ -694,10 +694,13 @@ struct ProbeScratch {
 };
 
 // The probabilities (and first logits) of rows r0..r0+R-1 of all G heads of kv head h in batch
-// element b, into W.s (rows of lds) and a[M].
+// element b, into W.s (rows of lds) and a[M]. With first_only, the first logits alone: the scores of
+// the first panel of keys only (each score is its own dot product, the same number whatever else
+// the row holds, and the logits are formed element by element).
 void probe_maps(const ProbeProblem& P, ProbeScratch& W, int64_t b, int64_t h, int64_t r0, int64_t R, float* a) {
   std::call_once(P.packed[b * P.K + h], pack_k, std::cref(P), b, h);
-  const int64_t M = P.G * R, Mt = round_up(M, MR), e16 = round_up(r0 + R, NR), D = P.D, lds = P.lds;
+  const int64_t M = P.G * R, Mt = round_up(M, MR), D = P.D, lds = P.lds;
+  const int64_t e16 = P.first_only ? NR : round_up(r0 + R, NR);
   for (int64_t g = 0; g < P.G; ++g)
     for (int64_t r = 0; r < R; ++r)
       std::memcpy(&W.qp[(g * R + r) * D], P.q + ((b * P.T + r0 + r) * P.N + h * P.G + g) * D, D * sizeof(float));
