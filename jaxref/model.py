@@ -15,8 +15,10 @@ when its activations are bf16/fp16 (as GPU and CPU matmuls do) and rounds to the
 
 Public surface: `forward` (numpy in, jitted, the user's entry), `decoder_forward` (the same forward
 un-jitted, over arrays, for callers that trace it inside their own `jit`/`grad`), `decoder_layer`
-(one block, the body of the layer scan), `LAYER_NAMES` (Hugging Face layer names → params keys),
-`params_from_state`, `default_doc_ids`.
+(one block, the body of the layer scan), `layer_steps` (the same block as a generator of its
+projections) and `linear_many` (several projections, those sharing a weight in one product: the
+audit runs several policies' layers in step with them), `LAYER_NAMES` (Hugging Face layer names →
+params keys), `params_from_state`, `default_doc_ids`.
 
 The fused-kernel switch is an argument, `fused`: `forward` resolves it once (default: the user's
 `JAXREF_FUSED_ATTENTION`, `jaxref.kernels.enabled()`) and hands the bool down to the attention and
@@ -98,7 +100,7 @@ def linear(x_BTI, w_OI, b_O, act, param, fused: bool = False):
     def xla(x, w):
         return wide_einsum("...I,OI->...O", x, w, acc)
 
-    if fused and max(x.dtype.itemsize, w.dtype.itemsize) <= acc.itemsize and kernels.blas_available():
+    if _blas_ok(act, param, fused):
         y = jax.lax.platform_dependent(x, w, cpu=lambda x, w: kernels.matmul(x.astype(acc), w.astype(acc)),
                                        default=xla)
     else:
@@ -106,6 +108,54 @@ def linear(x_BTI, w_OI, b_O, act, param, fused: bool = False):
     if b_O is not None:
         y = y + b_O.astype(param).astype(y.dtype)
     return y.astype(act)
+
+
+def _blas_ok(act, param, fused: bool) -> bool:
+    """Whether `linear` runs its product in numpy's BLAS: `fused`, the operands widening exactly to the
+    accumulator, and the BLAS loaded."""
+    acc = wide(act)
+    return (fused and max(jnp.dtype(act).itemsize, jnp.dtype(param).itemsize) <= acc.itemsize
+            and kernels.blas_available())
+
+
+def linear_many(requests, fused: bool = False) -> list:
+    """`linear(x, w, b, act, param, fused)` of each request (x, w, b, act, param), each result the same array.
+
+    Requests that read the same weight (the same traced array) with the same `param` and accumulator,
+    and run in numpy's BLAS, share one BLAS call, their x stacked on the leading axis: the batch rows
+    are cut alike whatever the batch (`jaxref.kernels.matmul`), so each row's result is what its own
+    call gives, and a weight is packed for a call of many rows instead of once per request (the error
+    budget's policies at T = 128: jaxref/audit/maps.py). Other requests run alone.
+    """
+    out: list = [None] * len(requests)
+    shared: dict[tuple, list[int]] = {}
+    for i, (x, w, b, act, param) in enumerate(requests):
+        if _blas_ok(act, param, fused) and x.ndim >= 2:
+            shared.setdefault((id(w), jnp.dtype(param), wide(act), x.shape[1:]), []).append(i)
+        else:
+            out[i] = linear(x, w, b, act, param, fused)
+    for (_, param, acc, _), idx in shared.items():
+        if len(idx) == 1:
+            i = idx[0]
+            out[i] = linear(*requests[i], fused)
+            continue
+        xs = [requests[i][0].astype(requests[i][3]) for i in idx]
+        w = requests[idx[0]][1].astype(param)
+        sizes = np.cumsum([x.shape[0] for x in xs])[:-1].tolist()
+
+        def each_alone(*xw):
+            return jnp.concatenate([wide_einsum("...I,OI->...O", x, xw[-1], acc) for x in xw[:-1]], axis=0)
+
+        y = jax.lax.platform_dependent(
+            *xs, w, cpu=lambda *xw: kernels.matmul(jnp.concatenate([x.astype(acc) for x in xw[:-1]], axis=0),
+                                                   xw[-1].astype(acc)),
+            default=each_alone)
+        for i, yi in zip(idx, jnp.split(y, sizes, axis=0)):
+            b, act = requests[i][2], requests[i][3]
+            if b is not None:
+                yi = yi + b.astype(param).astype(yi.dtype)
+            out[i] = yi.astype(act)
+    return out
 
 
 def rms_norm(x_BTH, w_H, eps: float, norm, out, param):
@@ -124,9 +174,14 @@ def silu_mul(g, u, act):
     return (s.astype(hi) * u.astype(hi)).astype(act)
 
 
-def decoder_layer(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Variant, cos, sin, doc_ids,
-                  tap: bool, tap_rows, probe, fused: bool):
-    """One pre-norm block, the body of the decoder's `lax.scan` over layers.
+def layer_steps(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Variant, cos, sin, doc_ids,
+                tap: bool, tap_rows, probe, fused: bool):
+    """One pre-norm block as a generator of its projections: `decoder_layer` without the products.
+
+    It yields each projection as a request (x, w, b, act, param) and is sent the product,
+    `linear(x, w, b, act, param, fused)`; it returns what `decoder_layer` returns. `decoder_layer`
+    runs each request as it comes; jaxref/audit/maps.py runs several policies' layers in step and
+    sends requests that read the same weight through one product (`linear_many`).
 
     Args:
       h: the residual stream [B,T,H] in the `act` dtype.
@@ -146,9 +201,9 @@ def decoder_layer(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Varia
     N, K, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
     scale = spec.head_dim ** -0.5
     x = rms_norm(h, lp["attn_norm"], spec.rms_norm_eps, norm, act, param)
-    q = linear(x, lp["wq"], lp.get("bq"), act, param, fused).reshape(B, T, N, D)
-    k = linear(x, lp["wk"], lp.get("bk"), act, param, fused).reshape(B, T, K, D)
-    v = linear(x, lp["wv"], lp.get("bv"), act, param, fused).reshape(B, T, K, D)
+    q = (yield (x, lp["wq"], lp.get("bq"), act, param)).reshape(B, T, N, D)
+    k = (yield (x, lp["wk"], lp.get("bk"), act, param)).reshape(B, T, K, D)
+    v = (yield (x, lp["wv"], lp.get("bv"), act, param)).reshape(B, T, K, D)
     if spec.qk_norm:  # Qwen3: each head's q and k RMS-normed over D before RoPE (Qwen3Attention)
         q = rms_norm(q, lp["q_norm"], spec.rms_norm_eps, norm, act, param)
         k = rms_norm(k, lp["k_norm"], spec.rms_norm_eps, norm, act, param)
@@ -156,11 +211,13 @@ def decoder_layer(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Varia
     q = rope_lib.apply(q, cos, sin, spec.rope.layout, rope_dt)
     k = rope_lib.apply(k, cos, sin, spec.rope.layout, rope_dt)
     ctx = attention(q, k, v, doc_ids, variant, policy, scale, fused=fused).astype(act)
-    a = linear(ctx.reshape(B, T, N * D), lp["wo"], None, act, param, fused)
+    a = yield (ctx.reshape(B, T, N * D), lp["wo"], None, act, param)
     h = (h + a).astype(act)
     x = rms_norm(h, lp["mlp_norm"], spec.rms_norm_eps, norm, act, param)
-    m = silu_mul(linear(x, lp["w_gate"], None, act, param, fused), linear(x, lp["w_up"], None, act, param, fused), act)
-    m = linear(m, lp["w_down"], None, act, param, fused)
+    gate = yield (x, lp["w_gate"], None, act, param)
+    up = yield (x, lp["w_up"], None, act, param)
+    m = silu_mul(gate, up, act)
+    m = yield (m, lp["w_down"], None, act, param)
     h = (h + m).astype(act)
     out: dict[str, Any] = {}
     if tap:
@@ -175,6 +232,20 @@ def decoder_layer(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Varia
             s, p = full_probs(q, k, doc_ids, variant, policy, scale)
             out["probe"] = probe(s, p)
     return h, out
+
+
+def decoder_layer(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Variant, cos, sin, doc_ids,
+                  tap: bool, tap_rows, probe, fused: bool):
+    """One pre-norm block, the body of the decoder's `lax.scan` over layers (`layer_steps`, each
+    projection by `linear` as it comes); arguments and result as `layer_steps`'."""
+    steps = layer_steps(h, lp, spec=spec, policy=policy, variant=variant, cos=cos, sin=sin, doc_ids=doc_ids,
+                        tap=tap, tap_rows=tap_rows, probe=probe, fused=fused)
+    request = next(steps)
+    while True:
+        try:
+            request = steps.send(linear(*request, fused))
+        except StopIteration as done:
+            return done.value
 
 
 def decoder_forward(params: Params, tokens, pos, doc_ids, *, spec: ModelSpec, policy: DtypePolicy,

@@ -49,7 +49,7 @@ from anchor.spec import ModelSpec
 from jaxref import kernels
 from jaxref import rope as rope_lib
 from jaxref.attention import full_probs
-from jaxref.model import Params, decoder_layer
+from jaxref.model import Params, decoder_layer, layer_steps, linear_many
 from jaxref.policy import STAGES, DtypePolicy
 
 
@@ -123,23 +123,22 @@ def make_probe(group: int, first_only: bool, policy: DtypePolicy, fused: bool):
 
 def _layers(params, tokens, pos, doc_ids, *, spec: ModelSpec, policy: DtypePolicy, group: int, first_only: bool,
             seq_len: int | None, fused: bool):
-    """The residual stream entering layer 0 under `policy`, and the body of the layer scan (`decoder_layer`
-    with that policy's RoPE tables and probe) over one layer's params."""
+    """The residual stream entering layer 0 under `policy`, and the keywords of the layer scan's body
+    (`decoder_layer` or `layer_steps`: that policy's RoPE tables and probe)."""
     act, param = policy.dtype("act"), policy.dtype("param")
     probe = make_probe(group, first_only, policy, fused)
     cos, sin = rope_lib.rope_tables(spec.rope, spec.head_dim, pos, policy, seq_len=seq_len)
     h = params["embed"].astype(param)[tokens].astype(act)
-    layer = partial(decoder_layer, spec=spec, policy=policy, variant="full", cos=cos, sin=sin, doc_ids=doc_ids,
-                    tap=False, tap_rows=None, probe=probe, fused=fused)
-    return h, layer
+    return h, dict(spec=spec, policy=policy, variant="full", cos=cos, sin=sin, doc_ids=doc_ids, tap=False,
+                   tap_rows=None, probe=probe, fused=fused)
 
 
 def _maps(params, tokens, pos, doc_ids, *, spec: ModelSpec, policy: DtypePolicy, group: int, first_only: bool,
           seq_len: int | None, fused: bool):
     """Per-layer probe outputs ([L, n, group-1, T] each) of variant `full` (the audit's)."""
-    h, layer = _layers(params, tokens, pos, doc_ids, spec=spec, policy=policy, group=group, first_only=first_only,
-                       seq_len=seq_len, fused=fused)
-    _, per_layer = jax.lax.scan(layer, h, params["layers"])
+    h, kw = _layers(params, tokens, pos, doc_ids, spec=spec, policy=policy, group=group, first_only=first_only,
+                    seq_len=seq_len, fused=fused)
+    _, per_layer = jax.lax.scan(partial(decoder_layer, **kw), h, params["layers"])
     return per_layer["probe"]
 
 
@@ -153,17 +152,29 @@ def _maps_many(params, tokens, pos, doc_ids, *, spec: ModelSpec, policies: tuple
     One compile instead of one per policy: most of a small program's compile time is XLA's cost per
     program, so the error budget's 33 policies at T = 128, as 3 programs of 11, compile in a third of
     the time of 33 programs (benchmarks/bench_audit_breakdown.py). The policies share one scan over the
-    layers, each step running every policy's layer: a layer's weights are read by all the policies
-    while they are in cache (one scan per policy read each from memory again: 7% slower at T = 128).
-    The policies' forwards are independent in the program and each one's outputs are bitwise those of
-    its own `_maps` program (tests/audit/test_audit_speed.py).
+    layers, each step running every policy's layer in step (`jaxref.model.layer_steps`), projection by
+    projection: the products that read the same weight in the same dtypes run as one BLAS call
+    (`jaxref.model.linear_many`), which packs the weight once for all their rows instead of once per
+    policy (at T = 128 the packing of the weights took a third of the products' time). The policies'
+    forwards are otherwise independent in the program and each one's outputs are bitwise those of its
+    own `_maps` program (tests/audit/test_audit_speed.py).
     """
-    starts, layers = zip(*(_layers(params, tokens, pos, doc_ids, spec=spec, policy=p, group=group,
-                                   first_only=first_only, seq_len=seq_len, fused=fused) for p in policies))
+    starts, kws = zip(*(_layers(params, tokens, pos, doc_ids, spec=spec, policy=p, group=group,
+                                first_only=first_only, seq_len=seq_len, fused=fused) for p in policies))
 
     def step(hs, lp):
-        outs = [layer(h, lp) for layer, h in zip(layers, hs)]
-        return tuple(h for h, _ in outs), tuple(taps["probe"] for _, taps in outs)
+        layers = [layer_steps(h, lp, **kw) for h, kw in zip(hs, kws)]
+        requests = [next(layer) for layer in layers]
+        while True:
+            products, requests, outs = linear_many(requests, fused), [], []
+            for layer, y in zip(layers, products):
+                try:
+                    requests.append(layer.send(y))
+                except StopIteration as done:
+                    outs.append(done.value)
+            if outs:  # the same layer code for every policy: all end at the same projection
+                assert len(outs) == len(layers), "the policies' layers went out of step"
+                return tuple(h for h, _ in outs), tuple(taps["probe"] for _, taps in outs)
 
     _, per_layer = jax.lax.scan(step, tuple(starts), params["layers"])
     return per_layer

@@ -103,3 +103,31 @@ def test_forward_uses_blas_and_stays_within_rounding():
                              variant="full", tap=False, tap_rows=None, probe=None, seq_len=None,
                              fused=True).as_text()
     assert hlo.count("jaxref_matmul_f32") >= 7  # q, k, v, o, gate, up, down (in the layer scan) and the head
+
+
+def test_linear_many_shares_a_weight_and_gives_each_requests_own_product():
+    """Requests that read the same weight in the same dtypes run as one BLAS call (one custom call in the
+    program) and each gets, bitwise, what `linear` alone gives it; a request with another accumulator
+    (fp64 activations), another weight dtype or another weight runs on its own."""
+    from jaxref.model import linear, linear_many
+
+    jax.config.update("jax_enable_x64", True)
+    rng = np.random.default_rng(7)
+    w = jnp.asarray(rng.standard_normal((192, 97)), jnp.float32)
+    w2 = jnp.asarray(rng.standard_normal((192, 97)), jnp.float32)
+    b = jnp.asarray(rng.standard_normal(192), jnp.float32)
+    xs = [jnp.asarray(rng.standard_normal((2, 129, 97)), jnp.float32) for _ in range(6)]
+    reqs = lambda xs, w, w2, b: [(xs[0], w, None, jnp.bfloat16, jnp.bfloat16),  # noqa: E731
+                                 (xs[1], w, b, jnp.float32, jnp.bfloat16),      # the same weight and accumulator
+                                 (xs[2], w, None, jnp.bfloat16, jnp.bfloat16),
+                                 (xs[3], w, None, jnp.float64, jnp.bfloat16),   # fp64 accumulator
+                                 (xs[4], w, None, jnp.bfloat16, jnp.float32),   # another weight dtype
+                                 (xs[5], w2, None, jnp.bfloat16, jnp.bfloat16)]  # another weight
+    together = jax.jit(lambda xs, w, w2, b: linear_many(reqs(xs, w, w2, b), True))
+    alone = jax.jit(lambda xs, w, w2, b: [linear(*r, True) for r in reqs(xs, w, w2, b)])
+    got, want = together(xs, w, w2, b), alone(xs, w, w2, b)
+    for g, e, r in zip(got, want, reqs(xs, w, w2, b)):
+        assert g.dtype == e.dtype == jnp.dtype(r[3]) and g.shape == e.shape
+        np.testing.assert_array_equal(np.asarray(g, np.float64), np.asarray(e, np.float64))
+    calls = lambda f: f.lower(xs, w, w2, b).as_text().count(kernels.MATMUL_TARGETS[jnp.dtype(jnp.float32)])  # noqa: E731
+    assert calls(alone) == 5 and calls(together) == 3  # requests 0-2 share one call; 4 and 5 run alone
