@@ -155,7 +155,7 @@ def _maps_many(params, tokens, pos, doc_ids, *, spec: ModelSpec, policies: tuple
     layers, each step running every policy's layer in step (`jaxref.model.layer_steps`), projection by
     projection: the products that read the same weight in the same dtypes run as one BLAS call
     (`jaxref.model.linear_many`), which packs the weight once for all their rows instead of once per
-    policy (at T = 128 the packing of the weights took a third of the products' time). The policies'
+    policy (at T = 128 the packing of the weights took a fifth of the BLAS time). The policies'
     forwards are otherwise independent in the program and each one's outputs are bitwise those of its
     own `_maps` program (tests/audit/test_audit_speed.py).
     """
