@@ -65,10 +65,38 @@ inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // C[MR x NR] (row stride ldc) = (ACC ? C : 0) + A[MR x kdim] (row stride lda) * B[kdim x NR]
 // (rows of NR floats, contiguous). With MAX, mx8[8r..8r+7] <- max(mx8[..], row r of C) too.
+// Under AVX-512 a row of the tile is one 16-float vector, else two 8-float ones: every entry of C is
+// the same chain of fused multiply-adds over p in either, so both give the same bits (the vector
+// width only decides how many columns advance at once).
 template <bool ACC, bool MAX = false>
 inline void tile_kernel(const float* A, int64_t lda, const float* B, int64_t kdim, float* C, int64_t ldc,
                         float* mx8 = nullptr) {
-#ifdef JAXREF_AVX2
+#if defined(JAXREF_AVX2) && defined(__AVX512F__) && defined(__AVX512DQ__)
+  static_assert(NR == 16, "one AVX-512 vector per tile row");
+#define JAXREF_INIT(r) (ACC ? _mm512_loadu_ps(C + (r) * ldc) : _mm512_setzero_ps())
+  __m512 c0 = JAXREF_INIT(0), c1 = JAXREF_INIT(1), c2 = JAXREF_INIT(2), c3 = JAXREF_INIT(3), c4 = JAXREF_INIT(4),
+         c5 = JAXREF_INIT(5);
+#undef JAXREF_INIT
+  const float *a0 = A, *a1 = A + lda, *a2 = A + 2 * lda, *a3 = A + 3 * lda, *a4 = A + 4 * lda,
+              *a5 = A + 5 * lda;
+  for (int64_t p = 0; p < kdim; ++p) {
+    const __m512 b = _mm512_loadu_ps(B + p * NR);
+    c0 = _mm512_fmadd_ps(_mm512_set1_ps(a0[p]), b, c0);
+    c1 = _mm512_fmadd_ps(_mm512_set1_ps(a1[p]), b, c1);
+    c2 = _mm512_fmadd_ps(_mm512_set1_ps(a2[p]), b, c2);
+    c3 = _mm512_fmadd_ps(_mm512_set1_ps(a3[p]), b, c3);
+    c4 = _mm512_fmadd_ps(_mm512_set1_ps(a4[p]), b, c4);
+    c5 = _mm512_fmadd_ps(_mm512_set1_ps(a5[p]), b, c5);
+  }
+  _mm512_storeu_ps(C + 0 * ldc, c0); _mm512_storeu_ps(C + 1 * ldc, c1); _mm512_storeu_ps(C + 2 * ldc, c2);
+  _mm512_storeu_ps(C + 3 * ldc, c3); _mm512_storeu_ps(C + 4 * ldc, c4); _mm512_storeu_ps(C + 5 * ldc, c5);
+  if (MAX) {
+#define JAXREF_MAX(r) _mm256_storeu_ps(mx8 + 8 * r, _mm256_max_ps(_mm256_loadu_ps(mx8 + 8 * r), \
+    _mm256_max_ps(_mm512_castps512_ps256(c##r), _mm512_extractf32x8_ps(c##r, 1))))
+    JAXREF_MAX(0); JAXREF_MAX(1); JAXREF_MAX(2); JAXREF_MAX(3); JAXREF_MAX(4); JAXREF_MAX(5);
+#undef JAXREF_MAX
+  }
+#elif defined(JAXREF_AVX2)
 #define JAXREF_INIT(r, h) (ACC ? _mm256_loadu_ps(C + (r) * ldc + 8 * (h)) : _mm256_setzero_ps())
   __m256 c00 = JAXREF_INIT(0, 0), c01 = JAXREF_INIT(0, 1);
   __m256 c10 = JAXREF_INIT(1, 0), c11 = JAXREF_INIT(1, 1);
