@@ -16,8 +16,8 @@ when its activations are bf16/fp16 (as GPU and CPU matmuls do) and rounds to the
 Public surface: `forward` (numpy in, jitted, the user's entry), `decoder_forward` (the same forward
 un-jitted, over arrays, for callers that trace it inside their own `jit`/`grad`), `decoder_layer`
 (one block, the body of the layer scan), `layer_steps` (the same block as a generator of its
-projections) and `linear_many` (several projections, those sharing a weight in one product: the
-audit runs several policies' layers in step with them), `LAYER_NAMES` (Hugging Face layer names →
+projections), `layers_in_step` and `linear_many` (several policies' blocks run in step, projections
+sharing a weight in one product: the audit's error budget), `LAYER_NAMES` (Hugging Face layer names →
 params keys), `params_from_state`, `default_doc_ids`.
 
 The fused-kernel switch is an argument, `fused`: `forward` resolves it once (default: the user's
@@ -234,18 +234,29 @@ def layer_steps(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Variant
     return h, out
 
 
+def layers_in_step(layers, fused: bool) -> list:
+    """Run `layer_steps` generators (one per policy, the same spec) in step, projection by projection,
+    each round of requests through `linear_many`; their results ((h, taps) each) in order."""
+    requests = [next(layer) for layer in layers]
+    while True:
+        products, requests, outs = linear_many(requests, fused), [], []
+        for layer, y in zip(layers, products):
+            try:
+                requests.append(layer.send(y))
+            except StopIteration as done:
+                outs.append(done.value)
+        if outs:  # the same layer code for every policy: all end at the same projection
+            assert len(outs) == len(layers), "the layers went out of step"
+            return outs
+
+
 def decoder_layer(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Variant, cos, sin, doc_ids,
                   tap: bool, tap_rows, probe, fused: bool):
     """One pre-norm block, the body of the decoder's `lax.scan` over layers (`layer_steps`, each
     projection by `linear` as it comes); arguments and result as `layer_steps`'."""
-    steps = layer_steps(h, lp, spec=spec, policy=policy, variant=variant, cos=cos, sin=sin, doc_ids=doc_ids,
-                        tap=tap, tap_rows=tap_rows, probe=probe, fused=fused)
-    request = next(steps)
-    while True:
-        try:
-            request = steps.send(linear(*request, fused))
-        except StopIteration as done:
-            return done.value
+    return layers_in_step([layer_steps(h, lp, spec=spec, policy=policy, variant=variant, cos=cos, sin=sin,
+                                       doc_ids=doc_ids, tap=tap, tap_rows=tap_rows, probe=probe, fused=fused)],
+                          fused)[0]
 
 
 def decoder_forward(params: Params, tokens, pos, doc_ids, *, spec: ModelSpec, policy: DtypePolicy,

@@ -49,7 +49,7 @@ from anchor.spec import ModelSpec
 from jaxref import kernels
 from jaxref import rope as rope_lib
 from jaxref.attention import full_probs
-from jaxref.model import Params, decoder_layer, layer_steps, linear_many
+from jaxref.model import Params, decoder_layer, layer_steps, layers_in_step
 from jaxref.policy import STAGES, DtypePolicy
 
 
@@ -163,18 +163,8 @@ def _maps_many(params, tokens, pos, doc_ids, *, spec: ModelSpec, policies: tuple
                                 first_only=first_only, seq_len=seq_len, fused=fused) for p in policies))
 
     def step(hs, lp):
-        layers = [layer_steps(h, lp, **kw) for h, kw in zip(hs, kws)]
-        requests = [next(layer) for layer in layers]
-        while True:
-            products, requests, outs = linear_many(requests, fused), [], []
-            for layer, y in zip(layers, products):
-                try:
-                    requests.append(layer.send(y))
-                except StopIteration as done:
-                    outs.append(done.value)
-            if outs:  # the same layer code for every policy: all end at the same projection
-                assert len(outs) == len(layers), "the policies' layers went out of step"
-                return tuple(h for h, _ in outs), tuple(taps["probe"] for _, taps in outs)
+        outs = layers_in_step([layer_steps(h, lp, **kw) for h, kw in zip(hs, kws)], fused)
+        return tuple(h for h, _ in outs), tuple(taps["probe"] for _, taps in outs)
 
     _, per_layer = jax.lax.scan(step, tuple(starts), params["layers"])
     return per_layer

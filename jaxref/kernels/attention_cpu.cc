@@ -700,10 +700,12 @@ struct ProbeProblem {
   std::vector<int64_t> tasks;                // (w, block) flattened, longest first
 };
 
+// With first_only only the first panel is read (probe_maps), so only it is packed.
 void pack_k(const ProbeProblem& P, int64_t b, int64_t h) {
   float* kp = P.kp->data() + (b * P.K + h) * P.T16 * P.D;
-  std::fill_n(kp, P.T16 * P.D, 0.0f);
-  for (int64_t j = 0; j < P.T; ++j) {
+  const int64_t keys = P.first_only ? std::min<int64_t>(P.T, NR) : P.T;
+  std::fill_n(kp, round_up(keys, NR) * P.D, 0.0f);
+  for (int64_t j = 0; j < keys; ++j) {
     const float* kr = P.k + ((b * P.T + j) * P.K + h) * P.D;
     float* kpanel = kp + (j / NR) * P.D * NR + j % NR;
     for (int64_t d = 0; d < P.D; ++d) kpanel[d * NR] = kr[d];
