@@ -121,40 +121,70 @@ def _blas_ok(act, param, fused: bool) -> bool:
 def linear_many(requests, fused: bool = False) -> list:
     """`linear(x, w, b, act, param, fused)` of each request (x, w, b, act, param), each result the same array.
 
-    Requests that read the same weight (the same traced array) with the same `param` and accumulator,
-    and run in numpy's BLAS, share one BLAS call, their x stacked on the leading axis: the batch rows
-    are cut alike whatever the batch (`jaxref.kernels.matmul`), so each row's result is what its own
-    call gives, and a weight is packed for a call of many rows instead of once per request (the error
-    budget's policies at T = 128: jaxref/audit/maps.py). Other requests run alone.
+    Requests that run in numpy's BLAS with the same `param` and accumulator share BLAS calls: where
+    they are every product of a set of inputs x with a set of weights w (the q, k and v projections
+    of one x; one weight read by several policies' x in step; or both), they run as one call, the x
+    stacked on the leading axis and the weights concatenated on the output axis; else one call per
+    weight. Each result is bitwise what its own call gives: the batch rows are cut alike whatever the
+    batch (`jaxref.kernels.matmul`), and an output column is the same dot product whatever columns
+    the call holds. A weight is packed once for a call of many rows instead of once per request (the
+    error budget's policies at T = 128: jaxref/audit/maps.py), and a wider call runs faster (q, k, v
+    of SmolLM2 as one [960, 576] weight: ~9% at T = 256). Other requests run alone.
     """
     out: list = [None] * len(requests)
-    shared: dict[tuple, list[int]] = {}
+    groups: dict[tuple, list[int]] = {}
     for i, (x, w, b, act, param) in enumerate(requests):
         if _blas_ok(act, param, fused) and x.ndim >= 2:
-            shared.setdefault((id(w), jnp.dtype(param), wide(act), x.shape[1:]), []).append(i)
+            groups.setdefault((jnp.dtype(param), wide(act), x.shape[1:]), []).append(i)
         else:
             out[i] = linear(x, w, b, act, param, fused)
-    for (_, param, acc, _), idx in shared.items():
-        if len(idx) == 1:
-            i = idx[0]
-            out[i] = linear(*requests[i], fused)
-            continue
-        xs = [requests[i][0].astype(requests[i][3]) for i in idx]
-        w = requests[idx[0]][1].astype(param)
-        sizes = np.cumsum([x.shape[0] for x in xs])[:-1].tolist()
+    for (param, acc, _), idx in groups.items():
+        xs = {(id(requests[i][0]), jnp.dtype(requests[i][3])): None for i in idx}
+        ws = {id(requests[i][1]): None for i in idx}
+        pairs = {(id(requests[i][0]), jnp.dtype(requests[i][3]), id(requests[i][1])) for i in idx}
+        if len(pairs) == len(idx) == len(xs) * len(ws):
+            parts = [idx]
+        else:  # not every x with every weight: one call per weight
+            by_w: dict[int, list[int]] = {}
+            for i in idx:
+                by_w.setdefault(id(requests[i][1]), []).append(i)
+            parts = list(by_w.values())
+        for part in parts:
+            for i, y in zip(part, _products([requests[i] for i in part], param, acc)):
+                out[i] = y
+    return out
 
-        def each_alone(*xw):
-            return jnp.concatenate([wide_einsum("...I,OI->...O", x, xw[-1], acc) for x in xw[:-1]], axis=0)
 
-        y = jax.lax.platform_dependent(
-            *xs, w, cpu=lambda *xw: kernels.matmul(jnp.concatenate([x.astype(acc) for x in xw[:-1]], axis=0),
-                                                   xw[-1].astype(acc)),
-            default=each_alone)
-        for i, yi in zip(idx, jnp.split(y, sizes, axis=0)):
-            b, act = requests[i][2], requests[i][3]
-            if b is not None:
-                yi = yi + b.astype(param).astype(yi.dtype)
-            out[i] = yi.astype(act)
+def _products(requests, param, acc) -> list:
+    """`linear_many`'s shared call: the requests are every product of their x's (in first-seen order)
+    with their weights, all with `param` weights, accumulator `acc` and numpy's BLAS allowed."""
+    if len(requests) == 1:
+        x, w, b, act, _ = requests[0]
+        return [linear(x, w, b, act, param, True)]
+    xkey = lambda r: (id(r[0]), jnp.dtype(r[3]))  # noqa: E731
+    xs = list({xkey(r): r[0].astype(r[3]) for r in requests}.items())
+    ws = list({id(r[1]): r[1].astype(param) for r in requests}.items())
+    rows = np.cumsum([x.shape[0] for _, x in xs])[:-1].tolist()
+    cols = np.cumsum([w.shape[0] for _, w in ws])[:-1].tolist()
+    nx = len(xs)
+
+    def each_alone(*xw):
+        return jnp.concatenate([jnp.concatenate([wide_einsum("...I,OI->...O", x, w, acc) for w in xw[nx:]], axis=-1)
+                                for x in xw[:nx]], axis=0)
+
+    def blas(*xw):
+        return kernels.matmul(jnp.concatenate([x.astype(acc) for x in xw[:nx]], axis=0),
+                              jnp.concatenate([w.astype(acc) for w in xw[nx:]], axis=0))
+
+    y = jax.lax.platform_dependent(*(x for _, x in xs), *(w for _, w in ws), cpu=blas, default=each_alone)
+    blocks = {(kx, kw): yc for (kx, _), yr in zip(xs, jnp.split(y, rows, axis=0))
+              for (kw, _), yc in zip(ws, jnp.split(yr, cols, axis=-1))}
+    out = []
+    for r in requests:
+        yi, b, act = blocks[(xkey(r), id(r[1]))], r[2], r[3]
+        if b is not None:
+            yi = yi + b.astype(param).astype(yi.dtype)
+        out.append(yi.astype(act))
     return out
 
 
@@ -178,10 +208,12 @@ def layer_steps(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Variant
                 tap: bool, tap_rows, probe, fused: bool):
     """One pre-norm block as a generator of its projections: `decoder_layer` without the products.
 
-    It yields each projection as a request (x, w, b, act, param) and is sent the product,
-    `linear(x, w, b, act, param, fused)`; it returns what `decoder_layer` returns. `decoder_layer`
-    runs each request as it comes; jaxref/audit/maps.py runs several policies' layers in step and
-    sends requests that read the same weight through one product (`linear_many`).
+    It yields its projections in rounds, a tuple of requests (x, w, b, act, param) at a time (q, k
+    and v of one x; o; gate and up of one x; down), and is sent their products,
+    `linear(x, w, b, act, param, fused)` each; it returns what `decoder_layer` returns.
+    `layers_in_step` runs the rounds of one layer or of several policies' layers in step, each
+    round's requests through `linear_many` (shared BLAS calls: one x against several weights, one
+    weight for several policies' x).
 
     Args:
       h: the residual stream [B,T,H] in the `act` dtype.
@@ -201,9 +233,9 @@ def layer_steps(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Variant
     N, K, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
     scale = spec.head_dim ** -0.5
     x = rms_norm(h, lp["attn_norm"], spec.rms_norm_eps, norm, act, param)
-    q = (yield (x, lp["wq"], lp.get("bq"), act, param)).reshape(B, T, N, D)
-    k = (yield (x, lp["wk"], lp.get("bk"), act, param)).reshape(B, T, K, D)
-    v = (yield (x, lp["wv"], lp.get("bv"), act, param)).reshape(B, T, K, D)
+    q, k, v = yield ((x, lp["wq"], lp.get("bq"), act, param), (x, lp["wk"], lp.get("bk"), act, param),
+                     (x, lp["wv"], lp.get("bv"), act, param))
+    q, k, v = q.reshape(B, T, N, D), k.reshape(B, T, K, D), v.reshape(B, T, K, D)
     if spec.qk_norm:  # Qwen3: each head's q and k RMS-normed over D before RoPE (Qwen3Attention)
         q = rms_norm(q, lp["q_norm"], spec.rms_norm_eps, norm, act, param)
         k = rms_norm(k, lp["k_norm"], spec.rms_norm_eps, norm, act, param)
@@ -211,13 +243,12 @@ def layer_steps(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Variant
     q = rope_lib.apply(q, cos, sin, spec.rope.layout, rope_dt)
     k = rope_lib.apply(k, cos, sin, spec.rope.layout, rope_dt)
     ctx = attention(q, k, v, doc_ids, variant, policy, scale, fused=fused).astype(act)
-    a = yield (ctx.reshape(B, T, N * D), lp["wo"], None, act, param)
+    a, = yield ((ctx.reshape(B, T, N * D), lp["wo"], None, act, param),)
     h = (h + a).astype(act)
     x = rms_norm(h, lp["mlp_norm"], spec.rms_norm_eps, norm, act, param)
-    gate = yield (x, lp["w_gate"], None, act, param)
-    up = yield (x, lp["w_up"], None, act, param)
+    gate, up = yield ((x, lp["w_gate"], None, act, param), (x, lp["w_up"], None, act, param))
     m = silu_mul(gate, up, act)
-    m = yield (m, lp["w_down"], None, act, param)
+    m, = yield ((m, lp["w_down"], None, act, param),)
     h = (h + m).astype(act)
     out: dict[str, Any] = {}
     if tap:
@@ -235,14 +266,16 @@ def layer_steps(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Variant
 
 
 def layers_in_step(layers, fused: bool) -> list:
-    """Run `layer_steps` generators (one per policy, the same spec) in step, projection by projection,
-    each round of requests through `linear_many`; their results ((h, taps) each) in order."""
-    requests = [next(layer) for layer in layers]
+    """Run `layer_steps` generators (one per policy, the same spec) in step, round by round, every
+    request of a round through one `linear_many`; their results ((h, taps) each) in order."""
+    rounds = [next(layer) for layer in layers]
     while True:
-        products, requests, outs = linear_many(requests, fused), [], []
-        for layer, y in zip(layers, products):
+        products = iter(linear_many([r for rnd in rounds for r in rnd], fused))
+        sent = [tuple(next(products) for _ in rnd) for rnd in rounds]
+        rounds, outs = [], []
+        for layer, ys in zip(layers, sent):
             try:
-                requests.append(layer.send(y))
+                rounds.append(layer.send(ys))
             except StopIteration as done:
                 outs.append(done.value)
         if outs:  # the same layer code for every policy: all end at the same projection
@@ -252,8 +285,9 @@ def layers_in_step(layers, fused: bool) -> list:
 
 def decoder_layer(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Variant, cos, sin, doc_ids,
                   tap: bool, tap_rows, probe, fused: bool):
-    """One pre-norm block, the body of the decoder's `lax.scan` over layers (`layer_steps`, each
-    projection by `linear` as it comes); arguments and result as `layer_steps`'."""
+    """One pre-norm block, the body of the decoder's `lax.scan` over layers (`layer_steps` driven by
+    `layers_in_step`: q, k, v in one product, gate and up in one, where numpy's BLAS runs them);
+    arguments and result as `layer_steps`'."""
     return layers_in_step([layer_steps(h, lp, spec=spec, policy=policy, variant=variant, cos=cos, sin=sin,
                                        doc_ids=doc_ids, tap=tap, tap_rows=tap_rows, probe=probe, fused=fused)],
                           fused)[0]

@@ -152,10 +152,11 @@ def _maps_many(params, tokens, pos, doc_ids, *, spec: ModelSpec, policies: tuple
     One compile instead of one per policy: most of a small program's compile time is XLA's cost per
     program, so the error budget's 33 policies at T = 128, as 3 programs of 11, compile in a third of
     the time of 33 programs (benchmarks/bench_audit_breakdown.py). The policies share one scan over the
-    layers, each step running every policy's layer in step (`jaxref.model.layer_steps`), projection by
-    projection: the products that read the same weight in the same dtypes run as one BLAS call
-    (`jaxref.model.linear_many`), which packs the weight once for all their rows instead of once per
-    policy (at T = 128 the packing of the weights took a fifth of the BLAS time). The policies'
+    layers, each step running every policy's layer in step (`jaxref.model.layer_steps`), round by round
+    of projections: the products that read the same weights in the same dtypes run as one BLAS call
+    (`jaxref.model.linear_many`: every policy's x against q|k|v, then against gate|up), which packs a
+    weight once for all their rows instead of once per policy (at T = 128 the packing of the weights
+    took a fifth of the BLAS time). The policies'
     forwards are otherwise independent in the program and each one's outputs are bitwise those of its
     own `_maps` program (tests/audit/test_audit_speed.py).
     """

@@ -102,7 +102,7 @@ def test_forward_uses_blas_and_stays_within_rounding():
                              jnp.ones((2, 97), jnp.int32), spec=spec, policy=jaxref.get_policy("fp32"),
                              variant="full", tap=False, tap_rows=None, probe=None, seq_len=None,
                              fused=True).as_text()
-    assert hlo.count("jaxref_matmul_f32") >= 7  # q, k, v, o, gate, up, down (in the layer scan) and the head
+    assert hlo.count("jaxref_matmul_f32") == 5  # q|k|v, o, gate|up, down (in the layer scan) and the head
 
 
 def test_linear_many_shares_a_weight_and_gives_each_requests_own_product():
@@ -131,3 +131,34 @@ def test_linear_many_shares_a_weight_and_gives_each_requests_own_product():
         np.testing.assert_array_equal(np.asarray(g, np.float64), np.asarray(e, np.float64))
     calls = lambda f: f.lower(xs, w, w2, b).as_text().count(kernels.MATMUL_TARGETS[jnp.dtype(jnp.float32)])  # noqa: E731
     assert calls(alone) == 5 and calls(together) == 3  # requests 0-2 share one call; 4 and 5 run alone
+
+
+def test_linear_many_puts_one_x_against_several_weights_in_one_call():
+    """The q, k and v projections of one x (and those of several policies' x, in step) run as one call
+    against the weights concatenated on the output axis, and each request gets, bitwise, what `linear`
+    alone gives it (odd sizes: the columns of each weight land anywhere in the BLAS's blocks); requests
+    that are not every x with every weight share only what reads the same weight."""
+    from jaxref.model import linear, linear_many
+
+    rng = np.random.default_rng(11)
+    wq, wk, wv = (jnp.asarray(rng.standard_normal((n, 97)), jnp.float32) for n in (97, 35, 35))
+    bk = jnp.asarray(rng.standard_normal(35), jnp.float32)
+    xs = [jnp.asarray(rng.standard_normal((3, 129, 97)), jnp.float32) for _ in range(3)]
+
+    def full(xs, wq, wk, wv, bk):  # x0 and x1 (two policies) each against q, k, v: one call
+        return [(x, w, b, act, jnp.bfloat16) for x, act in ((xs[0], jnp.bfloat16), (xs[1], jnp.float32))
+                for w, b in ((wq, None), (wk, bk), (wv, None))]
+
+    def partial(xs, wq, wk, wv, bk):  # x2 against wq only: wq's call holds x0, x1, x2; wk's and wv's x0, x1
+        return full(xs, wq, wk, wv, bk) + [(xs[2], wq, None, jnp.bfloat16, jnp.bfloat16)]
+
+    for reqs, n_calls in ((full, 1), (partial, 3)):
+        together = jax.jit(lambda *a: linear_many(reqs(*a), True))
+        alone = jax.jit(lambda *a: [linear(*r, True) for r in reqs(*a)])
+        args = (xs, wq, wk, wv, bk)
+        got, want = together(*args), alone(*args)
+        assert len(got) == len(want) == len(reqs(*args))
+        for g, e, r in zip(got, want, reqs(*args)):
+            assert g.dtype == e.dtype == jnp.dtype(r[3]) and g.shape == e.shape == (3, 129, r[1].shape[0])
+            np.testing.assert_array_equal(np.asarray(g, np.float64), np.asarray(e, np.float64))
+        assert together.lower(*args).as_text().count(kernels.MATMUL_TARGETS[jnp.dtype(jnp.float32)]) == n_calls
