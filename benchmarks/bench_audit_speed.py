@@ -29,8 +29,12 @@ d03cd90, kept as benchmarks/results/audit_speed_reference.json). The limit is 12
 `ratios`: each run's wall time over the matmul floor measured in the same session (`matmul_floor`, at the
 best rates measured: issue 31 asks <= 1.25), over the floor at XLA's own matmul rates (kept to compare
 with the records from before the oracle's projections moved to numpy's BLAS on the CPU,
-`jaxref.kernels.matmul`), and over the run's own floor at the rates measured just before and after it
-(`floor_around_s`; the rates, `matmul_rates`, are measured before the first run and after each).
+`jaxref.kernels.matmul`), over the run's own floor at the rates measured just before and after it
+(`floor_around_s`; the rates, `matmul_rates`, are measured before the first run and after each), and
+over the products alone at the audit's own shapes (`products_at_shapes`: each projection timed alone
+through the oracle's BLAS kernel at the batch the audit runs it, measured before the first run and
+after the last, the faster kept; `products_at_shapes_over_floor` is how far those shapes fall short of
+the MLP shape's rate, the part of the floor ratio no overhead cut removes).
 """
 
 from __future__ import annotations
@@ -185,6 +189,85 @@ def matmul_floor(audit: dict, rates: dict | None = None) -> dict:
             " ".join(matmul_floor.__doc__.split("\n\n")[1].split())}
 
 
+def audit_calls(audit: dict) -> dict[tuple[int, int, str], int]:
+    """The forward calls the audit makes, as its programs make them: {(B, T, accumulator dtype): calls},
+    B the rows of one product call (a shift call's window under every shift; a budget program's
+    policies whose products share calls, `jaxref.model.linear_many`: same weight dtype and accumulator)."""
+    import math
+    from collections import Counter
+    from types import SimpleNamespace
+
+    import jax.numpy as jnp
+
+    from jaxref.attention import wide
+    from jaxref.audit.runner import budget_groups, budget_plan, budget_runs, shifts_per_call
+    from jaxref.policy import get_policy
+
+    spec, st = audit["spec"], audit["settings"]
+    heads = SimpleNamespace(num_heads=spec["num_heads"])  # all that the call plan reads of the spec
+    n_pol, S = len(audit["policies"]), len(st["shifts"])
+    k = shifts_per_call(heads, st["seq_len"], S)
+    calls: Counter = Counter()
+    calls[(k + 1, st["seq_len"], "float32")] += n_pol * st["num_seqs"] * math.ceil(S / k)
+    calls[(2, st["max_len"], "float32")] += n_pol * st["length_seqs"]
+    if audit.get("error_budget"):
+        runs = budget_runs(budget_plan(get_policy(st["budget_policy"])))
+        for group in budget_groups(heads, runs, st["budget_seq_len"], st["budget_seqs"]):
+            shared = Counter((p.param, str(jnp.dtype(wide(p.dtype("act"))))) for p in group)
+            for (_, acc), m in shared.items():
+                calls[(2 * st["budget_seqs"] * m, st["budget_seq_len"], acc)] += 1
+    return dict(calls)
+
+
+def products_at_shapes(audit: dict, rates: dict, reps: int = 5) -> dict:
+    """The matmul floor at the audit's own shapes: the products `matmul_floor` counts, each projection
+    timed alone through the oracle's BLAS kernel (`jaxref.kernels.matmul`) at the shape and batch the
+    audit runs it (q|k|v of one x as one call, o, gate|up as one call, down; `audit_calls`), the best of
+    `reps`; the causal q·kᵀ and p·v (inside the attention kernel, with the softmax) at `rates`.
+
+    What the audit's products cost with nothing else around them: the floor at the MLP shape's rate
+    (`matmul_floor`) is a rate the audit's smaller products (K = 576, 192-wide k and v, T = 128 budget
+    calls) do not reach. None when the BLAS kernel is not available.
+    """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxref import kernels
+
+    if not kernels.blas_available():
+        return {"seconds": None, "note": "jaxref's BLAS kernel is not available here: not measured"}
+    jax.config.update("jax_enable_x64", True)
+    spec = audit["spec"]
+    H, F, L = spec["hidden_size"], spec["intermediate_size"], spec["num_layers"]
+    N, K, D = spec["num_heads"], spec["num_kv_heads"], spec["head_dim"]
+    mm = jax.jit(kernels.matmul)
+    rng = np.random.default_rng(0)
+    shapes, total, proj, attn = [], 0.0, 0.0, 0.0
+    for (B, T, dt), n in sorted(audit_calls(audit).items()):
+        def best(rows_in: int, cols: int) -> float:
+            x = jnp.asarray(rng.standard_normal((B, T, rows_in)), dt)
+            w = jnp.asarray(rng.standard_normal((cols, rows_in)), dt)
+            mm(x, w).block_until_ready()
+            ts = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                mm(x, w).block_until_ready()
+                ts.append(time.perf_counter() - t0)
+            return min(ts)
+
+        t = {"qkv": best(H, N * D + 2 * K * D), "o": best(N * D, H), "gate_up": best(H, 2 * F), "down": best(F, H)}
+        one = L * t["qkv"] + (L - 1) * (t["o"] + t["gate_up"] + t["down"])
+        flop = 2 * B * T * (L * H * (N * D + 2 * K * D) + (L - 1) * (N * D * H + 3 * H * F))
+        qk_pv = B * (L * 2 * 2 * N * D * T * (T + 1) / 2 - 2 * N * D * T * (T + 1) / 2) / max(rates[dt].values()) / 1e9
+        proj += n * one
+        attn += n * qk_pv
+        shapes.append({"B": B, "T": T, "dtype": dt, "calls": n, "ms": {k: round(v * 1e3, 3) for k, v in t.items()},
+                       "projections_gflops": round(flop / one / 1e9, 1)})
+    return {"seconds": round(proj + attn, 2), "projections_s": round(proj, 2), "attention_products_s": round(attn, 2),
+            "per_shape": shapes, "note": " ".join(products_at_shapes.__doc__.split("\n\n")[0].split())}
+
+
 def run_audit_cli(audit_out: Path, cache: Path, cwd: str, *, jaxref_dir: str | None = None,
                   options: tuple[str, ...] = ()) -> dict:
     """`anchor audit --out audit_out` in its own process with JAX's compilation cache in `cache`
@@ -270,6 +353,7 @@ def main() -> None:
     cache = tmp / "jax-cache"  # empty: the first run compiles everything, as on a fresh checkout
     gflops_before = matmul_gflops()
     measured = [matmul_rates()]  # the matmul rates before the first run and after each
+    at_shapes = [products_at_shapes(json.loads(Path(args.reference).read_text()), measured[0])] if ref else []
 
     def around(r: dict, audit: dict) -> dict:
         """The rates measured just before and after run r, and its floor at their mean."""
@@ -321,6 +405,9 @@ def main() -> None:
     record["matmul_floor"] = floor = matmul_floor(audit, best)
     floor["rates_note"] = (f"matmul_gflops: the best of the {len(measured)} measurements of the session (before the "
                            "first run and after each; each run's own are its matmul_gflops_around)")
+    at_shapes.append(products_at_shapes(audit, best))  # before the first run (the reference's settings) and now
+    shaped = min((a for a in at_shapes if a["seconds"]), key=lambda a: a["seconds"], default=at_shapes[-1])
+    record["products_at_shapes"] = {**shaped, "measurements_s": [a["seconds"] for a in at_shapes]}
     timed = [("cold", new[0])] + ([("warm", new[-1])] if len(new) > 1 else [])
     record["ratios"] = {
         "note": "wall time over the matmul floor (floor_s: at the best rates measured in the session; issue 31: "
@@ -330,7 +417,10 @@ def main() -> None:
                 "rate moves by 15-25% between minutes, so the best rate of the session may not be what the run had)",
         **{f"{label}_over_floor{suffix}": round(r["wall_s"] / floor[key], 2) if floor[key] > 0 else None
            for label, r in timed for suffix, key in (("", "floor_s"), ("_at_xla_rates", "floor_s_at_xla_rates"))},
-        **{f"{label}_over_floor_around": round(r["wall_s"] / r["floor_around_s"], 2) for label, r in timed}}
+        **{f"{label}_over_floor_around": round(r["wall_s"] / r["floor_around_s"], 2) for label, r in timed},
+        "products_at_shapes_over_floor": (round(shaped["seconds"] / floor["floor_s"], 2) if shaped["seconds"] else None),
+        **{f"{label}_over_products_at_shapes": round(r["wall_s"] / shaped["seconds"], 2) if shaped["seconds"] else None
+           for label, r in timed}}
     if args.committed and Path(args.committed).is_file():
         committed = json.loads(Path(args.committed).read_text())
         record["vs_committed"] = {

@@ -242,3 +242,40 @@ def test_kernel_probe_forms_the_maps_of_the_jax_probe(model, policy):
                   f"arithmetic {own:.3g}, values up to {np.abs(r).max():.3g}")
             assert g.shape == r.shape and np.abs(r).max() > 0
             assert np.abs(g - r).max() <= 2 * own + 1e-12 * np.abs(r).max()
+
+
+def test_the_speed_benchmark_replays_the_calls_the_audit_makes(monkeypatch):
+    """benchmarks/bench_audit_speed.py times the audit's products alone at the shapes the audit runs
+    them (`products_at_shapes`); its call plan (`audit_calls`: rows of one product call, length,
+    accumulator) must be the calls the runner makes: each `run` one call of its batch, each `run_many`
+    one call per group of policies sharing weights in the same dtypes (`jaxref.model.linear_many`)."""
+    import sys
+    from collections import Counter
+    from pathlib import Path
+
+    import jax.numpy as jnp
+
+    from jaxref.attention import wide
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import bench_audit_speed
+
+    seen: Counter = Counter()
+    run, run_many = MapsRunner.run, MapsRunner.run_many
+
+    def record_run(self, tokens_nT, deltas, policy, *, first_only=False):
+        seen[(tokens_nT.shape[0] * len(deltas), tokens_nT.shape[1], "float32")] += 1
+        return run(self, tokens_nT, deltas, policy, first_only=first_only)
+
+    def record_many(self, tokens_nT, deltas, policies, *, first_only=False):
+        shared = Counter((p.param, str(jnp.dtype(wide(p.dtype("act"))))) for p in policies)
+        for (_, acc), m in shared.items():
+            seen[(tokens_nT.shape[0] * len(deltas) * m, tokens_nT.shape[1], acc)] += 1
+        return run_many(self, tokens_nT, deltas, policies, first_only=first_only)
+
+    monkeypatch.setattr(MapsRunner, "run", record_run)
+    monkeypatch.setattr(MapsRunner, "run_many", record_many)
+    audit = runner.run_audit("random:smollm2", ("fp32", "hf_bf16"), seq_len=41, num_seqs=2, shifts=(0, 2, 17),
+                             max_len=64, budget_seq_len=33, budget_seqs=1)
+    assert audit["error_budget"] and sum(seen.values()) > 4
+    assert bench_audit_speed.audit_calls(audit) == dict(seen)
