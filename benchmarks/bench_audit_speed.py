@@ -414,7 +414,9 @@ def main() -> None:
                 "<= 1.25); over the floor at XLA's own matmul rates (floor_s_at_xla_rates: what the oracle's matmuls "
                 "reached before its projections ran in numpy's BLAS, jaxref.kernels.matmul); and over the run's "
                 "floor at the mean of the rates measured just before and just after it (floor_around_s: the host's "
-                "rate moves by 15-25% between minutes, so the best rate of the session may not be what the run had)",
+                "rate moves by 15-25% between minutes, so the best rate of the session may not be what the run had); "
+                "and over the products alone at the audit's own shapes (products_at_shapes: what no cut of the other "
+                "work removes; products_at_shapes_over_floor: how far those shapes fall short of the floor's rate)",
         **{f"{label}_over_floor{suffix}": round(r["wall_s"] / floor[key], 2) if floor[key] > 0 else None
            for label, r in timed for suffix, key in (("", "floor_s"), ("_at_xla_rates", "floor_s_at_xla_rates"))},
         **{f"{label}_over_floor_around": round(r["wall_s"] / r["floor_around_s"], 2) for label, r in timed},
