@@ -412,7 +412,7 @@ def main() -> None:
     record["ratios"] = {
         "note": "wall time over the matmul floor (floor_s: at the best rates measured in the session; issue 31: "
                 "<= 1.25); over the floor at XLA's own matmul rates (floor_s_at_xla_rates: what the oracle's matmuls "
-                "reached before its projections ran in numpy's BLAS, jaxref.kernels.matmul); and over the run's "
+                "reached before its projections ran in numpy's BLAS, jaxref.kernels.matmul); over the run's "
                 "floor at the mean of the rates measured just before and just after it (floor_around_s: the host's "
                 "rate moves by 15-25% between minutes, so the best rate of the session may not be what the run had); "
                 "and over the products alone at the audit's own shapes (products_at_shapes: what no cut of the other "
