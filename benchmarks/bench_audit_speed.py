@@ -189,51 +189,69 @@ def matmul_floor(audit: dict, rates: dict | None = None) -> dict:
             " ".join(matmul_floor.__doc__.split("\n\n")[1].split())}
 
 
-def audit_calls(audit: dict) -> dict[tuple[int, int, str], int]:
-    """The forward calls the audit makes, as its programs make them: {(B, T, accumulator dtype): calls},
-    B the rows of one product call (a shift call's window under every shift; a budget program's
-    policies whose products share calls, `jaxref.model.linear_many`: same weight dtype and accumulator)."""
+def audit_calls(audit: dict) -> dict[tuple[int, int, str, str], int]:
+    """The product calls of one layer's projection the audit makes, as its programs make them:
+    {(B, T, activation dtype, weight dtype): calls}. In numpy's BLAS (`jaxref.model.blas_share_key`) a
+    call's operands are the accumulator's dtype and B counts the rows of every policy sharing it (a
+    shift call's window under every shift; a budget program's policies with the same key,
+    `jaxref.model.linear_many`); a product the BLAS cannot run (fp64 weights under fp32 activations)
+    is one XLA call per policy in its own dtypes."""
     import math
     from collections import Counter
     from types import SimpleNamespace
 
-    import jax.numpy as jnp
-
-    from jaxref.attention import wide
     from jaxref.audit.runner import budget_groups, budget_plan, budget_runs, shifts_per_call
+    from jaxref.model import blas_share_key
     from jaxref.policy import get_policy
 
     spec, st = audit["spec"], audit["settings"]
     heads = SimpleNamespace(num_heads=spec["num_heads"])  # all that the call plan reads of the spec
-    n_pol, S = len(audit["policies"]), len(st["shifts"])
-    k = shifts_per_call(heads, st["seq_len"], S)
     calls: Counter = Counter()
-    calls[(k + 1, st["seq_len"], "float32")] += n_pol * st["num_seqs"] * math.ceil(S / k)
-    calls[(2, st["max_len"], "float32")] += n_pol * st["length_seqs"]
+
+    def add(group, rows: int, T: int, n: int) -> None:
+        """`n` runs of one program holding the policies `group` ([(act, param)]), `rows` rows each."""
+        shared: Counter = Counter()
+        for act, param in group:
+            key = blas_share_key(act, param)
+            if key is None:
+                calls[(rows, T, str(act), str(param))] += n
+            else:
+                shared[key] += 1
+        for (_, acc), m in shared.items():
+            calls[(rows * m, T, str(acc), str(acc))] += n
+
+    S = len(st["shifts"])
+    k = shifts_per_call(heads, st["seq_len"], S)
+    for p in audit["policies"].values():
+        add([(p["act"], p["param"])], k + 1, st["seq_len"], st["num_seqs"] * math.ceil(S / k))
+        add([(p["act"], p["param"])], 2, st["max_len"], st["length_seqs"])
     if audit.get("error_budget"):
         runs = budget_runs(budget_plan(get_policy(st["budget_policy"])))
         for group in budget_groups(heads, runs, st["budget_seq_len"], st["budget_seqs"]):
-            shared = Counter((p.param, str(jnp.dtype(wide(p.dtype("act"))))) for p in group)
-            for (_, acc), m in shared.items():
-                calls[(2 * st["budget_seqs"] * m, st["budget_seq_len"], acc)] += 1
+            add([(p.act, p.param) for p in group], 2 * st["budget_seqs"], st["budget_seq_len"], 1)
     return dict(calls)
 
 
 def products_at_shapes(audit: dict, rates: dict, reps: int = 5) -> dict:
     """The matmul floor at the audit's own shapes: the products `matmul_floor` counts, each projection
-    timed alone through the oracle's BLAS kernel (`jaxref.kernels.matmul`) at the shape and batch the
-    audit runs it (q|k|v of one x as one call, o, gate|up as one call, down; `audit_calls`), the best of
-    `reps`; the causal q·kᵀ and p·v (inside the attention kernel, with the softmax) at `rates`.
+    timed alone as the audit runs it (`jaxref.model.linear`: the oracle's BLAS kernel, or XLA where the
+    BLAS cannot run it) at the shape and batch of its call (q|k|v of one x as one call, o, gate|up as
+    one call, down; `audit_calls`), the best of `reps`; the causal q·kᵀ and p·v (inside the attention
+    kernel, with the softmax) at `rates` (the accumulator's dtype).
 
     What the audit's products cost with nothing else around them: the floor at the MLP shape's rate
     (`matmul_floor`) is a rate the audit's smaller products (K = 576, 192-wide k and v, T = 128 budget
     calls) do not reach. None when the BLAS kernel is not available.
     """
+    from functools import partial
+
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     from jaxref import kernels
+    from jaxref.attention import wide
+    from jaxref.model import blas_share_key, linear
 
     if not kernels.blas_available():
         return {"seconds": None, "note": "jaxref's BLAS kernel is not available here: not measured"}
@@ -241,28 +259,36 @@ def products_at_shapes(audit: dict, rates: dict, reps: int = 5) -> dict:
     spec = audit["spec"]
     H, F, L = spec["hidden_size"], spec["intermediate_size"], spec["num_layers"]
     N, K, D = spec["num_heads"], spec["num_kv_heads"], spec["head_dim"]
-    mm = jax.jit(kernels.matmul)
     rng = np.random.default_rng(0)
-    shapes, total, proj, attn = [], 0.0, 0.0, 0.0
-    for (B, T, dt), n in sorted(audit_calls(audit).items()):
+    shapes, proj, attn = [], 0.0, 0.0
+    for (B, T, act, param), n in sorted(audit_calls(audit).items()):
+        product = jax.jit(partial(linear, b_O=None, act=jnp.dtype(act), param=jnp.dtype(param), fused=True))
+
         def best(rows_in: int, cols: int) -> float:
-            x = jnp.asarray(rng.standard_normal((B, T, rows_in)), dt)
-            w = jnp.asarray(rng.standard_normal((cols, rows_in)), dt)
-            mm(x, w).block_until_ready()
+            x = jnp.asarray(rng.standard_normal((B, T, rows_in)), act)
+            w = jnp.asarray(rng.standard_normal((cols, rows_in)), param)
+            product(x, w).block_until_ready()
             ts = []
             for _ in range(reps):
                 t0 = time.perf_counter()
-                mm(x, w).block_until_ready()
+                product(x, w).block_until_ready()
                 ts.append(time.perf_counter() - t0)
             return min(ts)
 
-        t = {"qkv": best(H, N * D + 2 * K * D), "o": best(N * D, H), "gate_up": best(H, 2 * F), "down": best(F, H)}
+        if blas_share_key(act, param) is not None:  # q|k|v one call, gate|up one call
+            t = {"qkv": best(H, N * D + 2 * K * D), "o": best(N * D, H), "gate_up": best(H, 2 * F),
+                 "down": best(F, H)}
+        else:  # XLA: each product alone
+            t = {"qkv": best(H, N * D) + 2 * best(H, K * D), "o": best(N * D, H), "gate_up": 2 * best(H, F),
+                 "down": best(F, H)}
         one = L * t["qkv"] + (L - 1) * (t["o"] + t["gate_up"] + t["down"])
         flop = 2 * B * T * (L * H * (N * D + 2 * K * D) + (L - 1) * (N * D * H + 3 * H * F))
-        qk_pv = B * (L * 2 * 2 * N * D * T * (T + 1) / 2 - 2 * N * D * T * (T + 1) / 2) / max(rates[dt].values()) / 1e9
+        rate = max(rates[str(jnp.dtype(wide(act)))].values())
+        qk_pv = B * (L * 2 * 2 * N * D * T * (T + 1) / 2 - 2 * N * D * T * (T + 1) / 2) / rate / 1e9
         proj += n * one
         attn += n * qk_pv
-        shapes.append({"B": B, "T": T, "dtype": dt, "calls": n, "ms": {k: round(v * 1e3, 3) for k, v in t.items()},
+        shapes.append({"B": B, "T": T, "act": act, "param": param, "calls": n,
+                       "ms": {k: round(v * 1e3, 3) for k, v in t.items()},
                        "projections_gflops": round(flop / one / 1e9, 1)})
     return {"seconds": round(proj + attn, 2), "projections_s": round(proj, 2), "attention_products_s": round(attn, 2),
             "per_shape": shapes, "note": " ".join(products_at_shapes.__doc__.split("\n\n")[0].split())}
@@ -353,7 +379,7 @@ def main() -> None:
     cache = tmp / "jax-cache"  # empty: the first run compiles everything, as on a fresh checkout
     gflops_before = matmul_gflops()
     measured = [matmul_rates()]  # the matmul rates before the first run and after each
-    at_shapes = [products_at_shapes(json.loads(Path(args.reference).read_text()), measured[0])] if ref else []
+    at_shapes = [products_at_shapes(ref, measured[0])] if ref else []  # the default audit's settings, as the runs'
 
     def around(r: dict, audit: dict) -> dict:
         """The rates measured just before and after run r, and its floor at their mean."""

@@ -16,9 +16,10 @@ when its activations are bf16/fp16 (as GPU and CPU matmuls do) and rounds to the
 Public surface: `forward` (numpy in, jitted, the user's entry), `decoder_forward` (the same forward
 un-jitted, over arrays, for callers that trace it inside their own `jit`/`grad`), `decoder_layer`
 (one block, the body of the layer scan), `layer_steps` (the same block as a generator of its
-projections), `layers_in_step` and `linear_many` (several policies' blocks run in step, projections
-sharing a weight in one product: the audit's error budget), `LAYER_NAMES` (Hugging Face layer names →
-params keys), `params_from_state`, `default_doc_ids`.
+projections), `layers_in_step` and `linear_many` (one block, or several policies' blocks in step, with
+the projections that can share a BLAS call in one: q|k|v, gate|up, one weight for several policies'
+rows; `blas_share_key` says which may), `LAYER_NAMES` (Hugging Face layer names → params keys),
+`params_from_state`, `default_doc_ids`.
 
 The fused-kernel switch is an argument, `fused`: `forward` resolves it once (default: the user's
 `JAXREF_FUSED_ATTENTION`, `jaxref.kernels.enabled()`) and hands the bool down to the attention and
@@ -112,10 +113,24 @@ def linear(x_BTI, w_OI, b_O, act, param, fused: bool = False):
 
 def _blas_ok(act, param, fused: bool) -> bool:
     """Whether `linear` runs its product in numpy's BLAS: `fused`, the operands widening exactly to the
-    accumulator, and the BLAS loaded."""
+    accumulator (`blas_share_key`), and the BLAS loaded."""
+    return fused and blas_share_key(act, param) is not None and kernels.blas_available()
+
+
+def blas_share_key(act, param) -> tuple[jnp.dtype, jnp.dtype] | None:
+    """(weight dtype, accumulator) of a product in `act`/`param` where the BLAS may run it: requests to
+    `linear_many` share calls only with requests of the same key (and input width). None where an
+    operand does not widen exactly to the accumulator (fp64 weights under fp32 activations): XLA runs
+    that product, alone."""
     acc = wide(act)
-    return (fused and max(jnp.dtype(act).itemsize, jnp.dtype(param).itemsize) <= acc.itemsize
-            and kernels.blas_available())
+    if max(jnp.dtype(act).itemsize, jnp.dtype(param).itemsize) > acc.itemsize:
+        return None
+    return jnp.dtype(param), acc
+
+
+def _x_key(request) -> tuple:
+    """A `linear_many` request's input: the traced array and the dtype it is cast to."""
+    return id(request[0]), jnp.dtype(request[3])
 
 
 def linear_many(requests, fused: bool = False) -> list:
@@ -135,13 +150,13 @@ def linear_many(requests, fused: bool = False) -> list:
     groups: dict[tuple, list[int]] = {}
     for i, (x, w, b, act, param) in enumerate(requests):
         if _blas_ok(act, param, fused) and x.ndim >= 2:
-            groups.setdefault((jnp.dtype(param), wide(act), x.shape[1:]), []).append(i)
+            groups.setdefault((*blas_share_key(act, param), x.shape[1:]), []).append(i)
         else:
             out[i] = linear(x, w, b, act, param, fused)
     for (param, acc, _), idx in groups.items():
-        xs = {(id(requests[i][0]), jnp.dtype(requests[i][3])): None for i in idx}
-        ws = {id(requests[i][1]): None for i in idx}
-        pairs = {(id(requests[i][0]), jnp.dtype(requests[i][3]), id(requests[i][1])) for i in idx}
+        xs = {_x_key(requests[i]) for i in idx}
+        ws = {id(requests[i][1]) for i in idx}
+        pairs = {(_x_key(requests[i]), id(requests[i][1])) for i in idx}
         if len(pairs) == len(idx) == len(xs) * len(ws):
             parts = [idx]
         else:  # not every x with every weight: one call per weight
@@ -161,8 +176,7 @@ def _products(requests, param, acc) -> list:
     if len(requests) == 1:
         x, w, b, act, _ = requests[0]
         return [linear(x, w, b, act, param, True)]
-    xkey = lambda r: (id(r[0]), jnp.dtype(r[3]))  # noqa: E731
-    xs = list({xkey(r): r[0].astype(r[3]) for r in requests}.items())
+    xs = list({_x_key(r): r[0].astype(r[3]) for r in requests}.items())
     ws = list({id(r[1]): r[1].astype(param) for r in requests}.items())
     rows = np.cumsum([x.shape[0] for _, x in xs])[:-1].tolist()
     cols = np.cumsum([w.shape[0] for _, w in ws])[:-1].tolist()
@@ -181,7 +195,7 @@ def _products(requests, param, acc) -> list:
               for (kw, _), yc in zip(ws, jnp.split(yr, cols, axis=-1))}
     out = []
     for r in requests:
-        yi, b, act = blocks[(xkey(r), id(r[1]))], r[2], r[3]
+        yi, b, act = blocks[(_x_key(r), id(r[1]))], r[2], r[3]
         if b is not None:
             yi = yi + b.astype(param).astype(yi.dtype)
         out.append(yi.astype(act))

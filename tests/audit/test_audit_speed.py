@@ -246,36 +246,67 @@ def test_kernel_probe_forms_the_maps_of_the_jax_probe(model, policy):
 
 def test_the_speed_benchmark_replays_the_calls_the_audit_makes(monkeypatch):
     """benchmarks/bench_audit_speed.py times the audit's products alone at the shapes the audit runs
-    them (`products_at_shapes`); its call plan (`audit_calls`: rows of one product call, length,
-    accumulator) must be the calls the runner makes: each `run` one call of its batch, each `run_many`
-    one call per group of policies sharing weights in the same dtypes (`jaxref.model.linear_many`)."""
+    them (`products_at_shapes`); its call plan (`audit_calls`: rows of one call, length, operand dtypes)
+    must be the calls the audit's programs make. Observed here, per program traced: its q|k|v products,
+    in the BLAS (`jaxref.kernels.matmul`) or in XLA (`jaxref.model.linear` where the BLAS cannot run
+    them: fp64 weights under fp32 activations in the error budget), times the program's runs."""
     import sys
+    import threading
     from collections import Counter
     from pathlib import Path
 
     import jax.numpy as jnp
 
-    from jaxref.attention import wide
+    from jaxref import kernels
+    from jaxref import model as model_lib
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import bench_audit_speed
 
-    seen: Counter = Counter()
-    run, run_many = MapsRunner.run, MapsRunner.run_many
+    tracing, traced, runs = threading.local(), {}, Counter()  # programs compile on the runner's thread
+    matmul, linear, compile_, program = kernels.matmul, model_lib.linear, MapsRunner._compile, MapsRunner.program
 
-    def record_run(self, tokens_nT, deltas, policy, *, first_only=False):
-        seen[(tokens_nT.shape[0] * len(deltas), tokens_nT.shape[1], "float32")] += 1
-        return run(self, tokens_nT, deltas, policy, first_only=first_only)
+    def record(x, w, act, param):
+        traced.setdefault(tracing.key, Counter())[(x.shape[0], x.shape[1], w.shape[0], str(jnp.dtype(act)),
+                                                   str(jnp.dtype(param)))] += 1
 
-    def record_many(self, tokens_nT, deltas, policies, *, first_only=False):
-        shared = Counter((p.param, str(jnp.dtype(wide(p.dtype("act"))))) for p in policies)
-        for (_, acc), m in shared.items():
-            seen[(tokens_nT.shape[0] * len(deltas) * m, tokens_nT.shape[1], acc)] += 1
-        return run_many(self, tokens_nT, deltas, policies, first_only=first_only)
+    def record_matmul(x, w):
+        record(x, w, x.dtype, w.dtype)
+        return matmul(x, w)
 
-    monkeypatch.setattr(MapsRunner, "run", record_run)
-    monkeypatch.setattr(MapsRunner, "run_many", record_many)
+    def record_linear(x, w, b, act, param, fused=False):
+        if not model_lib._blas_ok(act, param, fused):
+            record(x, w, act, param)
+        return linear(x, w, b, act, param, fused)
+
+    def record_compile(self, policy, B, T, group, first_only, seq_len):
+        tracing.key = self._key(policy, B, T, group, first_only, seq_len)
+        return compile_(self, policy, B, T, group, first_only, seq_len)
+
+    def record_program(self, policy, B, T, group, first_only, max_pos, *, wait=True):
+        if wait:  # run / run_many: one execution
+            runs[self._key(policy, B, T, group, first_only, self._seq_len(max_pos))] += 1
+        return program(self, policy, B, T, group, first_only, max_pos, wait=wait)
+
+    monkeypatch.setattr(kernels, "matmul", record_matmul)
+    monkeypatch.setattr(model_lib, "linear", record_linear)
+    monkeypatch.setattr(MapsRunner, "_compile", record_compile)
+    monkeypatch.setattr(MapsRunner, "program", record_program)
     audit = runner.run_audit("random:smollm2", ("fp32", "hf_bf16"), seq_len=41, num_seqs=2, shifts=(0, 2, 17),
                              max_len=64, budget_seq_len=33, budget_seqs=1)
+    sp = audit["spec"]
+    kv = sp["num_kv_heads"] * sp["head_dim"]
+    qkv = sp["num_heads"] * sp["head_dim"] + 2 * kv
+    assert kv not in (qkv, sp["num_heads"] * sp["head_dim"], sp["hidden_size"], sp["intermediate_size"])
+    seen: Counter = Counter()
+    for key, n in runs.items():
+        for (rows, T, width, act, param), m in traced[key].items():
+            if width == qkv:  # q|k|v in one BLAS call
+                seen[(rows, T, act, param)] += n * m
+            elif width == kv:  # XLA: q, k and v apart; k and v have this width
+                assert m % 2 == 0
+                seen[(rows, T, act, param)] += n * m // 2
     assert audit["error_budget"] and sum(seen.values()) > 4
+    assert any(a == p == "float64" for _, _, a, p in seen)  # BLAS fp64 calls of the budget's raised policies
+    assert any(model_lib.blas_share_key(a, p) is None for _, _, a, p in seen)  # and an XLA one
     assert bench_audit_speed.audit_calls(audit) == dict(seen)
