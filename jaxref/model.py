@@ -309,7 +309,7 @@ def decoder_layer(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Varia
 
 def decoder_forward(params: Params, tokens, pos, doc_ids, *, spec: ModelSpec, policy: DtypePolicy,
                     variant: Variant, tap: bool, tap_rows: tuple[int, ...] | None, probe: Probe | None,
-                    seq_len: int | None, fused: bool):
+                    seq_len: int | None, fused: bool, remat: bool = False):
     """The decoder forward, un-jitted: what `forward` runs under `jax.jit`, for callers that trace it
     inside their own transformation (`jaxref.train`'s gradient, `jaxref.nnx.Decoder`).
 
@@ -320,6 +320,10 @@ def decoder_forward(params: Params, tokens, pos, doc_ids, *, spec: ModelSpec, po
       tap, tap_rows, probe: as `forward`'s taps (a bool), tap_rows (a tuple or None) and probe.
       seq_len: the length dynamic RoPE scales by (max position + 1); None for other RoPE kinds.
       fused: allow the fused CPU attention kernel (no VJP: pass False under `jax.grad`).
+      remat: under `jax.grad`, keep only each layer's input and recompute the layer in the backward
+        (`jax.checkpoint`): memory of one layer's activations instead of all of them (SmolLM2's fp64
+        gradient at T = 8192 holds 30 layers of [heads, T, T] probabilities without it). The recompute
+        runs the same operations on the same inputs: the gradients are the same numbers.
 
     Returns:
       (logits [B,T,V] in the `head` dtype, {tap name: array}); the dict always holds "final_norm"
@@ -330,6 +334,8 @@ def decoder_forward(params: Params, tokens, pos, doc_ids, *, spec: ModelSpec, po
     h = params["embed"].astype(param)[tokens].astype(act)
     layer = partial(decoder_layer, spec=spec, policy=policy, variant=variant, cos=cos, sin=sin,
                     doc_ids=doc_ids, tap=tap, tap_rows=tap_rows, probe=probe, fused=fused)
+    if remat:
+        layer = jax.checkpoint(layer, prevent_cse=False)  # inside scan, CSE cannot merge the recompute away
     h_out, per_layer = jax.lax.scan(layer, h, params["layers"])
     head = policy.dtype("head")
     x = rms_norm(h_out, params["final_norm"], spec.rms_norm_eps, policy.dtype("norm"), head, param)

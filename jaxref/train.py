@@ -62,8 +62,8 @@ def next_token_loss(logits_BTV, tokens_BT, loss_mask_BT, dtype):
     return jnp.sum(jnp.where(counted, nll, jnp.zeros((), dtype))) / count
 
 
-@partial(jax.jit, static_argnames=("spec", "policy", "variant", "seq_len"))
-def _value_and_grad(params, tokens, pos, doc_ids, loss_mask, *, spec, policy, variant, seq_len):
+@partial(jax.jit, static_argnames=("spec", "policy", "variant", "seq_len", "remat"))
+def _value_and_grad(params, tokens, pos, doc_ids, loss_mask, *, spec, policy, variant, seq_len, remat):
     # Differentiate at the wider of the stored and the policy's param dtype: fp64 truth gets fp64
     # gradients, a bf16 policy gets its gradients in the stored fp32.
     wide = jax.tree_util.tree_map(lambda p: p.astype(jnp.promote_types(p.dtype, policy.dtype("param"))), params)
@@ -72,14 +72,16 @@ def _value_and_grad(params, tokens, pos, doc_ids, loss_mask, *, spec, policy, va
     def loss_fn(p):
         # the JAX attention path: the fused kernel has no VJP
         logits, _ = decoder_forward(p, tokens, pos, doc_ids, spec=spec, policy=policy, variant=variant,
-                                    tap=False, tap_rows=None, probe=None, seq_len=seq_len, fused=False)
+                                    tap=False, tap_rows=None, probe=None, seq_len=seq_len, fused=False,
+                                    remat=remat)
         return next_token_loss(logits, tokens, loss_mask, ce)
 
     return jax.value_and_grad(loss_fn)(wide)
 
 
 def value_and_grad(params: Params, config: ModelSpec, tokens, positions=None, doc_ids=None, loss_mask=None,
-                   variant: str = "full", policy: DtypePolicy | str = "fp32") -> tuple[float, dict[str, np.ndarray]]:
+                   variant: str = "full", policy: DtypePolicy | str = "fp32",
+                   remat: bool = True) -> tuple[float, dict[str, np.ndarray]]:
     """The mean next-token cross-entropy of a batch and its gradient w.r.t. every parameter.
 
     Args:
@@ -93,6 +95,8 @@ def value_and_grad(params: Params, config: ModelSpec, tokens, positions=None, do
       variant: `full`, `intra_doc`, `intra_doc_reset` or `anchor`.
       policy: a DtypePolicy, preset name, YAML path or mapping; the cross-entropy runs in float32
         (float64 when the policy's `head` is float64, as under `fp64`).
+      remat: recompute each layer in the backward instead of keeping its activations
+        (`decoder_forward`'s `remat`): one layer's memory, the same gradients; False keeps them all.
 
     Returns:
       (loss, grads): loss a float (0.0 when nothing counts); grads {Hugging Face name: numpy array}
@@ -113,7 +117,8 @@ def value_and_grad(params: Params, config: ModelSpec, tokens, positions=None, do
     seq_len = int(pos.max()) + 1 if config.rope.kind == "dynamic" else None
     loss, grads = _value_and_grad(
         params, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos, jnp.int64), jnp.asarray(doc_ids, jnp.int32),
-        jnp.asarray(loss_mask, jnp.int32), spec=config, policy=policy, variant=variant, seq_len=seq_len)
+        jnp.asarray(loss_mask, jnp.int32), spec=config, policy=policy, variant=variant, seq_len=seq_len,
+        remat=remat)
     return float(loss), hf_state(grads, config)
 
 
