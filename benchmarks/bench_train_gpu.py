@@ -1,0 +1,276 @@
+"""`anchor train` against the plain transformers loop a user would write instead, on one GPU (issue 28, item 5).
+
+    python benchmarks/bench_train_gpu.py [--model default] [--seq-len 16384,32768] [--steps 8] [--warmup 2]
+        [--plain sdpa,flex_attention] [--runs full/varlen,intra_doc/varlen,anchor/varlen,intra_doc/flex,anchor/flex]
+        [--out benchmarks/results/train_gpu.json]
+
+The same model (its real weights), the same packed windows in the same order, bf16, one window a step:
+
+(a) the plain loop: `AutoModelForCausalLM` (stock transformers, `attn_implementation` "sdpa" or
+    "flex_attention"), each window's documents packed by `DataCollatorWithFlattening` (input_ids, labels
+    with -100 at each document's first token, position_ids restarting per document: transformers then masks
+    attention within each document, the intra-document mask with reset positions), `out.loss.backward()`,
+    `clip_grad_norm_`, `torch.optim.AdamW` over the bf16 parameters;
+(b) `anchor train` (torchtrain on DeepSpeed ZeRO-1 bf16, fp32 master weights) with each variant/engine of
+    `--runs`, its step times read from the run's metrics.jsonl (the step alone, checkpoints excluded).
+
+Per configuration: the median step time after `--warmup` steps (flex compiles on its first), window slots
+per second, the CUDA peak memory, and the MFU: the useful FLOPs of the mask it computes
+(anchor_app/bench/flops.py: 6 P per token for the matmuls, attention over the mask's pairs, forward and
+backward) over the step time and the GPU's dense bf16 peak. Ratios against the plain loop are taken
+within this one run, at each length. The RoPE base is raised to `--rope-theta` (5e5, the paper-gpu
+profile's) so the model accepts windows past its 8192 positions.
+
+On a CPU the script dry-runs (tiny sizes, `--model random:llama`): the flex configurations are left out
+with the reason (FlexAttention has no CPU backward) and no MFU is given. A configuration that fails (out
+of memory, say) is recorded with its error and the others go on; the JSON is rewritten after each one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+# Dense bf16 tensor-core peaks (NVIDIA's data sheets, without sparsity), by a word of the device name.
+PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
+PLAIN = ("sdpa", "flex_attention")
+RUNS = ("full/varlen", "intra_doc/varlen", "anchor/varlen", "intra_doc/flex", "anchor/flex")
+
+
+def peak_flops() -> tuple[float | None, str]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None, "no CUDA device"
+    name = torch.cuda.get_device_name()
+    for word, peak in PEAK_BF16.items():
+        if word in name:
+            return peak, f"{name}: dense bf16 peak {peak / 1e12:.1f} TFLOP/s (data sheet)"
+    return None, f"{name}: no known bf16 peak"
+
+
+def documents(tokens, doc_ids) -> list[dict[str, list[int]]]:
+    """One window's documents (runs of equal non-negative doc_ids) as DataCollatorWithFlattening's features."""
+    import numpy as np
+
+    keep = doc_ids >= 0
+    t, d = tokens[keep], doc_ids[keep]
+    starts = np.flatnonzero(np.r_[True, d[1:] != d[:-1]])
+    ends = np.r_[starts[1:], len(d)]
+    return [{"input_ids": t[s:e].tolist()} for s, e in zip(starts, ends)]
+
+
+def plain_model(spec, state, implementation: str):
+    """Stock transformers: the family's class from its config, the weights in bf16, no anchor code in the model."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from anchor.spec import to_hf_config
+
+    config = AutoConfig.for_model(**to_hf_config(spec))
+    config.use_cache = False
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=implementation, dtype=torch.bfloat16)
+    tensors = {k: torch.tensor(v) for k, v in state.items() if not (spec.tie_embeddings and k == "lm_head.weight")}
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    if sorted(missing) != (["lm_head.weight"] if spec.tie_embeddings else []) or unexpected:
+        raise RuntimeError(f"weights do not fit: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    return model
+
+
+def plain_steps(cfg, spec, state, data, implementation: str, steps: int) -> list[float]:
+    """Seconds per optimizer step of the hand-written loop."""
+    import torch
+    from transformers import DataCollatorWithFlattening
+
+    from anchor.data.packed import Loader
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = plain_model(spec, state, implementation).to(device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                            weight_decay=cfg.weight_decay)
+    collate = DataCollatorWithFlattening(return_position_ids=True, separator_id=-100)
+    loader = Loader(data, batch_size=1, variant="intra_doc", seed=cfg.seed)  # the trainer's windows, in its order
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        w = next(loader)
+        batch = collate(documents(w.tokens[0], w.doc_ids[0]))
+        batch = {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()  # waits for the step, as a user's logging does
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    del model, opt
+    return times
+
+
+def anchor_steps(cfg, run: Path) -> list[float]:
+    """Seconds per optimizer step of `anchor train` (its metrics.jsonl: the step alone)."""
+    from torchtrain.trainer import train
+
+    train(cfg, run, progress=False)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [cfg.global_batch * cfg.seq_len / r["tokens_per_s"] for r in rows]
+
+
+def window_pairs(data, cfg, steps: int, variant: str) -> int:
+    """Allowed pairs of `variant`'s mask summed over the first `steps` windows the runs train on."""
+    import numpy as np
+
+    from anchor.data.packed import Loader
+    from anchor_app.bench.flops import pairs
+
+    loader = Loader(data, batch_size=1, variant=variant, seed=cfg.seed)
+    return [int(np.sum(pairs(next(loader).doc_ids, variant))) for _ in range(steps)]
+
+
+def measure(label: str, fn, peak_flop_s: float | None, flops_per_step: list[float], warmup: int,
+            seq_len: int) -> dict[str, Any]:
+    """Run `fn` (returns step seconds) with the CUDA peak memory reset; the row for the JSON."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    try:
+        times = fn()
+    except Exception as e:  # noqa: BLE001 - recorded, the other configurations go on
+        traceback.print_exc()
+        return {"config": label, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}",
+                "wall_s": time.perf_counter() - t0}
+    finally:
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+    kept = times[warmup:] or times
+    med = statistics.median(kept)
+    flops = statistics.mean(flops_per_step[warmup:len(times)] or flops_per_step[:len(times)])
+    row = {"config": label, "step_s": times, "median_step_s": med, "tokens_per_s": seq_len / med,
+           "model_flops_per_step": flops, "tflop_s": flops / med / 1e12,
+           "mfu": flops / med / peak_flop_s if peak_flop_s else None,
+           "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+           "wall_s": time.perf_counter() - t0}
+    print(f"  {label}: median {med:.3f} s/step, {seq_len / med:,.0f} tok/s, "
+          f"{row['tflop_s']:.1f} TFLOP/s" + (f", MFU {row['mfu']:.3f}" if row["mfu"] else "")
+          + (f", peak {row['peak_memory_gib']:.1f} GiB" if cuda else ""), flush=True)
+    return row
+
+
+def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Tokens/s of each anchor train row over each plain row of the same length, and anchor's step over full's."""
+    ok = {r["config"]: r for r in rows if "error" not in r and "skipped" not in r}
+    out: dict[str, Any] = {}
+    plain = {k: r for k, r in ok.items() if k.startswith("plain/")}
+    for k, r in ok.items():
+        if k.startswith("train/"):
+            for p, pr in plain.items():
+                out[f"{k} over {p}"] = r["tokens_per_s"] / pr["tokens_per_s"]
+    for engine in ("varlen", "flex"):
+        full, anch = ok.get(f"train/full/{engine}"), ok.get(f"train/anchor/{engine}")
+        if full and anch:
+            out[f"anchor over full step time ({engine})"] = anch["median_step_s"] / full["median_step_s"]
+            out[f"anchor over full FLOPs ({engine})"] = anch["model_flops_per_step"] / full["model_flops_per_step"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--seq-len", default="16384,32768")
+    ap.add_argument("--steps", type=int, default=8, help="steps per configuration, warm-up included")
+    ap.add_argument("--warmup", type=int, default=2, help="first steps left out of the median")
+    ap.add_argument("--plain", default=",".join(PLAIN), help="attn_implementation values of the plain loop")
+    ap.add_argument("--runs", default=",".join(RUNS), help="variant/engine pairs of anchor train")
+    ap.add_argument("--rope-theta", type=float, default=5e5)
+    ap.add_argument("--config", default="configs/train/smollm2_2k.yaml", help="the base of the train config")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "train_gpu.json"))
+    args = ap.parse_args()
+
+    import torch
+
+    from anchor.atomic import write_text_atomic
+    from anchor.data.packed import PackedData
+    from anchor.machine import machine
+    from anchor.weights import load_weights
+    from anchor_app.bench.flops import step_flops
+    from torchtrain.config import load_train_config
+    from torchtrain.run_folder import check_model, model_spec, prepare_run
+
+    cuda = torch.cuda.is_available()
+    peak, peak_note = peak_flops()
+    lengths = [int(x) for x in args.seq_len.split(",")]
+    plain_list = [p for p in args.plain.split(",") if p]
+    run_list = [tuple(r.split("/")) for r in args.runs.split(",") if r]
+    _, state = load_weights(args.model)
+    out = Path(args.out)
+    result: dict[str, Any] = {
+        "benchmark": "anchor train vs a plain transformers loop (DataCollatorWithFlattening, torch AdamW), bf16, one GPU",
+        "model": args.model, "rope_theta": args.rope_theta, "steps": args.steps, "warmup": args.warmup,
+        "peak_bf16_flop_s": peak, "peak_note": peak_note, "machine": machine(),
+        "gpu": torch.cuda.get_device_name() if cuda else None, "torch": torch.__version__,
+        "mfu_flops": "useful FLOPs of the mask computed: 6 P per token + attention over the mask's pairs (fwd+bwd)",
+        "lengths": {},
+    }
+    t_all = time.perf_counter()
+    for T in lengths:
+        print(f"T = {T}", flush=True)
+        with tempfile.TemporaryDirectory(prefix="bench-train-gpu-") as tmp:
+            base = [f"model={args.model}", f"seq_len={T}", "dtype=bfloat16", "zero_stage=1", "global_batch=1",
+                    "micro_batch=1", f"steps={args.steps}", "save_every=0", "eval_window=0",
+                    "log_every=1000", "tensorboard=false", "warmup_steps=1", f"rope.theta={args.rope_theta}",
+                    f"pack.budget={int(T * (args.steps + 2) * 1.5)}"]
+            cfg = load_train_config(args.config, base)
+            first = Path(tmp) / "pack"
+            prepare_run(cfg.replace(engine="varlen", variant="intra_doc"), first, progress=False)
+            data_dir = first / "data"
+            data = PackedData.open(data_dir)
+            cfg = cfg.replace(data=str(data_dir), seq_len=data.seq_len)
+            spec = check_model(cfg, model_spec(cfg), T, memory=False)  # RoPE raised, max_position = T
+            flops = {v: [step_flops(spec, n, T)["total"] for n in window_pairs(data, cfg, args.steps, v)]
+                     for v in ("full", "intra_doc", "anchor")}
+            rows = []
+            for impl in plain_list:
+                label = f"plain/{impl}"
+                if impl == "flex_attention" and not cuda:
+                    rows.append({"config": label, "skipped": "FlexAttention has no CPU backward"})
+                    continue
+                rows.append(measure(label, lambda: plain_steps(cfg, spec, state, data, impl, args.steps), peak,
+                                    flops["intra_doc"], args.warmup, T))
+            for k, (variant, engine) in enumerate(run_list):
+                label = f"train/{variant}/{engine}"
+                if engine == "flex" and not cuda:
+                    rows.append({"config": label, "skipped": "FlexAttention has no CPU backward"})
+                    continue
+                run_cfg = cfg.replace(variant=variant, engine=engine)
+                rows.append(measure(label, lambda: anchor_steps(run_cfg, Path(tmp) / f"run-{k}"), peak,
+                                    flops["intra_doc" if variant == "intra_doc_reset" else variant], args.warmup, T))
+            result["lengths"][str(T)] = {"windows": data.num_windows,
+                                         "rows": rows, "ratios": ratios(rows)}
+            result["seconds"] = time.perf_counter() - t_all
+            out.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(out, json.dumps(result, indent=1))
+            for k, v in result["lengths"][str(T)]["ratios"].items():
+                print(f"  {k}: {v:.3f}", flush=True)
+    print(f"wrote {out} ({result['seconds']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
