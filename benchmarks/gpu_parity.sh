@@ -44,7 +44,7 @@ parity)
   weights
   T=${T:-1025}
   JAX_PLATFORMS=${ORACLE:-cuda} timeout ${LIMIT:-560} python3 -m anchor parity --model default --device cuda \
-    --engines varlen,flex --policies bf16 --variants full,intra_doc,intra_doc_reset,anchor --seq-len $T --grads \
+    --engines varlen,flex --policies bf16 --variants full,intra_doc,intra_doc_reset,anchor --seq-len $T ${GRADS---grads} \
     --no-progress --out "$OUT/parity_$T" 2>&1 | tail -40 ;;
 audit)
   weights

@@ -29,6 +29,23 @@ EMULATIONS: dict[Engine, str] = {  # keys: exactly ENGINES, in its order (tests/
     "varlen": "sdpa_cpu_bf16",
 }
 
+# On CUDA (`anchor parity --device cuda`, the torch-stack audit where torch sees a GPU) two engines run
+# other kernels than on the CPU, and their emulation follows:
+#   sdpa    torch's CUDA SDPA with the engine's dense mask: the memory-efficient kernel, FA-2-style online
+#           softmax with fp32 accumulators and the probabilities rounded to bf16 before p·v (its key blocks
+#           are 64 wide where fa2_bf16's are 128: a summation order, inside the rule's spread over orders)
+#   varlen  torch's varlen_attn (FlashAttention-2) or FlexAttention on the packed segments
+# Judging varlen on an H100 against sdpa_cpu_bf16 (the CPU kernel's arithmetic) was the first lent GPU's
+# finding (2026-11-25: the audit named that emulation).
+CUDA_EMULATIONS: dict[Engine, str] = {**EMULATIONS, "sdpa": "fa2_bf16", "varlen": "fa2_bf16"}
+
+
+def emulation(engine: str, device: str = "cpu") -> str:
+    """The oracle policy emulating `engine`'s bf16 arithmetic on `device` ("cpu" or "cuda");
+    fa2_bf16 for an engine the tables do not name (a user's registered runner)."""
+    return (CUDA_EMULATIONS if device == "cuda" else EMULATIONS).get(engine, "fa2_bf16")
+
+
 # transformers' own attention implementations (parity_tests.hf_stack, `anchor parity --stack hf`):
 #   eager              eager_attention_forward: bf16 q·kᵀ, softmax in fp32 rounded to bf16, bf16 p·v (hf_bf16)
 #   sdpa               F.scaled_dot_product_attention with transformers' mask: torch's fused CPU kernel

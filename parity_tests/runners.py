@@ -35,7 +35,7 @@ import numpy as np
 
 from anchor.errors import InputError
 from parity_tests.cases import BF16, Case, CaseInputs
-from parity_tests.emulations import EMULATIONS  # engine -> the oracle policy emulating it
+from parity_tests.emulations import EMULATIONS, emulation as emulation_of  # engine -> the oracle policy emulating it
 
 Taps = dict[str, np.ndarray]
 TAP_ORDER: tuple[str, ...] = ("embed", "q", "k", "scores", "probs", "attn_out", "mlp_out", "hidden", "logits")
@@ -137,8 +137,14 @@ class TorchRunner(Runner):
                  setup: Setup | None = None):
         self.engine = engine
         self.name = name or engine
-        self.emulation = emulation or EMULATIONS.get(engine, "fa2_bf16")
+        self._emulation = emulation
         self.setup = setup
+
+    @property
+    def emulation(self) -> str:
+        """The oracle policy the engine is held against: the one given, else the engine's on the parity
+        device (parity_tests.emulations: varlen and sdpa run other kernels on CUDA)."""
+        return self._emulation or emulation_of(self.engine, device())
 
     def available(self) -> str | None:
         import torchtrain

@@ -172,6 +172,26 @@ def test_one_engine_to_emulation_table():
     assert tuple(emulations.EMULATIONS) == ENGINES
     assert runners.EMULATIONS is emulations.EMULATIONS and torch_audit.ORACLE_POLICY is emulations.EMULATIONS
     assert all(runners.RUNNERS[e].emulation == emulations.EMULATIONS[e] for e in ENGINES)
+    assert tuple(emulations.CUDA_EMULATIONS) == ENGINES
+
+
+def test_engines_on_cuda_are_held_against_the_kernels_they_run_there(monkeypatch):
+    """On CUDA torch's varlen_attn (FlashAttention-2) and CUDA SDPA run where the CPU runs its fused
+    kernel: the parity runners and the torch-stack audit hold them against fa2_bf16 there, and against
+    the CPU kernel's emulation on the CPU; an emulation given to a runner stays whatever the device."""
+    from anchor.engines import ENGINES
+    from parity_tests import runners, torch_audit
+
+    on_cpu = {e: runners.RUNNERS[e].emulation for e in ENGINES}
+    monkeypatch.setattr(runners, "_DEVICE", ["cuda"])
+    on_cuda = {e: runners.RUNNERS[e].emulation for e in ENGINES}
+    assert on_cpu["varlen"] == on_cpu["sdpa"] == "sdpa_cpu_bf16"
+    assert on_cuda["varlen"] == on_cuda["sdpa"] == "fa2_bf16"
+    assert {e: p for e, p in on_cuda.items() if e not in ("varlen", "sdpa")} == \
+        {e: p for e, p in on_cpu.items() if e not in ("varlen", "sdpa")}
+    assert runners.TorchRunner("varlen", name="x", emulation="hf_bf16").emulation == "hf_bf16"
+    assert [torch_audit.oracle_policy("varlen", "bfloat16", d) for d in ("cpu", "cuda")] == ["sdpa_cpu_bf16", "fa2_bf16"]
+    assert torch_audit.oracle_policy("varlen", "float32", "cuda") == "fp32"
 
 
 def _accepts(name: str, value: Any) -> bool:
