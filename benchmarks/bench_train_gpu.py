@@ -9,7 +9,8 @@ The same model (its real weights), the same packed windows in the same order, bf
 (a) the plain loop: `AutoModelForCausalLM` (stock transformers, `attn_implementation` "sdpa" or
     "flex_attention"), each window's documents packed by `DataCollatorWithFlattening` (input_ids, labels
     with -100 at each document's first token, position_ids restarting per document: transformers then masks
-    attention within each document, the intra-document mask with reset positions), `out.loss.backward()`,
+    attention within each document, the intra-document mask with reset positions; the window's padding
+    slots as one more sequence with no labels, so every step has the window's shape), `out.loss.backward()`,
     `clip_grad_norm_`, `torch.optim.AdamW` over the bf16 parameters;
 (b) `anchor train` (torchtrain on DeepSpeed ZeRO-1 bf16, fp32 master weights) with each variant/engine of
     `--runs`, its step times read from the run's metrics.jsonl (the step alone, checkpoints excluded).
@@ -60,14 +61,21 @@ def peak_flops() -> tuple[float | None, str]:
 
 
 def documents(tokens, doc_ids) -> list[dict[str, list[int]]]:
-    """One window's documents (runs of equal non-negative doc_ids) as DataCollatorWithFlattening's features."""
+    """One window as DataCollatorWithFlattening's features: its documents (runs of equal non-negative
+    doc_ids), then its padding slots as one more sequence whose labels are all -100. The collated batch
+    keeps the window's T slots: FlexAttention compiles for one shape (a new length each step recompiled
+    it, and the plain flex loop did not finish 6 steps at 16K on the H100 in 4.5 minutes)."""
     import numpy as np
 
     keep = doc_ids >= 0
     t, d = tokens[keep], doc_ids[keep]
     starts = np.flatnonzero(np.r_[True, d[1:] != d[:-1]])
     ends = np.r_[starts[1:], len(d)]
-    return [{"input_ids": t[s:e].tolist()} for s, e in zip(starts, ends)]
+    out = [{"input_ids": t[s:e].tolist(), "labels": t[s:e].tolist()} for s, e in zip(starts, ends)]
+    if (~keep).any():
+        pad = tokens[~keep].tolist()
+        out.append({"input_ids": pad, "labels": [-100] * len(pad)})
+    return out
 
 
 def plain_model(spec, state, implementation: str):

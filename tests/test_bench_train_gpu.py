@@ -1,0 +1,52 @@
+"""benchmarks/bench_train_gpu.py (issue 28 item 5) dry-run on the CPU: the plain loop's batches are
+DataCollatorWithFlattening's over each window's documents at the window's shape, and a tiny run writes
+the rows, the ratios within the run and the reasons for what a CPU leaves out."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_train_gpu import documents  # noqa: E402
+
+
+def test_plain_batches_mask_within_documents_at_the_window_shape():
+    from transformers import DataCollatorWithFlattening
+
+    tokens = np.arange(100, 117)
+    doc_ids = np.array([0] + [1] * 6 + [2] * 3 + [3] * 4 + [-1] * 3)  # an anchor-like slot 0, three documents, padding
+    batch = DataCollatorWithFlattening(return_position_ids=True, separator_id=-100)(documents(tokens, doc_ids))
+    assert batch["input_ids"].tolist() == [tokens.tolist()]  # every slot, in order: one shape for every window
+    starts = [0, 1, 7, 10, 14]  # each document's first slot, and the padding's
+    assert batch["position_ids"].tolist() == [[i - max(s for s in starts if s <= i) for i in range(17)]]
+    labels = batch["labels"][0].tolist()
+    assert [i for i, x in enumerate(labels) if x == -100] == starts + [15, 16]  # no target across a boundary or in padding
+    assert all(labels[i] == tokens[i] for i in range(17) if labels[i] != -100)
+
+
+def test_dry_run_writes_rows_and_ratios(tmp_path):
+    out = tmp_path / "train_gpu.json"
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_train_gpu.py"), "--model", "random:llama",
+                        "--seq-len", "97", "--steps", "2", "--warmup", "1", "--plain", "sdpa,flex_attention",
+                        "--runs", "intra_doc/varlen,anchor/flex", "--out", str(out)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    result = json.loads(out.read_text())
+    rows = {r["config"]: r for r in result["lengths"]["97"]["rows"]}
+    assert set(rows) == {"plain/sdpa", "plain/flex_attention", "train/intra_doc/varlen", "train/anchor/flex"}
+    assert rows["plain/flex_attention"]["skipped"] == rows["train/anchor/flex"]["skipped"] == "FlexAttention has no CPU backward"
+    for name in ("plain/sdpa", "train/intra_doc/varlen"):
+        r = rows[name]
+        assert len(r["step_s"]) == 2 and r["median_step_s"] == r["step_s"][1]  # the warm-up step left out
+        assert r["tokens_per_s"] == 97 / r["median_step_s"] and r["mfu"] is None  # no GPU peak on a CPU
+        assert r["model_flops_per_step"] > 0
+    ratio = result["lengths"]["97"]["ratios"]["train/intra_doc/varlen over plain/sdpa"]
+    assert ratio == rows["train/intra_doc/varlen"]["tokens_per_s"] / rows["plain/sdpa"]["tokens_per_s"]
+    assert result["machine"] and result["peak_bf16_flop_s"] is None
