@@ -23,6 +23,10 @@ STEP=${2:-parity}
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
 export JAX_DEFAULT_MATMUL_PRECISION=highest  # no TF32 for the oracle's fp32 products on the GPU
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+# The oracle's programs compile once per variant, policy and shape (random:llama T=97, two variants with
+# gradients: 102 programs, 25 s of a 38 s run on this project's 2-core CPU); on the first lent H100 the
+# smoke below on JAX's CUDA backend did not finish in 150 s: XLA's autotuning off, programs kept on disk.
+export XLA_FLAGS="--xla_gpu_autotune_level=0 ${XLA_FLAGS:-}" JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache
 [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 mkdir -p "$OUT"
@@ -37,8 +41,12 @@ join)
   python3 benchmarks/gpu_kit.py join .devkit/parts --stash /tmp/anchor-parts --into .cache/models ;;
 smoke)
   for P in cuda cpu; do
-    JAX_PLATFORMS=$P timeout 150 python3 -m anchor parity --model random:llama --device cuda --engines varlen,flex \
-      --policies bf16 --variants intra_doc,anchor --seq-len 97 --grads --no-progress --out "$OUT/smoke_$P" 2>&1 | tail -12
+    JAX_LOG_COMPILES=1 JAX_PLATFORMS=$P timeout ${LIMIT:-240} python3 -m anchor parity --model random:llama --device cuda \
+      --engines varlen,flex --policies bf16 --variants intra_doc,anchor --seq-len 97 --grads --no-progress \
+      --out "$OUT/smoke_$P" > "$OUT/smoke_$P.log" 2>&1
+    grep -v "Finished\|Compiling\|tracing" "$OUT/smoke_$P.log" | tail -12
+    grep -o "Finished XLA compilation of .* in [0-9.e-]* s" "$OUT/smoke_$P.log" \
+      | awk '{s += $(NF-1)} END {print NR " programs compiled in " s " s"}'
   done ;;
 parity)
   weights
