@@ -15,10 +15,12 @@
 #   audit    anchor audit --stack torch on CUDA, varlen and flex at L=512 and 4096
 #   tests    pytest -m cuda
 #   train    benchmarks/bench_train_gpu.py (alone on the machine: it times steps)
+#   bg STEP  STEP in the background, outliving the call (the machine stays held while calls follow within 30 s)
+#   wait     until the background steps have ended (at most $LIMIT s)
 # Results under OUT: weights.txt (the joined file's sha256 and the GPU), parity_$T/, audit_{varlen,flex}_{512,4096}/,
 # cuda_tests.log, train_gpu.json; each step fits one 10-minute call.
 set -o pipefail
-OUT=${1:?usage: gpu_parity.sh OUT [join|smoke|parity|audit|tests|train]}
+OUT=${1:?usage: gpu_parity.sh OUT [join|smoke|parity|audit|tests|train|bg STEP|wait]}
 STEP=${2:-parity}
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
 export JAX_DEFAULT_MATMUL_PRECISION=highest  # no TF32 for the oracle's fp32 products on the GPU
@@ -65,6 +67,17 @@ tests)
 train)
   weights
   JAX_PLATFORMS=cpu timeout ${LIMIT:-560} python3 benchmarks/bench_train_gpu.py --out "$OUT/train_gpu.json" ${TRAIN_ARGS:-} 2>&1 | tail -40 ;;
+bg)  # gpu_parity.sh OUT bg STEP: STEP in its own session (it outlives the device call), its pid in OUT/STEP.pid
+  setsid nohup bash "$0" "$OUT" "${3:?bg needs a step}" > "$OUT/$3.out" 2>&1 < /dev/null &
+  echo $! > "$OUT/$3.pid" ;;
+wait)  # until every step started with bg has ended, at most LIMIT seconds (by pid: `pgrep -f` on a step's
+       # words also matches the shell of the device call that names them, and waits for itself)
+  end=$((SECONDS + ${LIMIT:-560}))
+  for f in "$OUT"/*.pid; do
+    [ -f "$f" ] || continue
+    while kill -0 "$(cat "$f")" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 2; done
+    kill -0 "$(cat "$f")" 2>/dev/null && echo "$(basename "$f" .pid) still running" || rm -f "$f"
+  done ;;
 *)
   echo "unknown step $STEP"; exit 2 ;;
 esac
