@@ -6,8 +6,8 @@ run of 2026-11-23) and batches left on the host.
 Both engines: on the H100 run of 2026-11-23 sdpa resumed exactly; varlen's resumed losses departed
 from step 2 by ~5e-5 relative, because the backward of its row gathers (index_select, and
 repeat_interleave for GQA) adds with CUDA atomics in no fixed order (the anchor's row is gathered
-once per document). The gathers now have a fixed-order backward (varlen_sdpa._GatherRows); the
-varlen case has not yet run on a GPU since."""
+once per document). The gathers now have a fixed-order backward (varlen_sdpa._GatherRows): on the
+H100 run of 2026-11-25 both engines resumed exactly (benchmarks/results/cuda_tests.log)."""
 
 from __future__ import annotations
 
