@@ -1,7 +1,7 @@
 """`anchor train` against the plain transformers loop a user would write instead, on one GPU (issue 28, item 5).
 
     python benchmarks/bench_train_gpu.py [--model default] [--seq-len 16384,32768] [--steps 8] [--warmup 2]
-        [--plain sdpa,flex_attention] [--runs full/varlen,intra_doc/varlen,anchor/varlen,intra_doc/flex,anchor/flex]
+        [--rounds 1] [--plain sdpa,flex_attention] [--runs full/varlen,intra_doc/varlen,anchor/varlen,intra_doc/flex,anchor/flex]
         [--out benchmarks/results/train_gpu.json]
 
 The same model (its real weights), the same packed windows in the same order, bf16, one window a step:
@@ -15,7 +15,8 @@ The same model (its real weights), the same packed windows in the same order, bf
 (b) `anchor train` (torchtrain on DeepSpeed ZeRO-1 bf16, fp32 master weights) with each variant/engine of
     `--runs`, its step times read from the run's metrics.jsonl (the step alone, checkpoints excluded).
 
-Per configuration: the median step time after `--warmup` steps (flex compiles on its first), window slots
+Per configuration, over `--rounds` rounds (each configuration in turn, then again): the median step time
+after each run's `--warmup` steps (flex compiles on its first), window slots
 per second, the CUDA peak memory, and the MFU: the useful FLOPs of the mask it computes
 (anchor_app/bench/flops.py: 6 P per token for the matmuls, attention over the mask's pairs, forward and
 backward) over the step time and the GPU's dense bf16 peak. Ratios against the plain loop are taken
@@ -147,9 +148,8 @@ def window_pairs(data, cfg, steps: int, variant: str) -> int:
     return [int(np.sum(pairs(next(loader).doc_ids, variant))) for _ in range(steps)]
 
 
-def measure(label: str, fn, peak_flop_s: float | None, flops_per_step: list[float], warmup: int,
-            seq_len: int) -> dict[str, Any]:
-    """Run `fn` (returns step seconds) with the CUDA peak memory reset; the row for the JSON."""
+def timed(fn) -> tuple[list[float], float | None]:
+    """Step seconds from `fn` and the CUDA peak memory (GiB) it reached, the caches emptied around it."""
     import torch
 
     cuda = torch.cuda.is_available()
@@ -157,29 +157,66 @@ def measure(label: str, fn, peak_flop_s: float | None, flops_per_step: list[floa
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
     try:
         times = fn()
-    except Exception as e:  # noqa: BLE001 - recorded, the other configurations go on
-        traceback.print_exc()
-        return {"config": label, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}",
-                "wall_s": time.perf_counter() - t0}
+        return times, torch.cuda.max_memory_allocated() / 2**30 if cuda else None
     finally:
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
-    kept = times[warmup:] or times
+
+
+def row(label: str, rounds: list[list[float]], peaks: list[float | None], wall: float, peak_flop_s: float | None,
+        flops_per_step: list[float], warmup: int, seq_len: int) -> dict[str, Any]:
+    """The JSON row of one configuration: the median over every round's steps after its warm-up."""
+    kept = [t for times in rounds for t in (times[warmup:] or times)]
     med = statistics.median(kept)
-    flops = statistics.mean(flops_per_step[warmup:len(times)] or flops_per_step[:len(times)])
-    row = {"config": label, "step_s": times, "median_step_s": med, "tokens_per_s": seq_len / med,
-           "model_flops_per_step": flops, "tflop_s": flops / med / 1e12,
+    n = max(len(times) for times in rounds)
+    flops = statistics.mean(flops_per_step[warmup:n] or flops_per_step[:n])
+    out = {"config": label, "step_s": rounds if len(rounds) > 1 else rounds[0], "median_step_s": med,
+           "tokens_per_s": seq_len / med, "model_flops_per_step": flops, "tflop_s": flops / med / 1e12,
            "mfu": flops / med / peak_flop_s if peak_flop_s else None,
-           "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
-           "wall_s": time.perf_counter() - t0}
-    print(f"  {label}: median {med:.3f} s/step, {seq_len / med:,.0f} tok/s, "
-          f"{row['tflop_s']:.1f} TFLOP/s" + (f", MFU {row['mfu']:.3f}" if row["mfu"] else "")
-          + (f", peak {row['peak_memory_gib']:.1f} GiB" if cuda else ""), flush=True)
-    return row
+           "peak_memory_gib": max(peaks) if peaks and peaks[0] is not None else None, "wall_s": wall}
+    print(f"  {label}: median {med:.3f} s/step, {seq_len / med:,.0f} tok/s, {out['tflop_s']:.1f} TFLOP/s"
+          + (f", MFU {out['mfu']:.3f}" if out["mfu"] else "")
+          + (f", peak {out['peak_memory_gib']:.1f} GiB" if out["peak_memory_gib"] is not None else ""), flush=True)
+    return out
+
+
+def measure_all(configs: list[tuple[str, Any, list[float]]], rounds: int, peak_flop_s: float | None, warmup: int,
+                seq_len: int) -> list[dict[str, Any]]:
+    """Every configuration `rounds` times, in turn (plain, then each anchor train run, then again), so a
+    shared machine's drift reaches each alike; a configuration that fails is recorded with its error and
+    left out of later rounds. configs: (label, fn(round) -> step seconds, FLOPs per step)."""
+    times: dict[str, list[list[float]]] = {c[0]: [] for c in configs}
+    peaks: dict[str, list] = {c[0]: [] for c in configs}
+    wall = {c[0]: 0.0 for c in configs}
+    errors: dict[str, str] = {}
+    for r in range(rounds):
+        for label, fn, _ in configs:
+            if label in errors:
+                continue
+            t0 = time.perf_counter()
+            try:
+                t, peak = timed(lambda: fn(r))
+            except Exception as e:  # noqa: BLE001 - recorded, the other configurations go on
+                traceback.print_exc()
+                errors[label] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+                print(f"  {label}: {errors[label]}", flush=True)
+                continue
+            finally:
+                wall[label] += time.perf_counter() - t0
+            times[label].append(t)
+            peaks[label].append(peak)
+    rows = []
+    for label, _, flops in configs:
+        if not times[label]:
+            rows.append({"config": label, "error": errors[label], "wall_s": wall[label]})
+            continue
+        rows.append(row(label, times[label], peaks[label], wall[label], peak_flop_s, flops, warmup, seq_len))
+        if label in errors:  # failed in a later round: the rounds it finished, and why it stopped
+            rows[-1]["error"] = errors[label]
+    return rows
 
 
 def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -204,7 +241,8 @@ def main() -> None:
     ap.add_argument("--model", default="default")
     ap.add_argument("--seq-len", default="16384,32768")
     ap.add_argument("--steps", type=int, default=8, help="steps per configuration, warm-up included")
-    ap.add_argument("--warmup", type=int, default=2, help="first steps left out of the median")
+    ap.add_argument("--warmup", type=int, default=2, help="first steps of each run left out of the median")
+    ap.add_argument("--rounds", type=int, default=1, help="times each configuration runs, in turn with the others")
     ap.add_argument("--plain", default=",".join(PLAIN), help="attn_implementation values of the plain loop")
     ap.add_argument("--runs", default=",".join(RUNS), help="variant/engine pairs of anchor train")
     ap.add_argument("--rope-theta", type=float, default=5e5)
@@ -232,6 +270,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "benchmark": "anchor train vs a plain transformers loop (DataCollatorWithFlattening, torch AdamW), bf16, one GPU",
         "model": args.model, "rope_theta": args.rope_theta, "steps": args.steps, "warmup": args.warmup,
+        "rounds": args.rounds,
         "peak_bf16_flop_s": peak, "peak_note": peak_note, "machine": machine(),
         "gpu": torch.cuda.get_device_name() if cuda else None, "torch": torch.__version__,
         "mfu_flops": "useful FLOPs of the mask computed: 6 P per token + attention over the mask's pairs (fwd+bwd)",
@@ -254,22 +293,23 @@ def main() -> None:
             spec = check_model(cfg, model_spec(cfg), T, memory=False)  # RoPE raised, max_position = T
             flops = {v: [step_flops(spec, n, T)["total"] for n in window_pairs(data, cfg, args.steps, v)]
                      for v in ("full", "intra_doc", "anchor")}
-            rows = []
+            rows, configs = [], []
             for impl in plain_list:
                 label = f"plain/{impl}"
                 if impl == "flex_attention" and not cuda:
                     rows.append({"config": label, "skipped": "FlexAttention has no CPU backward"})
                     continue
-                rows.append(measure(label, lambda: plain_steps(cfg, spec, state, data, impl, args.steps), peak,
-                                    flops["intra_doc"], args.warmup, T))
+                configs.append((label, lambda r, impl=impl: plain_steps(cfg, spec, state, data, impl, args.steps),
+                                flops["intra_doc"]))
             for k, (variant, engine) in enumerate(run_list):
                 label = f"train/{variant}/{engine}"
                 if engine == "flex" and not cuda:
                     rows.append({"config": label, "skipped": "FlexAttention has no CPU backward"})
                     continue
                 run_cfg = cfg.replace(variant=variant, engine=engine)
-                rows.append(measure(label, lambda: anchor_steps(run_cfg, Path(tmp) / f"run-{k}"), peak,
-                                    flops["intra_doc" if variant == "intra_doc_reset" else variant], args.warmup, T))
+                configs.append((label, lambda r, k=k, run_cfg=run_cfg: anchor_steps(run_cfg, Path(tmp) / f"run-{k}-{r}"),
+                                flops["intra_doc" if variant == "intra_doc_reset" else variant]))
+            rows = measure_all(configs, args.rounds, peak, args.warmup, T) + rows
             result["lengths"][str(T)] = {"windows": data.num_windows,
                                          "rows": rows, "ratios": ratios(rows)}
             result["seconds"] = time.perf_counter() - t_all

@@ -32,9 +32,10 @@ def test_plain_batches_mask_within_documents_at_the_window_shape():
 
 
 def test_dry_run_writes_rows_and_ratios(tmp_path):
+    """Two rounds at T = 97: each configuration twice, in turn; flex rows left out with the reason on a CPU."""
     out = tmp_path / "train_gpu.json"
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_train_gpu.py"), "--model", "random:llama",
-                        "--seq-len", "97", "--steps", "2", "--warmup", "1", "--plain", "sdpa,flex_attention",
+                        "--seq-len", "97", "--steps", "2", "--warmup", "1", "--rounds", "2", "--plain", "sdpa,flex_attention",
                         "--runs", "intra_doc/varlen,anchor/flex", "--out", str(out)],
                        capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -44,7 +45,8 @@ def test_dry_run_writes_rows_and_ratios(tmp_path):
     assert rows["plain/flex_attention"]["skipped"] == rows["train/anchor/flex"]["skipped"] == "FlexAttention has no CPU backward"
     for name in ("plain/sdpa", "train/intra_doc/varlen"):
         r = rows[name]
-        assert len(r["step_s"]) == 2 and r["median_step_s"] == r["step_s"][1]  # the warm-up step left out
+        assert [len(t) for t in r["step_s"]] == [2, 2]  # two rounds of two steps
+        assert r["median_step_s"] == (r["step_s"][0][1] + r["step_s"][1][1]) / 2  # each round's warm-up left out
         assert r["tokens_per_s"] == 97 / r["median_step_s"] and r["mfu"] is None  # no GPU peak on a CPU
         assert r["model_flops_per_step"] > 0
     ratio = result["lengths"]["97"]["ratios"]["train/intra_doc/varlen over plain/sdpa"]
