@@ -17,6 +17,15 @@
 #   train    benchmarks/bench_train_gpu.py (alone on the machine: it times steps)
 #   bg STEP  STEP in the background, outliving the call (the machine stays held while calls follow within 30 s)
 #   wait     until the background steps have ended (at most $LIMIT s)
+# A session's calls, each begun within 30 s of the last one's end (else the machine goes back, bare), R=/tmp/res,
+# every call ending with `tar czf $OUT/r.tgz -C /tmp/res .` (what comes back; at most 16 MiB a file):
+#   1 (carry .whl, manifest, part-000)  gpu_parity.sh R join; gpu_parity.sh R bg tests; LIMIT=240 gpu_parity.sh R smoke
+#   2 (carry manifest, part-001)        gpu_parity.sh R join
+#   3 (carry manifest, part-002)        gpu_parity.sh R join; LIMIT=300 gpu_parity.sh R wait; T=1025 ORACLE=cpu gpu_parity.sh R parity
+#   4                                   T=8192 gpu_parity.sh R parity   (the oracle on CUDA, if the smoke passed there)
+#   5                                   gpu_parity.sh R audit; TRAIN_ARGS="--rounds 2" gpu_parity.sh R train
+# Device time is counted from the first call to the machine's return (about 30 minutes a session, its start
+# included): the first lent H100 spent 25 minutes on steps 1-3 and the audit at 512 and the train step.
 # Results under OUT: weights.txt (the joined file's sha256 and the GPU), parity_$T/, audit_{varlen,flex}_{512,4096}/,
 # cuda_tests.log, train_gpu.json; each step fits one 10-minute call.
 set -o pipefail
