@@ -79,32 +79,17 @@ def documents(tokens, doc_ids) -> list[dict[str, list[int]]]:
     return out
 
 
-def plain_model(spec, state, implementation: str):
-    """Stock transformers: the family's class from its config, the weights in bf16, no anchor code in the model."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from anchor.spec import to_hf_config
-
-    config = AutoConfig.for_model(**to_hf_config(spec))
-    config.use_cache = False
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=implementation, dtype=torch.bfloat16)
-    tensors = {k: torch.tensor(v) for k, v in state.items() if not (spec.tie_embeddings and k == "lm_head.weight")}
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
-    if sorted(missing) != (["lm_head.weight"] if spec.tie_embeddings else []) or unexpected:
-        raise RuntimeError(f"weights do not fit: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    return model
-
-
 def plain_steps(cfg, spec, state, data, implementation: str, steps: int) -> list[float]:
     """Seconds per optimizer step of the hand-written loop."""
     import torch
     from transformers import DataCollatorWithFlattening
 
     from anchor.data.packed import Loader
+    from parity_tests.hf_stack import stock_model
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = plain_model(spec, state, implementation).to(device).train()
+    # stock transformers: the family's class from its config, the weights in bf16, no anchor code in the model
+    model = stock_model(spec, state, "bfloat16", attn_implementation=implementation).to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                             weight_decay=cfg.weight_decay)
     collate = DataCollatorWithFlattening(return_position_ids=True, separator_id=-100)

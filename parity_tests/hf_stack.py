@@ -254,16 +254,17 @@ def _torch_dtype(dtype: str):
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
 
 
-def stock_model(spec: ModelSpec, state: dict[str, np.ndarray], dtype: str):
+def stock_model(spec: ModelSpec, state: dict[str, np.ndarray], dtype: str, attn_implementation: str = "eager"):
     """The family's stock transformers class built from the weights (config by anchor.spec.to_hf_config),
     parameters rounded to `dtype`; RoPE's inv_freq stays float32 (built by from_config(dtype=), as
-    from_pretrained(dtype=) builds it)."""
+    from_pretrained(dtype=) builds it). In eval mode, with transformers' `attn_implementation` (eager:
+    the runners install theirs per call; benchmarks/bench_train_gpu.py trains it with sdpa or flex)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model(**to_hf_config(spec))
     config.use_cache = False
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=_torch_dtype(dtype))
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=_torch_dtype(dtype))
     tensors = {k: torch.tensor(v) for k, v in state.items() if not (spec.tie_embeddings and k == "lm_head.weight")}
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     if sorted(missing) != (["lm_head.weight"] if spec.tie_embeddings else []) or unexpected:
