@@ -11,7 +11,7 @@
 # then (carry nothing more): bash benchmarks/gpu_parity.sh OUT STEP, STEP one of
 #   smoke    the oracle on JAX's CUDA backend against its CPU one: random:llama, T=97, forward and gradients
 #   parity   anchor parity --device cuda at T=$T (1025 by default; 8192): varlen and flex, bf16, the four
-#            variants, forward and gradients, the oracle on JAX's CUDA backend ($ORACLE: cuda, or cpu)
+#            variants, forward and gradients, the oracle on JAX's CUDA backend (--oracle-device $ORACLE: cuda, or cpu)
 #   audit    anchor audit --stack torch on CUDA, varlen and flex at L=512 and 4096
 #   tests    pytest -m cuda
 #   train    benchmarks/bench_train_gpu.py (alone on the machine: it times steps)
@@ -52,7 +52,7 @@ join)
   python3 benchmarks/gpu_kit.py join .devkit/parts --stash /tmp/anchor-parts --into .cache/models ;;
 smoke)
   for P in cuda cpu; do
-    JAX_LOG_COMPILES=1 JAX_PLATFORMS=$P timeout ${LIMIT:-240} python3 -m anchor parity --model random:llama --device cuda \
+    JAX_LOG_COMPILES=1 timeout ${LIMIT:-240} python3 -m anchor parity --model random:llama --device cuda --oracle-device $P \
       --engines varlen,flex --policies bf16 --variants intra_doc,anchor --seq-len 97 --grads --no-progress \
       --out "$OUT/smoke_$P" > "$OUT/smoke_$P.log" 2>&1
     grep -v "Finished\|Compiling\|tracing" "$OUT/smoke_$P.log" | tail -12
@@ -62,7 +62,7 @@ smoke)
 parity)
   weights
   T=${T:-1025}
-  JAX_PLATFORMS=${ORACLE:-cuda} timeout ${LIMIT:-560} python3 -m anchor parity --model default --device cuda \
+  timeout ${LIMIT:-560} python3 -m anchor parity --model default --device cuda --oracle-device ${ORACLE:-cuda} \
     --engines varlen,flex --policies bf16 --variants full,intra_doc,intra_doc_reset,anchor --seq-len $T ${GRADS---grads} \
     --no-progress --out "$OUT/parity_$T" 2>&1 | tail -40 ;;
 audit)

@@ -110,6 +110,43 @@ def device() -> str:
     return _DEVICE[0]
 
 
+_ORACLE_DEVICE = ["cpu"]  # where the oracle (jaxref) runs: `use_oracle_device`
+
+
+def use_oracle_device(name: str) -> str:
+    """Run the oracle on `name`: "cpu" (its fused CPU kernels; the path the suite tests) or "cuda" (JAX's
+    CUDA backend: the gradients at T = 8192 hold gigabytes a layer in fp64). Where JAX has not started
+    its backends yet, only that one starts (a JAX_PLATFORMS the user set stands): on cpu no GPU client,
+    whose preallocation of 75% of the GPU's memory would starve the trainer's side, and on cuda a client
+    that allocates as it goes (XLA_PYTHON_CLIENT_PREALLOCATE=false, unless set). Then the oracle's
+    arrays and programs go to that device (`jax_default_device`). One line where JAX has no such
+    backend. Returns the device, in words."""
+    import os
+
+    import jax
+
+    if name not in ("cpu", "cuda"):
+        raise InputError(f"--oracle-device: expected cpu or cuda, got {name!r}")
+    if name == "cuda":
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    before = jax.config.jax_platforms
+    if not os.environ.get("JAX_PLATFORMS"):
+        jax.config.update("jax_platforms", "cpu" if name == "cpu" else "cuda,cpu")
+    try:
+        dev = jax.devices("cpu" if name == "cpu" else "gpu")[0]
+    except RuntimeError as e:
+        jax.config.update("jax_platforms", before)  # the process goes on as it was (tests run the CLI in-process)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"--oracle-device {name}: JAX has no {name} backend here ({first})") from None
+    jax.config.update("jax_default_device", dev)
+    _ORACLE_DEVICE[0] = name
+    return f"{name} ({dev.device_kind})"
+
+
+def oracle_device() -> str:
+    return _ORACLE_DEVICE[0]
+
+
 @functools.lru_cache(maxsize=4)
 def _torch_model(model: str, dtype: str, where: str):
     import torchtrain

@@ -80,6 +80,8 @@ def test_a_failing_case_exits_1_and_names_the_layer(tmp_path, capsys):
     (["--policies", "bf17"], "unknown dtype policy 'bf17'"),
     (["--seq-len", "3"], "at least 8"),
     (["--model", "random:gpt5"], "unknown random preset"),
+    (["--oracle-device", "tpu"], "--oracle-device: expected cpu or cuda"),
+    (["--stack", "hf", "--oracle-device", "cuda"], "--oracle-device apply to --stack torch"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, args, message):
     rc = _run(["parity", "--model", "random:llama", "--out", str(tmp_path / "p"), "--no-progress", *args])
@@ -120,6 +122,7 @@ def test_parity_grads_adds_gradient_cases_and_plots(tmp_path, capsys):
     print(printed)
     assert rc == 0 and "Gradients and AdamW steps: 1/1 pass" in printed
     report = json.loads((out / "parity.json").read_text())
+    assert report["device"] == "cpu" and report["oracle_device"].startswith("cpu")  # where each side ran
     (g,) = report["grad_cases"]
     assert g["pass"] and g["steps"] == 3 and report["pass"]
     names = [r["param"] for r in g["grads"]["params"]]

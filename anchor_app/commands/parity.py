@@ -59,7 +59,11 @@ def parity(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the document lengths and the interleaving.")] = 0,
     device: Annotated[str, typer.Option(
         "--device", help="Where the trainer's side runs: cpu, or cuda (the real kernels: varlen's FlashAttention-2, "
-                         "flex with its backward, flash_varlen); the oracle runs where JAX runs.")] = "cpu",
+                         "flex with its backward, flash_varlen).")] = "cpu",
+    oracle_device: Annotated[str, typer.Option(
+        "--oracle-device", help="Where the oracle (jaxref) runs: cpu (its fused CPU kernels, the tested path) or "
+                                "cuda (JAX's CUDA backend, for long windows; it compiles each program for the "
+                                "GPU).")] = "cpu",
     grads: Annotated[bool, typer.Option(
         "--grads/--no-grads", help="Also compare each case's gradients and the parameters after 1 and 3 AdamW steps, "
                                    "per parameter (a per-parameter error plot per case).")] = False,
@@ -72,8 +76,6 @@ def parity(
     exits 1 when a case fails. --stack hf: stock transformers or your --attention function, per variant
     (parity_tests.hf_stack); exits 1 where one does not compute the variant asked or fails the bf16 rule."""
     from parity_tests.cases import LAYOUTS, VARIANTS
-    from parity_tests.report import render_markdown, write_report
-    from parity_tests.suite import build_cases, run_parity
 
     from anchor.errors import InputError
 
@@ -84,8 +86,9 @@ def parity(
     if stack not in ("torch", "hf"):
         raise InputError(f"--stack: expected torch or hf, got {stack!r}")
     if stack == "hf":
-        if device != "cpu":
-            raise InputError("--device applies to --stack torch (the --stack hf runners run on the CPU)")
+        if device != "cpu" or oracle_device != "cpu":
+            raise InputError("--device and --oracle-device apply to --stack torch "
+                             "(the --stack hf runners run on the CPU)")
         _refuse({"--engines": engines, "--layouts": layouts, "--grads": grads},
                 "applies to --stack torch (--stack hf holds transformers' own attention)")
         return _parity_hf(out, model, variant_list, policies, seq_len, seed, attn_implementation, attention,
@@ -98,7 +101,7 @@ def parity(
     if bad:
         raise InputError(f"--layouts: unknown layout {bad[0]!r} (known: {', '.join(LAYOUTS)})")
     from anchor.limits import check_seed
-    from anchor.outdir import guard_out, out_lock
+    from anchor.outdir import guard_out
 
     check_seed(seed)
     policy_list = _split(policies, "--policies")
@@ -106,9 +109,22 @@ def parity(
                     inputs=(model, *[p for p in policy_list if p.endswith((".yaml", ".yml"))]))
     _checked_length(model, seq_len)
     engine_list = _split(engines, "--engines")
-    from parity_tests.runners import use_device
+    return _parity_torch(out, model, variant_list, layout_list, policy_list, engine_list, seq_len, seed, device,
+                         oracle_device, grads, progress)
+
+
+def _parity_torch(out: Path, model: str, variant_list: list[str], layout_list: list[str], policy_list: list[str],
+                  engine_list: list[str], seq_len: int, seed: int, device: str, oracle_device: str, grads: bool,
+                  progress: bool) -> int:
+    """`anchor parity --stack torch` once its options are checked: the devices, then the cases, then the report."""
+    from anchor.errors import InputError
+    from anchor.outdir import out_lock
+    from parity_tests.report import render_markdown, write_report
+    from parity_tests.runners import use_device, use_oracle_device
+    from parity_tests.suite import build_cases, run_parity
 
     use_device(device)
+    oracle_where = use_oracle_device(oracle_device)
     if grads:
         if "flex" in engine_list and device != "cuda":
             raise InputError("--grads: engine 'flex' has no backward on the CPU (FlexAttention limitation); "
@@ -119,6 +135,7 @@ def parity(
         result = run_parity(cases, progress=progress, grads=grads)
         result["model"] = model
         result["device"] = device
+        result["oracle_device"] = oracle_where
         path = write_report(result, out)
     typer.echo(render_markdown(result))
     typer.echo(f"wrote {path / 'parity.json'}, {path / 'index.html'}, {path / 'summary.md'}")

@@ -1,6 +1,6 @@
 """`anchor parity --device` (issue 28 item 2, the CPU side): the trainer's side of the parity cases runs on
 the device named; without CUDA, `--device cuda` is one line and exit 2 before any work; `--device cpu` is
-the suite as before, recorded in parity.json."""
+the suite as before, recorded in parity.json. `--oracle-device` likewise for jaxref (JAX's backends)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,29 @@ def test_device_cpu_runs_and_is_recorded(tmp_path, capsys):
     assert code == 0, err
     result = json.loads((out / "parity.json").read_text())
     assert result["device"] == "cpu" and result["pass"]
+    assert result["oracle_device"].startswith("cpu")  # the default: jaxref on the CPU, its fused kernels
+
+
+def _jax_gpu() -> bool:
+    import jax
+
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:
+        return False
+
+
+@pytest.mark.skipif(_jax_gpu(), reason="JAX has a GPU here: --oracle-device cuda runs")
+def test_oracle_device_cuda_without_a_jax_gpu_is_one_line(tmp_path, capsys):
+    import jax
+
+    before = jax.config.jax_platforms
+    out = tmp_path / "p"
+    code, _, err = run_cli(["parity", "--model", "random:llama", "--out", out, "--oracle-device", "cuda",
+                            "--variants", "anchor", "--policies", "fp32", "--engines", "varlen", "--no-progress"], capsys)
+    assert_usage_error(code, err, "parity", "--oracle-device cuda: JAX has no cuda backend here")
+    assert not out.exists()
+    assert jax.config.jax_platforms == before  # the process goes on with the backends it had
 
 
 def test_a_bad_device_name_is_one_line(tmp_path, capsys):
