@@ -23,6 +23,7 @@ import jax  # noqa: E402
 # fp64 is the oracle's truth; every array in jaxref is created with an explicit dtype.
 jax.config.update("jax_enable_x64", True)
 
+from jaxref.device import use_device  # noqa: E402
 from jaxref.loading import load_model, restore_params, save_params  # noqa: E402
 from jaxref.model import forward, params_from_state  # noqa: E402
 from jaxref.policy import PRESETS, STAGES, DtypePolicy, get_policy, parse_policies  # noqa: E402
@@ -32,5 +33,5 @@ from jaxref.variants import VARIANTS, Variant, attention_mask, positions  # noqa
 __all__ = [
     "PRESETS", "STAGES", "VARIANTS", "DtypePolicy", "Variant", "adamw", "attention_mask", "forward", "get_policy",
     "hf_state", "load_model", "params_from_state", "parse_policies", "positions", "restore_params", "save_params",
-    "value_and_grad",
+    "use_device", "value_and_grad",
 ]

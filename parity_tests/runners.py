@@ -114,33 +114,13 @@ _ORACLE_DEVICE = ["cpu"]  # where the oracle (jaxref) runs: `use_oracle_device`
 
 
 def use_oracle_device(name: str) -> str:
-    """Run the oracle on `name`: "cpu" (its fused CPU kernels; the path the suite tests) or "cuda" (JAX's
-    CUDA backend: the gradients at T = 8192 hold gigabytes a layer in fp64). Where JAX has not started
-    its backends yet, only that one starts (a JAX_PLATFORMS the user set stands): on cpu no GPU client,
-    whose preallocation of 75% of the GPU's memory would starve the trainer's side, and on cuda a client
-    that allocates as it goes (XLA_PYTHON_CLIENT_PREALLOCATE=false, unless set). Then the oracle's
-    arrays and programs go to that device (`jax_default_device`). One line where JAX has no such
-    backend. Returns the device, in words."""
-    import os
+    """Run the oracle on `name`, "cpu" or "cuda" (`jaxref.device.use_device`); one line naming
+    --oracle-device where it cannot. Returns the device, in words."""
+    from jaxref.device import use_device as jax_device
 
-    import jax
-
-    if name not in ("cpu", "cuda"):
-        raise InputError(f"--oracle-device: expected cpu or cuda, got {name!r}")
-    if name == "cuda":
-        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    before = jax.config.jax_platforms
-    if not os.environ.get("JAX_PLATFORMS"):
-        jax.config.update("jax_platforms", "cpu" if name == "cpu" else "cuda,cpu")
-    try:
-        dev = jax.devices("cpu" if name == "cpu" else "gpu")[0]
-    except RuntimeError as e:
-        jax.config.update("jax_platforms", before)  # the process goes on as it was (tests run the CLI in-process)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise InputError(f"--oracle-device {name}: JAX has no {name} backend here ({first})") from None
-    jax.config.update("jax_default_device", dev)
+    where = jax_device(name, option="--oracle-device")
     _ORACLE_DEVICE[0] = name
-    return f"{name} ({dev.device_kind})"
+    return where
 
 
 def oracle_device() -> str:

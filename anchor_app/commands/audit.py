@@ -56,6 +56,8 @@ def audit(
     ] = False,
     seed: Annotated[int, typer.Option("--seed", help="Seed of --random-init (and of random:<preset> weights).")] = 0,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
+    oracle_device: Annotated[str, typer.Option("--oracle-device", help="Where jaxref runs: cpu (its fused kernels, "
+                                               "the measured path) or cuda (JAX's CUDA backend).")] = "cpu",
     compile_cache: Annotated[bool, typer.Option(
         "--compile-cache/--no-compile-cache",
         help="Keep the compiled XLA programs on disk (in <cache>/jax, or $JAX_COMPILATION_CACHE_DIR), so that a "
@@ -85,6 +87,9 @@ def audit(
         policies = policies or "fp32,hf_bf16,fa2_bf16,paper_bf16"
         policy_files = [p.strip() for p in policies.split(",") if p.strip().endswith((".yaml", ".yml"))]
         out = guard_out(out, "audit", inputs=(data, model, *policy_files))
+        from jaxref.device import use_device
+
+        where = use_device(oracle_device, option="--oracle-device")
 
         from jaxref.audit import run_audit, write_audit
 
@@ -94,6 +99,7 @@ def audit(
             with out_lock(out, "audit"), _compile_cache(compile_cache):
                 result = audit_torch_stack(model, engine, dtype, data=data, quick=quick, progress=progress, seq_len=seq_len,
                                            num_seqs=num_seqs, max_len=max_len, length_seqs=length_seqs, seed=seed)
+                result["oracle_device"] = where
                 path = write_audit(result, out)
             comp = result["comparison"]
             typer.echo(f"{comp['torch']} against oracle {comp['oracle']}: D differs by at most {comp['max_rel_diff']:.1%} "
@@ -108,6 +114,7 @@ def audit(
             overrides["budget"] = budget if budget is not None else True
         with out_lock(out, "audit"), _compile_cache(compile_cache):
             result = run_audit(model, policies, data=data, quick=quick, progress=progress, **overrides)
+            result["oracle_device"] = where
             path = write_audit(result, out)
         typer.echo(f"wrote {path / 'audit.json'}, {path / 'report.md'} ({result['runtime_s']:.0f} s)")
 

@@ -51,6 +51,7 @@ def test_quick_audit_writes_everything(tmp_path, jsonl, capsys):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folder left
     report = (out / "report.md").read_text()
     assert "holds" in report and "Shift curve" in report
+    assert res["oracle_device"].startswith("cpu")  # --oracle-device's default: jaxref on the CPU
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -61,6 +62,7 @@ def test_quick_audit_writes_everything(tmp_path, jsonl, capsys):
     (["--model", "random:nope"], "unknown random preset"),
     (["--model", "random:llama", "--data", "EMPTY"], "no non-empty"),
     (["--model", "random:llama", "--data", "/no/such.jsonl"], "no such file"),
+    (["--model", "random:llama", "--oracle-device", "tpu"], "--oracle-device: expected cpu or cuda, got 'tpu'"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, needle):
     empty = tmp_path / "empty.jsonl"
