@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -29,6 +30,35 @@ def test_plain_batches_mask_within_documents_at_the_window_shape():
     labels = batch["labels"][0].tolist()
     assert [i for i, x in enumerate(labels) if x == -100] == starts + [15, 16]  # no target across a boundary or in padding
     assert all(labels[i] == tokens[i] for i in range(17) if labels[i] != -100)
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "flex_attention"])
+def test_the_plain_loop_computes_the_intra_document_loss(implementation):
+    """What the plain loop trains is the intra-document mask: stock transformers on the collated window
+    gives the loss of each document run alone (fp32, random:llama, T = 515 with padding)."""
+    import torch
+    from transformers import DataCollatorWithFlattening
+
+    from anchor.weights import load_weights
+    from parity_tests.hf_stack import stock_model
+
+    spec, state = load_weights("random:llama")
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(3, spec.vocab_size, 515)
+    doc_ids = np.concatenate([[0], np.repeat([1, 2, 3], [200, 150, 100]), -np.ones(64, int)])
+    features = documents(tokens, doc_ids)
+    batch = DataCollatorWithFlattening(return_position_ids=True, separator_id=-100)(features)
+    eager = stock_model(spec, state, "float32")
+    total, count = 0.0, 0
+    with torch.no_grad():
+        packed = float(stock_model(spec, state, "float32", attn_implementation=implementation)(**batch).loss)
+        for f in features:
+            labels = torch.tensor([f["labels"]])
+            n = int((labels[0, 1:] != -100).sum())
+            if n:
+                total += float(eager(input_ids=torch.tensor([f["input_ids"]]), labels=labels).loss) * n
+                count += n
+    assert abs(packed - total / count) <= 1e-5 * abs(packed)
 
 
 def test_dry_run_writes_rows_and_ratios(tmp_path):
