@@ -15,8 +15,9 @@ The same model (its real weights), the same packed windows in the same order, bf
 (b) `anchor train` (torchtrain on DeepSpeed ZeRO-1 bf16, fp32 master weights) with each variant/engine of
     `--runs`, its step times read from the run's metrics.jsonl (the step alone, checkpoints excluded).
 
-Per configuration, over `--rounds` rounds (each configuration in turn, then again): the median step time
-after each run's `--warmup` steps (flex compiles on its first), window slots
+Per configuration, over `--rounds` rounds (each configuration in turn, then again): the median and the mean
+step time after each run's `--warmup` steps (flex compiles on its first; on the H100 each anchor train run's
+last step took 3-6x its median, not explained, so the two can differ), the last step over the median, window slots
 per second, the CUDA peak memory, and the MFU: the useful FLOPs of the mask it computes
 (anchor_app/bench/flops.py: 6 P per token for the matmuls, attention over the mask's pairs, forward and
 backward) over the step time and the GPU's dense bf16 peak. Ratios against the plain loop are taken
@@ -158,8 +159,10 @@ def row(label: str, rounds: list[list[float]], peaks: list[float | None], wall: 
     med = statistics.median(kept)
     n = max(len(times) for times in rounds)
     flops = statistics.mean(flops_per_step[warmup:n] or flops_per_step[:n])
+    mean = statistics.mean(kept)
     out = {"config": label, "step_s": rounds if len(rounds) > 1 else rounds[0], "median_step_s": med,
-           "tokens_per_s": seq_len / med, "model_flops_per_step": flops, "tflop_s": flops / med / 1e12,
+           "mean_step_s": mean, "tokens_per_s": seq_len / med, "tokens_per_s_mean": seq_len / mean,
+           "last_step_over_median": statistics.mean(times[-1] for times in rounds) / med, "model_flops_per_step": flops, "tflop_s": flops / med / 1e12,
            "mfu": flops / med / peak_flop_s if peak_flop_s else None,
            "peak_memory_gib": max(peaks) if peaks and peaks[0] is not None else None, "wall_s": wall}
     print(f"  {label}: median {med:.3f} s/step, {seq_len / med:,.0f} tok/s, {out['tflop_s']:.1f} TFLOP/s"
@@ -205,7 +208,9 @@ def measure_all(configs: list[tuple[str, Any, list[float]]], rounds: int, peak_f
 
 
 def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Tokens/s of each anchor train row over each plain row of the same length, and anchor's step over full's."""
+    """Tokens/s of each anchor train row over each plain row of the same length, by median step and by mean
+    step (a run whose steps are not alike, e.g. a slow last one, moves the two apart), and anchor's step over
+    full's."""
     ok = {r["config"]: r for r in rows if "error" not in r and "skipped" not in r}
     out: dict[str, Any] = {}
     plain = {k: r for k, r in ok.items() if k.startswith("plain/")}
@@ -213,6 +218,7 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
         if k.startswith("train/"):
             for p, pr in plain.items():
                 out[f"{k} over {p}"] = r["tokens_per_s"] / pr["tokens_per_s"]
+                out[f"{k} over {p} (means)"] = r["tokens_per_s_mean"] / pr["tokens_per_s_mean"]
     for engine in ("varlen", "flex"):
         full, anch = ok.get(f"train/full/{engine}"), ok.get(f"train/anchor/{engine}")
         if full and anch:

@@ -79,6 +79,11 @@ def test_dry_run_writes_rows_and_ratios(tmp_path):
         assert r["median_step_s"] == (r["step_s"][0][1] + r["step_s"][1][1]) / 2  # each round's warm-up left out
         assert r["tokens_per_s"] == 97 / r["median_step_s"] and r["mfu"] is None  # no GPU peak on a CPU
         assert r["model_flops_per_step"] > 0
-    ratio = result["lengths"]["97"]["ratios"]["train/intra_doc/varlen over plain/sdpa"]
-    assert ratio == rows["train/intra_doc/varlen"]["tokens_per_s"] / rows["plain/sdpa"]["tokens_per_s"]
+        assert r["mean_step_s"] == pytest.approx(r["median_step_s"], rel=1e-12)  # two kept steps: mean = median
+        assert r["last_step_over_median"] == pytest.approx(
+            (r["step_s"][0][1] + r["step_s"][1][1]) / 2 / r["median_step_s"], rel=1e-12)
+    ratios = result["lengths"]["97"]["ratios"]
+    train, plain = rows["train/intra_doc/varlen"], rows["plain/sdpa"]
+    assert ratios["train/intra_doc/varlen over plain/sdpa"] == train["tokens_per_s"] / plain["tokens_per_s"]
+    assert ratios["train/intra_doc/varlen over plain/sdpa (means)"] == train["tokens_per_s_mean"] / plain["tokens_per_s_mean"]
     assert result["machine"] and result["peak_bf16_flop_s"] is None
