@@ -23,7 +23,7 @@
 #   2 (carry manifest, part-001)        gpu_parity.sh R join
 #   3 (carry manifest, part-002)        gpu_parity.sh R join; LIMIT=300 gpu_parity.sh R wait; T=1025 ORACLE=cpu gpu_parity.sh R parity
 #   4                                   T=8192 gpu_parity.sh R parity   (the oracle on CUDA, if the smoke passed there)
-#   5                                   gpu_parity.sh R audit; TRAIN_ARGS="--rounds 2" gpu_parity.sh R train
+#   5                                   gpu_parity.sh R audit; TRAIN_ARGS="--steps 12 --rounds 2" gpu_parity.sh R train
 # Device time is counted from the first call to the machine's return (about 30 minutes a session, its start
 # included): the first lent H100 spent 25 minutes on steps 1-3 and the audit at 512 and the train step.
 # Results under OUT: weights.txt (the joined file's sha256 and the GPU), parity_$T/, audit_{varlen,flex}_{512,4096}/,
