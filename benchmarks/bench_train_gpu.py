@@ -43,6 +43,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_train import anchor_steps  # noqa: E402  (anchor train's step seconds, from its metrics.jsonl)
 
 # Dense bf16 tensor-core peaks (NVIDIA's data sheets, without sparsity), by a word of the device name.
 PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
@@ -114,16 +117,7 @@ def plain_steps(cfg, spec, state, data, implementation: str, steps: int) -> list
     return times
 
 
-def anchor_steps(cfg, run: Path) -> list[float]:
-    """Seconds per optimizer step of `anchor train` (its metrics.jsonl: the step alone)."""
-    from torchtrain.trainer import train
-
-    train(cfg, run, progress=False)
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [cfg.global_batch * cfg.seq_len / r["tokens_per_s"] for r in rows]
-
-
-def window_pairs(data, cfg, steps: int, variant: str) -> int:
+def window_pairs(data, cfg, steps: int, variant: str) -> list[int]:
     """Allowed pairs of `variant`'s mask summed over the first `steps` windows the runs train on."""
     import numpy as np
 

@@ -68,7 +68,7 @@ parity)
 audit)
   weights
   for E in varlen flex; do for L in 512 4096; do
-    JAX_PLATFORMS=cpu timeout 140 python3 -m anchor audit --stack torch --engine $E --dtype bfloat16 --model default \
+    timeout 140 python3 -m anchor audit --stack torch --engine $E --dtype bfloat16 --model default \
       --seq-len $L --no-progress --out "$OUT/audit_${E}_$L" 2>&1 | tail -8
   done; done ;;
 tests)

@@ -94,8 +94,9 @@ _DEVICE = ["cpu"]  # where the trainer's side runs: `use_device`
 
 
 def use_device(name: str) -> str:
-    """Run the trainer's side of the parity cases on `name` ("cpu" or "cuda"; the oracle stays where JAX
-    runs): one line where the device is not here. Returns the name."""
+    """Run the trainer's side of the parity cases on `name` ("cpu" or "cuda"; the oracle runs where
+    jaxref.device.use_device put it, `anchor parity --oracle-device`): one line where the device is not here.
+    Returns the name."""
     import torch
 
     if name not in ("cpu", "cuda"):
@@ -108,23 +109,6 @@ def use_device(name: str) -> str:
 
 def device() -> str:
     return _DEVICE[0]
-
-
-_ORACLE_DEVICE = ["cpu"]  # where the oracle (jaxref) runs: `use_oracle_device`
-
-
-def use_oracle_device(name: str) -> str:
-    """Run the oracle on `name`, "cpu" or "cuda" (`jaxref.device.use_device`); one line naming
-    --oracle-device where it cannot. Returns the device, in words."""
-    from jaxref.device import use_device as jax_device
-
-    where = jax_device(name, option="--oracle-device")
-    _ORACLE_DEVICE[0] = name
-    return where
-
-
-def oracle_device() -> str:
-    return _ORACLE_DEVICE[0]
 
 
 @functools.lru_cache(maxsize=4)

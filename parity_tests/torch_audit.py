@@ -31,14 +31,13 @@ from jaxref.audit import metrics
 from parity_tests.emulations import EMULATIONS, emulation
 
 ORACLE_POLICY: dict[str, str] = EMULATIONS  # the oracle policy whose arithmetic each engine follows
-BF16_LOGITS = ("eager",)
+BF16_LOGITS = ("eager",)  # engines whose stored logits are in the model's dtype
 
 
 def oracle_policy(engine: str, dtype: str, device: str) -> str:
     """The oracle policy the stack `engine` x `dtype` is audited beside on `device`: the engine's emulation
     in bf16 (parity_tests.emulations.emulation), fp32 in float32."""
     return emulation(engine, device) if dtype == "bfloat16" else "fp32"
-  # engines whose stored logits are in the model's dtype
 
 
 class _PairRecorder:
@@ -202,9 +201,10 @@ def audit_torch_stack(model: str = "default", engine: str = "eager", dtype: str 
         raise InputError("--engine flash_varlen runs on CUDA; on the CPU audit flash_varlen_emulated")
     settings, lengths, notes, spec, state, shift_w, length_w = audit_inputs(model, data=data, quick=quick, **overrides)
     name = stack_name(engine, dtype)
-    # the emulation of the kernel the model runs here: on CUDA where torch sees one (parity_tests.emulations:
-    # varlen and sdpa run other kernels there), else this CPU's (`sdpa_cpu_bf16` resolves by capability)
-    policy = get_policy(oracle_policy(engine, dtype, "cuda" if torch.cuda.is_available() else "cpu")) if oracle else None
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the stack as it trains: the GPU's kernels there
+    # the emulation of the kernel the model runs on that device (parity_tests.emulations: varlen and sdpa run
+    # other kernels on CUDA; on a CPU `sdpa_cpu_bf16` resolves by its capability)
+    policy = get_policy(oracle_policy(engine, dtype, device)) if oracle else None
     S = len(settings.shifts)
     per_call = max(1, min(S, shifts_per_call(spec, settings.seq_len, S)))
     calls = settings.num_seqs * math.ceil(S / per_call)
@@ -221,7 +221,6 @@ def audit_torch_stack(model: str = "default", engine: str = "eager", dtype: str 
         out["length_curve"][key] = lc
 
     try:
-        device = "cuda" if torch.cuda.is_available() else "cpu"  # the stack as it trains: the GPU's kernels there
         torch_model = torchtrain.model_from_weights(spec, state, engine, dtype).eval().to(device)
         bar.describe(f"{name}: shift curve (T={settings.seq_len})")
         sc = shift_curve_torch(torch_model, shift_w, settings.shifts, settings.ref_shift, engine, per_call, bar.advance)

@@ -120,11 +120,12 @@ def _parity_torch(out: Path, model: str, variant_list: list[str], layout_list: l
     from anchor.errors import InputError
     from anchor.outdir import out_lock
     from parity_tests.report import render_markdown, write_report
-    from parity_tests.runners import use_device, use_oracle_device
+    from jaxref.device import use_device as use_oracle_device
+    from parity_tests.runners import use_device
     from parity_tests.suite import build_cases, run_parity
 
     use_device(device)
-    oracle_where = use_oracle_device(oracle_device)
+    oracle_where = use_oracle_device(oracle_device, option="--oracle-device")
     if grads:
         if "flex" in engine_list and device != "cuda":
             raise InputError("--grads: engine 'flex' has no backward on the CPU (FlexAttention limitation); "
