@@ -68,8 +68,9 @@ def peak_flops() -> tuple[float | None, str]:
 def documents(tokens, doc_ids) -> list[dict[str, list[int]]]:
     """One window as DataCollatorWithFlattening's features: its documents (runs of equal non-negative
     doc_ids), then its padding slots as one more sequence whose labels are all -100. The collated batch
-    keeps the window's T slots: FlexAttention compiles for one shape (a new length each step recompiled
-    it, and the plain flex loop did not finish 6 steps at 16K on the H100 in 4.5 minutes)."""
+    keeps the window's T slots, so FlexAttention compiles for one shape (fed without its padding, a new
+    length each step: the likely reason the plain flex loop did not finish 6 steps at 16K on the H100 in
+    4.5 minutes)."""
     import numpy as np
 
     keep = doc_ids >= 0
