@@ -27,11 +27,12 @@ from jaxref.device import use_device  # noqa: E402
 from jaxref.loading import load_model, restore_params, save_params  # noqa: E402
 from jaxref.model import forward, params_from_state  # noqa: E402
 from jaxref.policy import PRESETS, STAGES, DtypePolicy, get_policy, parse_policies  # noqa: E402
-from jaxref.train import adamw, hf_state, value_and_grad  # noqa: E402
+from jaxref.train import adamw, hf_state, optimizer_step, value_and_grad  # noqa: E402
 from jaxref.variants import VARIANTS, Variant, attention_mask, positions  # noqa: E402
 
 __all__ = [
     "PRESETS", "STAGES", "VARIANTS", "DtypePolicy", "Variant", "adamw", "attention_mask", "forward", "get_policy",
-    "hf_state", "load_model", "params_from_state", "parse_policies", "positions", "restore_params", "save_params",
+    "hf_state", "load_model", "optimizer_step", "params_from_state", "parse_policies", "positions", "restore_params",
+    "save_params",
     "use_device", "value_and_grad",
 ]

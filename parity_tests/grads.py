@@ -32,8 +32,10 @@ shows there first and every parameter behind it inherits the error.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,7 +179,6 @@ def oracle_training(case: Case, inputs: CaseInputs, policy: str, steps: int,
     if key in _ORACLE_CACHE:
         return _ORACLE_CACHE[key]
     import jax.numpy as jnp
-    import optax
 
     import jaxref
     from jaxref.model import params_from_state
@@ -189,8 +190,8 @@ def oracle_training(case: Case, inputs: CaseInputs, policy: str, steps: int,
     # them (DeepSpeed's bf16 optimizer; torch_training): so do the emulation's.
     start = pol.dtype("param")
     state = {n: np.asarray(jnp.asarray(v).astype(start).astype(master)) for n, v in jaxref.hf_state(params, spec).items()}
-    tx = jaxref.adamw(opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay, no_decay=opt.no_decay)
-    opt_state = tx.init(state)
+    init, update = _adamw(opt)
+    opt_state = init(state)
     # kept in their own dtype (fp64 truth, fp32 masters): a SmolLM2 case holds several copies of 135M parameters
     out: dict[str, Any] = {"loss": [], "params": {0: state}}
     for step in range(1, steps + 1):
@@ -201,9 +202,8 @@ def oracle_training(case: Case, inputs: CaseInputs, policy: str, steps: int,
         grads = {n: np.asarray(g, dtype=master) for n, g in grads.items()}
         if step == 1:
             out["grads"] = grads
-        updates, opt_state = tx.update(grads, opt_state, state)
-        state = {n: np.asarray(v) for n, v in optax.apply_updates(state, updates).items()}
-        del updates
+        state, opt_state = update(grads, opt_state, state)
+        state = {n: np.asarray(v) for n, v in state.items()}
         out["params"][step] = state
     while len(_ORACLE_CACHE) >= 2:  # a SmolLM2 entry holds several copies of its parameters
         _ORACLE_CACHE.pop(next(iter(_ORACLE_CACHE)))
@@ -211,21 +211,29 @@ def oracle_training(case: Case, inputs: CaseInputs, policy: str, steps: int,
     return out
 
 
-def replay_steps(test: dict[str, Any], opt: Optimizer = OPTIMIZER) -> dict[int, State]:
-    """The oracle's AdamW (`jaxref.adamw`, in float32) fed the trainer's own gradients of each step,
-    from the trainer's starting parameters: what the trainer's optimizer should have produced.
-    Returns {k: {name: float32 array}} for k = 1 … steps."""
-    import optax
+@functools.lru_cache(maxsize=4)
+def _adamw(opt: Optimizer) -> tuple[Callable, Callable]:
+    """(init, step) of `opt` as `jaxref.adamw`, each one compiled program (`jaxref.optimizer_step`),
+    kept for the run: one compile per model and dtype instead of one per operation and shape."""
+    import jax
 
     import jaxref
 
     tx = jaxref.adamw(opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay, no_decay=opt.no_decay)
+    return jax.jit(tx.init), jaxref.optimizer_step(tx)
+
+
+def replay_steps(test: dict[str, Any], opt: Optimizer = OPTIMIZER) -> dict[int, State]:
+    """The oracle's AdamW (`jaxref.adamw`, in float32) fed the trainer's own gradients of each step,
+    from the trainer's starting parameters: what the trainer's optimizer should have produced.
+    Returns {k: {name: float32 array}} for k = 1 … steps."""
+    init, update = _adamw(opt)
     state = {n: v.astype(np.float32) for n, v in test["params"][0].items()}
-    opt_state = tx.init(state)
+    opt_state = init(state)
     out = {}
     for k, grads in enumerate(test["step_grads"], start=1):
-        updates, opt_state = tx.update(grads, opt_state, state)
-        state = {n: np.asarray(v) for n, v in optax.apply_updates(state, updates).items()}
+        state, opt_state = update(grads, opt_state, state)
+        state = {n: np.asarray(v) for n, v in state.items()}
         out[k] = state
     return out
 
