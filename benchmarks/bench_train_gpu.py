@@ -2,7 +2,7 @@
 
     python benchmarks/bench_train_gpu.py [--model default] [--seq-len 16384,32768] [--steps 8] [--warmup 2]
         [--rounds 1] [--plain sdpa,flex_attention] [--runs full/varlen,intra_doc/varlen,anchor/varlen,intra_doc/flex,anchor/flex]
-        [--out benchmarks/results/train_gpu.json]
+        [--phases] [--out benchmarks/results/train_gpu.json]
 
 The same model (its real weights), the same packed windows in the same order, bf16, one window a step:
 
@@ -24,6 +24,11 @@ backward) over the step time and the GPU's dense bf16 peak. Ratios against the p
 within this one run, at each length. The RoPE base is raised to `--rope-theta` (5e5, the paper-gpu
 profile's) so the model accepts windows past its 8192 positions.
 
+`--phases` also times each anchor train step's parts (the loader, the forward with the fused loss,
+DeepSpeed's backward, DeepSpeed's optimizer step), the device synchronized before and after each: to find
+where a slow step spends its time. The synchronizations cost the overlap of host and device, so a run with
+`--phases` measures where the time goes, not the throughput.
+
 On a CPU the script dry-runs (tiny sizes, `--model random:llama`): the flex configurations are left out
 with the reason (FlexAttention has no CPU backward) and no MFU is given. A configuration that fails (out
 of memory, say) is recorded with its error and the others go on; the JSON is rewritten after each one.
@@ -32,6 +37,8 @@ of memory, say) is recorded with its error and the others go on; the JSON is rew
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import gc
 import json
 import statistics
@@ -40,6 +47,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -127,6 +135,51 @@ def window_pairs(data, cfg, steps: int, variant: str) -> list[int]:
 
     loader = Loader(data, batch_size=1, variant=variant, seed=cfg.seed)
     return [int(np.sum(pairs(next(loader).doc_ids, variant))) for _ in range(steps)]
+
+
+PHASES = ("loader", "forward", "backward", "optimizer")
+
+
+@contextlib.contextmanager
+def phase_timing(steps: list[dict[str, float]]) -> Iterator[None]:
+    """While open, each anchor train step appends {phase: seconds} to `steps`: PHASES, and "train_step"
+    (the whole `_train_step`, the loader excluded, as the trainer's own step time includes it), the device
+    synchronized around each part. Patches the trainer's module functions and the classes' methods the
+    training loop calls, and puts them back on exit."""
+    import deepspeed
+    import torch
+
+    import torchtrain.trainer as trainer
+    from anchor.data.packed import Loader
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    current: dict[str, float] = {}
+
+    def timing(name: str, fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            sync()
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                sync()
+                current[name] = current.get(name, 0.0) + time.perf_counter() - t0
+                if name == "train_step":
+                    steps.append({k: current.pop(k, 0.0) for k in (*PHASES, "train_step")})
+        return wrapper
+
+    engine = deepspeed.runtime.engine.DeepSpeedEngine
+    patches = [(trainer, "_train_step", "train_step"), (trainer, "_micro_batch_loss", "forward"),
+               (Loader, "__next__", "loader"), (engine, "backward", "backward"), (engine, "step", "optimizer")]
+    saved = [(owner, attr, owner.__dict__[attr]) for owner, attr, _ in patches]
+    try:
+        for owner, attr, name in patches:
+            setattr(owner, attr, timing(name, getattr(owner, attr)))
+        yield
+    finally:
+        for owner, attr, fn in saved:
+            setattr(owner, attr, fn)
 
 
 def timed(fn) -> tuple[list[float], float | None]:
@@ -233,6 +286,7 @@ def main() -> None:
     ap.add_argument("--runs", default=",".join(RUNS), help="variant/engine pairs of anchor train")
     ap.add_argument("--rope-theta", type=float, default=5e5)
     ap.add_argument("--config", default="configs/train/smollm2_2k.yaml", help="the base of the train config")
+    ap.add_argument("--phases", action="store_true", help="time each anchor train step's parts, synchronized (slower)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "train_gpu.json"))
     args = ap.parse_args()
 
@@ -256,7 +310,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "benchmark": "anchor train vs a plain transformers loop (DataCollatorWithFlattening, torch AdamW), bf16, one GPU",
         "model": args.model, "rope_theta": args.rope_theta, "steps": args.steps, "warmup": args.warmup,
-        "rounds": args.rounds,
+        "rounds": args.rounds, "phases": "each part synchronized (PHASES)" if args.phases else None,
         "peak_bf16_flop_s": peak, "peak_note": peak_note, "machine": machine(),
         "gpu": torch.cuda.get_device_name() if cuda else None, "torch": torch.__version__,
         "mfu_flops": "useful FLOPs of the mask computed: 6 P per token + attention over the mask's pairs (fwd+bwd)",
@@ -280,6 +334,7 @@ def main() -> None:
             flops = {v: [step_flops(spec, n, T)["total"] for n in window_pairs(data, cfg, args.steps, v)]
                      for v in ("full", "intra_doc", "anchor")}
             rows, configs = [], []
+            phases: dict[str, list[list[dict[str, float]]]] = {}
             for impl in plain_list:
                 label = f"plain/{impl}"
                 if impl == "flex_attention" and not cuda:
@@ -293,9 +348,21 @@ def main() -> None:
                     rows.append({"config": label, "skipped": "FlexAttention has no CPU backward"})
                     continue
                 run_cfg = cfg.replace(variant=variant, engine=engine)
-                configs.append((label, lambda r, k=k, run_cfg=run_cfg: anchor_steps(run_cfg, Path(tmp) / f"run-{k}-{r}"),
-                                flops["intra_doc" if variant == "intra_doc_reset" else variant]))
+
+                def run(r, k=k, run_cfg=run_cfg, label=label):
+                    if not args.phases:
+                        return anchor_steps(run_cfg, Path(tmp) / f"run-{k}-{r}")
+                    phases.setdefault(label, []).append([])
+                    with phase_timing(phases[label][-1]):
+                        return anchor_steps(run_cfg, Path(tmp) / f"run-{k}-{r}")
+
+                configs.append((label, run, flops["intra_doc" if variant == "intra_doc_reset" else variant]))
             rows = measure_all(configs, args.rounds, peak, args.warmup, T) + rows
+            for r in rows:
+                if all(phases.get(r["config"], [[]])):  # every round timed its steps
+                    r["phases"] = phases[r["config"]]
+                    last = {k: statistics.mean(p[-1][k] for p in r["phases"]) for k in (*PHASES, "train_step")}
+                    print(f"  {r['config']} last step: " + ", ".join(f"{k} {v:.3f} s" for k, v in last.items()), flush=True)
             result["lengths"][str(T)] = {"windows": data.num_windows,
                                          "rows": rows, "ratios": ratios(rows)}
             result["seconds"] = time.perf_counter() - t_all

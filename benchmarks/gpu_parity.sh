@@ -15,6 +15,8 @@
 #   audit    anchor audit --stack torch on CUDA, varlen and flex at L=512 and 4096
 #   tests    pytest -m cuda
 #   train    benchmarks/bench_train_gpu.py (alone on the machine: it times steps)
+#   phases   where anchor train's steps spend their time (bench_train_gpu.py --phases, each part synchronized,
+#            intra_doc/varlen at 16K, 10 steps): on the first H100 each run's last step took 3-6x its median
 #   bg STEP  STEP in the background, outliving the call (the machine stays held while calls follow within 30 s)
 #   wait     until the background steps have ended (at most $LIMIT s)
 # A session's calls, each begun within 30 s of the last one's end (else the machine goes back, bare), R=/tmp/res,
@@ -24,12 +26,13 @@
 #   3 (carry manifest, part-002)        gpu_parity.sh R join; LIMIT=300 gpu_parity.sh R wait; T=1025 ORACLE=cpu gpu_parity.sh R parity
 #   4                                   T=8192 gpu_parity.sh R parity   (the oracle on CUDA, if the smoke passed there)
 #   5                                   gpu_parity.sh R audit; TRAIN_ARGS="--steps 12 --rounds 2" gpu_parity.sh R train
+#   6                                   gpu_parity.sh R phases
 # Device time is counted from the first call to the machine's return (about 30 minutes a session, its start
 # included): the first lent H100 spent 25 minutes on steps 1-3 and the audit at 512 and the train step.
 # Results under OUT: weights.txt (the joined file's sha256 and the GPU), parity_$T/, audit_{varlen,flex}_{512,4096}/,
-# cuda_tests.log, train_gpu.json; each step fits one 10-minute call.
+# cuda_tests.log, train_gpu.json, train_phases_gpu.json; each step fits one 10-minute call.
 set -o pipefail
-OUT=${1:?usage: gpu_parity.sh OUT [join|smoke|parity|audit|tests|train|bg STEP|wait]}
+OUT=${1:?usage: gpu_parity.sh OUT [join|smoke|parity|audit|tests|train|phases|bg STEP|wait]}
 STEP=${2:-parity}
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
 export JAX_DEFAULT_MATMUL_PRECISION=highest  # no TF32 for the oracle's fp32 products on the GPU
@@ -76,6 +79,10 @@ tests)
 train)
   weights
   JAX_PLATFORMS=cpu timeout ${LIMIT:-560} python3 benchmarks/bench_train_gpu.py --out "$OUT/train_gpu.json" ${TRAIN_ARGS:-} 2>&1 | tail -40 ;;
+phases)
+  weights
+  JAX_PLATFORMS=cpu timeout ${LIMIT:-300} python3 benchmarks/bench_train_gpu.py --seq-len 16384 --steps 10 --plain sdpa \
+    --runs intra_doc/varlen --phases --out "$OUT/train_phases_gpu.json" 2>&1 | tail -12 ;;
 bg)  # gpu_parity.sh OUT bg STEP: STEP in its own session (it outlives the device call), its pid in OUT/STEP.pid
   setsid nohup bash "$0" "$OUT" "${3:?bg needs a step}" > "$OUT/$3.out" 2>&1 < /dev/null &
   echo $! > "$OUT/$3.pid" ;;

@@ -62,11 +62,12 @@ def test_the_plain_loop_computes_the_intra_document_loss(implementation):
 
 
 def test_dry_run_writes_rows_and_ratios(tmp_path):
-    """Two rounds at T = 97: each configuration twice, in turn; flex rows left out with the reason on a CPU."""
+    """Two rounds at T = 97: each configuration twice, in turn; flex rows left out with the reason on a CPU;
+    with --phases, each anchor train step's parts, which the trainer's own step time contains."""
     out = tmp_path / "train_gpu.json"
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_train_gpu.py"), "--model", "random:llama",
                         "--seq-len", "97", "--steps", "2", "--warmup", "1", "--rounds", "2", "--plain", "sdpa,flex_attention",
-                        "--runs", "intra_doc/varlen,anchor/flex", "--out", str(out)],
+                        "--runs", "intra_doc/varlen,anchor/flex", "--phases", "--out", str(out)],
                        capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     result = json.loads(out.read_text())
@@ -82,6 +83,14 @@ def test_dry_run_writes_rows_and_ratios(tmp_path):
         assert r["mean_step_s"] == pytest.approx(r["median_step_s"], rel=1e-12)  # two kept steps: mean = median
         assert r["last_step_over_median"] == pytest.approx(
             (r["step_s"][0][1] + r["step_s"][1][1]) / 2 / r["median_step_s"], rel=1e-12)
+    train = rows["train/intra_doc/varlen"]
+    assert [len(p) for p in train["phases"]] == [2, 2] and "phases" not in rows["plain/sdpa"]
+    for times, phases in zip(train["step_s"], train["phases"]):
+        for t, p in zip(times, phases):
+            assert set(p) == {"loader", "forward", "backward", "optimizer", "train_step"}
+            assert all(v > 0 for v in p.values())
+            assert p["forward"] + p["backward"] + p["optimizer"] <= p["train_step"] < t  # parts of the step, then the loader's
+            assert p["train_step"] + p["loader"] <= t * 1.01  # the trainer's step time holds both (its clock is read outside)
     ratios = result["lengths"]["97"]["ratios"]
     train, plain = rows["train/intra_doc/varlen"], rows["plain/sdpa"]
     assert ratios["train/intra_doc/varlen over plain/sdpa"] == train["tokens_per_s"] / plain["tokens_per_s"]
