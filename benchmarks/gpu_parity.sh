@@ -24,12 +24,18 @@
 #   1 (carry .whl, manifest, part-000)  gpu_parity.sh R join; gpu_parity.sh R bg tests; LIMIT=240 gpu_parity.sh R smoke
 #   2 (carry manifest, part-001)        gpu_parity.sh R join
 #   3 (carry manifest, part-002)        gpu_parity.sh R join; LIMIT=300 gpu_parity.sh R wait; T=1025 ORACLE=cpu gpu_parity.sh R parity
-#   4                                   T=8192 gpu_parity.sh R parity   (the oracle on CUDA, if the smoke passed there)
-#   5                                   gpu_parity.sh R audit; TRAIN_ARGS="--steps 12 --rounds 2" gpu_parity.sh R train
-#   6                                   gpu_parity.sh R phases
+#   4                                   T=8192 GRADS= ORACLE=cpu gpu_parity.sh R parity   (forward only)
+#   5                                   T=8192 gpu_parity.sh R parity   (with gradients: the oracle on CUDA, if the smoke passed)
+#   6                                   gpu_parity.sh R audit; TRAIN_ARGS="--steps 12 --rounds 2" gpu_parity.sh R train
+#   7                                   gpu_parity.sh R phases
+# The oracle on the CPU at T=8192 (SmolLM2, measured on this project's 2 cores): a forward with taps 67 s in
+# fp64, 42 s in fa2_bf16 (a variant's forward cases: fp64 and 4 summation orders, ~4 minutes; the 16 cores
+# there, well under one call for the four); one fp64 gradient did not finish in 15 minutes (memory-bound on
+# [heads, T, T] fp64 scores, and a gradient case takes 3 steps in each of 2 policies): gradients at 8192
+# need the oracle on CUDA.
 # Device time is counted from the first call to the machine's return (about 30 minutes a session, its start
 # included): the first lent H100 spent 25 minutes on steps 1-3 and the audit at 512 and the train step.
-# Results under OUT: weights.txt (the joined file's sha256 and the GPU), parity_$T/, audit_{varlen,flex}_{512,4096}/,
+# Results under OUT: weights.txt (the joined file's sha256 and the GPU), parity_$T/ (parity_${T}_forward/ with GRADS=), audit_{varlen,flex}_{512,4096}/,
 # cuda_tests.log, train_gpu.json, train_phases_gpu.json; each step fits one 10-minute call.
 set -o pipefail
 OUT=${1:?usage: gpu_parity.sh OUT [join|smoke|parity|audit|tests|train|phases|bg STEP|wait]}
@@ -67,7 +73,7 @@ parity)
   T=${T:-1025}
   timeout ${LIMIT:-560} python3 -m anchor parity --model default --device cuda --oracle-device ${ORACLE:-cuda} \
     --engines varlen,flex --policies bf16 --variants full,intra_doc,intra_doc_reset,anchor --seq-len $T ${GRADS---grads} \
-    --no-progress --out "$OUT/parity_$T" 2>&1 | tail -40 ;;
+    --no-progress --out "$OUT/parity_$T${GRADS+_forward}" 2>&1 | tail -40 ;;
 audit)
   weights
   for E in varlen flex; do for L in 512 4096; do
