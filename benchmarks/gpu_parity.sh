@@ -33,6 +33,8 @@
 # there, well under one call for the four); one fp64 gradient did not finish in 15 minutes (memory-bound on
 # [heads, T, T] fp64 scores, and a gradient case takes 3 steps in each of 2 policies): gradients at 8192
 # need the oracle on CUDA.
+# A parity step stopped at its limit keeps the cases it finished (OUT/.parity_$T.parts); the same step in the
+# next call computes only the rest.
 # Device time is counted from the first call to the machine's return (about 30 minutes a session, its start
 # included): the first lent H100 spent 25 minutes on steps 1-3 and the audit at 512 and the train step.
 # Results under OUT: weights.txt (the joined file's sha256 and the GPU), parity_$T/ (parity_${T}_forward/ with GRADS=), audit_{varlen,flex}_{512,4096}/,

@@ -225,6 +225,10 @@ def render_markdown(result: dict[str, Any]) -> str:
     lines += ["", "`worst margin`: max over taps of error / tolerance (< 1 passes). `fidelity`: distance between the "
               "trainer in bf16 and the oracle's emulation of the same stack, over the larger of their distances to fp64.",
               f"", f"Total {result['runtime_s']:.0f} s."]
+    if result.get("reused"):
+        r = result["reused"]
+        lines[-1] += (f" {r['cases']} case(s) and {r['grad_cases']} gradient case(s) were finished by a killed run "
+                      f"with the same settings and taken from what it kept ({r['seconds']:.0f} s of its time).")
     return "\n".join(lines) + "\n"
 
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from anchor.errors import InputError
+from anchor.parts import Parts, normal
 from anchor.progress import ProgressBar
 from parity_tests.cases import BF16, Case, case_inputs
 from parity_tests.core import RULE, Rule, compare, fidelity, judge
@@ -101,11 +102,17 @@ def build_cases(model: str, *, variants: Sequence[str], layouts: Sequence[str], 
             for p in policies for e in engines]
 
 
-def run_parity(cases: Iterable[Case], rule: Rule = RULE, *, progress: bool = False, grads: bool = False) -> dict[str, Any]:
+def run_parity(cases: Iterable[Case], rule: Rule = RULE, *, progress: bool = False, grads: bool = False,
+               parts: Parts | None = None, key: Any = None) -> dict[str, Any]:
     """Run every case (grouped by inputs, so the oracle runs once per inputs and policy); with
     `grads`, also each case's gradients and AdamW steps (parity_tests.grads).
 
-    Returns {"cases": [...], "grad_cases": [...] (with grads), "pass": bool, "rule": ..., "runtime_s": ...}.
+    parts: where each finished case is kept (anchor.parts, `parts_dir(out)` from the CLI) and taken from
+      when a killed run with the same `key` (the run's settings; each part's key adds its case) finished
+      it: nothing finished is lost. Results are then in the form they read back in (`anchor.parts.normal`).
+
+    Returns {"cases": [...], "grad_cases": [...] (with grads), "pass": bool, "rule": ..., "runtime_s": ...,
+    and "reused": {"cases", "grad_cases", "seconds"} when parts of a killed run were taken}.
     """
     from parity_tests.grads import OPTIMIZER, run_grad_case, where_grads
 
@@ -113,19 +120,35 @@ def run_parity(cases: Iterable[Case], rule: Rule = RULE, *, progress: bool = Fal
     cases = sorted(cases, key=lambda c: (c.data_key, c.policy, c.engine))
     bar = ProgressBar("parity", len(cases) * (2 if grads else 1), progress)
     results, grad_results = [], []
+    reused = {"cases": 0, "grad_cases": 0, "seconds": 0.0}
+
+    def kept(kind: str, i: int, case: Case, run: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], str]:
+        """The case's result: a killed run's part, or run now (and kept); with a note for the bar."""
+        if parts is None:
+            return run(), ""
+        part_key = {"run": key, "case": dataclasses.asdict(case), "kind": kind}
+        done = parts.load(f"{kind}-{i}", part_key)
+        if done is not None:
+            reused[f"{kind}s"] += 1
+            reused["seconds"] += done["result"]["runtime_s"]
+            return done["result"], ", finished by a killed run"
+        r = normal(run())
+        parts.save(f"{kind}-{i}", {"key": part_key, "result": r})
+        return r, ""
+
     try:
-        for case in cases:
+        for i, case in enumerate(cases):
             bar.describe(case.id, log=False)
-            r = run_case(case, rule)
+            r, note = kept("case", i, case, lambda case=case: run_case(case, rule))
             results.append(r)
             verdict = "pass" if r["pass"] else f"FAIL at {_where(r['first_divergence'])}"
-            bar.advance(1, f"{case.id}: {verdict} ({r['runtime_s']:.1f} s)")
+            bar.advance(1, f"{case.id}: {verdict} ({r['runtime_s']:.1f} s{note})")
             if grads:
                 bar.describe(f"{case.id} gradients", log=False)
-                g = run_grad_case(case, rule)
+                g, note = kept("grad_case", i, case, lambda case=case: run_grad_case(case, rule))
                 grad_results.append(g)
                 verdict = "pass" if g["pass"] else f"FAIL at {where_grads(g['first_divergence'])}"
-                bar.advance(1, f"{case.id} gradients and steps: {verdict} ({g['runtime_s']:.1f} s)")
+                bar.advance(1, f"{case.id} gradients and steps: {verdict} ({g['runtime_s']:.1f} s{note})")
     finally:
         bar.close()
     out: dict[str, Any] = {"cases": results}
@@ -140,6 +163,8 @@ def run_parity(cases: Iterable[Case], rule: Rule = RULE, *, progress: bool = Fal
         "machine": machine(),
         "runtime_s": round(time.perf_counter() - t0, 2),
     })
+    if reused["cases"] or reused["grad_cases"]:
+        out["reused"] = {**reused, "seconds": round(reused["seconds"], 2)}
     return out
 
 

@@ -139,3 +139,59 @@ def test_parity_grads_refuses_flex_on_cpu(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "no backward on the CPU" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "p").exists()
+
+
+def test_a_killed_parity_run_resumes_at_the_case_it_was_on(tmp_path, monkeypatch, capsys):
+    """Each finished case (forward and gradients) is kept beside --out (`.<name>.parts`) until the report is
+    published; a rerun with the same options computes only what the killed run had not finished and writes the
+    report an uninterrupted run writes; other options take nothing from the parts."""
+    from anchor.parts import parts_dir
+    from parity_tests import suite
+    from parity_tests.grads import run_grad_case
+
+    calls: dict[str, list[str]] = {"case": [], "grads": []}
+
+    def counting(kind: str, real, die_at: int | None):
+        def run(case, rule):
+            calls[kind].append(case.variant)
+            if len(calls[kind]) == die_at:
+                raise KeyboardInterrupt  # as Ctrl-C (or a device call's time limit) in the middle of a case
+            return real(case, rule)
+        return run
+
+    def patch(case_dies: int | None = None, grads_die: int | None = None) -> None:
+        calls["case"].clear()
+        calls["grads"].clear()
+        monkeypatch.setattr(suite, "run_case", counting("case", run_case_real, case_dies))
+        monkeypatch.setattr("parity_tests.grads.run_grad_case", counting("grads", run_grad_case, grads_die))
+
+    run_case_real = suite.run_case
+    out = tmp_path / "parity"
+    argv = lambda o=out, seed=0: ["parity", "--model", "random:llama", "--out", str(o), "--variants", "full,anchor",  # noqa: E731
+                                  "--engines", "eager", "--policies", "fp32", "--seq-len", "97", "--seed", str(seed),
+                                  "--grads", "--no-progress"]
+    patch(grads_die=2)
+    assert _run(argv()) == 130
+    kept = sorted(p.name for p in parts_dir(out).glob("[!.]*.json"))
+    assert kept == ["case-0.json", "case-1.json", "grad_case-0.json"] and not out.exists()
+    assert calls == {"case": ["anchor", "full"], "grads": ["anchor", "full"]}  # cases run sorted by their inputs
+    patch(case_dies=1)
+    assert _run(argv(seed=1)) == 130  # other options: the first case runs again
+    assert calls["case"] == ["anchor"]
+    patch()
+    capsys.readouterr()
+    assert _run(argv()) == 0
+    assert calls == {"case": [], "grads": ["full"]}  # only what the killed run had not finished
+    assert "2 case(s) and 1 gradient case(s) were finished by a killed run" in capsys.readouterr().out
+    assert not parts_dir(out).exists()
+    resumed = json.loads((out / "parity.json").read_text())
+    assert resumed["reused"]["cases"] == 2 and resumed["reused"]["grad_cases"] == 1
+    whole = tmp_path / "whole"
+    assert _run(argv(whole)) == 0 and calls["case"] == ["anchor", "full"]
+
+    def strip(x):  # what differs between two runs of the same cases: timings, the machine's load
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if k not in ("runtime_s", "machine", "reused")}
+        return [strip(v) for v in x] if isinstance(x, list) else x
+
+    assert strip(resumed) == strip(json.loads((whole / "parity.json").read_text()))

@@ -24,7 +24,9 @@ def _split(text: str, option: str) -> list[str]:
 
 @app.command()
 def parity(
-    out: Annotated[Path, typer.Option("--out", help="Output folder (replaced when complete).")],
+    out: Annotated[Path, typer.Option("--out", help="Output folder (replaced when complete; until then each finished "
+                                                     "case is kept in .<name>.parts beside it, and a rerun of a killed "
+                                                     "run with the same options takes them from there).")],
     model: Annotated[str, typer.Option(
         "--model", help="HF folder, .gguf file, random:<preset> or default.")] = "default",
     variants: Annotated[str, typer.Option(
@@ -73,7 +75,8 @@ def parity(
     MLP outputs, hidden states and logits of every layer, for each variant x layout x policy x engine, on
     batches made by the real packer; with --grads also every parameter's gradient and the parameters after
     1 and 3 AdamW steps. Writes parity.json, index.html, summary.md and figures to --out;
-    exits 1 when a case fails. --stack hf: stock transformers or your --attention function, per variant
+    exits 1 when a case fails. A killed run keeps each case it finished (.<name>.parts beside --out);
+    the same command again computes only the rest. --stack hf: stock transformers or your --attention function, per variant
     (parity_tests.hf_stack); exits 1 where one does not compute the variant asked or fails the bf16 rule."""
     from parity_tests.cases import LAYOUTS, VARIANTS
 
@@ -117,8 +120,10 @@ def _parity_torch(out: Path, model: str, variant_list: list[str], layout_list: l
                   engine_list: list[str], seq_len: int, seed: int, device: str, oracle_device: str, grads: bool,
                   progress: bool) -> int:
     """`anchor parity --stack torch` once its options are checked: the devices, then the cases, then the report."""
+    from anchor import __version__
     from anchor.errors import InputError
     from anchor.outdir import out_lock
+    from anchor.parts import Parts, files_id, parts_dir
     from parity_tests.report import render_markdown, write_report
     from jaxref.device import use_device as use_oracle_device
     from parity_tests.runners import use_device
@@ -133,11 +138,17 @@ def _parity_torch(out: Path, model: str, variant_list: list[str], layout_list: l
     with out_lock(out, "parity"):
         cases = build_cases(model, variants=variant_list, layouts=layout_list, policies=policy_list,
                             engines=engine_list, seq_lens=[seq_len], seed=seed)
-        result = run_parity(cases, progress=progress, grads=grads)
+        # Each finished case is kept beside --out until the report is published: a killed run (a device
+        # call's time limit, Ctrl-C) is rerun with the same options and computes only what it had not finished.
+        parts = Parts(parts_dir(out), "parity")
+        key = {"anchor": __version__, "model_files": files_id(model), "device": device,
+               "oracle_device": oracle_where, "grads": grads, "policy_files": [files_id(p) for p in policy_list]}
+        result = run_parity(cases, progress=progress, grads=grads, parts=parts, key=key)
         result["model"] = model
         result["device"] = device
         result["oracle_device"] = oracle_where
         path = write_report(result, out)
+        parts.remove()
     typer.echo(render_markdown(result))
     typer.echo(f"wrote {path / 'parity.json'}, {path / 'index.html'}, {path / 'summary.md'}")
     return 0 if result["pass"] else 1

@@ -32,7 +32,6 @@ Which checkpoints of a run (`checkpoints_of_run`): by default those of the run's
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -40,6 +39,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from anchor.errors import InputError
+from anchor.parts import Parts, parts_dir
+from anchor.parts import files_id as _files_id
+from anchor.parts import normal as _normal
+from anchor.parts import plain as _plain
 from anchor.progress import ProgressBar
 
 DEFAULT_TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_1", "vt", "cwe", "fwe")
@@ -97,71 +100,6 @@ def resolve_dtype(dtype: str) -> str:
     from anchor_app.eval.dtype import dtype_choice
 
     return dtype_choice(dtype)["dtype"]
-
-
-def parts_dir(out: str | Path) -> Path:
-    """`.<name>.parts` beside `out`: where an evaluation into `out` keeps its finished checkpoints."""
-    out = Path(os.path.abspath(os.path.expanduser(str(out))))
-    return out.parent / f".{out.name}.parts"
-
-
-def _files_id(source: str | Path) -> list[list[Any]]:
-    """What a checkpoint's results depend on besides the settings: its files (name, size, mtime), or the
-    name of a built-in model."""
-    p = Path(source)
-    if p.is_file():
-        st = p.stat()
-        return [[p.name, st.st_size, st.st_mtime_ns]]
-    if p.is_dir():
-        return sorted([str(f.relative_to(p)), f.stat().st_size, f.stat().st_mtime_ns]
-                      for f in p.rglob("*") if f.is_file())
-    return [[str(source)]]
-
-
-class _Parts:
-    """Finished checkpoints of an evaluation, one JSON file each (`part-<i>.json`, written atomically),
-    in a folder carrying anchor's marker; a part is reused only when its key (settings, label, source,
-    files, anchor version) is the call's."""
-
-    def __init__(self, folder: str | Path | None):
-        from anchor.outdir import read_marker
-
-        self.folder = Path(folder) if folder is not None else None
-        if self.folder is None:
-            return
-        if self.folder.exists() and not self.folder.is_dir():
-            raise InputError("is not a folder (it should hold the evaluation's finished checkpoints)", path=self.folder)
-        if self.folder.is_dir() and read_marker(self.folder) is None and any(self.folder.iterdir()):
-            raise InputError("holds files anchor did not write; move it away", path=self.folder)
-
-    def load(self, i: int, key: dict[str, Any] | None) -> dict[str, Any] | None:
-        if self.folder is None:  # key is None exactly then
-            return None
-        try:
-            d = json.loads((self.folder / f"part-{i}.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        return d if isinstance(d, dict) and d.get("key") == key else None
-
-    def save(self, i: int, part: dict[str, Any]) -> None:
-        from anchor.atomic import write_text_atomic
-        from anchor.outdir import read_marker, write_marker
-
-        if self.folder is None:
-            return
-        self.folder.mkdir(parents=True, exist_ok=True)
-        if read_marker(self.folder) is None:
-            write_marker(self.folder, "eval")
-        write_text_atomic(self.folder / f"part-{i}.json", json.dumps(part, default=_plain))
-
-
-def _plain(x: Any) -> Any:
-    return x.item() if hasattr(x, "item") else str(x)
-
-
-def _normal(x: Any) -> Any:
-    """`x` as it reads back from JSON (tuples become lists), for comparing keys."""
-    return json.loads(json.dumps(x, default=_plain))
 
 
 def run_eval(checkpoints: Sequence[tuple[str, str]], *, tasks: Sequence[str] = DEFAULT_TASKS,
@@ -342,7 +280,7 @@ def _evaluate_checkpoints(checkpoints: Sequence[tuple[str, str]], tok, bos: int,
 
     per_checkpoint = (len(settings["tasks"]) * len(settings["lengths"]) * settings["samples"]
                       + len(windows) * settings["perplexity_windows"])
-    store = _Parts(parts)
+    store = Parts(parts, "eval")
     bar = ProgressBar("eval", len(checkpoints) * per_checkpoint, progress, unit="prompts")
     rows, ppl_rows, sample_rows = [], [], []
     reused_s = 0.0
@@ -352,7 +290,7 @@ def _evaluate_checkpoints(checkpoints: Sequence[tuple[str, str]], tok, bos: int,
                 {"anchor": __version__, "settings": settings, "label": label, "source": str(source),
                  "files": _files_id(eval_model_source(source)), "haystack": _files_id(haystack) if haystack else None,
                  "qa_data": {t: _files_id(f) for t, f in sorted(qa_data.items())}})
-            done = store.load(i, key)
+            done = store.load(f"part-{i}", key)
             if done is not None:
                 bar.describe(f"{label}: evaluated before, reused")
                 rows += done["rows"]
@@ -364,7 +302,7 @@ def _evaluate_checkpoints(checkpoints: Sequence[tuple[str, str]], tok, bos: int,
             t_ckpt = time.time()
             mine = _evaluate_checkpoint(label, source, tok, bos, prompt_sets, windows, settings, bar)
             mine = _normal(mine)  # as a reused part reads back: the same result either way
-            store.save(i, {"key": key, **mine, "seconds": round(time.time() - t_ckpt, 1)})
+            store.save(f"part-{i}", {"key": key, **mine, "seconds": round(time.time() - t_ckpt, 1)})
             rows += mine["rows"]
             ppl_rows += mine["perplexity"]
             sample_rows += mine["samples"]
@@ -562,7 +500,6 @@ def write_eval(result: dict[str, Any], out: str | Path) -> Path:
     """eval.json (without the samples), samples.jsonl, report.md, score_vs_length.png into `out`, atomically;
     then the finished checkpoints kept for a resume (`parts_dir(out)`) are removed."""
     from anchor.atomic import publish, staging_dir
-    from anchor.outdir import rmtree, read_marker
 
     out = Path(out).resolve()
     with staging_dir(out, "eval") as tmp:
@@ -576,9 +513,7 @@ def write_eval(result: dict[str, Any], out: str | Path) -> Path:
         plot(result, work / "score_vs_length.png")
         (work / "report.md").write_text(render_report(result, "score_vs_length.png"))
         publish(work, out, "eval")
-    parts = parts_dir(out)
-    if parts.is_dir() and read_marker(parts) is not None:
-        rmtree(parts)
+    Parts(parts_dir(out), "eval").remove()
     return out
 
 

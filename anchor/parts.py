@@ -1,0 +1,102 @@
+"""Finished parts of a long command, kept beside its output so that a killed run loses none of them.
+
+    parts = Parts(parts_dir(out), "eval")          # `.<name>.parts` beside --out
+    done = parts.load("part-0", key)               # what a killed run with the same key finished, or None
+    parts.save("part-0", {"key": key, **result})   # one JSON file, written atomically
+    ...publish `out`...; parts.remove()            # the parts go once the output is published
+
+A part is reused only when its key (the settings it was computed with, the anchor version, the files it
+read) equals the call's: `normal` puts a key or a result in the form it reads back in (tuples become lists,
+numpy scalars Python numbers), so a reused result and a fresh one are the same thing. Non-finite floats
+round-trip (JSON's `Infinity`, `NaN`). The folder carries anchor's marker (anchor.outdir); one holding
+files anchor did not write is refused, never written into. Used by `anchor eval` (a part per checkpoint)
+and `anchor parity` (a part per case).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from anchor.errors import InputError
+
+
+def parts_dir(out: str | Path) -> Path:
+    """`.<name>.parts` beside `out`: where a command writing `out` keeps its finished parts."""
+    out = Path(os.path.abspath(os.path.expanduser(str(out))))
+    return out.parent / f".{out.name}.parts"
+
+
+def files_id(source: str | Path) -> list[list[Any]]:
+    """What results read from `source` depend on besides the settings, for a key: its files (name, size,
+    modification time), or the name itself where it is not a file or folder (a built-in model)."""
+    p = Path(source)
+    if p.is_file():
+        st = p.stat()
+        return [[p.name, st.st_size, st.st_mtime_ns]]
+    if p.is_dir():
+        return sorted([str(f.relative_to(p)), f.stat().st_size, f.stat().st_mtime_ns]
+                      for f in p.rglob("*") if f.is_file())
+    return [[str(source)]]
+
+
+def plain(x: Any) -> Any:
+    """JSON's fallback for what it cannot write: a numpy scalar as its Python number, else its text."""
+    return x.item() if hasattr(x, "item") else str(x)
+
+
+def normal(x: Any) -> Any:
+    """`x` as it reads back from a part (tuples become lists), for comparing keys and storing results."""
+    return json.loads(json.dumps(x, default=plain))
+
+
+class Parts:
+    """Finished parts of one command, a JSON file each (`<name>.json`, written atomically), in a folder
+    carrying anchor's marker for `verb`. `folder` None keeps nothing (every load misses)."""
+
+    def __init__(self, folder: str | Path | None, verb: str):
+        from anchor.outdir import read_marker
+
+        self.folder = Path(folder) if folder is not None else None
+        self.verb = verb
+        if self.folder is None:
+            return
+        if self.folder.exists() and not self.folder.is_dir():
+            raise InputError(f"is not a folder (it should hold the finished parts of an `anchor {verb}`)",
+                             path=self.folder)
+        if self.folder.is_dir() and read_marker(self.folder) is None and any(self.folder.iterdir()):
+            raise InputError("holds files anchor did not write; move it away", path=self.folder)
+
+    def load(self, name: str, key: Any) -> dict[str, Any] | None:
+        """The part `name` when one was saved with this `key` (compared in `normal` form), else None."""
+        if self.folder is None:
+            return None
+        try:
+            d = json.loads((self.folder / f"{name}.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return d if isinstance(d, dict) and d.get("key") == normal(key) else None
+
+    def save(self, name: str, part: dict[str, Any]) -> None:
+        """Write the part `name` (its "key" included) atomically."""
+        from anchor.atomic import write_text_atomic
+        from anchor.outdir import read_marker, write_marker
+
+        if self.folder is None:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if read_marker(self.folder) is None:
+            write_marker(self.folder, self.verb)
+        write_text_atomic(self.folder / f"{name}.json", json.dumps(part, default=plain))
+
+    def remove(self) -> None:
+        """Delete the folder (once the command's output is published); only one carrying anchor's marker."""
+        from anchor.outdir import read_marker, rmtree
+
+        if self.folder is not None and self.folder.is_dir() and read_marker(self.folder) is not None:
+            rmtree(self.folder)
+
+
+__all__ = ["Parts", "files_id", "normal", "parts_dir", "plain"]

@@ -1,0 +1,41 @@
+"""anchor.parts: what a killed command keeps beside its output, and when it is taken again."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from anchor.errors import InputError
+from anchor.outdir import read_marker
+from anchor.parts import Parts, normal, parts_dir
+
+
+def test_a_part_reads_back_as_saved_and_only_under_its_key(tmp_path):
+    parts = Parts(parts_dir(tmp_path / "out"), "parity")
+    assert parts.folder == tmp_path / ".out.parts" and parts.load("case-0", {"a": 1}) is None
+    result = {"rel_l2": np.float32(0.25), "tol": math.inf, "ratio": math.nan, "rows": (0, 1, 96)}
+    key = {"run": {"seed": 0, "grads": True}, "case": ("random:llama", 97)}
+    parts.save("case-0", {"key": key, "result": normal(result)})
+    assert read_marker(parts.folder)["verb"] == "parity"
+    back = parts.load("case-0", key)["result"]
+    assert back["rel_l2"] == 0.25 and back["tol"] == math.inf and math.isnan(back["ratio"]) and back["rows"] == [0, 1, 96]
+    assert parts.load("case-0", {**key, "case": ("random:llama", 98)}) is None  # other settings: not taken
+    assert parts.load("case-1", key) is None
+    (parts.folder / "case-0.json").write_text('{"key": ')  # a torn file (written elsewhere: saves are atomic)
+    assert parts.load("case-0", key) is None
+    parts.remove()
+    assert not parts.folder.exists()
+
+
+def test_a_folder_of_someone_elses_files_is_refused_and_kept(tmp_path):
+    folder = parts_dir(tmp_path / "out")
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(InputError, match="did not write"):
+        Parts(folder, "eval")
+    (tmp_path / ".file.parts").write_text("x")
+    with pytest.raises(InputError, match="is not a folder"):
+        Parts(tmp_path / ".file.parts", "eval")
+    assert (folder / "notes.txt").read_text() == "mine"
