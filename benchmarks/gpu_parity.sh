@@ -63,10 +63,13 @@ join)
   python3 benchmarks/gpu_kit.py join .devkit/parts --stash /tmp/anchor-parts --into .cache/models ;;
 smoke)
   for P in cuda cpu; do
-    JAX_LOG_COMPILES=1 timeout ${LIMIT:-240} python3 -m anchor parity --model random:llama --device cuda --oracle-device $P \
-      --engines varlen,flex --policies bf16 --variants intra_doc,anchor --seq-len 97 --grads --no-progress \
-      --out "$OUT/smoke_$P" > "$OUT/smoke_$P.log" 2>&1
+    # at the limit SIGABRT: faulthandler prints where every thread was (the first H100's smoke stalled unexplained)
+    JAX_LOG_COMPILES=1 timeout -s ABRT -k 20 ${LIMIT:-240} python3 -X faulthandler -m anchor parity --model random:llama \
+      --device cuda --oracle-device $P --engines varlen,flex --policies bf16 --variants intra_doc,anchor --seq-len 97 \
+      --grads --no-progress --out "$OUT/smoke_$P" > "$OUT/smoke_$P.log" 2>&1
+    echo "smoke with the oracle on $P: exit $?"
     grep -v "Finished\|Compiling\|tracing" "$OUT/smoke_$P.log" | tail -12
+    grep -A24 "^Fatal Python error" "$OUT/smoke_$P.log" | head -40
     grep -o "Finished XLA compilation of .* in [0-9.e-]* s" "$OUT/smoke_$P.log" \
       | awk '{s += $(NF-1)} END {print NR " programs compiled in " s " s"}'
   done ;;
