@@ -92,11 +92,18 @@ class Parts:
         write_text_atomic(self.folder / f"{name}.json", json.dumps(part, default=plain))
 
     def remove(self) -> None:
-        """Delete the folder (once the command's output is published); only one carrying anchor's marker."""
-        from anchor.outdir import read_marker, rmtree
-
-        if self.folder is not None and self.folder.is_dir() and read_marker(self.folder) is not None:
-            rmtree(self.folder)
+        """Delete the folder (once the command's output is published): `remove_parts`."""
+        if self.folder is not None:
+            remove_parts(self.folder)
 
 
-__all__ = ["Parts", "files_id", "normal", "parts_dir", "plain"]
+def remove_parts(folder: str | Path) -> None:
+    """Delete `folder` when it carries anchor's marker; leave anything else where it is."""
+    from anchor.outdir import read_marker, rmtree
+
+    folder = Path(folder)
+    if folder.is_dir() and read_marker(folder) is not None:
+        rmtree(folder)
+
+
+__all__ = ["Parts", "files_id", "normal", "parts_dir", "plain", "remove_parts"]

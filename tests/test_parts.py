@@ -9,7 +9,7 @@ import pytest
 
 from anchor.errors import InputError
 from anchor.outdir import read_marker
-from anchor.parts import Parts, normal, parts_dir
+from anchor.parts import Parts, normal, parts_dir, remove_parts
 
 
 def test_a_part_reads_back_as_saved_and_only_under_its_key(tmp_path):
@@ -38,4 +38,5 @@ def test_a_folder_of_someone_elses_files_is_refused_and_kept(tmp_path):
     (tmp_path / ".file.parts").write_text("x")
     with pytest.raises(InputError, match="is not a folder"):
         Parts(tmp_path / ".file.parts", "eval")
+    remove_parts(folder)  # as after an evaluation published without keeping parts: someone else's folder stays
     assert (folder / "notes.txt").read_text() == "mine"

@@ -39,7 +39,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from anchor.errors import InputError
-from anchor.parts import Parts, parts_dir
+from anchor.parts import Parts, parts_dir, remove_parts
 from anchor.parts import files_id as _files_id
 from anchor.parts import normal as _normal
 from anchor.parts import plain as _plain
@@ -513,7 +513,7 @@ def write_eval(result: dict[str, Any], out: str | Path) -> Path:
         plot(result, work / "score_vs_length.png")
         (work / "report.md").write_text(render_report(result, "score_vs_length.png"))
         publish(work, out, "eval")
-    Parts(parts_dir(out), "eval").remove()
+    remove_parts(parts_dir(out))
     return out
 
 
