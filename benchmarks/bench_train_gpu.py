@@ -31,7 +31,9 @@ where a slow step spends its time. The synchronizations cost the overlap of host
 
 On a CPU the script dry-runs (tiny sizes, `--model random:llama`): the flex configurations are left out
 with the reason (FlexAttention has no CPU backward) and no MFU is given. A configuration that fails (out
-of memory, say) is recorded with its error and the others go on; the JSON is rewritten after each one.
+of memory, say) is recorded with its error and the others go on; the JSON is rewritten after each configuration's
+run (a length still being measured has `"complete": false`), so a benchmark stopped at a time limit keeps what it
+measured.
 """
 
 from __future__ import annotations
@@ -201,7 +203,7 @@ def timed(fn) -> tuple[list[float], float | None]:
 
 
 def row(label: str, rounds: list[list[float]], peaks: list[float | None], wall: float, peak_flop_s: float | None,
-        flops_per_step: list[float], warmup: int, seq_len: int) -> dict[str, Any]:
+        flops_per_step: list[float], warmup: int, seq_len: int, echo: bool = True) -> dict[str, Any]:
     """The JSON row of one configuration: the median over every round's steps after its warm-up."""
     kept = [t for times in rounds for t in (times[warmup:] or times)]
     med = statistics.median(kept)
@@ -213,21 +215,37 @@ def row(label: str, rounds: list[list[float]], peaks: list[float | None], wall: 
            "last_step_over_median": statistics.mean(times[-1] for times in rounds) / med, "model_flops_per_step": flops, "tflop_s": flops / med / 1e12,
            "mfu": flops / med / peak_flop_s if peak_flop_s else None,
            "peak_memory_gib": max(peaks) if peaks and peaks[0] is not None else None, "wall_s": wall}
-    print(f"  {label}: median {med:.3f} s/step, {seq_len / med:,.0f} tok/s, {out['tflop_s']:.1f} TFLOP/s"
-          + (f", MFU {out['mfu']:.3f}" if out["mfu"] else "")
-          + (f", peak {out['peak_memory_gib']:.1f} GiB" if out["peak_memory_gib"] is not None else ""), flush=True)
+    if echo:
+        print(f"  {label}: median {med:.3f} s/step, {seq_len / med:,.0f} tok/s, {out['tflop_s']:.1f} TFLOP/s"
+              + (f", MFU {out['mfu']:.3f}" if out["mfu"] else "")
+              + (f", peak {out['peak_memory_gib']:.1f} GiB" if out["peak_memory_gib"] is not None else ""), flush=True)
     return out
 
 
 def measure_all(configs: list[tuple[str, Any, list[float]]], rounds: int, peak_flop_s: float | None, warmup: int,
-                seq_len: int) -> list[dict[str, Any]]:
+                seq_len: int, report: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
     """Every configuration `rounds` times, in turn (plain, then each anchor train run, then again), so a
     shared machine's drift reaches each alike; a configuration that fails is recorded with its error and
-    left out of later rounds. configs: (label, fn(round) -> step seconds, FLOPs per step)."""
+    left out of later rounds. configs: (label, fn(round) -> step seconds, FLOPs per step). `report` gets
+    the rows measured so far after each configuration's run (a killed benchmark keeps them)."""
     times: dict[str, list[list[float]]] = {c[0]: [] for c in configs}
     peaks: dict[str, list] = {c[0]: [] for c in configs}
     wall = {c[0]: 0.0 for c in configs}
     errors: dict[str, str] = {}
+
+    def rows_now(echo: bool) -> list[dict[str, Any]]:
+        rows = []
+        for label, _, flops in configs:
+            if not times[label]:
+                if label in errors:
+                    rows.append({"config": label, "error": errors[label], "wall_s": wall[label]})
+                continue
+            rows.append(row(label, times[label], peaks[label], wall[label], peak_flop_s, flops, warmup, seq_len,
+                            echo=echo))
+            if label in errors:  # failed in a later round: the rounds it finished, and why it stopped
+                rows[-1]["error"] = errors[label]
+        return rows
+
     for r in range(rounds):
         for label, fn, _ in configs:
             if label in errors:
@@ -235,24 +253,17 @@ def measure_all(configs: list[tuple[str, Any, list[float]]], rounds: int, peak_f
             t0 = time.perf_counter()
             try:
                 t, peak = timed(lambda: fn(r))
+                times[label].append(t)
+                peaks[label].append(peak)
             except Exception as e:  # noqa: BLE001 - recorded, the other configurations go on
                 traceback.print_exc()
                 errors[label] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
                 print(f"  {label}: {errors[label]}", flush=True)
-                continue
             finally:
                 wall[label] += time.perf_counter() - t0
-            times[label].append(t)
-            peaks[label].append(peak)
-    rows = []
-    for label, _, flops in configs:
-        if not times[label]:
-            rows.append({"config": label, "error": errors[label], "wall_s": wall[label]})
-            continue
-        rows.append(row(label, times[label], peaks[label], wall[label], peak_flop_s, flops, warmup, seq_len))
-        if label in errors:  # failed in a later round: the rounds it finished, and why it stopped
-            rows[-1]["error"] = errors[label]
-    return rows
+            if report:
+                report(rows_now(echo=False))
+    return rows_now(echo=True)
 
 
 def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -357,17 +368,26 @@ def main() -> None:
                         return anchor_steps(run_cfg, Path(tmp) / f"run-{k}-{r}")
 
                 configs.append((label, run, flops["intra_doc" if variant == "intra_doc_reset" else variant]))
-            rows = measure_all(configs, args.rounds, peak, args.warmup, T) + rows
-            for r in rows:
-                if all(phases.get(r["config"], [[]])):  # every round timed its steps
-                    r["phases"] = phases[r["config"]]
-                    last = {k: statistics.mean(p[-1][k] for p in r["phases"]) for k in (*PHASES, "train_step")}
-                    print(f"  {r['config']} last step: " + ", ".join(f"{k} {v:.3f} s" for k, v in last.items()), flush=True)
-            result["lengths"][str(T)] = {"windows": data.num_windows,
-                                         "rows": rows, "ratios": ratios(rows)}
-            result["seconds"] = time.perf_counter() - t_all
-            out.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(out, json.dumps(result, indent=1))
+            skipped = rows
+
+            def publish(rows: list[dict[str, Any]], complete: bool, echo: bool = False) -> None:
+                """This length's rows (with the phases) and ratios into the JSON, rewritten atomically."""
+                for r in rows:
+                    if all(phases.get(r["config"], [[]])):  # every round timed its steps
+                        r["phases"] = phases[r["config"]]
+                        if echo:
+                            last = {k: statistics.mean(p[-1][k] for p in r["phases"]) for k in (*PHASES, "train_step")}
+                            print(f"  {r['config']} last step: " + ", ".join(f"{k} {v:.3f} s" for k, v in last.items()),
+                                  flush=True)
+                result["lengths"][str(T)] = {"windows": data.num_windows, "complete": complete,
+                                             "rows": rows + skipped, "ratios": ratios(rows)}
+                result["seconds"] = time.perf_counter() - t_all
+                out.parent.mkdir(parents=True, exist_ok=True)
+                write_text_atomic(out, json.dumps(result, indent=1))
+
+            rows = measure_all(configs, args.rounds, peak, args.warmup, T,
+                               report=lambda rows: publish(rows, complete=False))
+            publish(rows, complete=True, echo=True)
             for k, v in result["lengths"][str(T)]["ratios"].items():
                 print(f"  {k}: {v:.3f}", flush=True)
     print(f"wrote {out} ({result['seconds']:.0f} s)")

@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_train_gpu import documents  # noqa: E402
+from bench_train_gpu import documents, measure_all  # noqa: E402
 
 
 def test_plain_batches_mask_within_documents_at_the_window_shape():
@@ -95,4 +95,22 @@ def test_dry_run_writes_rows_and_ratios(tmp_path):
     train, plain = rows["train/intra_doc/varlen"], rows["plain/sdpa"]
     assert ratios["train/intra_doc/varlen over plain/sdpa"] == train["tokens_per_s"] / plain["tokens_per_s"]
     assert ratios["train/intra_doc/varlen over plain/sdpa (means)"] == train["tokens_per_s_mean"] / plain["tokens_per_s_mean"]
-    assert result["machine"] and result["peak_bf16_flop_s"] is None
+    assert result["machine"] and result["peak_bf16_flop_s"] is None and result["lengths"]["97"]["complete"]
+
+
+def test_each_configurations_run_is_reported_as_it_ends():
+    """The rows so far go to `report` after every configuration's run, a failure included, so a benchmark
+    stopped at a device call's limit keeps what it measured (main rewrites the JSON from them)."""
+    def fails(r):
+        raise RuntimeError("CUDA out of memory")
+
+    configs = [("plain/sdpa", lambda r: [0.5, 0.4, 0.4], [1e12] * 3), ("train/full/varlen", fails, [1e12] * 3),
+               ("train/anchor/varlen", lambda r: [0.3, 0.2, 0.25 + r], [1e12] * 3)]
+    reports = []
+    rows = measure_all(configs, 2, None, 1, 97, report=lambda rows: reports.append([r["config"] for r in rows]))
+    assert reports == [["plain/sdpa"], ["plain/sdpa", "train/full/varlen"],
+                       ["plain/sdpa", "train/full/varlen", "train/anchor/varlen"]] + \
+                      [["plain/sdpa", "train/full/varlen", "train/anchor/varlen"]] * 2  # round 2: the failed one left out
+    by = {r["config"]: r for r in rows}
+    assert by["train/full/varlen"]["error"] == "RuntimeError: CUDA out of memory"
+    assert by["train/anchor/varlen"]["step_s"] == [[0.3, 0.2, 0.25], [0.3, 0.2, 1.25]]
