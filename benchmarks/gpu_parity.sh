@@ -12,7 +12,10 @@
 #   smoke    the oracle on JAX's CUDA backend against its CPU one: random:llama, T=97, forward and gradients
 #   parity   anchor parity --device cuda at T=$T (1025 by default; 8192): varlen and flex, bf16, the four
 #            variants, forward and gradients, the oracle on JAX's CUDA backend (--oracle-device $ORACLE: cuda, or cpu)
-#   audit    anchor audit --stack torch on CUDA, varlen and flex at L=512 and 4096
+#   audit    anchor audit --stack torch on CUDA, each of $ENGINES (varlen flex) at each of $LENGTHS (512 4096), the
+#            emulation on --oracle-device $ORACLE (cpu); each audit at most $LIMIT (140) s. At L=512 on the first H100
+#            33 s (varlen) and 48 s (flex) with the CPU oracle; at 4096 the oracle's attention work is 64x, its
+#            projections 8x: several minutes an engine on the CPU, so ORACLE=cuda there if the smoke passed
 #   tests    pytest -m cuda
 #   train    benchmarks/bench_train_gpu.py (alone on the machine: it times steps)
 #   phases   where anchor train's steps spend their time (bench_train_gpu.py --phases, each part synchronized,
@@ -26,7 +29,8 @@
 #   3 (carry manifest, part-002)        gpu_parity.sh R join; LIMIT=300 gpu_parity.sh R wait; T=1025 ORACLE=cpu gpu_parity.sh R parity
 #   4                                   T=8192 GRADS= ORACLE=cpu gpu_parity.sh R parity   (forward only)
 #   5                                   T=8192 gpu_parity.sh R parity   (with gradients: the oracle on CUDA, if the smoke passed)
-#   6                                   gpu_parity.sh R audit; TRAIN_ARGS="--steps 12 --rounds 2" gpu_parity.sh R train
+#   6                                   LENGTHS=512 gpu_parity.sh R audit; TRAIN_ARGS="--steps 12 --rounds 2" gpu_parity.sh R train
+#   6b                                  LENGTHS=4096 ORACLE=cuda LIMIT=280 gpu_parity.sh R audit   (if the smoke passed)
 #   7                                   gpu_parity.sh R phases
 # The oracle on the CPU at T=8192 (SmolLM2, measured on this project's 2 cores): a forward with taps 67 s in
 # fp64, 42 s in fa2_bf16 (a variant's forward cases: fp64 and 4 summation orders, ~4 minutes; the 16 cores
@@ -81,9 +85,9 @@ parity)
     --no-progress --out "$OUT/parity_$T${GRADS+_forward}" 2>&1 | tail -40 ;;
 audit)
   weights
-  for E in varlen flex; do for L in 512 4096; do
-    timeout 140 python3 -m anchor audit --stack torch --engine $E --dtype bfloat16 --model default \
-      --seq-len $L --no-progress --out "$OUT/audit_${E}_$L" 2>&1 | tail -8
+  for E in ${ENGINES:-varlen flex}; do for L in ${LENGTHS:-512 4096}; do
+    timeout ${LIMIT:-140} python3 -m anchor audit --stack torch --engine $E --dtype bfloat16 --model default \
+      --seq-len $L --oracle-device ${ORACLE:-cpu} --no-progress --out "$OUT/audit_${E}_$L" 2>&1 | tail -8
   done; done ;;
 tests)
   JAX_PLATFORMS=cpu timeout 400 python3 -m pytest -q -p no:cacheprovider -m cuda tests -rs 2>&1 | tee "$OUT/cuda_tests.log" | tail -30 ;;
