@@ -9,8 +9,8 @@ A part is reused only when its key (the settings it was computed with, the ancho
 read) equals the call's: `normal` puts a key or a result in the form it reads back in (tuples become lists,
 numpy scalars Python numbers), so a reused result and a fresh one are the same thing. Non-finite floats
 round-trip (JSON's `Infinity`, `NaN`). The folder carries anchor's marker (anchor.outdir); one holding
-files anchor did not write is refused, never written into. Used by `anchor eval` (a part per checkpoint)
-and `anchor parity` (a part per case).
+files anchor did not write is refused, never written into. Used by `anchor eval` (a part per checkpoint),
+`anchor parity` (a part per case) and `anchor audit` (a part per policy's curves, one for the error budget).
 """
 
 from __future__ import annotations

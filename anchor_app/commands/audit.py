@@ -66,7 +66,8 @@ def audit(
 ) -> None:
     """Measure how a position shift changes the attention maps under each dtype policy (RoPE should make
     it zero), which key token carries the change, how it grows with length, and which numerical stage
-    causes it. Writes audit.json, report.md and PNG figures to --out."""
+    causes it. Writes audit.json, report.md and PNG figures to --out. A killed audit keeps each policy's
+    finished curves (.<name>.parts beside --out); the same command again computes only the rest."""
     with _without_cyclic_gc():
         from anchor.limits import check_seed
         from anchor.outdir import guard_out, out_lock
@@ -112,10 +113,16 @@ def audit(
                      "random_init": random_init, "seed": seed}
         if budget is not None or budget_policy is not None:
             overrides["budget"] = budget if budget is not None else True
+        from anchor.parts import Parts, parts_dir
+
         with out_lock(out, "audit"), _compile_cache(compile_cache):
-            result = run_audit(model, policies, data=data, quick=quick, progress=progress, **overrides)
+            # each policy's curves and the budget are kept beside --out as they finish: a killed audit, run
+            # again with the same options, computes only the rest
+            parts = Parts(parts_dir(out), "audit")
+            result = run_audit(model, policies, data=data, quick=quick, progress=progress, parts=parts, **overrides)
             result["oracle_device"] = where
             path = write_audit(result, out)
+            parts.remove()
         typer.echo(f"wrote {path / 'audit.json'}, {path / 'report.md'} ({result['runtime_s']:.0f} s)")
 
 

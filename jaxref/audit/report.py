@@ -202,7 +202,9 @@ def render_report(result: dict[str, Any], figures: list[str]) -> str:
              f"{result['spec']['num_heads']} heads, RoPE base {result['spec']['rope']['base']:g}. "
              f"Shift curve: {s['num_seqs']} windows of {s['seq_len']} tokens from {s['data']}, Δ2 = {s['ref_shift']}, "
              f"variant `full`; length curve up to {s['max_len']} ({s['length_seqs']} window(s)); error budget on {s['budget_seqs']} window(s) of "
-             f"{s['budget_seq_len']}. Runtime {result['runtime_s']:.0f} s on {result['machine']['cpu_count']} CPUs.",
+             f"{s['budget_seq_len']}. Runtime {result['runtime_s']:.0f} s on {result['machine']['cpu_count']} CPUs"
+             + (f" (taken from a killed audit with the same settings: {', '.join(result['reused']['pieces'])})"
+                if result.get("reused") else "") + ".",
              "", "Metrics as in docs/DESIGN.md §5 (paper Eq. 4 and 6); logits are the scaled q·k/√d the stack stores; "
              "the paper used LLaMA-2-7B, 50 windows of 4096 tokens.", "", "## Findings", ""]
     for f in result.get("findings") or findings(result):

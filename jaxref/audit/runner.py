@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from anchor.machine import machine
+from anchor.parts import Parts
 from anchor.progress import ProgressBar
 from anchor.errors import InputError
 from anchor.spec import ModelSpec
@@ -504,28 +505,67 @@ def _prefetch_programs(maps: MapsRunner, settings: AuditSettings, k: int, pols: 
 
 def _curves(params: Params, spec: ModelSpec, kind: str, pols: list[DtypePolicy], settings: AuditSettings,
             lengths: list[int], windows: _Windows, remap: Callable, bar: ProgressBar,
-            maps: MapsRunner) -> dict[str, Any]:
-    """{"shift_curve", "per_token", "length_curve"}, each {policy name: result}, of one kind of weights."""
+            maps: MapsRunner, kept: _Kept, per_policy: int) -> dict[str, Any]:
+    """{"shift_curve", "per_token", "length_curve"}, each {policy name: result}, of one kind of weights;
+    a policy's three as one piece of `kept` (`per_policy` forward passes)."""
     block: dict[str, Any] = {"shift_curve": {}, "per_token": {}, "length_curve": {}}
-    for pol in pols:
+    for i, pol in enumerate(pols):
+        name = f"{kind}-{i}-{pol.name}"
+        done = kept.get(name, per_policy, bar)
+        if done is not None:
+            for section, value in done.items():
+                block[section][pol.name] = value
+            continue
+        mine = {}
         bar.describe(f"{kind} {pol.name}: shift curve (T={settings.seq_len})")
         sc = shift_curve(params, spec, remap(windows.shift), pol, settings.shifts, settings.ref_shift, bar.advance,
                          maps=maps)
         pt = sc.pop("_per_token")
         by_layer = sc.pop("_by_layer")
-        block["shift_curve"][pol.name] = sc
-        block["per_token"][pol.name] = {
+        mine["shift_curve"] = sc
+        mine["per_token"] = {
             "delta1": 0, "delta2": settings.ref_shift, "seq_len": settings.seq_len, "values": pt.tolist(),
             "first_token_share": float(pt[0] / pt.sum()) if pt.sum() > 0 else 0.0,
             "by_layer": by_layer.tolist()}
         bar.describe(f"{kind} {pol.name}: length curve (T={settings.max_len})")
-        block["length_curve"][pol.name] = length_curve(params, spec, remap(windows.length), pol, lengths, 0,
-                                                       settings.ref_shift, bar.advance, maps=maps)
+        mine["length_curve"] = length_curve(params, spec, remap(windows.length), pol, lengths, 0,
+                                            settings.ref_shift, bar.advance, maps=maps)
+        for section, value in kept.put(name, mine).items():
+            block[section][pol.name] = value
     return block
 
 
+class _Kept:
+    """An audit's finished pieces in anchor.parts (none kept when `parts` is None): `get(name, ticks)` gives a
+    piece a killed audit with the same `key` finished (advancing the progress bar by its `ticks`), `put`
+    keeps one in the form it reads back in; `reused` counts what was taken."""
+
+    def __init__(self, parts: Parts | None, key: Any):
+        self.parts, self.key, self.reused = parts, key, []
+
+    def get(self, name: str, ticks: int, bar: ProgressBar) -> Any:
+        if self.parts is None:
+            return None
+        done = self.parts.load(name, {"run": self.key, "piece": name})
+        if done is None:
+            return None
+        self.reused.append(name)
+        bar.advance(ticks)
+        return done["value"]
+
+    def put(self, name: str, value: Any) -> Any:
+        if self.parts is None:
+            return value
+        from anchor.parts import normal
+
+        value = normal(value)
+        self.parts.save(name, {"key": {"run": self.key, "piece": name}, "value": value})
+        return value
+
+
 def _measure(spec: ModelSpec, kinds: list[tuple[str, dict]], pols: list[DtypePolicy], base: DtypePolicy | None,
-             settings: AuditSettings, lengths: list[int], windows: _Windows, progress: bool) -> dict[str, Any]:
+             settings: AuditSettings, lengths: list[int], windows: _Windows, progress: bool,
+             kept: _Kept | None = None) -> dict[str, Any]:
     """Every forward pass of the audit: the curves of each kind of weights ("pretrained", "random_init")
     under every policy, and the error budget of `base` on the pretrained weights, on one MapsRunner.
 
@@ -540,6 +580,7 @@ def _measure(spec: ModelSpec, kinds: list[tuple[str, dict]], pols: list[DtypePol
     total += 2 * settings.budget_seqs * len(budget_pols)
     bar = ProgressBar("audit", total, progress, unit="forward passes")
     out: dict[str, Any] = {}
+    kept = kept or _Kept(None, None)
     maps: MapsRunner | None = None
     try:
         for kind, st in kinds:
@@ -550,14 +591,17 @@ def _measure(spec: ModelSpec, kinds: list[tuple[str, dict]], pols: list[DtypePol
                 _prefetch_programs(maps, settings, k, pols, budget_pols, windows.budget_len)
             else:
                 maps = maps.with_params(params)
-            block = _curves(params, spec, kind, pols, settings, lengths, windows, remap, bar, maps)
+            block = _curves(params, spec, kind, pols, settings, lengths, windows, remap, bar, maps, kept, per_policy)
             if kind == "pretrained":
                 out.update(block)
                 out["error_budget"] = {}
                 if base is not None:
                     bar.describe(f"error budget of {base.name} (T={windows.budget_len})")
-                    out["error_budget"][base.name] = error_budget(params, spec, remap(windows.budget), base, 0,
-                                                                  settings.ref_shift, bar.advance, maps=maps)
+                    budget = kept.get("budget", 2 * settings.budget_seqs * len(budget_pols), bar)
+                    if budget is None:
+                        budget = kept.put("budget", error_budget(params, spec, remap(windows.budget), base, 0,
+                                                                 settings.ref_shift, bar.advance, maps=maps))
+                    out["error_budget"][base.name] = budget
             else:
                 out["random_init"] = {"init": "pytorch-default (kaiming_uniform a=sqrt(5), embedding N(0,1), norms 1)",
                                       "seed": settings.seed, **block}
@@ -565,6 +609,8 @@ def _measure(spec: ModelSpec, kinds: list[tuple[str, dict]], pols: list[DtypePol
         bar.close()
         if maps is not None:
             maps.close()
+    if kept.reused:
+        out["reused"] = {"pieces": kept.reused, "note": "finished by a killed audit with the same settings"}
     return out
 
 
@@ -580,7 +626,7 @@ def _settings_record(settings: AuditSettings, lengths: list[int], base: DtypePol
 
 def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy] = DEFAULT_POLICIES, *,
               data: str | None = None, settings: AuditSettings | None = None, quick: bool = False,
-              progress: bool = False, **overrides: Any) -> dict[str, Any]:
+              progress: bool = False, parts: Parts | None = None, **overrides: Any) -> dict[str, Any]:
     """Run the precision audit of `model` and return its results (the content of `audit.json`).
 
     Args:
@@ -590,6 +636,9 @@ def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy
       settings: an AuditSettings; `quick=True` starts from `AuditSettings.quick()` instead of the
         defaults; `overrides` (e.g. seq_len=512, random_init=True) replace single fields.
       progress: show a progress bar on stderr.
+      parts: where each policy's curves and the error budget are kept as they finish (anchor.parts;
+        `parts_dir(out)` from the CLI), and taken from when a killed audit with the same model files,
+        data, settings, policies and JAX backend finished them; the result then says so in `reused`.
 
     Returns:
       a JSON-ready dict: model, spec, settings, machine, policies, shift_curve, per_token,
@@ -612,7 +661,16 @@ def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy
     kinds = [("pretrained", state)]
     if settings.random_init:
         kinds.append(("random_init", torch_default_state(spec, seed=settings.seed)))
-    out = _measure(spec, kinds, pols, base, settings, lengths, windows, progress)
+    key = None
+    if parts is not None:
+        from anchor import __version__
+        from anchor.parts import files_id
+
+        key = {"anchor": __version__, "model_files": files_id(model), "data_files": files_id(data) if data else None,
+               "settings": dataclasses.asdict(settings), "lengths": lengths,
+               "policies": [p.to_dict() for p in pols], "budget": base.to_dict() if base is not None else None,
+               "jax_backend": jax.default_backend()}
+    out = _measure(spec, kinds, pols, base, settings, lengths, windows, progress, _Kept(parts, key))
     out["angle_error"] = metrics.angle_error(spec.rope, spec.head_dim, ANGLE_POSITIONS, shift=settings.ref_shift)
     settings_d = _settings_record(settings, lengths, base, windows, data)
     return {

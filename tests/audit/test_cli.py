@@ -74,3 +74,65 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, needle):
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert err.startswith("anchor audit: error:") and needle in err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_killed_audit_resumes_at_the_policy_it_was_on(tmp_path, jsonl, capsys, monkeypatch):
+    """Each policy's curves (of each kind of weights) and the error budget are kept beside --out
+    (`.<name>.parts`) as they finish; a rerun with the same options computes only what the killed audit had
+    not finished and writes the audit.json an uninterrupted audit writes; other options take nothing."""
+    from anchor.parts import parts_dir
+    from jaxref.audit import runner
+
+    calls: dict[str, list[str]] = {"shift": [], "budget": []}
+    real_shift, real_budget = runner.shift_curve, runner.error_budget
+
+    def patch(shift_dies: int | None = None, budget_dies: bool = False) -> None:
+        calls["shift"].clear()
+        calls["budget"].clear()
+
+        def shift(params, spec, windows, policy, *args, **kwargs):
+            calls["shift"].append(policy.name)
+            if len(calls["shift"]) == shift_dies:
+                raise KeyboardInterrupt  # Ctrl-C (or a time limit) in the middle of a policy's curves
+            return real_shift(params, spec, windows, policy, *args, **kwargs)
+
+        def budget(params, spec, windows, policy, *args, **kwargs):
+            calls["budget"].append(policy.name)
+            if budget_dies:
+                raise KeyboardInterrupt
+            return real_budget(params, spec, windows, policy, *args, **kwargs)
+
+        monkeypatch.setattr(runner, "shift_curve", shift)
+        monkeypatch.setattr(runner, "error_budget", budget)
+
+    out = tmp_path / "audit"
+    argv = lambda o=out, seed=0: ["audit", "--model", "random:smollm2", "--policies", "fp32,hf_bf16", "--quick",  # noqa: E731
+                                  "--budget", "--random-init", "--data", str(jsonl), "--seed", str(seed),
+                                  "--out", str(o), "--no-progress"]
+    patch(budget_dies=True)  # the pretrained weights' curves finish, then their error budget is cut
+    assert run_cli(argv(), capsys)[0] == 130
+    assert calls == {"shift": ["fp32", "hf_bf16"], "budget": ["hf_bf16"]}
+    assert sorted(p.name for p in parts_dir(out).glob("[!.]*.json")) == ["pretrained-0-fp32.json",
+                                                                         "pretrained-1-hf_bf16.json"]
+    patch(shift_dies=1)
+    assert run_cli(argv(seed=1), capsys)[0] == 130 and calls["shift"] == ["fp32"]  # other options: computed again
+    patch(shift_dies=2)  # the budget and the random-init fp32 curves finish; random-init hf_bf16 is cut
+    assert run_cli(argv(), capsys)[0] == 130
+    assert calls == {"shift": ["fp32", "hf_bf16"], "budget": ["hf_bf16"]}  # nothing of the pretrained curves again
+    patch()
+    code, _, err = run_cli(argv(), capsys)
+    assert code == 0, err
+    assert calls == {"shift": ["hf_bf16"], "budget": []} and not parts_dir(out).exists()
+    resumed = json.loads((out / "audit.json").read_text())
+    assert len(resumed["reused"]["pieces"]) == 4
+    assert "taken from a killed audit" in (out / "report.md").read_text()
+    whole = tmp_path / "whole"
+    patch()
+    assert run_cli(argv(whole), capsys)[0] == 0 and calls["shift"] == ["fp32", "hf_bf16"] * 2
+
+    def strip(x):  # what differs between two runs of the same audit: timings, the machine's load
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if k not in ("runtime_s", "machine", "reused")}
+        return [strip(v) for v in x] if isinstance(x, list) else x
+
+    assert strip(resumed) == strip(json.loads((whole / "audit.json").read_text()))
