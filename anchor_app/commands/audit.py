@@ -70,7 +70,7 @@ def audit(
     finished curves (.<name>.parts beside --out); the same command again computes only the rest."""
     with _without_cyclic_gc():
         from anchor.limits import check_seed
-        from anchor.outdir import guard_out, out_lock
+        from anchor.outdir import guard_out
 
         from anchor.errors import InputError
 
@@ -92,38 +92,53 @@ def audit(
 
         where = use_device(oracle_device, option="--oracle-device")
 
-        from jaxref.audit import run_audit, write_audit
-
         if stack == "torch":
-            from parity_tests.torch_audit import audit_torch_stack
-
-            with out_lock(out, "audit"), _compile_cache(compile_cache):
-                result = audit_torch_stack(model, engine, dtype, data=data, quick=quick, progress=progress, seq_len=seq_len,
-                                           num_seqs=num_seqs, max_len=max_len, length_seqs=length_seqs, seed=seed)
-                result["oracle_device"] = where
-                path = write_audit(result, out)
-            comp = result["comparison"]
-            typer.echo(f"{comp['torch']} against oracle {comp['oracle']}: D differs by at most {comp['max_rel_diff']:.1%} "
-                       f"over {len(comp['shifts'])} shifts")
-            typer.echo(f"wrote {path / 'audit.json'}, {path / 'report.md'} ({result['runtime_s']:.0f} s)")
+            _audit_torch(out, model, engine, dtype, data, quick, progress, seq_len, num_seqs, max_len, length_seqs,
+                         seed, where, compile_cache)
             return
-
         overrides = {"seq_len": seq_len, "num_seqs": num_seqs, "max_len": max_len, "length_seqs": length_seqs,
                      "budget_policy": budget_policy,
                      "random_init": random_init, "seed": seed}
         if budget is not None or budget_policy is not None:
             overrides["budget"] = budget if budget is not None else True
-        from anchor.parts import Parts, parts_dir
+        _audit_oracle(out, model, policies, data, quick, progress, overrides, where, compile_cache)
 
-        with out_lock(out, "audit"), _compile_cache(compile_cache):
-            # each policy's curves and the budget are kept beside --out as they finish: a killed audit, run
-            # again with the same options, computes only the rest
-            parts = Parts(parts_dir(out), "audit")
-            result = run_audit(model, policies, data=data, quick=quick, progress=progress, parts=parts, **overrides)
-            result["oracle_device"] = where
-            path = write_audit(result, out)
-            parts.remove()
-        typer.echo(f"wrote {path / 'audit.json'}, {path / 'report.md'} ({result['runtime_s']:.0f} s)")
+
+def _audit_torch(out: Path, model: str, engine: str, dtype: str, data: str | None, quick: bool, progress: bool,
+                 seq_len: int | None, num_seqs: int | None, max_len: int | None, length_seqs: int | None, seed: int,
+                 where: str, compile_cache: bool) -> None:
+    """`anchor audit --stack torch` once its options are checked: torchtrain's model beside the emulation."""
+    from anchor.outdir import out_lock
+    from jaxref.audit import write_audit
+    from parity_tests.torch_audit import audit_torch_stack
+
+    with out_lock(out, "audit"), _compile_cache(compile_cache):
+        result = audit_torch_stack(model, engine, dtype, data=data, quick=quick, progress=progress, seq_len=seq_len,
+                                   num_seqs=num_seqs, max_len=max_len, length_seqs=length_seqs, seed=seed)
+        result["oracle_device"] = where
+        path = write_audit(result, out)
+    comp = result["comparison"]
+    typer.echo(f"{comp['torch']} against oracle {comp['oracle']}: D differs by at most {comp['max_rel_diff']:.1%} "
+               f"over {len(comp['shifts'])} shifts")
+    typer.echo(f"wrote {path / 'audit.json'}, {path / 'report.md'} ({result['runtime_s']:.0f} s)")
+
+
+def _audit_oracle(out: Path, model: str, policies: str, data: str | None, quick: bool, progress: bool,
+                  overrides: dict, where: str, compile_cache: bool) -> None:
+    """`anchor audit` (the oracle under each policy) once its options are checked; each policy's curves and the
+    budget are kept beside --out as they finish, so a killed audit, run again with the same options, computes
+    only the rest."""
+    from anchor.outdir import out_lock
+    from anchor.parts import Parts, parts_dir
+    from jaxref.audit import run_audit, write_audit
+
+    with out_lock(out, "audit"), _compile_cache(compile_cache):
+        parts = Parts(parts_dir(out), "audit")
+        result = run_audit(model, policies, data=data, quick=quick, progress=progress, parts=parts, **overrides)
+        result["oracle_device"] = where
+        path = write_audit(result, out)
+        parts.remove()
+    typer.echo(f"wrote {path / 'audit.json'}, {path / 'report.md'} ({result['runtime_s']:.0f} s)")
 
 
 @contextlib.contextmanager
