@@ -1,9 +1,9 @@
 """Finished parts of a long command, kept beside its output so that a killed run loses none of them.
 
-    parts = Parts(parts_dir(out), "eval")          # `.<name>.parts` beside --out
-    done = parts.load("part-0", key)               # what a killed run with the same key finished, or None
-    parts.save("part-0", {"key": key, **result})   # one JSON file, written atomically
-    ...publish `out`...; parts.remove()            # the parts go once the output is published
+    parts = Parts(parts_dir(out), "eval")                  # `.<name>.parts` beside --out
+    value, taken = parts.kept("part-0", key, compute)      # a killed run's value under this key, or compute()'s,
+                                                           # kept (one JSON file, written atomically)
+    ...publish `out`...; parts.remove()                    # the parts go once the output is published
 
 A part is reused only when its key (the settings it was computed with, the anchor version, the files it
 read) equals the call's: `normal` puts a key or a result in the form it reads back in (tuples become lists,
@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from anchor.errors import InputError
@@ -90,6 +91,19 @@ class Parts:
         if read_marker(self.folder) is None:
             write_marker(self.folder, self.verb)
         write_text_atomic(self.folder / f"{name}.json", json.dumps(part, default=plain))
+
+    def kept(self, name: str, key: Any, compute: Callable[[], Any]) -> tuple[Any, bool]:
+        """(value, taken): the value a killed run kept as part `name` under this `key` (taken True), else
+        `compute()`'s, kept as that part in the form it reads back in (`normal`) before it is returned.
+        Without a folder, `compute()`'s value as it is."""
+        if self.folder is None:
+            return compute(), False
+        done = self.load(name, key)
+        if done is not None and "value" in done:
+            return done["value"], True
+        value = normal(compute())
+        self.save(name, {"key": key, "value": value})
+        return value, False
 
     def remove(self) -> None:
         """Delete the folder (once the command's output is published): `remove_parts`."""

@@ -361,10 +361,11 @@ def main() -> None:
                 run_cfg = cfg.replace(variant=variant, engine=engine)
 
                 def run(r, k=k, run_cfg=run_cfg, label=label):
-                    if not args.phases:
-                        return anchor_steps(run_cfg, Path(tmp) / f"run-{k}-{r}")
-                    phases.setdefault(label, []).append([])
-                    with phase_timing(phases[label][-1]):
+                    timing = contextlib.nullcontext()
+                    if args.phases:
+                        phases.setdefault(label, []).append([])
+                        timing = phase_timing(phases[label][-1])
+                    with timing:
                         return anchor_steps(run_cfg, Path(tmp) / f"run-{k}-{r}")
 
                 configs.append((label, run, flops["intra_doc" if variant == "intra_doc_reset" else variant]))
@@ -373,8 +374,9 @@ def main() -> None:
             def publish(rows: list[dict[str, Any]], complete: bool, echo: bool = False) -> None:
                 """This length's rows (with the phases) and ratios into the JSON, rewritten atomically."""
                 for r in rows:
-                    if all(phases.get(r["config"], [[]])):  # every round timed its steps
-                        r["phases"] = phases[r["config"]]
+                    timed_rounds = phases.get(r["config"])
+                    if timed_rounds and all(timed_rounds):  # every round timed its steps
+                        r["phases"] = timed_rounds
                         if echo:
                             last = {k: statistics.mean(p[-1][k] for p in r["phases"]) for k in (*PHASES, "train_step")}
                             print(f"  {r['config']} last step: " + ", ".join(f"{k} {v:.3f} s" for k, v in last.items()),

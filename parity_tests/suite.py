@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from anchor.errors import InputError
-from anchor.parts import Parts, normal
+from anchor.parts import Parts
 from anchor.progress import ProgressBar
 from parity_tests.cases import BF16, Case, case_inputs
 from parity_tests.core import RULE, Rule, compare, fidelity, judge
@@ -122,19 +122,16 @@ def run_parity(cases: Iterable[Case], rule: Rule = RULE, *, progress: bool = Fal
     results, grad_results = [], []
     reused = {"cases": 0, "grad_cases": 0, "seconds": 0.0}
 
+    parts = parts or Parts(None, "parity")
+
     def kept(kind: str, i: int, case: Case, run: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], str]:
         """The case's result: a killed run's part, or run now (and kept); with a note for the bar."""
-        if parts is None:
-            return run(), ""
-        part_key = {"run": key, "case": dataclasses.asdict(case), "kind": kind}
-        done = parts.load(f"{kind}-{i}", part_key)
-        if done is not None:
-            reused[f"{kind}s"] += 1
-            reused["seconds"] += done["result"]["runtime_s"]
-            return done["result"], ", finished by a killed run"
-        r = normal(run())
-        parts.save(f"{kind}-{i}", {"key": part_key, "result": r})
-        return r, ""
+        r, taken = parts.kept(f"{kind}-{i}", {"run": key, "case": dataclasses.asdict(case), "kind": kind}, run)
+        if not taken:
+            return r, ""
+        reused[f"{kind}s"] += 1
+        reused["seconds"] += r["runtime_s"]
+        return r, ", finished by a killed run"
 
     try:
         for i, case in enumerate(cases):

@@ -40,3 +40,16 @@ def test_a_folder_of_someone_elses_files_is_refused_and_kept(tmp_path):
         Parts(tmp_path / ".file.parts", "eval")
     remove_parts(folder)  # as after an evaluation published without keeping parts: someone else's folder stays
     assert (folder / "notes.txt").read_text() == "mine"
+
+
+def test_kept_computes_once_per_key_and_without_a_folder_leaves_the_value_as_it_is(tmp_path):
+    parts, calls = Parts(parts_dir(tmp_path / "out"), "audit"), []
+
+    def compute():
+        calls.append(1)
+        return {"rows": (1, 2), "tol": math.inf}
+
+    assert parts.kept("p", {"seed": 0}, compute) == ({"rows": [1, 2], "tol": math.inf}, False)  # as it reads back
+    assert parts.kept("p", {"seed": 0}, compute) == ({"rows": [1, 2], "tol": math.inf}, True) and len(calls) == 1
+    assert parts.kept("p", {"seed": 1}, compute)[1] is False and len(calls) == 2  # another key: computed again
+    assert Parts(None, "audit").kept("p", {"seed": 0}, compute) == ({"rows": (1, 2), "tol": math.inf}, False)

@@ -286,23 +286,22 @@ def _evaluate_checkpoints(checkpoints: Sequence[tuple[str, str]], tok, bos: int,
     reused_s = 0.0
     try:
         for i, (label, source) in enumerate(checkpoints):
-            key = None if parts is None else _normal(
-                {"anchor": __version__, "settings": settings, "label": label, "source": str(source),
-                 "files": _files_id(eval_model_source(source)), "haystack": _files_id(haystack) if haystack else None,
-                 "qa_data": {t: _files_id(f) for t, f in sorted(qa_data.items())}})
-            done = store.load(f"part-{i}", key)
-            if done is not None:
+            key = None if parts is None else {
+                "anchor": __version__, "settings": settings, "label": label, "source": str(source),
+                "files": _files_id(eval_model_source(source)), "haystack": _files_id(haystack) if haystack else None,
+                "qa_data": {t: _files_id(f) for t, f in sorted(qa_data.items())}}
+
+            def evaluate(label=label, source=source) -> dict[str, Any]:
+                t_ckpt = time.time()
+                mine = _evaluate_checkpoint(label, source, tok, bos, prompt_sets, windows, settings, bar)
+                # as a reused part reads back (anchor.parts.normal): the same result either way
+                return _normal({**mine, "seconds": round(time.time() - t_ckpt, 1)})
+
+            mine, taken = store.kept(f"part-{i}", key, evaluate)
+            if taken:
                 bar.describe(f"{label}: evaluated before, reused")
-                rows += done["rows"]
-                ppl_rows += done["perplexity"]
-                sample_rows += done["samples"]
-                reused_s += float(done["seconds"])
+                reused_s += float(mine["seconds"])
                 bar.advance(per_checkpoint)
-                continue
-            t_ckpt = time.time()
-            mine = _evaluate_checkpoint(label, source, tok, bos, prompt_sets, windows, settings, bar)
-            mine = _normal(mine)  # as a reused part reads back: the same result either way
-            store.save(f"part-{i}", {"key": key, **mine, "seconds": round(time.time() - t_ckpt, 1)})
             rows += mine["rows"]
             ppl_rows += mine["perplexity"]
             sample_rows += mine["samples"]

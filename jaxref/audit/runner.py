@@ -510,62 +510,49 @@ def _curves(params: Params, spec: ModelSpec, kind: str, pols: list[DtypePolicy],
     a policy's three as one piece of `kept` (`per_policy` forward passes)."""
     block: dict[str, Any] = {"shift_curve": {}, "per_token": {}, "length_curve": {}}
     for i, pol in enumerate(pols):
-        name = f"{kind}-{i}-{pol.name}"
-        done = kept.get(name, per_policy, bar)
-        if done is not None:
-            for section, value in done.items():
-                block[section][pol.name] = value
-            continue
-        mine = {}
-        bar.describe(f"{kind} {pol.name}: shift curve (T={settings.seq_len})")
-        sc = shift_curve(params, spec, remap(windows.shift), pol, settings.shifts, settings.ref_shift, bar.advance,
-                         maps=maps)
-        pt = sc.pop("_per_token")
-        by_layer = sc.pop("_by_layer")
-        mine["shift_curve"] = sc
-        mine["per_token"] = {
-            "delta1": 0, "delta2": settings.ref_shift, "seq_len": settings.seq_len, "values": pt.tolist(),
-            "first_token_share": float(pt[0] / pt.sum()) if pt.sum() > 0 else 0.0,
-            "by_layer": by_layer.tolist()}
-        bar.describe(f"{kind} {pol.name}: length curve (T={settings.max_len})")
-        mine["length_curve"] = length_curve(params, spec, remap(windows.length), pol, lengths, 0,
-                                            settings.ref_shift, bar.advance, maps=maps)
-        for section, value in kept.put(name, mine).items():
+        curves = kept(f"{kind}-{i}-{pol.name}", per_policy, lambda pol=pol: _policy_curves(
+            params, spec, kind, pol, settings, lengths, windows, remap, bar, maps))
+        for section, value in curves.items():
             block[section][pol.name] = value
     return block
 
 
+def _policy_curves(params: Params, spec: ModelSpec, kind: str, pol: DtypePolicy, settings: AuditSettings,
+                   lengths: list[int], windows: _Windows, remap: Callable, bar: ProgressBar,
+                   maps: MapsRunner) -> dict[str, Any]:
+    """One policy's {"shift_curve", "per_token", "length_curve"} on one kind of weights."""
+    bar.describe(f"{kind} {pol.name}: shift curve (T={settings.seq_len})")
+    sc = shift_curve(params, spec, remap(windows.shift), pol, settings.shifts, settings.ref_shift, bar.advance,
+                     maps=maps)
+    pt = sc.pop("_per_token")
+    by_layer = sc.pop("_by_layer")
+    per_token = {"delta1": 0, "delta2": settings.ref_shift, "seq_len": settings.seq_len, "values": pt.tolist(),
+                 "first_token_share": float(pt[0] / pt.sum()) if pt.sum() > 0 else 0.0,
+                 "by_layer": by_layer.tolist()}
+    bar.describe(f"{kind} {pol.name}: length curve (T={settings.max_len})")
+    lc = length_curve(params, spec, remap(windows.length), pol, lengths, 0, settings.ref_shift, bar.advance, maps=maps)
+    return {"shift_curve": sc, "per_token": per_token, "length_curve": lc}
+
+
 class _Kept:
-    """An audit's finished pieces in anchor.parts (none kept when `parts` is None): `get(name, ticks)` gives a
-    piece a killed audit with the same `key` finished (advancing the progress bar by its `ticks`), `put`
-    keeps one in the form it reads back in; `reused` counts what was taken."""
+    """The audit's pieces through anchor.parts under the run's `key`: `kept(name, ticks, compute)` is
+    compute()'s value or the one a killed audit kept (the progress bar then advanced by its `ticks`, and
+    `taken` names it)."""
 
-    def __init__(self, parts: Parts | None, key: Any):
-        self.parts, self.key, self.reused = parts, key, []
+    def __init__(self, parts: Parts | None, key: Any, bar: ProgressBar):
+        self.parts, self.key, self.bar, self.taken = parts or Parts(None, "audit"), key, bar, []
 
-    def get(self, name: str, ticks: int, bar: ProgressBar) -> Any:
-        if self.parts is None:
-            return None
-        done = self.parts.load(name, {"run": self.key, "piece": name})
-        if done is None:
-            return None
-        self.reused.append(name)
-        bar.advance(ticks)
-        return done["value"]
-
-    def put(self, name: str, value: Any) -> Any:
-        if self.parts is None:
-            return value
-        from anchor.parts import normal
-
-        value = normal(value)
-        self.parts.save(name, {"key": {"run": self.key, "piece": name}, "value": value})
+    def __call__(self, name: str, ticks: int, compute: Callable[[], Any]) -> Any:
+        value, taken = self.parts.kept(name, {"run": self.key, "piece": name}, compute)
+        if taken:
+            self.taken.append(name)
+            self.bar.advance(ticks)
         return value
 
 
 def _measure(spec: ModelSpec, kinds: list[tuple[str, dict]], pols: list[DtypePolicy], base: DtypePolicy | None,
              settings: AuditSettings, lengths: list[int], windows: _Windows, progress: bool,
-             kept: _Kept | None = None) -> dict[str, Any]:
+             parts: Parts | None = None, key: Any = None) -> dict[str, Any]:
     """Every forward pass of the audit: the curves of each kind of weights ("pretrained", "random_init")
     under every policy, and the error budget of `base` on the pretrained weights, on one MapsRunner.
 
@@ -580,7 +567,7 @@ def _measure(spec: ModelSpec, kinds: list[tuple[str, dict]], pols: list[DtypePol
     total += 2 * settings.budget_seqs * len(budget_pols)
     bar = ProgressBar("audit", total, progress, unit="forward passes")
     out: dict[str, Any] = {}
-    kept = kept or _Kept(None, None)
+    kept = _Kept(parts, key, bar)  # each policy's curves and the budget, through `parts` when given
     maps: MapsRunner | None = None
     try:
         for kind, st in kinds:
@@ -597,11 +584,10 @@ def _measure(spec: ModelSpec, kinds: list[tuple[str, dict]], pols: list[DtypePol
                 out["error_budget"] = {}
                 if base is not None:
                     bar.describe(f"error budget of {base.name} (T={windows.budget_len})")
-                    budget = kept.get("budget", 2 * settings.budget_seqs * len(budget_pols), bar)
-                    if budget is None:
-                        budget = kept.put("budget", error_budget(params, spec, remap(windows.budget), base, 0,
-                                                                 settings.ref_shift, bar.advance, maps=maps))
-                    out["error_budget"][base.name] = budget
+                    out["error_budget"][base.name] = kept(
+                        "budget", 2 * settings.budget_seqs * len(budget_pols),
+                        lambda: error_budget(params, spec, remap(windows.budget), base, 0, settings.ref_shift,
+                                             bar.advance, maps=maps))
             else:
                 out["random_init"] = {"init": "pytorch-default (kaiming_uniform a=sqrt(5), embedding N(0,1), norms 1)",
                                       "seed": settings.seed, **block}
@@ -609,8 +595,8 @@ def _measure(spec: ModelSpec, kinds: list[tuple[str, dict]], pols: list[DtypePol
         bar.close()
         if maps is not None:
             maps.close()
-    if kept.reused:
-        out["reused"] = {"pieces": kept.reused, "note": "finished by a killed audit with the same settings"}
+    if kept.taken:
+        out["reused"] = {"pieces": kept.taken, "note": "finished by a killed audit with the same settings"}
     return out
 
 
@@ -670,7 +656,7 @@ def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy
                "settings": dataclasses.asdict(settings), "lengths": lengths,
                "policies": [p.to_dict() for p in pols], "budget": base.to_dict() if base is not None else None,
                "jax_backend": jax.default_backend()}
-    out = _measure(spec, kinds, pols, base, settings, lengths, windows, progress, _Kept(parts, key))
+    out = _measure(spec, kinds, pols, base, settings, lengths, windows, progress, parts, key)
     out["angle_error"] = metrics.angle_error(spec.rope, spec.head_dim, ANGLE_POSITIONS, shift=settings.ref_shift)
     settings_d = _settings_record(settings, lengths, base, windows, data)
     return {
