@@ -32,7 +32,7 @@
 #   6                                   LENGTHS=512 gpu_parity.sh R audit; TRAIN_ARGS="--steps 12 --rounds 2" gpu_parity.sh R train
 #   6b                                  LENGTHS=4096 ORACLE=cuda LIMIT=280 gpu_parity.sh R audit   (if the smoke passed)
 #   7                                   gpu_parity.sh R phases
-# The oracle on the CPU at T=8192 (SmolLM2, measured on this project's 2 cores): a forward with taps 67 s in
+# The oracle on the CPU at T=8192 (SmolLM2, this project's 2 cores; benchmarks/results/oracle_cost_cpu.json): a forward with taps 67 s in
 # fp64, 42 s in fa2_bf16 (a variant's forward cases: fp64 and 4 summation orders, ~4 minutes; the 16 cores
 # there, well under one call for the four); one fp64 gradient did not finish in 15 minutes (memory-bound on
 # [heads, T, T] fp64 scores, and a gradient case takes 3 steps in each of 2 policies): gradients at 8192
