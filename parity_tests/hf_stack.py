@@ -441,14 +441,22 @@ def _registered(stack: Stack) -> Iterator[None]:
 
 
 def run_stack(subject: Subject, stack: Stack, inputs: CaseInputs, variant: str, dtype: str) -> Taps:
-    """The stack's taps on the inputs of `variant` (one forward, no gradient) in `dtype`."""
+    """The stack's taps on the inputs of `variant` (one forward, no gradient) in `dtype`.
+
+    Compiled code (transformers' `torch.compile(flex_attention)`) is compiled for static shapes: after
+    one length, dynamo recompiles the next with dynamic shapes, and the CPU code generator of torch
+    2.13 writes flex attention's dynamic-shape kernel with undeclared names (`cur_kvSplitSize0`:
+    CppCompileError), so whether the stack erred would hang on what ran before it in the process
+    (torchtrain compiles its own flex with `dynamic=False` for the same reason).
+    """
     import torch
 
     model = subject_model(subject, dtype)
     rec = _Recorder(inputs.doc_ids, variant, inputs.rows)
     with _registered(stack):
         model.set_attn_implementation(stack.implementation)
-        with _recording(model, stack, rec), torch.no_grad():
+        with (_recording(model, stack, rec), torch.no_grad(),
+              torch._dynamo.config.patch(automatic_dynamic_shapes=False)):
             model(**feed(stack, inputs, variant), use_cache=False)
     return rec.taps()
 
