@@ -194,15 +194,19 @@ def audit_calls(audit: dict) -> dict[tuple[int, int, str, str], int]:
     {(B, T, activation dtype, weight dtype): calls}. In numpy's BLAS (`jaxref.model.blas_share_key`) a
     call's operands are the accumulator's dtype and B counts the rows of every policy sharing it (a
     shift call's window under every shift; a budget program's policies with the same key,
-    `jaxref.model.linear_many`); a product the BLAS cannot run (fp64 weights under fp32 activations)
-    is one XLA call per policy in its own dtypes."""
+    `jaxref.model.linear_many`, where the BLAS is position-exact, `jaxref.kernels.blas_position_exact`:
+    else each policy's call is its own); a product the BLAS cannot run (fp64 weights under fp32
+    activations) is one XLA call per policy in its own dtypes."""
     import math
     from collections import Counter
     from types import SimpleNamespace
 
+    from jaxref import kernels
     from jaxref.audit.runner import budget_groups, budget_plan, budget_runs, shifts_per_call
     from jaxref.model import blas_share_key
     from jaxref.policy import get_policy
+
+    share = kernels.blas_position_exact()
 
     spec, st = audit["spec"], audit["settings"]
     heads = SimpleNamespace(num_heads=spec["num_heads"])  # all that the call plan reads of the spec
@@ -218,7 +222,10 @@ def audit_calls(audit: dict) -> dict[tuple[int, int, str, str], int]:
             else:
                 shared[key] += 1
         for (_, acc), m in shared.items():
-            calls[(rows * m, T, str(acc), str(acc))] += n
+            if share:
+                calls[(rows * m, T, str(acc), str(acc))] += n
+            else:
+                calls[(rows, T, str(acc), str(acc))] += n * m
 
     S = len(st["shifts"])
     k = shifts_per_call(heads, st["seq_len"], S)
@@ -236,7 +243,7 @@ def products_at_shapes(audit: dict, rates: dict, reps: int = 5) -> dict:
     """The matmul floor at the audit's own shapes: the products `matmul_floor` counts, each projection
     timed alone as the audit runs it (`jaxref.model.linear`: the oracle's BLAS kernel, or XLA where the
     BLAS cannot run it) at the shape and batch of its call (q|k|v of one x as one call, o, gate|up as
-    one call, down; `audit_calls`), the best of `reps`; the causal q·kᵀ and p·v (inside the attention
+    one call, down, where the BLAS's calls are shared; else each alone; `audit_calls`), the best of `reps`; the causal q·kᵀ and p·v (inside the attention
     kernel, with the softmax) at `rates` (the accumulator's dtype).
 
     What the audit's products cost with nothing else around them: the floor at the MLP shape's rate
@@ -275,10 +282,10 @@ def products_at_shapes(audit: dict, rates: dict, reps: int = 5) -> dict:
                 ts.append(time.perf_counter() - t0)
             return min(ts)
 
-        if blas_share_key(act, param) is not None:  # q|k|v one call, gate|up one call
+        if blas_share_key(act, param) is not None and kernels.blas_position_exact():  # q|k|v one call, gate|up one
             t = {"qkv": best(H, N * D + 2 * K * D), "o": best(N * D, H), "gate_up": best(H, 2 * F),
                  "down": best(F, H)}
-        else:  # XLA: each product alone
+        else:  # XLA, or a BLAS whose calls are not shared: each product alone
             t = {"qkv": best(H, N * D) + 2 * best(H, K * D), "o": best(N * D, H), "gate_up": 2 * best(H, F),
                  "down": best(F, H)}
         one = L * t["qkv"] + (L - 1) * (t["o"] + t["gate_up"] + t["down"])

@@ -144,12 +144,15 @@ def linear_many(requests, fused: bool = False) -> list:
     batch (`jaxref.kernels.matmul`), and an output column is the same dot product whatever columns
     the call holds. A weight is packed once for a call of many rows instead of once per request (the
     error budget's policies at T = 128: jaxref/audit/maps.py), and a wider call runs faster (q, k, v
-    of SmolLM2 as one [960, 576] weight: ~9% at T = 256). Other requests run alone.
+    of SmolLM2 as one [960, 576] weight: ~9% at T = 256). Other requests run alone, and every request
+    where the BLAS is not position-exact (`kernels.blas_position_exact`: OpenBLAS's Haswell kernels,
+    whose rows and columns change in their last bits with the call around them).
     """
     out: list = [None] * len(requests)
     groups: dict[tuple, list[int]] = {}
+    share = kernels.blas_position_exact()
     for i, (x, w, b, act, param) in enumerate(requests):
-        if _blas_ok(act, param, fused) and x.ndim >= 2:
+        if share and _blas_ok(act, param, fused) and x.ndim >= 2:
             groups.setdefault((*blas_share_key(act, param), x.shape[1:]), []).append(i)
         else:
             out[i] = linear(x, w, b, act, param, fused)

@@ -15,9 +15,12 @@ The same library holds the precision audit's probe (`audit_probe`): every shift'
 maps against the reference shift's, reduced to the audit's column and first-key sums inside the
 kernel (jaxref/audit/maps.py); and the decoder's projections (`matmul`, `jaxref.model.linear`): fp32
 and fp64 products by a private, single-threaded copy of numpy's OpenBLAS on XLA's threads, which ran
-10-30% faster than XLA's own matmuls at SmolLM2's shapes on 2 cores (numpy's `x @ w.T` to the bit,
-each row's result independent of the batch; tests/jaxref/test_blas_matmul.py). Without that OpenBLAS
-the projections stay XLA's.
+10-30% faster than XLA's own matmuls at SmolLM2's shapes on 2 cores (each row's result independent of
+the batch; tests/jaxref/test_blas_matmul.py). Without that OpenBLAS the projections stay XLA's.
+Calls are shared (several batch elements in one call; several requests' x and weights in one call,
+`jaxref.model.linear_many`) only where the BLAS is position-exact (`blas_position_exact`): a row's
+and a column's result the same whatever rows and columns the call holds, as OpenBLAS's AVX-512
+kernels are and its Haswell kernels (AVX2 CPUs) are not.
 
 The library is compiled on first use with the system C++ compiler (`$CXX`, else `c++`) against
 jaxlib's FFI headers into `<cache>/kernels/` (`anchor.paths.cache_dir()`), keyed by a hash of the
@@ -131,7 +134,9 @@ def available() -> bool:
         return False
     entries = _private_blas()
     if entries is not None:
-        lib.jaxref_set_blas(ctypes.c_void_p(entries[0]), ctypes.c_void_p(entries[1]), ctypes.c_int(entries[2]))
+        _BLAS_EXACT.append(_position_exact(*entries))
+        lib.jaxref_set_blas(ctypes.c_void_p(entries[0]), ctypes.c_void_p(entries[1]), ctypes.c_int(entries[2]),
+                            ctypes.c_int(_BLAS_EXACT[0]))
     return True
 
 
@@ -195,6 +200,50 @@ def _private_blas() -> tuple[int, int, bool] | None:
 def blas_available() -> bool:
     """Whether `matmul` may run: the kernel library is loaded and a private copy of numpy's OpenBLAS too."""
     return available() and bool(_BLAS_LIBS)
+
+
+def blas_position_exact() -> bool:
+    """Whether `matmul` may share calls: the BLAS is loaded and gives a row and a column the same result
+    whatever rows and columns its call holds (`_position_exact`, checked once per process)."""
+    return blas_available() and _BLAS_EXACT[0]
+
+
+_BLAS_EXACT: list[bool] = []  # `_position_exact` of the private BLAS once loaded
+
+# (rows R, inputs K, outputs N) at which `_position_exact` checks the BLAS: odd and even sizes,
+# SmolLM2's, small calls (the BLAS's small-matrix kernels) and large ones (its blocked kernel).
+_POSITION_SHAPES = ((129, 97, 97), (97, 64, 160), (256, 576, 576), (257, 576, 192), (128, 576, 960))
+
+
+def _position_exact(sgemm: int, dgemm: int, ilp64: bool) -> bool:
+    """Whether the BLAS at `sgemm`/`dgemm` gives, bitwise, x·wᵀ's rows and columns whatever rows and
+    columns the call holds: x stacked three times (each copy's rows equal x's own call), and w after
+    and before another weight on the output axis (its columns equal w's own call), at
+    `_POSITION_SHAPES`, fp32 and fp64. Measured: True with OpenBLAS's SkylakeX kernels (Xeon and EPYC
+    CPUs with AVX-512); False with its Haswell kernels (an EPYC with AVX2 only: up to an ulp apart)."""
+    integer = ctypes.c_int64 if ilp64 else ctypes.c_int
+    rng = np.random.default_rng(0)
+    for dt, fn, scalar in ((np.float32, sgemm, ctypes.c_float), (np.float64, dgemm, ctypes.c_double)):
+        gemm = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, ctypes.c_int, integer, integer, integer, scalar,
+                                ctypes.c_void_p, integer, ctypes.c_void_p, integer, scalar, ctypes.c_void_p,
+                                integer)(fn)
+
+        def product(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+            (m, k), n = x.shape, w.shape[0]
+            y = np.empty((m, n), dt)
+            gemm(101, 111, 112, m, n, k, 1.0, x.ctypes.data, k, w.ctypes.data, k, 0.0, y.ctypes.data, n)
+            return y
+
+        for R, K, N in _POSITION_SHAPES:
+            x, w, other = (rng.standard_normal(s).astype(dt) for s in ((R, K), (N, K), (35, K)))
+            alone = product(x, w)
+            stacked = product(np.concatenate([x, x, x]), w)
+            if not all(np.array_equal(stacked[i * R:(i + 1) * R], alone) for i in range(3)):
+                return False
+            if not (np.array_equal(product(x, np.concatenate([other, w]))[:, 35:], alone)
+                    and np.array_equal(product(x, np.concatenate([w, other]))[:, :N], alone)):
+                return False
+    return True
 
 
 def matmul(x, w):

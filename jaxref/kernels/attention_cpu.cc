@@ -846,14 +846,18 @@ ffi::Error Probe(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi:
 //   * every batch element's rows are cut alike, by R alone, in chunks of at most GEMM_CHUNK rows;
 //   * whole elements are grouped into one call (g of them, g the largest divisor of B leaving a call
 //     per thread, at most GEMM_ROWS rows a call) only when one element's call is large
-//     (R N K >= GEMM_GROUP_MNK): the BLAS picks its kernel by the call's shape, and its blocked kernel,
+//     (R N K >= GEMM_GROUP_MNK) and jaxref.kernels found this BLAS position-exact (`group_rows`): the
+//     BLAS picks its kernel by the call's shape, and the blocked kernel of OpenBLAS's AVX-512 builds,
 //     which large calls get, gives a row the same result whatever rows the call holds; small calls get
-//     other kernels, so they always hold one chunk (tests/jaxref/test_blas_matmul.py).
+//     other kernels, so they always hold one chunk. Its Haswell kernels (AVX2 CPUs) do not: a row's
+//     last bits change with its place in the call, so there every element has calls of its own
+//     (tests/jaxref/test_blas_matmul.py).
 
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
 struct Blas {
   void *sgemm = nullptr, *dgemm = nullptr;  // cblas_sgemm / cblas_dgemm
   bool ilp64 = true;                        // their integers 64-bit (else 32-bit)
+  bool group_rows = false;                  // whole elements may share a call (position-exact BLAS)
 };
 Blas& blas() {
   static Blas b;
@@ -926,7 +930,7 @@ ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<DT> w, ff
   P->chunks = (P->R + GEMM_CHUNK - 1) / GEMM_CHUNK;
   P->chunk = (P->R + P->chunks - 1) / P->chunks;  // every chunk `chunk` rows but the last, shorter by < chunks
   P->group = 1;
-  if (P->chunks == 1 && double(P->R) * double(P->N) * double(P->K) >= GEMM_GROUP_MNK)
+  if (blas().group_rows && P->chunks == 1 && double(P->R) * double(P->N) * double(P->K) >= GEMM_GROUP_MNK)
     for (int64_t g = batch / threads; g > 1; --g)
       if (batch % g == 0 && g * P->R <= GEMM_ROWS) {
         P->group = g;
@@ -979,10 +983,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxrefMatmulF32, Matmul<ffi::F32>, matmul_binding<
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxrefMatmulF64, Matmul<ffi::F64>, matmul_binding<ffi::F64>());
 
 // The BLAS entry points (cblas_sgemm / cblas_dgemm with 64-bit integers when ilp64, else 32-bit) of a
-// single-threaded BLAS instance, from jaxref.kernels before the first matmul.
-extern "C" void jaxref_set_blas(void* sgemm, void* dgemm, int ilp64) {
+// single-threaded BLAS instance, and whether its results are position-exact (group_rows), from
+// jaxref.kernels before the first matmul.
+extern "C" void jaxref_set_blas(void* sgemm, void* dgemm, int ilp64, int group_rows) {
   Blas& b = blas();
   b.sgemm = sgemm;
   b.dgemm = dgemm;
   b.ilp64 = ilp64 != 0;
+  b.group_rows = group_rows != 0;
 }
