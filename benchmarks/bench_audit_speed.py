@@ -243,8 +243,9 @@ def products_at_shapes(audit: dict, rates: dict, reps: int = 5) -> dict:
     """The matmul floor at the audit's own shapes: the products `matmul_floor` counts, each projection
     timed alone as the audit runs it (`jaxref.model.linear`: the oracle's BLAS kernel, or XLA where the
     BLAS cannot run it) at the shape and batch of its call (q|k|v of one x as one call, o, gate|up as
-    one call, down, where the BLAS's calls are shared; else each alone; `audit_calls`), the best of `reps`; the causal q·kᵀ and p·v (inside the attention
-    kernel, with the softmax) at `rates` (the accumulator's dtype).
+    one call, down, where the BLAS's calls are shared; else each alone; `audit_calls`), the best of
+    `reps`; the causal q·kᵀ and p·v (inside the attention kernel, with the softmax) at `rates` (the
+    accumulator's dtype).
 
     What the audit's products cost with nothing else around them: the floor at the MLP shape's rate
     (`matmul_floor`) is a rate the audit's smaller products (K = 576, 192-wide k and v, T = 128 budget
@@ -282,7 +283,7 @@ def products_at_shapes(audit: dict, rates: dict, reps: int = 5) -> dict:
                 ts.append(time.perf_counter() - t0)
             return min(ts)
 
-        if blas_share_key(act, param) is not None and kernels.blas_position_exact():  # q|k|v one call, gate|up one
+        if blas_share_key(act, param) is not None and kernels.blas_position_exact():  # q|k|v, gate|up: a call each
             t = {"qkv": best(H, N * D + 2 * K * D), "o": best(N * D, H), "gate_up": best(H, 2 * F),
                  "down": best(F, H)}
         else:  # XLA, or a BLAS whose calls are not shared: each product alone
