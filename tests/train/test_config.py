@@ -287,6 +287,7 @@ def test_a_late_config_error_leaves_no_run_folder_nor_parents(tmp_path, capsys):
     assert sorted(p.name for p in kept.iterdir()) == ["mine.txt"]
 
 
+@pytest.mark.slow  # two processes (the CI budget on 2 cores): `make test-all`
 def test_a_two_process_run_prints_no_warnings(tmp_path):
     """Issue 32 item 11: every 2-process run printed DeepSpeed's accelerator WARNING once per process; stderr
     and stdout (DeepSpeed logs there) of a 2-process run now hold no WARNING line (and no other noise than the progress-free run's own)."""

@@ -229,7 +229,8 @@ def test_a_planted_pickle_is_refused_and_never_runs(packed, tmp_path):
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
 
 
-@pytest.mark.parametrize("zero_stage,dtype", [(1, "bfloat16"), (2, "float32"), (3, "bfloat16")])
+@pytest.mark.parametrize("zero_stage,dtype", [pytest.param(1, "bfloat16", marks=pytest.mark.slow), (2, "float32"),
+                                              (3, "bfloat16")])
 def test_resume_through_the_weights_only_reader(packed, tmp_path, zero_stage, dtype):
     """Every DeepSpeed file of a ZeRO-1..3, fp32 or bf16 checkpoint loads through the weights_only reader
     (torchtrain.checkpoint.DEEPSPEED_ALLOWLIST), and the resumed run equals the uninterrupted one."""
@@ -293,6 +294,7 @@ def test_resume_compares_the_data_by_path_and_content(corpus, tmp_path):
     assert p.returncode == 2 and "content changed" in p.stderr and "Traceback" not in p.stderr
 
 
+@pytest.mark.slow  # two processes (the CI budget on 2 cores): `make test-all`
 def test_resume_with_another_process_count(packed, tmp_path):
     """Issue 32 item 3: resuming with another nproc crashed (IndexError at the RNG states of rank 1). At
     ZeRO-0 it resumes: the data position exact (the same windows: the same counted tokens per step as the

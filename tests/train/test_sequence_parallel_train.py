@@ -15,7 +15,7 @@ STEPS = 5
 COMMON = (f"steps={STEPS}", "global_batch=4", "eval_window=0", "save_every=0", "grad_clip=1.0")
 CASES = [  # (variant, layout, extra overrides)
     ("anchor", "plain", ()),
-    ("full", "plain", ()),
+    pytest.param("full", "plain", (), marks=pytest.mark.slow),
     pytest.param("intra_doc", "plain", (), marks=pytest.mark.slow),
     pytest.param("intra_doc_reset", "plain", (), marks=pytest.mark.slow),
     pytest.param("anchor", "tags", (), marks=pytest.mark.slow),
