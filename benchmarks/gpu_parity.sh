@@ -16,6 +16,8 @@
 #            emulation on --oracle-device $ORACLE (cpu); each audit at most $LIMIT (140) s. At L=512 on the first H100
 #            33 s (varlen) and 48 s (flex) with the CPU oracle; at 4096 the oracle's attention work is 64x, its
 #            projections 8x: several minutes an engine on the CPU, so ORACLE=cuda there if the smoke passed
+#   fanout   the parity cases at T=$T (1025) with the oracle on the CPU, a process per variant on $CORES (3) cores
+#            each, in the background (then `wait`, and `merge` joins their reports as OUT/parity_${T}_cpu_oracle)
 #   tests    pytest -m cuda
 #   train    benchmarks/bench_train_gpu.py (alone on the machine: it times steps)
 #   phases   where anchor train's steps spend their time (bench_train_gpu.py --phases, each part synchronized,
@@ -66,7 +68,7 @@ case $STEP in
 join)
   python3 benchmarks/gpu_kit.py join .devkit/parts --stash /tmp/anchor-parts --into .cache/models ;;
 smoke)
-  for P in cuda cpu; do
+  for P in ${SMOKE_ON:-cuda cpu}; do
     # at the limit SIGABRT: faulthandler prints where every thread was (the first H100's smoke stalled unexplained)
     JAX_LOG_COMPILES=1 timeout -s ABRT -k 20 ${LIMIT:-240} python3 -X faulthandler -m anchor parity --model random:llama \
       --device cuda --oracle-device $P --engines varlen,flex --policies bf16 --variants intra_doc,anchor --seq-len 97 \
@@ -80,9 +82,25 @@ smoke)
 parity)
   weights
   T=${T:-1025}
-  timeout ${LIMIT:-560} python3 -m anchor parity --model default --device cuda --oracle-device ${ORACLE:-cuda} \
+  # at the limit SIGABRT: faulthandler prints where every thread was; the cases finished are kept (OUT/.parity_T.parts)
+  timeout -s ABRT -k 20 ${LIMIT:-560} python3 -X faulthandler -m anchor parity --model default --device cuda --oracle-device ${ORACLE:-cuda} \
     --engines varlen,flex --policies bf16 --variants full,intra_doc,intra_doc_reset,anchor --seq-len $T ${GRADS---grads} \
     --no-progress --out "$OUT/parity_$T${GRADS+_forward}" 2>&1 | tail -40 ;;
+fanout)  # the parity cases at T=$T with the oracle on the CPU, one process per variant, each on its own
+         # $CORES cores (the oracle's XLA threads follow the affinity), in the background: OUT/fanout_${T}_V;
+         # then `wait`, and `merge` (OUT/parity_${T}_cpu_oracle)
+  weights
+  T=${T:-1025}; C=${CORES:-3}; k=0
+  python3 -m jaxref.kernels > /dev/null || exit 1  # the CPU kernels built once, before the processes share them
+  for V in ${VARIANTS:-full intra_doc intra_doc_reset anchor}; do
+    setsid nohup taskset -c $((k * C))-$((k * C + C - 1)) timeout ${LIMIT:-480} python3 -m anchor parity \
+      --model default --device cuda --oracle-device cpu --engines varlen,flex --policies bf16 --variants $V \
+      --seq-len $T ${GRADS---grads} --no-progress --out "$OUT/fanout_${T}_$V" > "$OUT/fanout_${T}_$V.log" 2>&1 < /dev/null &
+    echo $! > "$OUT/fanout_$V.pid"; k=$((k + 1))
+  done ;;
+merge)  # the fanout's reports as one: OUT/parity_${T}_cpu_oracle (benchmarks/merge_parity.py)
+  T=${T:-1025}
+  python3 benchmarks/merge_parity.py "$OUT/parity_${T}_cpu_oracle" "$OUT"/fanout_${T}_*/ 2>&1 | tail -3 ;;
 audit)
   weights
   for E in ${ENGINES:-varlen flex}; do for L in ${LENGTHS:-512 4096}; do
@@ -101,10 +119,10 @@ phases)
 bg)  # gpu_parity.sh OUT bg STEP: STEP in its own session (it outlives the device call), its pid in OUT/STEP.pid
   setsid nohup bash "$0" "$OUT" "${3:?bg needs a step}" > "$OUT/$3.out" 2>&1 < /dev/null &
   echo $! > "$OUT/$3.pid" ;;
-wait)  # until every step started with bg has ended, at most LIMIT seconds (by pid: `pgrep -f` on a step's
+wait)  # until every step started with bg (or fanout; WAIT_FOR: a glob of their names) has ended, at most LIMIT seconds (by pid: `pgrep -f` on a step's
        # words also matches the shell of the device call that names them, and waits for itself)
   end=$((SECONDS + ${LIMIT:-560}))
-  for f in "$OUT"/*.pid; do
+  for f in "$OUT"/${WAIT_FOR:-*}.pid; do
     [ -f "$f" ] || continue
     while kill -0 "$(cat "$f")" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 2; done
     kill -0 "$(cat "$f")" 2>/dev/null && echo "$(basename "$f" .pid) still running" || rm -f "$f"

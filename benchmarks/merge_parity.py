@@ -1,0 +1,105 @@
+"""One parity report from several `anchor parity` reports of the same model, device and rule.
+
+    python benchmarks/merge_parity.py OUT PARITY_DIR [PARITY_DIR ...]
+
+`anchor parity` runs its cases one after another in one process; on a lent GPU machine (16 cores, one
+device call of at most 10 minutes) the oracle on the CPU is faster as one process per variant, each on its
+own cores (benchmarks/gpu_parity.sh `fanout`). This joins their reports: the cases and gradient cases in
+the order `anchor parity` would have run them, `pass` only where every case passed, the longest runtime (they
+ran side by side), and each part's folder and runtime under `merged_from`. A report that disagrees with the
+first on model, device, oracle device, rule, optimizer or machine, or repeats a case, is refused (exit 2):
+a merged report never mixes settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from anchor.errors import InputError  # noqa: E402
+
+SAME = ("model", "device", "oracle_device", "rule", "optimizer")
+
+
+def numbers(x):
+    """A parity.json as read back, with its non-finite numbers (written as "inf", "-inf", "nan") as floats."""
+    if isinstance(x, str) and x in ("inf", "-inf", "nan"):
+        return float(x)
+    if isinstance(x, dict):
+        return {k: numbers(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [numbers(v) for v in x]
+    return x
+
+
+def merge(reports: list[tuple[str, dict]]) -> dict:
+    """The merged report of [(folder, parity.json's dict)], checked for one setting throughout."""
+    if not reports:
+        raise InputError("merge_parity: no reports given")
+    first_dir, first = reports[0]
+    cases, grad_cases, seen = [], [], set()
+    for folder, r in reports:
+        for k in SAME:
+            if r.get(k) != first.get(k):
+                raise InputError(f"{k} differs from {first_dir}'s ({r.get(k)!r} vs {first.get(k)!r})",
+                                 path=folder)
+        if (r.get("machine") or {}).get("gpu") != (first.get("machine") or {}).get("gpu"):
+            raise InputError(f"ran on another machine than {first_dir}", path=folder)
+        if ("grad_cases" in r) != ("grad_cases" in first):
+            raise InputError(f"gradient cases in one report and not the other ({first_dir})", path=folder)
+        for c in r["cases"]:
+            if c["id"] in seen:
+                raise InputError(f"case {c['id']} is in more than one report", path=folder)
+            seen.add(c["id"])
+        cases += r["cases"]
+        grad_cases += r.get("grad_cases", [])
+    order = {"full": 0, "intra_doc": 1, "intra_doc_reset": 2, "anchor": 3}
+
+    def key(c: dict) -> tuple:
+        return (order.get(c["variant"], 9), c["variant"], c.get("layout", "plain"), c["seq_len"],
+                c.get("requested_policy", c["policy"]), c["engine"])
+
+    out = {k: v for k, v in first.items() if k not in ("cases", "grad_cases", "reused")}
+    out["cases"] = sorted(cases, key=key)
+    if "grad_cases" in first:
+        out["grad_cases"] = sorted(grad_cases, key=key)
+    out["pass"] = all(c["pass"] for c in cases + grad_cases)
+    out["runtime_s"] = max(r["runtime_s"] for _, r in reports)
+    out["merged_from"] = [{"folder": f, "runtime_s": r["runtime_s"], "cases": len(r["cases"]),
+                           "grad_cases": len(r.get("grad_cases", []))} for f, r in reports]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("parts", nargs="+")
+    args = ap.parse_args(argv)
+    from parity_tests.report import write_report
+
+    try:
+        reports = []
+        for d in args.parts:
+            p = Path(d) / "parity.json"
+            if not p.is_file():
+                raise InputError("no parity.json (an unfinished run?)", path=d)
+            try:
+                reports.append((d, numbers(json.loads(p.read_text()))))
+            except json.JSONDecodeError as e:
+                raise InputError(f"not JSON ({e.msg}, line {e.lineno})", path=p) from None
+        result = merge(reports)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    path = write_report(result, args.out)
+    n, g = len(result["cases"]), len(result.get("grad_cases", []))
+    print(f"wrote {path}: {n} cases, {g} gradient cases, {'all pass' if result['pass'] else 'NOT all pass'}")
+    return 0 if result["pass"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
