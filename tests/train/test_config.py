@@ -40,7 +40,14 @@ PAPER_BASE = {65536: 5e6, 131072: 1e7}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[str(p.relative_to(ROOT / "configs" / "train")) for p in CONFIGS])
-def test_every_shipped_config_resolves(path):
+def test_every_shipped_config_resolves(path, monkeypatch):
+    # a step's memory against the whole machine's (MemTotal), not what the processes beside this test
+    # leave free at the moment: a fresh-clone run beside a 12 GB job refused smollm2_2k.yaml (5.5 GiB
+    # needed, 5.2 available), which fits this 24 GB machine idle
+    from torchtrain import engines
+
+    total = next(int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("MemTotal:"))
+    monkeypatch.setattr(engines, "available_memory", lambda device="cpu": total)
     cfg = load_train_config(path)
     ds = deepspeed_config(cfg, cfg.nproc)
     print(path.name, json.dumps(ds))
