@@ -255,13 +255,18 @@ _UNIT_AXES: dict[str, dict[str, int]] = {
 }
 
 
-def permute_units(params: dict, order: int) -> tuple[dict, np.ndarray]:
-    """The oracle's params with hidden units and MLP units reordered (a seeded permutation each):
-    the same model, whose matmuls and norms sum in another order. Returns (params, hidden perm)."""
+def unit_permutations(params: dict, order: int) -> dict[str, np.ndarray]:
+    """{"H": hidden units' permutation, "I": MLP units'} of summation order `order` (seeded by it)."""
     rng = np.random.default_rng(order)
     H = params["embed"].shape[1]
     I = params["layers"]["w_gate"].shape[1]
-    perms = {"H": rng.permutation(H), "I": rng.permutation(I)}
+    return {"H": rng.permutation(H), "I": rng.permutation(I)}
+
+
+def permute_units(params: dict, order: int) -> tuple[dict, np.ndarray]:
+    """The oracle's params with hidden units and MLP units reordered (a seeded permutation each):
+    the same model, whose matmuls and norms sum in another order. Returns (params, hidden perm)."""
+    perms = unit_permutations(params, order)
 
     def apply(name: str, x):
         if name not in _UNIT_AXES:
@@ -273,6 +278,28 @@ def permute_units(params: dict, order: int) -> tuple[dict, np.ndarray]:
     out = {k: apply(k, v) for k, v in params.items() if k != "layers"}
     out["layers"] = {k: apply(k, v) for k, v in params["layers"].items()}
     return out, perms["H"]
+
+
+def unpermute_state(state: dict[str, np.ndarray], perms: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A Hugging Face state (`jaxref.hf_state` names and layout: a gradient computed under
+    `permute_units`) back in the stored order of units: the inverse of `perms` along each name's unit axes."""
+    from jaxref.model import LAYER_NAMES
+
+    top = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_norm", "lm_head.weight": "lm_head"}
+    inverse = {u: np.argsort(p) for u, p in perms.items()}
+    out = {}
+    for name, x in state.items():
+        if name in top:
+            axes = _UNIT_AXES[top[name]]
+        else:
+            hf = name.split(".", 3)[3] if name.startswith("model.layers.") else None
+            if hf not in LAYER_NAMES:
+                raise KeyError(f"unpermute_state: no unit axes known for parameter {name!r}")
+            axes = {u: a - 1 for u, a in _UNIT_AXES[LAYER_NAMES[hf]].items()}  # one layer: no layer axis
+        for unit, axis in axes.items():
+            x = np.take(np.asarray(x), inverse[unit], axis=axis)
+        out[name] = x
+    return out
 
 
 @contextlib.contextmanager

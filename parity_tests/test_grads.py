@@ -119,3 +119,44 @@ def test_weight_decay_on_norms_is_named(monkeypatch):
     assert not result["pass"]
     assert result["first_divergence"]["param"] == "model.norm.weight"
     assert result["first_divergence"]["kind"] == "step@1"
+
+
+# ---------------------------------------------------------------------------------------------
+# The bf16 gradients' baseline: the emulation's error over summation orders
+
+
+def test_grad_draws_are_in_the_stored_order():
+    """Each order's gradients come back in the stored order of units: in fp64 (where the orders agree
+    to rounding) every parameter's equals order 0's to 1e-12; in bf16 they are other draws (not order 0's
+    copy), each within bf16's rounding of it."""
+    import numpy as np
+
+    from parity_tests.cases import case_inputs
+    from parity_tests.grads import oracle_grad_draws, oracle_training
+
+    case = Case("random:llama", "anchor", "plain", "fp32", "sdpa", 97)
+    inputs = case_inputs(case)
+    for policy, close in (("fp64", 1e-12), ("fa2_bf16", 0.2)):
+        order0 = oracle_training(case, inputs, policy, 1)["grads"]
+        draws = oracle_grad_draws(case, inputs, policy, 3)
+        assert len(draws) == 2 and all(sorted(d) == sorted(order0) for d in draws)
+        rel = [max(np.linalg.norm(d[n] - order0[n]) / np.linalg.norm(order0[n]) for n in order0) for d in draws]
+        assert max(rel) < close, (policy, rel)
+        if policy != "fp64":
+            assert min(rel) > 1e-4, rel  # another order's rounding, not order 0's gradients again
+
+
+def test_grads_baseline_is_the_rms_over_orders():
+    import numpy as np
+
+    from parity_tests.grads import _compare
+
+    truth = {"w": np.ones(100)}
+    test = {"w": np.ones(100) * 1.05}  # 0.05 off
+    orders = [{"w": np.ones(100) * (1 + e)} for e in (0.01, 0.04, 0.01, 0.01)]  # RMS 0.0218
+    row = _compare(test, truth, orders, ["w"], rule_tol=lambda b: 2 * b + 1e-3, kind="grads")["params"][0]
+    assert row["baseline_rel_l2"] == pytest.approx(np.sqrt((3 * 0.01**2 + 0.04**2) / 4))
+    assert row["baseline_orders_rel_l2"] == pytest.approx([0.01, 0.04, 0.01, 0.01])
+    assert row["tol"] == pytest.approx(2 * row["baseline_rel_l2"] + 1e-3) and not row["pass"]  # 0.05 > 0.0446
+    one = _compare(test, truth, orders[1], ["w"], rule_tol=lambda b: 2 * b + 1e-3, kind="grads")["params"][0]
+    assert one["pass"] and "baseline_orders_rel_l2" not in one  # one order (0.04) alone would pass it
