@@ -25,15 +25,17 @@
 #   bg STEP  STEP in the background, outliving the call (the machine stays held while calls follow within 30 s)
 #   wait     until the background steps have ended (at most $LIMIT s)
 # A session's calls, each begun within 30 s of the last one's end (else the machine goes back, bare), R=/tmp/res,
-# every call ending with `tar czf $OUT/r.tgz -C /tmp/res .` (what comes back; at most 16 MiB a file):
-#   1 (carry .whl, manifest, part-000)  gpu_parity.sh R join; gpu_parity.sh R bg tests; LIMIT=240 gpu_parity.sh R smoke
-#   2 (carry manifest, part-001)        gpu_parity.sh R join
-#   3 (carry manifest, part-002)        gpu_parity.sh R join; LIMIT=300 gpu_parity.sh R wait; T=1025 ORACLE=cpu gpu_parity.sh R parity
-#   4                                   T=8192 GRADS= ORACLE=cpu gpu_parity.sh R parity   (forward only)
-#   5                                   T=8192 gpu_parity.sh R parity   (with gradients: the oracle on CUDA, if the smoke passed)
-#   6                                   LENGTHS=512 gpu_parity.sh R audit; TRAIN_ARGS="--steps 12 --rounds 2" gpu_parity.sh R train
-#   6b                                  LENGTHS=4096 ORACLE=cuda LIMIT=280 gpu_parity.sh R audit   (if the smoke passed)
-#   7                                   gpu_parity.sh R phases
+# every call ending with `tar czf $OUT/r.tgz -C /tmp/res .` (what comes back; at most 16 MiB a file). With 15
+# minutes of device time (the H200 of 2026-11-26; the GGUF split with --part-mib 48: two parts, the first
+# travelling with the wheels, 60 MiB):
+#   1 (carry .whl, manifest, part-000)  gpu_parity.sh R join; SMOKE_ON=cuda LIMIT=150 gpu_parity.sh R bg smoke
+#   2 (carry manifest, part-001)        gpu_parity.sh R join; CORES=4 LIMIT=450 gpu_parity.sh R fanout   (T=1025, CPU oracle)
+#                                       WAIT_FOR=smoke LIMIT=60 gpu_parity.sh R wait; then, if the smoke passed:
+#                                       T=8192 ORACLE=cuda LIMIT=... gpu_parity.sh R parity; LENGTHS=4096 ORACLE=cuda gpu_parity.sh R audit
+#                                       LIMIT=... gpu_parity.sh R wait; gpu_parity.sh R merge
+# (the session of 2026-11-26 ran this; the smoke stalled in torch's inductor, not in the oracle: see
+# TORCHINDUCTOR_COMPILE_THREADS below, so the 8192 and 4096 steps did not run.) With 30 minutes, also
+# `tests`, `train` and `phases` (the H100 of 2026-11-25: benchmarks/results/gpu_session_h100.json).
 # The oracle on the CPU at T=8192 (SmolLM2, this project's 2 cores; benchmarks/results/oracle_cost_cpu.json): a forward with taps 67 s in
 # fp64, 42 s in fa2_bf16 (a variant's forward cases: fp64 and 4 summation orders, ~4 minutes; the 16 cores
 # there, well under one call for the four); one fp64 gradient did not finish in 15 minutes (memory-bound on
@@ -41,6 +43,9 @@
 # need the oracle on CUDA.
 # A parity step stopped at its limit keeps the cases it finished (OUT/.parity_$T.parts); the same step in the
 # next call computes only the rest.
+# The lent H200 (2026-11-26, 15 minutes): the weights in 2 parts of 48 MiB (the first with the wheels); fanout at
+# T=1025 with gradients, 4 cores a variant: all 16 cases in 275 s; fanout at T=8192 forward only, 4 cores a
+# variant, did not finish a case in 320 s (benchmarks/results/gpu_session_h200.json).
 # Device time is counted from the first call to the machine's return (about 30 minutes a session, its start
 # included): the first lent H100 spent 25 minutes on steps 1-3 and the audit at 512 and the train step.
 # Results under OUT: weights.txt (the joined file's sha256 and the GPU), parity_$T/ (parity_${T}_forward/ with GRADS=), audit_{varlen,flex}_{512,4096}/,
@@ -55,6 +60,11 @@ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 # gradients: 102 programs, 25 s of a 38 s run on this project's 2-core CPU); on the first lent H100 the
 # smoke below on JAX's CUDA backend did not finish in 150 s: XLA's autotuning off, programs kept on disk.
 export XLA_FLAGS="--xla_gpu_autotune_level=0 ${XLA_FLAGS:-}" JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache
+# The stall itself (the lent H200, 2026-11-26, faulthandler at the limit): not the oracle, which had finished
+# 3 forward and 2 gradient cases on JAX's CUDA backend (33 programs compiled in 39 s), but torch's inductor,
+# compiling a flex kernel in the same process, waiting on its compile-worker pool for good. Compile in the
+# process instead (one thread): slower, but nothing to wait on.
+export TORCHINDUCTOR_COMPILE_THREADS=1
 [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 mkdir -p "$OUT"

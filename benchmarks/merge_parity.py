@@ -1,6 +1,6 @@
 """One parity report from several `anchor parity` reports of the same model, device and rule.
 
-    python benchmarks/merge_parity.py OUT PARITY_DIR [PARITY_DIR ...]
+    python benchmarks/merge_parity.py OUT PARITY_DIR [PARITY_DIR ...] [--slim FILE.json]
 
 `anchor parity` runs its cases one after another in one process; on a lent GPU machine (16 cores, one
 device call of at most 10 minutes) the oracle on the CPU is faster as one process per variant, each on its
@@ -9,6 +9,11 @@ the order `anchor parity` would have run them, `pass` only where every case pass
 ran side by side), and each part's folder and runtime under `merged_from`. A report that disagrees with the
 first on model, device, oracle device, rule, optimizer or machine, or repeats a case, is refused (exit 2):
 a merged report never mixes settings.
+
+`--slim FILE.json` also writes the merged report without what only its figures need, numbers to 4
+significant digits (a SmolLM2 report with gradients is 5 MB; this is what benchmarks/results keeps): per
+forward case each layer's taps (rel_l2, baseline_rel_l2, tol, pass), per gradient case each parameter's
+gradient row and each optimizer step's verdict; the trajectory sections (params@k, update@k) are left out.
 """
 
 from __future__ import annotations
@@ -74,10 +79,50 @@ def merge(reports: list[tuple[str, dict]]) -> dict:
     return out
 
 
+def _round(x, digits: int = 4):
+    if isinstance(x, float):
+        return float(f"{x:.{digits}g}")
+    if isinstance(x, dict):
+        return {k: _round(v, digits) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_round(v, digits) for v in x]
+    return x
+
+
+def slim(result: dict) -> dict:
+    """`result` without what only its figures and trajectories need (see the module's docstring)."""
+    tap_keys = ("rel_l2", "baseline_rel_l2", "tol", "pass")
+    row_keys = ("param", "rel_l2", "baseline_rel_l2", "tol", "pass")
+    cases = []
+    for c in result["cases"]:
+        c = {k: v for k, v in c.items() if k not in ("layers", "fidelity")}
+        cases.append(c)
+    for c, full in zip(cases, result["cases"]):
+        c["layers"] = [{"layer": lay["layer"], "taps": {t: {k: v[k] for k in tap_keys if k in v}
+                                                         for t, v in lay["taps"].items()}}
+                       for lay in full["layers"]]
+    grads = []
+    for g in result.get("grad_cases", []):
+        h = {k: v for k, v in g.items() if not (k == "grads" or "@" in k)}
+        h["grads"] = {"pass": g["grads"]["pass"], "first_divergence": g["grads"]["first_divergence"],
+                      "params": [{k: r[k] for k in row_keys} for r in g["grads"]["params"]]}
+        for k in (k for k in g if k.startswith("step@")):
+            h[k] = {"pass": g[k]["pass"], "first_divergence": g[k]["first_divergence"],
+                    "max_rel_l2": max(r["rel_l2"] for r in g[k]["params"])}
+        grads.append(h)
+    out = {k: v for k, v in result.items() if k not in ("cases", "grad_cases")}
+    out["cases"] = cases
+    if "grad_cases" in result:
+        out["grad_cases"] = grads
+    out["slim"] = "benchmarks/merge_parity.py --slim: figures' data and the trajectory sections left out, 4 digits"
+    return _round(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out")
     ap.add_argument("parts", nargs="+")
+    ap.add_argument("--slim", help="also write the slim report (see the docstring) to this JSON file")
     args = ap.parse_args(argv)
     from parity_tests.report import write_report
 
@@ -96,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     path = write_report(result, args.out)
+    if args.slim:
+        from anchor.atomic import write_text_atomic
+
+        write_text_atomic(args.slim, json.dumps(slim(result), separators=(",", ":"), allow_nan=True) + "\n")
     n, g = len(result["cases"]), len(result.get("grad_cases", []))
     print(f"wrote {path}: {n} cases, {g} gradient cases, {'all pass' if result['pass'] else 'NOT all pass'}")
     return 0 if result["pass"] else 1
