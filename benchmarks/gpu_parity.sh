@@ -22,6 +22,8 @@
 #   train    benchmarks/bench_train_gpu.py (alone on the machine: it times steps)
 #   phases   where anchor train's steps spend their time (bench_train_gpu.py --phases, each part synchronized,
 #            intra_doc/varlen at 16K, 10 steps): on the first H100 each run's last step took 3-6x its median
+#   plan     a 15-minute session's main call within $BUDGET s: fanout, then (the smoke passed) 8192 and the 4096
+#            audits with the oracle on CUDA beside it, then merge
 #   bg STEP  STEP in the background, outliving the call (the machine stays held while calls follow within 30 s)
 #   wait     until the background steps have ended (at most $LIMIT s)
 # A session's calls, each begun within 30 s of the last one's end (else the machine goes back, bare), R=/tmp/res,
@@ -29,10 +31,9 @@
 # minutes of device time (the H200 of 2026-11-26; the GGUF split with --part-mib 48: two parts, the first
 # travelling with the wheels, 60 MiB):
 #   1 (carry .whl, manifest, part-000)  gpu_parity.sh R join; SMOKE_ON=cuda LIMIT=150 gpu_parity.sh R bg smoke
-#   2 (carry manifest, part-001)        gpu_parity.sh R join; CORES=4 LIMIT=450 gpu_parity.sh R fanout   (T=1025, CPU oracle)
-#                                       WAIT_FOR=smoke LIMIT=60 gpu_parity.sh R wait; then, if the smoke passed:
-#                                       T=8192 ORACLE=cuda LIMIT=... gpu_parity.sh R parity; LENGTHS=4096 ORACLE=cuda gpu_parity.sh R audit
-#                                       LIMIT=... gpu_parity.sh R wait; gpu_parity.sh R merge
+#   2 (carry manifest, part-001)        gpu_parity.sh R join && BUDGET=540 gpu_parity.sh R plan   (timeout_s 590)
+#        plan: CORES=4 fanout (T=1025, the CPU oracle); WAIT_FOR=smoke wait; if the smoke passed, T=8192
+#        ORACLE=cuda parity and LENGTHS=4096 ORACLE=cuda audit beside it; wait; merge
 # (the session of 2026-11-26 ran this; the smoke stalled in torch's inductor, not in the oracle: see
 # TORCHINDUCTOR_COMPILE_THREADS below, so the 8192 and 4096 steps did not run.) With 30 minutes, also
 # `tests`, `train` and `phases` (the H100 of 2026-11-25: benchmarks/results/gpu_session_h100.json).
@@ -137,6 +138,21 @@ wait)  # until every step started with bg (or fanout; WAIT_FOR: a glob of their 
     while kill -0 "$(cat "$f")" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 2; done
     kill -0 "$(cat "$f")" 2>/dev/null && echo "$(basename "$f" .pid) still running" || rm -f "$f"
   done ;;
+plan)  # a 15-minute session's main call, after both parts are joined, within $BUDGET (540) s: the T=1025 cases
+       # with the CPU oracle (fanout, 4 cores a variant) and, where the smoke passed with the oracle on CUDA,
+       # the T=8192 cases and the audits at 4096 with it beside them; then the fanout's report merged
+  B=${BUDGET:-540}; S=$SECONDS
+  left() { echo $((B - (SECONDS - S) - ${1:-0})); }
+  CORES=4 LIMIT=$(left 60) bash "$0" "$OUT" fanout
+  WAIT_FOR=smoke LIMIT=60 bash "$0" "$OUT" wait
+  tail -25 "$OUT/smoke.out" 2>/dev/null
+  if grep -q "on cuda: exit 0" "$OUT/smoke.out" 2>/dev/null; then
+    [ "$(left 150)" -gt 60 ] && T=8192 ORACLE=cuda LIMIT=$(left 150) bash "$0" "$OUT" parity
+    [ "$(left 60)" -gt 60 ] && LENGTHS=4096 ORACLE=cuda LIMIT=$(( $(left 60) / 2 )) bash "$0" "$OUT" audit
+  fi
+  [ "$(left 40)" -gt 0 ] && LIMIT=$(left 40) bash "$0" "$OUT" wait
+  T=1025 bash "$0" "$OUT" merge
+  echo "plan: $((SECONDS - S)) s" ;;
 *)
   echo "unknown step $STEP"; exit 2 ;;
 esac
