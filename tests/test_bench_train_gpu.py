@@ -98,6 +98,8 @@ def test_dry_run_writes_rows_and_ratios(tmp_path):
     assert result["machine"] and result["peak_bf16_flop_s"] is None and result["lengths"]["97"]["complete"]
 
 
+# make test-all only (the CI budget on 2 cores): 33 s; the dry run of every row stays in make test
+@pytest.mark.slow
 def test_each_configurations_run_is_reported_as_it_ends():
     """The rows so far go to `report` after every configuration's run, a failure included, so a benchmark
     stopped at a device call's limit keeps what it measured (main rewrites the JSON from them)."""

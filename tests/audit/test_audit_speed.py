@@ -244,6 +244,8 @@ def test_kernel_probe_forms_the_maps_of_the_jax_probe(model, policy):
             assert np.abs(g - r).max() <= 2 * own + 1e-12 * np.abs(r).max()
 
 
+# make test-all only (the CI budget on 2 cores): 24 s; the audit's own speed paths stay in make test
+@pytest.mark.slow
 def test_the_speed_benchmark_replays_the_calls_the_audit_makes(monkeypatch):
     """benchmarks/bench_audit_speed.py times the audit's products alone at the shapes the audit runs
     them (`products_at_shapes`); its call plan (`audit_calls`: rows of one call, length, operand dtypes)
