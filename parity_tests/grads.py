@@ -175,6 +175,31 @@ class _NamedView:
 _ORACLE_CACHE: dict[tuple, dict[str, Any]] = {}
 
 
+def _starting_state(params: dict, spec, pol) -> tuple[dict[str, np.ndarray], Any]:
+    """(HF state, master dtype) the oracle trains from under `pol`: fp64 for fp64 truth, else fp32 masters.
+    A model built in bf16 holds bf16-rounded weights, and its optimizer's fp32 masters start from them
+    (DeepSpeed's bf16 optimizer; torch_training): so do the emulation's."""
+    import jax.numpy as jnp
+
+    import jaxref
+
+    master = jnp.float64 if pol.param == "float64" else jnp.float32
+    start = pol.dtype("param")
+    return {n: np.asarray(jnp.asarray(v).astype(start).astype(master))
+            for n, v in jaxref.hf_state(params, spec).items()}, master
+
+
+def _loss_and_grads(case: Case, inputs: CaseInputs, spec, state: dict, master, pol) -> tuple[float, dict]:
+    """The oracle's loss and {HF name: gradient in the master dtype} at `state` on the case's batch."""
+    import jaxref
+    from jaxref.model import params_from_state
+
+    loss, grads = jaxref.value_and_grad(
+        params_from_state(spec, state, master), spec, inputs.tokens, positions=inputs.positions,
+        doc_ids=inputs.doc_ids, loss_mask=inputs.loss_mask, variant=case.variant, policy=pol)
+    return loss, {n: np.asarray(g, dtype=master) for n, g in grads.items()}
+
+
 def oracle_training(case: Case, inputs: CaseInputs, policy: str, steps: int,
                     opt: Optimizer = OPTIMIZER) -> dict[str, Any]:
     """The oracle's loss, gradients and parameters after each AdamW step under `policy` (cached for
@@ -183,28 +208,18 @@ def oracle_training(case: Case, inputs: CaseInputs, policy: str, steps: int,
     key = (case.data_key, policy, steps, opt)
     if key in _ORACLE_CACHE:
         return _ORACLE_CACHE[key]
-    import jax.numpy as jnp
-
     import jaxref
-    from jaxref.model import params_from_state
 
     params, spec = oracle_model(case.model)
     pol = jaxref.get_policy(policy)
-    master = jnp.float64 if pol.param == "float64" else jnp.float32
-    # A model built in bf16 holds bf16-rounded weights, and its optimizer's fp32 masters start from
-    # them (DeepSpeed's bf16 optimizer; torch_training): so do the emulation's.
-    start = pol.dtype("param")
-    state = {n: np.asarray(jnp.asarray(v).astype(start).astype(master)) for n, v in jaxref.hf_state(params, spec).items()}
+    state, master = _starting_state(params, spec, pol)
     init, update = _adamw(opt)
     opt_state = init(state)
     # kept in their own dtype (fp64 truth, fp32 masters): a SmolLM2 case holds several copies of 135M parameters
     out: dict[str, Any] = {"loss": [], "params": {0: state}}
     for step in range(1, steps + 1):
-        loss, grads = jaxref.value_and_grad(
-            params_from_state(spec, state, master), spec, inputs.tokens, positions=inputs.positions,
-            doc_ids=inputs.doc_ids, loss_mask=inputs.loss_mask, variant=case.variant, policy=pol)
+        loss, grads = _loss_and_grads(case, inputs, spec, state, master, pol)
         out["loss"].append(loss)
-        grads = {n: np.asarray(g, dtype=master) for n, g in grads.items()}
         if step == 1:
             out["grads"] = grads
         state, opt_state = update(grads, opt_state, state)
@@ -227,25 +242,15 @@ def oracle_grad_draws(case: Case, inputs: CaseInputs, policy: str, orders: int) 
     key = (case.data_key, policy, orders)
     if key in _DRAWS_CACHE:
         return _DRAWS_CACHE[key]
-    import jax.numpy as jnp
-
     import jaxref
-    from jaxref.model import params_from_state
     from parity_tests.runners import permute_units, unit_permutations, unpermute_state
 
     params, spec = oracle_model(case.model)
     pol = jaxref.get_policy(policy)
-    master = jnp.float64 if pol.param == "float64" else jnp.float32
-    start = pol.dtype("param")
     draws = []
     for order in range(1, orders):
-        permuted, _ = permute_units(params, order)
-        state = {n: np.asarray(jnp.asarray(v).astype(start).astype(master))
-                 for n, v in jaxref.hf_state(permuted, spec).items()}
-        _, grads = jaxref.value_and_grad(
-            params_from_state(spec, state, master), spec, inputs.tokens, positions=inputs.positions,
-            doc_ids=inputs.doc_ids, loss_mask=inputs.loss_mask, variant=case.variant, policy=pol)
-        grads = {n: np.asarray(g, dtype=master) for n, g in grads.items()}
+        state, master = _starting_state(permute_units(params, order)[0], spec, pol)
+        _, grads = _loss_and_grads(case, inputs, spec, state, master, pol)
         draws.append(unpermute_state(grads, unit_permutations(params, order)))
     _DRAWS_CACHE.clear()  # a SmolLM2 entry holds orders-1 copies of its 135M gradients
     _DRAWS_CACHE[key] = draws
