@@ -1,4 +1,5 @@
-"""Shared fixtures of the trainer tests: a packed corpus made once, runs as subprocesses."""
+"""Shared fixtures of the trainer tests: a packed corpus made once, runs as processes of their own
+(forked from one that has imported the trainer: tests/forked.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests import forked
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "train" / "tiny.yaml"
@@ -60,13 +63,18 @@ def anchor_cmd(*args: str) -> list[str]:
 
 
 def train_cmd(out: Path, *overrides: str, config: Path = TINY) -> list[str]:
-    return anchor_cmd("train", "--config", str(config), "--out", str(out), "--no-progress", *overrides)
+    return anchor_cmd(*train_args(out, *overrides, config=config))
+
+
+def train_args(out: Path, *overrides: str, config: Path = TINY) -> list[str]:
+    """`anchor train`'s arguments for a run of `config` in `out` (tests.forked runs them)."""
+    return ["train", "--config", str(config), "--out", str(out), "--no-progress", *overrides]
 
 
 def run_train(out: Path, *overrides: str, config: Path = TINY, check: bool = True,
               env: dict | None = None) -> subprocess.CompletedProcess:
-    p = subprocess.run(train_cmd(out, *overrides, config=config), env=env or ENV, capture_output=True, text=True,
-                       timeout=600)
+    """`anchor train` in a process of its own, forked from one that imported the trainer (tests.forked)."""
+    p = forked.run(train_args(out, *overrides, config=config), env or ENV, timeout=600)
     if check and p.returncode != 0:
         raise AssertionError(f"anchor train failed ({p.returncode}):\n{p.stderr[-3000:]}")
     return p

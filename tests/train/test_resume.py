@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.train.conftest import DETERMINISTIC, ENV, final_weights, metrics, run_train, train_cmd
+from tests import forked
+from tests.train.conftest import DETERMINISTIC, ENV, final_weights, metrics, run_train, train_args
 
 STEPS = 10
 ARGS = (f"steps={STEPS}", "save_every=2", "keep_last=2", "eval_window=0")
@@ -20,8 +21,7 @@ ARGS = (f"steps={STEPS}", "save_every=2", "keep_last=2", "eval_window=0")
 
 def _kill_at(out: Path, data: Path, after_lines: int) -> int:
     """Start a run, SIGKILL it once metrics.jsonl has `after_lines` lines; returns the lines seen."""
-    p = subprocess.Popen(train_cmd(out, *ARGS, f"data={data}"), env=ENV, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+    p = forked.Run(train_args(out, *ARGS, f"data={data}"), ENV)
     path = out / "metrics.jsonl"
     deadline = time.time() + 300
     seen = 0
@@ -133,8 +133,7 @@ def test_kill9_two_processes_zero2_resumes_to_1e6(packed, tmp_path):
     ref = tmp_path / "ref"
     run_train(ref, *args)
     out = tmp_path / "killed"
-    p = subprocess.Popen(train_cmd(out, *args), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)
+    p = forked.Run(train_args(out, *args), ENV, new_session=True)
     k = random.Random().randint(3, STEPS - 2)
     deadline = time.time() + 300
     while time.time() < deadline and p.poll() is None:
@@ -166,8 +165,7 @@ def test_signal_stops_the_run_cleanly_then_it_resumes(packed, tmp_path, sig, npr
     out = tmp_path / "run"
     args = ("steps=400", "save_every=3", "eval_window=0", f"nproc={nproc}", "micro_batch=1", "global_batch=4",
             f"data={packed}")
-    p = subprocess.Popen(train_cmd(out, *args), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+    p = forked.Run(train_args(out, *args), ENV, new_session=True)
     deadline = time.time() + 300
     while time.time() < deadline and not (out / "checkpoints" / "step-6").exists():
         time.sleep(0.05)
@@ -293,8 +291,7 @@ def test_resume_compares_the_data_by_path_and_content(corpus, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     relative = os.path.relpath(data, elsewhere)  # ../c.jsonl: the same file by another name
-    p = subprocess.run(train_cmd(out, f"data={relative}", "steps=2", "pack.budget=20000"), env=ENV,
-                       capture_output=True, text=True, timeout=600, cwd=elsewhere)
+    p = forked.run(train_args(out, f"data={relative}", "steps=2", "pack.budget=20000"), ENV, cwd=elsewhere)
     assert p.returncode == 0, p.stderr
     with open(data, "a", encoding="utf-8") as f:
         f.write('{"text": "a document added after the run started", "domain": "prose"}\n')
