@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from anchor_app.cli import main
+from tests import forked
+from tests.train.conftest import ENV, train_args
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,8 +26,7 @@ def _run(argv: list[str]) -> int:
 def tiny_run(tmp_path_factory) -> Path:
     """The tiny config: 8 steps, evaluation checkpoints every 2 over the last 4 (steps 6 and 8)."""
     run = tmp_path_factory.mktemp("run") / "tiny"
-    p = subprocess.run([sys.executable, "-m", "anchor", "train", "--config", str(ROOT / "configs/train/tiny.yaml"),
-                        "--out", str(run), "--no-progress"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    p = forked.run(train_args(run), ENV, cwd=ROOT)  # its own process, forked with the trainer imported
     assert p.returncode == 0, p.stderr[-2000:]
     return run
 
