@@ -19,14 +19,24 @@ from anchor.variants import VARIANTS, Variant, check_variant  # noqa: F401  (re-
 
 MaskPredicate = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-# The variant's rule for a causal pair of real (non-padding) slots: query doc `dq`, key doc `dk`,
-# key slot `kv`. Every variant is defined here and nowhere else.
-_RULES: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "full": lambda dq, dk, kv: dq == dq,
-    "intra_doc": lambda dq, dk, kv: dq == dk,
-    "intra_doc_reset": lambda dq, dk, kv: dq == dk,
-    "anchor": lambda dq, dk, kv: (dq == dk) | (kv == 0),
-}
+
+def variant_tables(doc_ids: torch.Tensor, variant: Variant) -> tuple[torch.Tensor, torch.Tensor]:
+    """The variant as the two tables `mask_predicate` reads; every variant is defined here and nowhere else.
+
+    Returns:
+      group: int [B, T], a new tensor: a causal pair of real slots in one group may attend (-1: padding).
+        full: every real slot in group 1; intra_doc, intra_doc_reset and anchor: the slot's document.
+      to_all: bool [B, T]: key slots every later real query sees (anchor: slot 0; else none).
+
+    Tables rather than one function per variant: the predicate's code, and with it FlexAttention's
+    compiled kernel, is the same for all four variants (one compile per shape, not four).
+    """
+    variant = check_variant(variant)
+    group = torch.where(doc_ids >= 0, torch.ones_like(doc_ids), doc_ids) if variant == "full" else doc_ids.clone()
+    to_all = torch.zeros(doc_ids.shape, dtype=torch.bool, device=doc_ids.device)
+    if variant == "anchor":
+        to_all[:, 0] = True
+    return group, to_all
 
 
 def check_doc_ids(doc_ids: torch.Tensor, variant: Variant) -> None:
@@ -53,16 +63,16 @@ def mask_predicate(doc_ids: torch.Tensor, variant: Variant) -> MaskPredicate:
     a padding slot sees only itself.
 
     Args:
-      doc_ids: int [B, T] (closed over; indexed as `doc_ids[b, q_idx]`).
+      doc_ids: int [B, T] (read through `variant_tables`, whose tables the predicate closes over).
       variant: one of VARIANTS.
     """
-    rule = _RULES[check_variant(variant)]
+    group, to_all = variant_tables(doc_ids, variant)
 
     def allowed(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
-        dq = doc_ids[b, q_idx]
-        dk = doc_ids[b, kv_idx]
-        real = (dq >= 0) & (dk >= 0)
-        return (q_idx == kv_idx) | ((kv_idx <= q_idx) & real & rule(dq, dk, kv_idx))
+        gq = group[b, q_idx]
+        gk = group[b, kv_idx]
+        real = (gq >= 0) & (gk >= 0)
+        return (q_idx == kv_idx) | ((kv_idx <= q_idx) & real & ((gq == gk) | to_all[b, kv_idx]))
 
     return allowed
 
