@@ -11,7 +11,7 @@ from jaxref import attention as A
 from jaxref.policy import get_policy
 from jaxref.variants import VARIANTS
 from tests.jaxref.layouts import random_layout
-from tests.jaxref.numerics import rel
+from tests.jaxref.numerics import jitted, rel
 
 
 # T = 1025 of all but `anchor` run in `make test-all` (the CI budget on 2 cores); `make test` keeps 1025 for
@@ -60,14 +60,14 @@ def test_blocks_equal_one_dense_pass(variant, T):
     for name in ("fp64", "fp32", "hf_bf16"):
         pol = get_policy(name)
         args = [jnp.asarray(x, pol.dtype("act")) for x in (q, k, v)]
-        blocked = A.blocked_dense_attention(*args, jnp.asarray(doc), variant, pol, scale)
-        whole = one_pass(*args, jnp.asarray(doc), variant, pol, scale)
+        blocked = jitted(A.blocked_dense_attention, variant, pol, scale)(*args, jnp.asarray(doc))
+        whole = jitted(one_pass, variant, pol, scale)(*args, jnp.asarray(doc))
         assert blocked.shape == whole.shape == (B, T, N, D) and blocked.dtype == whole.dtype
         assert np.isfinite(np.asarray(blocked, np.float64)).all()
         err[name] = rel(blocked, whole)
-    truth = one_pass(*(jnp.asarray(x) for x in (q, k, v)), jnp.asarray(doc), variant, get_policy("fp64"), scale)
-    bf16_err = rel(A.dense_attention(*(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v)), jnp.asarray(doc), variant,
-                                     get_policy("hf_bf16"), scale), truth)
+    truth = jitted(one_pass, variant, get_policy("fp64"), scale)(*(jnp.asarray(x) for x in (q, k, v)), jnp.asarray(doc))
+    bf16_err = rel(jitted(A.dense_attention, variant, get_policy("hf_bf16"), scale)(
+        *(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v)), jnp.asarray(doc)), truth)
     print(f"{variant} T={T}: blocked vs one pass: fp64 {err['fp64']:.1e}, fp32 {err['fp32']:.1e}, "
           f"hf_bf16 {err['hf_bf16']:.1e} (hf_bf16 vs fp64 truth {bf16_err:.1e})")
     assert err["fp64"] <= 1e-14
@@ -114,12 +114,12 @@ def test_online_blocks_equal_all_rows(variant, T):
     doc = np.stack([random_layout(rng, T, variant), random_layout(rng, T, variant, pad=False)])
     q, k, v = (rng.standard_normal((B, T, n, D)) for n in (N, K, K))
     scale = D ** -0.5
-    truth = one_pass(*(jnp.asarray(x) for x in (q, k, v)), jnp.asarray(doc), variant, get_policy("fp64"), scale)
+    truth = jitted(one_pass, variant, get_policy("fp64"), scale)(*(jnp.asarray(x) for x in (q, k, v)), jnp.asarray(doc))
     for name in ("fa2_bf16", "paper_bf16"):
         pol = get_policy({"base": name, "kv_block": 32})
         args = [jnp.asarray(x, pol.dtype("act")) for x in (q, k, v)]
-        blocked = A.blocked_online_attention(*args, jnp.asarray(doc), variant, pol, scale)
-        whole = online_all_rows(*args, jnp.asarray(doc), variant, pol, scale)
+        blocked = jitted(A.blocked_online_attention, variant, pol, scale)(*args, jnp.asarray(doc))
+        whole = jitted(online_all_rows, variant, pol, scale)(*args, jnp.asarray(doc))
         assert blocked.shape == whole.shape == (B, T, N, D) and blocked.dtype == whole.dtype
         assert np.isfinite(np.asarray(blocked, np.float64)).all()
         err, own = rel(blocked, whole), rel(blocked, truth)

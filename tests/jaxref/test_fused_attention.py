@@ -25,7 +25,7 @@ from jaxref import kernels
 from jaxref.policy import get_policy
 from jaxref.variants import VARIANTS
 from tests.jaxref.layouts import doc_ids_from_lengths, random_layout
-from tests.jaxref.numerics import rel
+from tests.jaxref.numerics import jitted, rel
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C++ compiler: the fused kernel is not built")
 
@@ -67,10 +67,10 @@ def test_fused_equals_dense_up_to_fp32_rounding(variant, shape):
     rng = np.random.default_rng(T * 31 + N)
     q, k, v, doc = inputs(rng, B, T, N, K, D, variant)
     scale = D ** -0.5
-    truth = np.asarray(A.blocked_dense_attention(*(jnp.asarray(x) for x in (q, k, v)), jnp.asarray(doc), variant,
-                                                 FP64, scale))
-    dense32 = np.asarray(A.blocked_dense_attention(*(jnp.asarray(x, jnp.float32) for x in (q, k, v)),
-                                                   jnp.asarray(doc), variant, FP32, scale))
+    truth = np.asarray(jitted(A.blocked_dense_attention, variant, FP64, scale)(*(jnp.asarray(x) for x in (q, k, v)),
+                                                                               jnp.asarray(doc)))
+    dense32 = np.asarray(jitted(A.blocked_dense_attention, variant, FP32, scale)(
+        *(jnp.asarray(x, jnp.float32) for x in (q, k, v)), jnp.asarray(doc)))
     out = fused(q, k, v, doc, variant, scale)
     assert out.shape == (B, T, N, D) and out.dtype == np.float32 and np.isfinite(out).all()
     e_fused, e_dense = rel(out, truth), rel(dense32, truth)
@@ -138,7 +138,8 @@ def _bf16_case(name, variant, shape):
     f = jax.jit(lambda q, k, v, d: A.attention(q, k, v, d, variant, pol, scale, fused=True))
     assert kernels.TARGET in f.lower(*args, d).as_text()
     out = np.asarray(f(*args, d))
-    truth = np.asarray(A.blocked_dense_attention(*(jnp.asarray(x, jnp.float64) for x in args), d, variant, FP64, scale))
+    truth = np.asarray(jitted(A.blocked_dense_attention, variant, FP64, scale)(
+        *(jnp.asarray(x, jnp.float64) for x in args), d))
     return out, ref, truth, (pol, args, d, scale)
 
 
