@@ -4,12 +4,12 @@ A tiny `anchor train` in a fresh interpreter spends most of its time importing t
 and DeepSpeed (about 8 of 10 seconds on 2 busy cores; the training itself is 2). The trainer's tests
 run dozens of such processes, so they fork them instead from a server (multiprocessing's
 forkserver, one per test process) whose only work was those imports, started with the runs'
-environment (OMP_NUM_THREADS and the other variables torch reads at import are fixed there).
+environment, `ENV` (OMP_NUM_THREADS and the other variables torch reads at import are fixed there).
 
 Each run is still a process of its own, as a user's shell would start it: its own pid, environment,
 working directory, standard streams (files), exit status (SystemExit's code; 1 and a traceback for
-an exception; minus the signal when one killed it) and, if asked, its own session. Only a run whose
-environment differs from the server's runs as a fresh interpreter (`subprocess`).
+an exception; minus the signal when one killed it) and, if asked, its own session. A run whose
+environment is not `ENV` (a planted defect's PYTHONPATH) runs as a fresh interpreter (`subprocess`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 # What `anchor train` imports in a tiny run (the trainer, its engines' transformers models, DeepSpeed,
@@ -28,31 +27,34 @@ from pathlib import Path
 PRELOAD = ["anchor_app.cli", "anchor_app.commands.train", "torchtrain.trainer", "deepspeed", "matplotlib.pyplot",
            "transformers.models.llama.modeling_llama", "safetensors.torch"]
 
-_lock = threading.Lock()
-_server_env: dict[str, str] | None = None
+# The runs' environment: one intra-op thread per process (two xdist workers, and two ranks, share two
+# cores; a run and its resumed continuation must use the same arithmetic).
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+_started = False
 
 
 def _context(env: dict[str, str]):
-    """The forkserver context, its server started with `env` on first use; None where the server
-    runs another environment (the caller then starts a fresh interpreter)."""
+    """The forkserver context for a run in `env` (its server started on first use), or None where `env`
+    is not `ENV` (the caller then starts a fresh interpreter)."""
     import multiprocessing as mp
     from multiprocessing import forkserver
 
-    global _server_env
-    with _lock:
-        if _server_env is None:
-            ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload(PRELOAD)
-            saved = dict(os.environ)
+    global _started
+    if env != ENV:
+        return None
+    ctx = mp.get_context("forkserver")
+    if not _started:
+        ctx.set_forkserver_preload(PRELOAD)
+        saved = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(ENV)
+        try:
+            forkserver.ensure_running()
+        finally:
             os.environ.clear()
-            os.environ.update(env)
-            try:
-                forkserver.ensure_running()
-            finally:
-                os.environ.clear()
-                os.environ.update(saved)
-            _server_env = dict(env)
-        return mp.get_context("forkserver") if env == _server_env else None
+            os.environ.update(saved)
+        _started = True
+    return ctx
 
 
 def _child(argv: list[str], env: dict[str, str], cwd: str, out: str, err: str, new_session: bool) -> None:

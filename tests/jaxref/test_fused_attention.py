@@ -134,7 +134,7 @@ def _bf16_case(name, variant, shape):
     q, k, v, doc = inputs(rng, B, T, N, K, D, variant)
     args = [jnp.asarray(x, pol.dtype("act")) for x in (q, k, v)]
     d, scale = jnp.asarray(doc), D ** -0.5
-    ref = np.asarray(jax.jit(lambda q, k, v, d: A.blocked_online_attention(q, k, v, d, variant, pol, scale))(*args, d))
+    ref = np.asarray(jitted(A.blocked_online_attention, variant, pol, scale)(*args, d))
     f = jax.jit(lambda q, k, v, d: A.attention(q, k, v, d, variant, pol, scale, fused=True))
     assert kernels.TARGET in f.lower(*args, d).as_text()
     out = np.asarray(f(*args, d))

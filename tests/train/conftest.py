@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +14,7 @@ from tests import forked
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "train" / "tiny.yaml"
-# One intra-op thread per process: two xdist workers (and two ranks) share two cores, and a
-# run and its resumed continuation must use the same arithmetic.
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+ENV = forked.ENV  # one intra-op thread per run; the environment the fork server was started with
 
 
 @pytest.fixture(scope="session")
@@ -56,14 +52,6 @@ def pack_for(corpus: Path, out: Path, *, tags: bool = False, interleave: bool = 
 @pytest.fixture(scope="session")
 def packed(corpus, tmp_path_factory) -> Path:
     return pack_for(corpus, tmp_path_factory.mktemp("train-data") / "pack")
-
-
-def anchor_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from anchor_app.cli import main; main()", *args]
-
-
-def train_cmd(out: Path, *overrides: str, config: Path = TINY) -> list[str]:
-    return anchor_cmd(*train_args(out, *overrides, config=config))
 
 
 def train_args(out: Path, *overrides: str, config: Path = TINY) -> list[str]:
