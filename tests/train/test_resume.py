@@ -64,9 +64,7 @@ def test_kill9_then_rerun_is_bitwise_uninterrupted(packed, tmp_path):
     assert not [q for q in (out / "checkpoints").iterdir() if q.name.startswith(".")], "staging left behind"
 
 
-# `make test` keeps a flipped byte (the checksum); a truncated and a deleted file run in `make test-all`.
-@pytest.mark.parametrize("damage", [pytest.param("truncate", marks=pytest.mark.slow), "flip",
-                                    pytest.param("delete", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("damage", ["truncate", "flip", "delete"])
 def test_corrupt_newest_checkpoint_is_skipped(packed, tmp_path, damage):
     out = tmp_path / "run"
     run_train(out, "steps=4", "save_every=2", "keep_last=0", "eval_window=0", f"data={packed}")
@@ -101,8 +99,6 @@ def test_resume_refuses_a_changed_config(packed, tmp_path):
     assert "lr" in p.stderr and "config.yaml" in p.stderr and "Traceback" not in p.stderr
 
 
-# make test-all only (the CI budget on 2 cores): three `anchor train` processes, 46 s
-@pytest.mark.slow
 def test_auto_engine_resumes_the_engine_it_resolved_to(packed, tmp_path):
     """config.yaml records the engine that ran: a run started with tiny's `engine: auto` says varlen
     on this CPU, and a rerun resumes it whether it names auto or varlen; sdpa is refused naming the key."""
@@ -250,8 +246,6 @@ def test_resume_through_the_weights_only_reader(packed, tmp_path, zero_stage, dt
     assert all(np.array_equal(wa[name], wb[name]) for name in wa)
 
 
-# make test-all only (the CI budget on 2 cores): 44 s of `anchor train` processes
-@pytest.mark.slow
 def test_a_failed_first_attempt_never_leaves_its_pack_to_another_config(corpus, tmp_path):
     """Issue 32 item 1: a first attempt that packs RUN/data and then fails (a global batch larger than the
     data) left that pack to a rerun with other settings, which trained on it with exit 0 while config.yaml
@@ -278,8 +272,6 @@ def test_a_failed_first_attempt_never_leaves_its_pack_to_another_config(corpus, 
     assert source["packed_with"]["tags"] is True and source["packed_with"]["pack"]["budget"] == 30000
 
 
-# make test-all only (the CI budget on 2 cores): four `anchor train` processes, 45 s
-@pytest.mark.slow
 def test_resume_compares_the_data_by_path_and_content(corpus, tmp_path):
     """Issue 32 item 1: the same file by another name resumes; the same name with other content is refused."""
     import shutil
@@ -346,8 +338,6 @@ def test_a_tampered_trainer_state_is_one_line(packed, tmp_path):
     assert len([line for line in p.stderr.splitlines() if "trainer.json" in line and "malformed" in line]) == 1
 
 
-# make test-all only (the CI budget on 2 cores): 22 s of `anchor train` processes
-@pytest.mark.slow
 def test_a_rerun_never_shrinks_steps_below_the_trained(packed, tmp_path):
     """Issue 32 item 9: a finished run rerun with fewer steps rewrote config.yaml (eval --run then read the
     wrong schedule); now refused in one line, config.yaml unchanged."""
