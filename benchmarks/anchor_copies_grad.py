@@ -28,8 +28,8 @@ input_layernorm gradient, 0.135 off fp64 on the H200's varlen against 0.033-0.05
 emulation, is not among the largest here; across all 272 parameters the four modes differ by a few
 percent of an error (layer 17's input_layernorm: 0.092 with the copies summed once, 0.092 rounded per
 document, 0.098 with the per-head rounding added; the rule's bound 0.096), every mode within 1.03x of
-the rule. What makes CUDA's varlen/anchor gradients 2-3x the emulation's on those norm weights is in the
-kernel, not in the segments around it.
+the rule. What makes CUDA's varlen/anchor gradients 2-3x the emulation's on those norm weights is not
+the segments around the kernel; the kernel's own backward is measured by benchmarks/attn_grad_diag.py.
 """
 
 from __future__ import annotations
