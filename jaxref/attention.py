@@ -378,14 +378,100 @@ def blocked_online_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePo
 
 
 def attention(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, scale: float, *, fused: bool | None = None):
-    """Dispatch on `policy.attention`. Returns ctx [B,T,N,D] in `pv_acc`.
+    """Dispatch on `policy.attention` (and `policy.backward`). Returns ctx [B,T,N,D] in `pv_acc`.
 
     `fused`: allow the fused CPU kernel where it covers the policy (`kernel_args`; None: the user's
     default, `kernels.enabled()`).
     """
+    if policy.backward != "autodiff":
+        return kernel_backward(q, k, v, doc_ids, variant, policy, scale, fused)
     if policy.attention == "online":
         return online_attention(q, k, v, doc_ids, variant, policy, scale, fused=fused)
     return dense_attention(q, k, v, doc_ids, variant, policy, scale, fused=fused)
+
+
+BACKWARD_ROWS = 64
+"""Query rows per step of `kernel_backward`'s backward (a step holds their scores against every key)."""
+
+
+def kernel_backward(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, scale: float, fused: bool | None = None):
+    """`online_attention` whose gradient is a kernel's own backward, written out (`policy.backward`).
+
+    Forward: `online_attention` (on the CPU the fused kernel where it covers the policy: the backward
+    below does not differentiate it). Backward, FlashAttention-2's arithmetic (flash_bwd_kernel.h), by
+    blocks of query rows against every key: the scores recomputed as the forward forms them (`_qk`),
+    P = exp(s − lse) in the `softmax` dtype with lse the row's log-sum-exp; dV = Pᵀ·dO with P rounded to
+    `pv_in`; dP = dO·vᵀ; D = rowsum(dO·O) with O the output rounded to `qk_in` (the kernel's output
+    dtype); dS = P·(dP − D) rounded to `qk_in` before dQ = dS·k and dK = dSᵀ·q, each times the scale at
+    the end; sums in `pv_acc`. "fa2" rounds each query head's dK and dV to `qk_in` / `pv_in` before its
+    GQA group's sum (`dk_expanded` in flash_api.cpp); "flex" rounds D to `qk_in` (its `delta` is a sum
+    in the output dtype) and sums the group in the accumulator. The gradients of q, k and v come back in
+    their own dtypes. Autodiff of the forward (`backward: autodiff`) does none of these roundings: its
+    dS stays fp32 (benchmarks/attn_grad_diag.py measures what that misses).
+    """
+    qk_in, pv_in, acc, sm = (policy.dtype(s) for s in ("qk_in", "pv_in", "pv_acc", "softmax"))
+    B, T, N, D = q.shape
+    K = k.shape[2]
+    G = N // K
+    R = min(BACKWARD_ROWS, T)
+    nb = -(-T // R)
+    pad = nb * R - T
+
+    def forward(q, k, v):
+        return online_attention(q, k, v, doc_ids, variant, policy, scale, fused=fused)
+
+    @jax.custom_vjp
+    def f(q, k, v):
+        return forward(q, k, v)
+
+    def f_fwd(q, k, v):
+        out = forward(q, k, v)
+        return out, (q, k, v, out)
+
+    def f_bwd(res, g):
+        q, k, v, out = res
+        qg = _group_queries(q.astype(qk_in), K)  # [B,K,G,T,D]
+        kh, vh = _heads_first(k.astype(qk_in)), _heads_first(v.astype(pv_in))  # [B,K,T,D]
+        o = _group_queries(out.astype(qk_in), K).astype(acc)
+        do = _group_queries(g.astype(acc), K)
+        padded = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))  # noqa: E731
+        qg, o, do = padded(qg), padded(o), padded(do)  # padded rows: dO = 0, nothing visible
+        k_slots = jnp.arange(T)
+
+        def step(carry, r0):
+            dk, dv = carry
+            qb, ob, dob = (jax.lax.dynamic_slice_in_dim(x, r0, R, axis=3) for x in (qg, o, do))
+            q_slots = r0 + jnp.arange(R)
+            visible = _mask(doc_ids, jnp.minimum(q_slots, T - 1), k_slots, variant) & (q_slots < T)[:, None]
+            s = jnp.where(visible, _qk(qb, kh, policy, scale).astype(sm), -jnp.inf)  # [B,K,G,R,T]
+            mx = jnp.max(s, axis=-1, keepdims=True)
+            mx = jnp.where(jnp.isfinite(mx), mx, 0)
+            lse = mx + jnp.log(jnp.sum(jnp.exp(s - mx), axis=-1, keepdims=True))
+            p = jnp.where(visible, jnp.exp(s - lse), 0)
+            dv = dv + wide_einsum("BKGRS,BKGRD->BKGSD", p.astype(pv_in), dob.astype(pv_in), acc)
+            dp = wide_einsum("BKGRD,BKSD->BKGRS", dob.astype(pv_in), vh, acc)
+            delta = jnp.sum(dob * ob, axis=-1, keepdims=True)
+            if policy.backward == "flex":
+                delta = delta.astype(qk_in).astype(acc)
+            ds = (p.astype(acc) * (dp - delta)).astype(qk_in)
+            dq = wide_einsum("BKGRS,BKSD->BKGRD", ds, kh, acc) * jnp.asarray(scale, acc)
+            dk = dk + wide_einsum("BKGRS,BKGRD->BKGSD", ds, qb, acc)
+            return (dk, dv), dq
+
+        zeros = jnp.zeros((B, K, G, T, D), acc)
+        (dk, dv), dq = jax.lax.scan(step, (zeros, zeros), jnp.arange(nb) * R)
+        dq = jnp.moveaxis(dq, 0, 3).reshape(B, K, G, nb * R, D)[:, :, :, :T]
+        dk = dk * jnp.asarray(scale, acc)
+
+        def group(x, dtype):  # [B,K,G,T,D] per query head -> [B,T,K,D] per kv head
+            if policy.backward == "fa2":
+                x = x.astype(dtype).astype(acc)
+            return jnp.transpose(jnp.sum(x, axis=2).astype(dtype), (0, 2, 1, 3))
+
+        return (_ungroup(dq).astype(q.dtype), group(dk, qk_in).astype(k.dtype), group(dv, pv_in).astype(v.dtype))
+
+    f.defvjp(f_fwd, f_bwd)
+    return f(q, k, v)
 
 
 def row_scores_probs(q, k, doc_ids, rows, variant: Variant, policy: DtypePolicy, scale: float):

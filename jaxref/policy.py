@@ -11,6 +11,7 @@ FlashAttention-2 bf16 and the paper's bf16 recipe). A policy can also be written
     kv_block: 128          # key/value block of the online softmax
     exp: exact             # exact | fexp_u20 (the online softmax's exponential, see jaxref.attention)
     lanes: 8               # fexp_u20's vector lanes: a key block's keys past its last whole vector take exp
+    backward: autodiff     # autodiff | fa2 | flex (the online attention's backward, see jaxref.attention)
 
 Stages, in docs/DESIGN.md §4 order:
   param       weights as stored
@@ -55,8 +56,9 @@ _ALIASES: dict[str, str] = {
     "bf16": "bfloat16",
     "fp16": "float16", "f16": "float16", "half": "float16",
 }
-_EXTRA_KEYS: tuple[str, ...] = ("name", "attention", "kv_block", "exp", "lanes")
+_EXTRA_KEYS: tuple[str, ...] = ("name", "attention", "kv_block", "exp", "lanes", "backward")
 EXPS: tuple[str, ...] = ("exact", "fexp_u20")
+BACKWARDS: tuple[str, ...] = ("autodiff", "fa2", "flex")
 
 
 def _dtype_name(value: object, *, what: str, path: object | None = None) -> str:
@@ -85,7 +87,11 @@ class DtypePolicy:
     float32 exponential torch's CPU flash kernel uses for bf16/fp16 inputs; `jaxref.attention.fexp_u20`).
     `lanes`: the float32 lanes of the vectors that exponential runs on (8 under AVX2, 16 under AVX512):
     the keys of a key block past its last whole vector go through the kernel's scalar loop, whose
-    exponential is exp.
+    exponential is exp. `backward` (online attention only): "autodiff" (the VJP of the forward's
+    arithmetic), or a kernel's own backward written out (`jaxref.attention.kernel_backward`): "fa2"
+    (FlashAttention-2: dS rounded to the `qk_in` dtype before dQ and dK, D = rowsum(dO·O) from the
+    output rounded to `qk_in`, each query head's dK and dV rounded before its GQA group's sum) or
+    "flex" (FlexAttention: the same with D rounded to `qk_in` and the group's sum in the accumulator).
     """
 
     param: str
@@ -106,6 +112,7 @@ class DtypePolicy:
     kv_block: int = 128
     exp: Literal["exact", "fexp_u20"] = "exact"
     lanes: int = 8
+    backward: Literal["autodiff", "fa2", "flex"] = "autodiff"
 
     def __post_init__(self) -> None:
         for stage in STAGES:
@@ -118,6 +125,11 @@ class DtypePolicy:
             raise InputError(f"unknown exp {self.exp!r} (valid: {', '.join(EXPS)})")
         if isinstance(self.lanes, bool) or not isinstance(self.lanes, int) or self.lanes < 1:
             raise InputError(f"lanes must be a positive integer, got {self.lanes!r}")
+        if self.backward not in BACKWARDS:
+            raise InputError(f"unknown backward {self.backward!r} (valid: {', '.join(BACKWARDS)})")
+        if self.backward != "autodiff" and self.attention != "online":
+            raise InputError(f"backward {self.backward!r} is an online attention's (attention: online), "
+                             f"not {self.attention!r}'s")
 
     def dtype(self, stage: str) -> jnp.dtype:
         """The JAX dtype of `stage` (one of STAGES)."""
@@ -138,15 +150,16 @@ class DtypePolicy:
         return dataclasses.replace(self, name=f"{self.name}[{note}]", **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain mapping (name, every stage, attention, kv_block, exp, lanes) that `get_policy` reads back."""
+        """Plain mapping (name, every stage, attention, kv_block, exp, lanes, backward) that `get_policy` reads back."""
         return {"name": self.name, **{s: getattr(self, s) for s in STAGES},
-                "attention": self.attention, "kv_block": self.kv_block, "exp": self.exp, "lanes": self.lanes}
+                "attention": self.attention, "kv_block": self.kv_block, "exp": self.exp, "lanes": self.lanes,
+                "backward": self.backward}
 
 
 def _preset(name: str, attention: Literal["dense", "online"] = "dense", kv_block: int = 128, exp: str = "exact",
-            lanes: int = 8, **stages: str) -> DtypePolicy:
+            lanes: int = 8, backward: str = "autodiff", **stages: str) -> DtypePolicy:
     return DtypePolicy(name=name, attention=attention, kv_block=kv_block, exp=exp, lanes=lanes,  # type: ignore[arg-type]
-                       **stages)
+                       backward=backward, **stages)  # type: ignore[arg-type]
 
 
 ONE_BLOCK = 1 << 30
@@ -257,6 +270,8 @@ def _from_mapping(d: Mapping[str, Any], *, path: object | None = None, default_n
         changes["exp"] = d["exp"]
     if "lanes" in d:
         changes["lanes"] = d["lanes"]
+    if "backward" in d:
+        changes["backward"] = d["backward"]
     try:
         return dataclasses.replace(policy, **changes)
     except InputError as e:
