@@ -417,19 +417,21 @@ def kernel_backward(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sca
     nb = -(-T // R)
     pad = nb * R - T
 
-    def forward(q, k, v):
+    def forward(q, k, v, doc_ids):
         return online_attention(q, k, v, doc_ids, variant, policy, scale, fused=fused)
 
+    # doc_ids is an argument, not a closure: under jit and scan it is a tracer, which a custom_vjp
+    # function may not close over; its cotangent is float0 (an integer input).
     @jax.custom_vjp
-    def f(q, k, v):
-        return forward(q, k, v)
+    def f(q, k, v, doc_ids):
+        return forward(q, k, v, doc_ids)
 
-    def f_fwd(q, k, v):
-        out = forward(q, k, v)
-        return out, (q, k, v, out)
+    def f_fwd(q, k, v, doc_ids):
+        out = forward(q, k, v, doc_ids)
+        return out, (q, k, v, doc_ids, out)
 
     def f_bwd(res, g):
-        q, k, v, out = res
+        q, k, v, doc_ids, out = res
         qg = _group_queries(q.astype(qk_in), K)  # [B,K,G,T,D]
         kh, vh = _heads_first(k.astype(qk_in)), _heads_first(v.astype(pv_in))  # [B,K,T,D]
         o = _group_queries(out.astype(qk_in), K).astype(acc)
@@ -468,10 +470,11 @@ def kernel_backward(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sca
                 x = x.astype(dtype).astype(acc)
             return jnp.transpose(jnp.sum(x, axis=2).astype(dtype), (0, 2, 1, 3))
 
-        return (_ungroup(dq).astype(q.dtype), group(dk, qk_in).astype(k.dtype), group(dv, pv_in).astype(v.dtype))
+        return (_ungroup(dq).astype(q.dtype), group(dk, qk_in).astype(k.dtype), group(dv, pv_in).astype(v.dtype),
+                np.zeros(doc_ids.shape, jax.dtypes.float0))
 
     f.defvjp(f_fwd, f_bwd)
-    return f(q, k, v)
+    return f(q, k, v, doc_ids)
 
 
 def row_scores_probs(q, k, doc_ids, rows, variant: Variant, policy: DtypePolicy, scale: float):

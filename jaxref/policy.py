@@ -183,8 +183,12 @@ PRESETS: dict[str, DtypePolicy] = {
     "fp64": _preset("fp64", **_uniform("float64")),
     "fp32": _preset("fp32", **_uniform("float32")),
     "hf_bf16": _preset("hf_bf16", **_HF_BF16),
-    # FlashAttention-2: same RoPE as HF, fp32 logits in registers, online softmax, p rounded to bf16.
-    "fa2_bf16": _preset("fa2_bf16", "online", **{**_HF_BF16, "logits": "float32"}),
+    # FlashAttention-2: same RoPE as HF, fp32 logits in registers, online softmax, p rounded to bf16; its
+    # backward (flash_bwd_kernel.h) with dS rounded to bf16 before dQ/dK and the per-head dK/dV of GQA.
+    "fa2_bf16": _preset("fa2_bf16", "online", backward="fa2", **{**_HF_BF16, "logits": "float32"}),
+    # FlexAttention (torch's Triton templates): FA-2's forward arithmetic; its backward rounds dS to bf16
+    # too, takes D = rowsum(dO·O) as a bf16 sum and sums a GQA group's dK/dV inside the kernel.
+    "flex_bf16": _preset("flex_bf16", "online", backward="flex", **{**_HF_BF16, "logits": "float32"}),
     # torch's fused CPU attention (F.scaled_dot_product_attention in bf16 on the CPU, any mask:
     # ATen/native/cpu/FlashAttentionKernel.cpp), one preset per capability of torch's CPU kernels
     # (CPU_KERNEL_POLICIES; the name `sdpa_cpu_bf16` resolves to this process's): the FA-2 arithmetic
@@ -199,8 +203,8 @@ PRESETS: dict[str, DtypePolicy] = {
     "fa2_bf16_1pass": _preset("fa2_bf16_1pass", "online", kv_block=ONE_BLOCK, **{**_HF_BF16, "logits": "float32"}),
     # The paper's recipe: RoPE entirely in fp32, rotated q/k cast to bf16, then FA-2 arithmetic.
     "paper_bf16": _preset(
-        "paper_bf16", "online", **{**_HF_BF16, "rope_table": "float32", "rope_apply": "float32",
-                                   "logits": "float32"},
+        "paper_bf16", "online", backward="fa2", **{**_HF_BF16, "rope_table": "float32", "rope_apply": "float32",
+                                                    "logits": "float32"},
     ),
 }
 

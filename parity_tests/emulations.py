@@ -13,7 +13,8 @@ from anchor.engines import Engine
 #   eager                  Hugging Face eager: bf16 logits, softmax in fp32 rounded to bf16, then p·v
 #   sdpa                   torch's fused CPU kernel: fp32 logits, online softmax over key blocks of
 #                          512, unnormalised probabilities rounded to bf16, division at the end
-#   flex, flash_varlen     FlashAttention-2 over key blocks of 128
+#   flex                   FlashAttention-2's forward over key blocks of 128, FlexAttention's backward
+#   flash_varlen           FlashAttention-2 over key blocks of 128, forward and backward (fa2_bf16)
 #   flash_varlen_emulated  the same FA-2 arithmetic with a segment's keys in one block
 #   varlen                 the fused CPU kernel per segment (sdpa's arithmetic; a segment's keys
 #                          start a block of 512)
@@ -23,7 +24,7 @@ from anchor.engines import Engine
 EMULATIONS: dict[Engine, str] = {  # keys: exactly ENGINES, in its order (tests/train/test_config_keys.py)
     "eager": "hf_bf16",
     "sdpa": "sdpa_cpu_bf16",
-    "flex": "fa2_bf16",
+    "flex": "flex_bf16",
     "flash_varlen": "fa2_bf16",
     "flash_varlen_emulated": "fa2_bf16_1pass",
     "varlen": "sdpa_cpu_bf16",
@@ -36,7 +37,9 @@ EMULATIONS: dict[Engine, str] = {  # keys: exactly ENGINES, in its order (tests/
 #           are 64 wide where fa2_bf16's are 128: a summation order, inside the rule's spread over orders)
 #   varlen  torch's varlen_attn (FlashAttention-2) or FlexAttention on the packed segments
 # Judging varlen on an H100 against sdpa_cpu_bf16 (the CPU kernel's arithmetic) was the first lent GPU's
-# finding (2026-11-25: the audit named that emulation).
+# finding (2026-11-25: the audit named that emulation). The gradients: fa2_bf16 and flex_bf16 follow each
+# kernel's backward (`backward` fa2 / flex: dS rounded to bf16 before dQ and dK, which the autodiff of the
+# forward did not do; benchmarks/attn_grad_diag.py, 2026-11-26).
 CUDA_EMULATIONS: dict[Engine, str] = {**EMULATIONS, "sdpa": "fa2_bf16", "varlen": "fa2_bf16"}
 
 
@@ -49,11 +52,11 @@ def emulation(engine: str, device: str = "cpu") -> str:
 # transformers' own attention implementations (parity_tests.hf_stack, `anchor parity --stack hf`):
 #   eager              eager_attention_forward: bf16 q·kᵀ, softmax in fp32 rounded to bf16, bf16 p·v (hf_bf16)
 #   sdpa               F.scaled_dot_product_attention with transformers' mask: torch's fused CPU kernel
-#   flex_attention     compiled FlexAttention: FlashAttention-2's arithmetic over key blocks of 128
+#   flex_attention     compiled FlexAttention: FlashAttention-2's arithmetic over key blocks of 128 (flex_bf16)
 #   flash_attention_2  FlashAttention-2 (CUDA; not run by the CPU runners)
 HF_EMULATIONS: dict[str, str] = {
     "eager": "hf_bf16",
     "sdpa": "sdpa_cpu_bf16",
-    "flex_attention": "fa2_bf16",
+    "flex_attention": "flex_bf16",
     "flash_attention_2": "fa2_bf16",
 }

@@ -50,11 +50,14 @@ def test_presets_have_every_stage(name: str) -> None:
     else:
         # torch's CPU SDPA and the one-pass varlen emulation have fa2_bf16's stages, other key blocks
         cpu_kernel = name.startswith("sdpa_cpu_bf16_")  # one preset per capability of torch's CPU kernels
-        same_stages = "fa2_bf16" if cpu_kernel or name == "fa2_bf16_1pass" else name
+        same_stages = "fa2_bf16" if cpu_kernel or name in ("fa2_bf16_1pass", "flex_bf16") else name
         column = ("hf_bf16", "fa2_bf16", "paper_bf16").index(same_stages)
         assert {s: getattr(policy, s) for s in STAGES} == {s: v[column] for s, v in EXPECTED.items()}
         assert policy.attention == ("dense" if name == "hf_bf16" else "online")
         assert policy.kv_block == (512 if cpu_kernel else {"fa2_bf16_1pass": ONE_BLOCK}.get(name, 128))
+    # the kernels whose backward is written out (jaxref.attention.kernel_backward); the rest differentiate
+    # their forward (fa2_bf16_1pass emulates torchtrain's pure-torch varlen, itself differentiated by autograd)
+    assert policy.backward == {"fa2_bf16": "fa2", "paper_bf16": "fa2", "flex_bf16": "flex"}.get(name, "autodiff")
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
