@@ -22,6 +22,8 @@
 #   train    benchmarks/bench_train_gpu.py (alone on the machine: it times steps)
 #   phases   where anchor train's steps spend their time (bench_train_gpu.py --phases, each part synchronized,
 #            intra_doc/varlen at 16K, 10 steps): on the first H100 each run's last step took 3-6x its median
+#   diag     benchmarks/attn_grad_diag.py: one attention layer's backward on the varlen and flex kernels against
+#            fp64 and the emulations (inputs captured here: .devkit/attn_grad_inputs.npz, 10 MB, carried)
 #   plan     a 15-minute session's main call within $BUDGET s: fanout, then (the smoke passed) 8192 and the 4096
 #            audits with the oracle on CUDA beside it, then merge
 #   bg STEP  STEP in the background, outliving the call (the machine stays held while calls follow within 30 s)
@@ -31,7 +33,8 @@
 # minutes of device time (the H200 of 2026-11-26; the GGUF split with --part-mib 48: two parts, the first
 # travelling with the wheels, 60 MiB):
 #   1 (carry .whl, manifest, part-000)  gpu_parity.sh R join; SMOKE_ON=cuda LIMIT=150 gpu_parity.sh R bg smoke
-#   2 (carry manifest, part-001)        gpu_parity.sh R join && BUDGET=540 gpu_parity.sh R plan   (timeout_s 590)
+#   2 (carry manifest, part-001, .devkit/attn_grad_inputs.npz; 62 MB)   (timeout_s 590)
+#                                       gpu_parity.sh R join && gpu_parity.sh R bg diag; BUDGET=540 gpu_parity.sh R plan
 #        plan: CORES=4 fanout (T=1025, the CPU oracle); WAIT_FOR=smoke wait; if the smoke passed, T=8192
 #        ORACLE=cuda parity and LENGTHS=4096 ORACLE=cuda audit beside it; wait; merge
 # (the session of 2026-11-26 ran this; the smoke stalled in torch's inductor, not in the oracle: see
@@ -52,7 +55,7 @@
 # Results under OUT: weights.txt (the joined file's sha256 and the GPU), parity_$T/ (parity_${T}_forward/ with GRADS=), audit_{varlen,flex}_{512,4096}/,
 # cuda_tests.log, train_gpu.json, train_phases_gpu.json; each step fits one 10-minute call.
 set -o pipefail
-OUT=${1:?usage: gpu_parity.sh OUT [join|smoke|parity|audit|tests|train|phases|bg STEP|wait]}
+OUT=${1:?usage: gpu_parity.sh OUT [join|smoke|parity|audit|diag|tests|train|phases|bg STEP|wait]}
 STEP=${2:-parity}
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
 export JAX_DEFAULT_MATMUL_PRECISION=highest  # no TF32 for the oracle's fp32 products on the GPU
@@ -118,6 +121,9 @@ audit)
     timeout ${LIMIT:-140} python3 -m anchor audit --stack torch --engine $E --dtype bfloat16 --model default \
       --seq-len $L --oracle-device ${ORACLE:-cpu} --no-progress --out "$OUT/audit_${E}_$L" 2>&1 | tail -8
   done; done ;;
+diag)  # the kernels' attention backward in isolation (issue 28's gradient question): OUT/attn_grad_diag.json
+  JAX_PLATFORMS=cpu timeout ${LIMIT:-150} python3 benchmarks/attn_grad_diag.py run .devkit/attn_grad_inputs.npz \
+    --out "$OUT/attn_grad_diag.json" 2>&1 | grep -v Warning | tail -8 ;;
 tests)
   JAX_PLATFORMS=cpu timeout 400 python3 -m pytest -q -p no:cacheprovider -m cuda tests -rs 2>&1 | tee "$OUT/cuda_tests.log" | tail -30 ;;
 train)
