@@ -17,7 +17,8 @@ a layer (4 layers by default: it travels beside the second part of the weights, 
 `run` (any device, CUDA for the kernels): per layer, the same bf16 q, k, v, dO through
   fp64          dense masked attention and its autograd on the bf16 values (the reference)
   varlen, flex  torchtrain's engines (`torchtrain.engines.attend`): on CUDA torch's varlen kernel
-                (FlashAttention-2) and compiled FlexAttention; off CUDA varlen's SDPA calls, flex skipped
+                (FlashAttention-2) and compiled FlexAttention; off CUDA varlen's SDPA calls and sdpa (torch's
+                fused CPU kernel on the whole window), flex skipped
   emu_autodiff  fp32 FA-2 forward arithmetic (bf16 probabilities before p·v, fp32 sums) and autograd
                 through it: what the oracle's `fa2_bf16` gradient does
   emu_fa2       FlashAttention-2's backward written out: P from the forward's log-sum-exp, dV from bf16 P,
@@ -25,6 +26,8 @@ a layer (4 layers by default: it travels beside the second part of the weights, 
                 query head's dK/dV rounded to bf16 before its GQA group's sum (`dk_expanded`)
   emu_flex      the same with FlexAttention's differences: D rounded to bf16 (its `delta` is a bf16 sum),
                 the group's sum inside the kernel in fp32
+  emu_cpu       torch's CPU kernel's backward: FA-2's arithmetic with dQ, dK, dV added into bf16 gradients
+                per block of queries and keys and per query head (the sdpa engine runs it off CUDA)
 and records, for dq, dk, dv and for the anchor's row of dk and dv alone, each method's rel. L2 against
 fp64 and each kernel's distance to each emulation (the nearest names the arithmetic the kernel does).
 
@@ -32,7 +35,9 @@ On the CPU (2 AMD EPYC cores, AVX2; varlen is torch's fused CPU kernel there, fl
 emu_fa2's dq is 1.5-4x emu_autodiff's error (layer 11: 0.0102 against 0.0025; its anchor row of dk 0.012
 against 0.0035), and the CPU kernel's dq lies 0.0011-0.0037 from emu_fa2 against 0.004-0.010 from
 emu_autodiff: torch's CPU kernel rounds dS to bf16 too, an operation the oracle's gradient (autodiff of
-the forward's arithmetic) does not do.
+the forward's arithmetic) did not do. The sdpa engine (the same kernel on the whole window) lies
+0.0007-0.0016 from emu_cpu in dV, 0.0011-0.0035 in dK, against 0.003-0.005 from every other emulation;
+emu_cpu's errors against fp64 are the kernel's (jaxref's `backward: cpu`: parity_tests/test_fidelity.py).
 """
 
 from __future__ import annotations
@@ -165,6 +170,41 @@ def emu_explicit(q, k, v, do, mask, scale, *, delta_bf16: bool, per_head: bool):
     return dq, group(dk_h), group(dv_h)
 
 
+def cpu_splits(T: int) -> tuple[int, int]:
+    """The query and key blocks of torch's CPU flash backward at T queries (flash_attention_backward_kernel_impl)."""
+    return (256 if T >= 768 else 64 if T >= 192 else 32), 512
+
+
+def emu_cpu(q, k, v, do, mask, scale):
+    """torch's CPU flash backward (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp) written out: for each
+    query head of a kv head's group in turn, each block of query rows, each block of keys: P from the
+    log-sum-exp, dS = P·(dP − D) rounded to bf16, and dV, dQ, dK each added into a bf16 gradient (a gemm
+    with beta = 1 on bf16 output: a rounding per block and per head)."""
+    import torch
+
+    bf = torch.bfloat16
+    N, T, _ = q.shape
+    K = k.shape[0]
+    G = N // K
+    qs, ks = cpu_splits(T)
+    o_bf, _, lse = _emu_forward(q, k, v, mask, scale)
+    dq, dk, dv = torch.zeros_like(q, dtype=bf), torch.zeros_like(k, dtype=bf), torch.zeros_like(v, dtype=bf)
+    for r in range(G):
+        heads = torch.arange(K) * G + r
+        for m in range(0, T, qs):
+            qb, dob, ob = (x[heads, m:m + qs].float() for x in (q, do, o_bf))
+            delta = (dob * ob).sum(-1, keepdim=True)
+            for n in range(0, T, ks):
+                kb, vb = k[:, n:n + ks].float(), v[:, n:n + ks].float()
+                sb = (qb @ kb.transpose(1, 2)) * scale
+                p = torch.exp(sb.masked_fill(~mask[:, m:m + qs, n:n + ks], float("-inf")) - lse[heads, m:m + qs])
+                dv[:, n:n + ks] = (dv[:, n:n + ks].float() + p.to(bf).float().transpose(1, 2) @ dob).to(bf)
+                ds = (p * (dob @ vb.transpose(1, 2) - delta)).to(bf).float()
+                dq[heads, m:m + qs] = (dq[heads, m:m + qs].float() + scale * (ds @ kb)).to(bf)
+                dk[:, n:n + ks] = (dk[:, n:n + ks].float() + scale * (ds.transpose(1, 2) @ qb)).to(bf)
+    return dq, dk, dv
+
+
 def reference(q, k, v, do, mask, scale):
     """fp64 dense masked attention's gradients on the bf16 values."""
     import torch
@@ -201,7 +241,7 @@ def run(path: str, device: str) -> dict:
     layers = [int(i) for i in z["layers"]]
     doc_ids = torch.from_numpy(z["doc_ids"].astype(np.int64)).to(device)
     mask = dense_mask(doc_ids, "anchor")[0][None]  # [1,T,T]
-    engines = ["varlen", "flex"] if device.startswith("cuda") else ["varlen"]
+    engines = ["varlen", "flex"] if device.startswith("cuda") else ["varlen", "sdpa"]
     out: dict = {"layers": {}, "engines": engines, "seconds": {}}
     t0 = time.perf_counter()
     for i in layers:
@@ -210,7 +250,8 @@ def run(path: str, device: str) -> dict:
         ref = reference(q, k, v, do, mask, scale)
         got = {"emu_autodiff": emu_autodiff(q, k, v, do, mask, scale),
                "emu_fa2": emu_explicit(q, k, v, do, mask, scale, delta_bf16=False, per_head=True),
-               "emu_flex": emu_explicit(q, k, v, do, mask, scale, delta_bf16=True, per_head=False)}
+               "emu_flex": emu_explicit(q, k, v, do, mask, scale, delta_bf16=True, per_head=False),
+               "emu_cpu": emu_cpu(q, k, v, do, mask, scale)}
         for e in engines:
             t1 = time.perf_counter()
             got[e] = kernel(e, q, k, v, do, doc_ids, scale)
@@ -224,7 +265,7 @@ def run(path: str, device: str) -> dict:
             row["kernel_to_emulation"][e] = {
                 em: {g: round(float((got[e][j].double() - got[em][j].double()).norm() / ref[j].norm()), 6)
                      for j, g in enumerate(("dq", "dk", "dv"))}
-                for em in ("emu_autodiff", "emu_fa2", "emu_flex")}
+                for em in ("emu_autodiff", "emu_fa2", "emu_flex", "emu_cpu")}
         out["layers"][str(i)] = row
         print(i, json.dumps({n: {g: round(x, 4) for g, x in r.items()} for n, r in row["vs_fp64"].items()}), flush=True)
     out["seconds"]["all"] = round(time.perf_counter() - t0, 1)

@@ -413,7 +413,7 @@ def kernel_backward(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sca
     B, T, N, D = q.shape
     K = k.shape[2]
     G = N // K
-    R = min(BACKWARD_ROWS, T)
+    R = cpu_backward_rows(T) if policy.backward == "cpu" else min(BACKWARD_ROWS, T)
     nb = -(-T // R)
     pad = nb * R - T
 
@@ -439,6 +439,10 @@ def kernel_backward(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sca
         padded = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))  # noqa: E731
         qg, o, do = padded(qg), padded(o), padded(do)  # padded rows: dO = 0, nothing visible
         k_slots = jnp.arange(T)
+        if policy.backward == "cpu":
+            dq, dk, dv = _cpu_backward(qg, kh, vh, o, do, doc_ids, variant, policy, scale, R)
+            return (_ungroup(dq[:, :, :, :T]).astype(q.dtype), jnp.transpose(dk, (0, 2, 1, 3)).astype(k.dtype),
+                    jnp.transpose(dv, (0, 2, 1, 3)).astype(v.dtype), np.zeros(doc_ids.shape, jax.dtypes.float0))
 
         def step(carry, r0):
             dk, dv = carry
@@ -475,6 +479,57 @@ def kernel_backward(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sca
 
     f.defvjp(f_fwd, f_bwd)
     return f(q, k, v, doc_ids)
+
+
+def cpu_backward_rows(T: int) -> int:
+    """The query block of torch's CPU flash backward at T queries (flash_attention_backward_kernel_impl's
+    dispatch: 256 from 768 on, 64 from 192, else 32); its key block is the policy's `kv_block` (512)."""
+    return 256 if T >= 768 else 64 if T >= 192 else 32
+
+
+def _cpu_backward(qg, kh, vh, o, do, doc_ids, variant: Variant, policy: DtypePolicy, scale: float, R: int):
+    """torch's CPU flash backward (ATen/native/cpu/FlashAttentionKernel.cpp, `cpu_flash_attention_backward`):
+    for each query head of a kv head's group in turn, each block of R query rows, each key block of
+    `kv_block`: the FA-2 arithmetic of `kernel_backward` (dS rounded to `qk_in`, D from the rounded output),
+    with dV, dQ and dK each added into a gradient held in `qk_in` (a gemm with beta = 1 on a bf16 output:
+    one rounding per block and per head). qg, o, do [B,K,G,Tp,D] (Tp: T padded to whole blocks, dO = 0
+    there); kh, vh [B,K,T,D]. Returns dq [B,K,G,Tp,D], dk and dv [B,K,T,D], in `qk_in`."""
+    qk_in, pv_in, acc, sm = (policy.dtype(s) for s in ("qk_in", "pv_in", "pv_acc", "softmax"))
+    B, K, G, Tp, D = qg.shape
+    T = kh.shape[2]
+    blk = min(policy.kv_block, T)
+    key_blocks = [(n, min(n + blk, T)) for n in range(0, T, blk)]
+    nb = Tp // R
+    add = lambda a, x: (a.astype(acc) + x).astype(qk_in)  # noqa: E731  (into a bf16 gradient: rounded)
+    sc = jnp.asarray(scale, acc)
+
+    def step(carry, gm):
+        dq, dk, dv = carry
+        g, r0 = gm // nb, (gm % nb) * R
+        qb, ob, dob = (jax.lax.dynamic_slice(x, (0, 0, g, r0, 0), (B, K, 1, R, D))[:, :, 0] for x in (qg, o, do))
+        q_slots = r0 + jnp.arange(R)
+        delta = jnp.sum(dob.astype(acc) * ob.astype(acc), axis=-1, keepdims=True)  # [B,K,R,1]
+        visible = _mask(doc_ids, jnp.minimum(q_slots, T - 1), jnp.arange(T), variant)[:, 0, 0] & (q_slots < T)[:, None]
+        s = jnp.where(visible[:, None], _qk(qb[:, :, None], kh, policy, scale)[:, :, 0].astype(sm), -jnp.inf)
+        mx = jnp.max(s, axis=-1, keepdims=True)
+        mx = jnp.where(jnp.isfinite(mx), mx, 0)
+        lse = mx + jnp.log(jnp.sum(jnp.exp(s - mx), axis=-1, keepdims=True))
+        p = jnp.where(visible[:, None], jnp.exp(s - lse), 0).astype(acc)  # [B,K,R,T]
+        dq_b = jnp.zeros((B, K, R, D), qk_in)
+        for n0, n1 in key_blocks:
+            pb, kb, vb = p[..., n0:n1], kh[:, :, n0:n1], vh[:, :, n0:n1]
+            dv = dv.at[:, :, n0:n1].set(add(dv[:, :, n0:n1], wide_einsum("BKRS,BKRD->BKSD", pb.astype(pv_in),
+                                                                           dob.astype(pv_in), acc)))
+            dp = wide_einsum("BKRD,BKSD->BKRS", dob.astype(pv_in), vb, acc)
+            ds = (pb * (dp - delta)).astype(qk_in)
+            dq_b = add(dq_b, sc * wide_einsum("BKRS,BKSD->BKRD", ds, kb, acc))
+            dk = dk.at[:, :, n0:n1].set(add(dk[:, :, n0:n1], sc * wide_einsum("BKRS,BKRD->BKSD", ds, qb, acc)))
+        dq = jax.lax.dynamic_update_slice(dq, dq_b[:, :, None], (0, 0, g, r0, 0))
+        return (dq, dk, dv), None
+
+    zeros = jnp.zeros((B, K, T, D), qk_in)
+    (dq, dk, dv), _ = jax.lax.scan(step, (jnp.zeros((B, K, G, Tp, D), qk_in), zeros, zeros), jnp.arange(G * nb))
+    return dq, dk, dv
 
 
 def row_scores_probs(q, k, doc_ids, rows, variant: Variant, policy: DtypePolicy, scale: float):

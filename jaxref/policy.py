@@ -11,7 +11,7 @@ FlashAttention-2 bf16 and the paper's bf16 recipe). A policy can also be written
     kv_block: 128          # key/value block of the online softmax
     exp: exact             # exact | fexp_u20 (the online softmax's exponential, see jaxref.attention)
     lanes: 8               # fexp_u20's vector lanes: a key block's keys past its last whole vector take exp
-    backward: autodiff     # autodiff | fa2 | flex (the online attention's backward, see jaxref.attention)
+    backward: autodiff     # autodiff | fa2 | flex | cpu (the online attention's backward, see jaxref.attention)
 
 Stages, in docs/DESIGN.md §4 order:
   param       weights as stored
@@ -58,7 +58,7 @@ _ALIASES: dict[str, str] = {
 }
 _EXTRA_KEYS: tuple[str, ...] = ("name", "attention", "kv_block", "exp", "lanes", "backward")
 EXPS: tuple[str, ...] = ("exact", "fexp_u20")
-BACKWARDS: tuple[str, ...] = ("autodiff", "fa2", "flex")
+BACKWARDS: tuple[str, ...] = ("autodiff", "fa2", "flex", "cpu")
 
 
 def _dtype_name(value: object, *, what: str, path: object | None = None) -> str:
@@ -91,7 +91,9 @@ class DtypePolicy:
     arithmetic), or a kernel's own backward written out (`jaxref.attention.kernel_backward`): "fa2"
     (FlashAttention-2: dS rounded to the `qk_in` dtype before dQ and dK, D = rowsum(dO·O) from the
     output rounded to `qk_in`, each query head's dK and dV rounded before its GQA group's sum) or
-    "flex" (FlexAttention: the same with D rounded to `qk_in` and the group's sum in the accumulator).
+    "flex" (FlexAttention: the same with D rounded to `qk_in` and the group's sum in the accumulator) or
+    "cpu" (torch's fused CPU kernel: FA-2's arithmetic with dQ, dK and dV added into `qk_in` gradients per
+    block of queries and keys and per query head).
     """
 
     param: str
@@ -112,7 +114,7 @@ class DtypePolicy:
     kv_block: int = 128
     exp: Literal["exact", "fexp_u20"] = "exact"
     lanes: int = 8
-    backward: Literal["autodiff", "fa2", "flex"] = "autodiff"
+    backward: Literal["autodiff", "fa2", "flex", "cpu"] = "autodiff"
 
     def __post_init__(self) -> None:
         for stage in STAGES:

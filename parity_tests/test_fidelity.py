@@ -99,3 +99,50 @@ def test_sdpa_cpu_key_blocks_are_followed():
     print(differ)
     assert differ["sdpa_cpu_bf16"] < 0.5 * differ["fa2_bf16"]
     assert differ["sdpa_cpu_bf16"] <= differ["fa2_bf16_1pass"]
+
+
+def test_the_cpu_kernels_backward_is_followed():
+    """The attention backward of torch's fused CPU kernel (the sdpa engine, bf16) against the oracle's
+    `backward: cpu` (jaxref.attention.kernel_backward: dS rounded to bf16, dQ/dK/dV added into bf16
+    gradients per block and per head) and against autodiff of the same forward: the written-out backward
+    lands several times nearer the kernel. T = 300: five query blocks of 64 (GQA, anchor, padding)."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+
+    import jaxref
+    from torchtrain import engines
+
+    T, N, K, D = 300, 6, 2, 16
+    rng = np.random.default_rng(7)
+    q, k, v, do = (torch.from_numpy(rng.standard_normal((1, h, T, D)) * s).to(torch.bfloat16)
+                   for h, s in ((N, 2.0), (K, 2.0), (K, 1.0), (N, 1.0)))
+    doc = np.zeros((1, T), np.int64)
+    doc[0, 1:90], doc[0, 90:290], doc[0, 290:] = 1, 2, -1
+    scale = D ** -0.5
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = engines.attend("sdpa", *leaves, engines.prepare_meta("sdpa", torch.from_numpy(doc), "anchor"), scale)
+    out.backward(do.transpose(1, 2))
+    kernel = [x.grad[0].float().numpy() for x in leaves]  # [H,T,D]
+    ref = [x.float() for x in (q, k, v)]
+    ref = [x.double().requires_grad_() for x in ref]
+    mask = torch.from_numpy(np.asarray(jaxref.attention_mask(doc[0], "anchor")))
+    s_ = (ref[0] @ ref[1].repeat_interleave(N // K, 1).transpose(2, 3)) * scale
+    o = torch.softmax(s_.masked_fill(~mask, float("-inf")), -1) @ ref[2].repeat_interleave(N // K, 1)
+    o.backward(do.double())
+    truth = [x.grad[0].numpy() for x in ref]
+    as_jax = lambda x: jnp.asarray(x.float().numpy()).astype(jnp.bfloat16).transpose(0, 2, 1, 3)  # noqa: E731
+    base = jaxref.get_policy("sdpa_cpu_bf16")
+    near = {}
+    for backward in ("autodiff", "cpu"):
+        pol = dataclasses.replace(base, backward=backward)
+        _, vjp = jax.vjp(lambda q, k, v: jaxref.attention.attention(q, k, v, jnp.asarray(doc, jnp.int32), "anchor", pol,
+                                                                     scale, fused=False), *map(as_jax, (q, k, v)))
+        got = vjp(jnp.asarray(do.float().numpy()).transpose(0, 2, 1, 3))
+        near[backward] = [float(np.linalg.norm(np.asarray(g, np.float32)[0].transpose(1, 0, 2) - kg) / np.linalg.norm(t))
+                          for g, kg, t in zip(got, kernel, truth)]
+    print(near)
+    assert all(3 * c < a for c, a in zip(near["cpu"], near["autodiff"])), near

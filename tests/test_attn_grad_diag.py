@@ -25,12 +25,15 @@ def test_capture_then_run_on_the_cpu(tmp_path):
     p = diag("run", npz, "--out", out, "--device", "cpu")
     assert p.returncode == 0, p.stderr
     d = json.loads(out.read_text())
-    assert d["engines"] == ["varlen"] and set(d["layers"]) == {"0", "1"}
+    assert d["engines"] == ["varlen", "sdpa"] and set(d["layers"]) == {"0", "1"}
     for row in d["layers"].values():
-        assert set(row["vs_fp64"]) == {"emu_autodiff", "emu_fa2", "emu_flex", "varlen"}
+        assert set(row["vs_fp64"]) == {"emu_autodiff", "emu_fa2", "emu_flex", "emu_cpu", "varlen", "sdpa"}
         for errs in row["vs_fp64"].values():  # bf16 arithmetic: off fp64, but by its rounding only
             assert all(1e-4 < e < 0.05 for e in errs.values()), errs
         # torch's CPU kernel rounds dS to bf16 before dQ, as the written-out FA-2 backward does and the
         # autodiff of the forward does not
         to = row["kernel_to_emulation"]["varlen"]
         assert 2 * to["emu_fa2"]["dq"] < to["emu_autodiff"]["dq"], to
+        # and, on the whole window (sdpa), adds dV into a bf16 gradient block by block, as emu_cpu does
+        to = row["kernel_to_emulation"]["sdpa"]
+        assert 2 * to["emu_cpu"]["dv"] < min(to[e]["dv"] for e in ("emu_autodiff", "emu_fa2", "emu_flex")), to

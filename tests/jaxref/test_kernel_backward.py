@@ -1,7 +1,8 @@
 """`jaxref.attention.kernel_backward`: a kernel's own attention backward, written out (policy `backward`).
 
-In fp64 (every rounding a no-op) it is the gradient of the forward, to 1e-12, for every variant, GQA,
-padding and a length that is not a multiple of its row block. In bf16 it is FlashAttention-2's
+In fp64 (every rounding a no-op) it is the gradient of the forward, to 1e-12, for every mask, GQA,
+padding and a length that is not a multiple of its row block, in each of its arithmetics (fa2, flex, cpu;
+parity_tests/test_fidelity.py holds `cpu` against torch's CPU kernel itself). In bf16 it is FlashAttention-2's
 arithmetic, held against a plain numpy transcription of that arithmetic, and measurably not autodiff's
 (dS rounded to bf16 before dQ and dK).
 """
@@ -48,7 +49,7 @@ def test_fp64_kernel_backward_is_the_gradient(variant):
     q, k, v, doc, do = (jnp.asarray(x) for x in _inputs(97))
     auto = get_policy({"base": "fp64", "attention": "online", "kv_block": 32})
     out_a, grads_a = _grads(auto, variant, q, k, v, doc, do)
-    for backward in ("fa2", "flex"):
+    for backward in ("fa2", "flex", "cpu"):  # cpu: three query blocks of 32 (the 97 rows padded to 128)
         out_k, grads_k = _grads(dataclasses.replace(auto, backward=backward), variant, q, k, v, doc, do)
         assert np.array_equal(out_a, out_k)  # the same forward
         for a, b in zip(grads_a, grads_k):
