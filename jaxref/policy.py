@@ -196,8 +196,10 @@ PRESETS: dict[str, DtypePolicy] = {
     # (CPU_KERNEL_POLICIES; the name `sdpa_cpu_bf16` resolves to this process's): the FA-2 arithmetic
     # above over key blocks of 512, the probabilities' exponential its fast `fexp_u20` (exp(0) =
     # 0.99994659) on whole float32 vectors of 8 lanes (AVX2) or 16 (AVX512), exp on the rest of a block;
-    # DEFAULT has no vector exponential (`Vectorized<float>::fexp_u20` is std::exp there).
-    **{name: _preset(name, "online", kv_block=512, exp=exp, lanes=lanes, **{**_HF_BF16, "logits": "float32"})
+    # DEFAULT has no vector exponential (`Vectorized<float>::fexp_u20` is std::exp there). Its backward
+    # (`cpu_flash_attention_backward`) rounds dS to bf16 and adds dQ, dK, dV into bf16 gradients per block.
+    **{name: _preset(name, "online", kv_block=512, exp=exp, lanes=lanes, backward="cpu",
+                     **{**_HF_BF16, "logits": "float32"})
        for name, exp, lanes in (("sdpa_cpu_bf16_avx2", "fexp_u20", 8), ("sdpa_cpu_bf16_avx512", "fexp_u20", 16),
                                 ("sdpa_cpu_bf16_default", "exact", 8))},
     # FA-2 arithmetic with each row's keys in one block (one max, one sum): torchtrain's pure-torch

@@ -136,6 +136,7 @@ def test_the_cpu_kernels_backward_is_followed():
     truth = [x.grad[0].numpy() for x in ref]
     as_jax = lambda x: jnp.asarray(x.float().numpy()).astype(jnp.bfloat16).transpose(0, 2, 1, 3)  # noqa: E731
     base = jaxref.get_policy("sdpa_cpu_bf16")
+    assert base.backward == "cpu"  # the preset the sdpa engine is held against takes it
     near = {}
     for backward in ("autodiff", "cpu"):
         pol = dataclasses.replace(base, backward=backward)
