@@ -405,11 +405,12 @@ def kernel_backward(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sca
     dtype); dS = P·(dP − D) rounded to `qk_in` before dQ = dS·k and dK = dSᵀ·q, each times the scale at
     the end; sums in `pv_acc`. "fa2" rounds each query head's dK and dV to `qk_in` / `pv_in` before its
     GQA group's sum (`dk_expanded` in flash_api.cpp); "flex" rounds D to `qk_in` (its `delta` is a sum
-    in the output dtype) and sums the group in the accumulator. The gradients of q, k and v come back in
-    their own dtypes. Autodiff of the forward (`backward: autodiff`) does none of these roundings: its
+    in the output dtype) and sums the group in the accumulator; "cpu" is torch's fused CPU kernel
+    (`_cpu_backward`: the same arithmetic added into bf16 gradients block by block). The gradients of q,
+    k and v come back in their own dtypes. Autodiff of the forward (`backward: autodiff`) does none of these roundings: its
     dS stays fp32 (benchmarks/attn_grad_diag.py measures what that misses).
     """
-    qk_in, pv_in, acc, sm = (policy.dtype(s) for s in ("qk_in", "pv_in", "pv_acc", "softmax"))
+    qk_in, pv_in, acc = (policy.dtype(s) for s in ("qk_in", "pv_in", "pv_acc"))
     B, T, N, D = q.shape
     K = k.shape[2]
     G = N // K
@@ -438,7 +439,6 @@ def kernel_backward(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sca
         do = _group_queries(g.astype(acc), K)
         padded = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))  # noqa: E731
         qg, o, do = padded(qg), padded(o), padded(do)  # padded rows: dO = 0, nothing visible
-        k_slots = jnp.arange(T)
         if policy.backward == "cpu":
             dq, dk, dv = _cpu_backward(qg, kh, vh, o, do, doc_ids, variant, policy, scale, R)
             return (_ungroup(dq[:, :, :, :T]).astype(q.dtype), jnp.transpose(dk, (0, 2, 1, 3)).astype(k.dtype),
@@ -447,13 +447,7 @@ def kernel_backward(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sca
         def step(carry, r0):
             dk, dv = carry
             qb, ob, dob = (jax.lax.dynamic_slice_in_dim(x, r0, R, axis=3) for x in (qg, o, do))
-            q_slots = r0 + jnp.arange(R)
-            visible = _mask(doc_ids, jnp.minimum(q_slots, T - 1), k_slots, variant) & (q_slots < T)[:, None]
-            s = jnp.where(visible, _qk(qb, kh, policy, scale).astype(sm), -jnp.inf)  # [B,K,G,R,T]
-            mx = jnp.max(s, axis=-1, keepdims=True)
-            mx = jnp.where(jnp.isfinite(mx), mx, 0)
-            lse = mx + jnp.log(jnp.sum(jnp.exp(s - mx), axis=-1, keepdims=True))
-            p = jnp.where(visible, jnp.exp(s - lse), 0)
+            p = _recomputed_probs(qb, kh, doc_ids, r0, T, variant, policy, scale)  # [B,K,G,R,T]
             dv = dv + wide_einsum("BKGRS,BKGRD->BKGSD", p.astype(pv_in), dob.astype(pv_in), acc)
             dp = wide_einsum("BKGRD,BKSD->BKGRS", dob.astype(pv_in), vh, acc)
             delta = jnp.sum(dob * ob, axis=-1, keepdims=True)
@@ -481,6 +475,19 @@ def kernel_backward(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sca
     return f(q, k, v, doc_ids)
 
 
+def _recomputed_probs(qb, kh, doc_ids, r0, T: int, variant: Variant, policy: DtypePolicy, scale: float):
+    """A kernel backward's P = exp(s − lse) for query rows r0 … r0+R−1 (qb [B,K,G,R,D]; rows past T, the
+    padding of the last block, see nothing) against every key (kh [B,K,T,D]): the scores as the forward
+    forms them (`_qk`), lse the row's log-sum-exp, both in the `softmax` dtype. Returns [B,K,G,R,T]."""
+    q_slots = r0 + jnp.arange(qb.shape[3])
+    visible = _mask(doc_ids, jnp.minimum(q_slots, T - 1), jnp.arange(T), variant) & (q_slots < T)[:, None]
+    s = jnp.where(visible, _qk(qb, kh, policy, scale).astype(policy.dtype("softmax")), -jnp.inf)
+    mx = jnp.max(s, axis=-1, keepdims=True)
+    mx = jnp.where(jnp.isfinite(mx), mx, 0)
+    lse = mx + jnp.log(jnp.sum(jnp.exp(s - mx), axis=-1, keepdims=True))
+    return jnp.where(visible, jnp.exp(s - lse), 0)
+
+
 def cpu_backward_rows(T: int) -> int:
     """The query block of torch's CPU flash backward at T queries (flash_attention_backward_kernel_impl's
     dispatch: 256 from 768 on, 64 from 192, else 32); its key block is the policy's `kv_block` (512)."""
@@ -494,7 +501,7 @@ def _cpu_backward(qg, kh, vh, o, do, doc_ids, variant: Variant, policy: DtypePol
     with dV, dQ and dK each added into a gradient held in `qk_in` (a gemm with beta = 1 on a bf16 output:
     one rounding per block and per head). qg, o, do [B,K,G,Tp,D] (Tp: T padded to whole blocks, dO = 0
     there); kh, vh [B,K,T,D]. Returns dq [B,K,G,Tp,D], dk and dv [B,K,T,D], in `qk_in`."""
-    qk_in, pv_in, acc, sm = (policy.dtype(s) for s in ("qk_in", "pv_in", "pv_acc", "softmax"))
+    qk_in, pv_in, acc = (policy.dtype(s) for s in ("qk_in", "pv_in", "pv_acc"))
     B, K, G, Tp, D = qg.shape
     T = kh.shape[2]
     blk = min(policy.kv_block, T)
@@ -507,14 +514,8 @@ def _cpu_backward(qg, kh, vh, o, do, doc_ids, variant: Variant, policy: DtypePol
         dq, dk, dv = carry
         g, r0 = gm // nb, (gm % nb) * R
         qb, ob, dob = (jax.lax.dynamic_slice(x, (0, 0, g, r0, 0), (B, K, 1, R, D))[:, :, 0] for x in (qg, o, do))
-        q_slots = r0 + jnp.arange(R)
         delta = jnp.sum(dob.astype(acc) * ob.astype(acc), axis=-1, keepdims=True)  # [B,K,R,1]
-        visible = _mask(doc_ids, jnp.minimum(q_slots, T - 1), jnp.arange(T), variant)[:, 0, 0] & (q_slots < T)[:, None]
-        s = jnp.where(visible[:, None], _qk(qb[:, :, None], kh, policy, scale)[:, :, 0].astype(sm), -jnp.inf)
-        mx = jnp.max(s, axis=-1, keepdims=True)
-        mx = jnp.where(jnp.isfinite(mx), mx, 0)
-        lse = mx + jnp.log(jnp.sum(jnp.exp(s - mx), axis=-1, keepdims=True))
-        p = jnp.where(visible[:, None], jnp.exp(s - lse), 0).astype(acc)  # [B,K,R,T]
+        p = _recomputed_probs(qb[:, :, None], kh, doc_ids, r0, T, variant, policy, scale)[:, :, 0].astype(acc)
         dq_b = jnp.zeros((B, K, R, D), qk_in)
         for n0, n1 in key_blocks:
             pb, kb, vb = p[..., n0:n1], kh[:, :, n0:n1], vh[:, :, n0:n1]
