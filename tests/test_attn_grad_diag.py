@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 DIAG = ROOT / "benchmarks" / "attn_grad_diag.py"
 
@@ -17,6 +19,7 @@ def diag(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(DIAG), *map(str, args)], capture_output=True, text=True, cwd=ROOT)
 
 
+@pytest.mark.slow  # make test-all: a benchmark's dry run (20 s), beside CI's 30 minutes
 def test_capture_then_run_on_the_cpu(tmp_path):
     npz, out = tmp_path / "in.npz", tmp_path / "diag.json"
     p = diag("capture", "--model", "random:llama", "--seq-len", 97, "--layers", "0,1", "--out", npz)

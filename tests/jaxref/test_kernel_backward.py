@@ -43,7 +43,8 @@ def _grads(policy, variant, q, k, v, doc, do):
     return out, vjp(jnp.asarray(do, out.dtype))
 
 
-@pytest.mark.parametrize("variant", ["full", "anchor"])  # anchor: the documents' mask and the shared column
+# anchor: the documents' mask and the shared column; full in make test-all (CI's 30 minutes)
+@pytest.mark.parametrize("variant", ["anchor", pytest.param("full", marks=pytest.mark.slow)])
 def test_fp64_kernel_backward_is_the_gradient(variant):
     """T = 97: not a multiple of the backward's row block (the padded rows) nor of the key block."""
     q, k, v, doc, do = (jnp.asarray(x) for x in _inputs(97))
@@ -90,7 +91,7 @@ def _numpy_fa2(q, k, v, do, mask, scale, backward):
     return _bf16(dq).transpose(1, 0, 2), group(dk), group(dv)
 
 
-@pytest.mark.parametrize("backward", ["fa2", "flex"])
+@pytest.mark.parametrize("backward", ["fa2", pytest.param("flex", marks=pytest.mark.slow)])
 def test_bf16_kernel_backward_is_flash_attention_2s_arithmetic(backward):
     """Against the numpy transcription: the same up to fp32 summation order; autodiff of the same forward
     is several times further off (its dS is not rounded)."""
