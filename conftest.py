@@ -1,0 +1,31 @@
+"""One JAX compilation cache for the whole test run (every xdist worker, every test).
+
+The tests compile many identical XLA programs: the same decoder at the same sizes in several tests, and each
+xdist worker compiling what the other already did. JAX's persistent cache (keyed by the program, the XLA
+flags and the versions; a cached program is the compiled program itself, so no result changes) lets each be
+compiled once per run. The folder is new for each run and removed after it, unless the user named one
+(JAX_COMPILATION_CACHE_DIR); the audit's own tests that measure the cache set theirs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+_OWNED = "ANCHOR_TEST_JAX_CACHE_OWNER"
+
+
+def pytest_configure(config):
+    if os.environ.get("ANCHOR_TEST_NO_JAX_CACHE") or "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    # the controller (or a run without xdist) makes the folder; the workers it starts inherit the variable
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="anchor-test-jax-")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+    os.environ[_OWNED] = str(os.getpid())
+
+
+def pytest_unconfigure(config):
+    if os.environ.get(_OWNED) == str(os.getpid()):
+        shutil.rmtree(os.environ.pop("JAX_COMPILATION_CACHE_DIR"), ignore_errors=True)
+        os.environ.pop(_OWNED)
