@@ -15,7 +15,9 @@ KERNELS := .cache/kernels/.built
 
 install: $(VENV)/.installed $(MODEL) $(KERNELS)
 
-# torch first and pinned: it is a local CPU wheel; anything else pulls a CUDA build.
+# torch first and pinned: it is a local CPU wheel; anything else pulls a CUDA build. pip compiles the modules
+# at install: with PYTHONDONTWRITEBYTECODE set (as on these machines) a --no-compile install saved 110 s but
+# had every process compile what it imports again (make test 3 minutes slower).
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip

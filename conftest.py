@@ -4,7 +4,9 @@ The tests compile many identical XLA programs: the same decoder at the same size
 xdist worker compiling what the other already did. JAX's persistent cache (keyed by the program, the XLA
 flags and the versions; a cached program is the compiled program itself, so no result changes) lets each be
 compiled once per run. The folder is new for each run and removed after it, unless the user named one
-(JAX_COMPILATION_CACHE_DIR); the audit's own tests that measure the cache set theirs.
+(JAX_COMPILATION_CACHE_DIR); the audit's own tests that measure the cache set theirs. ANCHOR_TEST_NO_JAX_CACHE=1
+turns it off (to time the tests without it: the jaxref subset of tests/jaxref/test_{invariance,decoder_parity,
+attention_blocks,train}.py took 345 s without and 279 s with it on 2 cores).
 """
 
 from __future__ import annotations
