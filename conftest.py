@@ -16,13 +16,25 @@ import shutil
 import tempfile
 
 _OWNED = "ANCHOR_TEST_JAX_CACHE_OWNER"
+_PREFIX = "anchor-test-jax-"
+
+
+def _remove_folders_of_dead_runs() -> None:
+    """A run killed before its end (kill -9) leaves its folder: the next run removes those whose process is gone."""
+    from pathlib import Path
+
+    for d in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*-*"):
+        pid = d.name[len(_PREFIX):].split("-")[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def pytest_configure(config):
     if os.environ.get("ANCHOR_TEST_NO_JAX_CACHE") or "JAX_COMPILATION_CACHE_DIR" in os.environ:
         return
+    _remove_folders_of_dead_runs()
     # the controller (or a run without xdist) makes the folder; the workers it starts inherit the variable
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="anchor-test-jax-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
     os.environ[_OWNED] = str(os.getpid())
 
