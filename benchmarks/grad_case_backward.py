@@ -15,9 +15,10 @@ backward, layer 28's input_layernorm, 0.080 off fp64 against 0.069 (autodiff), 0
 (cpu): the attention backward the baseline follows is not what that norm weight's error comes from.
 Nor is the weight gradient's own sum over tokens (checked 2026-11-26 on the same CPU, torch 2.13: for
 `w * h` in bf16 at [1, 1025, 576], autograd's weight gradient is bitwise the bf16 products summed in fp32
-and rounded once, 0.0024 off fp64, where a bf16 running sum would be 0.036): the error is in the
-cotangent reaching the norm from layer 28's q, k and v projections. Next: capture that cotangent in torch
-and in the emulation and hold each against fp64.
+and rounded once, 0.0024 off fp64, where a bf16 running sum would be 0.036): the error is in what it
+sums, the cotangent reaching the norm from layer 28's q, k and v projections or the normalised activations
+it multiplies, amplified by the sum's cancellation. Next: capture both in torch and in the emulation and
+hold each against fp64.
 """
 
 from __future__ import annotations
