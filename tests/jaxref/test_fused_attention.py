@@ -149,8 +149,7 @@ def _policy_id(n) -> str:
 
 def _bf16_in_make_test(name, variant: str, T: int) -> bool:
     """`make test` (the CI budget on 2 cores) keeps fa2_bf16 at every size and variant, the other policies
-    (whose roundings do not depend on the mask) every variant at 97 and anchor at 515; the rest runs in
-    `make test-all`."""
+    every variant at 97 and anchor at 515; the rest runs in `make test-all`."""
     return name == "fa2_bf16" or T == 97 or (T == 515 and variant == "anchor")
 
 
