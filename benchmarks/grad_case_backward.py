@@ -17,8 +17,11 @@ Nor is the weight gradient's own sum over tokens (checked 2026-11-26 on the same
 `w * h` in bf16 at [1, 1025, 576], autograd's weight gradient is bitwise the bf16 products summed in fp32
 and rounded once, 0.0024 off fp64, where a bf16 running sum would be 0.036): the error is in what it
 sums, the cotangent reaching the norm from layer 28's q, k and v projections or the normalised activations
-it multiplies, amplified by the sum's cancellation. Next: capture both in torch and in the emulation and
-hold each against fp64.
+it multiplies, amplified by the sum's cancellation. Both were then captured
+(benchmarks/norm_grad_parts.py): the cotangent carries it, in one element (the anchor slot at its
+massive dimension), and its size is one draw of a heavy-tailed error. The trainer's gradients rank among
+12 orders of the emulation as one more order would (benchmarks/grad_draws.py --trainer sdpa), and the
+suite's rule fails at least one parameter of a draw of the emulation itself in 46% of such cases.
 """
 
 from __future__ import annotations
