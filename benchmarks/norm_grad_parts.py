@@ -18,6 +18,7 @@ added to the norm's output, x̂ from the layer's input tap), and records per lay
                           the oracle: `jaxref.value_and_grad`), the number the parity rule judges
   dw_dy_only, dw_x_only   rel. L2 of dw with one factor the side's and the other truth's
   amplification           ‖Σ_t |dy ⊙ x̂|‖ / ‖dw‖ of truth: how much the sum over tokens cancels
+  truth_parts_vs_grad     the capture checked: truth's Σ_t dy ⊙ x̂ against its own gradient (fp64: ~1e-15)
   by_token                the share of the side's dw error (‖dw − dw_truth‖²) from slot 0 (the anchor) and
                           from the 8 slots contributing most, and which slots those are
 
@@ -203,6 +204,7 @@ def compare(side: dict, truth: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="default", help="default: SmolLM2; random:llama for a dry run")
     ap.add_argument("--engine", default="sdpa")
     ap.add_argument("--variant", default="anchor")
     ap.add_argument("--seq-len", type=int, default=1025)
@@ -215,17 +217,20 @@ def main(argv: list[str] | None = None) -> int:
     from parity_tests.runners import get_runner, resolve_policy
 
     layers = [int(s) for s in args.layers.split(",")]
-    case = Case("default", args.variant, "plain", BF16, args.engine, args.seq_len)
+    case = Case(args.model, args.variant, "plain", BF16, args.engine, args.seq_len, windows=1)
     inputs = case_inputs(case)
     emulation, _ = resolve_policy(BF16, get_runner(args.engine))
     t0 = time.perf_counter()
     sides = {"truth": oracle_parts(case, inputs, "fp64", layers),
              "emulation": oracle_parts(case, inputs, emulation, layers),
              "torch": torch_parts(case, inputs, layers)}
-    result = {"what": __doc__.split("\n")[0], "case": f"default/{args.variant}/bf16/{args.engine}/T{args.seq_len}",
-              "emulation": emulation,
+    truth = sides["truth"].values()
+    result = {"what": __doc__.split("\n")[0], "emulation": emulation,
+              "case": f"{args.model}/{args.variant}/bf16/{args.engine}/T{args.seq_len}",
               "layers": {str(i): {s: compare(sides[s][i], sides["truth"][i]) for s in ("emulation", "torch")}
                          for i in layers},
+              # the capture checked: truth's own weight gradient against the sum of its captured factors
+              "truth_parts_vs_grad": max(rel((t["dy"] * t["xhat"]).sum(0), t["grad"]) for t in truth),
               "seconds": round(time.perf_counter() - t0, 1), "machine": machine()}
     write_text_atomic(Path(args.out), json.dumps(result, indent=1) + "\n")
     for i in layers:
