@@ -18,7 +18,7 @@ the gathered key/value rows kept in fp32 so the copies' gradients are summed in 
 (`fp32_copies`; its forward is the same arithmetic bit for bit: the losses are checked equal). Each
 gradient is held against fp64 truth beside the emulation's own draws (fa2_bf16_1pass, the emulation
 `flash_varlen_emulated` is judged against, in `--orders` summation orders: parity_tests.grads), with
-the parity suite's rule (rel. L2 <= 2 x RMS over the orders + 0.001). Modes (`MODES`): the engine as it
+the parity suite's rule of the time (rel. L2 <= 2 x RMS over the orders + 0.001). Modes (`MODES`): the engine as it
 is; the copies rounded per document or summed once in fp32, each with or without each query head's k/v
 gradient rounded before its group's sum (FlashAttention-2's GQA backward); the same forward in all.
 

@@ -49,10 +49,11 @@ class Rule:
     floor: float = 1e-3  # bf16: an eighth of bf16's epsilon (2^-7), relative
     orders: int = 4  # bf16: summation orders whose RMS error is the baseline
     kl_floor: float = 1e-5  # bf16: nats per token
+    grad_orders: int = 8  # bf16 gradients: summation orders whose largest error is the baseline (grads.py)
 
     def to_dict(self) -> dict[str, float]:
         return {"fp32_tol": self.fp32_tol, "factor": self.factor, "floor": self.floor, "kl_floor": self.kl_floor,
-                "orders": self.orders}
+                "orders": self.orders, "grad_orders": self.grad_orders}
 
 
 RULE = Rule()

@@ -11,15 +11,21 @@ on biases and norms). Per parameter (Hugging Face names), rel_l2, max_abs and co
   params@k  the parameters after k steps against truth's trajectory               reported
   update@k  p_k − p_0 against truth's                                             reported
 
-The forward rule (parity_tests.core): fp32 within 1e-5; bf16 within 2 × the emulation's own error
-against fp64 + floor, that error the RMS over `Rule.orders` summation orders, as for the forward taps: the
-emulation's gradients under `permute_units`' orders (`oracle_grad_draws`). One order is one draw, and
-on SmolLM2 a draw can be ten times another: anchor at T=1025, layer 10's k_proj gradient is 0.06 off fp64 in
+The gradient rule: fp32 within 1e-5 (below); bf16 within 2 × the emulation's own error against fp64 +
+floor, that error the largest over `Rule.grad_orders` (8) summation orders: the emulation's gradients
+under `permute_units`' orders (`oracle_grad_draws`; `grad_baseline`). One order is one draw, and on
+SmolLM2 a draw can be ten times another: anchor at T=1025, layer 10's k_proj gradient is 0.06 off fp64 in
 one order and 0.64 in another (the massive activation that forms at the anchor in layers 9-11 lands
 its bf16 rounding one way or the other), and torch's CUDA kernels land on either (a lent H200:
-benchmarks/results/grad_draws_cpu.json). fp32 gradients: within 1e-5 or within 2 × the oracle's own fp32 error against
-fp64, whichever is larger. A deep model's fp32 backward carries more than 1e-5 of rounding, whoever
-computes it. Measured on SmolLM2 (30 layers, anchor, T = 515): the oracle's fp32 gradients are up
+benchmarks/results/grad_draws_cpu.json). A norm weight's gradient can carry its error in one element
+(the anchor's cotangent at its massive dimension: benchmarks/norm_grad_parts.py), so its draws have a
+heavy tail that the RMS of 4 orders (the forward taps' baseline) under-estimates: held against every 4
+of 11 other orders, a draw of the emulation itself failed at least one parameter in 46% of cases
+(SmolLM2, anchor, T=1025, the CPU's sdpa emulation, 12 orders; benchmarks/results/grad_draws_cpu_sdpa.json),
+against the largest of 8 in 0.7%. The CPU trainer on that case ranks among the 12 draws as one more draw
+would, and misses the RMS rule on one parameter (0.080; draws 0.018-0.070); the largest of 8 passes it.
+fp32 gradients: within 1e-5 or within 2 × the oracle's own fp32 error against fp64, whichever is
+larger. A deep model's fp32 backward carries more than 1e-5 of rounding, whoever computes it. Measured on SmolLM2 (30 layers, anchor, T = 515): the oracle's fp32 gradients are up
 to 6.7e-5 off fp64 (model.layers.10.input_layernorm.weight). The trainer's are up to 3.7e-5 off,
 at most 1.41 × the oracle's own error on any parameter. On the 2-layer random presets the 1e-5
 governs. The optimizer is judged on the same gradients because AdamW's first step is
@@ -300,16 +306,23 @@ def errors(x: np.ndarray, truth: np.ndarray) -> dict[str, float]:
     }
 
 
+def grad_baseline(draws: list[float]) -> float:
+    """The bf16 gradient rule's baseline from the emulation's errors in several summation orders: the
+    largest (the module's docstring says why not their RMS)."""
+    return float(max(draws))
+
+
 def _compare(test: State, truth: State, baseline: State | list[State], names: list[str], *, rule_tol,
              kind: str) -> dict[str, Any]:
     """Per parameter: the test's errors against truth, the baseline's rel_l2 (with several baselines, the
-    summation orders, their RMS; each order's in baseline_orders_rel_l2), the tolerance and the verdict."""
+    summation orders, `grad_baseline` of theirs; each order's in baseline_orders_rel_l2), the tolerance
+    and the verdict."""
     baselines = baseline if isinstance(baseline, list) else [baseline]
     rows, first = [], None
     for n in names:
         err = errors(test[n], truth[n])
         draws = [errors(b[n], truth[n])["rel_l2"] for b in baselines]
-        err["baseline_rel_l2"] = float(np.sqrt(np.mean(np.square(draws))))
+        err["baseline_rel_l2"] = grad_baseline(draws)
         if len(draws) > 1:
             err["baseline_orders_rel_l2"] = draws
         err["tol"] = rule_tol(err["baseline_rel_l2"])
@@ -351,7 +364,7 @@ def run_grad_case(case: Case, rule: Rule = RULE, *, runner: Runner | None = None
         tol = lambda b: max(rule.fp32_tol, rule.factor * b)  # noqa: E731
     report_only = lambda b: float("inf")  # noqa: E731  (reported, not judged)
     # bf16: the emulation's error over the rule's summation orders (one order is one draw; the module's docstring)
-    base_grads = [base["grads"], *oracle_grad_draws(case, inputs, baseline_policy, rule.orders)] if bf16 \
+    base_grads = [base["grads"], *oracle_grad_draws(case, inputs, baseline_policy, rule.grad_orders)] if bf16 \
         else base["grads"]
     sections: dict[str, Any] = {"grads": _compare(test["grads"], truth["grads"], base_grads, names, rule_tol=tol,
                                                   kind="grads")}
@@ -376,7 +389,7 @@ def run_grad_case(case: Case, rule: Rule = RULE, *, runner: Runner | None = None
         "model": case.model, "variant": case.variant, "layout": case.layout, "policy": oracle_policy,
         "baseline_policy": baseline_policy, "requested_policy": case.policy, "engine": runner.name, "dtype": dtype,
         "seq_len": case.seq_len, "windows": int(inputs.shape[0]), "seed": case.seed,
-        "optimizer": opt.to_dict(), "steps": steps, "truth": TRUTH, "baseline_orders": rule.orders if bf16 else 1,
+        "optimizer": opt.to_dict(), "steps": steps, "truth": TRUTH, "baseline_orders": rule.grad_orders if bf16 else 1,
         "loss": {"trainer": test["loss"], "truth": truth["loss"], "baseline": base["loss"]},
         **sections,
         "pass": first is None, "first_divergence": first,
