@@ -49,7 +49,10 @@
 # next call computes only the rest.
 # The lent H200 (2026-11-26, 15 minutes): the weights in 2 parts of 48 MiB (the first with the wheels); fanout at
 # T=1025 with gradients, 4 cores a variant: all 16 cases in 275 s; fanout at T=8192 forward only, 4 cores a
-# variant, did not finish a case in 320 s (benchmarks/results/gpu_session_h200.json).
+# variant, did not finish a case in 320 s (benchmarks/results/gpu_session_h200.json). The gradient rule has since
+# taken 8 summation orders of the emulation instead of 4 (parity_tests/grads.py): 4 more bf16 gradients per
+# gradient case, 23 s each at T=1025 on this project's 2 cores (benchmarks/results/grad_draws_cpu_sdpa.json),
+# about 2 more minutes a variant for the fanout there, which still fits one call.
 # Device time is counted from the first call to the machine's return (about 30 minutes a session, its start
 # included): the first lent H100 spent 25 minutes on steps 1-3 and the audit at 512 and the train step.
 # Results under OUT: weights.txt (the joined file's sha256 and the GPU), parity_$T/ (parity_${T}_forward/ with GRADS=), audit_{varlen,flex}_{512,4096}/,

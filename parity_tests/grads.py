@@ -5,7 +5,7 @@ loss over the counted targets (docs/DESIGN.md §8), its gradient w.r.t. every pa
 AdamW steps on that batch with the trainer's optimizer (`torchtrain.optim.param_groups`: no decay
 on biases and norms). Per parameter (Hugging Face names), rel_l2, max_abs and cosine of:
 
-  grads     the gradient against fp64 truth (`jaxref.value_and_grad`)           judged: forward rule (fp32: below)
+  grads     the gradient against fp64 truth (`jaxref.value_and_grad`)           judged: the gradient rule (below)
   step@k    the trainer's parameters after k steps against the oracle's AdamW (`jaxref.adamw`)
             applied to the trainer's own gradients, k = 1 and 3                  judged: fp32 rule
   params@k  the parameters after k steps against truth's trajectory               reported
@@ -25,9 +25,10 @@ of 11 other orders, a draw of the emulation itself failed at least one parameter
 against the largest of 8 in 0.7%. The CPU trainer on that case ranks among the 12 draws as one more draw
 would, and misses the RMS rule on one parameter (0.080; draws 0.018-0.070); the largest of 8 passes it.
 fp32 gradients: within 1e-5 or within 2 × the oracle's own fp32 error against fp64, whichever is
-larger. A deep model's fp32 backward carries more than 1e-5 of rounding, whoever computes it. Measured on SmolLM2 (30 layers, anchor, T = 515): the oracle's fp32 gradients are up
-to 6.7e-5 off fp64 (model.layers.10.input_layernorm.weight). The trainer's are up to 3.7e-5 off,
-at most 1.41 × the oracle's own error on any parameter. On the 2-layer random presets the 1e-5
+larger. A deep model's fp32 backward carries more than 1e-5 of rounding, whoever computes it.
+Measured on SmolLM2 (30 layers, anchor, T = 515): the oracle's fp32 gradients are up to 6.7e-5 off
+fp64 (model.layers.10.input_layernorm.weight). The trainer's are up to 3.7e-5 off, at most 1.41 × the
+oracle's own error on any parameter. On the 2-layer random presets the 1e-5
 governs. The optimizer is judged on the same gradients because AdamW's first step is
 about lr · sign(g): every element whose gradient is within rounding of 0 flips its whole step, so
 trajectories from two roundings of the gradient differ by a count of coin flips (reported beside
