@@ -1,13 +1,13 @@
 """Which factor of a norm weight's gradient carries the bf16 trainer's error: the cotangent or the activations?
 
-    .venv/bin/python benchmarks/norm_grad_parts.py [--engine sdpa] [--variant anchor] [--seq-len 1025] \
-        [--layers 26,27,28,29] --out benchmarks/results/norm_grad_parts_cpu.json
+    .venv/bin/python benchmarks/norm_grad_parts.py [--model default] [--engine sdpa] [--variant anchor] \
+        [--seq-len 1025] [--layers 26,27,28,29] --out benchmarks/results/norm_grad_parts_cpu.json
 
 An RMSNorm weight's gradient is a sum over tokens, dw = Σ_t dy_t ⊙ x̂_t: dy the cotangent reaching the
 norm's output (from layer i's q, k and v projections for `input_layernorm`) and x̂ the normalised
 activations in bf16 (Hugging Face's LlamaRMSNorm casts before the weight multiply). The parity suite's
-SmolLM2 anchor case at T = 1025 on the CPU's sdpa engine fails on one such weight, layer 28's
-input_layernorm (benchmarks/grad_case_backward.py). This takes the two factors apart, for the trainer
+SmolLM2 anchor case at T = 1025 on the CPU's sdpa engine failed on one such weight, layer 28's
+input_layernorm, under the gradient rule of the time (2 × RMS of 4 orders: benchmarks/grad_case_backward.py). This takes the two factors apart, for the trainer
 (torch bf16: forward hooks for the norm's input, a tensor hook for dy), for the oracle's emulation of the
 trainer's kernel (the case's bf16 policy) and for fp64 truth (the oracle: dy as the gradient of a zero
 added to the norm's output, x̂ from the layer's input tap), and records per layer and side:
@@ -21,8 +21,7 @@ added to the norm's output, x̂ from the layer's input tap), and records per lay
   truth_parts_vs_grad     the capture checked: truth's Σ_t dy ⊙ x̂ against its own gradient (fp64: ~1e-15)
   by_token                the share of the side's dw error (‖dw − dw_truth‖²) from slot 0 (the anchor) and
                           from the 8 slots contributing most, and which slots those are
-
-  d_q, d_k, d_v, d_o       rel. L2 of the cotangent at each attention projection's output (d_o: the residual
+  d_q, d_k, d_v, d_o      rel. L2 of the cotangent at each attention projection's output (d_o: the residual
                           stream's after the attention), and of the anchor's row of each (`*_anchor`)
   anchor_dims             the anchor's largest normalised activations: truth's x̂ and dy there, the side's
                           dy, and the anchor slot's error there over truth's dw in that dimension
