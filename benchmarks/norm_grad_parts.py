@@ -7,9 +7,10 @@ An RMSNorm weight's gradient is a sum over tokens, dw = Σ_t dy_t ⊙ x̂_t: dy 
 norm's output (from layer i's q, k and v projections for `input_layernorm`) and x̂ the normalised
 activations in bf16 (Hugging Face's LlamaRMSNorm casts before the weight multiply). The parity suite's
 SmolLM2 anchor case at T = 1025 on the CPU's sdpa engine failed on one such weight, layer 28's
-input_layernorm, under the gradient rule of the time (2 × RMS of 4 orders: benchmarks/grad_case_backward.py). This takes the two factors apart, for the trainer
-(torch bf16: forward hooks for the norm's input, a tensor hook for dy), for the oracle's emulation of the
-trainer's kernel (the case's bf16 policy) and for fp64 truth (the oracle: dy as the gradient of a zero
+input_layernorm, under the gradient rule of the time (2 × RMS of 4 orders: benchmarks/grad_case_backward.py).
+This takes the two factors apart, for the trainer (torch bf16: forward hooks for the norm's input, a
+tensor hook for dy), for the oracle's emulation of the trainer's kernel (the case's bf16 policy) and for
+fp64 truth (the oracle: dy as the gradient of a zero
 added to the norm's output, x̂ from the layer's input tap), and records per layer and side:
 
   dy, xhat                rel. L2 of the factor against truth
