@@ -10,8 +10,8 @@ SmolLM2 anchor case at T = 1025 on the CPU's sdpa engine failed on one such weig
 input_layernorm, under the gradient rule of the time (2 × RMS of 4 orders: benchmarks/grad_case_backward.py).
 This takes the two factors apart, for the trainer (torch bf16: forward hooks for the norm's input, a
 tensor hook for dy), for the oracle's emulation of the trainer's kernel (the case's bf16 policy) and for
-fp64 truth (the oracle: dy as the gradient of a zero
-added to the norm's output, x̂ from the layer's input tap), and records per layer and side:
+fp64 truth (the oracle: dy as the gradient of a zero added to the norm's output, x̂ from the layer's
+input tap), and records per layer and side:
 
   dy, xhat                rel. L2 of the factor against truth
   dw                      rel. L2 of Σ_t dy ⊙ x̂ (in fp64 from the side's factors) against truth's
