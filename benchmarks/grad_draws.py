@@ -51,13 +51,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def rel_l2(g: np.ndarray, truth: np.ndarray) -> float:
-    return float(np.linalg.norm(g.astype(np.float64) - truth) / np.linalg.norm(truth))
-
-
 def draws(model: str, variant: str, seq_len: int, policy: str, orders: int, trainer: str | None = None) -> dict:
     from parity_tests.cases import Case, case_inputs
-    from parity_tests.grads import oracle_grad_draws, oracle_training, torch_training
+    from parity_tests.grads import errors, oracle_grad_draws, oracle_training, torch_training
+
+    def rel_l2(g, t):
+        return errors(g, t)["rel_l2"]
 
     case = Case(model, variant, "plain", "bf16", trainer or "varlen", seq_len)
     inputs = case_inputs(case)
@@ -184,7 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         old = json.loads(Path(args.recorded).read_text())
         for k in ("model", "variant", "seq_len", "policy", "orders"):
             setattr(args, k, old[k])
-        args.trainer = args.trainer or old.get("trainer_engine")
+        if args.trainer and args.trainer != old.get("trainer_engine"):
+            ap.error(f"{args.recorded}: holds no trainer errors for --trainer {args.trainer} "
+                     f"(it has {old.get('trainer_engine') or 'none'})")
+        args.trainer = old.get("trainer_engine")
         d = {k: old[k] for k in ("errors", "seconds", "trainer", "machine") if k in old}
     else:
         d = draws(args.model, args.variant, args.seq_len, args.policy, args.orders, args.trainer)

@@ -62,8 +62,10 @@ OURS = {"q": "wq", "k": "wk", "v": "wv", "o": "wo"}
 
 
 def rel(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+    """rel. L2 of a against b, as the parity suite computes it."""
+    from parity_tests.grads import errors
+
+    return errors(a, b)["rel_l2"]
 
 
 def torch_parts(case, inputs, layers: list[int]) -> dict[int, dict[str, np.ndarray]]:
@@ -159,12 +161,13 @@ def oracle_parts(case, inputs, policy: str, layers: list[int]) -> dict[int, dict
             p, {"norm": z, **zp})
     finally:
         M.rms_norm, M.linear = plain, plain_linear
-    norm = pol.dtype("norm")
+    act = pol.dtype("act")
+    unit = jnp.ones((spec.hidden_size,), pol.dtype("param"))  # x̂ is the norm's output at weight 1 (exact: 1·x)
     out = {}
     for i in layers:
-        h = (embed if i == 0 else hidden[i - 1]).astype(norm)
-        xh = (h * jax.lax.rsqrt(jnp.mean(h * h, -1, keepdims=True) + jnp.asarray(spec.rms_norm_eps, norm)))
-        out[i] = {"xhat": np.asarray(xh.astype(pol.dtype("act")), np.float64)[0],
+        h = embed if i == 0 else hidden[i - 1]
+        xh = plain(h, unit, spec.rms_norm_eps, pol.dtype("norm"), act, pol.dtype("param"))
+        out[i] = {"xhat": np.asarray(xh, np.float64)[0],
                   "dy": np.asarray(dz["norm"][i], np.float64),
                   "grad": np.asarray(g["layers"]["attn_norm"][i], np.float64),
                   **{f"d_{n}": np.asarray(dz[n][i], np.float64) for n in PROJ}}

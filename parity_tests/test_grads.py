@@ -99,7 +99,7 @@ def test_a_scaled_gradient_is_named(monkeypatch):
     assert result["first_divergence"]["kind"] == "grads" and result["first_divergence"]["param"] == target
 
 
-@pytest.mark.slow  # make test-all: 20 s, beside CI's 30 minutes (the rule's arithmetic: test_grads_baseline_*)
+@pytest.mark.slow  # make test-all: 34 s, beside CI's 30 minutes (the rule's arithmetic: test_grads_baseline_*)
 def test_a_bf16_gradient_defect_is_named(monkeypatch):
     """The bf16 rule (2 × the largest of 8 orders' errors + 0.001) still names a defect above bf16's rounding:
     one parameter's gradient 10% off is caught at that parameter, every parameter between it and the loss
