@@ -9,7 +9,7 @@ export ANCHOR_CACHE := $(CURDIR)/.cache
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-all test-browser parity-all paper-small paper-gpu clean
+.PHONY: install demo test test-all test-browser parity-all paper-small paper-gpu paper-gpu-merge clean
 
 KERNELS := .cache/kernels/.built
 
@@ -54,10 +54,20 @@ paper-small: install
 # run it again to continue. Not on `install` (a CPU torch): GPU_PY runs it, the venv's Python where there is one,
 # else python3 (CUDA torch and the project importable, the model under .cache/models: benchmarks/gpu_kit.py).
 # HELDOUT=FILE: held-out documents where this Python has no test suite. The summary goes to benchmarks/results/.
+# RUNS=full,anchor: a part of the runs into runs/paper-gpu-<runs> (a GPU lent 15 minutes at a time: README, "In
+# parts"); `make paper-gpu-merge PARTS="runs/pg-1 runs/pg-2 ..."` joins the parts into runs/paper-gpu.
 GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 HELDOUT ?=
+RUNS ?=
+comma := ,
+PG_OUT = runs/paper-gpu$(if $(RUNS),-$(subst @,-,$(subst $(comma),-,$(RUNS))))
 paper-gpu:
-	$(GPU_PY) -m anchor demo --profile paper-gpu --out runs/paper-gpu $(if $(HELDOUT),--heldout $(HELDOUT))
+	$(GPU_PY) -m anchor demo --profile paper-gpu --out $(PG_OUT) $(if $(HELDOUT),--heldout $(HELDOUT)) $(if $(RUNS),--runs $(RUNS))
+	$(if $(RUNS),,cp runs/paper-gpu/paper_gpu.json benchmarks/results/paper_gpu.json)
+
+PARTS ?=
+paper-gpu-merge: install
+	$(PY) -m anchor demo --profile paper-gpu --out runs/paper-gpu $(foreach p,$(PARTS),--merge $(p))
 	cp runs/paper-gpu/paper_gpu.json benchmarks/results/paper_gpu.json
 
 # The demo's page in headless Chromium (Debian's package; installed when missing): links, images, a screenshot

@@ -33,6 +33,12 @@ def demo(
     heldout: Annotated[Optional[Path], typer.Option(
         "--heldout", help="Held-out documents for the held-out loss (a corpus file `anchor pack` reads; default: "
                           "this Python's test suites, which the embedded corpus leaves out).")] = None,
+    runs: Annotated[Optional[str], typer.Option(
+        "--runs", help="Comma-separated training runs of the profile (e.g. full,intra_doc or intra_doc@fp32): "
+                       "train and evaluate only these, a part to join with --merge (default: every run).")] = None,
+    merge: Annotated[Optional[list[Path]], typer.Option(
+        "--merge", help="A demo folder that ran some of the runs (--runs); give it once per part: no stage "
+                        "runs, --out becomes one demo of all their runs (anchor_app/demo/merge.py).")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
 ) -> None:
     """Run the paper's experiment on the embedded default (or --model): corpus, packing, audit, training with
@@ -45,6 +51,14 @@ def demo(
 
     if profile not in PROFILES:
         raise InputError(f"--profile: unknown profile {profile!r} (profiles: {', '.join(PROFILES)})")
+    if merge:
+        if runs is not None or steps is not None:
+            raise InputError("--merge joins finished parts: it takes no --runs or --steps")
+        from anchor_app.demo.merge import merge_demos
+
+        merge_demos(merge, out, say=typer.echo)
+        typer.echo(f"open {out / 'index.html'}")
+        return
     step_list = check_steps(PROFILES[profile].stages if steps is None else steps)
     overrides = {"prompt": prompt or DEFAULT_PROMPT, "policy": policy}
     if seq_len is not None:
@@ -56,6 +70,10 @@ def demo(
         overrides["train_steps"] = train_steps
     if policy.endswith((".yaml", ".yml")) and not Path(policy).is_file():
         raise InputError("no such policy file", path=policy)
+    if runs is not None:
+        from anchor_app.demo.settings import check_runs
+
+        overrides["only_runs"] = check_runs(PROFILES[profile], runs)
     if heldout is not None:
         if not heldout.exists():
             raise InputError("no such held-out file", path=heldout)

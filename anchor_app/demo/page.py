@@ -147,10 +147,10 @@ def _section_train(p: _Page, s: dict[str, Any]) -> None:
     def ratio(r: dict[str, Any], k: str) -> str:
         return _f((r.get("flop_ratio") or {}).get(k), ".3f")
 
-    p.add(_table(["run", "dtype", "engine", "steps", "loss: first", "last", "step s (median)", "tokens/s",
+    p.add(_table(["run", "dtype", "engine", "device", "steps", "loss: first", "last", "step s (median)", "tokens/s",
                   "step time / full", "FLOP ratio: step", "attention", "load average (before → after)",
                   "evaluation checkpoints"],
-                 [[v, r.get("dtype", s["dtype"]), r.get("engine", s["engine"]), r["steps"], _f(r["loss_first"]),
+                 [[v, r.get("dtype", s["dtype"]), r.get("engine", s["engine"]), r.get("device", ""), r["steps"], _f(r["loss_first"]),
                    _f(r["loss_last"]), _f(r["step_s_median"], ".3g"), _f(r["tokens_per_s_median"], ".4g"),
                    _f(r.get("step_time_vs_full"), ".3f"), ratio(r, "step"), ratio(r, "attention"), load(r),
                    ", ".join(r["eval_checkpoints"])] for v, r in s["runs"].items()]))
@@ -285,6 +285,10 @@ def index_page(out: Path, record: dict[str, Any], fps: dict[str, str] | None = N
     p.add(f"<p>The paper's experiment end to end: {', '.join(done) or 'no stage finished yet'}. "
           f"This run: {record.get('seconds', 0):.0f} s; ran {', '.join(record.get('ran', [])) or 'nothing'}; "
           f"reused {', '.join(record.get('reused', [])) or 'nothing'}. {p.link(DEMO_JSON, DEMO_JSON)}</p>")
+    for part in record.get("merged_from") or []:
+        p.add(f"<p>Part {_esc(part['folder'])}: runs {_esc(', '.join(part['runs']))} on "
+              f"{_esc(', '.join(part['devices']))}, {_f(part.get('seconds'), '.0f')} s, finished "
+              f"{_esc(part.get('finished'))} (anchor demo --merge).</p>")
     if record.get("left_out"):
         p.add("<p class='note'>Left out on this model: " + "; ".join(map(_esc, record["left_out"])) + ".</p>")
     if record.get("summary_json"):

@@ -39,9 +39,9 @@ _KEYS = {"top5": ("model", "prompt", "policy"), "corpus": (), "pack": ("model", 
 # folder of an earlier version keeps its fingerprints (and is reused) while any other value changes them.
 # Every field of DemoSettings is in _KEYS, here, or in _NOT_RESULTS (`unlisted_settings()`, tested).
 _KEYS_IF_SET = {"train": ("train_rope_theta", "zero_stage", "train_warmup_steps", "fp32_variants", "fp32_steps",
-                          "fp32_eval_window"),
+                          "fp32_eval_window", "only_runs"),
                 "eval": ("eval_batch_size", "eval_group_by_budget", "perplexity_docs", "perplexity_bucket",
-                         "perplexity_data")}
+                         "perplexity_data", "only_runs")}
 # Fields that change no stage's result: what runs by default, and where the summary goes.
 _NOT_RESULTS = ("stages", "summary_json")
 

@@ -69,6 +69,8 @@ class DemoSettings:
     perplexity_docs: str = "packed"           # packed held-out windows, or `long`: one long document per window
     perplexity_bucket: int = 2048             # positions per bucket of the held-out NLL by position
     perplexity_data: str = ""                 # held-out documents (a corpus file); "": the stdlib test suites
+    only_runs: tuple[str, ...] = ()           # a part of the runs (`--runs`): this folder trains and evaluates
+                                              # these alone; `anchor demo --merge` joins the parts (demo/merge.py)
     # Not results: what runs when --steps is not given, and the summary JSON written into the demo folder
     stages: tuple[str, ...] = STAGES
     summary_json: str = ""
@@ -77,9 +79,29 @@ class DemoSettings:
 FP32_SUFFIX = "@fp32"
 
 
-def run_names(s: DemoSettings) -> tuple[str, ...]:
-    """The training runs of `s`, in order: one per variant, then the float32 runs `<variant>@fp32`."""
+def all_run_names(s: DemoSettings) -> tuple[str, ...]:
+    """The training runs of the profile `s`, in order: one per variant, then the float32 runs `<variant>@fp32`."""
     return tuple(s.train_variants) + tuple(f"{v}{FP32_SUFFIX}" for v in s.fp32_variants)
+
+
+def run_names(s: DemoSettings) -> tuple[str, ...]:
+    """The training runs this demo folder holds: `all_run_names`, or those of `s.only_runs` (in that order)."""
+    names = all_run_names(s)
+    return tuple(r for r in names if r in s.only_runs) if s.only_runs else names
+
+
+def check_runs(s: DemoSettings, runs: str) -> tuple[str, ...]:
+    """`--runs` (comma-separated) as run names of `s`, in the profile's order; an unknown or no name is an
+    InputError naming the runs there are."""
+    from anchor.errors import InputError
+
+    names = all_run_names(s)
+    items = [x.strip() for x in runs.split(",") if x.strip()]
+    unknown = [x for x in items if x not in names]
+    if not items or unknown:
+        what = f"unknown run {unknown[0]!r}" if unknown else "no run given"
+        raise InputError(f"--runs: {what} (this profile's runs: {', '.join(names)})")
+    return tuple(r for r in names if r in items)
 
 
 def parse_run(s: DemoSettings, run: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import numpy as np
 
 from anchor_app.demo.next_token import print_top5, top5
 from anchor_app.demo.page import save_figure
-from anchor_app.demo.settings import DemoSettings, parse_run, run_names
+from anchor_app.demo.settings import FP32_SUFFIX, DemoSettings, parse_run, run_names
 
 
 @dataclass
@@ -170,15 +170,47 @@ def stage_train(ctx: StageContext) -> dict[str, Any]:
                    "eval_checkpoints": [f"step-{k}" for k in sorted(ckpt.list_steps(root / v)) if cfg.is_eval_step(k)],
                    "load_average": {"before": load_before, "after": load_after, "cores": os.cpu_count()},
                    "busy": busy_machine(load_before), "variant": r["variant"], "dtype": r["dtype"],
+                   "device": device_name(),
                    "step_s": [round(x, 5) for x in step_s],
                    "engine": load_train_config(root / v / "config.yaml").engine,
                    "flop_ratio": flop_ratios(ctx.stage("pack"), s.model, r["variant"], r["steps"], s.global_batch,
                                              s.seed)}
-    for v, r in runs.items():  # against the full run of the same dtype
-        base = "full" if not v.endswith("@fp32") else "full@fp32"
-        if base in runs:
-            r["step_time_vs_full"] = r["step_s_median"] / runs[base]["step_s_median"]
+    step_time_ratios(runs)
+    train_figures(runs, root, s)
+    return {"runs": runs, "model": s.model, "seq_len": s.seq_len, "engine": s.train_engine, "dtype": s.train_dtype,
+            "rope_theta": s.train_rope_theta, "zero_stage": s.zero_stage}
 
+
+def device_name() -> str:
+    """What a run's step times were measured on: the GPU's name where torch sees one, else the CPU's model."""
+    import torch
+
+    from anchor.machine import cpu_model
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else cpu_model()
+
+
+def step_time_ratios(runs: dict[str, Any]) -> None:
+    """Each run's median step time over that of `full` of the same dtype (`step_time_vs_full`), where both
+    were timed in one sitting: a demo's runs always are; of the parts `anchor demo --merge` joins (`part`,
+    their index) only runs of the same part are, and a ratio across sittings or machines is left out with
+    the reason (speed is compared in one run, on one machine)."""
+    for v, r in runs.items():
+        base = runs.get("full@fp32" if v.endswith(FP32_SUFFIX) else "full")
+        r.pop("step_time_vs_full", None)
+        r.pop("step_time_vs_full_why", None)
+        if base is None:
+            continue
+        if (r.get("part"), r.get("device")) != (base.get("part"), base.get("device")):
+            r["step_time_vs_full"] = None
+            r["step_time_vs_full_why"] = (f"not compared: full was timed in another part of the demo "
+                                          f"(on {base.get('device')}; this run on {r.get('device')})")
+        else:
+            r["step_time_vs_full"] = r["step_s_median"] / base["step_s_median"]
+
+
+def train_figures(runs: dict[str, Any], root: Path, s: DemoSettings) -> None:
+    """`loss.png` (every run's loss per step) and, where step time ratios exist, `step_time_vs_flops.png`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -197,8 +229,6 @@ def stage_train(ctx: StageContext) -> dict[str, Any]:
     plt.close(fig)
     if any("flop_ratio" in r and r.get("step_time_vs_full") is not None for r in runs.values()):
         _plot_step_time_vs_flops(runs, root / "step_time_vs_flops.png", s)
-    return {"runs": runs, "model": s.model, "seq_len": s.seq_len, "engine": s.train_engine, "dtype": s.train_dtype,
-            "rope_theta": s.train_rope_theta, "zero_stage": s.zero_stage}
 
 
 def _plot_step_time_vs_flops(runs: dict[str, Any], path: Path, s: DemoSettings) -> None:
@@ -375,7 +405,22 @@ def stage_eval(ctx: StageContext) -> dict[str, Any]:
                    "nll": {str(L): float(np.mean(p)) for L, p in nll.items()},
                    "buckets": _bucket_means(result),
                    "runtime_s": result["runtime_s"]}
+    eval_figures(runs, root, s)
+    out = {"runs": runs, "tasks": list(s.eval_tasks), "lengths": list(s.eval_lengths), "samples": s.eval_samples,
+           "dtype": choice.get("dtype", s.eval_dtype), "dtype_choice": choice, "engine": s.eval_engine,
+           "perplexity_docs": s.perplexity_docs, "perplexity_windows": s.perplexity_windows,
+           "perplexity_bucket": s.perplexity_bucket}
+    train = (ctx.records.get("train") or {}).get("summary")
+    if train and s.fp32_variants:
+        from anchor_app.demo.summary import reset_effect
 
+        out["reset"] = reset_effect(train["runs"], runs)
+    return out
+
+
+def eval_figures(runs: dict[str, Any], root: Path, s: DemoSettings) -> None:
+    """`ruler.png` (each run's task mean per length, ± std over checkpoints) and, where the held-out NLL has
+    position buckets, `position_loss.png`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -398,16 +443,6 @@ def stage_eval(ctx: StageContext) -> dict[str, Any]:
     plt.close(fig)
     if any(r["buckets"] for r in runs.values()):
         _plot_position_loss(runs, root / "position_loss.png")
-    out = {"runs": runs, "tasks": list(s.eval_tasks), "lengths": list(s.eval_lengths), "samples": s.eval_samples,
-           "dtype": choice.get("dtype", s.eval_dtype), "dtype_choice": choice, "engine": s.eval_engine,
-           "perplexity_docs": s.perplexity_docs, "perplexity_windows": s.perplexity_windows,
-           "perplexity_bucket": s.perplexity_bucket}
-    train = (ctx.records.get("train") or {}).get("summary")
-    if train and s.fp32_variants:
-        from anchor_app.demo.summary import reset_effect
-
-        out["reset"] = reset_effect(train["runs"], runs)
-    return out
 
 
 def _plot_position_loss(runs: dict[str, Any], path: Path) -> None:
@@ -416,7 +451,8 @@ def _plot_position_loss(runs: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     L = max(int(x) for r in runs.values() for x in r["buckets"])
-    both = "full" in runs and str(L) in runs["full"]["buckets"]
+    both = ("full" in runs and str(L) in runs["full"]["buckets"]
+            and any(v != "full" and not v.endswith(FP32_SUFFIX) and str(L) in r["buckets"] for v, r in runs.items()))
     fig, axes = plt.subplots(1, 2 if both else 1, figsize=(11 if both else 6, 3.8), squeeze=False)
     ax = axes[0][0]
     for v, r in runs.items():

@@ -113,7 +113,7 @@ def build_summary(out: Path, record: dict[str, Any], s: DemoSettings) -> dict[st
             result = None
         keep = ("variant", "dtype", "engine", "steps", "loss_first", "loss_last", "step_s_median", "tokens_per_s_median",
                 "step_time_vs_full", "flop_ratio", "elapsed_s", "eval_checkpoints", "busy", "load_average", "loss",
-                "step_s")
+                "step_s", "device", "part", "step_time_vs_full_why")
         runs[v] = {k: t.get(k) for k in keep}
         runs[v]["checkpoints"] = ({lb: _checkpoint_details(result, lb) for lb in e.get("checkpoints", [])}
                                   if result else {})
@@ -129,7 +129,9 @@ def build_summary(out: Path, record: dict[str, Any], s: DemoSettings) -> dict[st
         "model": record["model"], "settings": record["settings"], "left_out": record.get("left_out", []),
         "rope": {"theta": s.train_rope_theta, "seq_len": s.seq_len, "paper_rule": {str(k): v for k, v in PAPER_ROPE_THETA.items()},
                  "paper_gpu_16k": PAPER_GPU_ROPE_THETA},
-        "machine": machine(),
+        # a merged folder (anchor_app/demo/merge.py): the first part's machine, every part's in `parts`
+        "machine": record["merged_from"][0]["machine"] if record.get("merged_from") else machine(),
+        "parts": record.get("merged_from"),
         "seconds": {"this_invocation": record.get("seconds"), "stages_last_attempt": stage_s,
                     "stages_total": round(sum(x for x in stage_s.values() if x), 1),
                     "train_runs": {v: t.get("elapsed_s") for v, t in train["runs"].items()},

@@ -9,6 +9,7 @@ schedule, the RoPE base, the sample count that bounds the standard error, and fi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from dataclasses import replace
@@ -18,6 +19,7 @@ import pytest
 from anchor_app.demo import PROFILES, fingerprints, read_record, run_demo
 from anchor_app.demo.settings import run_names
 from tests.browser.pagecheck import check_links
+from tests.cli.helpers import assert_usage_error, run_cli
 
 MODEL = "random:llama"
 TINY = replace(PROFILES["paper-gpu"], model=MODEL, seq_len=128, budget=20_000, train_rope_theta=2e4, train_steps=2,
@@ -26,7 +28,7 @@ TINY = replace(PROFILES["paper-gpu"], model=MODEL, seq_len=128, budget=20_000, t
 RUNS = ("full", "intra_doc", "intra_doc_reset", "anchor", "intra_doc@fp32", "intra_doc_reset@fp32")
 
 
-@pytest.fixture
+@contextlib.contextmanager
 def one_thread():
     """One intra-op thread: on shared cores torch's second thread spins (a tiny model's evaluation took 12x
     as long with two threads beside other work)."""
@@ -34,8 +36,10 @@ def one_thread():
 
     n = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 def test_the_profile_settings():
@@ -68,10 +72,11 @@ def test_the_profile_settings():
     assert [k for k in c if c[k] != fingerprints(PROFILES["paper-gpu"])[k]] == ["eval"]
 
 
-def test_paper_gpu_dry_run(tmp_path, one_thread):
+def test_paper_gpu_dry_run(tmp_path, capsys):
     out = tmp_path / "paper-gpu"
     said: list[str] = []
-    record = run_demo(MODEL, out, settings=TINY, progress=False, say=said.append)
+    with one_thread():
+        record = run_demo(MODEL, out, settings=TINY, progress=False, say=said.append)
     print(f"dry run: {record['seconds']} s")
     assert record["ran"] == ["corpus", "pack", "train", "eval"] and record["summary_json"] == "paper_gpu.json"
     assert any(x.startswith("left out: RULER vt") for x in said)  # vt needs ~1.7K byte tokens
@@ -145,6 +150,51 @@ def test_paper_gpu_dry_run(tmp_path, one_thread):
     again = run_demo(MODEL, out, settings=TINY, progress=False, say=lambda _: None)
     assert again["ran"] == [] and again["reused"] == ["corpus", "pack", "train", "eval"]
     assert read_record(out)["summary_json"] == "paper_gpu.json" and (out / "paper_gpu.json").is_file()
+
+    # in parts (a GPU lent 15 minutes at a time): two folders, each with some of the runs (--runs), joined by
+    # --merge; the same seed and windows, so each run's losses and scores are the whole demo's
+    with one_thread():
+        parts = [tmp_path / "part-a", tmp_path / "part-b"]
+        for part, runs in zip(parts, (("full",), ("intra_doc", "intra_doc@fp32"))):
+            run_demo(MODEL, part, settings=replace(TINY, only_runs=runs), progress=False, say=lambda _: None)
+    merged = tmp_path / "merged"
+    code, stdout, _ = run_cli(["demo", "--profile", "paper-gpu", "--merge", parts[0], "--merge", parts[1],
+                               "--out", merged], capsys)
+    assert code == 0 and "merged 2 parts (full, intra_doc, intra_doc@fp32)" in stdout
+    whole, joined = summary, json.loads((merged / "paper_gpu.json").read_text())
+    assert list(joined["runs"]) == ["full", "intra_doc", "intra_doc@fp32"]
+    for v, r in joined["runs"].items():
+        assert r["loss"] == whole["runs"][v]["loss"] and r["checkpoints"] == whole["runs"][v]["checkpoints"]
+        assert r["device"] == whole["runs"][v]["device"]
+    # step times against full's within a part only (one sitting), though both parts ran on this CPU
+    assert joined["runs"]["intra_doc"]["step_time_vs_full"] is None
+    assert "another part" in joined["runs"]["intra_doc"]["step_time_vs_full_why"]
+    assert [p["runs"] for p in joined["parts"]] == [["full"], ["intra_doc", "intra_doc@fp32"]]
+    assert joined["machine"]["cpu_count"] and joined["reset_effect"]["pairs"] == []  # no pair is complete
+    page = (merged / "index.html").read_text()
+    assert "runs in no part: intra_doc_reset, anchor, intra_doc_reset@fp32" in page and "Part " in page
+    assert not check_links(merged / "index.html")
+    # parts that are not one experiment: one line, exit 2, no folder
+    for args, why in (([parts[0], parts[0]], "run 'full' is in this part and in"),
+                      ([parts[0]], "give at least two demo parts"),
+                      ([parts[0], out], "run 'full' is in this part and in"),
+                      ([parts[0], tmp_path], "no demo.json here")):
+        code, _, err = run_cli(["demo", "--profile", "paper-gpu", *[x for p in args for x in ("--merge", p)],
+                                "--out", tmp_path / "bad"], capsys)
+        assert_usage_error(code, err, "demo", why)
+        assert not (tmp_path / "bad").exists()
+    rec = json.loads((parts[1] / "demo.json").read_text())
+    rec["settings"]["seed"] = 1
+    (parts[1] / "demo.json").write_text(json.dumps(rec))
+    code, _, err = run_cli(["demo", "--profile", "paper-gpu", "--merge", parts[0], "--merge", parts[1],
+                            "--out", tmp_path / "bad"], capsys)
+    assert_usage_error(code, err, "demo", "setting seed is 1 here and 0 in")
+    code, _, err = run_cli(["demo", "--profile", "paper-gpu", "--merge", parts[0], "--runs", "full",
+                            "--out", tmp_path / "bad"], capsys)
+    assert_usage_error(code, err, "demo", "--merge joins finished parts: it takes no --runs or --steps")
+    code, _, err = run_cli(["demo", "--profile", "paper-gpu", "--runs", "full,sliding", "--out", tmp_path / "bad"],
+                           capsys)
+    assert_usage_error(code, err, "demo", "--runs: unknown run 'sliding' (this profile's runs: full, intra_doc")
 
 
 def test_checkpoints_that_do_not_fit_the_disk_are_refused_before_any_work(tmp_path, monkeypatch, capsys):
