@@ -22,6 +22,8 @@
 #   train    benchmarks/bench_train_gpu.py (alone on the machine: it times steps)
 #   phases   where anchor train's steps spend their time (bench_train_gpu.py --phases, each part synchronized,
 #            intra_doc/varlen at 16K, 10 steps): on the first H100 each run's last step took 3-6x its median
+#   paper    issue 29's comparison in parts: RUNS=full,anchor (then intra_doc,intra_doc_reset; then the two @fp32
+#            runs), one part a session, OUT/paper_<runs>/ joined here by `make paper-gpu-merge PARTS=...`
 #   diag     benchmarks/attn_grad_diag.py: one attention layer's backward on the varlen and flex kernels against
 #            fp64 and the emulations (inputs captured here: .devkit/attn_grad_inputs.npz, 10 MB, carried)
 #   plan     a 15-minute session's main call within $BUDGET s: fanout, then (the smoke passed) 8192 and the 4096
@@ -58,7 +60,7 @@
 # Results under OUT: weights.txt (the joined file's sha256 and the GPU), parity_$T/ (parity_${T}_forward/ with GRADS=), audit_{varlen,flex}_{512,4096}/,
 # cuda_tests.log, train_gpu.json, train_phases_gpu.json; each step fits one 10-minute call.
 set -o pipefail
-OUT=${1:?usage: gpu_parity.sh OUT [join|smoke|parity|audit|diag|tests|train|phases|bg STEP|wait]}
+OUT=${1:?usage: gpu_parity.sh OUT [join|smoke|parity|audit|diag|tests|train|phases|paper|bg STEP|wait]}
 STEP=${2:-parity}
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
 export JAX_DEFAULT_MATMUL_PRECISION=highest  # no TF32 for the oracle's fp32 products on the GPU
@@ -136,6 +138,18 @@ phases)
   weights
   JAX_PLATFORMS=cpu timeout ${LIMIT:-300} python3 benchmarks/bench_train_gpu.py --seq-len 16384 --steps 10 --plain sdpa \
     --runs intra_doc/varlen --phases --out "$OUT/train_phases_gpu.json" 2>&1 | tail -12 ;;
+paper)  # issue 29 in parts: the runs $RUNS (e.g. full,anchor) of `make paper-gpu` (README: paper-gpu, "In parts")
+        # within $LIMIT (560) s, resumed where the last call stopped (the demo's own resume); HELDOUT=FILE where that
+        # Python has no test suite. What comes back, no checkpoint: OUT/paper_<runs>/ (demo.json, paper_gpu.json,
+        # eval/*/eval.json, train/*/metrics.jsonl and config.yaml, the page and figures), for `make paper-gpu-merge`
+  weights
+  D=runs/paper-gpu-$(echo "${RUNS:?paper needs RUNS, e.g. RUNS=full,anchor}" | tr ',@' '--')
+  JAX_PLATFORMS=cpu timeout -k 30 ${LIMIT:-560} python3 -m anchor demo --profile paper-gpu --runs "$RUNS" --out "$D" \
+    ${HELDOUT:+--heldout "$HELDOUT"} --no-progress 2>&1 | tail -20
+  mkdir -p "$OUT/paper_${D#runs/}"
+  (cd "$D" && find . -path './train/*/checkpoints' -prune -o -type f \( -name demo.json -o -name paper_gpu.json \
+    -o -name eval.json -o -name metrics.jsonl -o -name config.yaml -o -name index.html -o -name '*.png' \) -print0 \
+    | xargs -0 -r cp --parents -t "$OUT/paper_${D#runs/}") ;;
 bg)  # gpu_parity.sh OUT bg STEP: STEP in its own session (it outlives the device call), its pid in OUT/STEP.pid
   setsid nohup bash "$0" "$OUT" "${3:?bg needs a step}" > "$OUT/$3.out" 2>&1 < /dev/null &
   echo $! > "$OUT/$3.pid" ;;
