@@ -22,8 +22,10 @@
 #   train    benchmarks/bench_train_gpu.py (alone on the machine: it times steps)
 #   phases   where anchor train's steps spend their time (bench_train_gpu.py --phases, each part synchronized,
 #            intra_doc/varlen at 16K, 10 steps): on the first H100 each run's last step took 3-6x its median
-#   paper    issue 29's comparison in parts: RUNS=full,anchor (then intra_doc,intra_doc_reset; then the two @fp32
-#            runs), one part a session, OUT/paper_<runs>/ joined here by `make paper-gpu-merge PARTS=...`
+#   paper    issue 29's comparison in parts, one a session: RUNS=full, then anchor, intra_doc, intra_doc_reset, then
+#            intra_doc@fp32,intra_doc_reset@fp32 (HELDOUT=.devkit/heldout.jsonl, carried: the image's Python has no
+#            test suite); OUT/paper_<runs>/ joined here by `make paper-gpu-merge PARTS=...`. Needs deepspeed and
+#            hjson among the wheels (ZeRO-1)
 #   diag     benchmarks/attn_grad_diag.py: one attention layer's backward on the varlen and flex kernels against
 #            fp64 and the emulations (inputs captured here: .devkit/attn_grad_inputs.npz, 10 MB, carried)
 #   plan     a 15-minute session's main call within $BUDGET s: fanout, then (the smoke passed) 8192 and the 4096
@@ -39,6 +41,9 @@
 #                                       gpu_parity.sh R join && gpu_parity.sh R bg diag; BUDGET=540 gpu_parity.sh R plan
 #        plan: CORES=4 fanout (T=1025, the CPU oracle); WAIT_FOR=smoke wait; if the smoke passed, T=8192
 #        ORACLE=cuda parity and LENGTHS=4096 ORACLE=cuda audit beside it; wait; merge
+# A session for issue 29 (after issue 28's): call 1 as above; call 2 (carry manifest, part-001, .devkit/heldout.jsonl;
+# 56 MiB) `gpu_parity.sh R join && RUNS=full HELDOUT=.devkit/heldout.jsonl LIMIT=560 gpu_parity.sh R paper`; if it
+# stopped at its limit, the same again at once (the demo resumes while the machine is held).
 # (the session of 2026-11-26 ran this; the smoke stalled in torch's inductor, not in the oracle: see
 # TORCHINDUCTOR_COMPILE_THREADS below, so the 8192 and 4096 steps did not run.) With 30 minutes, also
 # `tests`, `train` and `phases` (the H100 of 2026-11-25: benchmarks/results/gpu_session_h100.json).

@@ -10,8 +10,8 @@ The merge checks that the parts are one experiment: the same model and settings 
 same packed windows (the `pack` stage's fingerprint: same corpus, tokenizer, window and budget), their
 `train` and `eval` stages finished, no run in two parts. It then writes what one demo of all the runs
 writes (demo.json, index.html, summary.png, the figures, the summary JSON), with the parts' machines and
-seconds in `merged_from`. Step times are compared with `full`'s only within a part
-(`stages.step_time_ratios`): put `anchor` beside `full`. Bad parts get one line and exit 2, and no folder.
+seconds in `merged_from`. Step times are compared with `full`'s only within a part (`stages.step_time_ratios`):
+a part without `full` times full's first `timing_steps` steps itself. Bad parts get one line and exit 2, and no folder.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def merge_demos(parts: Sequence[str | Path], out: str | Path, *, say: Callable[[
     eval_runs = {v: eval_runs[v] for v in order}
     step_time_ratios(train_runs)
     first = read[0]["record"]["stages"]
-    train = {**first["train"]["summary"], "runs": train_runs}
+    train = {**first["train"]["summary"], "runs": train_runs, "full_timing": None}  # per part: merged_from
     ev = {**first["eval"]["summary"], "runs": eval_runs}
     ev.pop("reset", None)
     if s.fp32_variants:
@@ -138,6 +138,7 @@ def merge_demos(parts: Sequence[str | Path], out: str | Path, *, say: Callable[[
         + ([f"runs in no part: {', '.join(absent)}"] if absent else []),
         "merged_from": [{"folder": str(p["dir"]), "runs": p["runs"], "machine": p["machine"],
                          "devices": sorted({train_runs[v].get("device") or "?" for v in p["runs"]}),
+                         "full_timing": p["record"]["stages"]["train"]["summary"].get("full_timing"),
                          "seconds": p["record"].get("seconds"), "finished": p["record"].get("finished")}
                         for p in read]}
     with staging_dir(out, "demo", inputs=[p["dir"] for p in read]) as tmp:

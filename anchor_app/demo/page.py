@@ -159,6 +159,9 @@ def _section_train(p: _Page, s: dict[str, Any]) -> None:
         p.add(f"<p class='note'>The machine was busy with other work when {', '.join(map(_esc, busy))} started "
               "(1-minute load average above half the cores): its step times, and the ratios to full, are not "
               "comparable. Run the demo alone to time it.</p>")
+    whys = [(v, r["step_time_vs_full_why"]) for v, r in s["runs"].items() if r.get("step_time_vs_full_why")]
+    if whys:
+        p.add("<p class='note'>Step time / full: " + "; ".join(f"{_esc(v)}: {_esc(w)}" for v, w in whys) + ".</p>")
     p.figs([("train/loss.png", "loss per step"),
             ("train/step_time_vs_flops.png", "step time over full's against the FLOP ratio")])
     p.add("<p>" + " · ".join(f"{v}: {p.link(f'train/{v}/metrics.jsonl', 'metrics.jsonl')}, "

@@ -39,7 +39,7 @@ _KEYS = {"top5": ("model", "prompt", "policy"), "corpus": (), "pack": ("model", 
 # folder of an earlier version keeps its fingerprints (and is reused) while any other value changes them.
 # Every field of DemoSettings is in _KEYS, here, or in _NOT_RESULTS (`unlisted_settings()`, tested).
 _KEYS_IF_SET = {"train": ("train_rope_theta", "zero_stage", "train_warmup_steps", "fp32_variants", "fp32_steps",
-                          "fp32_eval_window", "only_runs"),
+                          "fp32_eval_window", "only_runs", "timing_steps"),
                 "eval": ("eval_batch_size", "eval_group_by_budget", "perplexity_docs", "perplexity_bucket",
                          "perplexity_data", "only_runs")}
 # Fields that change no stage's result: what runs by default, and where the summary goes.
@@ -242,7 +242,7 @@ def checkpoint_bytes(s: DemoSettings) -> int:
     last (kept for good), `bytes_per_param` each."""
     from anchor.weights import load_spec
     from anchor_app.bench.flops import matmul_params
-    from anchor_app.demo.settings import parse_run, run_names
+    from anchor_app.demo.settings import parse_run, run_names, times_full
 
     spec = load_spec(s.model)
     params = matmul_params(spec) + (0 if spec.tie_embeddings else spec.vocab_size * spec.hidden_size)
@@ -253,6 +253,8 @@ def checkpoint_bytes(s: DemoSettings) -> int:
         count = len({k for k in range(1, steps + 1) if steps - k < window and (steps - k) % s.eval_every == 0}
                     | {steps})
         total += count * params * bytes_per_param(r["dtype"], s.zero_stage)
+    if times_full(s):  # its last checkpoint
+        total += params * bytes_per_param(s.train_dtype, s.zero_stage)
     return total
 
 

@@ -71,6 +71,8 @@ class DemoSettings:
     perplexity_data: str = ""                 # held-out documents (a corpus file); "": the stdlib test suites
     only_runs: tuple[str, ...] = ()           # a part of the runs (`--runs`): this folder trains and evaluates
                                               # these alone; `anchor demo --merge` joins the parts (demo/merge.py)
+    timing_steps: int = 0                     # a part without `full`: full trained this many steps beside its
+                                              # runs, timed only, the step time they are set against
     # Not results: what runs when --steps is not given, and the summary JSON written into the demo folder
     stages: tuple[str, ...] = STAGES
     summary_json: str = ""
@@ -88,6 +90,14 @@ def run_names(s: DemoSettings) -> tuple[str, ...]:
     """The training runs this demo folder holds: `all_run_names`, or those of `s.only_runs` (in that order)."""
     names = all_run_names(s)
     return tuple(r for r in names if r in s.only_runs) if s.only_runs else names
+
+
+def times_full(s: DemoSettings) -> bool:
+    """Whether this folder trains `full` for `timing_steps` steps to time it: a part (`only_runs`) with a run in
+    the main dtype and no `full` (its runs' step times are set against full's in the same sitting)."""
+    names = run_names(s)
+    return bool(s.only_runs and s.timing_steps and "full" not in names
+                and any(not v.endswith(FP32_SUFFIX) for v in names))
 
 
 def check_runs(s: DemoSettings, runs: str) -> tuple[str, ...]:
@@ -145,6 +155,7 @@ PROFILES = {
         fp32_variants=("intra_doc", "intra_doc_reset"), fp32_steps=40, fp32_eval_window=1,
         eval_tasks=("niah_single_1", "niah_multikey_1", "vt"), eval_lengths=(4096, 8192, 16384), eval_samples=34,
         eval_batch_size=68, eval_group_by_budget=True, eval_engine="varlen", perplexity_windows=8, perplexity_docs="long",
-        perplexity_bucket=2048, stages=("corpus", "pack", "train", "eval"), summary_json="paper_gpu.json"),
+        perplexity_bucket=2048, timing_steps=20, stages=("corpus", "pack", "train", "eval"),
+        summary_json="paper_gpu.json"),
 }
 

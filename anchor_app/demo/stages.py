@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -15,7 +15,7 @@ import numpy as np
 
 from anchor_app.demo.next_token import print_top5, top5
 from anchor_app.demo.page import save_figure
-from anchor_app.demo.settings import FP32_SUFFIX, DemoSettings, parse_run, run_names
+from anchor_app.demo.settings import FP32_SUFFIX, DemoSettings, parse_run, run_names, times_full
 
 
 @dataclass
@@ -175,10 +175,40 @@ def stage_train(ctx: StageContext) -> dict[str, Any]:
                    "engine": load_train_config(root / v / "config.yaml").engine,
                    "flop_ratio": flop_ratios(ctx.stage("pack"), s.model, r["variant"], r["steps"], s.global_batch,
                                              s.seed)}
+    timing = None
+    if times_full(s):
+        ctx.say(f"    full, timed only: {s.timing_steps} steps (the step time this part's runs are set against)")
+        timing = _time_full(ctx)
+        for v, r in runs.items():
+            if not v.endswith(FP32_SUFFIX):
+                r["full_timing"] = {k: timing[k] for k in ("steps", "step_s_median", "device")}
     step_time_ratios(runs)
     train_figures(runs, root, s)
     return {"runs": runs, "model": s.model, "seq_len": s.seq_len, "engine": s.train_engine, "dtype": s.train_dtype,
-            "rope_theta": s.train_rope_theta, "zero_stage": s.zero_stage}
+            "rope_theta": s.train_rope_theta, "zero_stage": s.zero_stage, "full_timing": timing}
+
+
+TIMING_RUN = "full-timing"  # train/<this>: no run of a profile has this name (variants have no '-')
+
+
+def _time_full(ctx: StageContext) -> dict[str, Any]:
+    """`full` for `timing_steps` steps on the same windows, dtype, engine and machine as the part's runs, no
+    evaluation checkpoint (resumed like them): its median step time after the first."""
+    from torchtrain.config import load_train_config
+    from torchtrain.metrics import read_metrics
+    from torchtrain.trainer import train
+
+    s = ctx.settings
+    cfg = load_train_config(None, _train_overrides(replace(s, train_steps=s.timing_steps, eval_window=0),
+                                                   ctx.stage("pack").resolve(), "full"))
+    folder = ctx.stage("train") / TIMING_RUN
+    load_before = _load_average()
+    train(cfg, folder, progress=ctx.progress)
+    release_memory()
+    m = read_metrics(folder)
+    step_s = [s.global_batch * s.seq_len / x["tokens_per_s"] for x in m]
+    return {"steps": len(m), "step_s_median": float(np.median(step_s[1:] if len(step_s) > 1 else step_s)),
+            "step_s": [round(x, 5) for x in step_s], "device": device_name(), "busy": busy_machine(load_before)}
 
 
 def device_name() -> str:
@@ -199,14 +229,16 @@ def step_time_ratios(runs: dict[str, Any]) -> None:
         base = runs.get("full@fp32" if v.endswith(FP32_SUFFIX) else "full")
         r.pop("step_time_vs_full", None)
         r.pop("step_time_vs_full_why", None)
-        if base is None:
-            continue
-        if (r.get("part"), r.get("device")) != (base.get("part"), base.get("device")):
+        if base is not None and (r.get("part"), r.get("device")) == (base.get("part"), base.get("device")):
+            r["step_time_vs_full"] = r["step_s_median"] / base["step_s_median"]
+        elif r.get("full_timing"):  # a part without full: full's steps timed beside it (`timing_steps`)
+            t = r["full_timing"]
+            r["step_time_vs_full"] = r["step_s_median"] / t["step_s_median"]
+            r["step_time_vs_full_why"] = f"against full's first {t['steps']} steps, timed in this run's part"
+        elif base is not None:
             r["step_time_vs_full"] = None
             r["step_time_vs_full_why"] = (f"not compared: full was timed in another part of the demo "
                                           f"(on {base.get('device')}; this run on {r.get('device')})")
-        else:
-            r["step_time_vs_full"] = r["step_s_median"] / base["step_s_median"]
 
 
 def train_figures(runs: dict[str, Any], root: Path, s: DemoSettings) -> None:

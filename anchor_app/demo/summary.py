@@ -113,7 +113,7 @@ def build_summary(out: Path, record: dict[str, Any], s: DemoSettings) -> dict[st
             result = None
         keep = ("variant", "dtype", "engine", "steps", "loss_first", "loss_last", "step_s_median", "tokens_per_s_median",
                 "step_time_vs_full", "flop_ratio", "elapsed_s", "eval_checkpoints", "busy", "load_average", "loss",
-                "step_s", "device", "part", "step_time_vs_full_why")
+                "step_s", "device", "part", "step_time_vs_full_why", "full_timing")
         runs[v] = {k: t.get(k) for k in keep}
         runs[v]["checkpoints"] = ({lb: _checkpoint_details(result, lb) for lb in e.get("checkpoints", [])}
                                   if result else {})

@@ -24,7 +24,8 @@ from tests.cli.helpers import assert_usage_error, run_cli
 MODEL = "random:llama"
 TINY = replace(PROFILES["paper-gpu"], model=MODEL, seq_len=128, budget=20_000, train_rope_theta=2e4, train_steps=2,
                train_warmup_steps=1, eval_every=1, eval_window=2, fp32_steps=1, eval_lengths=(768, 1024),
-               eval_samples=2, eval_batch_size=4, eval_dtype="float32", perplexity_windows=2, perplexity_bucket=256)
+               eval_samples=2, eval_batch_size=4, eval_dtype="float32", perplexity_windows=2, perplexity_bucket=256,
+               timing_steps=3)
 RUNS = ("full", "intra_doc", "intra_doc_reset", "anchor", "intra_doc@fp32", "intra_doc_reset@fp32")
 
 
@@ -166,9 +167,14 @@ def test_paper_gpu_dry_run(tmp_path, capsys):
     for v, r in joined["runs"].items():
         assert r["loss"] == whole["runs"][v]["loss"] and r["checkpoints"] == whole["runs"][v]["checkpoints"]
         assert r["device"] == whole["runs"][v]["device"]
-    # step times against full's within a part only (one sitting), though both parts ran on this CPU
-    assert joined["runs"]["intra_doc"]["step_time_vs_full"] is None
-    assert "another part" in joined["runs"]["intra_doc"]["step_time_vs_full_why"]
+    # step times against full's within a part only (one sitting): the part without full timed its first steps
+    t = json.loads((parts[1] / "demo.json").read_text())["stages"]["train"]["summary"]["full_timing"]
+    assert t["steps"] == 3 and len(t["step_s"]) == 3 and (parts[1] / "train" / "full-timing" / "metrics.jsonl").is_file()
+    r = joined["runs"]["intra_doc"]
+    assert r["step_time_vs_full"] == pytest.approx(r["step_s_median"] / t["step_s_median"], rel=1e-12)
+    assert r["step_time_vs_full_why"] == "against full's first 3 steps, timed in this run's part"
+    assert "step_time_vs_full" not in joined["runs"]["intra_doc@fp32"] or joined["runs"]["intra_doc@fp32"]["step_time_vs_full"] is None
+    assert not (parts[0] / "train" / "full-timing").exists()  # part a has full itself
     assert [p["runs"] for p in joined["parts"]] == [["full"], ["intra_doc", "intra_doc@fp32"]]
     assert joined["machine"]["cpu_count"] and joined["reset_effect"]["pairs"] == []  # no pair is complete
     page = (merged / "index.html").read_text()
@@ -208,6 +214,11 @@ def test_checkpoints_that_do_not_fit_the_disk_are_refused_before_any_work(tmp_pa
     # the real profile: 20 bf16 checkpoints (ZeRO-1: 18 bytes a parameter) and 2 fp32 ones (20) of SmolLM2-135M
     assert planning.checkpoint_bytes(replace(PROFILES["paper-gpu"], model="random:llama")) > 0
     assert planning.bytes_per_param("bfloat16", 1) == 18 and planning.bytes_per_param("float32", 0) == 16
+    # a part: its runs' checkpoints, and a part without full the one of full's timing run
+    one = {run: planning.checkpoint_bytes(replace(PROFILES["paper-gpu"], model="random:llama", only_runs=(run,)))
+           for run in ("full", "anchor", "intra_doc@fp32")}
+    assert one["anchor"] == one["full"] * 6 // 5  # five evaluation checkpoints, and the timing run's last
+    assert one["intra_doc@fp32"] < one["full"]  # fp32 runs alone: one checkpoint, no timing run
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(10**6, 10**6 - 1000, 1000))
     with pytest.raises(InputError, match=r"checkpoints need about .* GB \(6 runs.* GB are free here"):
