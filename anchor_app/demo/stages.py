@@ -150,6 +150,7 @@ def stage_train(ctx: StageContext) -> dict[str, Any]:
     _container(root)
     runs: dict[str, Any] = {}
     names = run_names(s)
+    device = device_name()
     for i, v in enumerate(names, 1):
         r = parse_run(s, v)
         ctx.say(f"    run {i}/{len(names)}: {v}: variant {r['variant']}, {r['steps']} steps of "
@@ -160,17 +161,16 @@ def stage_train(ctx: StageContext) -> dict[str, Any]:
         release_memory()
         load_after = _load_average()
         m = read_metrics(root / v)
-        step_s = [s.global_batch * s.seq_len / x["tokens_per_s"] for x in m]
+        step_s, step_s_median = _step_times(m, s)
         last = max(ckpt.list_steps(root / v))
         runs[v] = {"steps": len(m), "loss_first": m[0]["loss"], "loss_last": m[-1]["loss"],
-                   "loss": [x["loss"] for x in m],
-                   "step_s_median": float(np.median(step_s[1:] if len(step_s) > 1 else step_s)),
+                   "loss": [x["loss"] for x in m], "step_s_median": step_s_median,
                    "tokens_per_s_median": float(np.median([x["tokens_per_s"] for x in m[1:] or m])),
                    "elapsed_s": m[-1]["elapsed_s"], "last_checkpoint": f"{v}/checkpoints/step-{last}/hf",
                    "eval_checkpoints": [f"step-{k}" for k in sorted(ckpt.list_steps(root / v)) if cfg.is_eval_step(k)],
                    "load_average": {"before": load_before, "after": load_after, "cores": os.cpu_count()},
                    "busy": busy_machine(load_before), "variant": r["variant"], "dtype": r["dtype"],
-                   "device": device_name(),
+                   "device": device,
                    "step_s": [round(x, 5) for x in step_s],
                    "engine": load_train_config(root / v / "config.yaml").engine,
                    "flop_ratio": flop_ratios(ctx.stage("pack"), s.model, r["variant"], r["steps"], s.global_batch,
@@ -206,9 +206,15 @@ def _time_full(ctx: StageContext) -> dict[str, Any]:
     train(cfg, folder, progress=ctx.progress)
     release_memory()
     m = read_metrics(folder)
-    step_s = [s.global_batch * s.seq_len / x["tokens_per_s"] for x in m]
-    return {"steps": len(m), "step_s_median": float(np.median(step_s[1:] if len(step_s) > 1 else step_s)),
-            "step_s": [round(x, 5) for x in step_s], "device": device_name(), "busy": busy_machine(load_before)}
+    step_s, step_s_median = _step_times(m, s)
+    return {"steps": len(m), "step_s_median": step_s_median, "step_s": [round(x, 5) for x in step_s],
+            "device": device_name(), "busy": busy_machine(load_before)}
+
+
+def _step_times(metrics: list[dict[str, Any]], s: DemoSettings) -> tuple[list[float], float]:
+    """A run's seconds per step (from its tokens/s) and their median after the first step (compiles, warm-up)."""
+    step_s = [s.global_batch * s.seq_len / x["tokens_per_s"] for x in metrics]
+    return step_s, float(np.median(step_s[1:] if len(step_s) > 1 else step_s))
 
 
 def device_name() -> str:
