@@ -22,6 +22,20 @@ joined there only when every part and the whole file hash as they did here:
             once per call, carrying `.devkit/parts/manifest.json` and the next part: each part is checked
             and kept in the stash; when all are there, the file is joined beside its target, its sha256
             checked against the manifest, and renamed into place (never a partial file under the name).
+
+Everything a GPU session carries, in one command on a fresh checkout (`make gpu-kit`; a session's
+checkout starts without it, and a lent GPU is too scarce to spend its minutes on this):
+
+    here:   python benchmarks/gpu_kit.py kit
+            .whl/        the wheels the GPU image lacks or holds at another version (WHEELS), at the
+                         versions of this venv, for the image's Python (3.12, manylinux x86_64);
+                         deepspeed built here (PyPI has its source only; pure Python, no ops compiled)
+            .devkit/parts/            the GGUF in parts of --part-mib (48) MiB and manifest.json
+            .devkit/heldout.jsonl     held-out long documents (the image's Python has no test suite)
+            .devkit/attn_grad_inputs.npz   attn_grad_diag.py's captured inputs
+            .devkit/kit.json          each file's bytes and sha256, and each planned call's carry
+            and checks that each call of benchmarks/gpu_parity.sh's plan (CALLS) fits one transfer
+            (64 MiB with the working tree); one that does not is an error naming the call.
 """
 
 from __future__ import annotations
@@ -119,6 +133,153 @@ def join(parts_dir: Path, stash: Path, into: Path) -> Path | None:
     print(f"{target}: complete, {m['bytes']} bytes, sha256 {digest} (equal to the manifest's)")
     return target
 
+# The kit (`kit`): what a lent GPU session carries, made in one command.
+
+TRANSFER_MIB = 64  # the device tool's limit on what travels in one call, the working tree included
+
+# Not carried: transformers. The image holds 5.17 (the project pins 5.23); parity, the trainer and the
+# audit ran on it on the lent GPUs of 2026-11-25/26, and its wheel (13 MiB) does not fit call 1 beside
+# the wheels and a 48 MiB part of the weights (CALLS; the weights need two parts and call 2 is full too).
+WHEELS = {  # distribution: why the GPU image ('cuda', KINDS.md of the device tool) needs it carried
+    "typer": "the CLI catches its bundled click's exceptions: the project's version range",
+    "gguf": "absent there: the embedded SmolLM2 is a GGUF",
+    "zstandard": "absent there: the corpus is zstd-compressed",
+    "deepspeed": "absent there: paper-gpu trains under ZeRO-1",
+    "hjson": "deepspeed's dependency, absent there",
+    "pydantic": "deepspeed's dependency, absent there",
+    "pydantic_core": "pydantic's, absent there",
+    "annotated-types": "pydantic's, absent there",
+    "typing-inspection": "pydantic's, absent there",
+}
+BUILT_HERE = {"deepspeed"}  # source-only on PyPI: built into a wheel here (pure Python: no ops compiled)
+GPU_PYTHON = ("3.12", "cp312", ["manylinux_2_17_x86_64", "manylinux2014_x86_64", "any"])
+
+GGUF = Path(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+DEVKIT = Path(".devkit")
+CALLS = {  # benchmarks/gpu_parity.sh's session plan: what each call carries beside the working tree
+    "1 (issues 28 and 29): wheels, weights part 1": [".whl", "parts/manifest.json", "parts/{part0}"],
+    "2 (issue 28): weights part 2, attention inputs": ["parts/manifest.json", "parts/{part1}",
+                                                       "attn_grad_inputs.npz"],
+    "2 (issue 29): weights part 2, held-out documents": ["parts/manifest.json", "parts/{part1}", "heldout.jsonl"],
+}
+
+
+def _pip(*args: str) -> None:
+    import subprocess
+
+    cmd = [sys.executable, "-m", "pip", *args]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["(no output)"]
+        raise InputError(f"`{' '.join(cmd[2:])}` failed: {tail[0]}")
+
+
+def kit_wheels(dest: Path) -> list[Path]:
+    """WHEELS at this environment's versions into `dest`, for the GPU image's Python; kept if present."""
+    import os
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.utils import canonicalize_name
+
+    dest.mkdir(parents=True, exist_ok=True)
+    pins = {}
+    for name in WHEELS:
+        try:
+            pins[name] = version(name)
+        except PackageNotFoundError:
+            raise InputError(f"{name} is not installed here (run `make install` first): its version is the kit's")
+
+    def have(name: str, v: str) -> Path | None:
+        stem = f"{canonicalize_name(name).replace('-', '_')}-{v}-"
+        return next((w for w in dest.glob("*.whl") if w.name.lower().startswith(stem)), None)
+    py, abi, platforms = GPU_PYTHON
+    fetch = [f"{n}=={v}" for n, v in pins.items() if n not in BUILT_HERE and not have(n, v)]
+    if fetch:
+        _pip("download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", py, "--implementation", "cp",
+             "--abi", abi, "--abi", "none", *[a for p in platforms for a in ("--platform", p)], "-d", str(dest), *fetch)
+    for n in sorted(BUILT_HERE):
+        if not have(n, pins[n]):
+            os.environ.setdefault("DS_BUILD_OPS", "0")
+            _pip("wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dest), f"{n}=={pins[n]}")
+    missing = [n for n, v in pins.items() if not have(n, v)]
+    if missing:
+        raise InputError(f"no wheel of {', '.join(missing)} after pip", path=dest)
+    return [have(n, v) for n, v in pins.items()]
+
+
+def kit_heldout(out: Path, min_bytes: int = 100_000) -> int:
+    """The held-out long documents (this Python's test-suite files over `min_bytes`) as JSONL, atomically."""
+    from anchor.atomic import write_text_atomic
+    from anchor_app.eval.perplexity import heldout_files
+
+    files = [p for p in heldout_files() if p.stat().st_size > min_bytes]
+    if not files:
+        raise InputError("this Python has no test suite to hold out (anchor_app.eval.perplexity.heldout_files)")
+    write_text_atomic(out, "".join(json.dumps({"text": p.read_text(errors="replace")}) + "\n" for p in files))
+    return len(files)
+
+
+def travelling_tree_bytes(root: Path) -> int:
+    """Bytes of what a device call sends besides its carry: tracked files and untracked files git does not
+    ignore."""
+    import subprocess
+
+    names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                           capture_output=True, check=True).stdout.split(b"\0")
+    return sum((root / n.decode()).stat().st_size for n in names if n and (root / n.decode()).is_file())
+
+
+def _bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+
+
+def carry_plan(root: Path, parts: list[str]) -> dict:
+    """Each planned call's carry (paths relative to root) and its MiB with the working tree; raises
+    InputError naming a call over TRANSFER_MIB."""
+    tree = travelling_tree_bytes(root)
+    fill = {"part0": parts[0], "part1": parts[1] if len(parts) > 1 else parts[0]}
+    calls = {}
+    for call, items in CALLS.items():
+        paths = [str((DEVKIT / i.format(**fill)) if not i.startswith(".whl") else Path(i)) for i in items]
+        mib = (tree + sum(_bytes(root / p) for p in paths)) / 2**20
+        calls[call] = {"carry": paths, "mib_with_tree": round(mib, 1)}
+        if mib > TRANSFER_MIB:
+            raise InputError(f"call {call} carries {mib:.1f} MiB with the working tree, over the "
+                             f"{TRANSFER_MIB} MiB a transfer takes: make the parts smaller (--part-mib)")
+    return {"tree_mib": round(tree / 2**20, 1), "calls": calls}
+
+
+def kit(root: Path, part_mib: float, capture_attention: bool = True) -> dict:
+    """Make the kit under `root` (module docstring) and return kit.json's content."""
+    from anchor.atomic import write_text_atomic
+
+    gguf, devkit = root / GGUF, root / DEVKIT
+    if not gguf.is_file():
+        raise InputError("no embedded model (run `make install` first)", path=gguf)
+    wheels = kit_wheels(root / ".whl")
+    print(f".whl: {len(wheels)} wheels, {sum(w.stat().st_size for w in wheels) / 2**20:.1f} MiB")
+    manifest = split(gguf, devkit / "parts", part_mib)
+    n = kit_heldout(devkit / "heldout.jsonl")
+    print(f"{DEVKIT / 'heldout.jsonl'}: {n} held-out documents")
+    npz = devkit / "attn_grad_inputs.npz"
+    if capture_attention and not npz.is_file():
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import attn_grad_diag
+
+        attn_grad_diag.capture(str(npz), attn_grad_diag.LAYERS)
+        print(f"{DEVKIT / 'attn_grad_inputs.npz'}: captured")
+    files = [*wheels, devkit / "parts" / "manifest.json", *(devkit / "parts" / p["file"] for p in manifest["parts"]),
+             devkit / "heldout.jsonl", *([npz] if npz.is_file() else [])]
+    record = {"files": {str(f.relative_to(root)): {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
+                        for f in files},
+              "wheels": {w.name: WHEELS[next(n for n in WHEELS if w.name.lower().startswith(
+                  n.lower().replace("-", "_") + "-"))] for w in wheels},
+              **carry_plan(root, [p["file"] for p in manifest["parts"]])}
+    write_text_atomic(devkit / "kit.json", json.dumps(record, indent=1) + "\n")
+    for call, c in record["calls"].items():
+        print(f"call {call}: {c['mib_with_tree']} MiB with the tree; carry {json.dumps(c['carry'])}")
+    return record
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -137,12 +298,17 @@ def main() -> int:
     j.add_argument("parts", type=Path)
     j.add_argument("--stash", type=Path, default=Path("/tmp/anchor-parts"))
     j.add_argument("--into", type=Path, required=True)
+    k = sub.add_parser("kit", help="everything a GPU session carries (.whl, .devkit), its calls checked to fit")
+    k.add_argument("--part-mib", type=float, default=48.0)
+    k.add_argument("--no-attention-inputs", action="store_true", help="skip attn_grad_diag.py's capture (minutes)")
     a = ap.parse_args()
     try:
         if a.verb == "pack":
             pack(a.model, a.out)
         elif a.verb == "weights":
             weights(a.folder, a.seed)
+        elif a.verb == "kit":
+            kit(Path(__file__).resolve().parent.parent, a.part_mib, not a.no_attention_inputs)
         elif a.verb == "split":
             split(a.file, a.out, a.part_mib)
         else:

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Issue 28 on a lent GPU: the real kernels against the oracle with SmolLM2's real weights, and the trainer's
 # throughput against a plain transformers loop.
-# here (each once):
-#   python benchmarks/gpu_kit.py split .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf --out .devkit/parts --part-mib 32
-#   pip download the wheels the machine lacks into .whl (as for benchmarks/gpu_bench.sh; deepspeed from a
-#   locally built wheel, pydantic with pydantic-core, annotated-types, typing-inspection, typing-extensions)
+# here, once a checkout, before the first device call (a session's checkout starts without it; under a minute):
+#   make gpu-kit    (benchmarks/gpu_kit.py kit: .whl, the wheels the image lacks; .devkit/parts, the GGUF in two
+#                   parts of 48 MiB; .devkit/heldout.jsonl; .devkit/attn_grad_inputs.npz; .devkit/kit.json, each
+#                   call's carry below measured with the working tree, refused over 64 MiB)
 # there, one device call per part while the machine is held (carry .devkit/parts/manifest.json and one
 # .devkit/parts/*.part-NNN each, plus .whl in the first call):
 #   bash benchmarks/gpu_parity.sh OUT join

@@ -56,3 +56,69 @@ def test_a_damaged_part_is_refused(tmp_path):
     p = kit("join", here, "--stash", tmp_path / "stash", "--into", tmp_path / "models")
     print(p.stdout, p.stderr)
     assert p.returncode == 2 and "sha256 differs" in p.stderr and not (tmp_path / "models" / "w.bin").exists()
+
+
+def _kit_module():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_kit
+
+    return gpu_kit
+
+
+def _git_tree(root: Path, tree_bytes: int) -> None:
+    root.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    (root / ".gitignore").write_text("/.whl/\n/.devkit/\n")
+    (root / "code.bin").write_bytes(b"x" * tree_bytes)  # tracked or not, it travels unless ignored
+    (root / "ignored").mkdir()
+
+
+def _sized(path: Path, mib: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\0" * int(mib * 2**20))
+
+
+def test_the_kits_calls_are_measured_with_the_tree_and_one_over_a_transfer_is_named(tmp_path):
+    from anchor.errors import InputError
+
+    gk = _kit_module()
+    root = tmp_path / "repo"
+    _git_tree(root, 3 * 2**20)
+    _sized(root / ".whl" / "a-1-py3-none-any.whl", 9.5)
+    _sized(root / ".devkit" / "parts" / "w.part-000", 48)
+    _sized(root / ".devkit" / "parts" / "w.part-001", 40)
+    (root / ".devkit" / "parts" / "manifest.json").write_text("{}")
+    _sized(root / ".devkit" / "attn_grad_inputs.npz", 10)
+    _sized(root / ".devkit" / "heldout.jsonl", 6)
+    assert abs(gk.travelling_tree_bytes(root) / 2**20 - 3) < 0.01  # .whl, .devkit ignored: they go as carry
+    plan = gk.carry_plan(root, ["w.part-000", "w.part-001"])
+    mib = {call.split(":")[0]: c["mib_with_tree"] for call, c in plan["calls"].items()}
+    assert mib == {"1 (issues 28 and 29)": 60.5, "2 (issue 28)": 53.0, "2 (issue 29)": 49.0}
+    for c in plan["calls"].values():  # every carried path exists (the device tool drops a missing one)
+        assert all((root / p).exists() for p in c["carry"]) and len(c["carry"]) <= 8
+    _sized(root / ".whl" / "b-1-py3-none-any.whl", 4)  # 64.5 MiB: over the transfer
+    with pytest.raises(InputError, match=r"call 1 \(issues 28 and 29\).* 64.5 MiB .*--part-mib"):
+        gk.carry_plan(root, ["w.part-000", "w.part-001"])
+
+
+def test_the_kits_calls_are_those_gpu_parity_sh_plans():
+    gk = _kit_module()
+    plan = (ROOT / "benchmarks" / "gpu_parity.sh").read_text()
+    for call, items in gk.CALLS.items():  # the header's calls carry the same files
+        for item in items:
+            name = Path(item).name.replace("{part0}", "part-000").replace("{part1}", "part-001")
+            assert name in plan or name == "manifest.json" and "manifest" in plan, (call, name)
+    assert "gpu_kit.py kit" in plan and "make gpu-kit" in (ROOT / "README.md").read_text()
+
+
+def test_the_held_out_documents_are_jsonl_that_anchor_reads(tmp_path):
+    from anchor.data.readers import iter_documents
+    from anchor_app.eval.perplexity import heldout_files
+
+    gk = _kit_module()
+    out = tmp_path / "heldout.jsonl"
+    n = gk.kit_heldout(out, min_bytes=50_000)
+    texts = [d.text for d in iter_documents(out)]
+    big = [p for p in heldout_files() if p.stat().st_size > 50_000]
+    assert n == len(texts) == len(big) > 0
+    assert texts[0] == big[0].read_text(errors="replace")
