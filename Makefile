@@ -61,9 +61,12 @@ HELDOUT ?=
 RUNS ?=
 comma := ,
 PG_OUT = runs/paper-gpu$(if $(RUNS),-$(subst @,-,$(subst $(comma),-,$(RUNS))))
+# the summary, its tables for the README (paper_gpu.md) and the position-bucket plot they show
+PAPER_GPU_RESULTS = cp runs/paper-gpu/paper_gpu.json runs/paper-gpu/paper_gpu.md benchmarks/results/ && \
+	cp runs/paper-gpu/eval/position_loss.png benchmarks/results/paper_gpu_position_loss.png
 paper-gpu:
 	$(GPU_PY) -m anchor demo --profile paper-gpu --out $(PG_OUT) $(if $(HELDOUT),--heldout $(HELDOUT)) $(if $(RUNS),--runs $(RUNS))
-	$(if $(RUNS),,cp runs/paper-gpu/paper_gpu.json benchmarks/results/paper_gpu.json)
+	$(if $(RUNS),,$(PAPER_GPU_RESULTS))
 
 # What a lent GPU session carries (.whl, .devkit: the wheels the GPU image lacks, the GGUF in parts, held-out
 # documents, attention inputs), made here before the first device call; each call of the plan in
@@ -74,7 +77,7 @@ gpu-kit: install
 PARTS ?=
 paper-gpu-merge: install
 	$(PY) -m anchor demo --profile paper-gpu --out runs/paper-gpu $(foreach p,$(PARTS),--merge $(p))
-	cp runs/paper-gpu/paper_gpu.json benchmarks/results/paper_gpu.json
+	$(PAPER_GPU_RESULTS)
 
 # The demo's page in headless Chromium (Debian's package; installed when missing): links, images, a screenshot
 # saved as runs/demo/index.png. Builds (or reuses) the demo first.

@@ -5,7 +5,8 @@
 steps, losses, step times, step time over full's beside its FLOP ratio) and per evaluation checkpoint its
 RULER score per task and length with the standard error over samples, the task mean per length with its
 standard error (pooled over the tasks' samples), and the held-out NLL per length with its position buckets;
-then the same averaged over the checkpoints; and `reset_effect`.
+then the same averaged over the checkpoints; and `reset_effect`. Beside it, `summary_markdown`'s tables (the
+same name, `.md`): what the README shows of the result.
 
 `reset_effect(train_runs, eval_runs)`: intra_doc_reset against intra_doc in each dtype the demo trained
 both in (the main runs, and the `@fp32` ones): the training loss difference per step over the steps both
@@ -146,13 +147,93 @@ def build_summary(out: Path, record: dict[str, Any], s: DemoSettings) -> dict[st
     }
 
 
+def _md_table(header: list[str], rows: list[list[Any]]) -> str:
+    return "\n".join(["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header),
+                      *("| " + " | ".join(map(str, r)) + " |" for r in rows)])
+
+
+def _md_num(x: Any, fmt: str) -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def _md_score(x: dict[str, Any] | None) -> str:
+    """RULER averaged over checkpoints: mean ± std over them (standard error over samples)."""
+    if not x:
+        return "—"
+    return f"{x['mean']:.1f} ± {x['std']:.1f}" + (f" ({x['se']:.1f})" if x.get("se") is not None else "")
+
+
+def summary_markdown(summary: dict[str, Any], figure: str | None = None) -> str:
+    """The summary's tables in Markdown, for the README (`<summary_json>.md` beside the JSON): RULER per run and
+    length, the held-out NLL at the longest length and by position bucket there, the step time against full's
+    beside the FLOP ratio, and the reset comparison with its size; `figure`: the position-bucket plot's path."""
+    runs, ruler = summary["runs"], summary["ruler"]
+    Ls = [str(L) for L in ruler.get("lengths") or []]
+    longest = Ls[-1] if Ls else None
+    parts = summary.get("parts") or []
+    devices = sorted({d for p in parts for d in p.get("devices", [])}
+                     or {r.get("device") for r in runs.values() if r.get("device")})
+    secs = (summary.get("seconds") or {}).get("stages_total")  # each stage's last attempt (a merge: every part's)
+    lines = [f"`{summary.get('model')}`, windows of {summary['rope']['seq_len']} tokens, RoPE base "
+             f"{summary['rope']['theta']:g}; on {', '.join(devices) or '?'}"
+             + (f" in {len(parts)} parts" if parts else "") + (f", {secs / 60:.1f} minutes of stages (each one's last attempt)" if secs else "")
+             + ". RULER " + ", ".join(ruler.get("tasks") or []) + f", {ruler.get('samples')} samples a task and "
+             "length: the mean of the tasks, mean ± std over each run's evaluation checkpoints, (in brackets) the "
+             "standard error over samples. Held-out NLL: nats per token on documents no run saw.", ""]
+    rows = []
+    for v, r in runs.items():
+        m = r.get("mean_over_checkpoints") or {}
+        sc = m.get("ruler_mean_of_tasks") or {}
+        rows.append([v, r.get("dtype") or "—", *[_md_score(sc.get(L)) for L in Ls],
+                     _md_num((m.get("heldout_nll") or {}).get(longest), ".3f"),
+                     _md_num(r.get("step_time_vs_full"), ".2f"),
+                     *[_md_num((r.get("flop_ratio") or {}).get(k), ".2f") for k in ("step", "attention")]])
+    lines += [_md_table(["run", "dtype", *[f"RULER {L}" for L in Ls], f"NLL {longest}", "step time / full",
+                         "FLOPs / full: step", "attention"], rows), ""]
+    spans = sorted({(c["start"], c["end"]) for r in runs.values()
+                    for c in ((r.get("mean_over_checkpoints") or {}).get("buckets") or {}).get(longest, [])})
+    if spans:
+        lines += [f"Held-out NLL by position at {longest} (mean ± std over checkpoints):", ""]
+        rows = []
+        for v, r in runs.items():
+            by = {(c["start"], c["end"]): c for c in ((r.get("mean_over_checkpoints") or {}).get("buckets")
+                                                     or {}).get(longest, [])}
+            rows.append([v, *[f"{by[k]['nll']:.3f} ± {by[k]['std']:.3f}" if k in by else "—" for k in spans]])
+        lines += [_md_table(["run", *[f"{a}–{e}" for a, e in spans]], rows), ""]
+    if figure:
+        lines += [f"![held-out loss by position]({figure})", ""]
+    reset = summary.get("reset_effect") or {}
+    if reset.get("pairs"):
+        lines += [f"The reset, intra_doc_reset − intra_doc (training loss over the first {reset.get('steps_compared')} "
+                  "steps, same windows; RULER and NLL averaged over the checkpoints, with each run's standard "
+                  "errors):", ""]
+        rows = []
+        for e in reset["pairs"]:
+            ld, se = e["loss_diff"], e.get("ruler_se") or {}
+            rows.append([e.get("dtype"), f"{ld['mean_abs']:.3g}", f"{ld['max_abs']:.3g}",
+                         *[_md_num((e.get("ruler_diff") or {}).get(L), "+.1f")
+                           + (f" (SE {se[L][0]:.1f}, {se[L][1]:.1f})" if L in se and None not in se[L] else "")
+                           for L in Ls],
+                         _md_num((e.get("heldout_nll_diff") or {}).get(longest), "+.3g")])
+        lines += [_md_table(["dtype", "mean abs Δ loss", "max abs Δ loss", *[f"Δ RULER {L}" for L in Ls],
+                             f"Δ NLL {longest}"], rows), ""]
+        if reset.get("size"):
+            lines += [reset["size"] + ".", ""]
+    return "\n".join(lines)
+
+
 def write_summary(out: Path, record: dict[str, Any], s: DemoSettings) -> Path | None:
-    """`out/<settings.summary_json>` when the profile names one and `train` and `eval` are done (else None)."""
+    """`out/<settings.summary_json>` and its tables in Markdown beside it (`summary_markdown`: `.md`) when the
+    profile names one and `train` and `eval` are done (else None)."""
     if not s.summary_json:
         return None
     stages = record["stages"]
     if not all(stages.get(st, {}).get("done") for st in ("train", "eval")):
         return None
     path = out / s.summary_json
-    write_text_atomic(path, json.dumps(build_summary(out, record, s), indent=1, ensure_ascii=False, default=str) + "\n")
+    summary = build_summary(out, record, s)
+    write_text_atomic(path, json.dumps(summary, indent=1, ensure_ascii=False, default=str) + "\n")
+    # for the README: the figure where `make paper-gpu` copies it (eval/position_loss.png)
+    figure = f"benchmarks/results/{Path(s.summary_json).stem}_position_loss.png"
+    write_text_atomic(path.with_suffix(".md"), summary_markdown(summary, figure))
     return path

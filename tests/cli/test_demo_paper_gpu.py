@@ -146,6 +146,22 @@ def test_paper_gpu_dry_run(tmp_path, capsys):
     for e in reset["pairs"]:
         assert set(e["ruler_diff"]) == {"768", "1024"} and set(e["heldout_nll_diff"]) == {"768", "1024"}
         assert e["bucket_nll_diff"]["1024"]
+    # its tables for the README (paper_gpu.md beside it): every run's row with the JSON's numbers
+    md = (out / "paper_gpu.md").read_text()
+    for v in RUNS:
+        r, m = summary["runs"][v], summary["runs"][v]["mean_over_checkpoints"]
+        cells = [f"{x['mean']:.1f} ± {x['std']:.1f} ({x['se']:.1f})" for x in (m["ruler_mean_of_tasks"][L]
+                                                                          for L in ("768", "1024"))]
+        ratio = "—" if r["step_time_vs_full"] is None else f"{r['step_time_vs_full']:.2f}"
+        row = (f"| {v} | {r['dtype']} | {' | '.join(cells)} | {m['heldout_nll']['1024']:.3f} | {ratio} | "
+               f"{r['flop_ratio']['step']:.2f} | {r['flop_ratio']['attention']:.2f} |")
+        assert row in md, (row, md)
+        buckets = " | ".join(f"{c['nll']:.3f} ± {c['std']:.3f}" for c in m["buckets"]["1024"])
+        assert f"| {v} | {buckets} |" in md
+    for e in reset["pairs"]:
+        assert f"| {e['dtype']} | {e['loss_diff']['mean_abs']:.3g} | {e['loss_diff']['max_abs']:.3g} | " in md
+    assert reset["size"] + "." in md and "| run | 0–256 | 256–512 | 512–768 | 768–1024 |" in md
+    assert "](benchmarks/results/paper_gpu_position_loss.png)" in md and (out / "eval" / "position_loss.png").is_file()
 
     # a second run reuses every stage (the new settings keep the fingerprints stable) and rewrites the summary
     again = run_demo(MODEL, out, settings=TINY, progress=False, say=lambda _: None)
@@ -177,6 +193,9 @@ def test_paper_gpu_dry_run(tmp_path, capsys):
     assert not (parts[0] / "train" / "full-timing").exists()  # part a has full itself
     assert [p["runs"] for p in joined["parts"]] == [["full"], ["intra_doc", "intra_doc@fp32"]]
     assert joined["machine"]["cpu_count"] and joined["reset_effect"]["pairs"] == []  # no pair is complete
+    md = (merged / "paper_gpu.md").read_text()
+    assert " in 2 parts, " in md and "| intra_doc@fp32 | float32 |" in md and "The reset" not in md
+    assert (merged / "eval" / "position_loss.png").is_file()
     page = (merged / "index.html").read_text()
     assert "runs in no part: intra_doc_reset, anchor, intra_doc_reset@fp32" in page and "Part " in page
     assert not check_links(merged / "index.html")
