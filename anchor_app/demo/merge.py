@@ -99,7 +99,7 @@ def merge_demos(parts: Sequence[str | Path], out: str | Path, *, say: Callable[[
     from anchor.outdir import write_marker
     from anchor_app.demo.page import index_page, summary_figure
     from anchor_app.demo.stages import eval_figures, step_time_ratios, train_figures
-    from anchor_app.demo.summary import reset_effect, write_summary
+    from anchor_app.demo.summary import reset_effect, stage_seconds_all_attempts, write_summary
 
     t0 = time.time()
     read = [read_part(Path(p).resolve()) for p in parts]
@@ -127,6 +127,8 @@ def merge_demos(parts: Sequence[str | Path], out: str | Path, *, say: Callable[[
     def merged_stage(name: str, summary: dict[str, Any]) -> dict[str, Any]:
         return {"fingerprint": "merged", "done": True, "finished": now,
                 "seconds": round(sum((p["record"]["stages"][name].get("seconds") or 0) for p in read), 1),
+                "seconds_all_attempts": round(sum(stage_seconds_all_attempts(p["record"]["stages"])[name]
+                                                  for p in read), 1),
                 "summary": summary}
 
     record: dict[str, Any] = {
@@ -139,7 +141,9 @@ def merge_demos(parts: Sequence[str | Path], out: str | Path, *, say: Callable[[
         "merged_from": [{"folder": str(p["dir"]), "runs": p["runs"], "machine": p["machine"],
                          "devices": sorted({train_runs[v].get("device") or "?" for v in p["runs"]}),
                          "full_timing": p["record"]["stages"]["train"]["summary"].get("full_timing"),
-                         "seconds": p["record"].get("seconds"), "finished": p["record"].get("finished")}
+                         "seconds": p["record"].get("seconds"), "finished": p["record"].get("finished"),
+                         "stages_s_all_attempts": round(sum(stage_seconds_all_attempts(
+                             p["record"]["stages"]).values()), 1)}
                         for p in read]}
     with staging_dir(out, "demo", inputs=[p["dir"] for p in read]) as tmp:
         work = tmp / "merged"

@@ -308,12 +308,22 @@ def _run_stages(out: Path, s: DemoSettings, steps: tuple[str, ...], todo: tuple[
         if not resumable:
             _clear(out, stage)
         say(f"[{i}/{len(todo)}] {stage}: {TITLES[stage]}")
-        record["stages"][stage] = {"fingerprint": fps[stage], "done": False, "started": _now()}
+        # the seconds of the attempts a signal stopped (SIGTERM, Ctrl-C: they unwind) that this one resumes
+        earlier = list(rec.get("stopped_attempts_s", [])) if resumable else []
+        record["stages"][stage] = {"fingerprint": fps[stage], "done": False, "started": _now(),
+                                   "stopped_attempts_s": earlier}
         _write_record(out, record, t0)
         t = time.time()
-        summary = RUNNERS[stage](ctx)
+        try:
+            summary = RUNNERS[stage](ctx)
+        except BaseException:
+            record["stages"][stage]["stopped_attempts_s"] = [*earlier, round(time.time() - t, 1)]
+            _write_record(out, record, t0)
+            raise
+        seconds = round(time.time() - t, 1)
         record["stages"][stage] = {"fingerprint": fps[stage], "done": True, "started": record["stages"][stage]["started"],
-                                   "finished": _now(), "seconds": round(time.time() - t, 1), "summary": summary}
+                                   "finished": _now(), "seconds": seconds, "stopped_attempts_s": earlier,
+                                   "seconds_all_attempts": round(seconds + sum(earlier), 1), "summary": summary}
         record["ran"].append(stage)
         _write_record(out, record, t0)
         index_page(out, record, fps)

@@ -99,6 +99,13 @@ def _checkpoint_details(result: dict[str, Any], label: str) -> dict[str, Any]:
     return {"ruler": ruler, "ruler_mean_of_tasks": mean, "heldout": heldout}
 
 
+def stage_seconds_all_attempts(stages: dict[str, Any]) -> dict[str, float]:
+    """Each finished stage's seconds over all its attempts (planning: the attempts a signal stopped, then the
+    one that finished)."""
+    return {st: rec.get("seconds_all_attempts", rec.get("seconds")) or 0.0 for st, rec in stages.items()
+            if rec.get("done")}
+
+
 def build_summary(out: Path, record: dict[str, Any], s: DemoSettings) -> dict[str, Any]:
     """The summary JSON's content from the demo record and each run's eval.json (module docstring)."""
     from anchor.machine import machine
@@ -122,6 +129,8 @@ def build_summary(out: Path, record: dict[str, Any], s: DemoSettings) -> dict[st
             "ruler_mean_of_tasks": e.get("scores"), "ruler_tasks": e.get("tasks"), "heldout_nll": e.get("nll"),
             "perplexity": e.get("perplexity"), "buckets": e.get("buckets")}
     stage_s = {st: rec.get("seconds") for st, rec in stages.items() if rec.get("done")}
+    all_s = stage_seconds_all_attempts(stages)
+    parts = record.get("merged_from") or []
     return {
         "what": ("`anchor demo` with these settings: per run its training (step times against full's beside the "
                  "FLOP ratio of its mask on the same windows) and, per evaluation checkpoint, RULER per task and "
@@ -135,6 +144,11 @@ def build_summary(out: Path, record: dict[str, Any], s: DemoSettings) -> dict[st
         "parts": record.get("merged_from"),
         "seconds": {"this_invocation": record.get("seconds"), "stages_last_attempt": stage_s,
                     "stages_total": round(sum(x for x in stage_s.values() if x), 1),
+                    # with the attempts a signal stopped (a part resumed after `timeout`); a merge: every part's
+                    # stages, corpus and packing included (each part ran them on its machine)
+                    "stages_all_attempts": all_s,
+                    "on_machines": round(sum(p.get("stages_s_all_attempts") or 0 for p in parts), 1) if parts
+                    else round(sum(all_s.values()), 1),
                     "train_runs": {v: t.get("elapsed_s") for v, t in train["runs"].items()},
                     "eval_runs": {v: e.get("runtime_s") for v, e in ev["runs"].items()}},
         "ruler": {"tasks": ev.get("tasks"), "lengths": ev.get("lengths"), "samples": ev.get("samples"),
@@ -173,10 +187,10 @@ def summary_markdown(summary: dict[str, Any], figure: str | None = None) -> str:
     parts = summary.get("parts") or []
     devices = sorted({d for p in parts for d in p.get("devices", [])}
                      or {r.get("device") for r in runs.values() if r.get("device")})
-    secs = (summary.get("seconds") or {}).get("stages_total")  # each stage's last attempt (a merge: every part's)
+    secs = (summary.get("seconds") or {}).get("on_machines")
     lines = [f"`{summary.get('model')}`, windows of {summary['rope']['seq_len']} tokens, RoPE base "
              f"{summary['rope']['theta']:g}; on {', '.join(devices) or '?'}"
-             + (f" in {len(parts)} parts" if parts else "") + (f", {secs / 60:.1f} minutes of stages (each one's last attempt)" if secs else "")
+             + (f" in {len(parts)} parts" if parts else "") + (f", {secs / 60:.1f} minutes there (every stage and attempt)" if secs else "")
              + ". RULER " + ", ".join(ruler.get("tasks") or []) + f", {ruler.get('samples')} samples a task and "
              "length: the mean of the tasks, mean ± std over each run's evaluation checkpoints, (in brackets) the "
              "standard error over samples. Held-out NLL: nats per token on documents no run saw.", ""]

@@ -212,3 +212,38 @@ def test_an_interrupted_first_stage_keeps_what_the_user_put_in_out(tmp_path, mon
     with pytest.raises(KeyboardInterrupt):
         run_demo(MODEL, fresh, steps=("top5",), settings=TINY, progress=False, say=quiet)
     assert not fresh.exists()
+
+
+def test_the_seconds_of_an_attempt_a_signal_stopped_count_when_the_stage_resumes(tmp_path, monkeypatch):
+    """A stage stopped by a signal (`timeout` on a lent GPU sends SIGTERM; it unwinds like Ctrl-C) keeps the
+    seconds it ran in demo.json; the attempt that resumes and finishes it adds its own: the time a run took
+    on the machine, all attempts (issue 29: the whole run's GPU time)."""
+    import time
+
+    import anchor_app.demo.planning as planning
+
+    calls = []
+
+    def train(ctx):
+        calls.append(1)
+        time.sleep(0.4 if len(calls) == 1 else 0.2)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return {"runs": {}}
+
+    monkeypatch.setitem(planning.RUNNERS, "train", train)
+    out = tmp_path / "demo"
+    with pytest.raises(KeyboardInterrupt):
+        run_demo(MODEL, out, steps=("train",), settings=TINY, progress=False, say=quiet)
+    rec = read_record(out)["stages"]["train"]
+    assert rec["done"] is False and len(rec["stopped_attempts_s"]) == 1 and rec["stopped_attempts_s"][0] >= 0.4
+    stopped = rec["stopped_attempts_s"][0]
+    record = run_demo(MODEL, out, steps=("train",), settings=TINY, progress=False, say=quiet)
+    assert record["ran"] == ["train"] and record["reused"] == ["corpus", "pack"]
+    rec = read_record(out)["stages"]["train"]
+    assert rec["done"] and rec["stopped_attempts_s"] == [stopped] and rec["seconds"] >= 0.2
+    assert rec["seconds_all_attempts"] == round(rec["seconds"] + stopped, 1)
+    # a fresh start (another fingerprint) does not inherit them
+    run_demo(MODEL, out, steps=("train",), settings=replace(TINY, train_steps=3), progress=False, say=quiet)
+    rec = read_record(out)["stages"]["train"]
+    assert rec["stopped_attempts_s"] == [] and rec["seconds_all_attempts"] == rec["seconds"]

@@ -123,6 +123,7 @@ def test_paper_gpu_dry_run(tmp_path, capsys):
     # the summary JSON: machine, seconds, per run and checkpoint RULER with standard errors, buckets, step times
     summary = json.loads((out / "paper_gpu.json").read_text())
     assert summary["machine"]["cpu_count"] and summary["seconds"]["stages_total"] > 0
+    assert summary["seconds"]["on_machines"] == round(sum(summary["seconds"]["stages_all_attempts"].values()), 1) > 0
     assert set(summary["seconds"]["train_runs"]) == set(RUNS) == set(summary["seconds"]["eval_runs"])
     assert summary["rope"]["theta"] == 2e4 and summary["rope"]["paper_gpu_16k"] == 5e5
     assert summary["ruler"]["se_bound_of_task_mean"] == pytest.approx(50 / math.sqrt(2 * 2))  # two tasks (vt left out), two samples
@@ -193,7 +194,11 @@ def test_paper_gpu_dry_run(tmp_path, capsys):
     assert not (parts[0] / "train" / "full-timing").exists()  # part a has full itself
     assert [p["runs"] for p in joined["parts"]] == [["full"], ["intra_doc", "intra_doc@fp32"]]
     assert joined["machine"]["cpu_count"] and joined["reset_effect"]["pairs"] == []  # no pair is complete
+    part_s = [sum(st.get("seconds_all_attempts", 0) for st in json.loads((p / "demo.json").read_text())["stages"].values())
+              for p in parts]
+    assert joined["seconds"]["on_machines"] == pytest.approx(sum(part_s), abs=0.15)  # every part's stages
     md = (merged / "paper_gpu.md").read_text()
+    assert f"{joined['seconds']['on_machines'] / 60:.1f} minutes there" in md
     assert " in 2 parts, " in md and "| intra_doc@fp32 | float32 |" in md and "The reset" not in md
     assert (merged / "eval" / "position_loss.png").is_file()
     page = (merged / "index.html").read_text()
