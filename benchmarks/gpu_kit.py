@@ -133,6 +133,7 @@ def join(parts_dir: Path, stash: Path, into: Path) -> Path | None:
     print(f"{target}: complete, {m['bytes']} bytes, sha256 {digest} (equal to the manifest's)")
     return target
 
+
 # The kit (`kit`): what a lent GPU session carries, made in one command.
 
 TRANSFER_MIB = 64  # the device tool's limit on what travels in one call, the working tree included
@@ -192,6 +193,7 @@ def kit_wheels(dest: Path) -> list[Path]:
     def have(name: str, v: str) -> Path | None:
         stem = f"{canonicalize_name(name).replace('-', '_')}-{v}-"
         return next((w for w in dest.glob("*.whl") if w.name.lower().startswith(stem)), None)
+
     py, abi, platforms = GPU_PYTHON
     fetch = [f"{n}=={v}" for n, v in pins.items() if n not in BUILT_HERE and not have(n, v)]
     if fetch:
@@ -300,7 +302,7 @@ def main() -> int:
     j.add_argument("--into", type=Path, required=True)
     k = sub.add_parser("kit", help="everything a GPU session carries (.whl, .devkit), its calls checked to fit")
     k.add_argument("--part-mib", type=float, default=48.0)
-    k.add_argument("--no-attention-inputs", action="store_true", help="skip attn_grad_diag.py's capture (minutes)")
+    k.add_argument("--no-attention-inputs", action="store_true", help="skip attn_grad_diag.py's capture (about 30 s)")
     a = ap.parse_args()
     try:
         if a.verb == "pack":
