@@ -75,7 +75,7 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _f(x: Any, spec: str = ".4g") -> str:
+def num(x: Any, spec: str = ".4g") -> str:
     return "—" if x is None else format(x, spec) if isinstance(x, (int, float)) else str(x)
 
 
@@ -133,7 +133,7 @@ def _section_audit(p: _Page, s: dict[str, Any]) -> None:
 
 
 def _section_train(p: _Page, s: dict[str, Any]) -> None:
-    rope = f", RoPE base {_f(s['rope_theta'], '.3g')}" if s.get("rope_theta") else ""
+    rope = f", RoPE base {num(s['rope_theta'], '.3g')}" if s.get("rope_theta") else ""
     zero = f", DeepSpeed ZeRO-{s['zero_stage']}" if s.get("zero_stage") else ""
     p.add(f"<p>{_esc(s['model'])}, windows of {s['seq_len']} slots, engine {_esc(s['engine'])}, {_esc(s['dtype'])}"
           f"{_esc(rope)}{_esc(zero)}. Step time: median over the steps after the first; FLOP ratio: the run's "
@@ -141,18 +141,18 @@ def _section_train(p: _Page, s: dict[str, Any]) -> None:
           "parameter and token plus attention) and for attention alone (anchor_app/bench/flops.py).</p>")
     def load(r: dict[str, Any]) -> str:
         la = r.get("load_average") or {}
-        text = f"{_f(la.get('before'), '.2f')} → {_f(la.get('after'), '.2f')} ({la.get('cores', '?')} cores)"
+        text = f"{num(la.get('before'), '.2f')} → {num(la.get('after'), '.2f')} ({la.get('cores', '?')} cores)"
         return text + (" busy" if r.get("busy") else "")
 
     def ratio(r: dict[str, Any], k: str) -> str:
-        return _f((r.get("flop_ratio") or {}).get(k), ".3f")
+        return num((r.get("flop_ratio") or {}).get(k), ".3f")
 
     p.add(_table(["run", "dtype", "engine", "device", "steps", "loss: first", "last", "step s (median)", "tokens/s",
                   "step time / full", "FLOP ratio: step", "attention", "load average (before → after)",
                   "evaluation checkpoints"],
-                 [[v, r.get("dtype", s["dtype"]), r.get("engine", s["engine"]), r.get("device", ""), r["steps"], _f(r["loss_first"]),
-                   _f(r["loss_last"]), _f(r["step_s_median"], ".3g"), _f(r["tokens_per_s_median"], ".4g"),
-                   _f(r.get("step_time_vs_full"), ".3f"), ratio(r, "step"), ratio(r, "attention"), load(r),
+                 [[v, r.get("dtype", s["dtype"]), r.get("engine", s["engine"]), r.get("device", ""), r["steps"], num(r["loss_first"]),
+                   num(r["loss_last"]), num(r["step_s_median"], ".3g"), num(r["tokens_per_s_median"], ".4g"),
+                   num(r.get("step_time_vs_full"), ".3f"), ratio(r, "step"), ratio(r, "attention"), load(r),
                    ", ".join(r["eval_checkpoints"])] for v, r in s["runs"].items()]))
     busy = [v for v, r in s["runs"].items() if r.get("busy")]
     if busy:
@@ -178,7 +178,7 @@ def _section_parity(p: _Page, s: dict[str, Any]) -> None:
             for fig in sorted((p.out / "parity" / "figures").glob("grads_*.png"))[:4]])
 
 
-def _cell(x: dict[str, Any]) -> str:
+def score_cell(x: dict[str, Any]) -> str:
     """A score averaged over checkpoints: mean ± std over them, and the standard error over samples."""
     se = f" (SE {x['se']:.1f})" if x.get("se") is not None else ""
     return f"{x['mean']:.1f} ± {x['std']:.1f}{se}"
@@ -195,18 +195,18 @@ def _section_eval(p: _Page, s: dict[str, Any]) -> None:
     if s.get("dtype_choice", {}).get("reason"):
         p.add(f"<p>dtype: {_esc(s['dtype_choice']['reason'])}.</p>")
     p.add(_table(["run", "checkpoints", *Ls],
-                 [[v, ", ".join(r["checkpoints"]), *[_cell(r["scores"][L]) for L in Ls]] for v, r in s["runs"].items()]))
+                 [[v, ", ".join(r["checkpoints"]), *[score_cell(r["scores"][L]) for L in Ls]] for v, r in s["runs"].items()]))
     p.img("eval/ruler.png", "RULER score against length")
     rows = []
     for v, r in s["runs"].items():
         for t in r["tasks"]:
-            rows.append([v, t["task"], t["length"], _cell(t)])
+            rows.append([v, t["task"], t["length"], score_cell(t)])
     p.add("<h3>Per task</h3>" + _table(["run", "task", "length", "score: mean ± std over checkpoints (SE)"], rows))
     if any(r["perplexity"] for r in s["runs"].values()):
         docs = ("one long held-out document per window" if s.get("perplexity_docs") == "long"
                 else "held-out packed windows")
         p.add(f"<h3>Perplexity on {docs} (mean over checkpoints)</h3>")
-        p.add(_table(["run", *Ls], [[v, *[_f(r["perplexity"].get(L), ".4g") for L in Ls]] for v, r in s["runs"].items()]))
+        p.add(_table(["run", *Ls], [[v, *[num(r["perplexity"].get(L), ".4g") for L in Ls]] for v, r in s["runs"].items()]))
     _position_buckets(p, s)
     if s.get("reset", {}).get("pairs"):
         _reset(p, s["reset"])
@@ -244,8 +244,8 @@ def _reset(p: _Page, r: dict[str, Any]) -> None:
     for e in r["pairs"]:
         ld = e["loss_diff"]
         rows.append([" − ".join(reversed(e["runs"])), e.get("dtype"), f"{ld['mean_abs']:.3g}", f"{ld['max_abs']:.3g}",
-                     *[_f(e.get("ruler_diff", {}).get(L), "+.1f") for L in Ls],
-                     *[_f(e.get("heldout_nll_diff", {}).get(L), "+.3g") for L in Ls]])
+                     *[num(e.get("ruler_diff", {}).get(L), "+.1f") for L in Ls],
+                     *[num(e.get("heldout_nll_diff", {}).get(L), "+.3g") for L in Ls]])
     p.add(_table(["runs", "dtype", "|Δ loss| mean", "max", *[f"Δ RULER {L}" for L in Ls],
                   *[f"Δ NLL {L}" for L in Ls]], rows))
     if r.get("size"):
@@ -256,15 +256,15 @@ def _section_bench(p: _Page, s: dict[str, Any]) -> None:
     p.add(f"<p>Attention alone, forward + backward, on windows packed from the corpus ({_esc(s.get('machine'))}); "
           "ratios against full measured in the same run on the same windows.</p>")
     p.add(_table(["engine", "variant", "T", "ms", "time / full", "FLOPs / full"],
-                 [[r["engine"], r["variant"], r["seq_len"], _f(r["ms"], ".4g"), _f(r["time_ratio"], ".3f"),
-                   _f(r["flop_ratio"], ".3f")] for r in s["attention"]]))
+                 [[r["engine"], r["variant"], r["seq_len"], num(r["ms"], ".4g"), num(r["time_ratio"], ".3f"),
+                   num(r["flop_ratio"], ".3f")] for r in s["attention"]]))
     p.figs([(f"bench/{name}.png", name.replace("_", " ")) for name in ("time_ratio_vs_flop_ratio", "time_vs_length")])
     est = [e for e in s.get("estimate", []) if e.get("variant") == "anchor"]
     if est:
         p.add("<h3>Estimate for the paper's setting (assumed GPU rates)</h3>")
         p.add(_table(["model", "T", "GPUs", "distribution", "days / 1B tokens", "saving vs full"],
                      [[e.get("model"), e.get("seq_len"), e.get("gpus"), e.get("distribution"),
-                       _f(e.get("days_per_1b_tokens"), ".3g"), _f(e.get("saving_vs_full"), ".1%")] for e in est]))
+                       num(e.get("days_per_1b_tokens"), ".3g"), num(e.get("saving_vs_full"), ".1%")] for e in est]))
     p.add(f"<p>{p.link('bench/report.md', 'report.md')} · {p.link('bench/bench.json', 'bench.json')}</p>")
 
 
@@ -290,7 +290,7 @@ def index_page(out: Path, record: dict[str, Any], fps: dict[str, str] | None = N
           f"reused {', '.join(record.get('reused', [])) or 'nothing'}. {p.link(DEMO_JSON, DEMO_JSON)}</p>")
     for part in record.get("merged_from") or []:
         p.add(f"<p>Part {_esc(part['folder'])}: runs {_esc(', '.join(part['runs']))} on "
-              f"{_esc(', '.join(part['devices']))}, {_f(part.get('seconds'), '.0f')} s, finished "
+              f"{_esc(', '.join(part['devices']))}, {num(part.get('seconds'), '.0f')} s, finished "
               f"{_esc(part.get('finished'))} (anchor demo --merge).</p>")
     if record.get("left_out"):
         p.add("<p class='note'>Left out on this model: " + "; ".join(map(_esc, record["left_out"])) + ".</p>")
@@ -304,7 +304,7 @@ def index_page(out: Path, record: dict[str, Any], fps: dict[str, str] | None = N
         rec = record["stages"][st]
         p.add(f"<h2 id='{st}'>{_esc(TITLES[st])}</h2>")
         stale = fps is not None and rec.get("fingerprint") != fps.get(st)
-        p.add(f"<p>Finished {_esc(rec.get('finished'))} in {_f(rec.get('seconds'), '.0f')} s"
+        p.add(f"<p>Finished {_esc(rec.get('finished'))} in {num(rec.get('seconds'), '.0f')} s"
               + (" <span class='note'>(from an earlier demo with other settings)</span>" if stale else "") + ".</p>")
         try:
             SECTIONS[st](p, rec["summary"])

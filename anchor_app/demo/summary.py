@@ -166,21 +166,12 @@ def _md_table(header: list[str], rows: list[list[Any]]) -> str:
                       *("| " + " | ".join(map(str, r)) + " |" for r in rows)])
 
 
-def _md_num(x: Any, fmt: str) -> str:
-    return "—" if x is None else format(x, fmt)
-
-
-def _md_score(x: dict[str, Any] | None) -> str:
-    """RULER averaged over checkpoints: mean ± std over them (standard error over samples)."""
-    if not x:
-        return "—"
-    return f"{x['mean']:.1f} ± {x['std']:.1f}" + (f" ({x['se']:.1f})" if x.get("se") is not None else "")
-
-
 def summary_markdown(summary: dict[str, Any], figure: str | None = None) -> str:
     """The summary's tables in Markdown, for the README (`<summary_json>.md` beside the JSON): RULER per run and
     length, the held-out NLL at the longest length and by position bucket there, the step time against full's
     beside the FLOP ratio, and the reset comparison with its size; `figure`: the position-bucket plot's path."""
+    from anchor_app.demo.page import num, score_cell  # the page's cells, in the same words
+
     runs, ruler = summary["runs"], summary["ruler"]
     Ls = [str(L) for L in ruler.get("lengths") or []]
     longest = Ls[-1] if Ls else None
@@ -192,16 +183,16 @@ def summary_markdown(summary: dict[str, Any], figure: str | None = None) -> str:
              f"{summary['rope']['theta']:g}; on {', '.join(devices) or '?'}"
              + (f" in {len(parts)} parts" if parts else "") + (f", {secs / 60:.1f} minutes there (every stage and attempt)" if secs else "")
              + ". RULER " + ", ".join(ruler.get("tasks") or []) + f", {ruler.get('samples')} samples a task and "
-             "length: the mean of the tasks, mean ± std over each run's evaluation checkpoints, (in brackets) the "
+             "length: the mean of the tasks, mean ± std over each run's evaluation checkpoints, (SE) the "
              "standard error over samples. Held-out NLL: nats per token on documents no run saw.", ""]
     rows = []
     for v, r in runs.items():
         m = r.get("mean_over_checkpoints") or {}
         sc = m.get("ruler_mean_of_tasks") or {}
-        rows.append([v, r.get("dtype") or "—", *[_md_score(sc.get(L)) for L in Ls],
-                     _md_num((m.get("heldout_nll") or {}).get(longest), ".3f"),
-                     _md_num(r.get("step_time_vs_full"), ".2f"),
-                     *[_md_num((r.get("flop_ratio") or {}).get(k), ".2f") for k in ("step", "attention")]])
+        rows.append([v, r.get("dtype") or "—", *[score_cell(sc[L]) if sc.get(L) else "—" for L in Ls],
+                     num((m.get("heldout_nll") or {}).get(longest), ".3f"),
+                     num(r.get("step_time_vs_full"), ".2f"),
+                     *[num((r.get("flop_ratio") or {}).get(k), ".2f") for k in ("step", "attention")]])
     lines += [_md_table(["run", "dtype", *[f"RULER {L}" for L in Ls], f"NLL {longest}", "step time / full",
                          "FLOPs / full: step", "attention"], rows), ""]
     spans = sorted({(c["start"], c["end"]) for r in runs.values()
@@ -225,10 +216,10 @@ def summary_markdown(summary: dict[str, Any], figure: str | None = None) -> str:
         for e in reset["pairs"]:
             ld, se = e["loss_diff"], e.get("ruler_se") or {}
             rows.append([e.get("dtype"), f"{ld['mean_abs']:.3g}", f"{ld['max_abs']:.3g}",
-                         *[_md_num((e.get("ruler_diff") or {}).get(L), "+.1f")
+                         *[num((e.get("ruler_diff") or {}).get(L), "+.1f")
                            + (f" (SE {se[L][0]:.1f}, {se[L][1]:.1f})" if L in se and None not in se[L] else "")
                            for L in Ls],
-                         _md_num((e.get("heldout_nll_diff") or {}).get(longest), "+.3g")])
+                         num((e.get("heldout_nll_diff") or {}).get(longest), "+.3g")])
         lines += [_md_table(["dtype", "mean abs Δ loss", "max abs Δ loss", *[f"Δ RULER {L}" for L in Ls],
                              f"Δ NLL {longest}"], rows), ""]
         if reset.get("size"):

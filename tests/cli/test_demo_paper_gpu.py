@@ -151,7 +151,7 @@ def test_paper_gpu_dry_run(tmp_path, capsys):
     md = (out / "paper_gpu.md").read_text()
     for v in RUNS:
         r, m = summary["runs"][v], summary["runs"][v]["mean_over_checkpoints"]
-        cells = [f"{x['mean']:.1f} ± {x['std']:.1f} ({x['se']:.1f})" for x in (m["ruler_mean_of_tasks"][L]
+        cells = [f"{x['mean']:.1f} ± {x['std']:.1f} (SE {x['se']:.1f})" for x in (m["ruler_mean_of_tasks"][L]
                                                                           for L in ("768", "1024"))]
         ratio = "—" if r["step_time_vs_full"] is None else f"{r['step_time_vs_full']:.2f}"
         row = (f"| {v} | {r['dtype']} | {' | '.join(cells)} | {m['heldout_nll']['1024']:.3f} | {ratio} | "
