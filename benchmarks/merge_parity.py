@@ -10,6 +10,13 @@ ran side by side), and each part's folder and runtime under `merged_from`. A rep
 first on model, device, oracle device, rule, optimizer or machine, or repeats a case, is refused (exit 2):
 a merged report never mixes settings.
 
+A folder may also be an unfinished run's parts (`.<name>.parts` beside its --out, anchor.parts: a JSON file
+per finished case, `case-N.json` and `grad_case-N.json`, kept when the run was stopped at a device call's
+limit): its finished cases make a report of their own, with the rule and optimizer of this checkout (the run's
+key, also kept in each part, must name the same device, oracle device and model throughout), no machine
+(a part does not record one: `--machine FILE.json` takes it from a JSON file's `machine`, e.g. a script run
+in the same call), and `unfinished` naming the folder. A merged report with an unfinished part does not pass.
+
 `--slim FILE.json` also writes the merged report without what only its figures need, numbers to 4
 significant digits (a SmolLM2 report with gradients is 5 MB; this is what benchmarks/results keeps): per
 forward case each layer's taps (rel_l2, baseline_rel_l2, tol, pass), per gradient case each parameter's
@@ -39,6 +46,39 @@ def numbers(x):
     if isinstance(x, list):
         return [numbers(v) for v in x]
     return x
+
+
+def from_parts(folder: str | Path, machine: dict | None = None) -> dict:
+    """The report of an unfinished `anchor parity` run: the finished cases kept in its parts `folder`."""
+    from parity_tests.grads import OPTIMIZER
+    from parity_tests.core import RULE
+
+    folder = Path(folder)
+    found = {"case": [], "grad_case": []}
+    run = None
+    for f in sorted(folder.glob("*case-*.json"), key=lambda f: (f.stem.split("-")[0], int(f.stem.split("-")[1]))):
+        try:
+            part = numbers(json.loads(f.read_text(encoding="utf-8")))
+            key, value = part["key"], part["value"]
+        except (ValueError, KeyError, TypeError):
+            raise InputError("not a parity case's part (JSON with key and value)", path=f) from None
+        if run is not None and key.get("run") != run:
+            raise InputError(f"another run's part (its key's run {key.get('run')!r}, not {run!r})", path=f)
+        run = key.get("run")
+        found[f.stem.split("-")[0]].append(value)
+    if run is None:
+        raise InputError("no finished case in it (case-N.json)", path=folder)
+    models = {c["model"] for c in found["case"] + found["grad_case"]}
+    if len(models) != 1:
+        raise InputError(f"cases of several models ({', '.join(sorted(models))})", path=folder)
+    r = {"model": models.pop(), "device": run.get("device"), "oracle_device": run.get("oracle_device"),
+         "cases": found["case"], "rule": RULE.to_dict(), "machine": machine,
+         "pass": all(c["pass"] for c in found["case"] + found["grad_case"]),
+         "runtime_s": round(sum(c["runtime_s"] for c in found["case"] + found["grad_case"]), 2),
+         "unfinished": str(folder)}
+    if run.get("grads"):
+        r["grad_cases"], r["optimizer"] = found["grad_case"], OPTIMIZER.to_dict()
+    return r
 
 
 def merge(reports: list[tuple[str, dict]]) -> dict:
@@ -72,7 +112,10 @@ def merge(reports: list[tuple[str, dict]]) -> dict:
     out["cases"] = sorted(cases, key=key)
     if "grad_cases" in first:
         out["grad_cases"] = sorted(grad_cases, key=key)
-    out["pass"] = all(c["pass"] for c in cases + grad_cases)
+    unfinished = [r["unfinished"] for _, r in reports if r.get("unfinished")]
+    out["pass"] = all(c["pass"] for c in cases + grad_cases) and not unfinished
+    if unfinished:
+        out["unfinished"] = unfinished
     out["runtime_s"] = max(r["runtime_s"] for _, r in reports)
     out["merged_from"] = [{"folder": f, "runtime_s": r["runtime_s"], "cases": len(r["cases"]),
                            "grad_cases": len(r.get("grad_cases", []))} for f, r in reports]
@@ -123,13 +166,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out")
     ap.add_argument("parts", nargs="+")
     ap.add_argument("--slim", help="also write the slim report (see the docstring) to this JSON file")
+    ap.add_argument("--machine", help="an unfinished part's machine: this JSON file's `machine` (see the docstring)")
     args = ap.parse_args(argv)
     from parity_tests.report import write_report
 
     try:
         reports = []
+        machine = None
+        if args.machine:
+            try:
+                machine = json.loads(Path(args.machine).read_text(encoding="utf-8"))["machine"]
+            except (OSError, ValueError, KeyError) as e:
+                raise InputError(f"no machine in it ({e})", path=args.machine) from None
         for d in args.parts:
             p = Path(d) / "parity.json"
+            if not p.is_file() and any(Path(d).glob("case-*.json")):
+                reports.append((d, from_parts(d, machine)))
+                continue
             if not p.is_file():
                 raise InputError("no parity.json (an unfinished run?)", path=d)
             try:
@@ -146,7 +199,10 @@ def main(argv: list[str] | None = None) -> int:
 
         write_text_atomic(args.slim, json.dumps(slim(result), separators=(",", ":"), allow_nan=True) + "\n")
     n, g = len(result["cases"]), len(result.get("grad_cases", []))
-    print(f"wrote {path}: {n} cases, {g} gradient cases, {'all pass' if result['pass'] else 'NOT all pass'}")
+    verdict = "all pass" if result["pass"] else "NOT all pass"
+    if result.get("unfinished"):
+        verdict = f"{sum(c['pass'] for c in result['cases'] + result.get('grad_cases', []))} pass, unfinished"
+    print(f"wrote {path}: {n} cases, {g} gradient cases, {verdict}")
     return 0 if result["pass"] else 1
 
 

@@ -189,6 +189,9 @@ def render_markdown(result: dict[str, Any]) -> str:
         "| case | pass | first divergence | logits rel L2 | baseline | KL mean | worst margin | fidelity (hidden, median/max) | s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    if result.get("unfinished"):
+        lines[1:1] = ["", f"**Unfinished**: the run(s) kept in {', '.join(result['unfinished'])} stopped before their last "
+                          "case; this report holds the cases they finished (benchmarks/merge_parity.py)."]
     for c in cases:
         s = c["summary"]
         fid = _fidelity_summary(c)

@@ -79,3 +79,63 @@ def test_slim_keeps_the_verdicts_and_drops_the_trajectories():
     assert g["grads"]["params"][0] == {"param": "model.norm.weight", "rel_l2": 0.02, "baseline_rel_l2": 0.01,
                                        "tol": 0.021, "pass": True}
     assert g["step@1"] == {"pass": True, "first_divergence": None, "max_rel_l2": 0.02} and "params@1" not in g
+
+
+def _parts(folder: Path, variant: str, cases: int, grads: int, run: dict | None = None, start: int = 0) -> Path:
+    """An unfinished run's parts as `anchor parity` keeps them (anchor.parts): `cases` forward and `grads`
+    gradient cases of report(variant)'s, finished before it was stopped."""
+    from anchor.parts import Parts
+
+    r = report(variant)
+    run = run or {"anchor": "0.1.0", "model_files": [["default"]], "device": "cuda", "oracle_device": "cpu (cpu)",
+                  "grads": True}
+    parts = Parts(folder, "parity")
+    for kind, done, rows in (("case", cases, r["cases"]), ("grad_case", grads, r["grad_cases"])):
+        for i in range(start, done):
+            value = {**rows[i], "model": "default", "runtime_s": 10.0 + i}
+            parts.kept(f"{kind}-{i}", {"run": run, "case": {"variant": variant, "i": i}, "kind": kind}, lambda v=value: v)
+    return folder
+
+
+def test_an_unfinished_runs_parts_are_a_report_that_does_not_pass(tmp_path):
+    """Its finished cases, with this checkout's rule and optimizer and the machine given; merged beside
+    whole reports in variant order, the merged report names it and does not pass."""
+    from parity_tests.core import RULE
+    from parity_tests.grads import OPTIMIZER
+
+    r = mp.from_parts(_parts(tmp_path / ".fanout_anchor.parts", "anchor", 2, 1), {"gpu": "NVIDIA H200"})
+    assert [c["engine"] for c in r["cases"]] == ["varlen", "flex"] and len(r["grad_cases"]) == 1
+    assert r["rule"] == RULE.to_dict() and r["optimizer"] == OPTIMIZER.to_dict() and r["runtime_s"] == 31.0
+    assert r["pass"] is True and r["model"] == "default" and r["device"] == "cuda"
+    whole = report("full", rule=RULE.to_dict(), optimizer=OPTIMIZER.to_dict())
+    out = mp.merge([("a", r), ("f", whole)])
+    assert [c["variant"] for c in out["cases"]] == ["full", "full", "anchor", "anchor"]
+    assert out["pass"] is False and out["unfinished"] == [str(tmp_path / ".fanout_anchor.parts")]
+
+
+def test_the_command_takes_parts_folders_and_a_machine(tmp_path, capsys, monkeypatch):
+    import parity_tests.report
+
+    written = {}
+    monkeypatch.setattr(parity_tests.report, "write_report", lambda r, out: written.setdefault("r", r) and Path(out))
+    folders = [_parts(tmp_path / f".fanout_{v}.parts", v, 2, 1) for v in ("full", "anchor")]
+    (tmp_path / "diag.json").write_text(json.dumps({"machine": {"gpu": "NVIDIA H100 80GB HBM3"}}))
+    slim = tmp_path / "slim.json"
+    rc = mp.main([str(tmp_path / "merged"), *map(str, folders), "--machine", str(tmp_path / "diag.json"),
+                  "--slim", str(slim)])
+    assert rc == 1 and "4 cases, 2 gradient cases, 6 pass, unfinished" in capsys.readouterr().out
+    s = json.loads(slim.read_text())
+    assert s["machine"]["gpu"] == "NVIDIA H100 80GB HBM3" and len(s["unfinished"]) == 2
+    assert written["r"]["unfinished"] == list(map(str, folders)) and written["r"]["pass"] is False
+    md = parity_tests.report.render_markdown({**written["r"], "cases": [], "grad_cases": []})
+    assert "**Unfinished**: the run(s) kept in " + str(folders[0]) in md
+
+
+def test_parts_of_two_runs_or_none_are_refused(tmp_path):
+    folder = _parts(tmp_path / ".a.parts", "anchor", 1, 0)
+    _parts(folder, "anchor", 2, 0, run={"device": "cpu", "grads": True}, start=1)  # case-1: another run's
+    with pytest.raises(InputError, match="another run's part"):
+        mp.from_parts(folder)
+    (tmp_path / ".b.parts").mkdir()
+    with pytest.raises(InputError, match="no finished case"):
+        mp.from_parts(tmp_path / ".b.parts")
