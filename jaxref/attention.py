@@ -404,8 +404,11 @@ def kernel_backward(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sca
     `pv_in`; dP = dO·vᵀ; D = rowsum(dO·O) with O the output rounded to `qk_in` (the kernel's output
     dtype); dS = P·(dP − D) rounded to `qk_in` before dQ = dS·k and dK = dSᵀ·q, each times the scale at
     the end; sums in `pv_acc`. "fa2" rounds each query head's dK and dV to `qk_in` / `pv_in` before its
-    GQA group's sum (`dk_expanded` in flash_api.cpp); "flex" rounds D to `qk_in` (its `delta` is a sum
-    in the output dtype) and sums the group in the accumulator; "cpu" is torch's fused CPU kernel
+    GQA group's sum (`dk_expanded` in flash_api.cpp); "flex" sums the group in the accumulator, inside
+    the kernel (its D, a sum typed bf16 in inductor's lowering, is not rounded: the fused reduction keeps
+    it fp32; FlexAttention's dQ on an H100 lies 0.0009-0.0022 from this arithmetic's and 0.0035-0.0118
+    from it with D rounded, its dV 1e-4 from the group's sum in fp32: benchmarks/results/
+    attn_grad_diag_h100.json, rel. L2 over fp64's norm); "cpu" is torch's fused CPU kernel
     (`_cpu_backward`: the same arithmetic added into bf16 gradients block by block). The gradients of q,
     k and v come back in their own dtypes. Autodiff of the forward (`backward: autodiff`) does none of these roundings: its
     dS stays fp32 (benchmarks/attn_grad_diag.py measures what that misses).
@@ -451,8 +454,6 @@ def kernel_backward(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sca
             dv = dv + wide_einsum("BKGRS,BKGRD->BKGSD", p.astype(pv_in), dob.astype(pv_in), acc)
             dp = wide_einsum("BKGRD,BKSD->BKGRS", dob.astype(pv_in), vh, acc)
             delta = jnp.sum(dob * ob, axis=-1, keepdims=True)
-            if policy.backward == "flex":
-                delta = delta.astype(qk_in).astype(acc)
             ds = (p.astype(acc) * (dp - delta)).astype(qk_in)
             dq = wide_einsum("BKGRS,BKSD->BKGRD", ds, kh, acc) * jnp.asarray(scale, acc)
             dk = dk + wide_einsum("BKGRS,BKGRD->BKGSD", ds, qb, acc)

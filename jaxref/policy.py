@@ -91,7 +91,7 @@ class DtypePolicy:
     arithmetic), or a kernel's own backward written out (`jaxref.attention.kernel_backward`): "fa2"
     (FlashAttention-2: dS rounded to the `qk_in` dtype before dQ and dK, D = rowsum(dO·O) from the
     output rounded to `qk_in`, each query head's dK and dV rounded before its GQA group's sum) or
-    "flex" (FlexAttention: the same with D rounded to `qk_in` and the group's sum in the accumulator) or
+    "flex" (FlexAttention: the same with the group's sum in the accumulator; D in fp32 as FA-2's) or
     "cpu" (torch's fused CPU kernel: FA-2's arithmetic with dQ, dK and dV added into `qk_in` gradients per
     block of queries and keys and per query head).
     """

@@ -39,7 +39,9 @@ EMULATIONS: dict[Engine, str] = {  # keys: exactly ENGINES, in its order (tests/
 # Judging varlen on an H100 against sdpa_cpu_bf16 (the CPU kernel's arithmetic) was the first lent GPU's
 # finding (2026-11-25: the audit named that emulation). The gradients: fa2_bf16 and flex_bf16 follow each
 # kernel's backward (`backward` fa2 / flex: dS rounded to bf16 before dQ and dK, which the autodiff of the
-# forward did not do; benchmarks/attn_grad_diag.py, 2026-11-26).
+# forward did not do; benchmarks/attn_grad_diag.py, 2026-11-26), held against the kernels on an H100 the same
+# day: the varlen kernel's dQ and dK lie nearest fa2's; FlexAttention's keep D = rowsum(dO·O) in fp32, which
+# flex's backward then took (benchmarks/results/attn_grad_diag_h100.json).
 CUDA_EMULATIONS: dict[Engine, str] = {**EMULATIONS, "sdpa": "fa2_bf16", "varlen": "fa2_bf16"}
 
 

@@ -76,9 +76,7 @@ def _numpy_fa2(q, k, v, do, mask, scale, backward):
     o = _bf16((_bf16(p) @ vh) / l_)
     p = np.exp(s - (m + np.log(l_)))
     dv = _bf16(p).transpose(0, 2, 1) @ doh
-    delta = (doh * o).sum(-1, keepdims=True)
-    if backward == "flex":
-        delta = _bf16(delta)
+    delta = (doh * o).sum(-1, keepdims=True)  # fp32 in both: FlexAttention's too (jaxref.attention.kernel_backward)
     ds = _bf16(p * (doh @ vh.transpose(0, 2, 1) - delta))
     dq = (ds @ kh) * np.float32(scale)
     dk = (ds.transpose(0, 2, 1) @ qh) * np.float32(scale)
