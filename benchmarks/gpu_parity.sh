@@ -28,24 +28,30 @@
 #            hjson among the wheels (ZeRO-1)
 #   diag     benchmarks/attn_grad_diag.py: one attention layer's backward on the varlen and flex kernels against
 #            fp64 and the emulations (inputs captured here: .devkit/attn_grad_inputs.npz, 10 MB, carried)
-#   plan     a 15-minute session's main call within $BUDGET s: fanout, then (the smoke passed) 8192 and the 4096
-#            audits with the oracle on CUDA beside it, then merge
+#   plan     a 15-minute session's calls 2 and 3 within $BUDGET s each: diag; the T=1025 fanout (CPU oracle) on
+#            cores 0-11 and T=8192 with the oracle on CUDA on cores 12-15, side by side, then (8192 done) the
+#            audits at L=4096 with the oracle on CUDA; merge. Run again, it
+#            continues: a step whose report is written is skipped, a stopped one resumes from its kept cases
 #   bg STEP  STEP in the background, outliving the call (the machine stays held while calls follow within 30 s)
 #   wait     until the background steps have ended (at most $LIMIT s)
-# A session's calls, each begun within 30 s of the last one's end (else the machine goes back, bare), R=/tmp/res,
-# every call ending with `tar czf $OUT/r.tgz -C /tmp/res .` (what comes back; at most 16 MiB a file). With 15
-# minutes of device time (the H200 of 2026-11-26; the GGUF split with --part-mib 48: two parts, the first
-# travelling with the wheels, 60 MiB):
-#   1 (carry .whl, manifest, part-000)  gpu_parity.sh R join; SMOKE_ON=cuda LIMIT=150 gpu_parity.sh R bg smoke
-#   2 (carry manifest, part-001, .devkit/attn_grad_inputs.npz; 62 MB)   (timeout_s 590)
-#                                       gpu_parity.sh R join && gpu_parity.sh R bg diag; BUDGET=540 gpu_parity.sh R plan
-#        plan: CORES=4 fanout (T=1025, the CPU oracle); WAIT_FOR=smoke wait; if the smoke passed, T=8192
-#        ORACLE=cuda parity and LENGTHS=4096 ORACLE=cuda audit beside it; wait; merge
+# A session's calls, each begun within 30 s of the last one's end (else the machine goes back, bare, and /tmp
+# with it), R=/tmp/res, every call ending with `tar czf $OUT/r.tgz -C /tmp/res .` (what comes back; at most
+# 16 MiB a file). With 15 minutes of device time (the GGUF split with --part-mib 48: two parts, the first
+# travelling with the wheels, 62.5 MiB with the tree):
+#   1 (carry .whl, manifest, part-000; timeout_s 120)   gpu_parity.sh R join
+#   2 (carry manifest, part-001, .devkit/attn_grad_inputs.npz; timeout_s 590)
+#                                       gpu_parity.sh R join && BUDGET=540 gpu_parity.sh R plan; tar ...
+#   3 AT ONCE, not after reading call 2's results (the H100 of 2026-11-26 lost its third call so: 59 s later
+#     the machine had gone back), carrying nothing, timeout_s = what is left less 20:
+#                                       BUDGET=<left less 40> gpu_parity.sh R plan; tar ...
+# The smoke (the oracle on JAX's CUDA backend, random:llama T=97) is no longer a gate: it passed 7 of 7
+# finished cases on the H100 of 2026-11-26 (the 8th stopped at its 150 s limit in XLA's compile), and waiting
+# for it kept that session from starting T=8192.
 # A session for issue 29 (after issue 28's): call 1 as above; call 2 (carry manifest, part-001, .devkit/heldout.jsonl;
 # 56 MiB) `gpu_parity.sh R join && RUNS=full HELDOUT=.devkit/heldout.jsonl LIMIT=560 gpu_parity.sh R paper`; if it
 # stopped at its limit, the same again at once (the demo resumes while the machine is held).
-# (the session of 2026-11-26 ran this; the smoke stalled in torch's inductor, not in the oracle: see
-# TORCHINDUCTOR_COMPILE_THREADS below, so the 8192 and 4096 steps did not run.) With 30 minutes, also
+# (the H200 session of 2026-11-26 ran the plan before this one; its smoke stalled in torch's inductor, not in
+# the oracle: see TORCHINDUCTOR_COMPILE_THREADS below, so the 8192 and 4096 steps did not run.) With 30 minutes, also
 # `tests`, `train` and `phases` (the H100 of 2026-11-25: benchmarks/results/gpu_session_h100.json).
 # The oracle on the CPU at T=8192 (SmolLM2, this project's 2 cores; benchmarks/results/oracle_cost_cpu.json): a forward with taps 67 s in
 # fp64, 42 s in fa2_bf16 (a variant's forward cases: fp64 and 4 summation orders, ~4 minutes; the 16 cores
@@ -106,6 +112,7 @@ smoke)
 parity)
   weights
   T=${T:-1025}
+  [ -f "$OUT/parity_$T${GRADS+_forward}/parity.json" ] && { echo "parity $T: done"; exit 0; }
   # at the limit SIGABRT: faulthandler prints where every thread was; the cases finished are kept (OUT/.parity_T.parts)
   timeout -s ABRT -k 20 ${LIMIT:-560} python3 -X faulthandler -m anchor parity --model default --device cuda --oracle-device ${ORACLE:-cuda} \
     --engines varlen,flex --policies bf16 --variants full,intra_doc,intra_doc_reset,anchor --seq-len $T ${GRADS---grads} \
@@ -117,6 +124,7 @@ fanout)  # the parity cases at T=$T with the oracle on the CPU, one process per 
   T=${T:-1025}; C=${CORES:-3}; k=0
   python3 -m jaxref.kernels > /dev/null || exit 1  # the CPU kernels built once, before the processes share them
   for V in ${VARIANTS:-full intra_doc intra_doc_reset anchor}; do
+    [ -f "$OUT/fanout_${T}_$V/parity.json" ] && { echo "fanout $T $V: done"; continue; }
     setsid nohup taskset -c $((k * C))-$((k * C + C - 1)) timeout ${LIMIT:-480} python3 -m anchor parity \
       --model default --device cuda --oracle-device cpu --engines varlen,flex --policies bf16 --variants $V \
       --seq-len $T ${GRADS---grads} --no-progress --out "$OUT/fanout_${T}_$V" > "$OUT/fanout_${T}_$V.log" 2>&1 < /dev/null &
@@ -128,6 +136,7 @@ merge)  # the fanout's reports as one: OUT/parity_${T}_cpu_oracle (benchmarks/me
 audit)
   weights
   for E in ${ENGINES:-varlen flex}; do for L in ${LENGTHS:-512 4096}; do
+    ls "$OUT/audit_${E}_$L"/*.json > /dev/null 2>&1 && { echo "audit $E $L: done"; continue; }
     timeout ${LIMIT:-140} python3 -m anchor audit --stack torch --engine $E --dtype bfloat16 --model default \
       --seq-len $L --oracle-device ${ORACLE:-cpu} --no-progress --out "$OUT/audit_${E}_$L" 2>&1 | tail -8
   done; done ;;
@@ -166,19 +175,17 @@ wait)  # until every step started with bg (or fanout; WAIT_FOR: a glob of their 
     while kill -0 "$(cat "$f")" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 2; done
     kill -0 "$(cat "$f")" 2>/dev/null && echo "$(basename "$f" .pid) still running" || rm -f "$f"
   done ;;
-plan)  # a 15-minute session's main call, after both parts are joined, within $BUDGET (540) s: the T=1025 cases
-       # with the CPU oracle (fanout, 4 cores a variant) and, where the smoke passed with the oracle on CUDA,
-       # the T=8192 cases and the audits at 4096 with it beside them; then the fanout's report merged
+plan)  # a session's calls 2 and 3 (header), within $BUDGET (540) s: diag, then side by side the T=1025 cases
+       # with the CPU oracle (fanout, 3 cores a variant: cores 0-11, in the background) and the T=8192 cases with
+       # the oracle on CUDA (cores 12-15); then the fanout's report merged. Again in the next call, it continues
   B=${BUDGET:-540}; S=$SECONDS
   left() { echo $((B - (SECONDS - S) - ${1:-0})); }
-  CORES=4 LIMIT=$(left 60) bash "$0" "$OUT" fanout
-  WAIT_FOR=smoke LIMIT=60 bash "$0" "$OUT" wait
-  tail -25 "$OUT/smoke.out" 2>/dev/null
-  if grep -q "on cuda: exit 0" "$OUT/smoke.out" 2>/dev/null; then
-    [ "$(left 150)" -gt 60 ] && T=8192 ORACLE=cuda LIMIT=$(left 150) bash "$0" "$OUT" parity
-    [ "$(left 60)" -gt 60 ] && LENGTHS=4096 ORACLE=cuda LIMIT=$(( $(left 60) / 2 )) bash "$0" "$OUT" audit
-  fi
-  [ "$(left 40)" -gt 0 ] && LIMIT=$(left 40) bash "$0" "$OUT" wait
+  [ -f "$OUT/attn_grad_diag.json" ] || bash "$0" "$OUT" bg diag
+  CORES=3 LIMIT=$(left 30) bash "$0" "$OUT" fanout
+  [ "$(left 40)" -gt 60 ] && T=8192 ORACLE=cuda LIMIT=$(left 40) taskset -c 12-15 bash "$0" "$OUT" parity
+  [ -f "$OUT/parity_8192/parity.json" ] && [ "$(left 40)" -gt 90 ] && \
+    LENGTHS=4096 ORACLE=cuda LIMIT=$(( $(left 40) / 2 )) taskset -c 12-15 bash "$0" "$OUT" audit
+  LIMIT=$(left 20) bash "$0" "$OUT" wait
   T=1025 bash "$0" "$OUT" merge
   echo "plan: $((SECONDS - S)) s" ;;
 *)
