@@ -24,7 +24,7 @@ def test_device_cuda_without_cuda_is_one_line(tmp_path, capsys):
 def test_device_cpu_runs_and_is_recorded(tmp_path, capsys):
     out = tmp_path / "p"
     code, _, err = run_cli(["parity", "--model", "random:llama", "--out", out, "--device", "cpu", "--variants",
-                            "anchor", "--policies", "bf16", "--engines", "varlen", "--seq-len", "97", "--grads",
+                            "anchor", "--policies", "fp32", "--engines", "varlen", "--seq-len", "97", "--grads",
                             "--no-progress"], capsys)
     assert code == 0, err
     result = json.loads((out / "parity.json").read_text())
