@@ -405,8 +405,8 @@ def kernel_backward(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sca
     dtype); dS = P·(dP − D) rounded to `qk_in` before dQ = dS·k and dK = dSᵀ·q, each times the scale at
     the end; sums in `pv_acc`. "fa2" rounds each query head's dK and dV to `qk_in` / `pv_in` before its
     GQA group's sum (`dk_expanded` in flash_api.cpp); "flex" sums the group in the accumulator, inside
-    the kernel (its D, a sum typed bf16 in inductor's lowering, is not rounded: the fused reduction keeps
-    it fp32; FlexAttention's dQ on an H100 lies 0.0009-0.0022 from this arithmetic's and 0.0035-0.0118
+    the kernel, with D in fp32 (inductor's lowering types that sum bf16, but the kernel measured does not
+    round it: FlexAttention's dQ on an H100 lies 0.0009-0.0022 from this arithmetic's and 0.0035-0.0118
     from it with D rounded, its dV 1e-4 from the group's sum in fp32: benchmarks/results/
     attn_grad_diag_h100.json, rel. L2 over fp64's norm); "cpu" is torch's fused CPU kernel
     (`_cpu_backward`: the same arithmetic added into bf16 gradients block by block). The gradients of q,
