@@ -1,0 +1,67 @@
+"""benchmarks/gpu_parity.sh's `plan` (issue 28's GPU session), dry-run here with stand-ins for python3, taskset
+and nvidia-smi that log their arguments: what it starts in a first call, and that the same plan in the next
+call skips each step whose report is written and goes on to the audits."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PYTHON3 = """#!/bin/bash
+echo "python3 $*" >> "$CALLS"
+o=$(echo "$*" | sed -n 's/.*--out \\([^ ]*\\).*/\\1/p')
+case "$*" in *"anchor parity"*) [ -n "$FINISH" ] && { mkdir -p "$o"; echo '{}' > "$o/parity.json"; } ;; esac
+exit 0
+"""
+
+
+def _plan(tmp_path: Path, finish: bool) -> tuple[list[str], str]:
+    """(the stand-ins' calls, the plan's output) of one `plan` in R = tmp_path/res; `finish`: each parity run
+    writes its report (else it stops unfinished)."""
+    repo, bin_, calls = tmp_path / "repo", tmp_path / "bin", tmp_path / "calls.log"
+    if not repo.exists():
+        (repo / "benchmarks").mkdir(parents=True)
+        (repo / ".cache" / "models").mkdir(parents=True)
+        shutil.copy(ROOT / "benchmarks" / "gpu_parity.sh", repo / "benchmarks")
+        (repo / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"weights")
+        bin_.mkdir()
+        for name, body in (("python3", PYTHON3), ("taskset", '#!/bin/bash\nshift 2; exec "$@"\n'),
+                           ("nvidia-smi", "#!/bin/bash\necho 'NVIDIA stand-in'\n")):
+            (bin_ / name).write_text(body)
+            (bin_ / name).chmod(0o755)
+    calls.unlink(missing_ok=True)
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "CALLS": str(calls), "BUDGET": "300",
+           "FINISH": "1" if finish else ""}
+    p = subprocess.run(["bash", "benchmarks/gpu_parity.sh", str(tmp_path / "res"), "plan"], cwd=repo, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    time.sleep(0.5)  # the background steps' stand-ins (diag) log as they start
+    return [line for line in calls.read_text().splitlines() if "pip install" not in line], p.stdout
+
+
+def test_a_first_call_runs_1025_on_the_cpu_oracle_beside_8192_on_cuda_then_the_next_call_goes_on(tmp_path):
+    calls, _ = _plan(tmp_path, finish=True)
+    fanout = [c for c in calls if "anchor parity" in c and "--seq-len 1025" in c]
+    assert sorted(c.split("--variants ")[1].split()[0] for c in fanout) == [
+        "anchor", "full", "intra_doc", "intra_doc_reset"]
+    assert all("--oracle-device cpu" in c and "--grads" in c for c in fanout)
+    long = [c for c in calls if "anchor parity" in c and "--seq-len 8192" in c]
+    assert len(long) == 1 and "--oracle-device cuda" in long[0] and "--engines varlen,flex" in long[0]
+    assert any("attn_grad_diag.py run" in c for c in calls) and any("merge_parity.py" in c for c in calls)
+    audits = [c for c in calls if "anchor audit" in c]  # 8192 finished in this call: the 4096 audits follow
+    assert len(audits) == 2 and all("--seq-len 4096" in c and "--oracle-device cuda" in c for c in audits)
+
+    calls, out = _plan(tmp_path, finish=True)  # the next call: every parity report is there
+    assert not [c for c in calls if "anchor parity" in c]
+    assert "fanout 1025 anchor: done" in out and "parity 8192: done" in out
+    assert len([c for c in calls if "anchor audit" in c]) == 2  # the stand-in wrote no audit: again
+
+
+def test_an_unfinished_8192_leaves_the_audits_for_a_later_call(tmp_path):
+    calls, _ = _plan(tmp_path, finish=False)
+    assert [c for c in calls if "--seq-len 8192" in c] and not [c for c in calls if "anchor audit" in c]
