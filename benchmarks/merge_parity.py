@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -54,18 +55,21 @@ def from_parts(folder: str | Path, machine: dict | None = None) -> dict:
     from parity_tests.core import RULE
 
     folder = Path(folder)
-    found = {"case": [], "grad_case": []}
+    found: dict[str, list] = {"case": [], "grad_case": []}
+    named = sorted((m.group(1), int(m.group(2)), f) for f in folder.glob("*.json")
+                   if (m := re.fullmatch(r"(case|grad_case)-(\d+)", f.stem)))  # anchor parity's part names
     run = None
-    for f in sorted(folder.glob("*case-*.json"), key=lambda f: (f.stem.split("-")[0], int(f.stem.split("-")[1]))):
+    for kind, _, f in named:
         try:
             part = numbers(json.loads(f.read_text(encoding="utf-8")))
             key, value = part["key"], part["value"]
+            this_run = key["run"]
         except (ValueError, KeyError, TypeError):
             raise InputError("not a parity case's part (JSON with key and value)", path=f) from None
-        if run is not None and key.get("run") != run:
-            raise InputError(f"another run's part (its key's run {key.get('run')!r}, not {run!r})", path=f)
-        run = key.get("run")
-        found[f.stem.split("-")[0]].append(value)
+        if run is not None and this_run != run:
+            raise InputError(f"another run's part (its key's run {this_run!r}, not {run!r})", path=f)
+        run = this_run
+        found[kind].append(value)
     if run is None:
         raise InputError("no finished case in it (case-N.json)", path=folder)
     models = {c["model"] for c in found["case"] + found["grad_case"]}
