@@ -46,6 +46,8 @@ the emu_flex_d16 here): the varlen kernel (FlashAttention-2) lies nearest emu_fa
 layer, 0.0004-0.0026 against 0.0036-0.0105 from emu_autodiff. FlexAttention's dQ lies 0.0009-0.0022 from
 emu_fa2's, 0.0035-0.0118 from emu_flex_d16's, and dQ differs between those two only in D: the kernel keeps
 D in fp32. Its dV lies within 1e-4 of emu_flex_d16's, whose dV is emu_flex's: the group's sum in fp32.
+Run again with emu_flex as above (attn_grad_diag_h100_flex_fp32_d.json), FlexAttention lies nearest emu_flex
+in dQ, dK and dV at every layer: dK 0.0007-0.0011 from it, 0.0025-0.0052 from emu_flex_d16.
 """
 
 from __future__ import annotations
