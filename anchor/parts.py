@@ -80,6 +80,22 @@ class Parts:
             return None
         return d if isinstance(d, dict) and d.get("key") == normal(key) else None
 
+    def saved(self) -> dict[str, dict[str, Any]]:
+        """Every part kept in the folder, whatever its key: {name: {"key": ..., "value": ...}} (to read
+        what a stopped run finished, e.g. benchmarks/merge_parity.py). A file that is not a part is refused."""
+        out: dict[str, dict[str, Any]] = {}
+        if self.folder is None or not self.folder.is_dir():
+            return out
+        for f in sorted(self.folder.glob("[!.]*.json")):
+            try:
+                d = json.loads(f.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as e:
+                raise InputError(f"not a part anchor kept ({e})", path=f) from None
+            if not (isinstance(d, dict) and {"key", "value"} <= d.keys()):
+                raise InputError("not a part anchor kept (JSON with key and value)", path=f)
+            out[f.stem] = d
+        return out
+
     def save(self, name: str, part: dict[str, Any]) -> None:
         """Write the part `name` (its "key" included) atomically."""
         from anchor.atomic import write_text_atomic

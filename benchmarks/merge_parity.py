@@ -51,25 +51,26 @@ def numbers(x):
 
 def from_parts(folder: str | Path, machine: dict | None = None) -> dict:
     """The report of an unfinished `anchor parity` run: the finished cases kept in its parts `folder`."""
-    from parity_tests.grads import OPTIMIZER
+    from anchor.parts import Parts
     from parity_tests.core import RULE
+    from parity_tests.grads import OPTIMIZER
 
     folder = Path(folder)
     found: dict[str, list] = {"case": [], "grad_case": []}
-    named = sorted((m.group(1), int(m.group(2)), f) for f in folder.glob("*.json")
-                   if (m := re.fullmatch(r"(case|grad_case)-(\d+)", f.stem)))  # anchor parity's part names
+    named = []  # anchor parity's parts are `case-N` and `grad_case-N` (parity_tests.suite.run_parity)
+    for name, part in Parts(folder, "parity").saved().items():
+        if m := re.fullmatch(r"(case|grad_case)-(\d+)", name):
+            named.append((m.group(1), int(m.group(2)), name, part))
     run = None
-    for kind, _, f in named:
-        try:
-            part = numbers(json.loads(f.read_text(encoding="utf-8")))
-            key, value = part["key"], part["value"]
-            this_run = key["run"]
-        except (ValueError, KeyError, TypeError):
-            raise InputError("not a parity case's part (JSON with key and value)", path=f) from None
+    for kind, _, name, part in sorted(named):
+        this_run = part["key"].get("run") if isinstance(part["key"], dict) else None
+        if this_run is None:
+            raise InputError("not a parity case's part (its key names no run)", path=folder / f"{name}.json")
         if run is not None and this_run != run:
-            raise InputError(f"another run's part (its key's run {this_run!r}, not {run!r})", path=f)
+            raise InputError(f"another run's part (its key's run {this_run!r}, not {run!r})",
+                             path=folder / f"{name}.json")
         run = this_run
-        found[kind].append(value)
+        found[kind].append(numbers(part["value"]))
     if run is None:
         raise InputError("no finished case in it (case-N.json)", path=folder)
     models = {c["model"] for c in found["case"] + found["grad_case"]}

@@ -137,9 +137,13 @@ def test_parts_of_two_runs_or_none_are_refused(tmp_path):
     with pytest.raises(InputError, match="another run's part"):
         mp.from_parts(folder)
     (tmp_path / ".b.parts").mkdir()
-    (tmp_path / ".b.parts" / "showcase-1.json").write_text("{}")  # not a part's name: not read
     with pytest.raises(InputError, match="no finished case"):
         mp.from_parts(tmp_path / ".b.parts")
-    (tmp_path / ".b.parts" / "case-10.json").write_text('{"key": [], "value": {}}')
-    with pytest.raises(InputError, match="not a parity case's part"):
-        mp.from_parts(tmp_path / ".b.parts")
+    folder = _parts(tmp_path / ".c.parts", "anchor", 1, 0)
+    (folder / "showcase-1.json").write_text("{}")  # in a folder of parts, a file that is not one
+    with pytest.raises(InputError, match="not a part anchor kept"):
+        mp.from_parts(folder)
+    (folder / "showcase-1.json").unlink()
+    (folder / "case-10.json").write_text('{"key": [], "value": {}}')
+    with pytest.raises(InputError, match="its key names no run"):
+        mp.from_parts(folder)

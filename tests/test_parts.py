@@ -53,3 +53,16 @@ def test_kept_computes_once_per_key_and_without_a_folder_leaves_the_value_as_it_
     assert parts.kept("p", {"seed": 0}, compute) == ({"rows": [1, 2], "tol": math.inf}, True) and len(calls) == 1
     assert parts.kept("p", {"seed": 1}, compute)[1] is False and len(calls) == 2  # another key: computed again
     assert Parts(None, "audit").kept("p", {"seed": 0}, compute) == ({"rows": (1, 2), "tol": math.inf}, False)
+
+
+def test_saved_lists_every_part_whatever_its_key_and_refuses_what_is_not_one(tmp_path):
+    """What a stopped run finished, read back without its settings (benchmarks/merge_parity.py)."""
+    parts = Parts(parts_dir(tmp_path / "out"), "parity")
+    assert parts.saved() == {} and Parts(None, "parity").saved() == {}
+    for i in (0, 1):
+        parts.kept(f"case-{i}", {"run": {"seed": i}}, lambda i=i: {"pass": True, "i": i})
+    assert parts.saved() == {f"case-{i}": {"key": {"run": {"seed": i}}, "value": {"pass": True, "i": i}}
+                             for i in (0, 1)}  # the folder's marker (a dot file) is not a part
+    (parts.folder / "case-2.json").write_text('{"key": {}}')
+    with pytest.raises(InputError, match="case-2.json.*not a part anchor kept"):
+        parts.saved()
