@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from anchor.errors import InputError
@@ -41,6 +41,34 @@ def files_id(source: str | Path) -> list[list[Any]]:
         return sorted([str(f.relative_to(p)), f.stat().st_size, f.stat().st_mtime_ns]
                       for f in p.rglob("*") if f.is_file())
     return [[str(source)]]
+
+
+# Not the code a result depends on: tests, caches, compiled bytecode.
+_NOT_SOURCE_DIRS = {"__pycache__", "tests"}
+
+
+def sources_id(packages: Iterable[str]) -> str:
+    """A hash of the code in `packages` (top-level package names, found without importing them): every file
+    under each one's folder but tests (`tests/`, `test_*.py`, `conftest.py`) and caches, by relative path
+    and content. For a key whose results must not outlive a change of the code that computed them (parts
+    carried to another session or machine: `anchor parity --keep-parts`). A package not found adds its name."""
+    import hashlib
+    from importlib.util import find_spec
+
+    h = hashlib.sha256()
+    for name in packages:
+        spec = find_spec(name)
+        roots = list(spec.submodule_search_locations or []) if spec is not None else []
+        h.update(f"\0package {name} {len(roots)}\0".encode())
+        for root in map(Path, roots):
+            files = sorted(f for f in root.rglob("*") if f.is_file()
+                           and not _NOT_SOURCE_DIRS & set(f.relative_to(root).parts[:-1])
+                           and not f.name.startswith("test_") and f.name != "conftest.py"
+                           and f.suffix not in (".pyc", ".pyo"))
+            for f in files:
+                h.update(f"\0{f.relative_to(root).as_posix()}\0".encode())
+                h.update(f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def plain(x: Any) -> Any:
@@ -136,4 +164,4 @@ def remove_parts(folder: str | Path) -> None:
         rmtree(folder)
 
 
-__all__ = ["Parts", "files_id", "normal", "parts_dir", "plain", "remove_parts"]
+__all__ = ["Parts", "files_id", "normal", "parts_dir", "plain", "remove_parts", "sources_id"]

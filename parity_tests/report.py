@@ -230,8 +230,9 @@ def render_markdown(result: dict[str, Any]) -> str:
               f"", f"Total {result['runtime_s']:.0f} s."]
     if result.get("reused"):
         r = result["reused"]
-        lines[-1] += (f" {r['cases']} case(s) and {r['grad_cases']} gradient case(s) were finished by a killed run "
-                      f"with the same settings and taken from what it kept ({r['seconds']:.0f} s of its time).")
+        lines[-1] += (f" {r['cases']} case(s) and {r['grad_cases']} gradient case(s) were finished by an earlier "
+                      f"run (killed, or with --keep-parts) with the same settings, code, versions and device, and taken "
+                      f"from what it kept ({r['seconds']:.0f} s of its time).")
     return "\n".join(lines) + "\n"
 
 

@@ -108,11 +108,12 @@ def run_parity(cases: Iterable[Case], rule: Rule = RULE, *, progress: bool = Fal
     `grads`, also each case's gradients and AdamW steps (parity_tests.grads).
 
     parts: where each finished case is kept (anchor.parts, `parts_dir(out)` from the CLI) and taken from
-      when a killed run with the same `key` (the run's settings; each part's key adds its case) finished
+      when an earlier run (killed, or kept by `anchor parity --keep-parts`) with the same `key` (the run's
+      settings, code, versions and device; each part's key adds its case) finished
       it: nothing finished is lost. Results are then in the form they read back in (`anchor.parts.normal`).
 
     Returns {"cases": [...], "grad_cases": [...] (with grads), "pass": bool, "rule": ..., "runtime_s": ...,
-    and "reused": {"cases", "grad_cases", "seconds"} when parts of a killed run were taken}.
+    and "reused": {"cases", "grad_cases", "seconds"} when parts of an earlier run were taken}.
     """
     from parity_tests.grads import OPTIMIZER, run_grad_case, where_grads
 
@@ -125,13 +126,13 @@ def run_parity(cases: Iterable[Case], rule: Rule = RULE, *, progress: bool = Fal
     parts = parts or Parts(None, "parity")
 
     def kept(kind: str, i: int, case: Case, run: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], str]:
-        """The case's result: a killed run's part, or run now (and kept); with a note for the bar."""
+        """The case's result: an earlier run's part, or run now (and kept); with a note for the bar."""
         r, taken = parts.kept(f"{kind}-{i}", {"run": key, "case": dataclasses.asdict(case), "kind": kind}, run)
         if not taken:
             return r, ""
         reused[f"{kind}s"] += 1
         reused["seconds"] += r["runtime_s"]
-        return r, ", finished by a killed run"
+        return r, ", finished by an earlier run"
 
     try:
         for i, case in enumerate(cases):

@@ -182,7 +182,7 @@ def test_a_killed_parity_run_resumes_at_the_case_it_was_on(tmp_path, monkeypatch
     capsys.readouterr()
     assert _run(argv()) == 0
     assert calls == {"case": [], "grads": ["full"]}  # only what the killed run had not finished
-    assert "2 case(s) and 1 gradient case(s) were finished by a killed run" in capsys.readouterr().out
+    assert "2 case(s) and 1 gradient case(s) were finished by an earlier" in capsys.readouterr().out
     assert not parts_dir(out).exists()
     resumed = json.loads((out / "parity.json").read_text())
     assert resumed["reused"]["cases"] == 2 and resumed["reused"]["grad_cases"] == 1
@@ -195,3 +195,38 @@ def test_a_killed_parity_run_resumes_at_the_case_it_was_on(tmp_path, monkeypatch
         return [strip(v) for v in x] if isinstance(x, list) else x
 
     assert strip(resumed) == strip(json.loads((whole / "parity.json").read_text()))
+
+
+def test_kept_parts_are_taken_by_a_later_run_only_with_the_same_code_and_device(tmp_path, monkeypatch, capsys):
+    """--keep-parts leaves each case's part beside --out after the report (a CI cache, or cases carried from one
+    GPU session to the next): a later run with the same options computes nothing; one whose code (the hash of
+    the packages a case's numbers come from) or device differs computes every case again."""
+    import anchor.machine
+    import anchor.parts
+    from anchor.parts import parts_dir
+    from parity_tests import suite
+
+    ran: list[str] = []
+    real = suite.run_case
+    monkeypatch.setattr(suite, "run_case", lambda case, rule: ran.append(case.variant) or real(case, rule))
+    out = tmp_path / "parity"
+    argv = ["parity", "--model", "random:llama", "--out", str(out), "--variants", "full,anchor", "--engines", "eager",
+            "--policies", "fp32", "--seq-len", "97", "--no-progress", "--keep-parts"]
+    assert _run(argv) == 0 and ran == ["anchor", "full"]
+    kept = sorted(p.name for p in parts_dir(out).glob("[!.]*.json"))
+    assert kept == ["case-0.json", "case-1.json"] and (out / "parity.json").is_file()
+    key = json.loads((parts_dir(out) / "case-0.json").read_text())["key"]["run"]
+    assert len(key["code"]) == 16 and "torch" in key["versions"] and key["device_name"]
+    ran.clear()
+    capsys.readouterr()
+    assert _run(argv) == 0 and ran == []
+    assert "2 case(s) and 0 gradient case(s) were finished by an earlier" in capsys.readouterr().out
+    first = json.loads((out / "parity.json").read_text())
+    assert first["reused"]["cases"] == 2
+    monkeypatch.setattr(anchor.parts, "sources_id", lambda packages: "another-code")  # a change in the code
+    assert _run(argv) == 0 and ran == ["anchor", "full"]
+    ran.clear()
+    monkeypatch.setattr(anchor.machine, "cpu_model", lambda: "another CPU")  # the same code on another machine
+    assert _run(argv) == 0 and ran == ["anchor", "full"]
+    ran.clear()
+    assert _run(argv[:-1]) == 0 and ran == [] and not parts_dir(out).exists()  # without the option: taken, then removed

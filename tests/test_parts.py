@@ -66,3 +66,30 @@ def test_saved_lists_every_part_whatever_its_key_and_refuses_what_is_not_one(tmp
     (parts.folder / "case-2.json").write_text('{"key": {}}')
     with pytest.raises(InputError, match="case-2.json.*not a part anchor kept"):
         parts.saved()
+
+
+def test_sources_id_follows_the_code_and_not_its_tests_or_caches(tmp_path, monkeypatch):
+    from anchor.parts import sources_id
+
+    pkg = tmp_path / "srcpkg_for_id"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "kernel.cc").write_text("int f() { return 1; }\n")
+    (pkg / "model.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    first = sources_id(["srcpkg_for_id"])
+    assert len(first) == 16 and sources_id(["srcpkg_for_id"]) == first
+    for name in ("test_model.py", "conftest.py", "tests/test_x.py", "__pycache__/model.cpython-311.pyc",
+                 "sub/__pycache__/k.pyc"):
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text("anything")
+    assert sources_id(["srcpkg_for_id"]) == first  # tests and caches are not the code
+    (pkg / "model.py").write_text("X = 2\n")
+    second = sources_id(["srcpkg_for_id"])
+    assert second != first
+    (pkg / "sub" / "kernel.cc").write_text("int f() { return 2; }\n")  # not only Python: the native kernels too
+    third = sources_id(["srcpkg_for_id"])
+    assert third not in (first, second)
+    (pkg / "sub" / "kernel.cc").rename(pkg / "kernel.cc")  # a file moved is another code
+    assert sources_id(["srcpkg_for_id"]) not in (first, second, third)
+    assert sources_id(["no_such_package_here"]) != sources_id(["srcpkg_for_id"])

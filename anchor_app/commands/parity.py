@@ -69,6 +69,11 @@ def parity(
     grads: Annotated[bool, typer.Option(
         "--grads/--no-grads", help="Also compare each case's gradients and the parameters after 1 and 3 AdamW steps, "
                                    "per parameter (a per-parameter error plot per case).")] = False,
+    keep_parts: Annotated[bool, typer.Option(
+        "--keep-parts", help="Keep each case's part (.<name>.parts beside --out) after the report is written, so "
+                             "that a later run takes every case whose settings, code, library versions and "
+                             "device are the same (a CI cache, or cases carried from one GPU session to the "
+                             "next). --stack torch only.")] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
 ) -> int:
     """Compare embeddings, q/k after RoPE, attention logits and probabilities of sampled rows, attention and
@@ -92,7 +97,7 @@ def parity(
         if device != "cpu" or oracle_device != "cpu":
             raise InputError("--device and --oracle-device apply to --stack torch "
                              "(the --stack hf runners run on the CPU)")
-        _refuse({"--engines": engines, "--layouts": layouts, "--grads": grads},
+        _refuse({"--engines": engines, "--layouts": layouts, "--grads": grads, "--keep-parts": keep_parts},
                 "applies to --stack torch (--stack hf holds transformers' own attention)")
         return _parity_hf(out, model, variant_list, policies, seq_len, seed, attn_implementation, attention,
                           rope_in, emulation, progress)
@@ -113,12 +118,12 @@ def parity(
     _checked_length(model, seq_len)
     engine_list = _split(engines, "--engines")
     return _parity_torch(out, model, variant_list, layout_list, policy_list, engine_list, seq_len, seed, device,
-                         oracle_device, grads, progress)
+                         oracle_device, grads, progress, keep_parts)
 
 
 def _parity_torch(out: Path, model: str, variant_list: list[str], layout_list: list[str], policy_list: list[str],
                   engine_list: list[str], seq_len: int, seed: int, device: str, oracle_device: str, grads: bool,
-                  progress: bool) -> int:
+                  progress: bool, keep_parts: bool = False) -> int:
     """`anchor parity --stack torch` once its options are checked: the devices, then the cases, then the report."""
     from anchor import __version__
     from anchor.errors import InputError
@@ -142,16 +147,38 @@ def _parity_torch(out: Path, model: str, variant_list: list[str], layout_list: l
         # call's time limit, Ctrl-C) is rerun with the same options and computes only what it had not finished.
         parts = Parts(parts_dir(out), "parity")
         key = {"anchor": __version__, "model_files": files_id(model), "device": device,
-               "oracle_device": oracle_where, "grads": grads, "policy_files": [files_id(p) for p in policy_list]}
+               "oracle_device": oracle_where, "grads": grads, "policy_files": [files_id(p) for p in policy_list],
+               **parts_context(device)}
         result = run_parity(cases, progress=progress, grads=grads, parts=parts, key=key)
         result["model"] = model
         result["device"] = device
         result["oracle_device"] = oracle_where
         path = write_report(result, out)
-        parts.remove()
+        if not keep_parts:
+            parts.remove()
     typer.echo(render_markdown(result))
     typer.echo(f"wrote {path / 'parity.json'}, {path / 'index.html'}, {path / 'summary.md'}")
     return 0 if result["pass"] else 1
+
+
+CODE_PACKAGES = ("anchor", "jaxref", "torchtrain", "parity_tests")  # what a parity case's numbers come from
+
+
+def parts_context(device: str) -> dict:
+    """What a kept case also depends on beyond its settings: the code (`anchor.parts.sources_id` of
+    CODE_PACKAGES), the numerical libraries' versions, and the device that ran the trainer's side (the GPU's
+    name, or the CPU's model and the capability torch's kernels dispatch to). In every part's key, so a part
+    carried to another session or machine is taken only where these are the same."""
+    from anchor.machine import cpu_capability, cpu_model, machine
+    from anchor.parts import sources_id
+
+    if device == "cuda":
+        import torch
+
+        where = f"{torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}"
+    else:
+        where = f"{cpu_model()} ({cpu_capability()})"
+    return {"code": sources_id(CODE_PACKAGES), "versions": machine()["versions"], "device_name": where}
 
 
 def _refuse(options: dict, why: str) -> None:
