@@ -30,12 +30,19 @@ checkout starts without it, and a lent GPU is too scarce to spend its minutes on
             .whl/        the wheels the GPU image lacks or holds at another version (WHEELS), at the
                          versions of this venv, for the image's Python (3.12, manylinux x86_64);
                          deepspeed built here (PyPI has its source only; pure Python, no ops compiled)
-            .devkit/parts/            the GGUF in parts of --part-mib (48) MiB and manifest.json
+            .devkit/parts/            the GGUF in two parts (calls 1 and 2 left the same room) and manifest.json
             .devkit/heldout.jsonl     held-out long documents (the image's Python has no test suite)
-            .devkit/attn_grad_inputs.npz   attn_grad_diag.py's captured inputs
+            .devkit/attn_grad_inputs.npz   attn_grad_diag.py's captured inputs (only with --attention-inputs)
             .devkit/kit.json          each file's bytes and sha256, and each planned call's carry
             and checks that each call of benchmarks/gpu_parity.sh's plan (CALLS) fits one transfer
             (64 MiB with the working tree); one that does not is an error naming the call.
+
+A session's parity parts, carried to the next session on the same GPU (`anchor parity --keep-parts`: each
+part's key holds the code, versions and GPU, so only cases computed by the same code are taken there):
+
+    here:   python benchmarks/gpu_kit.py keep R     (R: what came back, gpu_parity.sh's OUT)
+            -> benchmarks/results/parity_cuda/parts_<gpu>.tgz, tracked: it travels with the tree
+    there:  gpu_parity.sh OUT seed (the plan's first step): the GPU's archive unpacked into OUT
 """
 
 from __future__ import annotations
@@ -75,23 +82,29 @@ def weights(folder: Path, seed: int) -> None:
     print(f"wrote {folder / 'model.safetensors'} ({NOTE}, seed {seed})")
 
 
-def split(src: Path, out: Path, part_mib: float) -> dict:
-    """`src` as parts of at most `part_mib` MiB in `out`, with manifest.json; returns the manifest."""
+def split(src: Path, out: Path, part_mib: float, first_mib: float | None = None) -> dict:
+    """`src` as parts of at most `part_mib` MiB in `out` (the first of `first_mib` where given), with
+    manifest.json (any earlier split's parts removed); returns the manifest."""
     if not src.is_file():
         raise InputError("no such file", path=src)
-    size = int(part_mib * 2**20)
-    if size < 1:
-        raise InputError(f"--part-mib must be positive, got {part_mib}")
+    size, first = int(part_mib * 2**20), int((first_mib or part_mib) * 2**20)
+    if size < 1 or first < 1:
+        raise InputError(f"--part-mib and --first-mib must be positive, got {part_mib} and {first_mib}")
     out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob(f"{src.name}.part-*"):
+        old.unlink()
     parts = []
     with open(src, "rb") as f:
-        for k in range(-(-src.stat().st_size // size) or 1):
+        k = 0
+        while k == 0 or f.tell() < src.stat().st_size:
             name = f"{src.name}.part-{k:03d}"
-            (out / name).write_bytes(f.read(size))
+            (out / name).write_bytes(f.read(first if k == 0 else size))
             parts.append({"file": name, "bytes": (out / name).stat().st_size, "sha256": sha256_file(out / name)})
+            k += 1
     manifest = {"name": src.name, "bytes": src.stat().st_size, "sha256": sha256_file(src), "parts": parts}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    print(f"{src.name}: {len(parts)} parts of at most {part_mib:g} MiB in {out}, sha256 {manifest['sha256']}")
+    sizes = ", ".join(f"{p['bytes'] / 2**20:.1f}" for p in parts)
+    print(f"{src.name}: {len(parts)} parts ({sizes} MiB) in {out}, sha256 {manifest['sha256']}")
     return manifest
 
 
@@ -140,7 +153,7 @@ TRANSFER_MIB = 64  # the device tool's limit on what travels in one call, the wo
 
 # Not carried: transformers. The image holds 5.17 (the project pins 5.23); parity, the trainer and the
 # audit ran on it on the lent GPUs of 2026-11-25/26, and its wheel (13 MiB) does not fit call 1 beside
-# the wheels and a 48 MiB part of the weights (CALLS; the weights need two parts and call 2 is full too).
+# the wheels and a 45 MiB part of the weights (CALLS; the weights need two parts and call 2 is full too).
 WHEELS = {  # distribution: why the GPU image ('cuda', KINDS.md of the device tool) needs it carried
     "typer": "the CLI catches its bundled click's exceptions: the project's version range",
     "gguf": "absent there: the embedded SmolLM2 is a GGUF",
@@ -159,10 +172,12 @@ GGUF = Path(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 DEVKIT = Path(".devkit")
 CALLS = {  # benchmarks/gpu_parity.sh's session plan: what each call carries beside the working tree
     "1 (issues 28 and 29): wheels, weights part 1": [".whl", "parts/manifest.json", "parts/{part0}"],
-    "2 (issue 28): weights part 2, attention inputs": ["parts/manifest.json", "parts/{part1}",
-                                                       "attn_grad_inputs.npz"],
+    "2 (issue 28): weights part 2": ["parts/manifest.json", "parts/{part1}"],
     "2 (issue 29): weights part 2, held-out documents": ["parts/manifest.json", "parts/{part1}", "heldout.jsonl"],
 }
+# attn_grad_inputs.npz (attn_grad_diag.py's inputs, 10 MiB) is no longer in call 2: the kernels' attention
+# backward was measured on the H100 twice (benchmarks/results/attn_grad_diag_h100*.json); `kit
+# --attention-inputs` still captures it, and gpu_parity.sh's plan runs diag where it is carried.
 
 
 def _pip(*args: str) -> None:
@@ -251,8 +266,13 @@ def carry_plan(root: Path, parts: list[str]) -> dict:
     return {"tree_mib": round(tree / 2**20, 1), "calls": calls}
 
 
-def kit(root: Path, part_mib: float, capture_attention: bool = True) -> dict:
-    """Make the kit under `root` (module docstring) and return kit.json's content."""
+def kit(root: Path, part_mib: float | None = None, capture_attention: bool = False) -> dict:
+    """Make the kit under `root` (module docstring) and return kit.json's content. `part_mib` None: the
+    weights in two parts sized so that the fullest call with part 1 (call 1, with the wheels) and the fullest
+    with part 2 (issue 29's, with the held-out documents) leave the same room for the working tree (which
+    holds the parity parts carried between sessions, benchmarks/results/parity_cuda/parts_*.tgz)."""
+    import math
+
     from anchor.atomic import write_text_atomic
 
     gguf, devkit = root / GGUF, root / DEVKIT
@@ -260,9 +280,22 @@ def kit(root: Path, part_mib: float, capture_attention: bool = True) -> dict:
         raise InputError("no embedded model (run `make install` first)", path=gguf)
     wheels = kit_wheels(root / ".whl")
     print(f".whl: {len(wheels)} wheels, {sum(w.stat().st_size for w in wheels) / 2**20:.1f} MiB")
-    manifest = split(gguf, devkit / "parts", part_mib)
     n = kit_heldout(devkit / "heldout.jsonl")
     print(f"{DEVKIT / 'heldout.jsonl'}: {n} held-out documents")
+    first = None
+    if part_mib is None:
+        def extra(items: list[str]) -> float:  # MiB a call carries besides the weights' parts
+            return sum(_bytes(root / (i if i.startswith(".whl") else DEVKIT / i)) for i in items
+                       if not i.startswith("parts/")) / 2**20
+
+        with_part = {k: [extra(v) for v in CALLS.values() if f"parts/{{{k}}}" in v] for k in ("part0", "part1")}
+        gguf_mib = gguf.stat().st_size / 2**20
+        first = math.ceil((gguf_mib + max(with_part["part1"]) - max(with_part["part0"])) / 2 * 10) / 10
+        part_mib = math.ceil((gguf_mib - first) * 10) / 10 + 0.1
+    manifest = split(gguf, devkit / "parts", part_mib, first)
+    if len(manifest["parts"]) > 2:
+        raise InputError(f"{len(manifest['parts'])} parts: the plan's calls carry two (a larger --part-mib)",
+                         path=devkit / "parts")
     npz = devkit / "attn_grad_inputs.npz"
     if capture_attention and not npz.is_file():
         sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -283,6 +316,68 @@ def kit(root: Path, part_mib: float, capture_attention: bool = True) -> dict:
     return record
 
 
+# Parity parts carried between GPU sessions (`keep` here, gpu_parity.sh `seed` there). A lent GPU holds a
+# session's results only while it is held; `anchor parity --keep-parts` keeps each finished case, and its key
+# (settings, code, library versions, the GPU's name) decides there whether a carried case is taken again.
+
+def gpu_slug(name: str) -> str:
+    """A GPU's name as nvidia-smi gives it, as a file-name word: "NVIDIA H100 80GB HBM3" ->
+    "nvidia-h100-80gb-hbm3" (gpu_parity.sh's `seed` makes the same with tr)."""
+    import re
+
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def keep(results: Path, into: Path) -> Path:
+    """The parity parts folders of `results` (`.<run>.parts` with anchor's marker) added to
+    `into/parts_<gpu>.tgz` (a part there under the same path replaced), written atomically and reproducibly
+    (sorted, no times kept but each part's own, gzip without a time). The GPU: `results/weights.txt`'s second
+    line (nvidia-smi's name, ...). Returns the archive's path."""
+    import gzip
+    import io
+    import os
+    import tarfile
+
+    from anchor.outdir import read_marker
+
+    try:
+        gpu = (results / "weights.txt").read_text().splitlines()[1].split(",")[0].strip()
+    except (OSError, IndexError):
+        raise InputError("no GPU named in weights.txt (gpu_parity.sh writes it there)", path=results) from None
+    target = into / f"parts_{gpu_slug(gpu)}.tgz"
+    members: dict[str, tuple[bytes, int]] = {}
+    if target.is_file():
+        with tarfile.open(target, "r:gz") as t:
+            for m in t.getmembers():
+                if m.isfile():
+                    members[m.name] = (t.extractfile(m).read(), int(m.mtime))
+    added = 0
+    for folder in sorted(results.glob(".*.parts")):
+        if not folder.is_dir() or read_marker(folder) is None:
+            continue
+        for f in sorted(p for p in folder.iterdir() if p.is_file() and p.suffix == ".json"):
+            members[f"{folder.name}/{f.name}"] = (f.read_bytes(), int(f.stat().st_mtime))
+            added += f.name != ".anchor-output.json"
+    if not added:
+        raise InputError("no parity parts in it (.<run>.parts folders)", path=results)
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for name in sorted(members):
+            data, mtime = members[name]
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), mtime, 0o644
+            t.addfile(info, io.BytesIO(data))
+    into.mkdir(parents=True, exist_ok=True)
+    tmp = into / f".{target.name}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0) as z:
+            z.write(raw.getvalue())
+    os.replace(tmp, target)
+    print(f"{target}: {added} parts from {results} added, {len(members)} files, "
+          f"{target.stat().st_size / 2**20:.2f} MiB")
+    return target
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="verb", required=True)
@@ -296,13 +391,20 @@ def main() -> int:
     sp.add_argument("file", type=Path)
     sp.add_argument("--out", type=Path, required=True)
     sp.add_argument("--part-mib", type=float, default=30.0)
+    sp.add_argument("--first-mib", type=float, default=None, help="the first part's size (default --part-mib)")
     j = sub.add_parser("join", help="the parts of PARTS into --stash; when all are there, the checked file in --into")
     j.add_argument("parts", type=Path)
     j.add_argument("--stash", type=Path, default=Path("/tmp/anchor-parts"))
     j.add_argument("--into", type=Path, required=True)
     k = sub.add_parser("kit", help="everything a GPU session carries (.whl, .devkit), its calls checked to fit")
-    k.add_argument("--part-mib", type=float, default=48.0)
-    k.add_argument("--no-attention-inputs", action="store_true", help="skip attn_grad_diag.py's capture (about 30 s)")
+    k.add_argument("--part-mib", type=float, default=None,
+                   help="parts of this size (default: two, balanced between calls 1 and 2)")
+    k.add_argument("--attention-inputs", action="store_true",
+                   help="also capture attn_grad_diag.py's inputs (about 30 s; carried by hand: CALLS)")
+    kp = sub.add_parser("keep", help="a GPU session's parity parts (R, gpu_parity.sh's OUT) into the tracked "
+                                     "benchmarks/results/parity_cuda/parts_<gpu>.tgz its next session seeds from")
+    kp.add_argument("results", type=Path)
+    kp.add_argument("--into", type=Path, default=Path(__file__).resolve().parent / "results" / "parity_cuda")
     a = ap.parse_args()
     try:
         if a.verb == "pack":
@@ -310,9 +412,11 @@ def main() -> int:
         elif a.verb == "weights":
             weights(a.folder, a.seed)
         elif a.verb == "kit":
-            kit(Path(__file__).resolve().parent.parent, a.part_mib, not a.no_attention_inputs)
+            kit(Path(__file__).resolve().parent.parent, a.part_mib, a.attention_inputs)
+        elif a.verb == "keep":
+            keep(a.results, a.into)
         elif a.verb == "split":
-            split(a.file, a.out, a.part_mib)
+            split(a.file, a.out, a.part_mib, a.first_mib)
         else:
             join(a.parts, a.stash, a.into)
     except InputError as e:

@@ -3,12 +3,16 @@
 # throughput against a plain transformers loop.
 # here, once a checkout, before the first device call (a session's checkout starts without it; under a minute):
 #   make gpu-kit    (benchmarks/gpu_kit.py kit: .whl, the wheels the image lacks; .devkit/parts, the GGUF in two
-#                   parts of 48 MiB; .devkit/heldout.jsonl; .devkit/attn_grad_inputs.npz; .devkit/kit.json, each
-#                   call's carry below measured with the working tree, refused over 64 MiB)
+#                   parts sized so calls 1 and 2 leave the tree the same room; .devkit/heldout.jsonl;
+#                   .devkit/kit.json, each call's carry below measured with the working tree, refused over 64 MiB)
 # there, one device call per part while the machine is held (carry .devkit/parts/manifest.json and one
 # .devkit/parts/*.part-NNN each, plus .whl in the first call):
 #   bash benchmarks/gpu_parity.sh OUT join
 # then (carry nothing more): bash benchmarks/gpu_parity.sh OUT STEP, STEP one of
+#   seed     once per session, before any parity step: the parts an earlier session on this GPU kept
+#            (benchmarks/results/parity_cuda/parts_<gpu>.tgz, tracked: `gpu_kit.py keep R` here after the session)
+#            unpacked into OUT. Parity runs with --keep-parts, whose keys hold the code, the library versions and
+#            the GPU: a carried case is taken only where all are this session's, else computed again
 #   smoke    the oracle on JAX's CUDA backend against its CPU one: random:llama, T=97, forward and gradients
 #   parity   anchor parity --device cuda at T=$T (1025 by default; 8192): varlen and flex, bf16, the four
 #            variants, forward and gradients, the oracle on JAX's CUDA backend (--oracle-device $ORACLE: cuda, or cpu)
@@ -28,7 +32,8 @@
 #            hjson among the wheels (ZeRO-1)
 #   diag     benchmarks/attn_grad_diag.py: one attention layer's backward on the varlen and flex kernels against
 #            fp64 and the emulations (inputs captured here: .devkit/attn_grad_inputs.npz, 10 MB, carried)
-#   plan     a 15-minute session's calls 2 and 3 within $BUDGET s each: diag; the T=1025 fanout (CPU oracle) on
+#   plan     a 15-minute session's calls 2 and 3 within $BUDGET s each: seed; diag (where its inputs are carried:
+#            `gpu_kit.py kit --attention-inputs`, 10 MiB more in call 2); the T=1025 fanout (CPU oracle) on
 #            cores 0-11 and T=8192 with the oracle on CUDA on cores 12-15, side by side, then (8192 done) the
 #            audits at L=4096 with the oracle on CUDA; merge. Run again, it
 #            continues: a step whose report is written is skipped, a stopped one resumes from its kept cases
@@ -36,19 +41,21 @@
 #   wait     until the background steps have ended (at most $LIMIT s)
 # A session's calls, each begun within 30 s of the last one's end (else the machine goes back, bare, and /tmp
 # with it), R=/tmp/res, every call ending with `tar czf $OUT/r.tgz -C /tmp/res .` (what comes back; at most
-# 16 MiB a file). With 15 minutes of device time (the GGUF split with --part-mib 48: two parts, the first
-# travelling with the wheels, 62.5 MiB with the tree):
+# 16 MiB a file). With 15 minutes of device time (the GGUF in two parts, 45 and 49 MiB, the first travelling
+# with the wheels; .devkit/kit.json has each call's MiB with the tree, about 60 at most):
 #   1 (carry .whl, manifest, part-000; timeout_s 120)   gpu_parity.sh R join
-#   2 (carry manifest, part-001, .devkit/attn_grad_inputs.npz; timeout_s 590)
+#   2 (carry manifest, part-001; timeout_s 590)
 #                                       gpu_parity.sh R join && BUDGET=540 gpu_parity.sh R plan; tar ...
 #   3 AT ONCE, not after reading call 2's results (the H100 of 2026-11-26 lost its third call so: 59 s later
 #     the machine had gone back), carrying nothing, timeout_s = what is left less 20:
 #                                       BUDGET=<left less 40> gpu_parity.sh R plan; tar ...
+#   after, here: the results unpacked into R, `python benchmarks/gpu_kit.py keep R` (this GPU's parts, for the next
+#   session: commit benchmarks/results/parity_cuda/parts_<gpu>.tgz) and benchmarks/merge_parity.py (the report)
 # The smoke (the oracle on JAX's CUDA backend, random:llama T=97) is no longer a gate: it passed 7 of 7
 # finished cases on the H100 of 2026-11-26 (the 8th stopped at its 150 s limit in XLA's compile), and waiting
 # for it kept that session from starting T=8192.
 # A session for issue 29 (after issue 28's): call 1 as above; call 2 (carry manifest, part-001, .devkit/heldout.jsonl;
-# 56 MiB) `gpu_parity.sh R join && RUNS=full HELDOUT=.devkit/heldout.jsonl LIMIT=560 gpu_parity.sh R paper`; if it
+# 60 MiB) `gpu_parity.sh R join && RUNS=full HELDOUT=.devkit/heldout.jsonl LIMIT=560 gpu_parity.sh R paper`; if it
 # stopped at its limit, the same again at once (the demo resumes while the machine is held).
 # (the H200 session of 2026-11-26 ran the plan before this one; its smoke stalled in torch's inductor, not in
 # the oracle: see TORCHINDUCTOR_COMPILE_THREADS below, so the 8192 and 4096 steps did not run.) With 30 minutes, also
@@ -71,7 +78,7 @@
 # Results under OUT: weights.txt (the joined file's sha256 and the GPU), parity_$T/ (parity_${T}_forward/ with GRADS=), audit_{varlen,flex}_{512,4096}/,
 # cuda_tests.log, train_gpu.json, train_phases_gpu.json; each step fits one 10-minute call.
 set -o pipefail
-OUT=${1:?usage: gpu_parity.sh OUT [join|smoke|parity|audit|diag|tests|train|phases|paper|bg STEP|wait]}
+OUT=${1:?usage: gpu_parity.sh OUT [join|seed|smoke|parity|audit|diag|tests|train|phases|paper|bg STEP|wait]}
 STEP=${2:-parity}
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
 export JAX_DEFAULT_MATMUL_PRECISION=highest  # no TF32 for the oracle's fp32 products on the GPU
@@ -95,6 +102,16 @@ weights() {
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } | tee "$OUT/weights.txt"
 }
 case $STEP in
+seed)
+  [ -f "$OUT/.seeded" ] && exit 0
+  G=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z' 'a-z' | tr -cs 'a-z0-9' '-' | sed 's/^-*//; s/-*$//')
+  A=benchmarks/results/parity_cuda/parts_$G.tgz
+  if [ -f "$A" ]; then
+    tar xzf "$A" -C "$OUT" --skip-old-files && echo "seed: $(tar tzf "$A" | grep -c '/[a-z_]*case-[0-9]*\.json$') parts from $A"
+  else
+    echo "seed: no $A (no earlier session on this GPU kept its parts)"
+  fi
+  touch "$OUT/.seeded" ;;
 join)
   python3 benchmarks/gpu_kit.py join .devkit/parts --stash /tmp/anchor-parts --into .cache/models ;;
 smoke)
@@ -116,7 +133,7 @@ parity)
   # at the limit SIGABRT: faulthandler prints where every thread was; the cases finished are kept (OUT/.parity_T.parts)
   timeout -s ABRT -k 20 ${LIMIT:-560} python3 -X faulthandler -m anchor parity --model default --device cuda --oracle-device ${ORACLE:-cuda} \
     --engines varlen,flex --policies bf16 --variants full,intra_doc,intra_doc_reset,anchor --seq-len $T ${GRADS---grads} \
-    --no-progress --out "$OUT/parity_$T${GRADS+_forward}" 2>&1 | tail -40 ;;
+    --keep-parts --no-progress --out "$OUT/parity_$T${GRADS+_forward}" 2>&1 | tail -40 ;;
 fanout)  # the parity cases at T=$T with the oracle on the CPU, one process per variant, each on its own
          # $CORES cores (the oracle's XLA threads follow the affinity), in the background: OUT/fanout_${T}_V;
          # then `wait`, and `merge` (OUT/parity_${T}_cpu_oracle)
@@ -127,7 +144,7 @@ fanout)  # the parity cases at T=$T with the oracle on the CPU, one process per 
     [ -f "$OUT/fanout_${T}_$V/parity.json" ] && { echo "fanout $T $V: done"; continue; }
     setsid nohup taskset -c $((k * C))-$((k * C + C - 1)) timeout ${LIMIT:-480} python3 -m anchor parity \
       --model default --device cuda --oracle-device cpu --engines varlen,flex --policies bf16 --variants $V \
-      --seq-len $T ${GRADS---grads} --no-progress --out "$OUT/fanout_${T}_$V" > "$OUT/fanout_${T}_$V.log" 2>&1 < /dev/null &
+      --seq-len $T ${GRADS---grads} --keep-parts --no-progress --out "$OUT/fanout_${T}_$V" > "$OUT/fanout_${T}_$V.log" 2>&1 < /dev/null &
     echo $! > "$OUT/fanout_$V.pid"; k=$((k + 1))
   done ;;
 merge)  # the fanout's reports as one: OUT/parity_${T}_cpu_oracle (benchmarks/merge_parity.py)
@@ -175,12 +192,13 @@ wait)  # until every step started with bg (or fanout; WAIT_FOR: a glob of their 
     while kill -0 "$(cat "$f")" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 2; done
     kill -0 "$(cat "$f")" 2>/dev/null && echo "$(basename "$f" .pid) still running" || rm -f "$f"
   done ;;
-plan)  # a session's calls 2 and 3 (header), within $BUDGET (540) s: diag, then side by side the T=1025 cases
+plan)  # a session's calls 2 and 3 (header), within $BUDGET (540) s: seed, diag (where carried), then side by side the T=1025 cases
        # with the CPU oracle (fanout, 3 cores a variant: cores 0-11, in the background) and the T=8192 cases with
        # the oracle on CUDA (cores 12-15); then the fanout's report merged. Again in the next call, it continues
   B=${BUDGET:-540}; S=$SECONDS
   left() { echo $((B - (SECONDS - S) - ${1:-0})); }
-  [ -f "$OUT/attn_grad_diag.json" ] || bash "$0" "$OUT" bg diag
+  bash "$0" "$OUT" seed
+  [ -f .devkit/attn_grad_inputs.npz ] && [ ! -f "$OUT/attn_grad_diag.json" ] && bash "$0" "$OUT" bg diag
   CORES=3 LIMIT=$(left 30) bash "$0" "$OUT" fanout
   [ "$(left 40)" -gt 60 ] && T=8192 ORACLE=cuda LIMIT=$(left 40) taskset -c 12-15 bash "$0" "$OUT" parity
   [ -f "$OUT/parity_8192/parity.json" ] && [ "$(left 40)" -gt 90 ] && \

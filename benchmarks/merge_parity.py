@@ -12,10 +12,12 @@ a merged report never mixes settings.
 
 A folder may also be an unfinished run's parts (`.<name>.parts` beside its --out, anchor.parts: a JSON file
 per finished case, `case-N.json` and `grad_case-N.json`, kept when the run was stopped at a device call's
-limit): its finished cases make a report of their own, with the rule and optimizer of this checkout (the run's
-key, also kept in each part, must name the same device, oracle device and model throughout), no machine
+limit): its finished cases make a report of their own, with the rule and optimizer of this checkout, no machine
 (a part does not record one: `--machine FILE.json` takes it from a JSON file's `machine`, e.g. a script run
 in the same call), and `unfinished` naming the folder. A merged report with an unfinished part does not pass.
+The run is the newest part's (its key: settings, code, versions, device); parts of another run (carried from
+an earlier session by `anchor parity --keep-parts` and not computed again yet) are counted as `stale_parts` and
+left out. A parts folder whose run's report is also given (`--keep-parts` keeps both) is left out.
 
 `--slim FILE.json` also writes the merged report without what only its figures need, numbers to 4
 significant digits (a SmolLM2 report with gradients is 5 MB; this is what benchmarks/results keeps): per
@@ -61,18 +63,22 @@ def from_parts(folder: str | Path, machine: dict | None = None) -> dict:
     for name, part in Parts(folder, "parity").saved().items():
         if m := re.fullmatch(r"(case|grad_case)-(\d+)", name):
             named.append((m.group(1), int(m.group(2)), name, part))
-    run = None
-    for kind, _, name, part in sorted(named):
-        this_run = part["key"].get("run") if isinstance(part["key"], dict) else None
-        if this_run is None:
+    for _, _, name, part in named:
+        if not isinstance(part["key"], dict) or part["key"].get("run") is None:
             raise InputError("not a parity case's part (its key names no run)", path=folder / f"{name}.json")
-        if run is not None and this_run != run:
-            raise InputError(f"another run's part (its key's run {this_run!r}, not {run!r})",
-                             path=folder / f"{name}.json")
-        run = this_run
-        found[kind].append(numbers(part["value"]))
-    if run is None:
+    if not named:
         raise InputError("no finished case in it (case-N.json)", path=folder)
+    # Parts carried from an earlier session (`anchor parity --keep-parts`, gpu_parity.sh `seed`) that the
+    # run has not computed again yet hold another run's key (other code, versions or device): the run is
+    # the newest part's, and the others are stale, counted and left out.
+    newest = max(named, key=lambda n: ((folder / f"{n[2]}.json").stat().st_mtime_ns, n[2]))
+    run = newest[3]["key"]["run"]
+    stale = 0
+    for kind, _, name, part in sorted(named):
+        if part["key"]["run"] != run:
+            stale += 1
+            continue
+        found[kind].append(numbers(part["value"]))
     models = {c["model"] for c in found["case"] + found["grad_case"]}
     if len(models) != 1:
         raise InputError(f"cases of several models ({', '.join(sorted(models))})", path=folder)
@@ -81,6 +87,8 @@ def from_parts(folder: str | Path, machine: dict | None = None) -> dict:
          "pass": all(c["pass"] for c in found["case"] + found["grad_case"]),
          "runtime_s": round(sum(c["runtime_s"] for c in found["case"] + found["grad_case"]), 2),
          "unfinished": str(folder)}
+    if stale:
+        r["stale_parts"] = stale
     if run.get("grads"):
         r["grad_cases"], r["optimizer"] = found["grad_case"], OPTIMIZER.to_dict()
     return r
@@ -183,8 +191,13 @@ def main(argv: list[str] | None = None) -> int:
                 machine = json.loads(Path(args.machine).read_text(encoding="utf-8"))["machine"]
             except (OSError, ValueError, KeyError) as e:
                 raise InputError(f"no machine in it ({e})", path=args.machine) from None
+        given = {Path(d).resolve() for d in args.parts}
         for d in args.parts:
             p = Path(d) / "parity.json"
+            run_dir = Path(d).resolve().parent / Path(d).resolve().name[1:].removesuffix(".parts")
+            if Path(d).name.startswith(".") and Path(d).name.endswith(".parts") and run_dir in given:
+                print(f"{d}: kept parts of {run_dir.name}, whose report is given: left out")
+                continue
             if not p.is_file() and any(Path(d).glob("case-*.json")):
                 reports.append((d, from_parts(d, machine)))
                 continue

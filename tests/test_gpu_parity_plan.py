@@ -24,8 +24,8 @@ def _plan(tmp_path: Path, finish: bool) -> tuple[list[str], str]:
     """(the stand-ins' calls, the plan's output) of one `plan` in R = tmp_path/res; `finish`: each parity run
     writes its report (else it stops unfinished)."""
     repo, bin_, calls = tmp_path / "repo", tmp_path / "bin", tmp_path / "calls.log"
-    if not repo.exists():
-        (repo / "benchmarks").mkdir(parents=True)
+    if not (repo / "benchmarks" / "gpu_parity.sh").exists():
+        (repo / "benchmarks").mkdir(parents=True, exist_ok=True)
         (repo / ".cache" / "models").mkdir(parents=True)
         shutil.copy(ROOT / "benchmarks" / "gpu_parity.sh", repo / "benchmarks")
         (repo / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"weights")
@@ -52,7 +52,8 @@ def test_a_first_call_runs_1025_on_the_cpu_oracle_beside_8192_on_cuda_then_the_n
     assert all("--oracle-device cpu" in c and "--grads" in c for c in fanout)
     long = [c for c in calls if "anchor parity" in c and "--seq-len 8192" in c]
     assert len(long) == 1 and "--oracle-device cuda" in long[0] and "--engines varlen,flex" in long[0]
-    assert any("attn_grad_diag.py run" in c for c in calls) and any("merge_parity.py" in c for c in calls)
+    assert not any("attn_grad_diag.py" in c for c in calls)  # its inputs are not carried
+    assert any("merge_parity.py" in c for c in calls)
     audits = [c for c in calls if "anchor audit" in c]  # 8192 finished in this call: the 4096 audits follow
     assert len(audits) == 2 and all("--seq-len 4096" in c and "--oracle-device cuda" in c for c in audits)
 
@@ -60,6 +61,39 @@ def test_a_first_call_runs_1025_on_the_cpu_oracle_beside_8192_on_cuda_then_the_n
     assert not [c for c in calls if "anchor parity" in c]
     assert "fanout 1025 anchor: done" in out and "parity 8192: done" in out
     assert len([c for c in calls if "anchor audit" in c]) == 2  # the stand-in wrote no audit: again
+
+
+def test_the_plan_first_unpacks_the_parts_an_earlier_session_on_this_gpu_kept(tmp_path):
+    """`seed`: benchmarks/results/parity_cuda/parts_<gpu>.tgz (made here by `gpu_kit.py keep`, the GPU's name as
+    nvidia-smi gives it) unpacked into R once a session, never over a part this session wrote; every parity run
+    keeps its parts (--keep-parts) for the next session."""
+    import io
+    import sys
+    import tarfile
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_kit import gpu_slug
+
+    archive = tmp_path / "repo" / "benchmarks" / "results" / "parity_cuda" / f"parts_{gpu_slug('NVIDIA stand-in')}.tgz"
+    archive.parent.mkdir(parents=True)
+    with tarfile.open(archive, "w:gz") as t:
+        for name, text in ((".fanout_1025_full.parts/.anchor-output.json", "{}"),
+                           (".fanout_1025_full.parts/case-0.json", "carried"),
+                           (".parity_8192.parts/grad_case-3.json", "carried")):
+            info = tarfile.TarInfo(name)
+            info.size = len(text)
+            t.addfile(info, io.BytesIO(text.encode()))
+    calls, out = _plan(tmp_path, finish=False)
+    res = tmp_path / "res"
+    assert "seed: 2 parts from benchmarks/results/parity_cuda/parts_nvidia-stand-in.tgz" in out
+    assert (res / ".parity_8192.parts" / "grad_case-3.json").read_text() == "carried"
+    assert all("--keep-parts" in c for c in calls if "anchor parity" in c)
+    (res / ".fanout_1025_full.parts" / "case-0.json").write_text("this session's")
+    (res / ".seeded").unlink()
+    _plan(tmp_path, finish=False)
+    assert (res / ".fanout_1025_full.parts" / "case-0.json").read_text() == "this session's"
+    _, out = _plan(tmp_path, finish=False)
+    assert "seed:" not in out  # once a session
 
 
 def test_an_unfinished_8192_leaves_the_audits_for_a_later_call(tmp_path):

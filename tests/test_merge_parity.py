@@ -131,11 +131,37 @@ def test_the_command_takes_parts_folders_and_a_machine(tmp_path, capsys, monkeyp
     assert "**Unfinished**: the run(s) kept in " + str(folders[0]) in md
 
 
-def test_parts_of_two_runs_or_none_are_refused(tmp_path):
-    folder = _parts(tmp_path / ".a.parts", "anchor", 1, 0)
-    _parts(folder, "anchor", 2, 0, run={"device": "cpu", "grads": True}, start=1)  # case-1: another run's
-    with pytest.raises(InputError, match="another run's part"):
-        mp.from_parts(folder)
+def test_of_parts_of_two_runs_the_newest_runs_are_taken_and_the_others_counted_stale(tmp_path):
+    """A folder seeded with an earlier session's parts (other code: another key) and then partly computed
+    again holds two runs' parts: the report is the newest part's run, whichever case it is."""
+    import os
+
+    folder = _parts(tmp_path / ".a.parts", "anchor", 2, 1)  # carried: forward cases 0, 1 and gradients 0
+    new_run = {"anchor": "0.1.0", "model_files": [["default"]], "device": "cuda", "oracle_device": "cpu (cpu)",
+               "grads": True, "code": "0123456789abcdef"}
+    _parts(folder, "anchor", 1, 0, run=new_run)  # ...case-0 computed again under this code
+    for f in folder.glob("[!.]*.json"):
+        os.utime(f, ns=(10**18, 10**18 + (10**9 if f.name == "case-0.json" else 0)))
+    r = mp.from_parts(folder)
+    assert len(r["cases"]) == 1 and "grad_cases" in r and r["grad_cases"] == [] and r["stale_parts"] == 2
+    os.utime(folder / "grad_case-0.json", ns=(10**18, 10**18 + 2 * 10**9))  # newest now: the old run's
+    r = mp.from_parts(folder)
+    assert (len(r["cases"]), len(r["grad_cases"]), r["stale_parts"]) == (1, 1, 1)
+
+
+def test_a_kept_parts_folder_beside_its_report_is_left_out(tmp_path, capsys, monkeypatch):
+    import parity_tests.report
+
+    monkeypatch.setattr(parity_tests.report, "write_report", lambda r, out: Path(out))
+    run = tmp_path / "fanout_anchor"
+    run.mkdir()
+    (run / "parity.json").write_text(json.dumps(report("anchor")))
+    kept = _parts(tmp_path / ".fanout_anchor.parts", "anchor", 2, 1)
+    assert mp.main([str(tmp_path / "merged"), str(run), str(kept)]) == 0
+    assert "kept parts of fanout_anchor, whose report is given: left out" in capsys.readouterr().out
+
+
+def test_parts_of_none_are_refused(tmp_path):
     (tmp_path / ".b.parts").mkdir()
     with pytest.raises(InputError, match="no finished case"):
         mp.from_parts(tmp_path / ".b.parts")
