@@ -50,7 +50,7 @@ _NOT_SOURCE_DIRS = {"__pycache__", "tests"}
 def sources_id(packages: Iterable[str]) -> str:
     """A hash of the code in `packages` (top-level package names, found without importing them): every file
     under each one's folder but tests (`tests/`, `test_*.py`, `conftest.py`) and caches, by relative path
-    and content. For a key whose results must not outlive a change of the code that computed them (parts
+    and code (`_code`: a Python file's comments and docstrings left out). For a key whose results must not outlive a change of the code that computed them (parts
     carried to another session or machine: `anchor parity --keep-parts`). A package not found adds its name."""
     import hashlib
     from importlib.util import find_spec
@@ -67,8 +67,29 @@ def sources_id(packages: Iterable[str]) -> str:
                            and f.suffix not in (".pyc", ".pyo"))
             for f in files:
                 h.update(f"\0{f.relative_to(root).as_posix()}\0".encode())
-                h.update(f.read_bytes())
+                h.update(_code(f))
     return h.hexdigest()[:16]
+
+
+def _code(path: Path) -> bytes:
+    """A source file's code: a Python file's syntax tree without its docstrings (so that comments and
+    docstrings, which compute nothing, leave the id as it was); any other file's bytes."""
+    import ast
+
+    data = path.read_bytes()
+    if path.suffix != ".py":
+        return data
+    try:
+        tree = ast.parse(data)
+    except (SyntaxError, ValueError):
+        return data
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree).encode()
 
 
 def plain(x: Any) -> Any:

@@ -75,7 +75,7 @@ def test_sources_id_follows_the_code_and_not_its_tests_or_caches(tmp_path, monke
     (pkg / "sub").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "sub" / "kernel.cc").write_text("int f() { return 1; }\n")
-    (pkg / "model.py").write_text("X = 1\n")
+    (pkg / "model.py").write_text("X = 1\n\n\ndef f(x):\n    return x\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     first = sources_id(["srcpkg_for_id"])
     assert len(first) == 16 and sources_id(["srcpkg_for_id"]) == first
@@ -84,7 +84,9 @@ def test_sources_id_follows_the_code_and_not_its_tests_or_caches(tmp_path, monke
         (pkg / name).parent.mkdir(parents=True, exist_ok=True)
         (pkg / name).write_text("anything")
     assert sources_id(["srcpkg_for_id"]) == first  # tests and caches are not the code
-    (pkg / "model.py").write_text("X = 2\n")
+    (pkg / "model.py").write_text('"""The model."""\n\n# a comment\nX = 1  # one\n\n\ndef f(x):\n    """x."""\n    return x\n')
+    assert sources_id(["srcpkg_for_id"]) == first  # comments and docstrings compute nothing
+    (pkg / "model.py").write_text('"""The model."""\nX = 1\n\n\ndef f(x):\n    return -x\n')
     second = sources_id(["srcpkg_for_id"])
     assert second != first
     (pkg / "sub" / "kernel.cc").write_text("int f() { return 2; }\n")  # not only Python: the native kernels too
