@@ -64,7 +64,10 @@
 # fp64, 42 s in fa2_bf16 (a variant's forward cases: fp64 and 4 summation orders, ~4 minutes; the 16 cores
 # there, well under one call for the four); one fp64 gradient did not finish in 15 minutes (memory-bound on
 # [heads, T, T] fp64 scores, and a gradient case takes 3 steps in each of 2 policies): gradients at 8192
-# need the oracle on CUDA.
+# need the oracle on CUDA. Its memory there (benchmarks/oracle_grad_memory.py: XLA's plan of the gradient program
+# compiled on this CPU, not run; benchmarks/results/oracle_grad_memory_cpu.json): at T=8192 15.7 GiB in fp64 and
+# 7.7 in fa2_bf16 or flex_bf16 (1025: 4.5 and 1.8), well inside an H100's 80 beside the torch model; each
+# such program took 20-26 s to compile here.
 # A parity step stopped at its limit keeps the cases it finished (OUT/.parity_$T.parts); the same step in the
 # next call computes only the rest.
 # The lent H200 (2026-11-26, 15 minutes): the weights in 2 parts of 48 MiB (the first with the wheels); fanout at
