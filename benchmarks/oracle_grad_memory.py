@@ -42,15 +42,16 @@ def plan(params, spec, seq_len: int, policy: str) -> dict:
         remat=True).compile()
     seconds = time.perf_counter() - t0
     m = compiled.memory_analysis()
-    gib = {k: round(getattr(m, f"{k}_size_in_bytes") / 2**30, 2) for k in ("temp", "argument", "output")}
-    return {"seq_len": seq_len, "policy": policy, **{f"{k}_gib": v for k, v in gib.items()},
-            "total_gib": round(sum(gib.values()), 2), "compile_s": round(seconds, 1)}
+    size = {k: int(getattr(m, f"{k}_size_in_bytes")) for k in ("temp", "argument", "output")}
+    return {"seq_len": seq_len, "policy": policy, **{f"{k}_gib": round(v / 2**30, 2) for k, v in size.items()},
+            "total_gib": round(sum(size.values()) / 2**30, 2), "bytes": size, "compile_s": round(seconds, 1)}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lengths", default="1025,8192")
     ap.add_argument("--policies", default="fp64,fa2_bf16,flex_bf16")
+    ap.add_argument("--model", default="default")
     ap.add_argument("--out", type=Path,
                     default=Path(__file__).resolve().parent / "results" / "oracle_grad_memory_cpu.json")
     args = ap.parse_args()
@@ -58,14 +59,15 @@ def main() -> int:
     from anchor.atomic import write_text_atomic
     from anchor.machine import machine
 
-    params, spec = jaxref.load_model("default")
+    params, spec = jaxref.load_model(args.model)
     rows = []
     for T in (int(x) for x in args.lengths.split(",")):
         for p in args.policies.split(","):
             rows.append(plan(params, spec, T, p))
             print(json.dumps(rows[-1]), flush=True)
     record = {"benchmark": "XLA's memory plan of the oracle's gradient program (jaxref.value_and_grad, remat), "
-                           "SmolLM2, one window, anchor variant; compiled on the CPU backend, not run",
+                           "one window, anchor variant; compiled on the CPU backend, not run",
+              "model": args.model,
               "note": "An estimate for the GPU: the CUDA backend plans its own buffers. Per gradient case, "
                       "parity runs the fp64 program and the emulation's, one at a time.",
               "rows": rows, "machine": machine(), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
