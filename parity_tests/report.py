@@ -231,8 +231,8 @@ def render_markdown(result: dict[str, Any]) -> str:
     if result.get("reused"):
         r = result["reused"]
         lines[-1] += (f" {r['cases']} case(s) and {r['grad_cases']} gradient case(s) were finished by an earlier "
-                      f"run (killed, or with --keep-parts) with the same settings, code, versions and device, and taken "
-                      f"from what it kept ({r['seconds']:.0f} s of its time).")
+                      f"run (killed, or with --keep-parts) with the same settings, code, versions and machine, "
+                      f"and taken from what it kept ({r['seconds']:.0f} s of its time).")
     return "\n".join(lines) + "\n"
 
 

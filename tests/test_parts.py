@@ -84,7 +84,8 @@ def test_sources_id_follows_the_code_and_not_its_tests_or_caches(tmp_path, monke
         (pkg / name).parent.mkdir(parents=True, exist_ok=True)
         (pkg / name).write_text("anything")
     assert sources_id(["srcpkg_for_id"]) == first  # tests and caches are not the code
-    (pkg / "model.py").write_text('"""The model."""\n\n# a comment\nX = 1  # one\n\n\ndef f(x):\n    """x."""\n    return x\n')
+    (pkg / "model.py").write_text('"""The model."""\n\n# a comment\nX = 1  # one\n\n\n'
+                                  'def f(x):\n    """x."""\n    return x\n')
     assert sources_id(["srcpkg_for_id"]) == first  # comments and docstrings compute nothing
     (pkg / "model.py").write_text('"""The model."""\nX = 1\n\n\ndef f(x):\n    return -x\n')
     second = sources_id(["srcpkg_for_id"])

@@ -72,8 +72,8 @@ def parity(
     keep_parts: Annotated[bool, typer.Option(
         "--keep-parts", help="Keep each case's part (.<name>.parts beside --out) after the report is written, so "
                              "that a later run takes every case whose settings, code, library versions and "
-                             "device are the same (a CI cache, or cases carried from one GPU session to the "
-                             "next). --stack torch only.")] = False,
+                             "machine (GPU, CPU) are the same (a CI cache, or cases carried from one GPU "
+                             "session to the next). --stack torch only.")] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
 ) -> int:
     """Compare embeddings, q/k after RoPE, attention logits and probabilities of sampled rows, attention and
@@ -166,19 +166,20 @@ CODE_PACKAGES = ("anchor", "jaxref", "torchtrain", "parity_tests")  # what a par
 
 def parts_context(device: str) -> dict:
     """What a kept case also depends on beyond its settings: the code (`anchor.parts.sources_id` of
-    CODE_PACKAGES), the numerical libraries' versions, and the device that ran the trainer's side (the GPU's
-    name, or the CPU's model and the capability torch's kernels dispatch to). In every part's key, so a part
-    carried to another session or machine is taken only where these are the same."""
+    CODE_PACKAGES), the numerical libraries' versions, the GPU that ran the trainer's side (with `device`
+    cuda), and the CPU (its model and the capability torch's kernels dispatch to: the trainer's side on the
+    CPU, and the oracle's kernels, built for the CPU they run on, on either device). In every part's key, so
+    a part carried to another session or machine is taken only where these are the same."""
     from anchor.machine import cpu_capability, cpu_model, machine
     from anchor.parts import sources_id
 
+    gpu = None
     if device == "cuda":
         import torch
 
-        where = f"{torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}"
-    else:
-        where = f"{cpu_model()} ({cpu_capability()})"
-    return {"code": sources_id(CODE_PACKAGES), "versions": machine()["versions"], "device_name": where}
+        gpu = f"{torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}"
+    return {"code": sources_id(CODE_PACKAGES), "versions": machine()["versions"], "gpu": gpu,
+            "cpu": f"{cpu_model()} ({cpu_capability()})"}
 
 
 def _refuse(options: dict, why: str) -> None:
