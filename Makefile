@@ -68,9 +68,9 @@ paper-gpu:
 	$(GPU_PY) -m anchor demo --profile paper-gpu --out $(PG_OUT) $(if $(HELDOUT),--heldout $(HELDOUT)) $(if $(RUNS),--runs $(RUNS))
 	$(if $(RUNS),,$(PAPER_GPU_RESULTS))
 
-# What a lent GPU session carries (.whl, .devkit: the wheels the GPU image lacks, the GGUF in parts, held-out
-# documents, attention inputs), made here before the first device call; each call of the plan in
-# benchmarks/gpu_parity.sh checked to fit one transfer (benchmarks/gpu_kit.py kit).
+# What a lent GPU session carries (.whl, .devkit: the wheels the GPU image lacks, the GGUF in two parts, held-out
+# documents), made here before the first device call; each call of the plan in benchmarks/gpu_parity.sh checked
+# to fit one transfer (benchmarks/gpu_kit.py kit; --attention-inputs also captures attn_grad_diag.py's inputs).
 gpu-kit: install
 	$(PY) benchmarks/gpu_kit.py kit
 
