@@ -15,6 +15,7 @@ files anchor did not write is refused, never written into. Used by `anchor eval`
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -75,11 +76,16 @@ def sources_id(packages: Iterable[str]) -> str:
 def _code(path: Path) -> bytes:
     """A source file's code: a Python file's syntax tree without its docstrings (so that comments and
     docstrings, which compute nothing, leave the id as it was); any other file's bytes."""
+    data = path.read_bytes()
+    return _python_code(data) if path.suffix == ".py" else data
+
+
+@functools.lru_cache(maxsize=1024)
+def _python_code(data: bytes) -> bytes:
+    """`_code` of a Python file's bytes, parsed once per content in a process (a parse of the four packages
+    takes about a second; a process that runs several parity commands, the test suite, asks again)."""
     import ast
 
-    data = path.read_bytes()
-    if path.suffix != ".py":
-        return data
     try:
         tree = ast.parse(data)
     except (SyntaxError, ValueError):
