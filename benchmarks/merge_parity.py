@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -191,12 +192,13 @@ def main(argv: list[str] | None = None) -> int:
                 machine = json.loads(Path(args.machine).read_text(encoding="utf-8"))["machine"]
             except (OSError, ValueError, KeyError) as e:
                 raise InputError(f"no machine in it ({e})", path=args.machine) from None
-        given = {Path(d).resolve() for d in args.parts}
+        from anchor.parts import parts_dir
+
+        kept_beside = {parts_dir(d): d for d in args.parts}  # each given folder's own `.<name>.parts`
         for d in args.parts:
             p = Path(d) / "parity.json"
-            run_dir = Path(d).resolve().parent / Path(d).resolve().name[1:].removesuffix(".parts")
-            if Path(d).name.startswith(".") and Path(d).name.endswith(".parts") and run_dir in given:
-                print(f"{d}: kept parts of {run_dir.name}, whose report is given: left out")
+            if (run := kept_beside.get(Path(os.path.abspath(d)))) is not None:
+                print(f"{d}: kept parts of {Path(run).name}, whose report is given: left out")
                 continue
             if not p.is_file() and any(Path(d).glob("case-*.json")):
                 reports.append((d, from_parts(d, machine)))
