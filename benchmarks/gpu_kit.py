@@ -250,6 +250,12 @@ def _bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
 
 
+def carried(item: str, fill: dict[str, str] | None = None) -> Path:
+    """A CALLS item's path relative to the root: `.whl` as it is, the others under DEVKIT (`fill` names the
+    weights' parts for `{part0}` and `{part1}`)."""
+    return Path(item) if item.startswith(".whl") else DEVKIT / item.format(**(fill or {}))
+
+
 def carry_plan(root: Path, parts: list[str]) -> dict:
     """Each planned call's carry (paths relative to root) and its MiB with the working tree; raises
     InputError naming a call over TRANSFER_MIB."""
@@ -257,7 +263,7 @@ def carry_plan(root: Path, parts: list[str]) -> dict:
     fill = {"part0": parts[0], "part1": parts[1] if len(parts) > 1 else parts[0]}
     calls = {}
     for call, items in CALLS.items():
-        paths = [str((DEVKIT / i.format(**fill)) if not i.startswith(".whl") else Path(i)) for i in items]
+        paths = [str(carried(i, fill)) for i in items]
         mib = (tree + sum(_bytes(root / p) for p in paths)) / 2**20
         calls[call] = {"carry": paths, "mib_with_tree": round(mib, 1)}
         if mib > TRANSFER_MIB:
@@ -285,8 +291,7 @@ def kit(root: Path, part_mib: float | None = None, capture_attention: bool = Fal
     first = None
     if part_mib is None:
         def extra(items: list[str]) -> float:  # MiB a call carries besides the weights' parts
-            return sum(_bytes(root / (i if i.startswith(".whl") else DEVKIT / i)) for i in items
-                       if not i.startswith("parts/")) / 2**20
+            return sum(_bytes(root / carried(i)) for i in items if not i.startswith("parts/")) / 2**20
 
         with_part = {k: [extra(v) for v in CALLS.values() if f"parts/{{{k}}}" in v] for k in ("part0", "part1")}
         gguf_mib = gguf.stat().st_size / 2**20
