@@ -1,16 +1,16 @@
-"""Wall time of the default `anchor audit` on SmolLM2, and its audit.json against the pre-change one.
+"""Wall time of the default `anchor audit` on SmolLM2, and its audit.json against a reference one.
 
-    .venv/bin/python benchmarks/bench_audit_speed.py [--reference benchmarks/results/audit_speed_reference.json]
+    .venv/bin/python benchmarks/bench_audit_speed.py [--reference results/audit_smollm2_cpu.json]
         [--out benchmarks/results/audit_speed_cpu.json] [--audit-out DIR] [--warm 1] [--baseline-jaxref DIR]
     .venv/bin/python benchmarks/bench_audit_speed.py --quick      # `anchor audit --quick`, the CI audit
         (-> benchmarks/results/audit_quick_speed_cpu.json; no reference: its numbers are only recorded)
 
-    git archive d03cd90 jaxref | tar -x -C /tmp/base      # the pre-change oracle, for --baseline-jaxref /tmp/base
+    git archive COMMIT jaxref | tar -x -C /tmp/base       # an older oracle, for --baseline-jaxref /tmp/base
 
 Runs the console script exactly as a user would (`anchor audit --out DIR`, every option at its default,
 in its own process: imports, weight loading, compiling and writing included), first with an empty JAX
 compilation cache (a fresh checkout), then `--warm` more times with the cache the first run filled
-(a second audit on the same machine); with --baseline-jaxref, the pre-change oracle first, in the same
+(a second audit on the same machine); with --baseline-jaxref, that oracle first, in the same
 session (the cores are shared: compare runs of one session). Records for each run:
   wall_s, cpu_s        the command's wall time and CPU seconds (user + system of the child process)
   phases               the wall time of each phase, from the arrival of the progress lines the audit
@@ -20,16 +20,15 @@ session (the cores are shared: compare runs of one session). Records for each ru
                        absolute and relative difference against the reference audit.json, per top-level
                        key, how many numbers differ at all, and whether all are bitwise equal
   vs_baseline          with --baseline-jaxref: the same comparison against the baseline run's audit.json
-                       (the pre-change code's numbers, from this session)
+                       (the baseline code's numbers, from this session)
 and for the whole: machine (anchor.machine, with `matmul_gflops` before and after: an fp32 matmul of
 SmolLM2's MLP shape, a measure of what the shared cores gave), and vs_committed: the same comparison
-against benchmarks/results/audit_smollm2/audit.json (an earlier oracle, with --random-init).
-The reference is the default audit's audit.json written by the code before the speed-up (commit
-d03cd90, kept as benchmarks/results/audit_speed_reference.json). The limit is 120 s (issue 14).
+against results/audit_smollm2_random_init_cpu/audit.json (an older oracle, with --random-init).
+The reference is the default audit's audit.json as an older oracle wrote it (results/audit_smollm2_cpu.json):
+a faster audit must give the same numbers. The limit is LIMIT_S.
 `ratios`: each run's wall time over the matmul floor measured in the same session (`matmul_floor`, at the
-best rates measured: issue 31 asks <= 1.25), over the floor at XLA's own matmul rates (kept to compare
-with the records from before the oracle's projections moved to numpy's BLAS on the CPU,
-`jaxref.kernels.matmul`), over the run's own floor at the rates measured just before and after it
+best rates measured; the target is 1.25x), over the floor at XLA's own matmul rates (what the oracle's
+projections would reach without numpy's BLAS on the CPU, `jaxref.kernels.matmul`), over the run's own floor at the rates measured just before and after it
 (`floor_around_s`; the rates, `matmul_rates`, are measured before the first run and after each), and
 over the products alone at the audit's own shapes (`products_at_shapes`: each projection timed alone
 through the oracle's BLAS kernel at the batch the audit runs it, measured before the first run and
@@ -348,10 +347,11 @@ def run_audit_cli(audit_out: Path, cache: Path, cwd: str, *, jaxref_dir: str | N
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reference", default=None,
-                    help="audit.json to compare with (default: benchmarks/results/audit_speed_reference.json; "
+                    help="audit.json to compare with (default: results/audit_smollm2_cpu.json; "
                          "none with --quick)")
     ap.add_argument("--committed", default=None,
-                    help="(default: benchmarks/results/audit_smollm2/audit.json; none with --quick)")
+                    help="an older audit.json of the random-init audit, compared key by key (default: "
+                         "results/audit_smollm2_random_init_cpu/audit.json; none with --quick)")
     ap.add_argument("--out", default=None, help="(default: benchmarks/results/audit_speed_cpu.json, "
                                                 "audit_quick_speed_cpu.json with --quick)")
     ap.add_argument("--quick", action="store_true", help="time `anchor audit --quick` (the audit for CI)")
@@ -359,13 +359,13 @@ def main() -> None:
     ap.add_argument("--audit-out", default=None, help="keep the last audit's output here (default: a temporary folder)")
     ap.add_argument("--warm", type=int, default=1, help="runs after the first, with the compilation cache it filled")
     ap.add_argument("--baseline-jaxref", default=None,
-                    help="a folder holding the pre-change jaxref package (`git archive d03cd90 jaxref | tar -x -C DIR`): "
+                    help="a folder holding another version's jaxref package (`git archive COMMIT jaxref | tar -x -C DIR`): "
                          "run it first, in the same conditions, for a ratio measured in one session")
     args = ap.parse_args()
     results = ROOT / "benchmarks/results"
     if not args.quick:
-        args.reference = args.reference or str(results / "audit_speed_reference.json")
-        args.committed = args.committed or str(results / "audit_smollm2/audit.json")
+        args.reference = args.reference or str(ROOT / "results/audit_smollm2_cpu.json")
+        args.committed = args.committed or str(ROOT / "results/audit_smollm2_random_init_cpu/audit.json")
     args.out = args.out or str(results / ("audit_quick_speed_cpu.json" if args.quick else "audit_speed_cpu.json"))
     options = (("--quick",) if args.quick else ()) + (("--model", args.model) if args.model else ())
     command = " ".join(["anchor audit --out DIR", *options])
@@ -403,7 +403,7 @@ def main() -> None:
                           options=options)
         audit = baseline_audit = r.pop("audit")
         around(r, audit)
-        runs.append({"label": f"baseline: the pre-change jaxref from {args.baseline_jaxref} (no compilation cache)",
+        runs.append({"label": f"baseline: the jaxref from {args.baseline_jaxref} (no compilation cache)",
                      **r, "comparison": comparison_of(audit)})
         print(json.dumps({k: runs[-1][k] for k in ("label", "wall_s", "cpu_s", "phases")}, indent=2), flush=True)
     for i in range(1 + args.warm):
@@ -415,7 +415,7 @@ def main() -> None:
         r = {"label": "cold: empty compilation cache" if i == 0 else "warm: the programs from the cache the first "
                                                                      "run filled",
              **r, "runtime_s_reported_by_audit": round(audit["runtime_s"], 1), "comparison": comparison_of(audit)}
-        if baseline_audit is not None:  # the same audit by the pre-change code, in this session
+        if baseline_audit is not None:  # the same audit by the baseline code, in this session
             r["vs_baseline"] = compare(audit, baseline_audit)
         runs.append(r)
         print(json.dumps({k: r[k] for k in ("label", "wall_s", "cpu_s", "within_limit", "phases")}, indent=2))
@@ -444,9 +444,9 @@ def main() -> None:
     record["products_at_shapes"] = {**shaped, "measurements_s": [a["seconds"] for a in at_shapes]}
     timed = [("cold", new[0])] + ([("warm", new[-1])] if len(new) > 1 else [])
     record["ratios"] = {
-        "note": "wall time over the matmul floor (floor_s: at the best rates measured in the session; issue 31: "
+        "note": "wall time over the matmul floor (floor_s: at the best rates measured in the session; the target: "
                 "<= 1.25); over the floor at XLA's own matmul rates (floor_s_at_xla_rates: what the oracle's matmuls "
-                "reached before its projections ran in numpy's BLAS, jaxref.kernels.matmul); over the run's "
+                "reach without its projections in numpy's BLAS, jaxref.kernels.matmul); over the run's "
                 "floor at the mean of the rates measured just before and just after it (floor_around_s: the host's "
                 "rate moves by 15-25% between minutes, so the best rate of the session may not be what the run had); "
                 "and over the products alone at the audit's own shapes (products_at_shapes: what no cut of the other "
@@ -461,7 +461,7 @@ def main() -> None:
         committed = json.loads(Path(args.committed).read_text())
         record["vs_committed"] = {
             "file": rel(args.committed),
-            "note": "recorded by an earlier version of the oracle and with --random-init: only the keys both "
+            "note": "recorded by another version of the oracle and with --random-init: only the keys both "
                     "hold are compared, and differences are expected (it is not the same code)",
             "per_key": compare(audit, committed)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,8 @@
-"""`anchor train` against the plain transformers loop a user would write instead, on one GPU (issue 28, item 5).
+"""`anchor train` against the plain transformers loop a user would write instead, on one GPU.
 
     python benchmarks/bench_train_gpu.py [--model default] [--seq-len 16384,32768] [--steps 8] [--warmup 2]
         [--rounds 1] [--plain sdpa,flex_attention] [--runs full/varlen,intra_doc/varlen,anchor/varlen,intra_doc/flex,anchor/flex]
-        [--phases] [--out benchmarks/results/train_gpu.json]
+        [--phases] [--out benchmarks/results/train_gpu_<gpu>.json]
 
 The same model (its real weights), the same packed windows in the same order, bf16, one window a step:
 
@@ -16,8 +16,8 @@ The same model (its real weights), the same packed windows in the same order, bf
     `--runs`, its step times read from the run's metrics.jsonl (the step alone, checkpoints excluded).
 
 Per configuration, over `--rounds` rounds (each configuration in turn, then again): the median and the mean
-step time after each run's `--warmup` steps (flex compiles on its first; on the H100 each anchor train run's
-last step took 3-6x its median, not explained, so the two can differ), the last step over the median, window slots
+step time after each run's `--warmup` steps (flex compiles on its first; a run's last step can take several
+times its median, so the two can differ), the last step over the median, window slots
 per second, the CUDA peak memory, and the MFU: the useful FLOPs of the mask it computes
 (anchor_app/bench/flops.py: 6 P per token for the matmuls, attention over the mask's pairs, forward and
 backward) over the step time and the GPU's dense bf16 peak. Ratios against the plain loop are taken
@@ -75,12 +75,21 @@ def peak_flops() -> tuple[float | None, str]:
     return None, f"{name}: no known bf16 peak"
 
 
+def default_out(gpu: str | None) -> Path:
+    """results/train_gpu_<where>.json beside this script: the word of PEAK_BF16 in the GPU's name
+    ("NVIDIA H100 80GB HBM3" -> h100), else the name as a file-name word; "cpu" without one."""
+    import re
+
+    word = "cpu" if gpu is None else next((w.lower() for w in PEAK_BF16 if w in gpu),
+                                          re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-"))
+    return Path(__file__).resolve().parent / "results" / f"train_gpu_{word}.json"
+
+
 def documents(tokens, doc_ids) -> list[dict[str, list[int]]]:
     """One window as DataCollatorWithFlattening's features: its documents (runs of equal non-negative
     doc_ids), then its padding slots as one more sequence whose labels are all -100. The collated batch
-    keeps the window's T slots, so FlexAttention compiles for one shape (fed without its padding, a new
-    length each step: the likely reason the plain flex loop did not finish 6 steps at 16K on the H100 in
-    4.5 minutes)."""
+    keeps the window's T slots, so FlexAttention compiles for one shape (fed without its padding, each step
+    would bring a new length and a new compile)."""
     import numpy as np
 
     keep = doc_ids >= 0
@@ -298,7 +307,8 @@ def main() -> None:
     ap.add_argument("--rope-theta", type=float, default=5e5)
     ap.add_argument("--config", default="configs/train/smollm2_2k.yaml", help="the base of the train config")
     ap.add_argument("--phases", action="store_true", help="time each anchor train step's parts, synchronized (slower)")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "train_gpu.json"))
+    ap.add_argument("--out", default=None, help="(default: results/train_gpu_<gpu>.json beside this script, the "
+                                                "GPU's word in PEAK_BF16 or its name; train_gpu_cpu.json on a CPU)")
     args = ap.parse_args()
 
     import torch
@@ -317,7 +327,7 @@ def main() -> None:
     plain_list = [p for p in args.plain.split(",") if p]
     run_list = [tuple(r.split("/")) for r in args.runs.split(",") if r]
     _, state = load_weights(args.model)
-    out = Path(args.out)
+    out = Path(args.out or default_out(torch.cuda.get_device_name() if cuda else None))
     result: dict[str, Any] = {
         "benchmark": "anchor train vs a plain transformers loop (DataCollatorWithFlattening, torch AdamW), bf16, one GPU",
         "model": args.model, "rope_theta": args.rope_theta, "steps": args.steps, "warmup": args.warmup,

@@ -1,4 +1,4 @@
-"""benchmarks/bench_train_gpu.py (issue 28 item 5) dry-run on the CPU: the plain loop's batches are
+"""benchmarks/bench_train_gpu.py dry-run on the CPU: the plain loop's batches are
 DataCollatorWithFlattening's over each window's documents at the window's shape, and a tiny run writes
 the rows, the ratios within the run and the reasons for what a CPU leaves out."""
 

@@ -1,4 +1,4 @@
-"""The real weights' way to the GPU machine (issue 28 item 1), dry-run here: the GGUF split into parts, the
+"""tools/gpu_kit.py, the real weights' way to the GPU machine, dry-run here: the GGUF split into parts, the
 parts arriving one device call at a time, joined only when whole and equal by sha256; a damaged part or a
 wrong join is refused and leaves no file under the target's name."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-KIT = ROOT / "benchmarks" / "gpu_kit.py"
+KIT = ROOT / "tools" / "gpu_kit.py"
 
 
 def kit(*args) -> subprocess.CompletedProcess:
@@ -59,7 +59,7 @@ def test_a_damaged_part_is_refused(tmp_path):
 
 
 def _kit_module():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "tools"))
     import gpu_kit
 
     return gpu_kit
@@ -93,17 +93,17 @@ def test_the_kits_calls_are_measured_with_the_tree_and_one_over_a_transfer_is_na
     assert abs(gk.travelling_tree_bytes(root) / 2**20 - 3) < 0.01  # .whl, .devkit ignored: they go as carry
     plan = gk.carry_plan(root, ["w.part-000", "w.part-001"])
     mib = {call.split(":")[0]: c["mib_with_tree"] for call, c in plan["calls"].items()}
-    assert mib == {"1 (issues 28 and 29)": 60.5, "2 (issue 28)": 43.0, "2 (issue 29)": 49.0}
+    assert mib == {"1": 60.5, "2 (parity)": 43.0, "2 (paper-gpu)": 49.0}
     for c in plan["calls"].values():  # every carried path exists (the device tool drops a missing one)
         assert all((root / p).exists() for p in c["carry"]) and len(c["carry"]) <= 8
     _sized(root / ".whl" / "b-1-py3-none-any.whl", 4)  # 64.5 MiB: over the transfer
-    with pytest.raises(InputError, match=r"call 1 \(issues 28 and 29\).* 64.5 MiB .*--part-mib"):
+    with pytest.raises(InputError, match=r"call 1: .* 64.5 MiB .*--part-mib"):
         gk.carry_plan(root, ["w.part-000", "w.part-001"])
 
 
 def test_the_kits_calls_are_those_gpu_parity_sh_plans():
     gk = _kit_module()
-    plan = (ROOT / "benchmarks" / "gpu_parity.sh").read_text()
+    plan = (ROOT / "tools" / "gpu_parity.sh").read_text()
     for call, items in gk.CALLS.items():  # the header's calls carry the same files
         for item in items:
             name = Path(item).name.replace("{part0}", "part-000").replace("{part1}", "part-001")

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_parity.sh's `plan` (issue 28's GPU session), dry-run here with stand-ins for python3, taskset
+"""tools/gpu_parity.sh's `plan` (a GPU session's calls 2 and 3), dry-run here with stand-ins for python3, taskset
 and nvidia-smi that log their arguments: what it starts in a first call, and that the same plan in the next
 call skips each step whose report is written and goes on to the audits."""
 
@@ -24,10 +24,10 @@ def _plan(tmp_path: Path, finish: bool) -> tuple[list[str], str]:
     """(the stand-ins' calls, the plan's output) of one `plan` in R = tmp_path/res; `finish`: each parity run
     writes its report (else it stops unfinished)."""
     repo, bin_, calls = tmp_path / "repo", tmp_path / "bin", tmp_path / "calls.log"
-    if not (repo / "benchmarks" / "gpu_parity.sh").exists():
-        (repo / "benchmarks").mkdir(parents=True, exist_ok=True)
+    if not (repo / "tools" / "gpu_parity.sh").exists():
+        (repo / "tools").mkdir(parents=True, exist_ok=True)
         (repo / ".cache" / "models").mkdir(parents=True)
-        shutil.copy(ROOT / "benchmarks" / "gpu_parity.sh", repo / "benchmarks")
+        shutil.copy(ROOT / "tools" / "gpu_parity.sh", repo / "tools")
         (repo / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"weights")
         bin_.mkdir()
         for name, body in (("python3", PYTHON3), ("taskset", '#!/bin/bash\nshift 2; exec "$@"\n'),
@@ -37,7 +37,7 @@ def _plan(tmp_path: Path, finish: bool) -> tuple[list[str], str]:
     calls.unlink(missing_ok=True)
     env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "CALLS": str(calls), "BUDGET": "300",
            "FINISH": "1" if finish else ""}
-    p = subprocess.run(["bash", "benchmarks/gpu_parity.sh", str(tmp_path / "res"), "plan"], cwd=repo, env=env,
+    p = subprocess.run(["bash", "tools/gpu_parity.sh", str(tmp_path / "res"), "plan"], cwd=repo, env=env,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     time.sleep(0.5)  # the background steps' stand-ins (diag) log as they start
@@ -64,17 +64,17 @@ def test_a_first_call_runs_1025_on_the_cpu_oracle_beside_8192_on_cuda_then_the_n
 
 
 def test_the_plan_first_unpacks_the_parts_an_earlier_session_on_this_gpu_kept(tmp_path):
-    """`seed`: benchmarks/results/parity_cuda/parts_<gpu>.tgz (made here by `gpu_kit.py keep`, the GPU's name as
+    """`seed`: results/gpu/parity/parts_<gpu>.tgz (made here by `gpu_kit.py keep`, the GPU's name as
     nvidia-smi gives it) unpacked into R once a session, never over a part this session wrote; every parity run
     keeps its parts (--keep-parts) for the next session."""
     import io
     import sys
     import tarfile
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from gpu_kit import gpu_slug
+    sys.path.insert(0, str(ROOT / "tools"))
+    from gpu_kit import PARTS_ARCHIVES, gpu_slug
 
-    archive = tmp_path / "repo" / "benchmarks" / "results" / "parity_cuda" / f"parts_{gpu_slug('NVIDIA stand-in')}.tgz"
+    archive = tmp_path / "repo" / PARTS_ARCHIVES / f"parts_{gpu_slug('NVIDIA stand-in')}.tgz"
     archive.parent.mkdir(parents=True)
     with tarfile.open(archive, "w:gz") as t:
         for name, text in ((".fanout_1025_full.parts/.anchor-output.json", "{}"),
@@ -85,7 +85,7 @@ def test_the_plan_first_unpacks_the_parts_an_earlier_session_on_this_gpu_kept(tm
             t.addfile(info, io.BytesIO(text.encode()))
     calls, out = _plan(tmp_path, finish=False)
     res = tmp_path / "res"
-    assert "seed: 2 parts from benchmarks/results/parity_cuda/parts_nvidia-stand-in.tgz" in out
+    assert f"seed: 2 parts from {PARTS_ARCHIVES}/parts_nvidia-stand-in.tgz" in out
     assert (res / ".parity_8192.parts" / "grad_case-3.json").read_text() == "carried"
     assert all("--keep-parts" in c for c in calls if "anchor parity" in c)
     (res / ".fanout_1025_full.parts" / "case-0.json").write_text("this session's")

@@ -1,8 +1,12 @@
 """The floors hold (tests/imports.py, docs/DESIGN.md §Architecture): no import from a lower floor to a
-higher one, none between the oracle and the trainer, and no circle of imports."""
+higher one, none between the oracle and the trainer, and no circle of imports. And the folders beside them
+keep their roles: benchmarks/ holds benchmarks only (each measures speed or memory and writes JSON with its
+machine), and nothing of the library or the tests reads experiments/ (one-off investigations)."""
 
 from __future__ import annotations
 
+import ast
+import re
 from pathlib import Path
 
 from tests import imports
@@ -72,3 +76,158 @@ def test_a_planted_breach_and_circle_are_found(tmp_path):
     assert imports.upward(edges) == [("anchor.spec", "anchor_app.cli"), ("torchtrain.model", "jaxref.model")]
     assert imports.cycles(edges) == [["parity_tests.a", "parity_tests.b"]]
     assert "parity_tests.test_a" not in edges and "anchor_app.__main__" not in edges
+
+
+# benchmarks/ holds benchmarks only; experiments/ is read by neither the library nor the tests.
+
+ROOT = Path(__file__).resolve().parent.parent
+LIBRARY = ("anchor", "anchor_app", "jaxref", "torchtrain", "parity_tests", "tests")
+# calls that load a file or a module by name, and sys.path's methods that put a folder on the import path
+LOADERS = {"addsitedir", "spec_from_file_location", "run_path", "import_module", "SourceFileLoader", "__import__"}
+PATH_METHODS = {"insert", "append", "extend"}
+
+
+def _calls(tree: ast.AST, names: set[str]) -> list[ast.Call]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+            and (n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", None)) in names]
+
+
+def not_benchmarks(root: Path = ROOT) -> list[str]:
+    """Each *.py or *.sh directly under benchmarks/ that is not a benchmark: a benchmark is bench_*.py and
+    writes JSON (json.dump/json.dumps) with its machine (a call of anchor.machine.machine, imported by name)."""
+    found = []
+    for path in sorted((root / "benchmarks").glob("*")):
+        if path.suffix not in (".py", ".sh") or not path.is_file():
+            continue
+        name = path.relative_to(root)
+        if path.suffix != ".py" or not path.name.startswith("bench_"):
+            found.append(f"{name}: not bench_*.py (an experiment goes to experiments/, a tool to tools/)")
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        imported = any(isinstance(n, ast.ImportFrom) and n.module == "anchor.machine"
+                       and any(a.name == "machine" and a.asname in (None, "machine") for a in n.names)
+                       for n in ast.walk(tree))
+        if not (imported and _calls(tree, {"machine"})):
+            found.append(f"{name}: records no machine (from anchor.machine import machine; machine(...))")
+        if not any(isinstance(c.func, ast.Attribute) and getattr(c.func.value, "id", None) == "json"
+                   for c in _calls(tree, {"dump", "dumps"})):
+            found.append(f"{name}: writes no JSON (json.dump or json.dumps)")
+    return found
+
+
+def _is_sys_path(node: ast.AST) -> bool:
+    """`sys.path`, or `path` imported from sys."""
+    return (isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", None) == "sys"
+            or isinstance(node, ast.Name) and node.id == "path")
+
+
+def _assigned(tree: ast.AST, source: str) -> dict[str, list[str]]:
+    """Each name's assigned values in a module, as source text (any scope)."""
+    values: dict[str, list[str]] = {}
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None:
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            for t in targets:
+                for leaf in ast.walk(t):
+                    if isinstance(leaf, ast.Name):
+                        values.setdefault(leaf.id, []).append(ast.get_source_segment(source, n.value) or "")
+    return values
+
+
+def _mentions_experiments(text: str, values: dict[str, list[str]], depth: int = 3) -> bool:
+    """Whether code `text`, or what the names in it were assigned (a few levels down), names experiments/."""
+    if "experiments" in text:
+        return True
+    if depth == 0:
+        return False
+    names = {m for m in re.findall(r"[A-Za-z_][A-Za-z_0-9]*", text) if m in values}
+    return any(_mentions_experiments(v, values, depth - 1) for m in names for v in values[m])
+
+
+def experiment_imports(root: Path = ROOT) -> list[str]:
+    """Each place in the library's packages, tests/ and parity_tests/ (and the root conftest.py) that imports
+    from experiments/ or puts it on the import path (sys.path, spec_from_file_location, run_path, ...)."""
+    files = [p for d in LIBRARY for p in sorted((root / d).rglob("*.py")) if "__pycache__" not in p.parts]
+    files += [root / "conftest.py"] if (root / "conftest.py").is_file() else []
+    found = []
+    for path in files:
+        source = path.read_text()
+        if "experiments" not in source:  # every import or path that reaches it names it
+            continue
+        tree = ast.parse(source, filename=str(path))
+        name = path.relative_to(root)
+        for n in ast.walk(tree):
+            modules = ([a.name for a in n.names] if isinstance(n, ast.Import)
+                       else [n.module or ""] if isinstance(n, ast.ImportFrom) and n.level == 0 else [])
+            for m in modules:
+                if m.split(".")[0] == "experiments":
+                    found.append(f"{name}:{n.lineno}: imports {m}")
+        values = _assigned(tree, source)
+        for call in _calls(tree, LOADERS) + [c for c in _calls(tree, PATH_METHODS)
+                                           if isinstance(c.func, ast.Attribute) and _is_sys_path(c.func.value)]:
+            if _mentions_experiments(ast.get_source_segment(source, call) or "", values):
+                found.append(f"{name}:{call.lineno}: loads from experiments/ "
+                             f"({ast.get_source_segment(source, call.func)})")
+    return found
+
+
+def test_benchmarks_holds_only_benchmarks():
+    found = not_benchmarks()
+    assert not found, "\n".join(found)
+    assert len(list((ROOT / "benchmarks").glob("bench_*.py"))) > 5  # the scan reads the real folder
+
+
+def test_neither_the_library_nor_the_tests_read_experiments():
+    found = experiment_imports()
+    assert not found, "\n".join(found)
+
+
+def test_a_planted_non_benchmark_is_found(tmp_path):
+    """The check can fail: a script that is not bench_*.py, a shell script, a bench_*.py without the
+    machine, and one whose machine() is some other function are each reported; a real benchmark is not."""
+    bench = ("import json\nfrom anchor.machine import machine\n\n"
+             "def main(out):\n    out.write_text(json.dumps({'machine': machine(), 'seconds': 1.0}))\n")
+    _tree(tmp_path, {
+        "benchmarks/bench_ok.py": bench,
+        "benchmarks/bench_late_import.py": bench.replace("from anchor.machine import machine\n", "").replace(
+            "def main(out):\n", "def main(out):\n    from anchor.machine import machine\n\n"),
+        "benchmarks/probe.py": bench,
+        "benchmarks/run_on_gpu.sh": "#!/bin/sh\n",
+        "benchmarks/bench_no_machine.py": "import json\nprint(json.dumps({'seconds': 1.0}))\n",
+        "benchmarks/bench_other_machine.py": bench.replace("from anchor.machine import machine", "from os import uname as machine"),
+        "benchmarks/bench_no_json.py": bench.replace("json.dumps(", "str("),
+        "benchmarks/results/notes.py": "x = 1\n",  # not directly under benchmarks/
+    })
+    assert not_benchmarks(tmp_path) == [
+        "benchmarks/bench_no_json.py: writes no JSON (json.dump or json.dumps)",
+        "benchmarks/bench_no_machine.py: records no machine (from anchor.machine import machine; machine(...))",
+        "benchmarks/bench_other_machine.py: records no machine (from anchor.machine import machine; machine(...))",
+        "benchmarks/probe.py: not bench_*.py (an experiment goes to experiments/, a tool to tools/)",
+        "benchmarks/run_on_gpu.sh: not bench_*.py (an experiment goes to experiments/, a tool to tools/)",
+    ]
+
+
+def test_a_planted_read_of_experiments_is_found(tmp_path):
+    """The check can fail: an import, a function-level import, sys.path given experiments/ directly and
+    through a name, and a file loaded by spec_from_file_location are each reported, in the library and in
+    the tests; experiments/ itself and tools/ may do so, and prose that names experiments/ is no read."""
+    _tree(tmp_path, {
+        "anchor/a.py": "from experiments.grad_baseline import grad_draws\n",
+        "jaxref/b.py": "def f():\n    import experiments.loss_counting.loss_counting as lc\n",
+        "torchtrain/c.py": '"""See experiments/hf_stack/README.md."""\nimport sys\nsys.path.insert(0, "benchmarks")\n',
+        "parity_tests/d.py": ("import sys\nfrom pathlib import Path\nROOT = Path(__file__).parent.parent\n"
+                              "EXP = ROOT / 'experiments' / 'grad_baseline'\n\ndef f():\n"
+                              "    sys.path.append(str(EXP))\n"),
+        "tests/test_e.py": ("import importlib.util\nfrom pathlib import Path\n"
+                            "spec = importlib.util.spec_from_file_location('x', Path('experiments/x/x.py'))\n"),
+        "anchor_app/f.py": "import sys\nsys.path.insert(0, '/work/experiments')\n",
+        "experiments/x/test_x.py": "import sys\nsys.path.insert(0, 'experiments/x')\nimport x\n",
+        "tools/t.py": "import sys\nsys.path.insert(0, 'experiments/attn_grad_diag')\n",
+    })
+    assert experiment_imports(tmp_path) == [
+        "anchor/a.py:1: imports experiments.grad_baseline",
+        "anchor_app/f.py:2: loads from experiments/ (sys.path.insert)",
+        "jaxref/b.py:2: imports experiments.loss_counting.loss_counting",
+        "parity_tests/d.py:7: loads from experiments/ (sys.path.append)",
+        "tests/test_e.py:3: loads from experiments/ (importlib.util.spec_from_file_location)",
+    ]

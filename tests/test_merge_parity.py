@@ -1,4 +1,4 @@
-"""benchmarks/merge_parity.py: several `anchor parity` reports (one process a variant on the GPU machine)
+"""tools/merge_parity.py: several `anchor parity` reports (one process a variant on the GPU machine)
 as one, in the order `anchor parity` runs its cases, refusing reports of other settings; and its slim form."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from anchor.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("merge_parity", ROOT / "benchmarks" / "merge_parity.py")
+spec = importlib.util.spec_from_file_location("merge_parity", ROOT / "tools" / "merge_parity.py")
 mp = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mp)
 

@@ -1,4 +1,4 @@
-"""benchmarks/oracle_grad_memory.py: XLA's memory plan of the oracle's gradient program, compiled, not run."""
+"""benchmarks/bench_oracle_grad_memory.py: XLA's memory plan of the oracle's gradient program, compiled, not run."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def test_the_plan_holds_the_fp64_gradients_and_grows_with_the_window():
     import numpy as np
 
     import jaxref
-    from oracle_grad_memory import plan
+    from bench_oracle_grad_memory import plan
 
     params, spec = jaxref.load_model("random:llama")
     n = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))

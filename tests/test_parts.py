@@ -56,7 +56,7 @@ def test_kept_computes_once_per_key_and_without_a_folder_leaves_the_value_as_it_
 
 
 def test_saved_lists_every_part_whatever_its_key_and_refuses_what_is_not_one(tmp_path):
-    """What a stopped run finished, read back without its settings (benchmarks/merge_parity.py)."""
+    """What a stopped run finished, read back without its settings (tools/merge_parity.py)."""
     parts = Parts(parts_dir(tmp_path / "out"), "parity")
     assert parts.saved() == {} and Parts(None, "parity").saved() == {}
     for i in (0, 1):

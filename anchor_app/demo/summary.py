@@ -1,7 +1,7 @@
 """The profile's summary JSON (`settings.summary_json`, e.g. `paper_gpu.json`) and the reset comparison.
 
 `write_summary(out, record, settings)` gathers, once `train` and `eval` are done, what a result file in
-`benchmarks/results/` keeps: the machine, the seconds, and per run its training (variant, dtype, engine,
+`results/gpu/` keeps: the machine, the seconds, and per run its training (variant, dtype, engine,
 steps, losses, step times, step time over full's beside its FLOP ratio) and per evaluation checkpoint its
 RULER score per task and length with the standard error over samples, the task mean per length with its
 standard error (pooled over the tasks' samples), and the held-out NLL per length with its position buckets;
@@ -239,6 +239,6 @@ def write_summary(out: Path, record: dict[str, Any], s: DemoSettings) -> Path | 
     summary = build_summary(out, record, s)
     write_text_atomic(path, json.dumps(summary, indent=1, ensure_ascii=False, default=str) + "\n")
     # for the README: the figure where `make paper-gpu` copies it (eval/position_loss.png)
-    figure = f"benchmarks/results/{Path(s.summary_json).stem}_position_loss.png"
+    figure = f"results/gpu/{Path(s.summary_json).stem}_position_loss.png"
     write_text_atomic(path.with_suffix(".md"), summary_markdown(summary, figure))
     return path

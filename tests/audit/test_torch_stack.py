@@ -1,6 +1,6 @@
 """`anchor audit --stack torch`: the audit measured on torchtrain's model itself, beside the oracle's
-emulation of that stack (parity_tests/torch_audit.py). On SmolLM2 at L=512 (the acceptance run, recorded in
-benchmarks/results/audit_torch_stack.json) eager is within 5 % of hf_bf16 at every shift; here the
+emulation of that stack (parity_tests/torch_audit.py). On SmolLM2 at L=512 (recorded in
+experiments/torch_stack_audit/results/audit_torch_stack_cpu.json) eager is within 5 % of hf_bf16 at every shift; here the
 same holds on a random preset in seconds."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""`anchor bench` (issue 14, Build 2): the FLOP model against the contract mask, the synthetic layouts,
+"""`anchor bench`: the FLOP model against the contract mask, the synthetic layouts,
 the estimator's arithmetic and calibration, and the CLI's output and errors. Timings are not
-asserted (benchmarks/ records them); the shapes of bench.json are."""
+asserted (benchmarks/ and results/ record them); the shapes of bench.json are."""
 
 from __future__ import annotations
 
@@ -144,7 +144,7 @@ def test_cli_step(tmp_path, capsys):
     (["--windows", "0"], "--windows must be >= 1"),
     (["--estimate-model", "gpt5"], "--estimate-model: unknown model 'gpt5'"),
     (["--data", "/nonexistent/corpus.jsonl"], "/nonexistent/corpus.jsonl"),
-    (["--step-seq-len", "0"], "--step-seq-len"),  # issue 32 item 11: 0 was silently the default
+    (["--step-seq-len", "0"], "--step-seq-len"),  # 0 is refused, not taken as the default
     (["--step-seq-len", "-5"], "--step-seq-len"),
 ])
 def test_cli_bad_input(tmp_path, capsys, args, needle):

@@ -162,7 +162,7 @@ def test_paper_gpu_dry_run(tmp_path, capsys):
     for e in reset["pairs"]:
         assert f"| {e['dtype']} | {e['loss_diff']['mean_abs']:.3g} | {e['loss_diff']['max_abs']:.3g} | " in md
     assert reset["size"] + "." in md and "| run | 0–256 | 256–512 | 512–768 | 768–1024 |" in md
-    assert "](benchmarks/results/paper_gpu_position_loss.png)" in md and (out / "eval" / "position_loss.png").is_file()
+    assert "](results/gpu/paper_gpu_position_loss.png)" in md and (out / "eval" / "position_loss.png").is_file()
 
     # a second run reuses every stage (the new settings keep the fingerprints stable) and rewrites the summary
     again = run_demo(MODEL, out, settings=TINY, progress=False, say=lambda _: None)

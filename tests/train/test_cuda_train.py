@@ -1,13 +1,11 @@
 """The trainer on a CUDA device (skipped without one): a bf16 ZeRO-1 run through NCCL trains,
 checkpoints, and a run resumed from its checkpoint continues exactly as an uninterrupted run.
-Catches host tensors reaching NCCL collectives (the counted-target all-reduce did, until the GPU
-run of 2026-11-23) and batches left on the host.
+Catches host tensors reaching NCCL collectives (the counted-target all-reduce, say) and batches left on
+the host.
 
-Both engines: on the H100 run of 2026-11-23 sdpa resumed exactly; varlen's resumed losses departed
-from step 2 by ~5e-5 relative, because the backward of its row gathers (index_select, and
-repeat_interleave for GQA) adds with CUDA atomics in no fixed order (the anchor's row is gathered
-once per document). The gathers now have a fixed-order backward (varlen_sdpa._GatherRows): on the
-H100 run of 2026-11-25 both engines resumed exactly (benchmarks/results/cuda_tests.log)."""
+Both engines resume exactly: varlen's row gathers (index_select, and repeat_interleave for GQA) would add
+in their backward with CUDA atomics in no fixed order (the anchor's row is gathered once per document),
+so they have a fixed-order backward (varlen_sdpa._GatherRows); an H100's log: results/gpu/cuda_tests_h100.log."""
 
 from __future__ import annotations
 
