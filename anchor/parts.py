@@ -138,7 +138,7 @@ class Parts:
 
     def saved(self) -> dict[str, dict[str, Any]]:
         """Every part kept in the folder, whatever its key: {name: {"key": ..., "value": ...}} (to read
-        what a stopped run finished, e.g. benchmarks/merge_parity.py). A file that is not a part is refused."""
+        what a stopped run finished, e.g. tools/merge_parity.py). A file that is not a part is refused."""
         out: dict[str, dict[str, Any]] = {}
         if self.folder is None or not self.folder.is_dir():
             return out

@@ -405,13 +405,13 @@ def kernel_backward(q, k, v, doc_ids, variant: Variant, policy: DtypePolicy, sca
     dtype); dS = P·(dP − D) rounded to `qk_in` before dQ = dS·k and dK = dSᵀ·q, each times the scale at
     the end; sums in `pv_acc`. "fa2" rounds each query head's dK and dV to `qk_in` / `pv_in` before its
     GQA group's sum (`dk_expanded` in flash_api.cpp); "flex" sums the group in the accumulator, inside
-    the kernel, with D in fp32 (inductor's lowering types that sum bf16, but the kernel measured does not
-    round it: on an H100 FlexAttention's dQ lies 0.0009-0.0022 from this arithmetic's and 0.0035-0.0118
-    from it with D rounded, its dK 0.0007-0.0011 (0.0025-0.0052 with D rounded), its dV within 1e-4:
-    benchmarks/results/attn_grad_diag_h100*.json, rel. L2 over fp64's norm); "cpu" is torch's fused CPU kernel
+    the kernel, with D in fp32 (inductor's lowering types that sum bf16, but the kernel does not round it:
+    FlexAttention's dQ lies 0.0009-0.0022 from this arithmetic's and 0.0035-0.0118 from it with D
+    rounded, its dK 0.0007-0.0011 (0.0025-0.0052 with D rounded), its dV within 1e-4, rel. L2 over fp64's
+    norm: experiments/attn_grad_diag/results/attn_grad_diag_h100*.json); "cpu" is torch's fused CPU kernel
     (`_cpu_backward`: the same arithmetic added into bf16 gradients block by block). The gradients of q,
     k and v come back in their own dtypes. Autodiff of the forward (`backward: autodiff`) does none of these roundings: its
-    dS stays fp32 (benchmarks/attn_grad_diag.py measures what that misses).
+    dS stays fp32 (experiments/attn_grad_diag/attn_grad_diag.py measures what that misses).
     """
     qk_in, pv_in, acc = (policy.dtype(s) for s in ("qk_in", "pv_in", "pv_acc"))
     B, T, N, D = q.shape

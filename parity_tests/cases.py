@@ -211,8 +211,8 @@ def _inputs(key: tuple) -> CaseInputs:
         if over > 0 and len(docs[-1]) > over:
             docs[-1] = docs[-1][: len(docs[-1]) - over]
     store = TokenStore.from_docs(docs, domains, list(DOMAINS))
-    # interleave: the per-slot scheme (mean chunk T // 8 slots, as before the authors' chunking became the
-    # default): the authors' cuts only documents of 64+ slots, which would leave T = 97 nearly plain
+    # interleave: the per-slot scheme (mean chunk T // 8 slots), not the default authors' chunking, which
+    # cuts only documents of 64+ slots and would leave T = 97 nearly plain
     chunking = PackLayout(interleave=layout == "interleave", mean_chunk=max(2, T // 8))
     packer = Packer(store, np.arange(len(docs)), T, first_token=spec.first_token_id, eos=spec.eos_token_id,
                     tag_tokens=tag_tokens, layout=chunking, seed=seed)

@@ -3,8 +3,8 @@
 Markers: `parity_full` (the whole matrix; also `slow`, so `make test` leaves it out), `model`
 (needs the embedded SmolLM2 GGUF), `serial` (too large to run beside another worker). Cases are
 grouped per inputs (`xdist_group`), so that under `--dist loadgroup` the oracle would run once per
-inputs and policy in one worker; with pytest 9.2 and xdist 3.8 the groups are not kept together
-(seen on this machine), which costs time but not correctness (each worker caches its own oracle
+inputs and policy in one worker; with pytest 9.2 and xdist 3.8 the groups are not kept together,
+which costs time but not correctness (each worker caches its own oracle
 runs). Memory is therefore kept apart by the `serial` marker, not by a group.
 """
 

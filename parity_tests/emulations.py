@@ -18,9 +18,10 @@ from anchor.engines import Engine
 #   flash_varlen_emulated  the same FA-2 arithmetic with a segment's keys in one block
 #   varlen                 the fused CPU kernel per segment (sdpa's arithmetic; a segment's keys
 #                          start a block of 512)
-# Holding sdpa against hf_bf16 (as before 2026-11-22) made SmolLM2's anchor cases fail at one
-# document-start token whose layer-11 MLP amplifies attention roundings; see tests/parity_tests notes
-# in parity_tests/test_matrix.py.
+# sdpa is held against sdpa_cpu_bf16, not hf_bf16: the CPU kernel computes fp32 logits and rounds
+# unnormalised probabilities, and held against hf_bf16's bf16 logits and normalised probabilities
+# SmolLM2's anchor cases fail at one document-start token whose layer-11 MLP amplifies attention
+# roundings (the note in parity_tests/test_matrix.py).
 EMULATIONS: dict[Engine, str] = {  # keys: exactly ENGINES, in its order (tests/train/test_config_keys.py)
     "eager": "hf_bf16",
     "sdpa": "sdpa_cpu_bf16",
@@ -36,12 +37,12 @@ EMULATIONS: dict[Engine, str] = {  # keys: exactly ENGINES, in its order (tests/
 #           softmax with fp32 accumulators and the probabilities rounded to bf16 before p·v (its key blocks
 #           are 64 wide where fa2_bf16's are 128: a summation order, inside the rule's spread over orders)
 #   varlen  torch's varlen_attn (FlashAttention-2) or FlexAttention on the packed segments
-# Judging varlen on an H100 against sdpa_cpu_bf16 (the CPU kernel's arithmetic) was the first lent GPU's
-# finding (2026-11-25: the audit named that emulation). The gradients: fa2_bf16 and flex_bf16 follow each
-# kernel's backward (`backward` fa2 / flex: dS rounded to bf16 before dQ and dK, which the autodiff of the
-# forward did not do; benchmarks/attn_grad_diag.py, 2026-11-26), held against the kernels on an H100 the same
-# day: the varlen kernel's dQ and dK lie nearest fa2's; FlexAttention's keep D = rowsum(dO·O) in fp32, which
-# flex's backward then took (benchmarks/results/attn_grad_diag_h100.json).
+# varlen is not held against sdpa_cpu_bf16 there: that is the CPU kernel's arithmetic, which neither GPU
+# kernel runs. The gradients: fa2_bf16 and flex_bf16 follow each kernel's backward (`backward` fa2 / flex:
+# dS rounded to bf16 before dQ and dK, which the autodiff of the forward does not do); held against the
+# kernels on a GPU, the varlen kernel's dQ and dK lie nearest fa2's, and FlexAttention's keep
+# D = rowsum(dO·O) in fp32, as flex's backward does
+# (experiments/attn_grad_diag/results/attn_grad_diag_h100.json).
 CUDA_EMULATIONS: dict[Engine, str] = {**EMULATIONS, "sdpa": "fa2_bf16", "varlen": "fa2_bf16"}
 
 

@@ -16,12 +16,13 @@ floor, that error the largest over `Rule.grad_orders` (8) summation orders: the 
 under `permute_units`' orders (`oracle_grad_draws`; `grad_baseline`). One order is one draw, and on
 SmolLM2 a draw can be ten times another: anchor at T=1025, layer 10's k_proj gradient is 0.06 off fp64 in
 one order and 0.64 in another (the massive activation that forms at the anchor in layers 9-11 lands
-its bf16 rounding one way or the other), and torch's CUDA kernels land on either (a lent H200:
-benchmarks/results/grad_draws_cpu.json). A norm weight's gradient can carry its error in one element
-(the anchor's cotangent at its massive dimension: benchmarks/norm_grad_parts.py), so its draws have a
-heavy tail that the RMS of 4 orders (the forward taps' baseline) under-estimates: held against every 4
-of 11 other orders, a draw of the emulation itself failed at least one parameter in 46% of cases
-(SmolLM2, anchor, T=1025, the CPU's sdpa emulation, 12 orders; benchmarks/results/grad_draws_cpu_sdpa.json),
+its bf16 rounding one way or the other), and torch's CUDA kernels land on either (an H200's gradients
+against the draws: experiments/grad_baseline/results/grad_draws_cpu.json). A norm weight's gradient can
+carry its error in one element (the anchor's cotangent at its massive dimension:
+experiments/grad_baseline/norm_grad_parts.py), so its draws have a heavy tail that the RMS of 4 orders
+(the forward taps' baseline) under-estimates: held against every 4 of 11 other orders, a draw of the
+emulation itself fails at least one parameter in 46% of cases (SmolLM2, anchor, T=1025, the CPU's sdpa
+emulation, 12 orders; experiments/grad_baseline/results/grad_draws_cpu_sdpa.json),
 against the largest of 8 in 0.7%. The CPU trainer on that case ranks among the 12 draws as one more draw
 would, and misses the RMS rule on one parameter (0.080; draws 0.018-0.070); the largest of 8 passes it.
 fp32 gradients: within 1e-5 or within 2 × the oracle's own fp32 error against fp64, whichever is

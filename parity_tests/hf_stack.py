@@ -233,7 +233,7 @@ def module_subject(module: Any, *, data: str = "random:llama") -> Subject:
     state = {k: v.detach().float().cpu().numpy() for k, v in module.state_dict().items()}
     subject = Subject(f"module:{type(module).__name__}", spec, state, data, module)
     try:
-        subject.params  # noqa: B018 (a missing weight is an InputError now, not a KeyError mid-run)
+        subject.params  # noqa: B018 (a missing weight is an InputError here, not a KeyError mid-run)
     except KeyError as e:
         raise InputError(f"{type(module).__name__}: no weight {e} (expected Hugging Face names)") from None
     return subject

@@ -191,7 +191,7 @@ def render_markdown(result: dict[str, Any]) -> str:
     ]
     if result.get("unfinished"):
         lines[1:1] = ["", f"**Unfinished**: the run(s) kept in {', '.join(result['unfinished'])} stopped before their last "
-                          "case; this report holds the cases they finished (benchmarks/merge_parity.py)."]
+                          "case; this report holds the cases they finished (tools/merge_parity.py)."]
     for c in cases:
         s = c["summary"]
         fid = _fidelity_summary(c)

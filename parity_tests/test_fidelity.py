@@ -61,7 +61,7 @@ def test_each_engine_is_closest_to_its_own_emulation():
 def test_hf_bf16_scales_the_logits_as_torch_does():
     """head_dim 14: 14**-0.5 is not a bf16 number. torch multiplies the bf16 q·kᵀ by the Python-float
     scale in fp32 and rounds once; an emulation that rounds the scale to bf16 first drifts from layer 0
-    on (this check found that in jaxref/attention.py, fixed in a05a53a)."""
+    on."""
     result = run_case(Case("random:qwen2", "anchor", "interleave", BF16, "eager", 97))
     layer0 = result["fidelity"][1]["taps"]
     print({n: f["trainer_vs_emulation"] for n, f in layer0.items()})

@@ -29,7 +29,7 @@ def _full() -> list:
     # Marked `serial`: each SmolLM2 case peaks near 12.5 GB of RSS, so two side by side (one per
     # worker of `make parity-all`) exceed this machine's 24 GB and the OOM killer takes a worker.
     # (An xdist_group does not keep them apart: with pytest 9.2 and xdist 3.8, `--dist loadgroup`
-    # spreads a group's tests over workers, seen on this machine.) parity_tests/run_all.py runs
+    # spreads a group's tests over workers.) parity_tests/run_all.py runs
     # the serial cases in a pass of their own, one process; elsewhere (make test-all, any pytest -n) a
     # file lock keeps two serial cases from running at once (parity_tests/conftest.py).
     params += [pytest.param(Case("default", v, "plain", "fp32", "sdpa", 515), id=f"default-{v}-fp32-sdpa-T515",
@@ -182,7 +182,7 @@ def test_grads_baseline_is_the_largest_over_orders():
     orders = [{"w": np.ones(100) * (1 + e)} for e in (0.01, 0.04, 0.01, 0.01)]  # largest 0.04: bound 0.081
     tol = lambda b: 2 * b + 1e-3  # noqa: E731
     for off, passes in ((0.05, True), (0.08, True), (0.082, False), (0.2, False)):
-        # 0.05 failed the RMS rule (RMS 0.0218, bound 0.0446): one heavy draw among the orders now counts whole
+        # 0.05 would fail an RMS rule (RMS 0.0218, bound 0.0446): one heavy draw among the orders counts whole
         row = _compare({"w": np.ones(100) * (1 + off)}, truth, orders, ["w"], rule_tol=tol, kind="grads")["params"][0]
         assert row["baseline_rel_l2"] == pytest.approx(0.04)
         assert row["baseline_orders_rel_l2"] == pytest.approx([0.01, 0.04, 0.01, 0.01])

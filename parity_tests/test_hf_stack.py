@@ -1,7 +1,7 @@
 """Stock transformers (5.23) and users' attention functions under the oracle (parity_tests.hf_stack).
 
-The "instead" findings are asserted as observed: each test below fails the day transformers computes the
-variant asked from the inputs it documents for packed sequences, and says why it does not today. Every
+The "instead" findings are asserted as observed: each test below fails once transformers computes the
+variant asked from the inputs it documents for packed sequences, and says why this version does not. Every
 case runs on random:llama at T = 97 (two windows, the second padded, one- and two-token documents).
 """
 
@@ -77,9 +77,8 @@ def test_stock_asked_for_anchor_computes_intra_doc_reset(implementation):
 def test_flex_attention_computes_intra_doc_reset_for_intra_doc_and_anchor():
     """flex_attention builds its BlockMask from the same mask function as eager and sdpa (forward only on
     the CPU; compiling it takes most of this test): the same two findings. The variant it computes, at a
-    second length in the same process (T = 129 after 97: dynamo's dynamic-shape recompile of
-    transformers' compiled flex failed in torch's CPU code generator until `run_stack` compiled for
-    static shapes)."""
+    second length in the same process (T = 129 after 97: `run_stack` compiles for static shapes, since
+    dynamo's dynamic-shape recompile of transformers' compiled flex fails in torch's CPU code generator)."""
     for variant in ("intra_doc", "anchor"):
         row = _hold(stock("flex_attention"), variant)
         assert row["status"] == "instead" and row["computes"] == "intra_doc_reset"

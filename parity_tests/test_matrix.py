@@ -12,37 +12,36 @@ from parity_tests.conftest import needs_smollm2
 from parity_tests.suite import describe, run_case
 
 
-# Emulation fidelity (issue 13): until 2026-11-22 the sdpa engine was held against hf_bf16 and the
-# varlen emulation against fa2_bf16's key blocks of 128, and three SmolLM2 bf16 anchor cases failed at
-# one document-start token whose layer-11 MLP amplifies attention roundings (per-token error ~178 in
-# torch vs ~16 in the emulation). The MLP was not the cause: given the same inputs, torch's bf16 MLP is
-# bitwise the emulation's. The attention was: torch's F.scaled_dot_product_attention in bf16 on the CPU
-# runs its fused flash kernel (fp32 logits, online softmax over key blocks of 512, unnormalised
-# probabilities rounded to bf16, division at the end), not Hugging Face eager's bf16 logits and
-# normalised bf16 probabilities; and the varlen emulation takes each segment's keys in one block. Each
-# engine is now held against the oracle policy that follows its arithmetic (parity_tests.runners.
-# EMULATIONS: sdpa_cpu_bf16, fa2_bf16_1pass) and the three cases pass under the same rule.
+# Why each engine's emulation and the rule's baseline are what they are (parity_tests.emulations,
+# parity_tests.core.Rule):
 #
-# random:qwen2, anchor, bf16, sdpa, T=97 was marked xfail until 2026-11-22: its mean next-token KL
-# (9.0e-5) exceeded 2 × the emulation's (3.45e-5) + 1e-5, because given the same q/k/v torch's CPU
-# kernel and sdpa_cpu_bf16 differed in 1.5 % of the attention outputs. The cause: for bf16/fp16
-# inputs the kernel's probabilities come from `fexp_u20`, a fast float32 exponential within one bf16
-# ulp of exp but not exp (exp(0) = 0.99994659; visible as a constant -5.34e-5 in the logsumexp of a
-# row that sees one key). sdpa_cpu_bf16 now computes that function bit for bit (policy field
-# `exp: fexp_u20`, jaxref.attention.fexp_u20); the outputs differ in 0.01 % (fp32 summation order)
-# and the case passes under the same rule.
+# sdpa (and varlen, per segment) is held against sdpa_cpu_bf16, not hf_bf16: torch's
+# F.scaled_dot_product_attention in bf16 on the CPU runs its fused flash kernel (fp32 logits, online
+# softmax over key blocks of 512, unnormalised probabilities rounded to bf16, division at the end), not
+# Hugging Face eager's bf16 logits and normalised bf16 probabilities; flash_varlen_emulated takes each
+# segment's keys in one block (fa2_bf16_1pass), not fa2_bf16's key blocks of 128. Held against hf_bf16
+# and blocks of 128, three SmolLM2 bf16 anchor cases fail at one document-start token whose layer-11 MLP
+# amplifies attention roundings (per-token error ~178 in torch vs ~16 in the emulation). The MLP is not
+# the cause: given the same inputs, torch's bf16 MLP is bitwise the emulation's.
 #
-# SmolLM2, anchor, bf16, T=515 through sdpa and varlen failed until 2026-11-23 at layer 11's
-# mlp_out (rel L2 0.0273 against 2 x 0.0101 + 0.001). No stack operation was left unfollowed: given
-# torch's inputs, the emulated MLP at the worst token (426, a document start whose MLP output, norm
-# 4422, is a massive activation) is torch's to 0.02, and torch's fused attention kernel and
-# sdpa_cpu_bf16 differ in 1e-4 of their outputs by one ulp (the order in which MKL adds a matmul's
-# fp32 terms; torch's bf16 Linear, too, matches no fixed order). That token amplifies such ulps:
-# with its hidden and MLP units merely listed in another order (the same function; runners.
-# permute_units), the emulation's error there is 148, 110, 690 or 2562 in four orders, and its
-# rel L2 0.0066, 0.0054, 0.0273, 0.1007; torch's 690 and 0.0273 are one of these draws. The rule's
-# baseline is therefore the emulation's RMS error over Rule.orders = 4 summation orders (core.py);
-# every other (layer, tap), where the orders agree, is judged as before.
+# sdpa_cpu_bf16 computes the kernel's exponential bit for bit (policy field `exp: fexp_u20`,
+# jaxref.attention.fexp_u20): for bf16/fp16 inputs the kernel's probabilities come from `fexp_u20`, a
+# fast float32 exponential within one bf16 ulp of exp but not exp (exp(0) = 0.99994659; visible as a
+# constant -5.34e-5 in the logsumexp of a row that sees one key). With exp, torch's CPU kernel and the
+# emulation differ in 1.5 % of the attention outputs given the same q/k/v, and random:qwen2, anchor,
+# bf16, sdpa, T=97 fails its mean next-token KL (9.0e-5 against 2 × 3.45e-5 + 1e-5); with fexp_u20 they
+# differ in 0.01 % (fp32 summation order) and the case passes under the same rule.
+#
+# The baseline is the emulation's RMS error over Rule.orders = 4 summation orders (core.py). SmolLM2,
+# anchor, bf16, T=515 through sdpa and varlen leaves no stack operation unfollowed: given torch's
+# inputs, the emulated MLP at the worst token (426, a document start whose MLP output, norm 4422, is a
+# massive activation) is torch's to 0.02, and torch's fused attention kernel and sdpa_cpu_bf16 differ in
+# 1e-4 of their outputs by one ulp (the order in which MKL adds a matmul's fp32 terms; torch's bf16
+# Linear, too, matches no fixed order). That token amplifies such ulps: with its hidden and MLP units
+# merely listed in another order (the same function; runners.permute_units), the emulation's error there
+# is 148, 110, 690 or 2562 in four orders, and its rel L2 at layer 11's mlp_out 0.0066, 0.0054, 0.0273,
+# 0.1007; torch's 690 and 0.0273 are one of these draws, and fail a bound built on one order's error
+# (2 × 0.0101 + 0.001). At every other (layer, tap) the orders agree, and so do both baselines.
 
 
 def _param(case: Case, *marks) -> pytest.param:

@@ -1,5 +1,5 @@
-"""`anchor.atomic.write_text_atomic` leaves nothing behind a killed writer (issue 32 item 11: a
-`.metrics.jsonl.tmp-PID` stayed in the run folder after `kill -9`)."""
+"""`anchor.atomic.write_text_atomic` leaves nothing behind a killed writer (no
+`.metrics.jsonl.tmp-PID` in the run folder after `kill -9`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The pytest plugin (issue 31 item 3): examples/ci's own tests through the installed entry point, one
+"""The pytest plugin: examples/ci's own tests through the installed entry point, one
 passing and one planted bug failing with a paragraph naming the layer; the audit fixture's threshold."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The README's Python API block runs as written (issue 30: the public API survives the layout)."""
+"""The README's Python API block runs as written (the public API, as the README shows it)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What one training step will take in memory, estimated from the sizes before any work (issue 32 item 6).
+"""What one training step will take in memory, estimated from the sizes before any work.
 
     need = step_memory(spec, seq_len=65536, micro_batch=1, dtype=torch.float32, engine="varlen",
                        zero_stage=0, procs=1, sequence_parallel=1, activation_checkpointing=False)

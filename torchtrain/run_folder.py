@@ -348,7 +348,7 @@ def _check_source(source: dict[str, Any], run: Path) -> None:
     """A resumed run trains on the data it started with: same content (the fingerprint), same packing."""
     old = _read_source(run)
     if old is None:
-        return  # a run from before data_source.json: its config.yaml was compared already
+        return  # a run folder without data_source.json (an older anchor's): its config.yaml was compared already
     if old.get("fingerprint") != source.get("fingerprint"):
         raise InputError(f"data {source['data']}: its content changed since the run started (fingerprint "
                          f"{old.get('fingerprint')} then, {source.get('fingerprint')} now); resume with the same data "

@@ -78,7 +78,7 @@ def bench(
     from anchor.outdir import guard_out
 
     check_seed(seed)
-    if step_seq_len is not None and step_seq_len < 1:  # 0 used to mean the default, silently
+    if step_seq_len is not None and step_seq_len < 1:  # 0 is refused, never silently taken as the default
         from anchor.errors import InputError
 
         raise InputError(f"--step-seq-len must be >= 1 (leave it out for the default), got {step_seq_len}")
@@ -92,8 +92,8 @@ def bench(
         from anchor.errors import InputError
 
         raise InputError("no such file or folder", path=data)
-    # the sizes against the memory here, before any work (`anchor bench --step-seq-len 100000000` grew to
-    # 13 GB before failing)
+    # the sizes against the memory here, before any work (unchecked, `anchor bench --step-seq-len 100000000`
+    # grows to 13 GB before failing)
     check_memory(model=model, seq_lens=opts["seq_lens"], variants=opts["variants"], engines=opts["engines"],
                  windows=windows, attention=attention, step=step, step_seq_len=step_seq_len, step_layers=step_layers)
     out = guard_out(out, "bench", inputs=(data, model))  # --model counts as an input: never under --out

@@ -43,7 +43,7 @@ def pack(
         "--chunk-cut-hi", help="--interleave: cuts at or before this fraction of a document's length.")] = 0.8,
     mean_chunk: Annotated[int, typer.Option(
         "--mean-chunk", help="--interleave: > 0 cuts every document before each slot with probability "
-                             "1/mean-chunk instead (the earlier scheme); 0: the --chunk-* options.")] = 0,
+                             "1/mean-chunk instead (the per-slot scheme); 0: the --chunk-* options.")] = 0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the mixture and of the interleaving.")] = 0,
     skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Skip and count bad records instead of failing.")] = False,
     text_field: Annotated[str, typer.Option("--text-field", help="Dotted path of the text in each record.")] = "text",

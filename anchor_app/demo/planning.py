@@ -35,8 +35,8 @@ _KEYS = {"top5": ("model", "prompt", "policy"), "corpus": (), "pack": ("model", 
          "eval": ("eval_tasks", "eval_lengths", "eval_samples", "eval_dtype", "eval_engine", "perplexity_windows",
                   "seed"),
          "bench": ("model", "bench_seq_lens", "bench_windows", "bench_repeats", "seed")}
-# Settings added later, hashed into a stage's fingerprint only where they differ from their default: a demo
-# folder of an earlier version keeps its fingerprints (and is reused) while any other value changes them.
+# Settings hashed into a stage's fingerprint only where they differ from their default, so that a demo folder
+# written by a version without them keeps its fingerprints (and is reused) while any other value changes them.
 # Every field of DemoSettings is in _KEYS, here, or in _NOT_RESULTS (`unlisted_settings()`, tested).
 _KEYS_IF_SET = {"train": ("train_rope_theta", "zero_stage", "train_warmup_steps", "fp32_variants", "fp32_steps",
                           "fp32_eval_window", "only_runs", "timing_steps"),
@@ -204,7 +204,7 @@ def _summary_names() -> set[str]:
 
 def feasible(s: DemoSettings, todo: tuple[str, ...]) -> tuple[DemoSettings, list[str]]:
     """The settings with what cannot run on this model left out, and a line for each thing left out; an
-    InputError (before any work) where nothing of a stage would be left. Today: the RULER tasks whose prompts
+    InputError (before any work) where nothing of a stage would be left. What is left out: the RULER tasks whose prompts
     do not fit every evaluation length with the model's tokenizer (a byte-level tokenizer needs ~1.7K tokens
     for `vt`); they are left out of the whole grid, so every length averages the same tasks."""
     if "eval" not in todo:

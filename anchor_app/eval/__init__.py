@@ -1,4 +1,4 @@
-"""Long-context evaluation (`anchor eval`, issue 15, docs/DESIGN.md §9).
+"""Long-context evaluation (`anchor eval`, docs/DESIGN.md §9).
 
 - `anchor_app.eval.ruler`: RULER's 13 synthetic tasks generated offline with the model's tokenizer
   (`ruler.generate`, `TASK_NAMES`, `Sample`; `generate` is not re-exported here: the name belongs to

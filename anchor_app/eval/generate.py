@@ -1,4 +1,4 @@
-"""Greedy generation with a KV cache through the torchtrain model and its engines (issue 15, docs/DESIGN.md §9).
+"""Greedy generation with a KV cache through the torchtrain model and its engines (docs/DESIGN.md §9).
 
     model = load_eval_model("default")                         # bf16, engine sdpa, eval mode
     tok = load_tokenizer(eval_model_source("default"))
@@ -82,7 +82,7 @@ def load_eval_model(source: str | Path, engine: Engine = "sdpa", dtype: DType = 
       source: a model name `torchtrain.build_model` accepts (a local Hugging Face folder, a `.gguf`
         file, `default`/`smollm2`, `random:<preset>`) or a checkpoint folder (its `hf/` is loaded).
       engine: the torchtrain engine of the prefill and of perplexity.
-      dtype: "bfloat16" (default, as issue 15 asks) or "float32". Where the CPU has no native bf16
+      dtype: "bfloat16" (default) or "float32". Where the CPU has no native bf16
         matmul (AVX2 only, like the 2-core development machine), float32 is the faster one: there a
         bf16 GEMM runs at about 1/8 of float32's speed and greedy generation takes about 5x as long.
       rope, seed: as in `torchtrain.build_model`.

@@ -1,4 +1,4 @@
-"""`anchor eval --harness lm-eval`: lm-evaluation-harness's own tasks on our model (issue 15, Build 6).
+"""`anchor eval --harness lm-eval`: lm-evaluation-harness's own tasks on our model.
 
     res = run_harness([("default", "default")], tasks=("niah_single_1", "vt"), lengths=(1024, 2048), limit=10)
     res["rows"]     # [{checkpoint, task, harness_task, length, score (0-100), samples, metric}]
@@ -138,8 +138,8 @@ LOCAL_FIELDS: dict[str, dict[str, tuple[Any, str, bool]]] = {
 
 
 def check_local_data(task: str, path: Path) -> int:
-    """Every line of a local task's JSONL read and checked before any work (a bad line used to surface as a
-    traceback after the whole RULER evaluation): an InputError naming the file, the line and the field.
+    """Every line of a local task's JSONL read and checked before any work (not a traceback after the whole
+    RULER evaluation): an InputError naming the file, the line and the field.
     Returns the number of records."""
     fields = LOCAL_FIELDS[task]
     count = 0

@@ -1,4 +1,4 @@
-"""Perplexity per length on held-out packed windows (issue 15, Build 5), beside RULER.
+"""Perplexity per length on held-out packed windows, beside RULER.
 
     windows = heldout_windows(tok, seq_len=4096, n_windows=8)       # PackedData of 8 windows of 4096
     r = perplexity(model, windows, variant="full")                   # r.ppl, r.nll, r.tokens, r.buckets

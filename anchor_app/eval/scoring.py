@@ -1,4 +1,4 @@
-"""RULER's scores (issue 15, docs/DESIGN.md §9): string-match-all for every task but QA, string-match-part for QA.
+"""RULER's scores (docs/DESIGN.md §9): string-match-all for every task but QA, string-match-part for QA.
 
     score("niah_single_1", ["... is 1234567."], [["1234567"]])      # 100.0
     score("qa_1", ["Paris"], [["Paris", "Lyon"]])                    # 100.0 (any accepted answer)

@@ -1,5 +1,5 @@
 """`anchor bench`'s shared pack cache: two benches building the same entry at once, and leftovers in the
-cache. Each test failed on the code before the fix (the docstrings say how)."""
+cache. Each docstring says what goes wrong without the behaviour it checks."""
 
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ print(json.dumps(corpus_seg(T, 3, model="random:llama", data=corpus).tolist()))
 
 
 def test_two_processes_build_the_same_cache_entry_at_once(tmp_path):
-    """Two benches (different --out) packing the same corpus at the same T at the same time. On the old
-    code the second failed: `--out .../cache/bench/pack-<key>-129: another anchor pack (pid ...) is writing
-    this folder` (the cache entry was `anchor pack`'s --out, under its lock)."""
+    """Two benches (different --out) packing the same corpus at the same T at the same time. Were the
+    cache entry `anchor pack`'s --out, under its lock, the second would fail: `--out .../cache/bench/
+    pack-<key>-129: another anchor pack (pid ...) is writing this folder`."""
     corpus = _corpus(tmp_path / "docs.jsonl")
     barrier = tmp_path / "barrier"
     barrier.mkdir()
@@ -82,9 +82,9 @@ def _dead_pid() -> int:
 @pytest.mark.parametrize("leftover", ["no pack.json", "pack.json cut short"])
 def test_incomplete_cache_entry_is_rebuilt(tmp_path, monkeypatch, leftover):
     """A half-written entry at the cache's path (a copy cut short, an older version killed mid-write) is
-    not used: it is rebuilt. On the old code: 'no pack.json' failed with `--out .../pack-<key>-129 is a
-    folder anchor did not write`, 'pack.json cut short' with `unreadable pack.json: Expecting ','
-    delimiter` (it was used)."""
+    not used: it is rebuilt. Taken as an `anchor pack` output, 'no pack.json' would fail with `--out
+    .../pack-<key>-129 is a folder anchor did not write`, 'pack.json cut short' with `unreadable pack.json:
+    Expecting ',' delimiter`."""
     from anchor_app.bench.windows import _pack_key, corpus_seg
 
     corpus = _corpus(tmp_path / "docs.jsonl")

@@ -1,5 +1,5 @@
 """`anchor bench` killed with SIGKILL: its temporary files are removed by the next bench on the same --out.
-The test failed on the code before the fix (its docstring says how)."""
+The docstring says what is left without that cleanup."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ def _bench_cmd(out: Path, corpus: Path, steps: int) -> list[str]:
 
 def test_temporary_files_of_a_killed_bench_are_removed_by_the_next(tmp_path):
     """kill -9 of a bench during its training steps, then a second bench on the same --out: nothing of
-    the first is left. On the old code the first left `$TMPDIR/anchor-bench-*` (the cut model, its pack
-    and the run: 160 MB with the default model), which nothing removed."""
+    the first is left: not its `$TMPDIR/anchor-bench-*` (the cut model, its pack and the run: 160 MB with
+    the default model), which only the next bench can remove."""
     corpus = _corpus(tmp_path / "docs.jsonl")
     env = _env(tmp_path)
     out = tmp_path / "bench"

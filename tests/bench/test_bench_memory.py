@@ -1,5 +1,5 @@
 """`anchor bench` with sizes that cannot fit: refused before any work, in one line naming the option and
-the estimate. Each test failed on the code before the fix (the comments and docstrings say how)."""
+the estimate. The comments and docstrings say what happens without the check."""
 
 from __future__ import annotations
 
@@ -25,13 +25,13 @@ def eight_gib(monkeypatch):
 
 
 @pytest.mark.parametrize("args, needle", [
-    # the training-step rows: on the old code this cut the model and packed the corpus, then the packer
-    # refused `--seq-len 100000000 (packing a window)`, an option not given (where more memory was free,
-    # it went on to 13 GB before failing)
+    # the training-step rows: unchecked, this cuts the model and packs the corpus, then the packer refuses
+    # `--seq-len 100000000 (packing a window)`, an option not given (where more memory is free, it goes on
+    # to 13 GB before failing)
     (["--step-seq-len", "100000000", "--no-attention"], "--step-seq-len 100000000"),
     (["--step-seq-len", "88888887", "--no-attention", "--step-layers", "1"], "--step-seq-len 88888887"),
-    # the attention rows: on the old code a traceback (RuntimeError: can't allocate memory) after
-    # allocating q, k and v, from the dense T x T masks
+    # the attention rows: unchecked, a traceback (RuntimeError: can't allocate memory) after allocating
+    # q, k and v, from the dense T x T masks
     (["--seq-len", "300001", "--engines", "sdpa", "--no-step", "--distributions", "slimpajama"],
      "--seq-len 300001"),
 ])
@@ -49,7 +49,8 @@ def test_sizes_that_cannot_fit_are_refused_before_any_work(tmp_path, monkeypatch
 
 
 def test_the_estimate_grows_with_the_sizes_and_lets_small_ones_through(eight_gib):
-    """(On the old code: no estimate, ModuleNotFoundError.)"""
+    """The estimate of a step and of the attention rows: larger with more slots or layers, within 8 GiB
+    for small sizes, refused in one line beyond."""
     from anchor_app.bench.memory import attention_memory, check_bench_memory, step_memory
     from anchor.weights import load_spec
 

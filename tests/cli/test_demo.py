@@ -1,4 +1,4 @@
-"""`anchor demo` (issue 16): every stage on a tiny random Llama, the page's links, stage reuse by fingerprint,
+"""`anchor demo`: every stage on a tiny random Llama, the page's links, stage reuse by fingerprint,
 a setting that invalidates only the stages downstream of it, a killed training run resumed, `--steps` errors,
 a stage folder of the user's files left alone.
 
@@ -161,7 +161,7 @@ def test_a_stage_folder_of_user_files_is_never_removed(tmp_path, capsys):
 
 
 def test_a_task_that_cannot_fit_is_left_out_before_any_work(tmp_path):
-    """Issue 32 item 10: the demo's default RULER tasks on random:llama (a byte-level tokenizer): `vt` needs
+    """The demo's default RULER tasks on random:llama (a byte-level tokenizer): `vt` needs
     ~1.7K tokens and cannot fit 1024, so it is left out of the whole grid before any stage runs, with a line
     said and kept for the page; where no task fits, one line and exit 2 in seconds, no folder."""
     import time
@@ -183,9 +183,9 @@ def test_a_task_that_cannot_fit_is_left_out_before_any_work(tmp_path):
 
 
 def test_an_interrupted_first_stage_keeps_what_the_user_put_in_out(tmp_path, monkeypatch):
-    """Issue 32 item 11: the demo's first stage fails (here: interrupted) before any stage finished; it removes
+    """The demo's first stage fails (here: interrupted) before any stage finished; it removes
     what it wrote, but a file the user put into the (empty, then) `--out` meanwhile stays, with the folder.
-    Without such a file the folder goes, as before."""
+    Without such a file the folder goes."""
     out = tmp_path / "demo"
     out.mkdir()
 
@@ -215,9 +215,9 @@ def test_an_interrupted_first_stage_keeps_what_the_user_put_in_out(tmp_path, mon
 
 
 def test_the_seconds_of_an_attempt_a_signal_stopped_count_when_the_stage_resumes(tmp_path, monkeypatch):
-    """A stage stopped by a signal (`timeout` on a lent GPU sends SIGTERM; it unwinds like Ctrl-C) keeps the
+    """A stage stopped by a signal (`timeout` sends SIGTERM; it unwinds like Ctrl-C) keeps the
     seconds it ran in demo.json; the attempt that resumes and finishes it adds its own: the time a run took
-    on the machine, all attempts (issue 29: the whole run's GPU time)."""
+    on the machine, all attempts (the whole run's GPU time)."""
     import time
 
     import anchor_app.demo.planning as planning

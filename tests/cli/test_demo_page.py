@@ -1,6 +1,5 @@
-"""The demo page's readability findings of issue 32 item 11: the summary figure's audit panel (four panels of
-its own) was a quarter of the figure and could not be read; step times measured on a busy machine were not
-flagged."""
+"""The demo page's readability: the summary figure's audit panel (four panels of its own) spans the figure
+rather than a quarter of it, where it could not be read; step times measured on a busy machine are flagged."""
 
 from __future__ import annotations
 

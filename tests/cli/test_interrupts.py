@@ -1,4 +1,4 @@
-"""Interrupted runs leave nothing behind (issue 11, acceptance 3): SIGTERM and SIGINT during pack and
+"""Interrupted runs leave nothing behind: SIGTERM and SIGINT during pack and
 audit remove the staging folder and the lock; after kill -9 the next run removes them; of two writers
 of one `--out` one succeeds and the other exits 2 naming the first; the output is whole."""
 

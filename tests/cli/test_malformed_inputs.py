@@ -1,4 +1,4 @@
-"""Malformed models, configs, safetensors, YAML and pack stores (issue 11, acceptance 4).
+"""Malformed models, configs, safetensors, YAML and pack stores.
 
 Every case is one row of CASES: a name, what it breaks (a function of the case's fresh copy of the
 fixtures), the command, and what must come out: "ok" (read the way transformers reads it), or the

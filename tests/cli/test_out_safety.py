@@ -1,5 +1,5 @@
 """`--out` never deletes the user's files: unsafe targets are refused before any work starts, the files
-unchanged by hash (issue 11, acceptance 2); anchor's own outputs (the marker) and empty folders are replaced."""
+unchanged by hash; anchor's own outputs (the marker) and empty folders are replaced."""
 
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ def test_out_holding_the_model_folder_is_refused(verb, tmp_path, capsys, no_work
 
 @pytest.mark.parametrize("verb", sorted(WORK))
 def test_another_verbs_output_is_never_replaced(verb, tmp_path, capsys, no_work):
-    """Issue 32 item 4: a verb replaces only outputs of its own verb; a training run (its checkpoints) is
+    """A verb replaces only outputs of its own verb; a training run (its checkpoints) is
     no eval's, bench's or pack's to replace (train itself resumes only a train folder)."""
     corpus = write_corpus(tmp_path / "c.jsonl")
     run = tmp_path / "run"
@@ -158,8 +158,8 @@ def test_another_verbs_output_is_never_replaced(verb, tmp_path, capsys, no_work)
 
 
 def test_train_refuses_the_root_and_a_config_inside_out(tmp_path, capsys):
-    """Issue 32 items 7 and 11: `--out /` is one line, exit 2 (it was a traceback: the lock beside the folder
-    ran before the guard), also through the Python API; a --config inside --out is an input, refused."""
+    """`--out /` is one line, exit 2 (the guard runs before the lock beside the folder is taken), also
+    through the Python API; a --config inside --out is an input, refused."""
     from torchtrain.config import load_train_config
     from torchtrain.trainer import train
 

@@ -1,6 +1,6 @@
-"""`anchor parity --device` (issue 28 item 2, the CPU side): the trainer's side of the parity cases runs on
+"""`anchor parity --device` (the CPU side): the trainer's side of the parity cases runs on
 the device named; without CUDA, `--device cuda` is one line and exit 2 before any work; `--device cpu` is
-the suite as before, recorded in parity.json. `--oracle-device` likewise for jaxref (JAX's backends)."""
+the CPU suite, recorded in parity.json. `--oracle-device` likewise for jaxref (JAX's backends)."""
 
 from __future__ import annotations
 

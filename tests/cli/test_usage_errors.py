@@ -1,5 +1,5 @@
 """Every verb x every class of usage error: exit 2, one line `anchor VERB: error: ...`, no traceback,
-nothing written (docs/DESIGN.md §6; issue 11, acceptance 1)."""
+nothing written (docs/DESIGN.md §6)."""
 
 from __future__ import annotations
 

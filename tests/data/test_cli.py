@@ -61,7 +61,7 @@ def test_corpus_command(tmp_path, capsys):
 
 
 def test_pack_upsample_long_on_the_embedded_corpus(tmp_path, capsys):
-    """Issue 32 acceptance 4: `anchor pack --mixture upsample_long` on the embedded corpus: no document
+    """`anchor pack --mixture upsample_long` on the embedded corpus: no document
     repeated (the pool suffices), a long-document share above the original mixture's, the domains' shares
     reported before and after, and moved."""
     from anchor.data.corpus import CORPUS_FILE, write_default_corpus
@@ -85,9 +85,9 @@ def test_pack_upsample_long_on_the_embedded_corpus(tmp_path, capsys):
 
 
 def test_pack_interleave_cuts_most_short_documents_at_65536(tmp_path, capsys):
-    """Issue 32 acceptance 4: `--interleave` at 65536 on a SlimPajama-like length distribution
+    """`--interleave` at 65536 on a SlimPajama-like length distribution
     (log-normal, median ~500 tokens) cuts most documents of 64-2048 tokens into 2-3 chunks, and
-    stats.json says so; the earlier per-slot scheme (`--mean-chunk 8192`, its default T/8 at this length)
+    stats.json says so; the per-slot scheme (`--mean-chunk 8192`, its default T/8 at this length)
     leaves almost all of them whole."""
     rng = np.random.default_rng(3)
     words = np.clip(rng.lognormal(np.log(500), 1.2, 500), 5, 30000).astype(int)

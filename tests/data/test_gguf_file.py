@@ -93,7 +93,7 @@ def test_truncated_and_malformed_files_are_value_errors(tmp_path):
 
 
 def test_safetensors_are_written_with_the_umask_mode(tmp_path):
-    """Issue 32 item 11: hf/model.safetensors was written 0600 (safetensors' private temporary file)."""
+    """hf/model.safetensors gets the umask's mode, not 0600 (the mode of safetensors' private temporary file)."""
     import os
 
     from anchor.spec import random_preset

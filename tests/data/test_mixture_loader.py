@@ -26,7 +26,7 @@ def synthetic(seed=0):
 
 @pytest.mark.parametrize("factor", [2.0, 3.5])
 def test_upsample_long_samples_without_repeats_and_moves_the_domains(factor):
-    """Issue 32 item 12: long documents kept, short ones with probability 1/factor within each domain, none
+    """Long documents kept, short ones with probability 1/factor within each domain, none
     repeated while the pool lasts; the long share rises as expected and the domains' shares move towards
     the domains richer in long documents (c: 70% long, a: 10%)."""
     length, domain = synthetic()

@@ -131,7 +131,7 @@ def _bad_inputs(tiny_run: Path, tmp: Path) -> list[tuple[list[str], str]]:
         (["--run", str(tiny_run), "--model", "default", *base], "exactly one of --run"),
         (["--run", str(tiny_run), "--dtype", "float16", *base], "--dtype: unsupported dtype 'float16'"),
         (["--model", str(long_positions), "--lengths", "3000000", "--samples", "1", "--engine", "sdpa"],
-         "--lengths 3000000 needs about"),  # 180 TB of dense masks (was: tried to allocate them)
+         "--lengths 3000000 needs about"),  # 180 TB of dense masks, refused before allocating them
         (["--model", str(long_positions), "--lengths", "3000000", "--samples", "1", "--engine", "varlen"],
          "shorter --lengths or a smaller --batch-size"),  # ~100 GB of KV cache and activations
     ]

@@ -1,4 +1,4 @@
-"""Greedy generation with a KV cache and perplexity on held-out windows (issue 15, Builds 2 and 5).
+"""Greedy generation with a KV cache and perplexity on held-out windows.
 
 The key check: batched, cached greedy decoding equals an argmax over a full forward without a cache
 at every step (float32, random tiny presets, prompts of odd different lengths, every engine that runs

@@ -1,4 +1,4 @@
-"""The lm-evaluation-harness bridge (issue 15, Build 6): `anchor eval --harness lm-eval`.
+"""The lm-evaluation-harness bridge: `anchor eval --harness lm-eval`.
 
 The wrapper must decode exactly as our own RULER does (same greedy call, the same first token), score
 continuations as a full forward does; lm-eval's own niah_single_1 runs end to end through the CLI on
@@ -103,8 +103,8 @@ VALID = {
 @pytest.mark.parametrize("task", ["mmlu", "hellaswag", "longbench"])
 @pytest.mark.parametrize("damage", ["not-json", "missing-field", "wrong-type", "not-an-object", "empty"])
 def test_malformed_local_data_is_refused_before_any_work(task, damage, tmp_path, capsys, monkeypatch):
-    """Issue 32 item 8: a non-JSON line, a missing field, a field of the wrong type: one line naming the file
-    and the line, exit 2, before RULER's evaluation starts (it was a traceback after all of it)."""
+    """A non-JSON line, a missing field, a field of the wrong type: one line naming the file and the line,
+    exit 2, before RULER's evaluation starts (not a traceback after all of it)."""
     from anchor_app.eval import runner
     from tests.cli.helpers import assert_usage_error, run_cli
 

@@ -1,4 +1,4 @@
-"""RULER's 13 tasks generated offline (issue 15, Build 1, Acceptance 1).
+"""RULER's 13 tasks generated offline.
 
 For every task at 1024, 1500 and 2048 tokens with SmolLM2's tokenizer: each prompt with its answer
 budget is at most the target and within 2% of it, or within one haystack unit where a unit is larger;

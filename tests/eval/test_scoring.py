@@ -1,4 +1,4 @@
-"""RULER's scores on hand-made cases (issue 15, Build 3, Acceptance 2).
+"""RULER's scores on hand-made cases.
 
 Upstream RULER's string_match_all / string_match_part (0-100, case-insensitive substring, rounded to
 2 decimals) and lm-evaluation-harness's variants, including a case where their string_match_part

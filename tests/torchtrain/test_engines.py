@@ -1,4 +1,4 @@
-"""Every variant on every engine that runs here equals `eager` (acceptance 1), and the mask metadata
+"""Every variant on every engine that runs here equals `eager`, and the mask metadata
 is built once per forward step.
 
 Errors are relative L2 of logits against `eager` in float32. float32 engines: <= 1e-5.

@@ -1,4 +1,4 @@
-"""fp32 gradients of the trainable engines against `eager` (acceptance 3), and the masked loss."""
+"""fp32 gradients of the trainable engines against `eager`, and the masked loss."""
 
 from __future__ import annotations
 

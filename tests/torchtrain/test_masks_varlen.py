@@ -1,5 +1,5 @@
 """The mask predicate against docs/DESIGN.md §2 by brute force; varlen segments and the varlen emulation
-against the dense mask (acceptance 2)."""
+against the dense mask."""
 
 from __future__ import annotations
 

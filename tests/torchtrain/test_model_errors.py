@@ -1,4 +1,4 @@
-"""build_model: weights, dtypes, RoPE overrides; unavailable engines and bad inputs (acceptance 4)."""
+"""build_model: weights, dtypes, RoPE overrides; unavailable engines and bad inputs."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The `varlen` engine (torchtrain.varlen_sdpa) against eager attention with the contract mask
-(issue 14, acceptance 2): every variant and layout, odd lengths, GQA, float32 forward within 1e-6
+"""The `varlen` engine (torchtrain.varlen_sdpa) against eager attention with the contract mask:
+every variant and layout, odd lengths, GQA, float32 forward within 1e-6
 and gradients within 1e-5 (max-abs error over the reference's max-abs), through each of its paths:
 whole buckets, query chunks, long segments run whole, and the per-call autograd path used off the
 CPU kernel. Model-level equality is in test_engines (ENGINES_HERE)."""

@@ -1,6 +1,6 @@
 """`anchor train` configs: every shipped config resolves and yields its DeepSpeed JSON; bad configs
 and bad command lines are one-line errors naming the key and the file, exit 2, before any process
-group starts and before anything is written (docs/DESIGN.md §8, issue Build 7)."""
+group starts and before anything is written (docs/DESIGN.md §8)."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ BAD = [
     ("tiny", ["seq_len=10000001", "rope.theta=5e7"],
      ["seq_len=10000001 (micro_batch=2) needs about", "activations", "available", "activation_checkpointing"]),
     ("tiny", ["dtype=bfloat16", "zero_stage=0"], ["bfloat16 needs zero_stage >= 1"]),
-    # pack keys are named as the config names them, not as `anchor pack`'s flags (issue 32 item 11)
+    # pack keys are named as the config names them, not as `anchor pack`'s flags
     ("tiny", ["pack.budget=0"], ["pack.budget must be at least 1"]),
     ("tiny", ["pack.upsample_factor=5000"], ["pack.upsample_factor must be at most 1000"]),
     ("tiny", ["pack.seed=-3"], ["pack.seed"]),
@@ -176,7 +176,7 @@ def test_a_run_in_this_process_does_not_make_the_next_look_launched(tmp_path, ca
 def test_a_child_of_a_process_that_trained_is_not_mistaken_for_a_launched_rank(tmp_path):
     """The world-of-one variables stay in os.environ and a child inherits them (`!anchor train` in a notebook
     that trained in-process; pytest running the CLI after an in-process run): the child must train as a
-    plain process, not join the parent's rendezvous port as a torchrun rank (EADDRINUSE before the fix).
+    plain process, not join the parent's rendezvous port as a torchrun rank (EADDRINUSE).
     A launcher's own MASTER_PORT still makes it a launched rank."""
     import subprocess
     import sys
@@ -243,7 +243,7 @@ def test_dense_engine_refused_when_its_mask_does_not_fit(tmp_path, capsys, monke
     ("pack.chunk_doc_max=10", "chunk_doc_max 10"),
 ])
 def test_pack_chunking_keys_are_checked_before_any_work(override, match):
-    """The interleave chunking keys (issue 32 item 13) are read as `anchor pack` reads them, and a range
+    """The interleave chunking keys are read as `anchor pack` reads them, and a range
     with no room for the cuts is one line naming the keys."""
     with pytest.raises(InputError, match=match):
         load_train_config(TINY, [override])
@@ -252,7 +252,7 @@ def test_pack_chunking_keys_are_checked_before_any_work(override, match):
 
 
 def test_many_processes_are_refused_by_their_memory(tmp_path, capsys, monkeypatch):
-    """Issue 32 item 6: `nproc` far beyond what the machine holds: every local process costs its own
+    """`nproc` far beyond what the machine holds: every local process costs its own
     interpreter, torch and DeepSpeed (torchtrain.memory.BASE_PROCESS_BYTES, measured): with 4 GiB free,
     16 processes of tiny are refused in one line naming nproc and the estimate, before any process starts;
     2 are not."""
@@ -276,9 +276,9 @@ def test_many_processes_are_refused_by_their_memory(tmp_path, capsys, monkeypatc
 
 
 def test_a_late_config_error_leaves_no_run_folder_nor_parents(tmp_path, capsys):
-    """Issue 32 item 11: an error found after the run folder was made (here: the packed data holds fewer windows
-    than one global batch, known only once packed) left the run folder, its pack and the parents the verb had
-    made; a folder that existed before stays, with what it held."""
+    """An error found after the run folder was made (here: the packed data holds fewer windows than one global
+    batch, known only once packed) removes the run folder, its pack and the parents the verb made; a folder
+    that existed before stays, with what it held."""
     from anchor_app.cli import main
 
     kept = tmp_path / "kept"
@@ -296,8 +296,8 @@ def test_a_late_config_error_leaves_no_run_folder_nor_parents(tmp_path, capsys):
 
 @pytest.mark.slow  # two processes (the CI budget on 2 cores): `make test-all`
 def test_a_two_process_run_prints_no_warnings(tmp_path):
-    """Issue 32 item 11: every 2-process run printed DeepSpeed's accelerator WARNING once per process; stderr
-    and stdout (DeepSpeed logs there) of a 2-process run now hold no WARNING line (and no other noise than the progress-free run's own)."""
+    """DeepSpeed's accelerator WARNING, printed once per process, is silenced: stderr and stdout (DeepSpeed
+    logs there) of a 2-process run hold no WARNING line (and no other noise than the progress-free run's own)."""
     from tests.train.conftest import run_train
 
     p = run_train(tmp_path / "run", "nproc=2", "global_batch=2", "micro_batch=1", "steps=1")

@@ -58,7 +58,7 @@ def test_every_key_is_in_every_list():
     cfg = validate(dict(REQUIRED))
     assert list(cfg.to_dict()) == list(SCHEMA)
     required = [n for n, (_, default, _) in SCHEMA.items() if default is config.REQUIRED]
-    assert required == ["model", "data", "steps"] and TrainConfig("m", "d", 3).steps == 3  # positional as before
+    assert required == ["model", "data", "steps"] and TrainConfig("m", "d", 3).steps == 3  # positional, in this order
     assert set(NESTED) == {"rope", "pack"}
     assert len(SCHEMA) >= 35
 

@@ -195,7 +195,7 @@ class _Planted:
 
 
 def test_a_planted_pickle_is_refused_and_never_runs(packed, tmp_path):
-    """Issue 32 item 2: an object planted in DeepSpeed's model states, with the manifest's hash rewritten
+    """An object planted in DeepSpeed's model states, with the manifest's hash rewritten
     to match, is refused in one line (exit 2) before it is built; the resume writes nothing."""
     import json
 
@@ -247,11 +247,10 @@ def test_resume_through_the_weights_only_reader(packed, tmp_path, zero_stage, dt
 
 
 def test_a_failed_first_attempt_never_leaves_its_pack_to_another_config(corpus, tmp_path):
-    """Issue 32 item 1: a first attempt that packs RUN/data and then fails (a global batch larger than the
-    data) left that pack to a rerun with other settings, which trained on it with exit 0 while config.yaml
-    recorded the new settings. Now such an attempt removes its run folder (item 11); a first attempt killed
-    between its pack and config.yaml (kill -9: nothing can clean up) leaves RUN/data, and that pack is
-    reused only when the settings it was made with still hold."""
+    """A first attempt that packs RUN/data and then fails (a global batch larger than the data) removes its
+    run folder, so that a rerun with other settings does not train on that pack while config.yaml records
+    the new settings; a first attempt killed between its pack and config.yaml (kill -9: nothing can clean
+    up) leaves RUN/data, and that pack is reused only when the settings it was made with still hold."""
     import json
     import shutil
 
@@ -273,7 +272,7 @@ def test_a_failed_first_attempt_never_leaves_its_pack_to_another_config(corpus, 
 
 
 def test_resume_compares_the_data_by_path_and_content(corpus, tmp_path):
-    """Issue 32 item 1: the same file by another name resumes; the same name with other content is refused."""
+    """The same file by another name resumes; the same name with other content is refused."""
     import shutil
 
     data = tmp_path / "c.jsonl"
@@ -294,8 +293,8 @@ def test_resume_compares_the_data_by_path_and_content(corpus, tmp_path):
 
 @pytest.mark.slow  # two processes (the CI budget on 2 cores): `make test-all`
 def test_resume_with_another_process_count(packed, tmp_path):
-    """Issue 32 item 3: resuming with another nproc crashed (IndexError at the RNG states of rank 1). At
-    ZeRO-0 it resumes: the data position exact (the same windows: the same counted tokens per step as the
+    """Resuming with another nproc, whose ranks the checkpoint holds no RNG states for. At ZeRO-0 it
+    resumes: the data position exact (the same windows: the same counted tokens per step as the
     uninterrupted run), the RNG states derived per rank. At ZeRO >= 1, whose optimizer states are
     partitioned over the processes, it is refused in one line before any work."""
     args = ("save_every=2", "keep_last=2", "eval_window=0", "micro_batch=1", f"data={packed}")
@@ -318,7 +317,7 @@ def test_resume_with_another_process_count(packed, tmp_path):
 
 
 def test_a_tampered_trainer_state_is_one_line(packed, tmp_path):
-    """Issue 32 item 3: trainer.json rewritten (its manifest hash fixed to match) is refused in one line."""
+    """trainer.json rewritten (its manifest hash fixed to match) is refused in one line."""
     import json
 
     from torchtrain.checkpoint import sha256_file
@@ -339,8 +338,8 @@ def test_a_tampered_trainer_state_is_one_line(packed, tmp_path):
 
 
 def test_a_rerun_never_shrinks_steps_below_the_trained(packed, tmp_path):
-    """Issue 32 item 9: a finished run rerun with fewer steps rewrote config.yaml (eval --run then read the
-    wrong schedule); now refused in one line, config.yaml unchanged."""
+    """A finished run rerun with fewer steps is refused in one line, config.yaml unchanged (rewritten, it
+    would give eval --run the wrong schedule)."""
     out = tmp_path / "run"
     run_train(out, "steps=4", "save_every=2", "eval_window=0", f"data={packed}")
     before = (out / "config.yaml").read_text()

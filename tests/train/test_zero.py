@@ -74,7 +74,7 @@ def test_bf16_zero_within_measured_tolerance(single, packed, tmp_path):
     ZeRO-1, with bf16's own error as the baseline (flash-attention's rule): a split of the batch may
     move the losses at most twice as far as bf16 itself moves them from fp32. The baseline is
     printed (README: about 5e-3 relative over 5 steps of tiny on short documents) and must stay
-    below 1e-2, where DeepSpeed's stage-0 bf16 optimizer (refused) was 4% away."""
+    below 1e-2, where DeepSpeed's stage-0 bf16 optimizer (refused) is 4% away."""
     one = tmp_path / "one"
     run_train(one, *COMMON, "micro_batch=4", "nproc=1", "zero_stage=1", "dtype=bfloat16", f"data={packed}")
     ref = _losses(metrics(one))

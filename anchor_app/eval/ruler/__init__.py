@@ -1,4 +1,4 @@
-"""RULER's 13 synthetic tasks, generated offline with the model's own tokenizer (issue 15, docs/DESIGN.md §9).
+"""RULER's 13 synthetic tasks, generated offline with the model's own tokenizer (docs/DESIGN.md §9).
 
     tok = load_tokenizer("default")
     samples = generate("niah_single_2", 4096, tok, n_samples=50, seed=42)
@@ -83,7 +83,7 @@ from anchor_app.eval.ruler.tasks import (
     task_config,
 )
 
-# The single module's other public names, still read as `ruler.<name>` (outside `__all__`, as before).
+# Other public names of the task modules, also read as `ruler.<name>` (outside `__all__`).
 from anchor_app.eval.ruler.common import HAYSTACK_DOMAINS  # noqa: F401
 from anchor_app.eval.ruler.freq_words_extraction import zeta  # noqa: F401
 from anchor_app.eval.ruler.qa import QA  # noqa: F401
