@@ -9,15 +9,15 @@ export ANCHOR_CACHE := $(CURDIR)/.cache
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-all test-browser parity-all paper-small paper-gpu paper-gpu-merge gpu-kit clean
+.PHONY: install demo test test-all test-browser docs results-pages parity-all paper-small paper-gpu paper-gpu-merge gpu-kit clean
 
 KERNELS := .cache/kernels/.built
 
 install: $(VENV)/.installed $(MODEL) $(KERNELS)
 
 # torch first and pinned: it is a local CPU wheel; anything else pulls a CUDA build. pip compiles the modules
-# at install: with PYTHONDONTWRITEBYTECODE set (as on these machines) a --no-compile install saved 110 s but
-# had every process compile what it imports again (make test 3 minutes slower).
+# at install: with PYTHONDONTWRITEBYTECODE set (as on these machines) a --no-compile install would have every
+# process compile what it imports again (make test about 3 minutes slower, for 110 s saved at install).
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
@@ -52,8 +52,8 @@ paper-small: install
 # under ZeRO-1, the four variants and intra_doc/intra_doc_reset again in fp32, RULER 4K-16K and the held-out loss
 # by position over the paper's five checkpoints; about 20 minutes on one H100. It stops and resumes like the demo:
 # run it again to continue. Not on `install` (a CPU torch): GPU_PY runs it, the venv's Python where there is one,
-# else python3 (CUDA torch and the project importable, the model under .cache/models: benchmarks/gpu_kit.py).
-# HELDOUT=FILE: held-out documents where this Python has no test suite. The summary goes to benchmarks/results/.
+# else python3 (CUDA torch and the project importable, the model under .cache/models: tools/gpu_kit.py).
+# HELDOUT=FILE: held-out documents where this Python has no test suite. The summary goes to results/gpu/.
 # RUNS=full,anchor: a part of the runs into runs/paper-gpu-<runs> (a GPU lent 15 minutes at a time: README, "In
 # parts"); `make paper-gpu-merge PARTS="runs/pg-1 runs/pg-2 ..."` joins the parts into runs/paper-gpu.
 GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
@@ -62,17 +62,17 @@ RUNS ?=
 comma := ,
 PG_OUT = runs/paper-gpu$(if $(RUNS),-$(subst @,-,$(subst $(comma),-,$(RUNS))))
 # the summary, its tables for the README (paper_gpu.md) and the position-bucket plot they show
-PAPER_GPU_RESULTS = cp runs/paper-gpu/paper_gpu.json runs/paper-gpu/paper_gpu.md benchmarks/results/ && \
-	cp runs/paper-gpu/eval/position_loss.png benchmarks/results/paper_gpu_position_loss.png
+PAPER_GPU_RESULTS = mkdir -p results/gpu && cp runs/paper-gpu/paper_gpu.json runs/paper-gpu/paper_gpu.md results/gpu/ && \
+	cp runs/paper-gpu/eval/position_loss.png results/gpu/paper_gpu_position_loss.png
 paper-gpu:
 	$(GPU_PY) -m anchor demo --profile paper-gpu --out $(PG_OUT) $(if $(HELDOUT),--heldout $(HELDOUT)) $(if $(RUNS),--runs $(RUNS))
 	$(if $(RUNS),,$(PAPER_GPU_RESULTS))
 
 # What a lent GPU session carries (.whl, .devkit: the wheels the GPU image lacks, the GGUF in two parts, held-out
-# documents), made here before the first device call; each call of the plan in benchmarks/gpu_parity.sh checked
-# to fit one transfer (benchmarks/gpu_kit.py kit; --attention-inputs also captures attn_grad_diag.py's inputs).
+# documents), made here before the first device call; each call of the plan in tools/gpu_parity.sh checked
+# to fit one transfer (tools/gpu_kit.py kit; --attention-inputs also captures experiments/attn_grad_diag's inputs).
 gpu-kit: install
-	$(PY) benchmarks/gpu_kit.py kit
+	$(PY) tools/gpu_kit.py kit
 
 PARTS ?=
 paper-gpu-merge: install
@@ -81,10 +81,27 @@ paper-gpu-merge: install
 
 # The demo's page in headless Chromium (Debian's package; installed when missing): links, images, a screenshot
 # saved as runs/demo/index.png. Builds (or reuses) the demo first.
-test-browser: install
+# Playwright drives Debian's Chromium (no browser download): its own extra, installed only for this target.
+$(VENV)/.browser: pyproject.toml | $(VENV)/.installed
+	$(PIP) install -q -e ".[browser]"
+	touch $@
+
+test-browser: install $(VENV)/.browser
 	sh tests/browser/install_chromium.sh
 	$(VENV)/bin/anchor demo --out runs/demo --no-progress
 	ANCHOR_REQUIRE_BROWSER=1 ANCHOR_DEMO_DIR=runs/demo $(PY) -m pytest -q -p no:cacheprovider tests/browser $(PYTEST_ARGS)
+
+# The documentation site (mkdocs.yml, docs/) into runs/site; --strict: a broken link or anchor fails the build.
+$(VENV)/.docs: pyproject.toml | $(VENV)/.installed
+	$(PIP) install -q -e ".[docs]"
+	touch $@
+
+docs: install $(VENV)/.docs
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -d runs/site
+
+# docs/results/*.md and README.md's results table, rendered again from the JSON records they cite.
+results-pages: install
+	$(PY) tools/results_pages.py
 
 test: install
 	$(PY) -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)

@@ -16,7 +16,10 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import subprocess
 import sys
+import time
+from pathlib import Path
 from importlib import metadata
 from typing import Any
 
@@ -107,9 +110,29 @@ def _version(pkg: str) -> str | None:
         return None
 
 
+@functools.cache
+def commit() -> str | None:
+    """The checkout's commit (12 hex digits, `+dirty` when tracked files differ from it), or None outside a
+    git checkout: a recorded result names the code that produced it (the results pages show it)."""
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "") if head else None
+
+
 def machine(**extra: Any) -> dict[str, Any]:
-    """Platform, CPU, cores (and those this process may use), memory, load, versions, GPU; plus `extra`."""
+    """Platform, CPU, cores (and those this process may use), memory, load, versions, GPU, the time (UTC) and
+    the checkout's commit; plus `extra`."""
     info: dict[str, Any] = {
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": commit(),
         "platform": platform.platform(),
         "cpu": cpu_model(),
         "cpu_capability": cpu_capability(),

@@ -4,7 +4,7 @@
     with out_lock(out, "pack"):                                          # one writer at a time
         ... work ...; publish via anchor.atomic (writes MARKER)
 
-Rules (README, "Command line"):
+Rules (docs/verbs/index.md, "What --out may replace"):
   * every output folder anchor publishes carries MARKER, a small JSON file naming the verb and the
     anchor version that wrote it;
   * a folder is replaced only when it is missing, empty, or carries MARKER (for a resumable run

@@ -13,7 +13,7 @@ from anchor_app.cli import app
 @app.command()
 def corpus(
     out: Annotated[Path, typer.Option("--out", help="Folder to write corpus.jsonl and corpus.json into "
-                                                    "(replaced when complete; see README: what --out may replace).")],
+                                                    "(replaced when complete; see docs/verbs/index.md: what --out may replace).")],
     max_docs: Annotated[Optional[int], typer.Option(
         "--max-docs", help="Keep at most this many documents per domain (evenly spread; at least 1).")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,

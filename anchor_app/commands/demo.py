@@ -13,7 +13,7 @@ from anchor_app.cli import app
 @app.command()
 def demo(
     out: Annotated[Path, typer.Option("--out", help="The demo folder: finished stages are kept and reused by the "
-                                                    "next run (see README: what --out may replace).")] = Path("runs/demo"),
+                                                    "next run (see docs/verbs/index.md: what --out may replace).")] = Path("runs/demo"),
     model: Annotated[str, typer.Option("--model", help="HF folder, .gguf file, 'default' or random:<preset>.")] = "default",
     steps: Annotated[Optional[str], typer.Option(
         "--steps", help="Comma-separated stages: top5,corpus,pack,audit,train,parity,eval,bench (the stages they "

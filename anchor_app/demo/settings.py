@@ -55,8 +55,9 @@ class DemoSettings:
     bench_windows: int = 1
     bench_repeats: int = 2
     seed: int = 0
-    # Added for `paper-gpu`; at these defaults the demo behaves, and fingerprints its stages, as before
-    # (planning._KEYS_IF_SET: a key enters a stage's fingerprint only when it differs from its default).
+    # The settings `paper-gpu` sets; at these defaults the demo behaves, and fingerprints its stages, as
+    # without them (planning._KEYS_IF_SET: a key enters a stage's fingerprint only when it differs from its
+    # default).
     train_rope_theta: float | None = None     # the runs' RoPE base (train config `rope.theta`); None: the model's
     zero_stage: int = 0                       # DeepSpeed ZeRO stage of the runs (bf16 needs >= 1)
     train_warmup_steps: int = 1
@@ -140,7 +141,7 @@ PROFILES = {
         train_steps=20, global_batch=1, eval_every=4, eval_window=20, parity_seq_len=515,
         eval_tasks=("niah_single_1", "niah_multikey_1", "vt"), eval_lengths=(1024, 2048, 4096),
         eval_samples=4, perplexity_windows=2, bench_seq_lens=(4096, 8192, 16384), bench_windows=2),
-    # `make paper-gpu`: the comparison on one GPU (README: paper-gpu). SmolLM2-135M continued at 16K, beyond
+    # `make paper-gpu`: the comparison on one GPU (docs/verbs/demo.md). SmolLM2-135M continued at 16K, beyond
     # its 8192 positions, RoPE base 5e5; bf16 under ZeRO-1; 200 steps of one window each, evaluation
     # checkpoints every 10 steps over the last 50 (the paper's five); RULER 4K-16K with 34 samples per task
     # and length (the standard error of a length's task mean is at most 50 / sqrt(3 x 34) = 4.95 points: 34 is

@@ -285,8 +285,7 @@ def budget_runs(plan: dict[str, Any]) -> list[DtypePolicy]:
 
 BUDGET_POLICIES_PER_CALL = 11
 """Error-budget policies that share one program (`MapsRunner.run_many`), memory permitting: the 33 of
-hf_bf16's budget compile as 3 programs, in about a third of the time of 33 (README, "The precision
-audit's speed")."""
+hf_bf16's budget compile as 3 programs, in about a third of the time of 33 (docs/verbs/audit.md, "What makes it fast")."""
 
 
 def budget_groups(spec: ModelSpec, runs: Sequence[DtypePolicy], T: int, n: int) -> list[tuple[DtypePolicy, ...]]:
