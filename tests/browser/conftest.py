@@ -1,27 +1,77 @@
-"""Fixtures of the browser tests: the demo folder and one headless Chromium per session.
+"""Fixtures of the browser tests: the demo folder, and the system's Chromium driven by Playwright.
 
-`ANCHOR_DEMO_DIR` names the demo output whose `index.html` is checked (relative to the working
-directory; default: `runs/demo` in the checkout). `ANCHOR_REQUIRE_BROWSER=1` (set by
-`make test-browser`) turns a missing Chromium or a missing page into a failure; without it those
-tests are skipped, so a plain `pytest` run on a machine without Chromium still passes the
-pure-parser tests.
+pytest-playwright (the `browser` extra: `pip install -e ".[browser]"`) provides `browser` (one headless
+Chromium per session, per xdist worker) and `page` (a fresh context and tab per test). Playwright's own
+browser download is not used: `browser_type_launch_args` below launches the Chromium already on the machine
+through `executable_path`: `$ANCHOR_CHROMIUM` when set, else the first of chromium, chromium-browser,
+google-chrome(-stable) on PATH (`tests/browser/install_chromium.sh` installs Debian's package). Playwright
+passes --headless, --no-sandbox, --no-first-run, --disable-background-networking, --disable-component-update,
+--disable-sync, --disable-dev-shm-usage and --disable-extensions itself; the flags below add what a root
+user on a closed network needs besides.
+
+`open_page(path, width=..., screenshot=...)` loads a local page in `page` and reports what it did
+(`PageReport`): its images (`complete`, `naturalWidth`; lazy ones switched to eager and awaited), console
+errors and uncaught exceptions, failed requests, and every request for anything but a local file or inline
+data, which is recorded and refused (`page.route`), so nothing leaves the machine; then it captures the
+whole page, `width` CSS pixels wide (cut at pagecheck.MAX_SCREENSHOT_HEIGHT), as a PNG.
+
+Once installed, pytest-playwright's plugin loads in every pytest run of the checkout: it adds its options
+(--browser, --headed, --output, ...) and fixtures and imports Playwright (about 0.2 s a process), and deletes
+`./test-results` (its --output folder) when a run starts; it starts nothing until a test asks for `page`.
+
+`ANCHOR_DEMO_DIR` names the demo output whose `index.html` is checked (relative to the working directory;
+default: `runs/demo` in the checkout). `ANCHOR_REQUIRE_BROWSER=1` (set by `make test-browser`) turns a
+missing Chromium, pytest-playwright or page into a failure; without it those tests are skipped, so a plain
+`pytest` run on a machine without them still passes the pure-parser tests.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
-from tests.browser.chromium import Chromium, find_chromium
+from tests.browser.pagecheck import MAX_SCREENSHOT_HEIGHT
 
 REPO = Path(__file__).resolve().parents[2]
+CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+FLAGS = ("--disable-gpu", "--disable-quic")
+LOCAL_SCHEMES = ("file:", "data:", "about:", "blob:")
+
+# What `info` holds for a page that did not load.
+NOT_LOADED = {"title": "", "readyState": "", "url": "", "lazy": 0, "textLength": 0, "scrollWidth": 0,
+              "scrollHeight": 0, "images": []}
+# Runs in the page: make lazy images eager, wait (bounded) for fonts and every <img>, then report.
+_SETTLE_JS = """
+async (ms) => {
+  const imgs = Array.from(document.images);
+  const lazy = imgs.filter(i => i.loading === 'lazy').length;
+  imgs.forEach(i => { if (i.loading === 'lazy') i.loading = 'eager'; });
+  const done = i => i.complete ? null : new Promise(r => {
+    i.addEventListener('load', r, {once: true}); i.addEventListener('error', r, {once: true}); });
+  await Promise.race([Promise.all([document.fonts.ready, ...imgs.map(done)]),
+                      new Promise(r => setTimeout(r, ms))]);
+  const root = document.documentElement;
+  return {
+    title: document.title, readyState: document.readyState, url: location.href, lazy: lazy,
+    textLength: document.body ? document.body.innerText.length : 0,
+    scrollWidth: root.scrollWidth, scrollHeight: root.scrollHeight,
+    images: imgs.map(i => ({src: i.getAttribute('src') || '', currentSrc: i.currentSrc,
+                            complete: i.complete, naturalWidth: i.naturalWidth,
+                            naturalHeight: i.naturalHeight})),
+  };
+}
+"""
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "browser: needs headless Chromium or a demo output; left out of `make test` (`make test-browser`)")
+        "markers", "browser: needs headless Chromium (pytest-playwright) or a demo output; skipped without them "
+                   "(`make test-browser` installs both and requires them)")
 
 
 def _missing(reason: str) -> None:
@@ -30,14 +80,27 @@ def _missing(reason: str) -> None:
     pytest.skip(reason)
 
 
+def find_chromium() -> str | None:
+    """Path of the Chromium binary to use, or None when there is none."""
+    env = os.environ.get("ANCHOR_CHROMIUM")
+    if env:
+        return env if os.access(env, os.X_OK) else None
+    for name in CANDIDATES:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
 @pytest.fixture(scope="session")
-def chromium():
+def browser_type_launch_args(browser_type_launch_args: dict[str, Any]) -> dict[str, Any]:
+    """pytest-playwright's launch options (--headed, --slowmo) with the system Chromium and FLAGS."""
     binary = find_chromium()
     if binary is None:
         _missing("no Chromium: run tests/browser/install_chromium.sh (Debian: apt-get install chromium) "
                  "or set ANCHOR_CHROMIUM")
-    with Chromium(binary) as browser:
-        yield browser
+    args = [*browser_type_launch_args.get("args", []), *FLAGS]
+    return {**browser_type_launch_args, "executable_path": binary, "args": args, "timeout": 60_000}
 
 
 @pytest.fixture(scope="session")
@@ -47,3 +110,109 @@ def demo_dir() -> Path:
     if not (folder / "index.html").is_file():
         _missing(f"{folder}/index.html does not exist: run `anchor demo --out {folder}` or set ANCHOR_DEMO_DIR")
     return folder
+
+
+@dataclass
+class PageReport:
+    """What a page did in the browser; `problems()` lists what makes it broken."""
+
+    url: str
+    navigation_error: str | None
+    loaded: bool
+    info: dict[str, Any]
+    version: str = ""
+    console_errors: list[str] = field(default_factory=list)
+    failed_requests: list[str] = field(default_factory=list)
+    external_requests: list[str] = field(default_factory=list)
+    screenshot: Path | None = None
+    screenshot_size: tuple[int, int] | None = None
+
+    @property
+    def images(self) -> list[dict[str, Any]]:
+        return self.info.get("images", [])
+
+    def broken_images(self) -> list[dict[str, Any]]:
+        return [i for i in self.images if not (i["complete"] and i["naturalWidth"] > 0)]
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.navigation_error:
+            out.append(f"{self.url}: navigation failed ({self.navigation_error})")
+        if not self.loaded:
+            out.append(f"{self.url}: no load event")
+        out += [f"<img src={i['src']!r}> did not load (complete={i['complete']}, naturalWidth={i['naturalWidth']})"
+                for i in self.broken_images()]
+        out += [f"console error: {m}" for m in self.console_errors]
+        out += [f"request failed: {m}" for m in self.failed_requests]
+        out += [f"non-local request: {m}" for m in self.external_requests]
+        return out
+
+
+@pytest.fixture
+def open_page(request: pytest.FixtureRequest) -> Callable[..., PageReport]:
+    """`open_page(path, *, width=1280, height=800, screenshot=None, settle_ms=15000) -> PageReport` in
+    pytest-playwright's `page` (see the module docstring)."""
+    if not request.config.pluginmanager.hasplugin("playwright"):
+        _missing('pytest-playwright is not installed: pip install -e ".[browser]" (make test-browser)')
+    from playwright.sync_api import Error as PlaywrightError
+
+    page = request.getfixturevalue("page")
+    timeout_ms = 60_000
+    page.set_default_timeout(timeout_ms)
+    console: list[str] = []
+    failed: list[str] = []
+    external: list[str] = []
+
+    def on_console(msg: Any) -> None:
+        if msg.type in ("error", "assert"):
+            loc = msg.location or {}
+            where = f" ({loc['url']})" if loc.get("url") else ""
+            console.append(f"console.{msg.type}: {msg.text}{where}")
+
+    def on_request_failed(req: Any) -> None:
+        if req.url in external:  # refused by `route` below: reported as a non-local request, not twice
+            return
+        failed.append(f"{req.url}: {req.failure}")
+
+    def route(r: Any) -> None:
+        if r.request.url.startswith(LOCAL_SCHEMES):
+            r.continue_()
+        else:
+            external.append(r.request.url)
+            r.abort("blockedbyclient")
+
+    page.on("console", on_console)
+    page.on("pageerror", lambda exc: console.append(f"uncaught {exc.name}: {exc.message}".splitlines()[0]))
+    page.on("requestfailed", on_request_failed)
+    page.on("websocket", lambda ws: external.append(ws.url))
+    page.route("**/*", route)
+
+    def load(path: Path, *, width: int = 1280, height: int = 800, screenshot: Path | None = None,
+             settle_ms: int = 15_000) -> PageReport:
+        url = Path(path).absolute().as_uri()
+        for seen in (console, failed, external):  # what an earlier page of the same test did is not this one's
+            seen.clear()
+        page.set_viewport_size({"width": width, "height": height})
+        nav_error, loaded = None, False
+        try:
+            page.goto(url, wait_until="load", timeout=timeout_ms)
+            loaded = True
+        except PlaywrightError as exc:
+            nav_error = exc.message.splitlines()[0]
+        # a failed navigation goes on to Chromium's error page: nothing of the page to measure or capture
+        info = page.evaluate(_SETTLE_JS, settle_ms) if loaded else dict(NOT_LOADED)
+        report = PageReport(url=url, navigation_error=nav_error, loaded=loaded, info=info,
+                            version=page.context.browser.version if page.context.browser else "")
+        if screenshot is not None and loaded:
+            full = page.evaluate("document.documentElement.scrollHeight")  # whole CSS pixels, as the capture
+            h = max(1, min(full, MAX_SCREENSHOT_HEIGHT))
+            data = page.screenshot(full_page=True, clip={"x": 0, "y": 0, "width": width, "height": h},
+                                   scale="css", animations="disabled", caret="hide")
+            part = Path(screenshot).with_name(f".{Path(screenshot).name}.part")
+            part.write_bytes(data)
+            os.replace(part, screenshot)
+            report.screenshot, report.screenshot_size = Path(screenshot), (width, h)
+        report.console_errors, report.failed_requests, report.external_requests = [*console], [*failed], [*external]
+        return report
+
+    return load

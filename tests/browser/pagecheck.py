@@ -24,6 +24,8 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# Chromium's compositor cannot capture taller pages in one piece: a screenshot of a longer page is cut here.
+MAX_SCREENSHOT_HEIGHT = 16_000
 
 # Attributes that load or link something, per tag ("*": any tag).
 _URL_ATTRS = {

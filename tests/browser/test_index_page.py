@@ -6,9 +6,8 @@ Run with `make test-browser` (installs Chromium, builds `runs/demo` when missing
 1. The page parsed with `html.parser` (tests/browser/pagecheck.py): every href/src/srcset/CSS
    url() is a relative path inside DIR naming an existing file, no external asset; HTML pages it
    links to inside DIR are checked the same way.
-2. The page opened in headless Chromium, driven over the DevTools protocol on a pipe
-   (tests/browser/chromium.py: `--remote-debugging-pipe`, descriptors 3 and 4, NUL-separated JSON;
-   standard library only): it loads, every <img> loads (`complete` and `naturalWidth > 0`), no
+2. The page opened in the system's headless Chromium through pytest-playwright (`open_page` in
+   tests/browser/conftest.py): it loads, every <img> loads (`complete` and `naturalWidth > 0`), no
    console error or uncaught exception, no failed request, nothing requested from another host.
 3. A full-page screenshot 1280 CSS pixels wide is saved next to the page as `DIR/index.png`: a
    decodable PNG of exactly the captured size with more than a few colours (not blank).
@@ -18,8 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser.chromium import MAX_SCREENSHOT_HEIGHT
-from tests.browser.pagecheck import check_links, check_png
+from tests.browser.pagecheck import MAX_SCREENSHOT_HEIGHT, check_links, check_png
 
 pytestmark = pytest.mark.browser
 
@@ -32,11 +30,11 @@ def test_index_links_are_relative_and_exist(demo_dir):
     assert not problems, "\n".join(problems)
 
 
-def test_index_page_in_chromium(demo_dir, chromium):
+def test_index_page_in_chromium(demo_dir, open_page):
     shot = demo_dir / "index.png"
     shot.unlink(missing_ok=True)  # a screenshot left by an earlier run must not pass for this one
-    report = chromium.open_page(demo_dir / "index.html", width=WIDTH, screenshot=shot)
-    print(f"{chromium.version}: {report.url} title={report.info['title']!r} "
+    report = open_page(demo_dir / "index.html", width=WIDTH, screenshot=shot)
+    print(f"Chromium {report.version}: {report.url} title={report.info['title']!r} "
           f"text={report.info['textLength']} chars, {len(report.images)} images, page "
           f"{report.info['scrollWidth']}x{report.info['scrollHeight']}, screenshot {report.screenshot_size}")
     for img in report.images:

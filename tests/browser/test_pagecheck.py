@@ -1,13 +1,16 @@
 """The page checker can fail: hand-made pages in tmp_path, each defect caught and named.
 
 The parser and PNG tests need nothing but Pillow and run under `make test`; the ones marked
-`browser` open the pages in headless Chromium and are skipped when there is none.
+`browser` open the pages in headless Chromium (pytest-playwright, tests/browser/conftest.py) and are
+skipped when there is none.
 """
 
 from __future__ import annotations
 
+import http.server
 import os
 import random
+import threading
 from pathlib import Path
 
 import pytest
@@ -161,10 +164,10 @@ def test_png_missing(tmp_path):
 # -- in the browser ---------------------------------------------------------------------------------
 
 @pytest.mark.browser
-def test_browser_good_page(tmp_path, chromium):
+def test_browser_good_page(tmp_path, open_page):
     page = make_site(tmp_path, GOOD_BODY + "\n<img loading='lazy' src='figs/a.png' style='margin-top:5000px'>")
     shot = tmp_path / "index.png"
-    report = chromium.open_page(page, width=WIDTH, screenshot=shot)
+    report = open_page(page, width=WIDTH, screenshot=shot)
     print(report.problems(), report.screenshot_size, report.info["scrollHeight"], len(report.images))
     assert report.problems() == []
     assert len(report.images) == 4 and report.info["lazy"] == 1
@@ -175,45 +178,79 @@ def test_browser_good_page(tmp_path, chromium):
 
 
 @pytest.mark.browser
-def test_browser_missing_image(tmp_path, chromium):
+def test_browser_missing_image(tmp_path, open_page):
     page = make_site(tmp_path, "<img src='figs/missing.png'>")
-    problems = chromium.open_page(page, width=WIDTH).problems()
+    problems = open_page(page, width=WIDTH).problems()
     print(problems)
     assert any("figs/missing.png" in p and "did not load" in p for p in problems)
     assert any("missing.png: net::ERR_FILE_NOT_FOUND" in p for p in problems)
 
 
 @pytest.mark.browser
-def test_browser_corrupt_image(tmp_path, chromium):
+def test_browser_corrupt_image(tmp_path, open_page):
     """The file exists, so the parser passes it; only the browser sees that it does not decode."""
     page = make_site(tmp_path, "<img src='figs/bad.png'>", extra={"figs/bad.png": "not a png"})
     assert check_links(page) == []
-    problems = chromium.open_page(page, width=WIDTH).problems()
+    problems = open_page(page, width=WIDTH).problems()
     print(problems)
     assert problems and all("bad.png" in p for p in problems)
     assert any("<img src='figs/bad.png'> did not load" in p for p in problems)
 
 
 @pytest.mark.browser
-def test_browser_console_errors(tmp_path, chromium):
+def test_browser_console_errors(tmp_path, open_page):
     page = make_site(tmp_path, "<script>console.error('boom 97'); throw new Error('kaboom 515');</script>")
-    problems = chromium.open_page(page, width=WIDTH).problems()
+    problems = open_page(page, width=WIDTH).problems()
     print(problems)
     assert any("boom 97" in p for p in problems)
     assert any("kaboom 515" in p for p in problems)
 
 
 @pytest.mark.browser
-def test_browser_external_request(tmp_path, chromium):
-    """An asset on another host is requested; port 9 is on Chromium's unsafe list, so nothing goes out."""
+def test_browser_external_request(tmp_path, open_page):
+    """An asset on another host is requested: recorded and refused before it leaves (port 9 is also on
+    Chromium's unsafe list)."""
     page = make_site(tmp_path, "<img src='http://127.0.0.1:9/x.png'>")
-    problems = chromium.open_page(page, width=WIDTH).problems()
+    problems = open_page(page, width=WIDTH).problems()
     print(problems)
     assert any("non-local request: http://127.0.0.1:9/x.png" in p for p in problems)
 
 
 @pytest.mark.browser
-def test_browser_missing_page(tmp_path, chromium):
-    report = chromium.open_page(tmp_path / "index.html", width=WIDTH)
+def test_browser_external_request_is_refused(tmp_path, open_page):
+    """A server on this machine that would answer sees no request: the page's request is refused in the
+    browser, not merely recorded."""
+    hits: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.end_headers()
+            self.wfile.write((tmp_path / "figs" / "a.png").read_bytes())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/x.png"
+        page = make_site(tmp_path, f"<img src='{url}'>")
+        report = open_page(page, width=WIDTH)
+    finally:
+        server.shutdown()
+        server.server_close()
+    print(report.problems(), hits)
+    assert f"non-local request: {url}" in report.problems()
+    assert any(url in p and "did not load" in p for p in report.problems())
+    assert hits == []
+
+
+@pytest.mark.browser
+def test_browser_missing_page(tmp_path, open_page):
+    report = open_page(tmp_path / "index.html", width=WIDTH)
     print(report.problems())
     assert report.navigation_error and any("navigation failed" in p for p in report.problems())
