@@ -10,12 +10,17 @@ own stack in your own tests, held against the oracle (docs/ci.md, examples/ci/).
     def test_rope_drift_in_bf16(anchor_audit):             # the precision audit with your thresholds
         anchor_audit("random:llama", policy="paper_bf16", max_D=0.05)
 
+    def test_my_training_step(anchor_check_step):          # your model on one batch of your own collator
+        anchor_check_step(model, batch, variants=["intra_doc_reset", "anchor"])
+
 `anchor_parity` runs `parity_tests.hf_stack.run_hf_stack` (a model name of docs/DESIGN.md §6 or your own
 transformers causal LM of a supported family) and fails the test with one paragraph naming the
 implementation, the variant asked, what it computes instead, and the first diverging layer and quantity with
 its error and tolerance; it returns the report. `anchor_audit` runs the quick audit (`anchor audit
 --quick`: one window of 64 tokens, six shifts) and fails where the mean attention drift D of any shift
-exceeds `max_D`. Nothing heavy is imported until a fixture is used.
+exceeds `max_D`. `anchor_check_step` runs `parity_tests.blackbox.check_step`: `model(**batch)` exactly as your
+loop calls it, which variant that computes against the oracle, and which documents see each other
+(docs/guides/hf-trainer.md). Nothing heavy is imported until a fixture is used.
 """
 
 from __future__ import annotations
@@ -94,3 +99,40 @@ def anchor_audit() -> Callable[..., dict[str, Any]]:
         return result
 
     return check
+
+
+CHECK_STEP_KEYWORDS: tuple[str, ...] = ("variants", "dtype", "doc_ids", "probe", "probe_document", "emulation")
+
+
+def check_step_or_fail(model: Any = None, batch: Any = None, **kw: Any) -> dict[str, Any]:
+    """What `anchor_check_step` runs: parity_tests.blackbox.check_step, failing the test with its one-paragraph
+    message; an input error (a batch without input_ids, an unknown variant, an unknown keyword) fails it
+    with one paragraph naming this fixture's keyword, without a traceback."""
+    from anchor.errors import InputError
+
+    unknown = sorted(set(kw) - set(CHECK_STEP_KEYWORDS))
+    if unknown:
+        pytest.fail(f"anchor_check_step: unknown keyword {unknown[0]!r} (known: model, batch, "
+                    f"{', '.join(CHECK_STEP_KEYWORDS)})", pytrace=False)
+    if model is None or batch is None:
+        pytest.fail("anchor_check_step: give model (your transformers causal LM) and batch (the dict your loop "
+                    "passes to model(**batch))", pytrace=False)
+    from parity_tests.blackbox import check_step
+
+    try:
+        report = check_step(model, batch, **kw)
+    except InputError as e:
+        pytest.fail(f"anchor_check_step: {e}", pytrace=False)
+    if not report["pass"]:
+        pytest.fail(report["message"], pytrace=False)
+    return report
+
+
+@pytest.fixture
+def anchor_check_step() -> Callable[..., dict[str, Any]]:
+    """`anchor_check_step(model, batch, *, variants="all", dtype=None, doc_ids=None, probe=True,
+    probe_document=None, emulation=None)`: run your model on one batch of your collator exactly as your loop
+    does (model(**batch)) and fail unless it computes one of `variants` against the oracle (and, in bfloat16,
+    passes the bf16 rule; and the perturbation probe moves no other document unless "full" is asked).
+    Returns the report (parity_tests.blackbox.check_step's dict)."""
+    return check_step_or_fail

@@ -1,0 +1,574 @@
+"""The step you run, checked as a black box: your own transformers model on one batch of your own collator.
+
+Legend: B rows, T slots, V vocabulary, L layers.
+
+`check_step(model, batch)` runs `model(**batch)` on the batch exactly as your loop passes it (the same
+keys and values, nothing added or changed: `use_cache` stays whatever the model's config and the batch
+say) and says which attention variant of docs/DESIGN.md §1-§2 that forward computes, held against the
+oracle (jaxref, fp64) on the same tokens and the same weights:
+
+  documents   where the documents of the batch are, read from (the first that applies):
+                1. `doc_ids=` given by you: int [B, T] (or [T] for one row), equal ids = one document,
+                   -1 padding;
+                2. `cu_seq_lens_q` in the batch (DataCollatorWithFlattening(return_flash_attn_kwargs=True),
+                   what flash_attention_2 reads): one row, a document per interval;
+                3. a 4-D `attention_mask` [B, 1|H, T, T] (bool / 0-1: True attends; float: additive, 0
+                   attends): a new document wherever a slot may not see the slot before it;
+                4. `position_ids` that restart: a new document wherever a position is not the previous
+                   one + 1 (the rule of transformers' masking_utils.find_packed_sequence_indices);
+                5. otherwise one document per row.
+              The order follows what is most explicit: offsets and a mask say where documents are, a
+              restart of position_ids only implies it (transformers reads it that way only where
+              past_key_values is None: with use_cache on, a flattened batch attends across documents).
+              A 2-D `attention_mask` marks padding (0) in every case. Where two sources in the batch
+              put the boundaries in different places the report says so (`documents["disagree"]`).
+              The `anchor` variant's anchor is slot 0 of each row (the first token the collator put
+              there): the oracle's anchor rule lets every slot see slot 0, whichever document it opens.
+  computes    the forward's float32 taps (a float32 copy, its rotary tables rebuilt from the config;
+              embeddings, q and k as the attention function gets them, attention and MLP outputs,
+              hidden states, logits) against the oracle's fp64 taps of each
+              variant (each at its own positions, §2), by the fp32 rule (parity_tests.core.RULE): the
+              variants within it are `matches`, `computes` is the one asked with the smallest error
+              (else the closest match). Where none is within, the oracle is also run with each mask
+              (full, per document, anchor) at the batch's own position_ids, which names what a
+              mixed stack computes (`reading`: e.g. full attention at restarting positions, what
+              transformers' sdpa computes on a flattened batch while it builds a cache).
+  bf16        where the model runs in bfloat16 (its own dtype, or dtype="bfloat16"), its bfloat16
+              taps against the fp64 truth of the variant it computes, by the suite's bf16 rule
+              (2 x the emulation's error + the floor; the emulation of its attention implementation,
+              parity_tests.emulations.HF_EMULATIONS, or `emulation=`).
+  probe       no oracle: change the tokens of one document (all but slot 0 of its row, the anchor the
+              anchor variant shares) and list every other document whose logits moved, relative to
+              its logits, by more than 2 x the run-to-run noise of the same forward (measured: the
+              batch run twice) + the fp32 tolerance. Documents that move are documents that see each
+              other. It runs in the dtype the model runs in.
+  pass        it computes one of `variants`, passes the bf16 rule where it runs in bfloat16, and (unless
+              `full` is asked) the probe moved no other document.
+
+The forwards run on copies of the model (eval mode, no gradient): your model, its mode and its dtype
+are left as they are. `check_step` returns a report whose `message` is one paragraph (what was asked,
+what it computes, the first diverging layer and quantity with its error, what the probe saw); the
+pytest fixture `anchor_check_step` (anchor_app/pytest_plugin.py) fails a test with it.
+
+    from transformers import DataCollatorWithFlattening
+    batch = DataCollatorWithFlattening(return_tensors="pt")(features)
+    report = check_step(model, batch)
+    report["computes"], report["probe"]["moved"], report["message"]
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from anchor.errors import InputError
+from anchor.variants import VARIANTS
+from parity_tests.cases import CaseInputs
+from parity_tests.core import RULE, Rule, compare, judge
+from parity_tests.emulations import HF_EMULATIONS
+from parity_tests.hf_stack import (IDENTIFYING, TRUTH, Stack, _Recorder, _recording, bf16_verdict, identify,
+                                   module_subject, where)
+from parity_tests.runners import TAP_ORDER, Taps
+
+DTYPES: tuple[str, ...] = ("float32", "bfloat16")
+# What a batch may hold the documents in, in the order they are read (see the module docstring).
+SOURCES: tuple[str, ...] = ("doc_ids", "cu_seq_lens_q", "attention_mask", "position_ids", "rows")
+MASKS: tuple[str, ...] = ("full", "intra_doc", "anchor")  # the masks of the four variants
+_MASK_WORDS = {"full": "full attention (across documents)", "intra_doc": "attention within each document",
+               "anchor": "attention within each document and to slot 0"}
+_PER_DOCUMENT = ("intra_doc", "intra_doc_reset", "anchor")
+
+
+def _only(taps: Taps, names: Sequence[str]) -> Taps:
+    return {k: v for k, v in taps.items() if k in names}
+
+
+def _error(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _worst_margin(layers: list[dict[str, Any]]) -> float:
+    return max((e["rel_l2"] / e["tol"] for entry in layers for e in entry["taps"].values() if e.get("tol")),
+               default=0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The batch
+
+
+def _numpy(x: Any) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().cpu()
+        if x.dtype.is_floating_point:
+            x = x.float()
+        return x.numpy()
+    return np.asarray(x)
+
+
+def _tokens(batch: Any) -> np.ndarray:
+    if not isinstance(batch, Mapping):
+        raise InputError(f"batch: expected the dict of tensors your loop passes to model(**batch), got a "
+                         f"{type(batch).__name__}")
+    if "input_ids" not in batch:
+        raise InputError(f"batch: no input_ids (its keys: {', '.join(map(str, batch)) or 'none'}); the check holds "
+                         f"the forward against the oracle on the same token ids, so the batch must carry them")
+    tokens = _numpy(batch["input_ids"])
+    if tokens.ndim != 2 or tokens.size == 0 or tokens.dtype.kind not in "iu":
+        raise InputError(f"batch['input_ids']: expected integer token ids [B, T], got {tokens.dtype} of shape "
+                         f"{list(tokens.shape)}")
+    return tokens.astype(np.int64)
+
+
+def _runs(starts: np.ndarray, real: np.ndarray) -> np.ndarray:
+    """doc_ids of one row from a bool [T] 'a document starts here' and the real slots: 1, 2, … and -1."""
+    out = np.cumsum(starts | ~np.r_[True, real[:-1]]).astype(np.int64)
+    out = np.where(real, out, -1)
+    return _renumber(out)
+
+
+def _renumber(row: np.ndarray) -> np.ndarray:
+    """Ids 1, 2, … in order of first appearance; -1 stays padding."""
+    out = np.full(row.shape, -1, dtype=np.int64)
+    real = row >= 0
+    _, first, inverse = np.unique(row[real], return_index=True, return_inverse=True)
+    rank = np.argsort(np.argsort(first))
+    out[real] = rank[inverse] + 1
+    return out
+
+
+def _from_cu(batch: Mapping, T: int, B: int, real: np.ndarray) -> np.ndarray:
+    cu = _numpy(batch["cu_seq_lens_q"]).astype(np.int64).ravel()
+    if B != 1 or cu.size < 2 or cu[0] != 0 or np.any(np.diff(cu) <= 0) or cu[-1] > T:
+        raise InputError(f"batch['cu_seq_lens_q']: expected increasing offsets from 0 to at most T={T} for one row, "
+                         f"got {cu.tolist()[:8]} for {B} row(s)")
+    starts = np.zeros(T, dtype=bool)
+    starts[cu[:-1]] = True
+    real = real[0] & (np.arange(T) < cu[-1])
+    return _runs(starts, real)[None]
+
+
+def _from_mask4(mask: np.ndarray, B: int, T: int) -> np.ndarray:
+    if mask.shape[0] not in (1, B) or mask.shape[-2:] != (T, T):
+        raise InputError(f"batch['attention_mask']: a 4-D mask must be [B, 1|H, T, T] = [{B}, ., {T}, {T}], got "
+                         f"{list(mask.shape)}")
+    sees = (mask != 0) if mask.dtype.kind in "biu" else (mask >= 0)
+    sees = np.broadcast_to(sees.any(axis=1), (B, T, T))
+    out = np.empty((B, T), dtype=np.int64)
+    for b in range(B):
+        real = np.diagonal(sees[b]).copy()
+        starts = np.r_[True, ~np.diagonal(sees[b], offset=-1)]
+        out[b] = _runs(starts, real)
+    return out
+
+
+def _from_positions(pos: np.ndarray, real: np.ndarray) -> np.ndarray:
+    return np.stack([_runs(np.r_[True, np.diff(p) != 1], r) for p, r in zip(pos, real)])
+
+
+def _positions(batch: Mapping, B: int, T: int) -> np.ndarray | None:
+    if batch.get("position_ids") is None:
+        return None
+    pos = _numpy(batch["position_ids"]).astype(np.int64)
+    if pos.ndim == 1:
+        pos = pos[None]
+    if pos.ndim != 2 or pos.shape[1] != T or pos.shape[0] not in (1, B):
+        raise InputError(f"batch['position_ids']: expected [B, T] = [{B}, {T}], got {list(pos.shape)}")
+    return np.broadcast_to(pos, (B, T)).copy()
+
+
+def infer_documents(batch: Any, *, doc_ids: Any = None) -> dict[str, Any]:
+    """Where the documents of `batch` are (the module docstring's order of sources).
+
+    Returns {"doc_ids": int64 [B, T] (1, 2, … per row, -1 padding), "source": one of SOURCES, "counts":
+    documents per row, "lengths": the documents' lengths per row, "disagree": the other sources in the
+    batch that put the boundaries elsewhere}.
+    """
+    tokens = _tokens(batch)
+    B, T = tokens.shape
+    real = np.ones((B, T), dtype=bool)
+    mask = batch.get("attention_mask")
+    mask = None if mask is None else _numpy(mask)
+    if mask is not None and mask.ndim == 2:
+        if mask.shape != (B, T):
+            raise InputError(f"batch['attention_mask']: expected [B, T] = [{B}, {T}], got {list(mask.shape)}")
+        real = mask != 0
+    elif mask is not None and mask.ndim != 4:
+        raise InputError(f"batch['attention_mask']: expected [B, T] or [B, 1|H, T, T], got {list(mask.shape)}")
+    readings: dict[str, np.ndarray] = {}
+    if batch.get("cu_seq_lens_q") is not None:
+        readings["cu_seq_lens_q"] = _from_cu(batch, T, B, real)
+    if mask is not None and mask.ndim == 4:
+        readings["attention_mask"] = _from_mask4(mask, B, T)
+    pos = _positions(batch, B, T)
+    if pos is not None:
+        readings["position_ids"] = _from_positions(pos, real)
+    if doc_ids is not None:
+        given = _numpy(doc_ids)
+        if given.ndim == 1 and B == 1:
+            given = given[None]
+        if given.shape != (B, T) or given.dtype.kind not in "iu" or (given < -1).any():
+            raise InputError(f"doc_ids: expected integer ids [B, T] = [{B}, {T}] (equal ids one document, -1 "
+                             f"padding), got {given.dtype} of shape {list(given.shape)}"
+                             + (" with ids below -1" if given.size and given.dtype.kind in "iu" and (given < -1).any()
+                                else ""))
+        chosen, source = np.stack([_renumber(np.where(real[b], given[b], -1)) for b in range(B)]), "doc_ids"
+    elif readings:
+        source = next(s for s in SOURCES if s in readings)
+        chosen = readings[source]
+    else:
+        chosen, source = np.where(real, 1, -1).astype(np.int64), "rows"
+    disagree = [s for s, r in readings.items() if s != source and not np.array_equal(r, chosen)]
+    lengths = [[int((row == d).sum()) for d in range(1, int(row.max(initial=0)) + 1)] for row in chosen]
+    return {"doc_ids": chosen, "source": source, "counts": [len(x) for x in lengths], "lengths": lengths,
+            "disagree": disagree}
+
+
+# ---------------------------------------------------------------------------------------------
+# Forwards
+
+
+def _variants(variants: Any) -> list[str]:
+    asked = list(VARIANTS) if variants == "all" else [variants] if isinstance(variants, str) else variants
+    try:
+        asked = list(asked)
+    except TypeError:
+        asked = [asked]
+    bad = [v for v in asked if v not in VARIANTS]
+    if bad or not asked:
+        raise InputError(f"variants: unknown variant {bad[0] if bad else None!r} (known: all, {', '.join(VARIANTS)})")
+    return asked
+
+
+def _model_dtype(model: Any) -> str:
+    import torch
+
+    p = next(iter(model.parameters()), None)
+    return "bfloat16" if p is not None and p.dtype == torch.bfloat16 else "float32"
+
+
+def _copy(model: Any, dtype: str, *, rebuild_rope: bool = False):
+    """The model in eval mode with its parameters in `dtype` (buffers as built), the user's left as it is.
+
+    rebuild_rope: also every floating buffer in float32 and the rotary tables (`inv_freq`) rebuilt from
+    the config, as from_pretrained builds them. For the float32 copy that identifies the variant: a
+    model cast with .to(bfloat16) carries a bf16-rounded inv_freq, a precision matter the bf16 rule
+    judges, not a question of which positions it uses.
+    """
+    import torch
+
+    out = copy.deepcopy(model).eval()
+    for p in out.parameters():
+        p.data = p.data.to({"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype])
+    if rebuild_rope:
+        for module in out.modules():
+            for name, buf in list(module.named_buffers(recurse=False)):
+                if buf is not None and buf.is_floating_point():
+                    setattr(module, name, buf.float())
+            if isinstance(getattr(module, "inv_freq", None), torch.Tensor) and hasattr(module, "config"):
+                fresh = type(module)(module.config)
+                for name, buf in fresh.named_buffers(recurse=False):
+                    setattr(module, name, buf.to(getattr(module, name).device))
+    return out
+
+
+def _forward(model: Any, batch: Mapping):
+    """model(**batch) as the loop runs it: the same keys and values, no gradient."""
+    import torch
+
+    with torch.no_grad():
+        return model(**batch)
+
+
+def _rows(T: int) -> tuple[int, ...]:
+    """Tapped query rows: the oracle taps attention rows only when asked for some; they are the harness's
+    reading of q and k, not the stack's, and are left out of every comparison here."""
+    return tuple(sorted({0, T // 2, T - 1}))
+
+
+def _tapped(model: Any, batch: Mapping, doc_ids: np.ndarray) -> Taps:
+    """The taps of model(**batch): hooks and a wrapper of the model's own attention implementation."""
+    import torch
+
+    impl = model.config._attn_implementation
+    rec = _Recorder(doc_ids, "full", _rows(doc_ids.shape[1]))
+    with _recording(model, Stack(impl, impl), rec), torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+        _forward(model, batch)
+    return _only(rec.taps(), IDENTIFYING)
+
+
+def _inputs(tokens: np.ndarray, doc_ids: np.ndarray) -> CaseInputs:
+    zeros = np.zeros_like(tokens)
+    return CaseInputs(tokens, doc_ids, zeros, zeros, _rows(tokens.shape[1]))
+
+
+def _reading(subject, inputs: CaseInputs, mask: str, positions: np.ndarray) -> Taps:
+    """The oracle's fp64 taps of one mask at given positions (hf_stack.oracle, positions given)."""
+    import jaxref
+
+    _, per_layer = jaxref.forward(subject.params, subject.spec, inputs.tokens, positions=positions,
+                                  doc_ids=inputs.doc_ids, variant=mask, policy=TRUTH, taps=True,
+                                  tap_rows=inputs.rows)
+    out = {n: np.asarray(per_layer[n]) for n in TAP_ORDER if n in IDENTIFYING and n in per_layer}
+    return {n: (x[None] if n in ("embed", "logits") else x) for n, x in out.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# The perturbation probe
+
+
+def _logits(model: Any, batch: Mapping) -> np.ndarray:
+    out = _forward(model, batch)
+    logits = out.logits if hasattr(out, "logits") else out[0]
+    return logits.detach().float().cpu().numpy().astype(np.float64)
+
+
+def _moves(a: np.ndarray, b: np.ndarray, doc_ids: np.ndarray) -> dict[tuple[int, int], float]:
+    """Relative L2 change of each (row, document)'s logits."""
+    out = {}
+    for r, row in enumerate(doc_ids):
+        for d in range(1, int(row.max(initial=0)) + 1):
+            sel = row == d
+            norm = float(np.linalg.norm(a[r, sel]))
+            out[(r, d)] = float(np.linalg.norm(a[r, sel] - b[r, sel]) / (norm or 1.0))
+    return out
+
+
+def _probe(model: Any, batch: Mapping, doc_ids: np.ndarray, document: int | None, rule: Rule) -> dict[str, Any]:
+    """Change one document's tokens (each row's document `document`, slot 0 kept) and list the documents
+    whose logits moved. The probe needs no oracle; `moved` is [(row, document)]."""
+    vocab = int(model.get_input_embeddings().num_embeddings)
+    counts = doc_ids.max(axis=1, initial=0)
+    if document is None:  # the first document with a changeable slot and a document after it
+        document = next((d for d in range(1, int(counts.max(initial=0)))
+                         if ((doc_ids == d) & (np.arange(doc_ids.shape[1]) > 0)).any()), None)
+        if document is None:
+            return {"ran": False, "reason": "one document per row: nothing can move", "moved": []}
+    elif not isinstance(document, int) or document < 1 or document > counts.max(initial=0):
+        raise InputError(f"probe_document: expected a document number 1..{int(counts.max(initial=0))}, "
+                         f"got {document!r}")
+    change = (doc_ids == document)
+    change[:, 0] = False
+    if not change.any():
+        raise InputError(f"probe_document: document {document} is slot 0 only (the anchor slot, never changed): "
+                         f"name another")
+    import torch
+
+    ids = batch["input_ids"]
+    new = ids.clone()
+    where_ = torch.from_numpy(change).to(ids.device)
+    new[where_] = (ids[where_] + vocab // 2 + 1) % vocab
+    a = _logits(model, batch)
+    noise = max(_moves(a, _logits(model, batch), doc_ids).values(), default=0.0)
+    moves = _moves(a, _logits(model, {**batch, "input_ids": new}), doc_ids)
+    threshold = rule.factor * noise + rule.fp32_tol
+    moved = [key for key, m in moves.items() if key[1] != document and m > threshold]
+    return {"ran": True, "document": document, "changed_slots": int(change.sum()), "moved": moved,
+            "change": {f"{r}:{d}": m for (r, d), m in moves.items()}, "noise": noise, "threshold": threshold}
+
+
+def probe_documents(model: Any, batch: Any, *, doc_ids: Any = None, probe_document: int | None = None,
+                    dtype: str | None = None, rule: Rule = RULE) -> dict[str, Any]:
+    """The perturbation probe alone (no oracle), in the model's own dtype (or `dtype`): change document
+    `probe_document` (default: the first one another document follows) and report {"ran", "document",
+    "moved": [(row, document)], "change": {"row:doc": relative change of its logits}, "noise",
+    "threshold", "documents"}."""
+    _tokens(batch)
+    run = _check_dtype(dtype) or _model_dtype(model)
+    docs = infer_documents(batch, doc_ids=doc_ids)
+    return {**_probe(_copy(model, run), batch, docs["doc_ids"], probe_document, rule),
+            "documents": _describe_docs(docs)}
+
+
+# ---------------------------------------------------------------------------------------------
+# The check
+
+
+def _check_dtype(dtype: str | None) -> str | None:
+    if dtype is not None and dtype not in DTYPES:
+        raise InputError(f"dtype: expected None (the model's own), {' or '.join(DTYPES)}, got {dtype!r}")
+    return dtype
+
+
+def _describe_docs(docs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in docs.items() if k != "doc_ids"}
+
+
+def check_step(model: Any, batch: Any, *, variants: Any = "all", dtype: str | None = None, doc_ids: Any = None,
+               probe: bool = True, probe_document: int | None = None, emulation: str | None = None,
+               rule: Rule = RULE) -> dict[str, Any]:
+    """Run model(**batch) as given and say which variant it computes (see the module docstring).
+
+    Args:
+      model: your transformers causal LM of a supported family (llama, mistral, qwen2, qwen3), as built.
+      batch: the dict your loop passes to model(**batch) (input_ids required; run unchanged).
+      variants: "all", one variant or a list: the variants the step may compute to pass.
+      dtype: None (the model's own dtype), "float32" (identify only) or "bfloat16" (also the bf16 rule).
+      doc_ids: the documents, when the batch does not say (int [B, T], -1 padding).
+      probe: also run the perturbation probe; probe_document: the document it changes (default the first
+        one another document follows).
+      emulation: the oracle bf16 preset of the bf16 rule (default: the model's attention implementation's).
+    Returns:
+      {"pass", "message", "asked", "computes", "matches", "closest", "reading" ({"mask", "positions"} where
+       no variant matches and the batch's positions explain it), "attends_across_documents", "documents",
+       "attn_implementation", "use_cache", "candidates" (per variant: pass, worst_margin, first_divergence),
+       "fp32" (first_divergence against the asked variant nearest), "bf16" (policy, pass,
+       first_divergence, summary) or None, "probe"}.
+    """
+    asked = _variants(variants)
+    run_dtype = _check_dtype(dtype)
+    if not isinstance(probe, bool):
+        raise InputError(f"probe: expected True or False, got {probe!r}")
+    if emulation is not None:
+        import jaxref
+
+        try:
+            jaxref.get_policy(emulation)
+        except (InputError, KeyError, ValueError) as e:
+            raise InputError(f"emulation: {e}") from None
+    if not hasattr(model, "config") or not hasattr(model, "parameters") or not callable(model):
+        raise InputError(f"model: expected your transformers causal LM (a torch module with a .config), got "
+                         f"{type(model).__name__}")
+    docs = infer_documents(batch, doc_ids=doc_ids)
+    tokens, doc = _tokens(batch), docs["doc_ids"]
+    run_dtype = run_dtype or _model_dtype(model)
+    subject = module_subject(model)
+    if int(tokens.max()) >= subject.spec.vocab_size or int(tokens.min()) < 0:
+        raise InputError(f"batch['input_ids']: token ids {int(tokens.min())}..{int(tokens.max())} outside the "
+                         f"model's vocabulary of {subject.spec.vocab_size}")
+    inputs = _inputs(tokens, doc)
+    impl = getattr(model.config, "_attn_implementation", None) or "eager"
+    f32 = _copy(model, "float32", rebuild_rope=True)
+    report: dict[str, Any] = {
+        "asked": asked, "computes": None, "matches": [], "closest": None, "reading": None,
+        "documents": _describe_docs(docs), "attn_implementation": impl,
+        "use_cache": batch.get("use_cache", getattr(model.config, "use_cache", None)), "dtype": run_dtype,
+        "candidates": None, "fp32": None, "bf16": None, "probe": None, "attends_across_documents": None,
+        "error": None, "pass": False,
+    }
+    try:
+        test = _tapped(f32, batch, doc)
+    except Exception as e:  # whatever the user's forward raises is the finding
+        report.update(error=_error(e))
+        report["message"] = step_message(report, model)
+        return report
+    found = identify(test, subject, inputs, asked[0], rule)
+    cands = found["candidates"]
+    matches = [v for v in VARIANTS if cands[v]["pass"]]
+    within = sorted(matches, key=lambda v: (v not in asked, cands[v]["worst_margin"]))
+    computes = within[0] if within else None
+    nearest = min(asked, key=lambda v: cands[v]["worst_margin"])
+    reading = None
+    if not matches:
+        reading = _read_positions(test, subject, inputs, batch, rule)
+    report.update(computes=computes, matches=matches, closest=found["closest"], reading=reading, candidates=cands,
+                  fp32={"against": nearest, "first_divergence": cands[nearest]["first_divergence"],
+                        "worst_margin": cands[nearest]["worst_margin"]})
+    runs = f32 if run_dtype == "float32" else _copy(model, "bfloat16")
+    if computes in asked and run_dtype == "bfloat16":
+        preset = emulation or HF_EMULATIONS.get(impl, "fa2_bf16")
+        try:
+            test16 = _tapped(runs, batch, doc)
+        except Exception as e:  # a step that runs in float32 may still fail in bfloat16
+            report.update(error=f"in bfloat16: {_error(e)}")
+            report["message"] = step_message(report, model)
+            return report
+        v = bf16_verdict(test16, subject, inputs, computes, preset, rule)
+        report["bf16"] = {k: v[k] for k in ("policy", "pass", "first_divergence", "worst_margin", "summary")}
+    if probe:
+        report["probe"] = _probe(runs, batch, doc, probe_document, rule)
+    report["attends_across_documents"] = _across(report)
+    report["pass"] = bool(computes in asked and (report["bf16"] is None or report["bf16"]["pass"])
+                          and not (report["probe"] and report["probe"]["moved"] and "full" not in asked))
+    report["message"] = step_message(report, model)
+    return report
+
+
+def _read_positions(test: Taps, subject, inputs: CaseInputs, batch: Mapping, rule: Rule) -> dict[str, Any] | None:
+    """Where no variant matches: each mask at the batch's own position_ids; the first within the fp32 rule."""
+    import jaxref
+
+    B, T = inputs.shape
+    pos = _positions(batch, B, T)
+    if pos is None:
+        return None
+    for mask in MASKS:
+        own = [v for v in VARIANTS if (v == mask or (mask == "intra_doc" and v == "intra_doc_reset"))]
+        if any(np.array_equal(pos, jaxref.positions(inputs.doc_ids, v)) for v in own):
+            continue  # that is a variant, already held
+        layers = compare(test, _reading(subject, inputs, mask, pos), inputs)
+        if judge(layers, False, rule)["pass"]:
+            return {"mask": mask, "positions": "the batch's position_ids", "worst_margin": _worst_margin(layers)}
+    return None
+
+
+def _across(report: dict[str, Any]) -> bool | None:
+    """Whether documents see each other: from what it computes, else the reading, else the probe."""
+    if report["computes"] is not None:
+        return report["computes"] == "full" and max(report["documents"]["counts"], default=0) > 1
+    if report["reading"] is not None:
+        return report["reading"]["mask"] == "full"
+    if report["probe"] and report["probe"]["ran"]:
+        return bool(report["probe"]["moved"])
+    return None
+
+
+def _divergence(first: dict[str, Any] | None) -> str:
+    if not first:
+        return "no single layer (every tap within its tolerance)"
+    return (f"{where(first).replace(' / ', ', quantity `')}`: relative L2 error {first['rel_l2']:.3g} > "
+            f"tolerance {first['tol']:.3g}")
+
+
+def _docs_text(report: dict[str, Any]) -> str:
+    d = report["documents"]
+    counts = d["counts"]
+    n = f"{counts[0]} document(s)" if len(counts) == 1 else f"{sum(counts)} documents in {len(counts)} rows"
+    source = {"doc_ids": "doc_ids as given", "rows": "nothing in the batch tells documents apart: one per row"}.get(
+        d["source"], f"from {d['source']}")
+    extra = f"; {', '.join(d['disagree'])} put the boundaries elsewhere" if d["disagree"] else ""
+    return f"{n} ({source}{extra})"
+
+
+def _probe_text(probe: dict[str, Any] | None, rows: int) -> str:
+    if not probe:
+        return ""
+    if not probe["ran"]:
+        return f" The perturbation probe did not run ({probe['reason']})."
+    name = (lambda r, d: str(d)) if rows == 1 else (lambda r, d: f"row {r} document {d}")
+    moved = ", ".join(name(r, d) for r, d in probe["moved"])
+    return (f" The perturbation probe changed document {probe['document']}'s tokens and "
+            + (f"document(s) {moved} moved (largest relative change of their logits "
+               f"{max(probe['change'][f'{r}:{d}'] for r, d in probe['moved']):.3g} > {probe['threshold']:.3g}): "
+               f"documents see each other." if probe["moved"] else "no other document moved."))
+
+
+def step_message(report: dict[str, Any], model: Any = None) -> str:
+    """One paragraph: what was asked, what it computes, the first diverging layer and quantity, the probe."""
+    name = type(model).__name__ if model is not None else "the model"
+    asked = report["asked"]
+    head = (f"anchor check_step: {name} ({report['attn_implementation']}, use_cache={report['use_cache']}, "
+            f"{report['dtype']}) on {_docs_text(report)}, asked for "
+            + ("any of the four variants" if len(asked) == len(VARIANTS) else " or ".join(asked)))
+    if report.get("error"):
+        return f"{head}: model(**batch) raised {report['error']}."
+    computes, fp32 = report["computes"], report["fp32"]
+    against = f"against {fp32['against']} it first diverges at {_divergence(fp32['first_divergence'])}"
+    if computes is None:
+        reading = report["reading"]
+        what = (f"it computes none of the variants: {_MASK_WORDS[reading['mask']]} at {reading['positions']}"
+                if reading else f"it computes none of the variants (closest: {report['closest']})")
+        text = f"{head}: {what}; {against}."
+    elif computes not in asked:
+        text = f"{head}: it computes {computes} instead; {against}."
+    elif report["bf16"] is not None and not report["bf16"]["pass"]:
+        b = report["bf16"]
+        text = (f"{head}: it computes {computes}, but fails the bf16 rule (2 x the {b['policy']} emulation's "
+                f"error + floor) first at {_divergence(b['first_divergence'])}.")
+    else:
+        bf = "" if report["bf16"] is None else " and passes the bf16 rule"
+        text = f"{head}: it computes {computes}{bf}."
+    return text + _probe_text(report["probe"], len(report["documents"]["counts"]))
