@@ -1,8 +1,8 @@
 """The report of `anchor parity --stack hf` (parity_tests.hf_stack): parity.json and summary.md, written into a
 staging folder next to `--out` and renamed into place when complete.
 
-summary.md holds the table implementation x variant (what each computes when asked for each variant, and
-whether it passes the bf16 rule), then one line per row with its first divergences.
+summary.md holds the table (implementation, input style) x variant (what each computes when asked for each
+variant, and whether it passes the bf16 rule), then one line per row with its first divergences.
 """
 
 from __future__ import annotations
@@ -12,35 +12,43 @@ from pathlib import Path
 from typing import Any
 
 from anchor.variants import VARIANTS
-from parity_tests.hf_stack import describe_row, where
+from parity_tests.hf_stack import closest_margin, describe_row, where
 
 
 def cell(row: dict[str, Any]) -> str:
-    """The table's cell of a row: computes it / computes X instead / none / error / not run; bf16 verdict."""
+    """The table's cell of a row: computes it / computes X instead / none / error / crashes / not run; bf16
+    verdict."""
     status = row["status"]
     if status == "not_run":
         return "not run"
     if status == "error":
         return f"error: `{row['error']}`"
+    if status == "crash":
+        return row["error"]
     if status == "instead":
         return f"computes `{row['computes']}` instead"
     if status == "none":
-        return f"computes none (closest `{row['closest']}`)"
+        return f"computes none (closest `{row['closest']}`, {closest_margin(row):.3g} x tol)"
     b = row["bf16"]
     if b is None:
         return "computes it"
     return f"computes it; bf16 {'passes' if b['pass'] else 'FAILS'} ({b['worst_margin']:.2f})"
 
 
+def _inputs(row: dict[str, Any]) -> str:
+    return row.get("inputs") or "-"
+
+
 def table(result: dict[str, Any]) -> list[str]:
-    """The markdown table: a row per implementation, a column per variant asked."""
+    """The markdown table: a row per implementation and input style, a column per variant asked."""
     variants = [v for v in VARIANTS if any(r["variant"] == v for r in result["rows"])]
-    names = list(dict.fromkeys(r["implementation"] for r in result["rows"]))
-    by = {(r["implementation"], r["variant"]): r for r in result["rows"]}
-    lines = ["| implementation | " + " | ".join(f"`{v}`" for v in variants) + " |",
-             "|---|" + "---|" * len(variants)]
-    for n in names:
-        lines.append(f"| `{n}` | " + " | ".join(cell(by[(n, v)]) if (n, v) in by else "" for v in variants) + " |")
+    names = list(dict.fromkeys((r["implementation"], _inputs(r)) for r in result["rows"]))
+    by = {(r["implementation"], _inputs(r), r["variant"]): r for r in result["rows"]}
+    lines = ["| implementation | inputs | " + " | ".join(f"`{v}`" for v in variants) + " |",
+             "|---|---|" + "---|" * len(variants)]
+    for n, style in names:
+        lines.append(f"| `{n}` | `{style}` | "
+                     + " | ".join(cell(by[(n, style, v)]) if (n, style, v) in by else "" for v in variants) + " |")
     return lines
 
 
@@ -53,7 +61,7 @@ def render_markdown(result: dict[str, Any]) -> str:
     lines = [
         f"# transformers {result['transformers']} under the oracle: {result['model']}, T = {result['seq_len']}",
         "",
-        f"{ok}/{held} (implementation, variant) pairs compute the variant asked"
+        f"{ok}/{held} (implementation, inputs, variant) rows compute the variant asked"
         + (" and pass the bf16 rule" if "bfloat16" in result["dtypes"] else "")
         + (f"; {len(rows) - held} not run here" if held < len(rows) else "") + ".",
         "",
@@ -67,16 +75,16 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"{rule['floor']:g} per tap and layer (logits: also mean KL); the number in brackets is the worst "
         f"error / tolerance (< 1 passes).",
         "",
-        "Inputs: " + "; ".join(sorted({f"{r['feed']}" for r in rows})) + ".",
+        "Inputs (by style): " + "; ".join(sorted({f"`{_inputs(r)}`: {r['feed']}" for r in rows})) + ".",
         "",
-        "| implementation | variant | finding | bf16 rule (emulation) | s |",
-        "|---|---|---|---|---|",
+        "| implementation | inputs | variant | finding | bf16 rule (emulation) | s |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
         b = r["bf16"]
         bf16 = "-" if b is None else (f"passes ({b['policy']}, {b['worst_margin']:.2f})" if b["pass"] else
                                       f"FAILS at {where(b['first_divergence'])} ({b['policy']})")
-        lines.append(f"| `{r['implementation']}` | `{r['variant']}` | {describe_row(r)} | {bf16} | "
+        lines.append(f"| `{r['implementation']}` | `{_inputs(r)}` | `{r['variant']}` | {describe_row(r)} | {bf16} | "
                      f"{r.get('runtime_s', 0):.1f} |")
     lines += ["", f"Total {result['runtime_s']:.0f} s."]
     return "\n".join(lines) + "\n"

@@ -12,19 +12,36 @@ What runs, a *stack*:
                           under `USER_NAME` (a custom name: transformers builds no mask for it, attention_mask
                           is None and causality is the function's job)
 
-What it is given, per variant (`feed`):
-  stock     input_ids and position_ids packed as transformers expects packed sequences: `full` is one
-            sequence (0 … T-1); the other variants have their documents flattened as
-            DataCollatorWithFlattening makes them (position_ids restart at 0 at each document; `anchor`'s
-            anchor slot is a sequence of its own). No attention_mask: in transformers 5.23 eager, sdpa and
-            flex_attention read the documents from position_ids only where attention_mask is None
-            (masking_utils._preprocess_mask_arguments -> find_packed_sequence_indices: a new sequence
-            wherever a position is not the previous one + 1; the causal rule then compares positions), so
-            a 2-D attention_mask, even all ones, makes them attend across documents
-            (test_hf_stack.py::test_an_attention_mask_of_ones_attends_across_documents).
-            flash_attention_2 reads cu_seq_lens_q/k and max_length_q/k (DataCollatorWithFlattening's
-            return_flash_attn_kwargs) or, at batch size 1 only, the restarting position_ids
-            (modeling_flash_attention_utils._is_packed_sequence).
+What it is given, per variant (`feed`): the input style (`--inputs`, INPUT_STYLES) names how the batch
+reaches a stock model, as real training loops hand it over:
+  flattening          DataCollatorWithFlattening's batch (`collate`): input_ids and position_ids restarting
+                      at 0 at each sequence (`full` is one sequence per window, 0 … T-1; the other variants'
+                      sequences are their documents, `anchor`'s anchor slot a sequence of its own), no
+                      attention_mask, use_cache not passed: the model's default (config.use_cache, True for
+                      these families), as Trainer and a plain loop call the model. transformers 5.23 looks
+                      for packed sequences only where past_key_values is None
+                      (masking_utils._preprocess_mask_arguments), and the model makes a DynamicCache whenever
+                      use_cache is on (and gradient checkpointing off), so eager, sdpa and flex_attention
+                      attend across the documents at their restarted positions
+  flattening-nocache  the same with use_cache=False (the default style): the packed sequences are found
+                      (find_packed_sequence_indices: a new sequence wherever a position is not the previous
+                      one + 1) and each attends within itself. Any 2-D attention_mask, even all ones, turns the
+                      search off (test_hf_stack.py::test_an_attention_mask_of_ones_attends_across_documents)
+  flash-kwargs        the collator's batch with return_flash_attn_kwargs=True: also cu_seq_lens_q/k and
+                      max_length_q/k (what flash_attention_2 reads; the others take them as unused keywords),
+                      use_cache at the model's default
+  continuous          position_ids 0 … T-1 per window, no attention_mask, use_cache=False
+  mask4d-bool,        the variant's own position_ids (§2: the slot index, per-document offsets under
+  mask4d-float        intra_doc_reset, since a mask alone cannot reset them) and the variant's mask (§2) as
+                      a 4-D attention_mask [B,1,T,T]: bool (True where visible) or float in the model's dtype
+                      (0 where visible, the dtype's most negative number where hidden); use_cache=False.
+                      transformers uses a 4-D mask as given
+  (flash_attention_2 reads cu_seq_lens_q/k and max_length_q/k or, at batch size 1 only, the restarting
+  position_ids: modeling_flash_attention_utils._is_packed_sequence.)
+  Each implementation runs in a child process (`Isolated`): flex_attention given a 4-D mask on the CPU
+  corrupts its heap and the process dies (SIGSEGV, or SIGABRT where glibc's allocator notices first),
+  which is a row ("crash") like any other finding.
+A user's function (its rows' inputs: "function"):
   function  input_ids, position_ids = the variant's positions (docs/DESIGN.md §2), and the keywords
             doc_ids (int [B,T], §1) and variant, which reach the function in every layer. With
             rope_in="model" (transformers' convention) q and k arrive rotated at position_ids. With
@@ -43,7 +60,7 @@ How it is judged, per variant asked (`hold`):
   2. where it computes the variant asked, its bfloat16 taps against fp64 truth by the suite's bf16
      rule: 2 x the emulation's error (RMS over summation orders) + the floor, the emulation of each
      implementation in parity_tests.emulations.HF_EMULATIONS (a user's function names its own).
-An exception in a run is recorded with its first line.
+An exception in a run is recorded with its first line; a process that dies as "crashes (signal N)".
 
     from parity_tests.hf_stack import run_hf_stack
     result = run_hf_stack("random:llama", implementations=["sdpa"], variants=["intra_doc"])
@@ -54,6 +71,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import hashlib
 import importlib
@@ -77,6 +95,11 @@ from parity_tests.emulations import HF_EMULATIONS
 from parity_tests.runners import HIDDEN_TAPS, TAP_ORDER, Taps, permute_units
 
 IMPLEMENTATIONS: tuple[str, ...] = ("eager", "sdpa", "flex_attention", "flash_attention_2")
+# How a batch reaches a stock model (`--inputs`; the module docstring says what each style feeds).
+INPUT_STYLES: tuple[str, ...] = ("flattening", "flattening-nocache", "flash-kwargs", "continuous", "mask4d-bool",
+                                 "mask4d-float")
+DEFAULT_INPUTS = "flattening-nocache"
+FUNCTION_INPUTS = "function"  # a user's function's row: its own feed (position_ids of the variant, keywords)
 RopeIn = Literal["model", "attention"]
 ROPE_IN: tuple[str, ...] = ("model", "attention")
 # The name a user's function is registered under: without "flash" in it, which transformers would take
@@ -104,9 +127,10 @@ class Stack:
     function: a user's attention function (None: transformers' own).
     rope_in: for a function, who applies RoPE ("model" or "attention", see the module docstring).
     emulation: the oracle bf16 preset the bf16 rule scales from.
-    positions: for transformers' own implementations, "packed" (the module docstring's feed) or "variant"
-      (position_ids as the variant defines them, §2: what torchtrain's engines get).
+    positions: for transformers' own implementations, "packed" (the style's position_ids) or "variant"
+      (position_ids as the variant defines them, §2: what torchtrain's engines get), replacing the style's.
     attention_mask: also pass a 2-D attention_mask of ones (what a tokenizer's batch carries).
+    inputs: for transformers' own implementations, the input style (INPUT_STYLES, the module docstring).
     """
 
     name: str
@@ -116,18 +140,36 @@ class Stack:
     emulation: str = "fa2_bf16"
     positions: Literal["packed", "variant"] = "packed"
     attention_mask: bool = False
+    inputs: str = DEFAULT_INPUTS
 
     @property
     def user(self) -> bool:
         return self.function is not None
 
 
-def stock(implementation: str) -> Stack:
-    """A stack of one of transformers' own attention implementations (IMPLEMENTATIONS)."""
+def stock(implementation: str, inputs: str = DEFAULT_INPUTS) -> Stack:
+    """A stack of one of transformers' own attention implementations (IMPLEMENTATIONS), fed in the input
+    style `inputs` (INPUT_STYLES)."""
     if implementation not in IMPLEMENTATIONS:
         raise InputError(f"--attn-implementation: unknown implementation {implementation!r} "
                          f"(known: {', '.join(IMPLEMENTATIONS)})")
-    return Stack(implementation, implementation, emulation=HF_EMULATIONS[implementation])
+    if inputs not in INPUT_STYLES:
+        raise InputError(f"--inputs: unknown input style {inputs!r} (known: {', '.join(INPUT_STYLES)}, or all)")
+    return Stack(implementation, implementation, emulation=HF_EMULATIONS[implementation], inputs=inputs)
+
+
+def input_styles(text: str | Sequence[str] | None) -> list[str]:
+    """`--inputs`: comma-separated styles, or "all"; None gives the default style."""
+    if text is None:
+        return [DEFAULT_INPUTS]
+    items = [s.strip() for s in (text.split(",") if isinstance(text, str) else text) if s.strip()]
+    if items == ["all"]:
+        return list(INPUT_STYLES)
+    bad = [s for s in items if s not in INPUT_STYLES]
+    if bad or not items:
+        raise InputError(f"--inputs: unknown input style {bad[0] if bad else ''!r} "
+                         f"(known: {', '.join(INPUT_STYLES)}, or all)")
+    return list(dict.fromkeys(items))
 
 
 def user_stack(function: Callable[..., Any] | str, *, rope_in: str = "model", emulation: str | None = None,
@@ -254,16 +296,22 @@ def _torch_dtype(dtype: str):
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
 
 
-def stock_model(spec: ModelSpec, state: dict[str, np.ndarray], dtype: str, attn_implementation: str = "eager"):
+def stock_model(spec: ModelSpec, state: dict[str, np.ndarray], dtype: str, attn_implementation: str = "eager",
+                use_cache: bool | None = False):
     """The family's stock transformers class built from the weights (config by anchor.spec.to_hf_config),
     parameters rounded to `dtype`; RoPE's inv_freq stays float32 (built by from_config(dtype=), as
     from_pretrained(dtype=) builds it). In eval mode, with transformers' `attn_implementation` (eager:
-    the runners install theirs per call; benchmarks/bench_train_gpu.py trains it with sdpa or flex)."""
+    the runners install theirs per call; benchmarks/bench_train_gpu.py trains it with sdpa or flex).
+
+    use_cache: the config's use_cache, the model's default for a call that does not pass it (False: no
+    cache, so a packed batch is read as packed; None: the family config's own default, True for the
+    families here, as a checkpoint's config.json ships it: the `flattening` input style's model)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model(**to_hf_config(spec))
-    config.use_cache = False
+    if use_cache is not None:
+        config.use_cache = use_cache
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=_torch_dtype(dtype))
     tensors = {k: torch.tensor(v) for k, v in state.items() if not (spec.tie_embeddings and k == "lm_head.weight")}
     missing, unexpected = model.load_state_dict(tensors, strict=False)
@@ -283,7 +331,7 @@ def subject_model(subject: Subject, dtype: str):
         for k in [k for k in _MODELS if k[0] != subject.key]:
             del _MODELS[k]
         if subject.module is None:
-            model = stock_model(subject.spec, subject.state, dtype)
+            model = stock_model(subject.spec, subject.state, dtype, use_cache=None)
         else:
             model = copy.deepcopy(subject.module).eval()
             for p in model.parameters():
@@ -309,23 +357,85 @@ def packed_positions(doc_ids: np.ndarray) -> np.ndarray:
     return out
 
 
-def feed(stack: Stack, inputs: CaseInputs, variant: str) -> dict[str, Any]:
-    """The model's keyword inputs for the variant (see the module docstring)."""
+def sequences(doc_ids: np.ndarray, variant: str) -> list[list[tuple[int, int]]]:
+    """The sequences a flattening collator is given, per window, as (start, end) slots: `full` has no
+    documents to keep apart, so its window is one sequence; the other variants' sequences are the runs of
+    equal doc_ids (`anchor`'s anchor slot is a run of its own; padding is one run)."""
+    doc_ids = np.asarray(doc_ids)
+    B, T = doc_ids.shape
+    if variant == "full":
+        return [[(0, T)] for _ in range(B)]
+    out = []
+    for b in range(B):
+        starts = np.flatnonzero(np.r_[True, doc_ids[b, 1:] != doc_ids[b, :-1]])
+        out.append(list(zip(starts.tolist(), np.r_[starts[1:], T].tolist())))
+    return out
+
+
+def collate(inputs: CaseInputs, variant: str, flash_kwargs: bool) -> dict[str, Any]:
+    """The batch transformers' DataCollatorWithFlattening makes of the windows' sequences (`sequences`):
+    input_ids and position_ids restarting at 0 per sequence, and with `flash_kwargs` also cu_seq_lens_q/k
+    and max_length_q/k. The collator lays every sequence of the batch end to end in one row [1, B*T]; as no
+    sequence crosses a window, that row is cut back into the B windows [B, T] (each window's tokens and
+    positions unchanged; cu_seq_lens_q/k index the B*T slots laid end to end, as FlashAttention's varlen
+    path reads a [B, T] batch). The collator's labels are left out (the forward takes no loss)."""
+    import torch
+    from transformers import DataCollatorWithFlattening
+
+    B, T = inputs.shape
+    features = [{"input_ids": inputs.tokens[b, s:e].tolist()}
+                for b, runs in enumerate(sequences(inputs.doc_ids, variant)) for s, e in runs]
+    batch = DataCollatorWithFlattening(return_position_ids=True, return_flash_attn_kwargs=flash_kwargs)(
+        features, return_tensors="pt")
+    ids = torch.as_tensor(batch["input_ids"])
+    if ids.shape != (1, B * T) or not torch.equal(ids.reshape(B, T), torch.from_numpy(inputs.tokens).long()):
+        raise AssertionError(f"DataCollatorWithFlattening gave input_ids {tuple(ids.shape)}, not the windows' "
+                             f"{B * T} tokens in order")
+    out = {"input_ids": ids.reshape(B, T), "position_ids": torch.as_tensor(batch["position_ids"]).reshape(B, T)}
+    if flash_kwargs:
+        out.update({k: batch[k] for k in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")})
+    return out
+
+
+def mask4d(doc_ids: np.ndarray, variant: str, kind: Literal["bool", "float"], dtype: str):
+    """The variant's mask (§2) as a 4-D attention_mask [B, 1, T, T]: bool (True where a query slot may see
+    a key slot), or float in `dtype` (0 where it may, the dtype's most negative number where it may not)."""
+    import torch
+
+    from torchtrain.variants import dense_mask
+
+    allowed = dense_mask(torch.from_numpy(np.asarray(doc_ids)), variant)[:, None]
+    if kind == "bool":
+        return allowed
+    torch_dtype = _torch_dtype(dtype)
+    return torch.zeros(allowed.shape, dtype=torch_dtype).masked_fill(~allowed, torch.finfo(torch_dtype).min)
+
+
+def feed(stack: Stack, inputs: CaseInputs, variant: str, dtype: str = "float32") -> dict[str, Any]:
+    """The model's keyword inputs for the variant in the stack's input style (the module docstring);
+    `dtype`: the model's, for a float mask."""
     import torch
 
     tokens = torch.from_numpy(inputs.tokens)
     if stack.user:
         return {"input_ids": tokens, "position_ids": torch.from_numpy(inputs.positions),
-                "doc_ids": torch.from_numpy(inputs.doc_ids), "variant": variant}
-    if stack.positions == "variant":
-        pos = inputs.positions
-    elif variant == "full":
-        pos = np.broadcast_to(np.arange(inputs.shape[1]), inputs.shape)
+                "doc_ids": torch.from_numpy(inputs.doc_ids), "variant": variant, "use_cache": False}
+    style = stack.inputs
+    if style in ("flattening", "flattening-nocache", "flash-kwargs"):
+        out = collate(inputs, variant, flash_kwargs=style == "flash-kwargs")
+    elif style == "continuous":
+        out = {"input_ids": tokens, "position_ids": torch.arange(inputs.shape[1]).expand(inputs.shape).contiguous()}
+    elif style in ("mask4d-bool", "mask4d-float"):
+        out = {"input_ids": tokens, "position_ids": torch.from_numpy(inputs.positions),
+               "attention_mask": mask4d(inputs.doc_ids, variant, style.removeprefix("mask4d-"), dtype)}
     else:
-        pos = packed_positions(inputs.doc_ids)
-    out = {"input_ids": tokens, "position_ids": torch.from_numpy(np.ascontiguousarray(pos))}
+        raise InputError(f"--inputs: unknown input style {style!r} (known: {', '.join(INPUT_STYLES)})")
+    if stack.positions == "variant":
+        out["position_ids"] = torch.from_numpy(np.ascontiguousarray(inputs.positions))
     if stack.attention_mask:
         out["attention_mask"] = torch.ones_like(tokens)
+    if style not in ("flattening", "flash-kwargs"):  # those two leave use_cache at the model's default
+        out["use_cache"] = False
     return out
 
 
@@ -457,8 +567,156 @@ def run_stack(subject: Subject, stack: Stack, inputs: CaseInputs, variant: str, 
         model.set_attn_implementation(stack.implementation)
         with (_recording(model, stack, rec), torch.no_grad(),
               torch._dynamo.config.patch(automatic_dynamic_shapes=False)):
-            model(**feed(stack, inputs, variant), use_cache=False)
+            model(**feed(stack, inputs, variant, dtype))
     return rec.taps()
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the stack runs: here, or in a child process that may die
+
+
+Outcome = tuple[str, Any]  # ("ok", taps), ("error", "Type: first line") or ("crash", "crashes (signal N)")
+Runner = Callable[[Subject, Stack, CaseInputs, str, str], Outcome]
+
+
+def run_here(subject: Subject, stack: Stack, inputs: CaseInputs, variant: str, dtype: str) -> Outcome:
+    """`run_stack` in this process; an exception is the outcome "error"."""
+    try:
+        return "ok", run_stack(subject, stack, inputs, variant, dtype)
+    except Exception as e:  # whatever the stack raises is the finding
+        return "error", _error(e)
+
+
+def _child(fd: int) -> None:
+    """The child process of `Isolated` (`python -c`, the connection's socket as file descriptor `fd`): the
+    subject's model name, then one (stack, inputs, variant, dtype) request at a time, answered with
+    run_here's outcome; an end message ends it."""
+    from multiprocessing.connection import Connection
+
+    conn = Connection(fd)
+    meta, _ = _unpack(conn.recv_bytes())
+    subject = named_subject(meta["subject"])
+    while (message := _unpack(conn.recv_bytes()))[0]["kind"] == "request":
+        meta, arrays = message
+        stack = Stack(**{**meta["stack"], "function": load_function(meta["stack"]["function"])
+                         if meta["stack"]["function"] else None})
+        inputs = CaseInputs(arrays["tokens"], arrays["doc_ids"], arrays["positions"], arrays["loss_mask"],
+                            tuple(meta["rows"]))
+        kind, value = run_here(subject, stack, inputs, meta["variant"], meta["dtype"])
+        conn.send_bytes(_pack({"kind": kind, "text": None if kind == "ok" else value}, value if kind == "ok" else {}))
+    conn.close()
+
+
+def _pack(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
+    """One message between `Isolated` and its child: a JSON header and numpy arrays (np.savez), nothing
+    pickled: both sides read it with json and np.load(allow_pickle=False)."""
+    import io
+    import json
+
+    buf = io.BytesIO()
+    np.savez(buf, **{k: np.ascontiguousarray(v) for k, v in arrays.items()})
+    head = json.dumps(meta).encode()
+    return len(head).to_bytes(8, "little") + head + buf.getvalue()
+
+
+def _unpack(data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    import io
+    import json
+
+    n = int.from_bytes(data[:8], "little")
+    with np.load(io.BytesIO(data[8 + n:]), allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    return json.loads(data[8:8 + n]), arrays
+
+
+def _function_ref(fn: Callable[..., Any] | None) -> str | None:
+    """`module:qualname` of a function the child imports again (load_function); a function it cannot
+    import that way (a lambda, a closure) cannot run there."""
+    if fn is None:
+        return None
+    ref = f"{fn.__module__}:{fn.__qualname__}"
+    if "<" in ref:
+        raise TypeError(f"{ref} cannot be imported by a child process")
+    return ref
+
+
+def crash_text(returncode: int | None) -> str:
+    """How a child's end reads in a row: a signal (return code -N) or an exit code."""
+    if returncode is not None and returncode < 0:
+        return f"crashes (signal {-returncode})"
+    return f"crashes (exit code {returncode})"
+
+
+class Isolated:
+    """A runner whose forwards run in a child process: a fresh interpreter (`python -c`, so nothing of this
+    process is copied into it and no main module is imported again), spoken to over a socket pair with
+    multiprocessing's Connection (`_pack`: JSON and numpy arrays, nothing pickled).
+
+    One child serves every request of a group (an implementation's styles and variants: one start, one
+    compilation cache); a request during which the child dies (a segmentation fault in a kernel, an abort)
+    gets the outcome ("crash", "crashes (signal N)"), and the next request starts a new child.
+    """
+
+    def __init__(self, subject: Subject):
+        # the child loads the named model again; a user's module does not travel (the caller runs it here)
+        if subject.module is not None:
+            raise TypeError("a user's module runs in this process")
+        self.ref = subject.name
+        self.proc: Any = None
+        self.conn: Any = None
+
+    def _start(self) -> None:
+        import socket
+        import subprocess
+        from multiprocessing.connection import Connection
+
+        ours, theirs = socket.socketpair()
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        try:
+            proc = subprocess.Popen([sys.executable, "-c", f"from parity_tests.hf_stack import _child; "
+                                     f"_child({theirs.fileno()})"], pass_fds=[theirs.fileno()], env=env)
+        finally:
+            theirs.close()  # the child's end lives in the child only: its death is an EOF here
+        self.proc, self.conn = proc, Connection(ours.detach())
+        self.conn.send_bytes(_pack({"kind": "subject", "subject": self.ref}, {}))
+
+    def __call__(self, subject: Subject, stack: Stack, inputs: CaseInputs, variant: str, dtype: str) -> Outcome:
+        if self.proc is None:
+            self._start()
+        meta = {"kind": "request", "stack": {**dataclasses.asdict(stack), "function": _function_ref(stack.function)},
+                "rows": [int(r) for r in inputs.rows], "variant": variant, "dtype": dtype}
+        arrays = {"tokens": inputs.tokens, "doc_ids": inputs.doc_ids, "positions": inputs.positions,
+                  "loss_mask": inputs.loss_mask}
+        try:
+            self.conn.send_bytes(_pack(meta, arrays))
+            reply, taps = _unpack(self.conn.recv_bytes())
+            return ("ok", taps) if reply["kind"] == "ok" else (reply["kind"], reply["text"])
+        except (EOFError, OSError):
+            code = self.proc.wait()
+            self.conn.close()
+            self.proc = self.conn = None
+            return "crash", crash_text(code)
+
+    def close(self) -> None:
+        import subprocess
+
+        if self.proc is None:
+            return
+        try:
+            self.conn.send_bytes(_pack({"kind": "end"}, {}))
+            self.proc.wait(timeout=60)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        self.conn.close()
+        self.proc = self.conn = None
+
+    def __enter__(self) -> Isolated:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -563,19 +821,22 @@ def bf16_verdict(test: Taps, subject: Subject, inputs: CaseInputs, variant: str,
 
 
 def hold(subject: Subject, stack: Stack, variant: str, *, seq_len: int = 97, seed: int = 0,
-         dtypes: Sequence[str] = DTYPES, rule: Rule = RULE) -> dict[str, Any]:
+         dtypes: Sequence[str] = DTYPES, rule: Rule = RULE, runner: Runner | None = None) -> dict[str, Any]:
     """One row of the report: the stack asked for `variant` (see the module docstring).
 
-    Returns {implementation, variant, status, computes, closest, candidates, fp32 (the comparison against
-    the variant asked: pass, first_divergence, layers), bf16 (where it computes the variant and bfloat16
-    is in dtypes: policy, pass, first_divergence, layers, summary), error, reason, runtime_s}; status is
-    "computes", "instead" (computes another variant), "none" (none of them within the fp32 rule),
-    "error" or "not_run".
+    runner: runs the stack's forwards (default `run_here`, in this process; an `Isolated` runs them in a
+    child process, so that a stack that crashes its process is a row too).
+    Returns {implementation, inputs, variant, status, computes, closest, candidates, fp32 (the comparison
+    against the variant asked: pass, first_divergence, layers), bf16 (where it computes the variant and
+    bfloat16 is in dtypes: policy, pass, first_divergence, layers, summary), error, reason, runtime_s};
+    status is "computes", "instead" (computes another variant), "none" (none of them within the fp32
+    rule), "error" (error: the exception's first line), "crash" (error: "crashes (signal N)") or "not_run".
     """
     t0 = time.perf_counter()
-    row: dict[str, Any] = {"implementation": stack.name, "variant": variant, "feed": feed_description(stack, variant),
-                           "status": None, "computes": None, "closest": None, "candidates": None, "fp32": None,
-                           "bf16": None, "error": None, "reason": None}
+    row: dict[str, Any] = {"implementation": stack.name, "inputs": FUNCTION_INPUTS if stack.user else stack.inputs,
+                           "variant": variant, "feed": feed_description(stack, variant), "status": None,
+                           "computes": None, "closest": None, "candidates": None, "fp32": None, "bf16": None,
+                           "error": None, "reason": None}
     if stack.user:
         row.update(rope_in=stack.rope_in, emulation=stack.emulation)
     reason = not_run_reason(stack)
@@ -584,10 +845,10 @@ def hold(subject: Subject, stack: Stack, variant: str, *, seq_len: int = 97, see
         return row
     inputs = subject_inputs(subject, variant, seq_len, seed)
     row["rows"] = list(inputs.rows)
-    try:
-        test = run_stack(subject, stack, inputs, variant, "float32")
-    except Exception as e:  # whatever the stack raises is the finding
-        row.update(status="error", error=_error(e), runtime_s=round(time.perf_counter() - t0, 2))
+    runner = runner or run_here
+    kind, test = runner(subject, stack, inputs, variant, "float32")
+    if kind != "ok":  # whatever the stack raises, or its process dying, is the finding
+        row.update(status=kind, error=test, runtime_s=round(time.perf_counter() - t0, 2))
         return row
     found = identify(test, subject, inputs, variant, rule)
     asked = compare(test, oracle(subject, inputs, variant, TRUTH), inputs)
@@ -596,10 +857,9 @@ def hold(subject: Subject, stack: Stack, variant: str, *, seq_len: int = 97, see
                fp32={**fp32, "worst_margin": _worst_margin(asked), "layers": asked},
                status="computes" if found["computes"] == variant else "instead" if found["computes"] else "none")
     if found["computes"] == variant and "bfloat16" in dtypes:
-        try:
-            test16 = run_stack(subject, stack, inputs, variant, "bfloat16")
-        except Exception as e:  # a stack that runs in float32 may still fail in bfloat16
-            row.update(status="error", error=f"bfloat16: {_error(e)}")
+        kind, test16 = runner(subject, stack, inputs, variant, "bfloat16")
+        if kind != "ok":  # a stack that runs in float32 may still fail in bfloat16
+            row.update(status=kind, error=f"bfloat16: {test16}")
         else:
             row["bf16"] = bf16_verdict(test16, subject, inputs, variant, stack.emulation, rule)
     row["runtime_s"] = round(time.perf_counter() - t0, 2)
@@ -607,15 +867,25 @@ def hold(subject: Subject, stack: Stack, variant: str, *, seq_len: int = 97, see
 
 
 def feed_description(stack: Stack, variant: str) -> str:
+    """The inputs of a row, in words."""
     if stack.user:
         where = "rotated by the model" if stack.rope_in == "model" else "unrotated (the function applies RoPE)"
         return f"position_ids of the variant (§2), doc_ids and variant as keywords; q/k {where}"
+    style = stack.inputs
+    cache = "use_cache left at the model's default" if style in ("flattening", "flash-kwargs") else "use_cache=False"
     mask = "an attention_mask of ones" if stack.attention_mask else "no attention_mask"
-    if stack.positions == "variant":
-        return f"position_ids of the variant (§2), {mask}"
-    if variant == "full":
-        return f"one sequence: position_ids 0..T-1, {mask}"
-    return f"documents flattened: position_ids restart at 0 per document (DataCollatorWithFlattening), {mask}"
+    if style.startswith("mask4d"):
+        mask = f"the variant's mask as a 4-D {style.removeprefix('mask4d-')} attention_mask [B,1,T,T]"
+    if stack.positions == "variant" or style.startswith("mask4d"):
+        positions = "position_ids of the variant (§2)"
+    elif style == "continuous":
+        positions = "position_ids 0..T-1"
+    elif variant == "full":
+        positions = "one sequence: position_ids 0..T-1 (DataCollatorWithFlattening)"
+    else:
+        positions = "documents flattened: position_ids restart at 0 per document (DataCollatorWithFlattening)"
+    flash = ", cu_seq_lens_q/k and max_length_q/k" if style == "flash-kwargs" else ""
+    return f"{positions}{flash}, {mask}, {cache}"
 
 
 def passed(row: dict[str, Any]) -> bool:
@@ -630,7 +900,8 @@ def run_hf_stack(model: Any = "default", *, implementations: Sequence[str] | Non
                  attention: Callable[..., Any] | str | None = None, rope_in: str = "model",
                  emulation: str | None = None, variants: Sequence[str] = VARIANTS, seq_len: int = 97,
                  seed: int = 0, dtypes: Sequence[str] = DTYPES, data: str = "random:llama",
-                 progress: bool = False, rule: Rule = RULE) -> dict[str, Any]:
+                 inputs: str | Sequence[str] | None = None, isolate: bool = True, progress: bool = False,
+                 rule: Rule = RULE) -> dict[str, Any]:
     """Hold stock transformers implementations and/or a user's attention function against the oracle.
 
     Args:
@@ -645,9 +916,14 @@ def run_hf_stack(model: Any = "default", *, implementations: Sequence[str] | Non
       variants: the variants asked; seq_len: T; seed: the documents' lengths.
       dtypes: "float32" (always run: it identifies the variant) and "bfloat16" (the bf16 rule).
       data: for a module, the model whose parity inputs it is fed.
+      inputs: the input styles of transformers' own implementations (INPUT_STYLES, comma-separated or a
+        list, or "all"; default DEFAULT_INPUTS). A user's function gets its own feed (inputs "function").
+      isolate: run transformers' own implementations in child processes (`Isolated`, one per
+        implementation), so that one that crashes its process is a "crash" row; a user's module (it
+        does not travel to a child: only a model name does) and a user's function run in this process.
     Returns:
-      {"stack": "hf", "model", "rows": [hold(...) per implementation x variant], "pass", "rule",
-       "seq_len", "machine", "versions", "runtime_s"}.
+      {"stack": "hf", "model", "inputs", "rows": [hold(...) per implementation x style x variant], "pass",
+       "rule", "seq_len", "machine", "versions", "runtime_s"}.
     """
     from anchor.progress import ProgressBar
 
@@ -660,7 +936,8 @@ def run_hf_stack(model: Any = "default", *, implementations: Sequence[str] | Non
         raise InputError(f"--variants: unknown variant {bad[0] if bad else None!r} (known: {', '.join(VARIANTS)})")
     if implementations is None:
         implementations = () if attention is not None else IMPLEMENTATIONS
-    stacks = [stock(i) for i in implementations]
+    styles = input_styles(inputs)
+    stacks = [stock(i, style) for i in implementations for style in styles]
     if attention is not None:
         stacks.append(user_stack(attention, rope_in=rope_in, emulation=emulation))
     if not stacks:
@@ -669,25 +946,43 @@ def run_hf_stack(model: Any = "default", *, implementations: Sequence[str] | Non
     if seq_len > subject.spec.max_position:
         raise InputError(f"--seq-len {seq_len} is longer than {subject.name}'s {subject.spec.max_position} positions")
     rows = []
+    runners: dict[str, Runner] = {}
+
+    def runner(stack: Stack) -> Runner:
+        if stack.user or not isolate:
+            return run_here
+        if stack.implementation not in runners:
+            try:
+                runners[stack.implementation] = Isolated(subject)
+            except TypeError:  # a user's module runs in this process
+                runners[stack.implementation] = run_here
+        return runners[stack.implementation]
+
     bar = ProgressBar("parity", len(stacks) * len(variants), progress)
     try:
         for variant in sorted(variants, key=lambda v: (v == "anchor", VARIANTS.index(v))):  # shared inputs first
             for stack in stacks:
-                bar.describe(f"{stack.name} / {variant}", log=False)
-                row = hold(subject, stack, variant, seq_len=seq_len, seed=seed, dtypes=dtypes, rule=rule)
+                label = stack.name if stack.user else f"{stack.name} / {stack.inputs}"
+                bar.describe(f"{label} / {variant}", log=False)
+                row = hold(subject, stack, variant, seq_len=seq_len, seed=seed, dtypes=dtypes, rule=rule,
+                           runner=runner(stack))
                 rows.append(row)
-                bar.advance(1, f"{stack.name} / {variant}: {describe_row(row)} ({row.get('runtime_s', 0):.1f} s)")
+                bar.advance(1, f"{label} / {variant}: {describe_row(row)} ({row.get('runtime_s', 0):.1f} s)")
     finally:
         bar.close()
+        for r in runners.values():
+            if isinstance(r, Isolated):
+                r.close()
         _ORACLE.clear()
         _MODELS.clear()
-    order = {s.name: i for i, s in enumerate(stacks)}
-    rows.sort(key=lambda r: (order[r["implementation"]], VARIANTS.index(r["variant"])))
+    order = {(s.name, FUNCTION_INPUTS if s.user else s.inputs): i for i, s in enumerate(stacks)}
+    rows.sort(key=lambda r: (order[r["implementation"], r["inputs"]], VARIANTS.index(r["variant"])))
     from anchor.machine import machine
 
     import transformers
 
-    return {"stack": "hf", "model": subject.name, "data": subject.data, "seq_len": seq_len, "seed": seed,
+    return {"stack": "hf", "model": subject.name, "data": subject.data, "inputs": styles if implementations else [],
+            "seq_len": seq_len, "seed": seed,
             "dtypes": list(dtypes), "rows": rows, "pass": all(passed(r) for r in rows), "rule": rule.to_dict(),
             "truth": TRUTH, "transformers": transformers.__version__, "machine": machine(),
             "runtime_s": round(time.perf_counter() - t0, 2)}
@@ -701,6 +996,11 @@ def where(first: dict[str, Any] | None) -> str:
     return f"{'layer ' + str(layer) if isinstance(layer, int) else layer} / {first['tap']}"
 
 
+def closest_margin(row: dict[str, Any]) -> float:
+    """The closest variant's worst error over the fp32 tolerance (> 1 for a row that computes none)."""
+    return row["candidates"][row["closest"]]["worst_margin"]
+
+
 def describe_row(row: dict[str, Any]) -> str:
     """One line: what the stack computes for the variant asked, and the bf16 rule's verdict."""
     status = row["status"]
@@ -708,11 +1008,14 @@ def describe_row(row: dict[str, Any]) -> str:
         return f"not run ({row['reason']})"
     if status == "error":
         return f"error: {row['error']}"
+    if status == "crash":
+        return row["error"]
     fp32 = f"fp32 first divergence from {row['variant']} at {where(row['fp32']['first_divergence'])}"
     if status == "instead":
         return f"computes {row['computes']} instead of {row['variant']} ({fp32})"
     if status == "none":
-        return f"computes none of the variants (closest: {row['closest']}; {fp32})"
+        return (f"computes none of the variants (closest: {row['closest']}, "
+                f"{closest_margin(row):.3g} x the fp32 tolerance; {fp32})")
     if row["bf16"] is None:
         return "computes it"
     b = row["bf16"]

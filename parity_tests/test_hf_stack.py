@@ -1,8 +1,9 @@
 """Stock transformers (5.23) and users' attention functions under the oracle (parity_tests.hf_stack).
 
 The "instead" findings are asserted as observed: each test below fails once transformers computes the
-variant asked from the inputs it documents for packed sequences, and says why this version does not. Every
-case runs on random:llama at T = 97 (two windows, the second padded, one- and two-token documents).
+variant asked from the inputs it documents for packed sequences (the default input style,
+flattening-nocache), and says why this version does not. Every case runs on random:llama at T = 97 (two
+windows, the second padded, one- and two-token documents). The other input styles: test_hf_inputs.py.
 """
 
 from __future__ import annotations
@@ -250,7 +251,11 @@ def test_cli_stock_rows_pass_where_they_compute_the_variant(tmp_path, capsys):
                "--attn-implementation", "sdpa,flash_attention_2", "--policies", "fp32", "--no-progress"])
     printed = capsys.readouterr().out
     print(printed)
-    assert rc == 0 and "| `flash_attention_2` | not run |" in printed
+    assert rc == 0 and "| `flash_attention_2` | `flattening-nocache` | not run |" in printed
+    rows = json.loads((out / "parity.json").read_text())["rows"]
+    assert [(r["implementation"], r["inputs"], r["status"], r["computes"]) for r in rows] == [
+        ("sdpa", "flattening-nocache", "computes", "full"),
+        ("flash_attention_2", "flattening-nocache", "not_run", None)]
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -128,7 +128,8 @@ def provenance(rec: dict[str, Any]) -> tuple[str, str]:
     top = next((str(rec[k]) for k in ("date_utc", "date") if isinstance(rec.get(k), str) and rec[k][:2] == "20"), "")
     date = m.get("date_utc") or top or r.get("date") or ""
     commit = m.get("commit") or r.get("commit") or ""
-    return (str(date)[:10] or "—"), (str(commit)[:12] or "—")
+    commit = str(commit)
+    return (str(date)[:10] or "—"), ((commit[:12] + ("+dirty" if commit.endswith("+dirty") else "")) or "—")
 
 
 def source(rel: str, rec: dict[str, Any]) -> str:
@@ -414,23 +415,29 @@ def evaluation_page(records: Records) -> str:
         return table(["variant", "last loss", "step, s (median)", "tokens/s (median)"], rows) + [""] + tail
 
     def hf(rec):
-        cells: dict[str, dict[str, str]] = {}
+        cells: dict[tuple[str, str], dict[str, str]] = {}
         for r in rec.get("rows", []):
             st = r.get("status")
             if st == "computes":
                 text = "computes it"
-            elif st in ("instead",):
+            elif st == "instead":
                 text = f"computes `{r.get('computes')}` instead"
-            elif st in ("none",):
+            elif st == "none":
                 text = f"none of the four (closest `{r.get('closest')}`)"
+            elif st in ("crash", "error"):
+                text = f"{'' if st == 'crash' else 'error: '}{r.get('error')}"
+            elif st == "not_run":
+                text = "not run"
             else:
                 text = st or "—"
             bf = (r.get("bf16") or {}).get("pass")
             if st == "computes" and bf is not None:
                 text += ", bf16 " + ("passes" if bf else "**fails**")
-            cells.setdefault(r["implementation"], {})[r["variant"]] = text
-        rows = [[f"`{impl}`"] + [c.get(v, "—") for v in VARIANTS] for impl, c in cells.items()]
-        return table(["implementation"] + [f"asked for `{v}`" for v in VARIANTS], rows)
+            # a record without `inputs` holds the default style only (its rows' `feed` says which inputs)
+            cells.setdefault((r["implementation"], r.get("inputs") or "flattening-nocache"), {})[r["variant"]] = text
+        rows = [[f"`{impl}`", f"`{inputs}`"] + [c.get(v, "—") for v in VARIANTS]
+                for (impl, inputs), c in cells.items()]
+        return table(["implementation", "inputs"] + [f"asked for `{v}`" for v in VARIANTS], rows)
 
     out = ["# Evaluation", "", GENERATED, "",
            "The paper's comparison at small scale (`anchor demo`), and what stock transformers computes for each "
@@ -442,7 +449,8 @@ def evaluation_page(records: Records) -> str:
                    "The four variants, averaged over five checkpoints each.", ruler)
     for rel in HF_STACK:
         out += section(records, rel, f"Stock transformers: `{Path(rel).stem}`", "Each implementation asked for "
-                       "each variant through transformers' own inputs.", hf)
+                       "each variant, in each input style (how the batch reaches the model: "
+                       "`anchor parity --stack hf --inputs`).", hf)
     return "\n".join(out)
 
 

@@ -22,6 +22,11 @@ def _split(text: str, option: str) -> list[str]:
     return list(dict.fromkeys(items))
 
 
+INPUTS_HELP = ("flattening (DataCollatorWithFlattening's restarting position_ids, no mask, use_cache at the model's "
+               "default), flattening-nocache (the same with use_cache=False; the default), flash-kwargs (the "
+               "collator's cu_seq_lens_q/k and max_length_q/k too), continuous (position_ids 0..T-1, no mask), "
+               "mask4d-bool and mask4d-float (the variant's position_ids and mask as a 4-D attention_mask).")
+
 @app.command()
 def parity(
     out: Annotated[Path, typer.Option("--out", help="Output folder (replaced when complete; until then each finished "
@@ -48,6 +53,9 @@ def parity(
     attn_implementation: Annotated[str | None, typer.Option(
         "--attn-implementation", help="--stack hf: transformers' eager,sdpa,flex_attention,flash_attention_2 "
                                       "(comma-separated; default all four, none with --attention).")] = None,
+    inputs: Annotated[str | None, typer.Option(
+        "--inputs", help=f"--stack hf: how the batch reaches transformers' implementations, comma-separated or all: "
+                         f"{INPUTS_HELP}")] = None,
     attention: Annotated[str | None, typer.Option(
         "--attention", help="--stack hf: your attention function, pkg.module:function with transformers' "
                             "AttentionInterface signature; it gets doc_ids= and variant= keywords.")] = None,
@@ -81,8 +89,9 @@ def parity(
     batches made by the real packer; with --grads also every parameter's gradient and the parameters after
     1 and 3 AdamW steps. Writes parity.json, index.html, summary.md and figures to --out;
     exits 1 when a case fails. A killed run keeps each case it finished (.<name>.parts beside --out);
-    the same command again computes only the rest. --stack hf: stock transformers or your --attention function, per variant
-    (parity_tests.hf_stack); exits 1 where one does not compute the variant asked or fails the bf16 rule."""
+    the same command again computes only the rest. --stack hf: stock transformers (in each --inputs style) or
+    your --attention function, per variant (parity_tests.hf_stack); exits 1 where one does not compute the
+    variant asked or fails the bf16 rule."""
     from parity_tests.cases import LAYOUTS, VARIANTS
 
     from anchor.errors import InputError
@@ -100,9 +109,9 @@ def parity(
         _refuse({"--engines": engines, "--layouts": layouts, "--grads": grads, "--keep-parts": keep_parts},
                 "applies to --stack torch (--stack hf holds transformers' own attention)")
         return _parity_hf(out, model, variant_list, policies, seq_len, seed, attn_implementation, attention,
-                          rope_in, emulation, progress)
+                          rope_in, emulation, progress, inputs)
     _refuse({"--attn-implementation": attn_implementation, "--attention": attention, "--rope-in": rope_in != "model",
-             "--emulation": emulation}, "applies to --stack hf")
+             "--emulation": emulation, "--inputs": inputs}, "applies to --stack hf")
     engines = engines or "eager,sdpa,flash_varlen_emulated"
     layout_list = _split(layouts or "plain", "--layouts")
     bad = [v for v in layout_list if v not in LAYOUTS]
@@ -210,13 +219,13 @@ def _checked_length(model: str, seq_len: int):
 
 def _parity_hf(out: Path, model: str, variant_list: list[str], policies: str, seq_len: int, seed: int,
                attn_implementation: str | None, attention: str | None, rope_in: str, emulation: str | None,
-               progress: bool) -> int:
+               progress: bool, inputs: str | None = None) -> int:
     """`anchor parity --stack hf` (parity_tests.hf_stack): checks, then the rows, then the report."""
     from anchor.errors import InputError
     from anchor.limits import check_seed
     from anchor.outdir import guard_out, out_lock
     from parity_tests.hf_report import render_markdown, write_report
-    from parity_tests.hf_stack import run_hf_stack, stock, user_stack
+    from parity_tests.hf_stack import input_styles, run_hf_stack, stock, user_stack
 
     check_seed(seed)
     policy_list = _split(policies, "--policies")
@@ -229,6 +238,10 @@ def _parity_hf(out: Path, model: str, variant_list: list[str], policies: str, se
         stock(name)  # an unknown name fails here
     if attention is None and (rope_in != "model" or emulation):
         raise InputError("--rope-in and --emulation apply to --attention")
+    styles = input_styles(inputs)  # an unknown style fails here
+    if inputs is not None and attention is not None and implementations is None:
+        raise InputError("--inputs applies to transformers' own implementations (--attn-implementation); "
+                         "--attention gets its own feed")
     if attention is not None:
         user_stack(attention, rope_in=rope_in, emulation=emulation)  # a bad function fails here
     out = guard_out(out, "parity", inputs=(model,))
@@ -236,7 +249,7 @@ def _parity_hf(out: Path, model: str, variant_list: list[str], policies: str, se
     with out_lock(out, "parity"):
         result = run_hf_stack(model, implementations=implementations, attention=attention, rope_in=rope_in,
                               emulation=emulation, variants=variant_list, seq_len=seq_len, seed=seed,
-                              dtypes=dtypes, progress=progress)
+                              dtypes=dtypes, inputs=styles, progress=progress)
         path = write_report(result, out)
     typer.echo(render_markdown(result))
     typer.echo(f"wrote {path / 'parity.json'}, {path / 'summary.md'}")

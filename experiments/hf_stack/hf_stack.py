@@ -1,13 +1,14 @@
 """Stock transformers under the oracle (issue 31 item 1): `anchor parity --stack hf` on random:llama and SmolLM2.
 
-    .venv/bin/python experiments/hf_stack/hf_stack.py [--runs random:llama@97,default@97,default@515]
+    .venv/bin/python experiments/hf_stack/hf_stack.py [--runs random:llama@97,default@97,default@515] [--inputs all]
 
 For each run (model @ T): transformers' eager, sdpa and flex_attention (forward only on the CPU) and
 flash_attention_2 (reported as not run without CUDA and flash-attn), each asked for the four variants
-with its inputs packed as transformers expects packed sequences (parity_tests.hf_stack): which variant
-it computes, and, where it computes the one asked, whether its bf16 forward passes the suite's rule.
-Writes results/hf_stack_<model>_T<T>_<machine>.json beside it (machine: cpu or the GPU) (the report with the machine; the per-layer tables
-are left out, `anchor parity --stack hf` writes them) and .md (summary.md).
+in each input style (parity_tests.hf_stack.INPUT_STYLES: how a real loop hands the batch to the model):
+which variant it computes, and, where it computes the one asked, whether its bf16 forward passes the
+suite's rule. Writes results/hf_stack_<model>_T<T>_<machine>.json beside it (machine: cpu or the GPU) (the
+report with the machine; the per-layer tables are left out, `anchor parity --stack hf` writes them) and .md
+(summary.md).
 """
 
 from __future__ import annotations
@@ -49,11 +50,12 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", default="random:llama@97,default@97,default@515")
+    ap.add_argument("--inputs", default="all", help="input styles (comma-separated, or all)")
     args = ap.parse_args()
     for run in args.runs.split(","):
         model, _, T = run.partition("@")
-        result = run_hf_stack(model, seq_len=int(T), progress=True)
-        result["command"] = f"anchor parity --stack hf --model {model} --seq-len {T} --out DIR"
+        result = run_hf_stack(model, seq_len=int(T), inputs=args.inputs, progress=True)
+        result["command"] = f"anchor parity --stack hf --model {model} --seq-len {T} --inputs {args.inputs} --out DIR"
         name = f"hf_stack_{model.replace('random:', 'random_').replace('default', 'smollm2')}_T{T}_{where()}"
         stem = HERE / "results" / name
         stem.with_suffix(".json").write_text(json.dumps(_finite(slim(result)), indent=1, default=_json_default))
