@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from anchor.variants import VARIANTS
-from parity_tests.hf_stack import closest_margin, describe_row, where
+from parity_tests.hf_stack import asked_margin, closest_margin, describe_row, where
 
 
 def cell(row: dict[str, Any]) -> str:
@@ -26,7 +26,7 @@ def cell(row: dict[str, Any]) -> str:
     if status == "crash":
         return row["error"]
     if status == "instead":
-        return f"computes `{row['computes']}` instead"
+        return f"computes `{row['computes']}` instead ({asked_margin(row):.3g} x tol from the one asked)"
     if status == "none":
         return f"computes none (closest `{row['closest']}`, {closest_margin(row):.3g} x tol)"
     b = row["bf16"]

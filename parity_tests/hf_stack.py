@@ -183,11 +183,50 @@ def user_stack(function: Callable[..., Any] | str, *, rope_in: str = "model", em
     if not callable(function):
         raise InputError(f"--attention: {function!r} is not callable")
     name = name or f"{getattr(function, '__module__', '?')}:{getattr(function, '__qualname__', repr(function))}"
+    check_signature(function, name)
     emulation = emulation or DEFAULT_EMULATION[rope_in]
     import jaxref
 
     jaxref.get_policy(emulation)  # an unknown preset is an InputError here, before any work
     return Stack(name, USER_NAME, function, rope_in, emulation)  # type: ignore[arg-type]
+
+
+SIGNATURE = "fn(module, query, key, value, attention_mask, **kwargs) -> (out [B,T,N,D], weights or None)"
+
+
+def check_signature(function: Callable[..., Any], name: str) -> None:
+    """Refuse, before anything runs, a function transformers' AttentionInterface cannot call: it is called
+    with five positional arguments and keywords (scaling, dropout, position_ids, ... and here doc_ids and
+    variant), so it needs five positional parameters (or *args) and **kwargs."""
+    import inspect
+
+    try:
+        sig = inspect.signature(function)
+    except (TypeError, ValueError):
+        return  # a builtin or C callable without a signature: it is tried as it is
+    params = list(sig.parameters.values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    var_args = any(p.kind == p.VAR_POSITIONAL for p in params)
+    var_kw = any(p.kind == p.VAR_KEYWORD for p in params)
+    if (len(positional) < 5 and not var_args) or not var_kw:
+        raise InputError(f"--attention {name}: takes {sig}; transformers' AttentionInterface calls {SIGNATURE} "
+                         "(it also gets doc_ids= and variant=)")
+
+
+def check_output(name: str, query, result: Any) -> Any:
+    """The user's function's result as transformers uses it: a tuple (out [B,T,N,D], weights or None), out
+    with the slots before the heads (query arrives [B,N,T,D]); anything else is named with what was expected."""
+    B, N, T, D = query.shape
+    if not isinstance(result, tuple) or len(result) != 2:
+        what = (f"a bare tensor of shape {list(result.shape)}" if hasattr(result, "shape")
+                else f"a {type(result).__name__}" + (f" of {len(result)}" if isinstance(result, tuple) else ""))
+        raise TypeError(f"{name} returned {what}; expected a tuple (out [B,T,N,D] = {[B, T, N, D]}, weights or None)")
+    shape = list(getattr(result[0], "shape", []))
+    if shape != [B, T, N, D]:
+        hint = (" (heads before slots, as query arrives: transpose(1, 2) it)" if shape == [B, N, T, D] and N != T
+                else "")
+        raise ValueError(f"{name} returned out of shape {shape}{hint}; expected [B,T,N,D] = {[B, T, N, D]}")
+    return result
 
 
 def load_function(spec: str) -> Callable[..., Any]:
@@ -540,7 +579,12 @@ def _registered(stack: Stack) -> Iterator[None]:
 
     mapping = AttentionInterface._global_mapping
     before = mapping.get(USER_NAME)
-    AttentionInterface.register(USER_NAME, stack.function)
+    function = stack.function
+
+    def checked(module, query, key, value, attention_mask, *args, **kwargs):
+        return check_output(stack.name, query, function(module, query, key, value, attention_mask, *args, **kwargs))
+
+    AttentionInterface.register(USER_NAME, checked)
     try:
         yield
     finally:
@@ -942,6 +986,9 @@ def run_hf_stack(model: Any = "default", *, implementations: Sequence[str] | Non
         stacks.append(user_stack(attention, rope_in=rope_in, emulation=emulation))
     if not stacks:
         raise InputError("nothing to hold: name --attn-implementation or --attention")
+    if all(not_run_reason(s) for s in stacks):
+        raise InputError(f"nothing was checked: {', '.join(dict.fromkeys(s.name for s in stacks))} cannot run here "
+                         f"({not_run_reason(stacks[0])})")
     subject = named_subject(model) if isinstance(model, str) else module_subject(model, data=data)
     if seq_len > subject.spec.max_position:
         raise InputError(f"--seq-len {seq_len} is longer than {subject.name}'s {subject.spec.max_position} positions")
@@ -1001,6 +1048,11 @@ def closest_margin(row: dict[str, Any]) -> float:
     return row["candidates"][row["closest"]]["worst_margin"]
 
 
+def asked_margin(row: dict[str, Any]) -> float:
+    """The variant asked's worst error over the fp32 tolerance (> 1 for a row that computes another)."""
+    return row["candidates"][row["variant"]]["worst_margin"]
+
+
 def describe_row(row: dict[str, Any]) -> str:
     """One line: what the stack computes for the variant asked, and the bf16 rule's verdict."""
     status = row["status"]
@@ -1012,7 +1064,8 @@ def describe_row(row: dict[str, Any]) -> str:
         return row["error"]
     fp32 = f"fp32 first divergence from {row['variant']} at {where(row['fp32']['first_divergence'])}"
     if status == "instead":
-        return f"computes {row['computes']} instead of {row['variant']} ({fp32})"
+        return (f"computes {row['computes']} instead of {row['variant']} ({asked_margin(row):.3g} x the fp32 "
+                f"tolerance from it; {fp32})")
     if status == "none":
         return (f"computes none of the variants (closest: {row['closest']}, "
                 f"{closest_margin(row):.3g} x the fp32 tolerance; {fp32})")

@@ -225,7 +225,7 @@ def _parity_hf(out: Path, model: str, variant_list: list[str], policies: str, se
     from anchor.limits import check_seed
     from anchor.outdir import guard_out, out_lock
     from parity_tests.hf_report import render_markdown, write_report
-    from parity_tests.hf_stack import input_styles, run_hf_stack, stock, user_stack
+    from parity_tests.hf_stack import input_styles, not_run_reason, run_hf_stack, stock, user_stack
 
     check_seed(seed)
     policy_list = _split(policies, "--policies")
@@ -239,6 +239,10 @@ def _parity_hf(out: Path, model: str, variant_list: list[str], policies: str, se
     if attention is None and (rope_in != "model" or emulation):
         raise InputError("--rope-in and --emulation apply to --attention")
     styles = input_styles(inputs)  # an unknown style fails here
+    runnable = [n for n in implementations or () if not_run_reason(stock(n)) is None]
+    if attention is None and implementations and not runnable:
+        raise InputError(f"nothing was checked: {', '.join(implementations)} cannot run here "
+                         f"({not_run_reason(stock(implementations[0]))})")
     if inputs is not None and attention is not None and implementations is None:
         raise InputError("--inputs applies to transformers' own implementations (--attn-implementation); "
                          "--attention gets its own feed")
