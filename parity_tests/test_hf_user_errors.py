@@ -72,3 +72,25 @@ def test_only_implementations_that_cannot_run_here_check_nothing(tmp_path):
         main(["parity", "--stack", "hf", "--model", "random:llama", "--attn-implementation", "flash_attention_2",
               "--out", str(out)])
     assert e.value.code == 2 and not out.exists()
+
+
+def test_the_cli_refuses_such_a_function_in_one_line_before_any_work(tmp_path, capsys):
+    from anchor_app.cli import main
+
+    out = tmp_path / "report"
+    with pytest.raises(SystemExit) as e:
+        main(["parity", "--stack", "hf", "--model", "random:llama", "--out", str(out),
+              "--attention", "parity_tests.test_hf_user_errors:three_tensors"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and not out.exists()
+    assert len(err.splitlines()) == 1 and "takes (query, key, value)" in err
+
+
+def test_every_finding_in_the_summary_gives_its_error_size():
+    from parity_tests.hf_report import cell
+
+    candidates = {"intra_doc": {"worst_margin": 7.0e4}, "intra_doc_reset": {"worst_margin": 0.2}}
+    instead = {"status": "instead", "variant": "intra_doc", "computes": "intra_doc_reset", "candidates": candidates}
+    none = {"status": "none", "variant": "anchor", "closest": "intra_doc", "candidates": candidates}
+    assert cell(instead) == "computes `intra_doc_reset` instead (7e+04 x tol from the one asked)"
+    assert cell(none) == "computes none (closest `intra_doc`, 7e+04 x tol)"
