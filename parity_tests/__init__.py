@@ -3,20 +3,22 @@
 Modules:
   cases    `Case` (model, variant, layout, policy, engine, seq_len), its inputs from the real packer
            (`case_inputs`), the fast subset and the full matrix
-  runners  the registry of runners producing taps from a case (every torchtrain engine; register more:
-           sequence-parallel layouts, new kernels), and the oracle's taps (`oracle_taps`)
+  runners  the registry of runners producing taps from a case (every torchtrain engine, transformers' own
+           implementations as `hf:IMPLEMENTATION@STYLE`; register more: sequence-parallel layouts, new
+           kernels, a user's function), and the one oracle cache (`oracle`; a case's: `oracle_taps`)
   emulations  the oracle's emulation of each engine's arithmetic (`EMULATIONS`: engine -> dtype policy)
   core     per-layer, per-tap errors (max-abs, relative L2, per-token KL), the pass rule, the first
-           divergent (layer, tap), emulation fidelity
-  suite    `run_case`, `run_parity`, `build_cases`, `describe`
-  report   parity.json, index.html with a layer-wise plot per case, summary.md
+           divergent (layer, tap), emulation fidelity; `hold`, the one judgement of every comparison
+  suite    `run_case`, `judge_case`, `run_parity`, `build_cases`, `describe`
+  report   parity.json, index.html with a layer-wise plot per case, summary.md (the suite's and
+           `--stack hf`'s: one writer)
   grads    gradient and AdamW-step parity (`run_grad_case`)
   torch_audit  the precision audit of the torch stack (`anchor audit --stack torch`): D per shift beside
            its emulation's
   hf_stack  stock transformers (its own attention implementations, inputs packed as transformers expects)
            and users' attention functions against the oracle (`anchor parity --stack hf`): which variant
            each computes when asked for each, and the bf16 rule where it computes the one asked
-  hf_report  its parity.json and summary.md
+  hf_report  its summary.md (the table of what each stack computes)
   planted_attention  users' attention functions for the tests: a correct one and planted defects
 
     from parity_tests.cases import Case

@@ -59,7 +59,7 @@ pytest fixture `anchor_check_step` (anchor_app/pytest_plugin.py) fails a test wi
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -67,11 +67,12 @@ import numpy as np
 from anchor.errors import InputError
 from anchor.variants import VARIANTS
 from parity_tests.cases import CaseInputs
-from parity_tests.core import RULE, Rule, compare, judge
+from parity_tests.core import RULE, Rule
+from parity_tests.core import hold as judged
 from parity_tests.emulations import HF_EMULATIONS
-from parity_tests.hf_stack import (IDENTIFYING, TRUTH, Stack, _Recorder, _recording, bf16_verdict, identify,
+from parity_tests.hf_stack import (IDENTIFYING, TRUTH, _error, bf16_verdict, identify, only,
                                    module_subject, where)
-from parity_tests.runners import TAP_ORDER, Taps
+from parity_tests.runners import Taps, as_arrays, oracle
 
 DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 # What a batch may hold the documents in, in the order they are read (see the module docstring).
@@ -80,20 +81,6 @@ MASKS: tuple[str, ...] = ("full", "intra_doc", "anchor")  # the masks of the fou
 _MASK_WORDS = {"full": "full attention (across documents)", "intra_doc": "attention within each document",
                "anchor": "attention within each document and to slot 0"}
 _PER_DOCUMENT = ("intra_doc", "intra_doc_reset", "anchor")
-
-
-def _only(taps: Taps, names: Sequence[str]) -> Taps:
-    return {k: v for k, v in taps.items() if k in names}
-
-
-def _error(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
-
-
-def _worst_margin(layers: list[dict[str, Any]]) -> float:
-    return max((e["rel_l2"] / e["tol"] for entry in layers for e in entry["taps"].values() if e.get("tol")),
-               default=0.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,30 +277,21 @@ def _rows(T: int) -> tuple[int, ...]:
 
 
 def _tapped(model: Any, batch: Mapping, doc_ids: np.ndarray) -> Taps:
-    """The taps of model(**batch): hooks and a wrapper of the model's own attention implementation."""
+    """The taps of model(**batch), recorded by torchtrain.capture_taps (the recorder of every parity runner:
+    hooks and a wrapper of the model's own attention implementation)."""
     import torch
 
-    impl = model.config._attn_implementation
-    rec = _Recorder(doc_ids, "full", _rows(doc_ids.shape[1]))
-    with _recording(model, Stack(impl, impl), rec), torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+    from torchtrain.taps import capture_taps
+
+    with (capture_taps(model, _rows(doc_ids.shape[1]), doc_ids=torch.from_numpy(doc_ids), variant="full") as taps,
+          torch._dynamo.config.patch(automatic_dynamic_shapes=False)):
         _forward(model, batch)
-    return _only(rec.taps(), IDENTIFYING)
+    return only(as_arrays(taps), IDENTIFYING)
 
 
 def _inputs(tokens: np.ndarray, doc_ids: np.ndarray) -> CaseInputs:
     zeros = np.zeros_like(tokens)
     return CaseInputs(tokens, doc_ids, zeros, zeros, _rows(tokens.shape[1]))
-
-
-def _reading(subject, inputs: CaseInputs, mask: str, positions: np.ndarray) -> Taps:
-    """The oracle's fp64 taps of one mask at given positions (hf_stack.oracle, positions given)."""
-    import jaxref
-
-    _, per_layer = jaxref.forward(subject.params, subject.spec, inputs.tokens, positions=positions,
-                                  doc_ids=inputs.doc_ids, variant=mask, policy=TRUTH, taps=True,
-                                  tap_rows=inputs.rows)
-    out = {n: np.asarray(per_layer[n]) for n in TAP_ORDER if n in IDENTIFYING and n in per_layer}
-    return {n: (x[None] if n in ("embed", "logits") else x) for n, x in out.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -499,9 +477,10 @@ def _read_positions(test: Taps, subject, inputs: CaseInputs, batch: Mapping, rul
         own = [v for v in VARIANTS if (v == mask or (mask == "intra_doc" and v == "intra_doc_reset"))]
         if any(np.array_equal(pos, jaxref.positions(inputs.doc_ids, v)) for v in own):
             continue  # that is a variant, already held
-        layers = compare(test, _reading(subject, inputs, mask, pos), inputs)
-        if judge(layers, False, rule)["pass"]:
-            return {"mask": mask, "positions": "the batch's position_ids", "worst_margin": _worst_margin(layers)}
+        reading = only(oracle(subject, inputs, mask, TRUTH, positions=pos), IDENTIFYING)  # the mask at those positions
+        v = judged(test, reading, inputs, bf16=False, rule=rule)
+        if v["pass"]:
+            return {"mask": mask, "positions": "the batch's position_ids", "worst_margin": v["worst_margin"]}
     return None
 
 

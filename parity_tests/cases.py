@@ -51,6 +51,8 @@ class Case:
     engine: a runner name (every torchtrain engine, plus whatever `parity_tests.runners.register`
       added: sequence-parallel layouts, other kernels).
     seq_len: T; windows: B; seed: the document lengths and the interleaving.
+    data: the model whose parity inputs (tokenizer, documents) the case is fed; default `model` (another
+      name where `model` names no loadable model: a user's module, parity_tests.hf_stack).
     """
 
     model: str
@@ -61,6 +63,7 @@ class Case:
     seq_len: int = 97
     windows: int = 0  # 0: 2 windows (the second padded) for random presets, 1 for pretrained models
     seed: int = 0
+    data: str = ""
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -72,7 +75,7 @@ class Case:
 
     @property
     def is_random(self) -> bool:
-        return self.model.startswith("random:")
+        return (self.data or self.model).startswith("random:")
 
     @property
     def num_windows(self) -> int:
@@ -81,7 +84,7 @@ class Case:
     @property
     def data_key(self) -> tuple:
         """Cases with equal keys share their inputs (and the oracle's runs on them)."""
-        return (self.model, self.variant, self.layout, self.seq_len, self.num_windows, self.seed)
+        return (self.data or self.model, self.variant, self.layout, self.seq_len, self.num_windows, self.seed)
 
     @property
     def id(self) -> str:

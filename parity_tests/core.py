@@ -216,3 +216,35 @@ def fidelity(layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         out.append(row)
     return out
+
+
+def worst_margin(layers: list[dict[str, Any]]) -> float:
+    """max over judged taps of rel_l2 / tol (< 1: every tap passes)."""
+    return max((e["rel_l2"] / e["tol"] for entry in layers for e in entry["taps"].values() if e.get("tol")),
+               default=0.0)
+
+
+def hold(test: Taps, truth: Taps, inputs: CaseInputs, *, bf16: bool, baseline: Sequence[Taps] = (),
+         rule: Rule = RULE) -> dict[str, Any]:
+    """The one judgement of every parity comparison (the suite's cases, transformers' stacks and users'
+    functions, the black-box check): `compare` layer by layer, `judge` by the rule.
+
+    bf16: judge by the bf16 rule (`baseline` required: the emulation's runs, one per summation order, the
+      first the emulation itself, also measured against directly); else by the fp32 rule (a `baseline`
+      given is reported, not used).
+    Returns {"pass", "first_divergence", "failures", "layers", "worst_margin", "summary": {"logits_rel_l2",
+    "logits_baseline_rel_l2", "logits_kl_mean", "worst_margin"}} and, in bf16, "fidelity".
+    """
+    if bf16 and not baseline:
+        raise ValueError("the bf16 rule needs the emulation's runs as its baseline")
+    baseline = list(baseline)
+    layers = compare(test, truth, inputs, baseline=baseline or None, emulation=baseline[0] if baseline else None)
+    verdict = judge(layers, bf16, rule)
+    margin = worst_margin(layers)
+    logits = layers[-1]["taps"].get("logits", {})
+    out = {**verdict, "layers": layers, "worst_margin": margin,
+           "summary": {"logits_rel_l2": logits.get("rel_l2"), "logits_baseline_rel_l2": logits.get("baseline_rel_l2"),
+                       "logits_kl_mean": logits.get("kl_mean"), "worst_margin": margin}}
+    if bf16:
+        out["fidelity"] = fidelity(layers)
+    return out

@@ -1,5 +1,5 @@
-"""The report of `anchor parity --stack hf` (parity_tests.hf_stack): parity.json and summary.md, written into a
-staging folder next to `--out` and renamed into place when complete.
+"""The summary of `anchor parity --stack hf` (parity_tests.hf_stack); parity_tests.report.write_report writes it
+with parity.json, index.html and the figures, as it writes the suite's.
 
 summary.md holds the table (implementation, input style) x variant (what each computes when asked for each
 variant, and whether it passes the bf16 rule), then one line per row with its first divergences.
@@ -7,12 +7,11 @@ variant, and whether it passes the bf16 rule), then one line per row with its fi
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from anchor.variants import VARIANTS
-from parity_tests.hf_stack import asked_margin, closest_margin, describe_row, where
+from parity_tests.hf_stack import asked_margin, closest_margin, describe_row
+from parity_tests.suite import where
 
 
 def cell(row: dict[str, Any]) -> str:
@@ -88,18 +87,3 @@ def render_markdown(result: dict[str, Any]) -> str:
                      f"{r.get('runtime_s', 0):.1f} |")
     lines += ["", f"Total {result['runtime_s']:.0f} s."]
     return "\n".join(lines) + "\n"
-
-
-def write_report(result: dict[str, Any], out: str | Path) -> Path:
-    """Write parity.json and summary.md into `out` atomically. Returns `out`."""
-    from anchor.atomic import publish, staging_dir
-    from parity_tests.report import _finite, _json_default
-
-    out = Path(out).resolve()
-    with staging_dir(out, "parity") as tmp:
-        work = tmp / "report"
-        work.mkdir()
-        (work / "parity.json").write_text(json.dumps(_finite(result), indent=1, default=_json_default))
-        (work / "summary.md").write_text(render_markdown(result))
-        publish(work, out, "parity")
-    return out

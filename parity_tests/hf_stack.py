@@ -73,7 +73,6 @@ import contextlib
 import copy
 import dataclasses
 import functools
-import hashlib
 import importlib
 import importlib.util
 import itertools
@@ -89,10 +88,13 @@ import numpy as np
 from anchor.errors import InputError
 from anchor.spec import ModelSpec, from_hf_config, to_hf_config
 from anchor.variants import VARIANTS
-from parity_tests.cases import Case, CaseInputs, case_inputs
-from parity_tests.core import RULE, Rule, compare, judge
+from parity_tests.cases import BF16, Case, CaseInputs, case_inputs
+from parity_tests.core import RULE, Rule
+from parity_tests.core import hold as judged
 from parity_tests.emulations import HF_EMULATIONS
-from parity_tests.runners import HIDDEN_TAPS, TAP_ORDER, Taps, permute_units
+from parity_tests.runners import (Runner, Taps, as_arrays, clear_oracle_cache, oracle, oracle_model,
+                                  registered)
+from parity_tests.suite import judge_case, where
 
 IMPLEMENTATIONS: tuple[str, ...] = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 # How a batch reaches a stock model (`--inputs`; the module docstring says what each style feeds).
@@ -280,7 +282,9 @@ class Subject:
     state: dict[str, np.ndarray]
     data: str
     module: Any = None
-    key: int = field(default_factory=lambda: next(_SUBJECTS))  # caches are keyed by it (ids are reused)
+    # what the oracle's cache is keyed by: a named model's is runners.NamedModel's (the suite's cases on the same
+    # model and inputs share its runs); a module's a number of its own (ids are reused)
+    key: Any = field(default_factory=lambda: next(_SUBJECTS))
     _params: Any = field(default=None, repr=False)
 
     @property
@@ -294,11 +298,12 @@ class Subject:
 
 @functools.lru_cache(maxsize=2)
 def named_subject(name: str) -> Subject:
-    """A model named as in docs/DESIGN.md §6, fed its own parity inputs."""
+    """A model named as in docs/DESIGN.md §6, fed its own parity inputs; its oracle parameters and cache
+    entries are the suite's (runners.oracle_model, NamedModel's key)."""
     from anchor.weights import load_weights
 
     spec, state = load_weights(name)
-    return Subject(name, spec, dict(state), name)
+    return Subject(name, spec, dict(state), name, key=("name", name), _params=oracle_model(name)[0])
 
 
 def module_subject(module: Any, *, data: str = "random:llama") -> Subject:
@@ -478,95 +483,21 @@ def feed(stack: Stack, inputs: CaseInputs, variant: str, dtype: str = "float32")
     return out
 
 
-class _Recorder:
-    """The taps of one forward (torchtrain.taps' set, from a stock model): hooks on the embeddings,
-    each layer's attention, MLP and output, and the lm-head; q and k as the attention function gets
-    them (or as a RoPE-applying function hands them over); the attention rows R of the variant asked,
-    read from those q and k as torchtrain.taps reads them (scores in the activation dtype, fp32 softmax
-    over the keys the variant allows)."""
-
-    def __init__(self, doc_ids: np.ndarray, variant: str, rows: Sequence[int]):
-        import torch
-
-        self.doc_ids = torch.from_numpy(np.asarray(doc_ids))
-        self.variant = variant
-        self.rows = torch.tensor(list(rows), dtype=torch.long)
-        self.store: dict[str, dict[int, Any]] = {name: {} for name in TAP_ORDER}
-
-    def put(self, name: str, layer: int, x) -> None:
-        self.store[name][layer] = x.detach().to(device="cpu", dtype=_torch_dtype("float32"), copy=True)
-
-    def attention(self, layer: int, q, k, scale: float) -> None:
-        """q [B,N,T,D], k [B,K,T,D] after RoPE."""
-        import torch
-        import torch.nn.functional as F
-
-        from torchtrain.attention import expand_kv
-        from torchtrain.variants import dense_mask
-
-        self.put("q", layer, q.transpose(1, 2))
-        self.put("k", layer, k.transpose(1, 2))
-        with torch.no_grad():
-            s = torch.matmul(q[:, :, self.rows], expand_kv(k, q.shape[1] // k.shape[1]).transpose(2, 3)) * scale
-            allowed = dense_mask(self.doc_ids.to(q.device), self.variant, self.rows)[:, None]
-            p = F.softmax(s.float().masked_fill(~allowed, float("-inf")), dim=-1)
-        self.put("scores", layer, s)
-        self.put("probs", layer, p)
-
-    def taps(self) -> Taps:
-        out = {}
-        for name in TAP_ORDER:
-            by_layer = self.store[name]
-            if by_layer:
-                out[name] = np.stack([by_layer[i].numpy() for i in sorted(by_layer)])
-        return out
-
-
-def _output(out):
-    return out[0] if isinstance(out, tuple) else out
-
-
 @contextlib.contextmanager
-def _recording(model, stack: Stack, rec: _Recorder) -> Iterator[None]:
-    """Hooks on the model, and the attention function wrapped (a local override of transformers'
-    AttentionInterface for the implementation's own name, removed on exit) so that q and k are seen
-    as the function gets them; with rope_in="attention" the rotary tables are made the identity."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+def _rope_in_attention(model, stack: Stack) -> Iterator[None]:
+    """With rope_in="attention": the model's rotary tables made the identity (cos 1, sin 0) for the block,
+    so q and k reach the user's function unrotated."""
+    if stack.rope_in != "attention":
+        yield
+        return
+    import torch
 
-    name = stack.implementation
-    original = ALL_ATTENTION_FUNCTIONS[name] if name in ALL_ATTENTION_FUNCTIONS else None  # None: eager
-
-    def attention(module, query, key, value, attention_mask, *args, **kwargs):
-        scale = kwargs.get("scaling") or query.shape[-1] ** -0.5
-        layer = module.layer_idx
-        if stack.rope_in == "attention":
-            kwargs["record_qk"] = lambda q, k: rec.attention(layer, q, k, scale)
-        else:
-            rec.attention(layer, query, key, scale)
-        fn = original or sys.modules[type(module).__module__].eager_attention_forward
-        return fn(module, query, key, value, attention_mask, *args, **kwargs)
-
-    decoder = model.base_model
-    handles = [decoder.embed_tokens.register_forward_hook(lambda m, a, out: rec.put("embed", 0, out))]
-    for i, layer in enumerate(decoder.layers):
-        handles += [
-            layer.self_attn.register_forward_hook(lambda m, a, out, i=i: rec.put("attn_out", i, _output(out))),
-            layer.mlp.register_forward_hook(lambda m, a, out, i=i: rec.put("mlp_out", i, _output(out))),
-            layer.register_forward_hook(lambda m, a, out, i=i: rec.put("hidden", i, _output(out))),
-        ]
-    handles.append(model.get_output_embeddings().register_forward_hook(lambda m, a, out: rec.put("logits", 0, out)))
-    if stack.rope_in == "attention":
-        import torch
-
-        handles.append(decoder.rotary_emb.register_forward_hook(
-            lambda m, a, out: (torch.ones_like(out[0]), torch.zeros_like(out[1]))))
-    ALL_ATTENTION_FUNCTIONS[name] = attention
+    handle = model.base_model.rotary_emb.register_forward_hook(
+        lambda m, a, out: (torch.ones_like(out[0]), torch.zeros_like(out[1])))
     try:
         yield
     finally:
-        del ALL_ATTENTION_FUNCTIONS[name]
-        for h in handles:
-            h.remove()
+        handle.remove()
 
 
 @contextlib.contextmanager
@@ -595,7 +526,8 @@ def _registered(stack: Stack) -> Iterator[None]:
 
 
 def run_stack(subject: Subject, stack: Stack, inputs: CaseInputs, variant: str, dtype: str) -> Taps:
-    """The stack's taps on the inputs of `variant` (one forward, no gradient) in `dtype`.
+    """The stack's taps on the inputs of `variant` (one forward, no gradient) in `dtype`, recorded by
+    torchtrain.capture_taps (the recorder of every runner; the attention rows read under the variant asked).
 
     Compiled code (transformers' `torch.compile(flex_attention)`) is compiled for static shapes: after
     one length, dynamo recompiles the next with dynamic shapes, and the CPU code generator of torch
@@ -605,14 +537,18 @@ def run_stack(subject: Subject, stack: Stack, inputs: CaseInputs, variant: str, 
     """
     import torch
 
+    from torchtrain.taps import capture_taps
+
     model = subject_model(subject, dtype)
-    rec = _Recorder(inputs.doc_ids, variant, inputs.rows)
     with _registered(stack):
         model.set_attn_implementation(stack.implementation)
-        with (_recording(model, stack, rec), torch.no_grad(),
-              torch._dynamo.config.patch(automatic_dynamic_shapes=False)):
+        qk = "function" if stack.rope_in == "attention" else "call"
+        with (_rope_in_attention(model, stack),
+              capture_taps(model, list(inputs.rows), doc_ids=torch.from_numpy(inputs.doc_ids), variant=variant,
+                           qk=qk) as taps,
+              torch.no_grad(), torch._dynamo.config.patch(automatic_dynamic_shapes=False)):
             model(**feed(stack, inputs, variant, dtype))
-    return rec.taps()
+    return as_arrays(taps)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -620,7 +556,7 @@ def run_stack(subject: Subject, stack: Stack, inputs: CaseInputs, variant: str, 
 
 
 Outcome = tuple[str, Any]  # ("ok", taps), ("error", "Type: first line") or ("crash", "crashes (signal N)")
-Runner = Callable[[Subject, Stack, CaseInputs, str, str], Outcome]
+Execute = Callable[["Subject", "Stack", CaseInputs, str, str], Outcome]  # run_here, or an Isolated
 
 
 def run_here(subject: Subject, stack: Stack, inputs: CaseInputs, variant: str, dtype: str) -> Outcome:
@@ -764,52 +700,77 @@ class Isolated:
 
 
 # ---------------------------------------------------------------------------------------------
-# The oracle
+# The stack as a parity runner
 
 
-_ORACLE: dict[tuple, Taps] = {}
-_ORACLE_SIZE = 5  # the four variants' truths on one set of inputs, and one more
+RUNNER_PREFIX = "hf:"
 
 
-def _inputs_key(inputs: CaseInputs) -> str:
-    h = hashlib.sha256()
-    for a in (inputs.tokens, inputs.doc_ids, np.asarray(inputs.rows)):
-        h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()
+class StackFailed(RuntimeError):
+    """A stack raised or crashed its process; `kind` is "error" or "crash", the message the row's text."""
+
+    def __init__(self, kind: str, text: str):
+        super().__init__(text)
+        self.kind = kind
 
 
-def oracle(subject: Subject, inputs: CaseInputs, variant: str, policy: str, order: int = 0, *,
-           cache: bool = True) -> Taps:
-    """The oracle's taps of `variant` on the inputs' tokens and doc_ids, at that variant's positions (§2),
-    under a dtype policy; `order` k > 0: the same model with its units listed in another order
-    (parity_tests.runners.permute_units; the bf16 rule's summation orders). Cached (the few last)."""
-    import jaxref
+class StackRunner(Runner):
+    """A stack (transformers' own implementation in an input style, or a user's function) as a runner of
+    parity_tests.runners: registered under `hf:IMPLEMENTATION@STYLE` (or `hf:` + the function's name), run
+    by the suite like torchtrain's engines (`anchor parity --engines hf:sdpa@mask4d-float`) and judged by
+    the suite's `judge_case` against the one oracle cache.
 
-    key = (subject.key, _inputs_key(inputs), variant, policy, order)
-    if key in _ORACLE:
-        _ORACLE[key] = _ORACLE.pop(key)
-        return _ORACLE[key]
-    params, hidden_perm = (subject.params, None) if not order else permute_units(subject.params, order)
-    positions = jaxref.positions(inputs.doc_ids, variant)
-    _, per_layer = jaxref.forward(params, subject.spec, inputs.tokens, positions=positions, doc_ids=inputs.doc_ids,
-                                  variant=variant, policy=policy, taps=True, tap_rows=inputs.rows)
-    out: Taps = {}
-    for name in TAP_ORDER:
-        x = np.asarray(per_layer[name])
-        if x.dtype.itemsize < 4:  # bf16 -> float32 exactly
-            x = x.astype(np.float32)
-        if hidden_perm is not None and name in HIDDEN_TAPS:
-            x = x[..., np.argsort(hidden_perm)]
-        out[name] = x[None] if name in ("embed", "logits") else x
-    if cache:
-        while len(_ORACLE) >= _ORACLE_SIZE:
-            _ORACLE.pop(next(iter(_ORACLE)))
-        _ORACLE[key] = out
-    return out
+    subject: the model it runs (None: the case's model by name; a user's module is held against its own
+      weights, `oracle_model`). execute: what runs its forwards, `run_here` (the default, this process) or
+      an `Isolated` child process (a stack that kills its process is then a "crash").
+    """
+
+    def __init__(self, stack: Stack, subject: Subject | None = None, execute: Execute | None = None):
+        self.stack, self.subject, self.execute = stack, subject, execute or run_here
+        self.name = runner_name(stack)
+
+    @property
+    def emulation(self) -> str:  # type: ignore[override]
+        return self.stack.emulation
+
+    def available(self) -> str | None:
+        return not_run_reason(self.stack)
+
+    def _subject(self, case: Case) -> Subject:
+        return self.subject if self.subject is not None else named_subject(case.model)
+
+    def oracle_model(self, case: Case) -> Subject:
+        return self._subject(case)
+
+    def case(self, subject: Subject, variant: str, seq_len: int, seed: int = 0, policy: str = "fp32") -> Case:
+        """The suite's case of this runner on `subject` (fed the parity inputs of its data model)."""
+        return Case(subject.name, variant, "plain", policy, self.name, seq_len, seed=seed,
+                    data="" if subject.data == subject.name else subject.data)
+
+    def outcome(self, subject: Subject, inputs: CaseInputs, variant: str, dtype: str) -> Outcome:
+        return self.execute(subject, self.stack, inputs, variant, dtype)
+
+    def run(self, case: Case, inputs: CaseInputs, dtype: str) -> Taps:
+        kind, value = self.outcome(self._subject(case), inputs, case.variant, dtype)
+        if kind != "ok":
+            raise StackFailed(kind, f"{self.name}: {value}")
+        return value
+
+
+def runner_name(stack: Stack) -> str:
+    """`hf:sdpa@mask4d-float` (transformers' own, in an input style) or `hf:pkg.module:function`."""
+    return f"{RUNNER_PREFIX}{stack.name}" if stack.user else f"{RUNNER_PREFIX}{stack.implementation}@{stack.inputs}"
+
+
+def stack_runner(name: str) -> StackRunner:
+    """The runner a registry name `hf:IMPLEMENTATION[@STYLE]` names (runners.get_runner builds it on demand;
+    a user's function is registered by whoever holds it, `run_hf_stack`)."""
+    implementation, _, style = name.removeprefix(RUNNER_PREFIX).partition("@")
+    return StackRunner(stock(implementation, style or DEFAULT_INPUTS))
 
 
 # ---------------------------------------------------------------------------------------------
-# Judging
+# Judging (the suite's: parity_tests.core.hold, suite.judge_case, runners.oracle)
 
 
 def _first_line(e: BaseException) -> str:
@@ -821,91 +782,81 @@ def _error(e: BaseException) -> str:
     return f"{type(e).__name__}: {_first_line(e)}"
 
 
-def _worst_margin(layers: list[dict[str, Any]]) -> float:
-    return max((e["rel_l2"] / e["tol"] for entry in layers for e in entry["taps"].values() if e.get("tol")),
-               default=0.0)
-
-
-def _only(taps: Taps, names: Sequence[str]) -> Taps:
+def only(taps: Taps, names: Sequence[str]) -> Taps:
+    """The taps named."""
     return {k: v for k, v in taps.items() if k in names}
 
 
 def identify(test: Taps, subject: Subject, inputs: CaseInputs, asked: str, rule: Rule = RULE) -> dict[str, Any]:
-    """Which variant float32 taps compute: each variant's fp64 truth on the same inputs, judged by the fp32
-    rule on the IDENTIFYING taps. Returns {"computes", "closest", "candidates": {variant: {"pass",
-    "worst_margin", "first_divergence"}}, "layers": the comparison against the variant asked}."""
-    candidates, asked_layers = {}, None
+    """Which variant float32 taps compute: each variant's fp64 truth on the same inputs (at that variant's
+    positions), judged by the fp32 rule on the IDENTIFYING taps. Returns {"computes", "closest",
+    "candidates": {variant: {"pass", "worst_margin", "first_divergence"}}}."""
+    candidates = {}
     for variant in VARIANTS:
-        layers = compare(_only(test, IDENTIFYING), oracle(subject, inputs, variant, TRUTH), inputs)
-        verdict = judge(layers, False, rule)
-        candidates[variant] = {"pass": verdict["pass"], "worst_margin": _worst_margin(layers),
-                               "first_divergence": verdict["first_divergence"]}
-        if variant == asked:
-            asked_layers = layers
+        v = judged(only(test, IDENTIFYING), oracle(subject, inputs, variant, TRUTH), inputs, bf16=False, rule=rule)
+        candidates[variant] = {"pass": v["pass"], "worst_margin": v["worst_margin"],
+                               "first_divergence": v["first_divergence"]}
     within = sorted((c["worst_margin"], v) for v, c in candidates.items() if c["pass"])
     closest = min(candidates, key=lambda v: candidates[v]["worst_margin"])
     computes = asked if candidates[asked]["pass"] else (within[0][1] if within else None)
-    return {"computes": computes, "closest": closest, "candidates": candidates, "layers": asked_layers}
+    return {"computes": computes, "closest": closest, "candidates": candidates}
 
 
 def bf16_verdict(test: Taps, subject: Subject, inputs: CaseInputs, variant: str, emulation: str,
                  rule: Rule = RULE) -> dict[str, Any]:
-    """bfloat16 taps against fp64 truth of the variant by the suite's bf16 rule (parity_tests.core)."""
+    """bfloat16 taps of `subject` against fp64 truth of the variant by the suite's bf16 rule (`judge_case`,
+    at the variant's positions, scaled from `emulation`): the black-box check's bf16 verdict."""
     import jaxref
 
-    policy = jaxref.get_policy(emulation).name  # sdpa_cpu_bf16 resolves to this machine's capability
-    truth = oracle(subject, inputs, variant, TRUTH)
-    baseline = [oracle(subject, inputs, variant, policy, order=k, cache=False) for k in range(rule.orders)]
-    layers = compare(test, truth, inputs, baseline=baseline, emulation=baseline[0])
-    verdict = judge(layers, True, rule)
-    logits = layers[-1]["taps"].get("logits", {})
-    return {"policy": policy, **verdict, "worst_margin": _worst_margin(layers), "layers": layers,
-            "summary": {"logits_rel_l2": logits.get("rel_l2"), "logits_baseline_rel_l2": logits.get("baseline_rel_l2"),
-                        "logits_kl_mean": logits.get("kl_mean")}}
+    runner = StackRunner(Stack(subject.name, subject.name, emulation=emulation), subject)
+    inputs = dataclasses.replace(inputs, positions=jaxref.positions(inputs.doc_ids, variant))
+    case = runner.case(subject, variant, inputs.shape[1], policy=BF16)
+    return judge_case(case, runner, inputs, test, "bfloat16", rule)
 
 
 def hold(subject: Subject, stack: Stack, variant: str, *, seq_len: int = 97, seed: int = 0,
-         dtypes: Sequence[str] = DTYPES, rule: Rule = RULE, runner: Runner | None = None) -> dict[str, Any]:
-    """One row of the report: the stack asked for `variant` (see the module docstring).
+         dtypes: Sequence[str] = DTYPES, rule: Rule = RULE, execute: Execute | None = None) -> dict[str, Any]:
+    """One row of the report: the stack asked for `variant` (see the module docstring), run as a
+    `StackRunner` on the suite's case and judged by the suite's `judge_case`.
 
-    runner: runs the stack's forwards (default `run_here`, in this process; an `Isolated` runs them in a
-    child process, so that a stack that crashes its process is a row too).
-    Returns {implementation, inputs, variant, status, computes, closest, candidates, fp32 (the comparison
-    against the variant asked: pass, first_divergence, layers), bf16 (where it computes the variant and
-    bfloat16 is in dtypes: policy, pass, first_divergence, layers, summary), error, reason, runtime_s};
-    status is "computes", "instead" (computes another variant), "none" (none of them within the fp32
-    rule), "error" (error: the exception's first line), "crash" (error: "crashes (signal N)") or "not_run".
+    execute: what runs the stack's forwards: `run_here` (default) or an `Isolated` child process (so that a
+    stack that crashes its process is a row too).
+    Returns {implementation, inputs, variant, status, computes, closest, candidates, fp32 (the suite's case
+    entry against the variant asked: pass, first_divergence, worst_margin, layers, ...), bf16 (where it
+    computes the variant and bfloat16 is in dtypes: the suite's bf16 case entry, policy the emulation),
+    error, reason, runtime_s}; status is "computes", "instead" (computes another variant), "none" (none of
+    them within the fp32 rule), "error" (error: the exception's first line), "crash" (error: "crashes
+    (signal N)") or "not_run".
     """
     t0 = time.perf_counter()
+    runner = StackRunner(stack, subject, execute)
     row: dict[str, Any] = {"implementation": stack.name, "inputs": FUNCTION_INPUTS if stack.user else stack.inputs,
                            "variant": variant, "feed": feed_description(stack, variant), "status": None,
                            "computes": None, "closest": None, "candidates": None, "fp32": None, "bf16": None,
                            "error": None, "reason": None}
     if stack.user:
         row.update(rope_in=stack.rope_in, emulation=stack.emulation)
-    reason = not_run_reason(stack)
+    reason = runner.available()
     if reason:
         row.update(status="not_run", reason=reason)
         return row
-    inputs = subject_inputs(subject, variant, seq_len, seed)
+    case = runner.case(subject, variant, seq_len, seed)
+    inputs = subject_inputs(subject, variant, seq_len, seed)  # the case's inputs (case_inputs, by its data model)
     row["rows"] = list(inputs.rows)
-    runner = runner or run_here
-    kind, test = runner(subject, stack, inputs, variant, "float32")
+    kind, test = runner.outcome(subject, inputs, variant, "float32")
     if kind != "ok":  # whatever the stack raises, or its process dying, is the finding
         row.update(status=kind, error=test, runtime_s=round(time.perf_counter() - t0, 2))
         return row
     found = identify(test, subject, inputs, variant, rule)
-    asked = compare(test, oracle(subject, inputs, variant, TRUTH), inputs)
-    fp32 = judge(asked, False, rule)
     row.update(computes=found["computes"], closest=found["closest"], candidates=found["candidates"],
-               fp32={**fp32, "worst_margin": _worst_margin(asked), "layers": asked},
+               fp32=judge_case(case, runner, inputs, test, "float32", rule),
                status="computes" if found["computes"] == variant else "instead" if found["computes"] else "none")
     if found["computes"] == variant and "bfloat16" in dtypes:
-        kind, test16 = runner(subject, stack, inputs, variant, "bfloat16")
+        kind, test16 = runner.outcome(subject, inputs, variant, "bfloat16")
         if kind != "ok":  # a stack that runs in float32 may still fail in bfloat16
             row.update(status=kind, error=f"bfloat16: {test16}")
         else:
-            row["bf16"] = bf16_verdict(test16, subject, inputs, variant, stack.emulation, rule)
+            row["bf16"] = judge_case(dataclasses.replace(case, policy=BF16), runner, inputs, test16, "bfloat16", rule)
     row["runtime_s"] = round(time.perf_counter() - t0, 2)
     return row
 
@@ -993,34 +944,38 @@ def run_hf_stack(model: Any = "default", *, implementations: Sequence[str] | Non
     if seq_len > subject.spec.max_position:
         raise InputError(f"--seq-len {seq_len} is longer than {subject.name}'s {subject.spec.max_position} positions")
     rows = []
-    runners: dict[str, Runner] = {}
+    children: dict[str, Isolated | None] = {}
 
-    def runner(stack: Stack) -> Runner:
+    def isolated(stack: Stack) -> Isolated | None:
+        """transformers' own implementations: one child process each (a user's function, or any stack of a
+        user's module, which does not travel to a child, runs in this process)."""
         if stack.user or not isolate:
-            return run_here
-        if stack.implementation not in runners:
+            return None
+        if stack.implementation not in children:
             try:
-                runners[stack.implementation] = Isolated(subject)
+                children[stack.implementation] = Isolated(subject)
             except TypeError:  # a user's module runs in this process
-                runners[stack.implementation] = run_here
-        return runners[stack.implementation]
+                children[stack.implementation] = None
+        return children[stack.implementation]
 
+    users = [StackRunner(s, subject) for s in stacks if s.user]
     bar = ProgressBar("parity", len(stacks) * len(variants), progress)
     try:
-        for variant in sorted(variants, key=lambda v: (v == "anchor", VARIANTS.index(v))):  # shared inputs first
-            for stack in stacks:
-                label = stack.name if stack.user else f"{stack.name} / {stack.inputs}"
-                bar.describe(f"{label} / {variant}", log=False)
-                row = hold(subject, stack, variant, seq_len=seq_len, seed=seed, dtypes=dtypes, rule=rule,
-                           runner=runner(stack))
-                rows.append(row)
-                bar.advance(1, f"{label} / {variant}: {describe_row(row)} ({row.get('runtime_s', 0):.1f} s)")
+        with registered(*users):  # a user's function is a runner of the registry while it is held
+            for variant in sorted(variants, key=lambda v: (v == "anchor", VARIANTS.index(v))):  # shared inputs first
+                for stack in stacks:
+                    label = stack.name if stack.user else f"{stack.name} / {stack.inputs}"
+                    bar.describe(f"{label} / {variant}", log=False)
+                    row = hold(subject, stack, variant, seq_len=seq_len, seed=seed, dtypes=dtypes, rule=rule,
+                               execute=isolated(stack))
+                    rows.append(row)
+                    bar.advance(1, f"{label} / {variant}: {describe_row(row)} ({row.get('runtime_s', 0):.1f} s)")
     finally:
         bar.close()
-        for r in runners.values():
-            if isinstance(r, Isolated):
-                r.close()
-        _ORACLE.clear()
+        for child in children.values():
+            if child is not None:
+                child.close()
+        clear_oracle_cache()
         _MODELS.clear()
     order = {(s.name, FUNCTION_INPUTS if s.user else s.inputs): i for i, s in enumerate(stacks)}
     rows.sort(key=lambda r: (order[r["implementation"], r["inputs"]], VARIANTS.index(r["variant"])))
@@ -1033,14 +988,6 @@ def run_hf_stack(model: Any = "default", *, implementations: Sequence[str] | Non
             "dtypes": list(dtypes), "rows": rows, "pass": all(passed(r) for r in rows), "rule": rule.to_dict(),
             "truth": TRUTH, "transformers": transformers.__version__, "machine": machine(),
             "runtime_s": round(time.perf_counter() - t0, 2)}
-
-
-def where(first: dict[str, Any] | None) -> str:
-    """`layer 3 / q`, `head / logits`, or `-`."""
-    if not first:
-        return "-"
-    layer = first["layer"]
-    return f"{'layer ' + str(layer) if isinstance(layer, int) else layer} / {first['tap']}"
 
 
 def closest_margin(row: dict[str, Any]) -> float:

@@ -313,7 +313,8 @@ def render_html(result: dict[str, Any], figures: list[str], markdown: str, grad_
     style = ("body{font-family:sans-serif;max-width:1400px;margin:1em auto}table{border-collapse:collapse;font-size:12px}"
              "td,th{border:1px solid #ccc;padding:2px 6px}tr.fail{background:#fdd}img{max-width:100%}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>anchor parity</title><style>{style}</style>"
-            f"</head><body><h1>torchtrain against jaxref, layer by layer</h1>"
+            f"</head><body><h1>{'transformers' if result.get('stack') == 'hf' else 'torchtrain'} against jaxref, "
+            f"layer by layer</h1>"
             f"<pre>{html.escape(markdown.splitlines()[0].lstrip('# '))}</pre>"
             f"<p>{html.escape(markdown.splitlines()[2])}</p>"
             f"<h2>Summary</h2><table>{head}{''.join(rows)}</table><h2>Cases</h2>{''.join(sections)}</body></html>")
@@ -336,25 +337,45 @@ def _finite(x: Any) -> Any:
     return x
 
 
+def judged_cases(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The suite's case entries of a report: its cases, or, for `--stack hf`, each row's (its bf16 entry
+    where the bf16 rule ran, else its fp32 entry against the variant asked; rows that raised, crashed or
+    were not run have none)."""
+    if result.get("stack") != "hf":
+        return result["cases"]
+    return [row["bf16"] or row["fp32"] for row in result["rows"] if row.get("fp32")]
+
+
 def write_report(result: dict[str, Any], out: str | Path) -> Path:
-    """Write parity.json, index.html, summary.md and figures/ into `out` atomically. Returns `out`."""
+    """Write parity.json, summary.md, index.html and figures/ (each case's layer-wise errors) into `out`
+    atomically. Returns `out`.
+
+    The one writer of `anchor parity`: the suite's cases, and `--stack hf`'s rows, whose summary.md is
+    parity_tests.hf_report's table (what each stack computes) and whose figures are their case entries'.
+    """
     from anchor.atomic import publish, staging_dir
 
     out = Path(out).resolve()
+    cases = judged_cases(result)
     with staging_dir(out, "parity") as tmp:
         work = tmp / "report"
         (work / "figures").mkdir(parents=True)
         figures = []
-        for i, c in enumerate(result["cases"]):
+        for i, c in enumerate(cases):
             figures.append(f"figures/{i:03d}_{_slug(c['id'])}.png")
             plot_case(c, work / figures[-1])
         grad_figures = []
         for i, c in enumerate(result.get("grad_cases", [])):
             grad_figures.append(f"figures/grads_{i:03d}_{_slug(c['id'])}.png")
             plot_grad_case(c, work / grad_figures[-1])
-        md = render_markdown(result)
+        if result.get("stack") == "hf":
+            from parity_tests.hf_report import render_markdown as render_hf
+
+            md = render_hf(result)
+        else:
+            md = render_markdown(result)
         (work / "parity.json").write_text(json.dumps(_finite(result), indent=1, default=_json_default))
         (work / "summary.md").write_text(md)
-        (work / "index.html").write_text(render_html(result, figures, md, grad_figures))
+        (work / "index.html").write_text(render_html({**result, "cases": cases}, figures, md, grad_figures))
         publish(work, out, "parity")
     return out

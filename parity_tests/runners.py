@@ -21,13 +21,16 @@ A runner is registered under a name, which is what a case's `engine` field names
 
 Every torchtrain engine is registered here as a `TorchRunner`; a sequence-parallel layout or a new
 kernel is one more runner (a subset of taps is fine: only the taps a runner returns are compared,
-`logits` is required). The oracle side is `oracle_taps`.
+`logits` is required). The oracle side is `oracle` (one cache for every comparison); `oracle_taps` is a
+case's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import hashlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -61,6 +64,10 @@ class Runner:
         """None when the runner can run here, else the reason it cannot."""
         return None
 
+    def oracle_model(self, case: Case) -> Any:
+        """The model the oracle holds this runner's taps against (`oracle`): the case's model, by name."""
+        return NamedModel(case.model)
+
 
 RUNNERS: dict[str, Runner] = {}
 
@@ -80,9 +87,16 @@ def unregister(name: str) -> None:
 
 
 def get_runner(name: str) -> Runner:
-    """The runner registered as `name`; an InputError listing the registered ones otherwise."""
+    """The runner registered as `name`, or one of transformers' own attention implementations named
+    `hf:IMPLEMENTATION[@INPUT_STYLE]` (parity_tests.hf_stack.StackRunner, built on demand: eager, sdpa,
+    flex_attention, flash_attention_2 in each input style); an InputError listing them otherwise."""
+    if name not in RUNNERS and name.startswith("hf:"):
+        from parity_tests.hf_stack import stack_runner
+
+        return stack_runner(name)
     if name not in RUNNERS:
-        raise InputError(f"unknown engine {name!r} (registered: {', '.join(RUNNERS)})")
+        raise InputError(f"unknown engine {name!r} (registered: {', '.join(RUNNERS)}; transformers' own: "
+                         "hf:IMPLEMENTATION[@INPUT_STYLE], e.g. hf:sdpa@mask4d-float)")
     return RUNNERS[name]
 
 
@@ -174,7 +188,12 @@ class TorchRunner(Runner):
         ctx = self.setup(model) if self.setup is not None else contextlib.nullcontext()
         with ctx, torch.no_grad(), torchtrain.capture_taps(model, rows=list(inputs.rows)) as taps:
             model(**feed, use_cache=False)
-        return {name: np.stack([t.numpy() for t in taps[name]]) for name in TAP_ORDER if name in taps}
+        return as_arrays(taps)
+
+
+def as_arrays(taps: dict[str, list[Any]]) -> Taps:
+    """torchtrain.capture_taps' lists of per-layer tensors as the comparison's numpy arrays (layer axis first)."""
+    return {name: np.stack([t.numpy() for t in taps[name]]) for name in TAP_ORDER if name in taps}
 
 
 def _register_torchtrain() -> None:
@@ -199,37 +218,74 @@ def oracle_model(model: str):
     return jaxref.load_model(model)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class NamedModel:
+    """A model the oracle runs, named as in docs/DESIGN.md §6. What `oracle` needs of a model: `key` (what
+    its cache entries are keyed by), `params` (jaxref's) and `spec`; parity_tests.hf_stack.Subject (a user's
+    module) is one too."""
+
+    name: str
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return ("name", self.name)
+
+    @property
+    def params(self):
+        return oracle_model(self.name)[0]
+
+    @property
+    def spec(self):
+        return oracle_model(self.name)[1]
+
+
 _ORACLE_CACHE: dict[tuple, Taps] = {}
-_ORACLE_CACHE_SIZE = 6  # a case's truth and the summation orders of its baseline
+# One set of inputs: the truths of the four variants (a stack is identified against each), the fp32
+# policy's run, and the summation orders of one bf16 emulation.
+_ORACLE_CACHE_SIZE = 10
 
 
-# Taps whose last axis is the hidden size (the axis a summation order permutes; see `oracle_taps`).
+# Taps whose last axis is the hidden size (the axis a summation order permutes; see `oracle`).
 HIDDEN_TAPS: tuple[str, ...] = ("embed", "attn_out", "mlp_out", "hidden")
 
 
-def oracle_taps(case: Case, inputs: CaseInputs, policy: str, order: int = 0) -> Taps:
-    """The oracle's taps under a dtype policy preset (cached for the last few (inputs, policy, order)).
+def _digest(*arrays: Any) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(str((a.dtype, a.shape)).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
 
+
+def oracle(model: Any, inputs: CaseInputs, variant: str, policy: str, order: int = 0, *,
+           positions: np.ndarray | None = None) -> Taps:
+    """The oracle's taps of `variant` on the inputs' tokens and doc_ids under a dtype policy preset: the one
+    oracle run of every parity comparison (the suite's cases, transformers' stacks, the black-box check).
+
+    model: a `NamedModel` or anything with `key`, `params`, `spec` (a user's module's Subject).
+    positions: int [B,T]; default the variant's own (§2: jaxref.positions of the doc_ids), which is what a
+      case's inputs carry; the black-box check reads a stack at the batch's own positions.
     order: 0 computes the model as stored. order k > 0 computes the same model with its hidden units
       and MLP units listed in another order (permutation seeded by k, `permute_units`): the same
       function, term for term, whose every matmul and norm sums its terms in another order. The
       hidden-axis taps come back in the stored order. In fp64 the orders agree to ~1e-15; in bf16
       they are independent draws of the same arithmetic's rounding (the rule's baseline).
+    Cached: the last `_ORACLE_CACHE_SIZE` runs, keyed by the model, the inputs' contents, the variant, the
+    positions, the policy and the order.
     """
-    key = (case.data_key, policy, order)
+    import jaxref
+
+    if positions is None:
+        positions = jaxref.positions(inputs.doc_ids, variant)
+    key = (model.key, _digest(inputs.tokens, inputs.doc_ids, positions, np.asarray(inputs.rows, dtype=np.int64)),
+           variant, policy, order)
     if key in _ORACLE_CACHE:
         _ORACLE_CACHE[key] = _ORACLE_CACHE.pop(key)  # most recently used last
         return _ORACLE_CACHE[key]
-    import jaxref
-
-    params, spec = oracle_model(case.model)
-    hidden_perm = None
-    if order:
-        params, hidden_perm = permute_units(params, order)
-    logits, per_layer = jaxref.forward(
-        params, spec, inputs.tokens, positions=inputs.positions, doc_ids=inputs.doc_ids,
-        variant=case.variant, policy=policy, taps=True, tap_rows=inputs.rows,
-    )
+    params, hidden_perm = (model.params, None) if not order else permute_units(model.params, order)
+    _, per_layer = jaxref.forward(params, model.spec, inputs.tokens, positions=positions, doc_ids=inputs.doc_ids,
+                                  variant=variant, policy=policy, taps=True, tap_rows=inputs.rows)
     out: Taps = {}
     for name in TAP_ORDER:
         x = np.asarray(per_layer[name])
@@ -242,6 +298,16 @@ def oracle_taps(case: Case, inputs: CaseInputs, policy: str, order: int = 0) -> 
         _ORACLE_CACHE.pop(next(iter(_ORACLE_CACHE)))
     _ORACLE_CACHE[key] = out
     return out
+
+
+def clear_oracle_cache() -> None:
+    """Drop every cached oracle run (a report's models are done with)."""
+    _ORACLE_CACHE.clear()
+
+
+def oracle_taps(case: Case, inputs: CaseInputs, policy: str, order: int = 0) -> Taps:
+    """`oracle` of a case's model (by name) and variant, at its inputs' positions."""
+    return oracle(NamedModel(case.model), inputs, case.variant, policy, order, positions=inputs.positions)
 
 
 # How each oracle parameter's axes index hidden units (H) and MLP units (I), leading layer axis

@@ -4,8 +4,10 @@
     result = run_case(Case("random:llama", "anchor", "tags", "bf16", "sdpa", 97))
     result["pass"], result["first_divergence"]      # e.g. False, {"layer": 1, "tap": "q", ...}
 
-`run_case` is the only place that pairs a case with its references; runners (parity_tests.runners)
-and the comparison (parity_tests.core) know nothing of each other.
+`run_case` runs a case's runner and `judge_case` pairs its taps with their references (the one place that
+does, for torchtrain's engines, transformers' stacks and users' functions alike: parity_tests.hf_stack
+judges its rows here); runners (parity_tests.runners) and the comparison (parity_tests.core) know nothing
+of each other.
 """
 
 from __future__ import annotations
@@ -18,20 +20,15 @@ from typing import Any
 from anchor.errors import InputError
 from anchor.parts import Parts
 from anchor.progress import ProgressBar
-from parity_tests.cases import BF16, Case, case_inputs
-from parity_tests.core import RULE, Rule, compare, fidelity, judge
-from parity_tests.runners import Runner, get_runner, oracle_taps, resolve_policy
+from parity_tests.cases import BF16, Case, CaseInputs, case_inputs
+from parity_tests.core import RULE, Rule, hold
+from parity_tests.runners import Runner, Taps, get_runner, oracle, resolve_policy
 
 TRUTH = "fp64"
 
 
 def run_case(case: Case, rule: Rule = RULE, *, runner: Runner | None = None) -> dict[str, Any]:
-    """Compare one case, layer by layer. Returns the case's entry of parity.json.
-
-    Keys: id, model, variant, layout, policy (the oracle policy held against), requested_policy,
-    engine, dtype, seq_len, windows, rows, layers (parity_tests.core.compare, judged), pass,
-    first_divergence, failures, fidelity (bf16 cases), summary, runtime_s.
-    """
+    """Compare one case, layer by layer. Returns the case's entry of parity.json (`judge_case`)."""
     t0 = time.perf_counter()
     runner = runner or get_runner(case.engine)
     why = runner.available()
@@ -39,17 +36,29 @@ def run_case(case: Case, rule: Rule = RULE, *, runner: Runner | None = None) -> 
         raise InputError(why)
     oracle_policy, dtype = resolve_policy(case.policy, runner)
     inputs = case_inputs(case)
-    truth = oracle_taps(case, inputs, TRUTH)
-    reference = oracle_taps(case, inputs, oracle_policy)
     test = runner.run(case, inputs, dtype)
+    return judge_case(case, runner, inputs, test, dtype, rule, t0=t0)
+
+
+def judge_case(case: Case, runner: Runner, inputs: CaseInputs, test: Taps, dtype: str, rule: Rule = RULE, *,
+               t0: float | None = None) -> dict[str, Any]:
+    """A runner's taps of a case held against the oracle (runners.oracle, of `runner.oracle_model(case)`):
+    fp64 truth, and the policy's emulation over `rule.orders` summation orders in bf16 (core.hold).
+
+    Keys: id, model, variant, layout, policy (the oracle policy held against), requested_policy,
+    engine, dtype, seq_len, windows, rows, layers (parity_tests.core.compare, judged), pass,
+    first_divergence, failures, worst_margin, fidelity (bf16 cases), summary, runtime_s.
+    """
+    t0 = time.perf_counter() if t0 is None else t0
     if "logits" not in test:
         raise ValueError(f"runner {runner.name!r} returned no logits")
+    oracle_policy, _ = resolve_policy(case.policy, runner)
+    model = runner.oracle_model(case)
     bf16 = dtype == "bfloat16"
-    baseline = [reference, *(oracle_taps(case, inputs, oracle_policy, order=k) for k in range(1, rule.orders))] \
-        if bf16 else reference
-    layers = compare(test, truth, inputs, baseline=baseline, emulation=reference)
-    verdict = judge(layers, bf16, rule)
-    logits = layers[-1]["taps"].get("logits", {})
+    truth = oracle(model, inputs, case.variant, TRUTH, positions=inputs.positions)
+    baseline = [oracle(model, inputs, case.variant, oracle_policy, k, positions=inputs.positions)
+                for k in range(rule.orders if bf16 else 1)]
+    verdict = hold(test, truth, inputs, bf16=bf16, baseline=baseline, rule=rule)
     if runner.name != case.engine:  # a runner passed in directly (tests): name the case after it
         case = dataclasses.replace(case, engine=runner.name)
     result: dict[str, Any] = {
@@ -67,25 +76,10 @@ def run_case(case: Case, rule: Rule = RULE, *, runner: Runner | None = None) -> 
         "rows": list(inputs.rows),
         "truth": TRUTH,
         "baseline_orders": rule.orders if bf16 else 1,
-        "layers": layers,
         **verdict,
-        "summary": {
-            "logits_rel_l2": logits.get("rel_l2"),
-            "logits_baseline_rel_l2": logits.get("baseline_rel_l2"),
-            "logits_kl_mean": logits.get("kl_mean"),
-            "worst_margin": _worst_margin(layers),
-        },
     }
-    if bf16:
-        result["fidelity"] = fidelity(layers)
     result["runtime_s"] = round(time.perf_counter() - t0, 3)
     return result
-
-
-def _worst_margin(layers: list[dict[str, Any]]) -> float:
-    """max over taps of rel_l2 / tol (< 1: every tap passes)."""
-    return max((e["rel_l2"] / e["tol"] for entry in layers for e in entry["taps"].values() if e.get("tol")),
-               default=0.0)
 
 
 def build_cases(model: str, *, variants: Sequence[str], layouts: Sequence[str], policies: Sequence[str],

@@ -196,7 +196,7 @@ def _hold_all(implementation: str, style: str) -> tuple[dict[str, dict], dict[st
         return kind, taps
 
     try:
-        rows = {v: hold(subject, stock(implementation, style), v, seq_len=T, dtypes=FP32, runner=runner)
+        rows = {v: hold(subject, stock(implementation, style), v, seq_len=T, dtypes=FP32, execute=runner)
                 for v in VARIANTS}
     finally:
         if isolated:

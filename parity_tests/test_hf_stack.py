@@ -17,8 +17,10 @@ import torch
 from anchor.variants import VARIANTS
 from parity_tests import planted_attention as planted
 from parity_tests.conftest import needs_smollm2
-from parity_tests.hf_stack import (Stack, describe_row, hold, module_subject, named_subject, oracle, packed_positions,
-                                   run_hf_stack, run_stack, stock, subject_inputs, user_stack, where)
+from parity_tests.hf_stack import (Stack, describe_row, hold, module_subject, named_subject, packed_positions,
+                                   run_hf_stack, run_stack, stock, subject_inputs, user_stack)
+from parity_tests.runners import oracle
+from parity_tests.suite import where
 
 MODEL = "random:llama"
 FP32 = ("float32",)

@@ -20,6 +20,13 @@ Usage:
         model(input_ids=..., position_ids=..., doc_ids=..., variant="anchor")
     taps["q"][layer]  # torch float32 [B, T, N, D]
 
+    # a stock model (transformers' own attention, or a function registered in its AttentionInterface):
+    with capture_taps(stock, rows=[0, 5], doc_ids=doc_ids, variant="anchor") as taps:
+        stock(input_ids=..., position_ids=...)
+
+One recorder serves both: the parity runners of torchtrain's engines, of transformers' own
+implementations and of users' functions (parity_tests.runners, parity_tests.hf_stack) and the black-box
+check of a user's step (parity_tests.blackbox) all read their taps here.
 `scores`/`probs` are captured only when `rows` is given. A second forward inside one capture
 overwrites the first (so a gradient-checkpointing recomputation leaves the taps unchanged).
 """
@@ -27,7 +34,7 @@ overwrites the first (so a gradient-checkpointing recomputation leaves the taps 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -45,16 +52,25 @@ def _copy(x: torch.Tensor) -> torch.Tensor:
     return x.detach().to(device="cpu", dtype=torch.float32, copy=True)
 
 
-class _Recorder:
-    def __init__(self, rows: Sequence[int] | None):
+class TapRecorder:
+    """Where the taps of one capture go: `put` by hooks, `attention` by the attention function.
+
+    rows: query slots R for `scores` and `probs` (None or empty: neither is recorded).
+    doc_ids, variant: the mask under which the rows' probabilities are read, for a model whose attention
+      function carries no mask metadata (a stock implementation, a user's function); a torchtrain engine
+      hands its own (`AttnMeta`) with every call.
+    """
+
+    def __init__(self, rows: Sequence[int] | None, doc_ids: torch.Tensor | None = None, variant: str | None = None):
         self.rows = None if rows is None else [int(r) for r in rows]
+        self.doc_ids, self.variant = doc_ids, variant
         self.store: dict[str, dict[int, torch.Tensor]] = {name: {} for name in TAP_NAMES}
 
     def put(self, name: str, layer: int, x: torch.Tensor) -> None:
         self.store[name][layer] = _copy(x)
 
-    def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, scale: float, meta: AttnMeta) -> None:
-        """q [B,N,T,D], k [B,K,T,D] as the attention function receives them."""
+    def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, scale: float, meta: AttnMeta | None = None) -> None:
+        """q [B,N,T,D], k [B,K,T,D] as the attention function receives them (after RoPE)."""
         self.put("q", layer, q.transpose(1, 2))
         self.put("k", layer, k.transpose(1, 2))
         if not self.rows:
@@ -62,10 +78,13 @@ class _Recorder:
         T = q.shape[2]
         if not all(0 <= r < T for r in self.rows):
             raise InputError(f"tap rows {self.rows} outside 0..{T - 1}")
+        doc_ids, variant = (meta.doc_ids, meta.variant) if meta is not None else (self.doc_ids, self.variant)
+        if doc_ids is None or variant is None:
+            raise InputError("capture_taps: rows of a model without a torchtrain engine need doc_ids= and variant=")
         rows = torch.tensor(self.rows, device=q.device)
         with torch.no_grad():
             s = torch.matmul(q[:, :, rows], expand_kv(k, q.shape[1] // k.shape[1]).transpose(2, 3)) * scale
-            allowed = dense_mask(meta.doc_ids, meta.variant, rows)[:, None]  # [B,1,R,T]
+            allowed = dense_mask(doc_ids.to(q.device), variant, rows)[:, None]  # [B,1,R,T]
             p = F.softmax(s.float().masked_fill(~allowed, float("-inf")), dim=-1)
         self.put("scores", layer, s)
         self.put("probs", layer, p)
@@ -79,21 +98,60 @@ def _output(out: object) -> torch.Tensor:
 
 
 @contextmanager
-def capture_taps(model: nn.Module, rows: Sequence[int] | None = None) -> Iterator[dict[str, list[torch.Tensor]]]:
+def _wrapped_attention(model: nn.Module, rec: TapRecorder, qk: str) -> Iterator[None]:
+    """The model's own attention implementation wrapped for the block (a local entry of transformers'
+    AttentionInterface under the implementation's name, removed on exit), so q and k are recorded as the
+    function gets them. qk="function": the function is handed `record_qk(q, k)` in its keywords instead
+    and records them itself (a function that applies RoPE inside)."""
+    import sys
+
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    name = model.config._attn_implementation
+    original = ALL_ATTENTION_FUNCTIONS[name] if name in ALL_ATTENTION_FUNCTIONS else None  # None: eager
+
+    def attention(module, query, key, value, attention_mask, *args, **kwargs):
+        scale = kwargs.get("scaling") or query.shape[-1] ** -0.5
+        layer = module.layer_idx
+        if qk == "function":
+            kwargs["record_qk"] = lambda q, k: rec.attention(layer, q, k, scale)
+        else:
+            rec.attention(layer, query, key, scale)
+        fn = original or sys.modules[type(module).__module__].eager_attention_forward
+        return fn(module, query, key, value, attention_mask, *args, **kwargs)
+
+    ALL_ATTENTION_FUNCTIONS[name] = attention
+    try:
+        yield
+    finally:
+        del ALL_ATTENTION_FUNCTIONS[name]
+
+
+@contextmanager
+def capture_taps(model: nn.Module, rows: Sequence[int] | None = None, *, doc_ids: torch.Tensor | None = None,
+                 variant: str | None = None, qk: str = "call") -> Iterator[dict[str, list[torch.Tensor]]]:
     """Record the taps of the forward passes run inside the block; the dict fills in on exit.
 
     Args:
-      model: a model from torchtrain.build_model (a torchtrain engine must be active: q/k are
-        captured inside its attention function).
+      model: a transformers decoder of the families here. With a torchtrain engine active
+        (torchtrain.build_model) q and k are captured inside the engine's attention function, which
+        hands over its mask metadata; any other attention implementation (transformers' eager, sdpa,
+        flex_attention, a function registered in its AttentionInterface) is wrapped for the block.
       rows: query slots R for `scores` and `probs` (none captured when omitted).
+      doc_ids, variant: int [B,T] and a variant (docs/DESIGN.md §1-§2): the mask the rows' probabilities
+        are read under, for a model without a torchtrain engine.
+      qk: "call" (q and k as the attention function is called with them) or "function" (the function
+        records them through `kwargs["record_qk"](q, k)`: one that applies RoPE itself).
     """
-    if engine_of(model) is None:
-        raise InputError("capture_taps needs a model running a torchtrain engine (torchtrain.build_model)")
-    rec = _Recorder(rows)
+    if qk not in ("call", "function"):
+        raise InputError(f"capture_taps: qk must be 'call' or 'function', got {qk!r}")
+    engine = engine_of(model) is not None
+    rec = TapRecorder(rows, doc_ids, variant)
     decoder = model.base_model
     handles = [decoder.embed_tokens.register_forward_hook(lambda m, a, out: rec.put("embed", 0, out))]
     for i, layer in enumerate(decoder.layers):
-        setattr(layer.self_attn, TAP_ATTR, rec)
+        if engine:
+            setattr(layer.self_attn, TAP_ATTR, rec)
         handles += [
             layer.self_attn.register_forward_hook(lambda m, a, out, i=i: rec.put("attn_out", i, _output(out))),
             layer.mlp.register_forward_hook(lambda m, a, out, i=i: rec.put("mlp_out", i, _output(out))),
@@ -102,10 +160,12 @@ def capture_taps(model: nn.Module, rows: Sequence[int] | None = None) -> Iterato
     handles.append(model.get_output_embeddings().register_forward_hook(lambda m, a, out: rec.put("logits", 0, out)))
     taps: dict[str, list[torch.Tensor]] = {}
     try:
-        yield taps
+        with (nullcontext() if engine else _wrapped_attention(model, rec, qk)):
+            yield taps
     finally:
         for h in handles:
             h.remove()
-        for layer in decoder.layers:
-            delattr(layer.self_attn, TAP_ATTR)
+        if engine:
+            for layer in decoder.layers:
+                delattr(layer.self_attn, TAP_ATTR)
     taps.update(rec.result())

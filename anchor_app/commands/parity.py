@@ -224,7 +224,8 @@ def _parity_hf(out: Path, model: str, variant_list: list[str], policies: str, se
     from anchor.errors import InputError
     from anchor.limits import check_seed
     from anchor.outdir import guard_out, out_lock
-    from parity_tests.hf_report import render_markdown, write_report
+    from parity_tests.hf_report import render_markdown
+    from parity_tests.report import write_report
     from parity_tests.hf_stack import input_styles, not_run_reason, run_hf_stack, stock, user_stack
 
     check_seed(seed)
@@ -256,5 +257,5 @@ def _parity_hf(out: Path, model: str, variant_list: list[str], policies: str, se
                               dtypes=dtypes, inputs=styles, progress=progress)
         path = write_report(result, out)
     typer.echo(render_markdown(result))
-    typer.echo(f"wrote {path / 'parity.json'}, {path / 'summary.md'}")
+    typer.echo(f"wrote {path / 'parity.json'}, {path / 'summary.md'}, {path / 'index.html'}")
     return 0 if result["pass"] else 1
