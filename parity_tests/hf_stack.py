@@ -93,7 +93,7 @@ from parity_tests.core import RULE, Rule
 from parity_tests.core import hold as judged
 from parity_tests.emulations import HF_EMULATIONS
 from parity_tests.runners import (Runner, Taps, as_arrays, clear_oracle_cache, oracle, oracle_model,
-                                  registered)
+                                  register_family, registered)
 from parity_tests.suite import judge_case, where
 
 IMPLEMENTATIONS: tuple[str, ...] = ("eager", "sdpa", "flex_attention", "flash_attention_2")
@@ -767,6 +767,9 @@ def stack_runner(name: str) -> StackRunner:
     a user's function is registered by whoever holds it, `run_hf_stack`)."""
     implementation, _, style = name.removeprefix(RUNNER_PREFIX).partition("@")
     return StackRunner(stock(implementation, style or DEFAULT_INPUTS))
+
+
+register_family(RUNNER_PREFIX, stack_runner)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import importlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -86,18 +87,32 @@ def unregister(name: str) -> None:
     RUNNERS.pop(name, None)
 
 
-def get_runner(name: str) -> Runner:
-    """The runner registered as `name`, or one of transformers' own attention implementations named
-    `hf:IMPLEMENTATION[@INPUT_STYLE]` (parity_tests.hf_stack.StackRunner, built on demand: eager, sdpa,
-    flex_attention, flash_attention_2 in each input style); an InputError listing them otherwise."""
-    if name not in RUNNERS and name.startswith("hf:"):
-        from parity_tests.hf_stack import stack_runner
+# Families of runners built on demand from a name's prefix (`hf:IMPLEMENTATION@STYLE`: transformers' own
+# implementations, parity_tests.hf_stack.StackRunner). The module of a family registers its builder when it is
+# imported (`register_family`); the registry loads it by name on the first use of its prefix, as plug-ins are
+# loaded, so the registry depends on none of the families it serves.
+FAMILIES: dict[str, str] = {"hf:": "parity_tests.hf_stack"}
+_BUILDERS: dict[str, Callable[[str], Runner]] = {}
 
-        return stack_runner(name)
-    if name not in RUNNERS:
-        raise InputError(f"unknown engine {name!r} (registered: {', '.join(RUNNERS)}; transformers' own: "
-                         "hf:IMPLEMENTATION[@INPUT_STYLE], e.g. hf:sdpa@mask4d-float)")
-    return RUNNERS[name]
+
+def register_family(prefix: str, build: Callable[[str], Runner]) -> None:
+    """Build the runners whose names start with `prefix` with `build(name)` (an InputError for a bad name)."""
+    _BUILDERS[prefix] = build
+
+
+def get_runner(name: str) -> Runner:
+    """The runner registered as `name`, or one of a family's built on demand (FAMILIES: transformers' own
+    attention implementations as `hf:IMPLEMENTATION[@INPUT_STYLE]`: eager, sdpa, flex_attention,
+    flash_attention_2 in each input style); an InputError listing them otherwise."""
+    if name in RUNNERS:
+        return RUNNERS[name]
+    for prefix, module in FAMILIES.items():
+        if name.startswith(prefix):
+            if prefix not in _BUILDERS:
+                importlib.import_module(module)  # registers its builder
+            return _BUILDERS[prefix](name)
+    raise InputError(f"unknown engine {name!r} (registered: {', '.join(RUNNERS)}; transformers' own: "
+                     "hf:IMPLEMENTATION[@INPUT_STYLE], e.g. hf:sdpa@mask4d-float)")
 
 
 # ---------------------------------------------------------------------------------------------
