@@ -12,6 +12,8 @@ Rules (docs/verbs/index.md, "What --out may replace"):
   * refused always: `/`, the home folder, the working directory and its parents, a path below a
     file, a folder that holds or lies inside an input (`--data`, `--model`, `--run`, policy files),
     a parent anchor cannot write;
+  * `.<name>.parts` beside the folder (anchor.parts) belongs to the verb its MARKER names: a verb that
+    keeps parts refuses an --out whose parts folder is another verb's;
   * a lock file `.<name>.lock` beside the folder holds the writer's pid (and an flock, released by
     the kernel when the process dies however it dies): a second writer gets an InputError naming
     the holder; a lock left by a dead process is taken over;
@@ -34,6 +36,7 @@ from typing import Any, Iterable
 from anchor.errors import InputError
 
 MARKER = ".anchor-output.json"
+PARTS_VERBS = ("audit", "eval", "parity")  # the verbs that keep finished parts in `.<name>.parts` (anchor.parts)
 
 _current_verb: str | None = None
 
@@ -169,6 +172,12 @@ def guard_out(out: str | Path, verb: str, *, inputs: Iterable[Any] = (), replace
                 raise InputError(
                     f"--out {show} holds the output of `anchor {marker['verb']}`, not of `anchor {verb}`; "
                     "name a new or empty folder")
+    parts = path.parent / f".{path.name}.parts"
+    if verb in PARTS_VERBS and parts.is_dir():  # a verb keeps (and removes) only its own parts
+        marker = read_marker(parts)
+        if marker is not None and marker["verb"] != verb:
+            raise InputError(f"--out {show}: {parts} holds the kept parts of `anchor {marker['verb']}`, not of "
+                             f"`anchor {verb}`; name another --out (or remove that folder)")
     return path
 
 

@@ -8,9 +8,10 @@
 A part is reused only when its key (the settings it was computed with, the anchor version, the files it
 read) equals the call's: `normal` puts a key or a result in the form it reads back in (tuples become lists,
 numpy scalars Python numbers), so a reused result and a fresh one are the same thing. Non-finite floats
-round-trip (JSON's `Infinity`, `NaN`). The folder carries anchor's marker (anchor.outdir); one holding
-files anchor did not write is refused, never written into. Used by `anchor eval` (a part per checkpoint),
-`anchor parity` (a part per case) and `anchor audit` (a part per policy's curves, one for the error budget).
+round-trip (JSON's `Infinity`, `NaN`). The folder carries anchor's marker (anchor.outdir) naming the verb
+that keeps it; one holding files anchor did not write, or another verb's parts, is refused, never written
+into or removed. Used by `anchor eval` (a part per checkpoint), `anchor parity` (a part per case) and
+`anchor audit` (a part per policy's curves, one for the error budget).
 """
 
 from __future__ import annotations
@@ -123,8 +124,12 @@ class Parts:
         if self.folder.exists() and not self.folder.is_dir():
             raise InputError(f"is not a folder (it should hold the finished parts of an `anchor {verb}`)",
                              path=self.folder)
-        if self.folder.is_dir() and read_marker(self.folder) is None and any(self.folder.iterdir()):
+        marker = read_marker(self.folder) if self.folder.is_dir() else None
+        if self.folder.is_dir() and marker is None and any(self.folder.iterdir()):
             raise InputError("holds files anchor did not write; move it away", path=self.folder)
+        if marker is not None and marker["verb"] != verb:  # another verb's parts: never written into or removed
+            raise InputError(f"holds the kept parts of `anchor {marker['verb']}`, not of `anchor {verb}`; "
+                             "name another --out (or remove that folder)", path=self.folder)
 
     def load(self, name: str, key: Any) -> dict[str, Any] | None:
         """The part `name` when one was saved with this `key` (compared in `normal` form), else None."""
@@ -180,15 +185,18 @@ class Parts:
     def remove(self) -> None:
         """Delete the folder (once the command's output is published): `remove_parts`."""
         if self.folder is not None:
-            remove_parts(self.folder)
+            remove_parts(self.folder, self.verb)
 
 
-def remove_parts(folder: str | Path) -> None:
-    """Delete `folder` when it carries anchor's marker; leave anything else where it is."""
+def remove_parts(folder: str | Path, verb: str) -> None:
+    """Delete `folder` when it carries anchor's marker naming `verb`: the parts of one verb are never removed
+    by another (`anchor audit --out S` leaves the `.S.parts` an `anchor parity --keep-parts` kept); anything
+    else stays where it is."""
     from anchor.outdir import read_marker, rmtree
 
     folder = Path(folder)
-    if folder.is_dir() and read_marker(folder) is not None:
+    marker = read_marker(folder) if folder.is_dir() else None
+    if marker is not None and marker["verb"] == verb:
         rmtree(folder)
 
 

@@ -387,3 +387,44 @@ def load_weights(name: str, *, seed: int = 0) -> tuple[ModelSpec, StateDict]:
         spec = random_preset(str(where))
         return spec, random_state(spec, seed)
     return read_gguf(Path(where)) if kind == "gguf" else read_hf_dir(Path(where))
+
+
+# ---------------------------------------------------------------------------------------------
+# Identity: what a result computed from a model was computed from
+
+_DIGESTS: dict[tuple[str, int, int, int, int], str] = {}
+
+
+def file_digest(path: str | Path) -> str:
+    """sha256 of a file's bytes, hashed once per (path, size, modification time, status-change time, inode)
+    in a process: a rewrite within the process changes the status-change time, which no one can set back."""
+    p = Path(path).resolve()
+    st = p.stat()
+    key = (str(p), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    if key not in _DIGESTS:
+        import hashlib
+
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+        _DIGESTS[key] = h.hexdigest()
+    return _DIGESTS[key]
+
+
+def model_identity(name: str | Path) -> list[list[Any]]:
+    """What a model named as in docs/DESIGN.md §6 is, for a cache key: the content of the file or folder it
+    resolves to (`default` and `smollm2` resolve to the cached GGUF), as [relative name, size, sha256] per
+    file, so that a model whose bytes changed (whatever its name, size or modification time) keys anew;
+    [["random", preset]] for a random preset, whose weights the seed makes. A name that resolves to nothing
+    is an InputError."""
+    resolved = resolve_model_name(str(name))
+    if resolved.startswith("random:"):
+        return [["random", resolved.split(":", 1)[1]]]
+    p = Path(resolved)
+    if p.is_file():
+        return [[p.name, p.stat().st_size, file_digest(p)]]
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file())
+        return [[f.relative_to(p).as_posix(), f.stat().st_size, file_digest(f)] for f in files]
+    raise InputError("no such model file or folder", path=p)

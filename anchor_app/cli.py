@@ -10,13 +10,15 @@ One error path for every verb (`main`):
   * a full or read-only disk met while writing prints one line naming the file and exits 2;
   * Ctrl-C (SIGINT) prints `anchor VERB: interrupted` and exits 130; SIGTERM (what `timeout` and
     job schedulers send) the same line and exits 143. Both unwind the run like an exception, so
-    staging folders are removed and locks released on the way out.
+    staging folders are removed and locks released on the way out; the process then ends without the
+    interpreter's shutdown (`_leave_interrupted`: native threads may still be computing).
 """
 
 from __future__ import annotations
 
 import errno
 import importlib
+import os
 import pkgutil
 import signal
 import sys
@@ -163,13 +165,44 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt as e:
         signum = getattr(e, "signum", signals.received or signal.SIGINT)
         print(f"{'anchor ' + verb if verb else 'anchor'}: interrupted", file=sys.stderr)
-        sys.exit(EXIT_INTERRUPTED.get(signum, 130))
+        _leave_interrupted(EXIT_INTERRUPTED.get(signum, 130), process=argv is None)
+    except Exception:
+        if signals.received is None:
+            raise
+        # raised while the interrupt unwound the run (e.g. a library whose import the signal cut short, used
+        # again on the way out): the run was interrupted all the same
+        print(f"{'anchor ' + verb if verb else 'anchor'}: interrupted", file=sys.stderr)
+        _leave_interrupted(EXIT_INTERRUPTED.get(signals.received, 130), process=argv is None)
     finally:
         set_current_verb(None)
     if signals.received is not None:  # typer turned the interrupt into a return code
         print(f"{'anchor ' + verb if verb else 'anchor'}: interrupted", file=sys.stderr)
-        sys.exit(EXIT_INTERRUPTED.get(signals.received, 130))
+        _leave_interrupted(EXIT_INTERRUPTED.get(signals.received, 130), process=argv is None)
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _leave_interrupted(code: int, *, process: bool) -> None:
+    """Exit an interrupted run with `code`, once the interrupt has unwound it (staging folders removed, locks
+    released, finished parts kept: each was written whole).
+
+    As the console script (`process`), the process ends here without the interpreter's shutdown: a signal
+    can stop the main thread while native threads still compute (XLA's CPU threads running the oracle's
+    programs, the jaxref kernels on them), and tearing the interpreter and those libraries down under them
+    can crash the process (SIGSEGV: exit 139 instead of 130 or 143). So the output streams are flushed, the
+    child processes of `multiprocessing` stopped (as the shutdown would), and the process leaves with the
+    code. Called in-process (`main(argv)`, the tests), it raises SystemExit."""
+    if not process:
+        sys.exit(code)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed or broken stream: nothing more can reach it
+            pass
+    mp = sys.modules.get("multiprocessing")
+    if mp is not None:
+        for child in mp.active_children():
+            child.terminate()
+    os._exit(code)
 
 
 def _fail(prefix: str, message: str) -> None:

@@ -38,7 +38,7 @@ def test_a_folder_of_someone_elses_files_is_refused_and_kept(tmp_path):
     (tmp_path / ".file.parts").write_text("x")
     with pytest.raises(InputError, match="is not a folder"):
         Parts(tmp_path / ".file.parts", "eval")
-    remove_parts(folder)  # as after an evaluation published without keeping parts: someone else's folder stays
+    remove_parts(folder, "eval")  # as after an evaluation published without keeping parts: someone else's folder stays
     assert (folder / "notes.txt").read_text() == "mine"
 
 

@@ -34,6 +34,7 @@ import random
 import re
 import shutil
 import sys
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,7 +200,10 @@ def safe_loads(allowlist: tuple[str, ...] = DEEPSPEED_ALLOWLIST) -> Iterator[Non
     def load(f: Any, *args: Any, **kwargs: Any) -> Any:
         kwargs["weights_only"] = True
         try:
-            with torch.serialization.safe_globals(allowed):
+            # torch's reader warns of a pickle protocol other than its own (a file torch did not write) before
+            # it meets what it refuses: the refusal below is the one line the user gets
+            with torch.serialization.safe_globals(allowed), warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Detected pickle protocol")
                 return real_load(f, *args, **kwargs)
         except pickle.UnpicklingError as e:
             found = re.search(r"(?:Unsupported global: GLOBAL|Unsupported class) ([\w.]+)", str(e))

@@ -164,3 +164,25 @@ def write_default_corpus(out: Path, *, max_docs_per_domain: int | None = None, p
         (folder / "corpus.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
         publish(folder, out, "corpus")
     return summary
+
+
+def corpus_folder_file(path: str | Path) -> Path | None:
+    """The JSONL file a folder written by `anchor corpus` declares (`file` in its corpus.json summary), or None
+    when `path` is not such a folder (no anchor marker of the corpus verb). Readers read that file alone: the
+    summary beside it is JSON, not documents. A declared name that is not a plain `.jsonl` file of the folder
+    is an InputError naming corpus.json."""
+    from anchor.errors import InputError, read_json_object
+    from anchor.outdir import read_marker
+
+    folder = Path(path)
+    marker = read_marker(folder) if folder.is_dir() else None
+    if marker is None or marker["verb"] != "corpus":
+        return None
+    summary = folder / "corpus.json"
+    name = read_json_object(summary).get("file")
+    if not isinstance(name, str) or not name.endswith(".jsonl") or Path(name).name != name or name.startswith("."):
+        raise InputError(f"`file` must name the folder's JSONL file (a name ending .jsonl), got {name!r}", path=summary)
+    jsonl = folder / name
+    if jsonl.is_symlink() or not jsonl.is_file():
+        raise InputError(f"the corpus file {name} it declares is not a plain file of the folder", path=summary)
+    return jsonl

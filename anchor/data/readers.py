@@ -167,6 +167,9 @@ def read_jsonl(path: Path, fields: _Fields, *, skip_bad: bool, counts: ReadCount
             try:
                 record = json.loads(line)
             except ValueError as e:
+                if lineno == 1 and _json_document(path):
+                    raise InputError("a JSON document, not JSONL (one JSON object a line, each with the text)",
+                                     path=path) from None
                 if skip_bad:
                     counts.skipped["bad_json"] += 1
                     continue
@@ -179,6 +182,27 @@ def read_jsonl(path: Path, fields: _Fields, *, skip_bad: bool, counts: ReadCount
             doc = _emit(_get(record, fields.text_field), fields.domain(record), source, fields, skip_bad, counts)
             if doc is not None:
                 yield doc
+
+
+def _json_document(path: Path, limit: int = 1 << 26) -> bool:
+    """Whether `path` (uncompressed, under `limit` bytes) holds one JSON document over several lines (e.g. the
+    corpus.json summary beside `anchor corpus`'s JSONL): what a JSONL reader refuses by name, not by line."""
+    try:
+        if path.name.lower().endswith((".zst", ".gz")) or path.stat().st_size > limit:
+            return False
+        json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def check_documents(path: str | Path, *, text_field: str = "text") -> None:
+    """Read `path` up to its first document (iter_documents): a file or folder that cannot be read as
+    documents is its one-line InputError now, before the work that reads it later."""
+    counts = ReadCounts()
+    for _ in iter_documents(path, text_field=text_field, counts=counts):
+        return
+    raise InputError("holds no documents (every one empty or unreadable)", path=path)
 
 
 def _top(dotted: str | None) -> str | None:
@@ -274,7 +298,8 @@ def iter_documents(path: str | Path, *, text_field: str = "text", domain_field: 
     """Stream the documents of a file or folder, in a deterministic order.
 
     Args:
-      path: a `.jsonl[.zst|.gz]` or `.parquet` file; a folder saved by `datasets`; a folder of
+      path: a `.jsonl[.zst|.gz]` or `.parquet` file; a folder written by `anchor corpus` (its declared
+        JSONL, `anchor.data.corpus.corpus_folder_file`); a folder saved by `datasets`; a folder of
         such files (read in sorted order); or a folder of text files (one document each, domain =
         the file's first folder under the root, or "text" at the top).
       text_field, domain_field: dotted paths; `domain_field=None` picks `domain`, then
@@ -296,6 +321,12 @@ def iter_documents(path: str | Path, *, text_field: str = "text", domain_field: 
         return
     if not path.is_dir():
         raise InputError("no such file or folder", path=path)
+    from anchor.data.corpus import corpus_folder_file
+
+    declared = corpus_folder_file(path)
+    if declared is not None:  # `anchor corpus`'s folder: its JSONL, not the corpus.json summary beside it
+        yield from read_jsonl(declared, fields, skip_bad=skip_bad, counts=counts)
+        return
     if _is_saved_dataset(path):
         yield from read_saved_dataset(path, fields, skip_bad=skip_bad, counts=counts)
         return

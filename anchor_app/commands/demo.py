@@ -54,9 +54,17 @@ def demo(
     if merge:
         if runs is not None or steps is not None:
             raise InputError("--merge joins finished parts: it takes no --runs or --steps")
+        # what a merge would ignore is refused (the parts ran with their own model and settings); --profile
+        # names the profile the parts ran with (the summary JSON they carry)
+        ignored = [name for name, given in (("--model", model != "default"), ("--train-steps", train_steps is not None),
+                                            ("--seq-len", seq_len is not None), ("--heldout", heldout is not None),
+                                            ("--prompt", bool(prompt)), ("--policy", policy != "fp32"),
+                                            ("--fresh", fresh)) if given]
+        if ignored:
+            raise InputError(f"--merge joins finished parts, which ran with their own settings: it takes no {ignored[0]}")
         from anchor_app.demo.merge import merge_demos
 
-        merge_demos(merge, out, say=typer.echo)
+        merge_demos(merge, out, profile=profile, say=typer.echo)
         typer.echo(f"open {out / 'index.html'}")
         return
     step_list = check_steps(PROFILES[profile].stages if steps is None else steps)
@@ -77,6 +85,12 @@ def demo(
     if heldout is not None:
         if not heldout.exists():
             raise InputError("no such held-out file", path=heldout)
+        from anchor.data.packed import is_pack_output
+        from anchor.data.readers import check_documents
+        from anchor.data.store import is_store
+
+        if not (is_store(heldout) or is_pack_output(heldout)):
+            check_documents(heldout)  # read before the first stage, not after training
         overrides["perplexity_data"] = str(heldout.resolve())
     from anchor.outdir import guard_out
 

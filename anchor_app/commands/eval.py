@@ -37,7 +37,8 @@ def eval_(
     samples: Annotated[int, typer.Option("--samples", help="Prompts per task and length.")] = 10,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the prompts.")] = 42,
     haystack: Annotated[Optional[str], typer.Option(
-        "--haystack", help="Prose for the essay haystack (text, or JSONL with `text`); default: the embedded corpus.")
+        "--haystack", help="Prose for the essay haystack (text, JSONL with `text`, or an `anchor corpus` folder); "
+                        "default: the embedded corpus.")
     ] = None,
     squad: Annotated[Optional[Path], typer.Option("--squad", help="qa_1: SQuAD v2.0 dev JSON.")] = None,
     hotpotqa: Annotated[Optional[Path], typer.Option("--hotpotqa", help="qa_2: HotpotQA dev distractor JSON.")] = None,
@@ -70,6 +71,10 @@ def eval_(
                                                 hotpotqa=hotpotqa, dtype=dtype, batch_size=batch_size,
                                                 perplexity_windows=perplexity_windows)
     harness_list, lm_harness = _check_harness(harness, harness_tasks, harness_data)
+    if haystack is not None:
+        from anchor_app.eval.ruler.common import load_haystack
+
+        load_haystack(haystack)  # read (and kept) before any work: a file that is no haystack is refused now
     out = guard_out(out, "eval", inputs=tuple(str(p) for p in (run, model, haystack, squad, hotpotqa, harness_data)
                                               if p))
 

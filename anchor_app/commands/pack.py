@@ -17,8 +17,9 @@ def pack(
     model: Annotated[Optional[str], typer.Option(
         "--model", help="HF folder, .gguf file, random:<preset> or default.")] = None,
     data: Annotated[Optional[str], typer.Option(
-        "--data", help="Corpus: .jsonl[.zst|.gz], .parquet, a saved `datasets` folder, a folder of those or of "
-                       "text files; or a token store folder made by an earlier `anchor pack` (its store/).")] = None,
+        "--data", help="Corpus: .jsonl[.zst|.gz], .parquet, a folder written by `anchor corpus`, a saved `datasets` "
+                       "folder, a folder of those or of text files; or a token store folder made by an earlier "
+                       "`anchor pack` (its store/).")] = None,
     seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Slots per window (T), at least 2.")] = None,
     config: Annotated[Optional[Path], typer.Option(
         "--config", help="YAML with any of these options (configs/data/*.yaml); command-line options win.")] = None,

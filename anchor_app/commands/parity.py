@@ -134,10 +134,9 @@ def _parity_torch(out: Path, model: str, variant_list: list[str], layout_list: l
                   engine_list: list[str], seq_len: int, seed: int, device: str, oracle_device: str, grads: bool,
                   progress: bool, keep_parts: bool = False) -> int:
     """`anchor parity --stack torch` once its options are checked: the devices, then the cases, then the report."""
-    from anchor import __version__
     from anchor.errors import InputError
     from anchor.outdir import out_lock
-    from anchor.parts import Parts, files_id, parts_dir
+    from anchor.parts import Parts, parts_dir
     from parity_tests.report import render_markdown, write_report
     from jaxref.device import use_device as use_oracle_device
     from parity_tests.runners import use_device
@@ -155,9 +154,7 @@ def _parity_torch(out: Path, model: str, variant_list: list[str], layout_list: l
         # Each finished case is kept beside --out until the report is published: a killed run (a device
         # call's time limit, Ctrl-C) is rerun with the same options and computes only what it had not finished.
         parts = Parts(parts_dir(out), "parity")
-        key = {"anchor": __version__, "model_files": files_id(model), "device": device,
-               "oracle_device": oracle_where, "grads": grads, "policy_files": [files_id(p) for p in policy_list],
-               **parts_context(device)}
+        key = parts_key(model, device, oracle_where, grads, policy_list)
         result = run_parity(cases, progress=progress, grads=grads, parts=parts, key=key)
         result["model"] = model
         result["device"] = device
@@ -171,6 +168,19 @@ def _parity_torch(out: Path, model: str, variant_list: list[str], layout_list: l
 
 
 CODE_PACKAGES = ("anchor", "jaxref", "torchtrain", "parity_tests")  # what a parity case's numbers come from
+
+
+def parts_key(model: str, device: str, oracle_where: str, grads: bool, policy_list: list[str]) -> dict:
+    """What every kept case of `anchor parity --stack torch` was computed from besides its own settings: the
+    model's bytes (`anchor.weights.model_identity`: `default` is the GGUF it resolves to, so a changed file
+    keys anew whatever its name, size or modification time), the policy files, the devices, `parts_context`."""
+    from anchor import __version__
+    from anchor.parts import files_id
+    from anchor.weights import model_identity
+
+    return {"anchor": __version__, "model_files": model_identity(model), "device": device,
+            "oracle_device": oracle_where, "grads": grads, "policy_files": [files_id(p) for p in policy_list],
+            **parts_context(device)}
 
 
 def parts_context(device: str) -> dict:

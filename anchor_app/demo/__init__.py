@@ -4,7 +4,8 @@ Stages, each in its own sub-folder of `--out`:
   top5     the oracle's next-token top-5 on a prompt next to transformers' own (GGUF loaded by
            transformers itself, eager attention, fp32)
   corpus   the embedded default corpus (`anchor corpus`)
-  pack     tokenized, long-document-upsampled and packed windows (`anchor pack`)
+  pack     the corpus's files cut at their natural boundaries (documents.py), tokenized and packed into
+           windows that hold several documents each (`anchor pack`)
   audit    a short RoPE/bf16 precision audit (`anchor audit`, quick settings)
   train    short continued pre-training runs, AnchorAttention against full attention, on the packed
            windows (`anchor train`, the `varlen` engine, evaluation checkpoints as the paper's)
@@ -14,7 +15,8 @@ Stages, each in its own sub-folder of `--out`:
            (`anchor eval --run`)
   bench    attention time of anchor against full on packed windows, with the FLOP ratio (`anchor bench`)
 and `index.html`: one page, a section per stage, tables and figures inline, every link relative;
-`summary.png`, four figures of the run side by side.
+`summary.png`, the run's figures in one grid at the page's width. Training and evaluation run in bf16
+where the machine has bf16 units, fp32 elsewhere (planning.choose_dtype; the page says which and why).
 
 Stages run in that order; `--steps` selects some (their inputs come along: `eval` needs `train`,
 which needs `pack`, which needs `corpus`). `--out` is a demo folder (anchor's marker, verb `demo`):
@@ -27,7 +29,8 @@ The package, one module per concern:
   settings    the stage names, `DemoSettings` and the profiles
   next_token  the top-5 check (`top5`, `print_top5`)
   stages      the stages (`RUNNERS`: stage name -> function of the stage context)
-  planning    planning, fingerprints, stage reuse, the checks before any work, the record, `run_demo`
+  documents   the corpus cut at natural boundaries; documents per window and where anchor and full differ
+  planning    planning, fingerprints, stage reuse, the checks before any work, the dtype, the record, `run_demo`
   page        `index.html` and `summary.png`
   summary     the profile's summary JSON (`paper_gpu.json`) and the reset comparison (bf16 against fp32)
 

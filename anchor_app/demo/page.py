@@ -1,5 +1,5 @@
 """The demo's page and figures: `index.html` (a section per finished stage, tables and figures inline,
-every link relative) and `summary.png` (four figures of the run side by side)."""
+every link relative) and `summary.png` (the run's results in one grid of panels at the page's width)."""
 
 from __future__ import annotations
 
@@ -20,49 +20,192 @@ def save_figure(fig, path: Path, dpi: int = 110) -> None:
     os.replace(tmp, path)
 
 
-SUMMARY_PANELS = (("audit", "figure1.png", "precision audit"), ("train", "loss.png", "training loss"),
-                  ("eval", "ruler.png", "RULER"), ("bench", "time_ratio_vs_flop_ratio.png", "attention time"))
-# Figures that fill the summary up to four panels where a profile runs no audit or bench (paper-gpu).
-EXTRA_PANELS = (("train", "step_time_vs_flops.png", "step time against FLOPs"),
-                ("eval", "position_loss.png", "held-out loss by position"))
+# The summary's panels in groups: each group's curves share one legend, in its first panel.
+SUMMARY_GROUPS = ("audit", "runs", "speed")
+SUMMARY_WIDTH_IN, SUMMARY_DPI = 10.5, 100  # 1050 pixels: about the page's width, so its text shows at ~its size
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def _summary_panels(out: Path, record: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(group, draw(ax)) for each panel the finished stages give, in the page's order: the audit's three
+    curves, the training loss, RULER, held-out loss by position (without the audit or the bench), attention
+    time and step time against their FLOP ratios."""
+    stages = record.get("stages", {})
+
+    def summary(st: str) -> dict[str, Any] | None:
+        rec = stages.get(st) or {}
+        return rec.get("summary") if rec.get("done") and isinstance(rec.get("summary"), dict) else None
+
+    panels: list[tuple[str, Any]] = []
+    audit = _read_json(out / "audit" / "audit.json") if summary("audit") is not None else None
+    if audit:
+        for key in ("shift_curve", "per_token", "length_curve"):
+            if audit.get(key):
+                panels.append(("audit", lambda ax, k=key: _audit_panel(ax, audit, k)))
+    train, ev, bench = summary("train"), summary("eval"), summary("bench")
+    if train and train.get("runs"):
+        keys = (summary("pack") or {}).get("keys_differ_share")
+        panels.append(("runs", lambda ax: _loss_panel(ax, train, keys)))
+    if ev and ev.get("runs"):
+        panels.append(("runs", lambda ax: _ruler_panel(ax, ev)))
+        if not (audit and bench) and any(r.get("buckets") for r in ev["runs"].values()):
+            panels.append(("runs", lambda ax: _position_panel(ax, ev)))
+    if bench and bench.get("attention"):
+        panels.append(("speed", lambda ax: _bench_panel(ax, bench)))
+    if not bench and train and any(r.get("step_time_vs_full") and r.get("flop_ratio") for r in train["runs"].values()):
+        panels.append(("speed", lambda ax: _step_time_panel(ax, train)))
+    return panels
+
+
+def _style(v: str) -> dict[str, Any]:
+    """One colour per variant on every panel (a run's fp32 twin dashed)."""
+    base = v.split("@")[0]
+    colors = {"anchor": "C0", "full": "C1", "intra_doc": "C2", "intra_doc_reset": "C3"}
+    return {"color": colors.get(base, "C4"), "ls": "--" if v.endswith("@fp32") else "-", "label": v}
+
+
+def _audit_panel(ax, audit: dict[str, Any], key: str) -> None:
+    for k, (pol, c) in enumerate(audit[key].items()):
+        if key == "shift_curve":
+            ax.plot(range(len(c["shifts"])), c["D"], marker="o", ms=3, color=f"C{k}", label=pol)
+            ax.set_xticks(range(len(c["shifts"])), [str(x) for x in c["shifts"]])
+            ax.set_xlabel("shift of every position")
+            ax.set_ylabel("attention difference D")
+            ax.set_title(f"audit: RoPE under a shift (T = {c.get('seq_len')})", fontsize=9)
+        elif key == "per_token":
+            ax.plot(range(1, len(c["values"]) + 1), c["values"], lw=1, color=f"C{k}", label=pol)
+            ax.set_xscale("log")
+            ax.set_xlabel("key token (1: the first)")
+            ax.set_ylabel("per-token difference")
+            ax.set_title("audit: difference per key token", fontsize=9)
+        else:
+            ax.plot(c["lengths"], c["D_logit"], marker="o", ms=3, color=f"C{k}", label=pol)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("sequence length")
+            ax.set_ylabel("first-token logit difference")
+            ax.set_title("audit: first-token logit against length", fontsize=9)
+    ax.set_yscale("log")
+
+
+def _loss_panel(ax, train: dict[str, Any], keys_differ: float | None) -> None:
+    for v, r in train["runs"].items():
+        ax.plot(range(1, len(r["loss"]) + 1), r["loss"], marker="o" if len(r["loss"]) < 40 else None, ms=4,
+                **_style(v))
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("training loss")
+    what = f", keys differ on {keys_differ:.0%} of slots" if keys_differ is not None else ""
+    ax.set_title(f"training at T={train.get('seq_len')}, {train.get('dtype')}{what}", fontsize=9)
+
+
+def _ruler_panel(ax, ev: dict[str, Any]) -> None:
+    Ls = [int(L) for L in ev.get("lengths", [])]
+    for v, r in ev["runs"].items():
+        got = [L for L in Ls if str(L) in r["scores"]]
+        ax.errorbar(got, [r["scores"][str(L)]["mean"] for L in got], yerr=[r["scores"][str(L)]["std"] for L in got],
+                    marker="o", ms=4, capsize=3, **_style(v))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(Ls, [str(L) for L in Ls])
+    ax.minorticks_off()
+    ax.set_ylim(-5, 105)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("RULER score (mean of tasks)")
+    ax.set_title(f"RULER, {ev.get('dtype')}, mean ± std over checkpoints", fontsize=9)
+
+
+def _position_panel(ax, ev: dict[str, Any]) -> None:
+    L = max(int(x) for r in ev["runs"].values() for x in r.get("buckets") or {})
+    for v, r in ev["runs"].items():
+        cells = (r.get("buckets") or {}).get(str(L))
+        if cells:
+            ax.plot([(c["start"] + c["end"]) / 2 for c in cells], [c["nll"] for c in cells], marker="o", ms=3,
+                    **_style(v))
+    ax.set_xlabel("position in the held-out document")
+    ax.set_ylabel("NLL (nats per token)")
+    ax.set_title(f"held-out loss by position at {L}", fontsize=9)
+
+
+def _bench_panel(ax, bench: dict[str, Any]) -> None:
+    rows = [r for r in bench["attention"] if r.get("variant") != "full" and r.get("time_ratio") is not None]
+    ax.plot([0, 1.05], [0, 1.05], color="grey", lw=0.8, ls=":", label="time = FLOPs")
+    for k, r in enumerate(rows):
+        ax.plot(r["flop_ratio"], r["time_ratio"], "o", color=f"C{k + 2}", label=f"{r['variant']}, T={r['seq_len']}")
+    ax.set_xlim(0, 1.05)
+    ax.set_ylim(0, max([1.1, *(r["time_ratio"] * 1.1 for r in rows)]))
+    ax.set_xlabel("FLOPs / full's")
+    ax.set_ylabel("attention time / full's")
+    ax.set_title("attention alone, fwd + bwd", fontsize=9)
+    ax.legend(fontsize=8, loc="upper left")
+
+
+def _step_time_panel(ax, train: dict[str, Any]) -> None:
+    ax.plot([0, 1.05], [0, 1.05], color="grey", lw=0.8, ls=":")
+    for v, r in train["runs"].items():
+        if r.get("step_time_vs_full") and r.get("flop_ratio"):
+            ax.plot(r["flop_ratio"]["step"], r["step_time_vs_full"], "o", color=_style(v)["color"])
+    ax.set_xlim(0, 1.05)
+    ax.set_ylim(0, max([1.2, *(r.get("step_time_vs_full") or 0 for r in train["runs"].values())]) * 1.05)
+    ax.set_xlabel("FLOPs / full's (whole step)")
+    ax.set_ylabel("median step time / full's")
+    ax.set_title("training step time (dotted: time = FLOPs)", fontsize=9)
 
 
 def summary_figure(out: Path, record: dict[str, Any]) -> Path | None:
-    """`summary.png`: the audit, the loss curves, RULER and the speed figure side by side (those that exist),
-    filled up to four with EXTRA_PANELS."""
-    def there(st: str, name: str) -> bool:
-        return bool(record["stages"].get(st, {}).get("done")) and (out / st / name).is_file()
-
-    panels = [(out / st / name, title) for st, name, title in SUMMARY_PANELS if there(st, name)]
-    panels += [(out / st / name, title) for st, name, title in EXTRA_PANELS if there(st, name)][:max(0, 4 - len(panels))]
+    """`summary.png` (`draw_summary`) in `out`; None (and no file) when no stage gave a panel."""
     target = out / "summary.png"
-    if not panels:
+    fig = draw_summary(out, record)
+    if fig is None:
         target.unlink(missing_ok=True)
+        return None
+    import matplotlib.pyplot as plt
+
+    save_figure(fig, target, dpi=SUMMARY_DPI)
+    plt.close(fig)
+    return target
+
+
+def draw_summary(out: Path, record: dict[str, Any]):
+    """The summary figure: the finished stages' results drawn anew in one grid of panels, three (or two) to
+    a row, a shorter last row sharing the width among its panels, at the page's width (`_summary_panels`):
+    the audit's curves, the training loss, RULER and the speed against the FLOP ratio. The canvas holds
+    nothing but the panels, their legends (one per group of curves: the audit's policies in its first panel,
+    the runs in theirs; the speed panel its own) and the title. None when no stage gave a panel."""
+    panels = _summary_panels(out, record)
+    if not panels:
         return None
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.image as mpimg
     import matplotlib.pyplot as plt
 
-    # the audit's figure (four panels of its own) spans the top row at full width; the others share rows of two
-    wide = [pt for pt in panels if pt[1] == "precision audit"]
-    rest = [pt for pt in panels if pt[1] != "precision audit"]
-    cols = 2 if len(rest) > 1 else 1
-    rows = (len(rest) + cols - 1) // cols
-    heights = ([2.0] if wide else []) + [1.0] * rows
-    fig = plt.figure(figsize=(7 * cols if rest else 14, 4.2 * sum(heights)))
-    grid = fig.add_gridspec(len(heights), cols, height_ratios=heights)
-    cells = ([fig.add_subplot(grid[0, :])] if wide else []) + [
-        fig.add_subplot(grid[(1 if wide else 0) + k // cols, k % cols]) for k in range(len(rest))]
-    for ax, (path, title) in zip(cells, wide + rest):
-        ax.axis("off")
-        ax.imshow(mpimg.imread(path))
-    fig.suptitle(f"anchor demo — {record['model']}", fontsize=14)
-    fig.tight_layout()
-    save_figure(fig, target, dpi=90)
-    plt.close(fig)
-    return target
+    n = len(panels)
+    cols = 3 if n % 3 == 0 or n > 4 else min(n, 2)
+    rows = (n + cols - 1) // cols
+    span = 6 if cols == 3 else cols  # grid columns: a last row of fewer panels shares the width among them
+    fig = plt.figure(figsize=(SUMMARY_WIDTH_IN, 3.3 * rows + 0.5), layout="constrained")
+    grid = fig.add_gridspec(rows, span)
+    axes = []
+    for k in range(n):
+        row, col = divmod(k, cols)
+        m = min(cols, n - row * cols)  # panels in this row
+        w = span // m
+        axes.append(fig.add_subplot(grid[row, col * w:(col + 1) * w]))
+    seen: set[str] = set()
+    for ax, (group, draw) in zip(axes, panels):
+        draw(ax)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=8)
+        if group not in seen and group != "speed":  # the group's legend, once (speed panels carry their own)
+            seen.add(group)
+            ax.legend(fontsize=8, title="RoPE policy" if group == "audit" else "run", title_fontsize=8)
+    fig.suptitle(f"anchor demo — {record.get('model')}", fontsize=12)
+    return fig
 
 
 def _esc(x: Any) -> str:
@@ -80,8 +223,8 @@ def num(x: Any, spec: str = ".4g") -> str:
 
 
 class _Page:
-    def __init__(self, out: Path):
-        self.out, self.parts = out, []
+    def __init__(self, out: Path, record: dict[str, Any] | None = None):
+        self.out, self.parts, self.record = out, [], record
 
     def add(self, text: str) -> None:
         self.parts.append(text)
@@ -112,14 +255,85 @@ def _section_top5(p: _Page, s: dict[str, Any]) -> None:
                   for r, (a, b) in enumerate(zip(s["oracle"], s["transformers"]), 1)]))
 
 
+def _text(v: Any) -> str:
+    """A value for a table cell or a sentence: numbers formatted, a mapping as `key value, ...` (nested ones in
+    brackets), a list comma-separated; never a dict's or JSON's braces."""
+    if isinstance(v, bool) or v is None:
+        return "—" if v is None else str(v).lower()
+    if isinstance(v, float):
+        return format(v, ".4g")
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, dict):
+        return ", ".join(f"{k.replace('_', ' ')} {_text(x) if not isinstance(x, dict) else '(' + _text(x) + ')'}"
+                         for k, x in v.items())
+    if isinstance(v, (list, tuple)):
+        return ", ".join(_text(x) for x in v)
+    return str(v)
+
+
+def _kv_table(d: dict[str, Any], skip: tuple[str, ...] = ()) -> str:
+    """The scalar (and formatted) entries of a summary as a two-column table."""
+    return _table(["key", "value"], [[k.replace("_", " "), _text(v)] for k, v in d.items() if k not in skip])
+
+
 def _section_corpus(p: _Page, s: dict[str, Any]) -> None:
-    flat = [[k, v if not isinstance(v, (dict, list)) else json.dumps(v)[:120]] for k, v in s.items()]
-    p.add(_table(["key", "value"], flat))
+    p.add(_kv_table(s, skip=("domains",)))
+    domains = s.get("domains")
+    if isinstance(domains, dict) and domains:
+        p.add(_table(["domain", "documents", "characters"],
+                     [[d, _text(x.get("docs")), _text(x.get("chars"))] if isinstance(x, dict) else [d, _text(x), ""]
+                      for d, x in domains.items()]))
     p.add(f"<p>{p.link('corpus/corpus.json', 'corpus.json')}</p>")
 
 
+def docs_sentence(s: dict[str, Any]) -> str:
+    """Documents per window (median, quartiles, range) and the share of slots whose visible keys differ
+    between the anchor mask and full attention, from the pack stage's summary ('' without them)."""
+    d, share = s.get("docs_per_window"), s.get("keys_differ_share")
+    if not isinstance(d, dict) or share is None:
+        return ""
+    return (f"Documents per window: median {d['median']:g} (quartiles {d['q1']:g}–{d['q3']:g}, range "
+            f"{d['min']}–{d['max']}, mean {d['mean']:.1f}). Slots whose visible keys differ between anchor and full "
+            f"attention: {share:.0%} (a slot of a window's first document sees the same keys under both; one of a "
+            "later document sees its own document and the anchor under anchor, every earlier slot under full).")
+
+
 def _section_pack(p: _Page, s: dict[str, Any]) -> None:
-    p.add(_table(["key", "value"], [[k, v] for k, v in s.items()]))
+    text = docs_sentence(s)
+    if text:
+        p.add(f"<p><b>{_esc(text)}</b> In a window of one document, anchor, intra-document and full attention "
+              "compute the same thing; the share above is where the runs' computations differ (the training "
+              "section gives the attention FLOP ratio of anchor to full on the windows they trained on).</p>")
+    docs = s.get("documents")
+    if isinstance(docs, dict) and "pieces" in docs:
+        t = docs.get("tokens_per_piece") or {}
+        p.add(f"<p>The corpus's {docs['documents']:,} files are cut where they divide themselves: modules at each "
+              f"function, class and method, texts at each section heading ({p.link('corpus/pieces.jsonl', 'pieces.jsonl')}); "
+              f"{docs['pieces']:,} pieces of a median {num(t.get('median'), '.0f')} tokens (quartiles "
+              f"{num(t.get('q1'), '.0f')}–{num(t.get('q3'), '.0f')}, 90th percentile {num(t.get('p90'), '.0f')}, "
+              f"longest {num(t.get('max'), ',')}): most pieces short, a few long, so windows hold several documents "
+              "each, as the paper's do. "
+              f"{docs.get('left_out', 0):,} pieces longer than {num(docs.get('max_chars'), ',')} characters "
+              "(data tables: character maps, entity lists) are left out: each would fill several windows alone. "
+              f"{num(docs.get('selected'), ',')} pieces are drawn in each domain's share of tokens "
+              f"({_esc(docs.get('mixture', ''))} mixture) and packed in order.</p>")
+        if isinstance(docs.get("domains"), dict):
+            p.add(_table(["domain", "files", "pieces", "left out", "characters left out"],
+                         [[d, _text(x.get("documents")), _text(x.get("pieces")), _text(x.get("left_out")),
+                           _text(x.get("left_out_chars"))] for d, x in docs["domains"].items()]))
+    w = s.get("windows")
+    if isinstance(w, dict):
+        dpw = w.get("docs_per_window") or {}
+        p.add(_table(["windows", "slots per window", "slots", "padding slots", "windows holding a boundary"],
+                     [[_text(w.get("count")), _text(w.get("seq_len")), _text(w.get("slots")),
+                       _text(w.get("padding_slots")), num(w.get("boundary_window_share"), ".0%")]]))
+        if not text and dpw:
+            p.add(f"<p>Documents per window: median {num(dpw.get('median'), 'g')}, mean "
+                  f"{num(dpw.get('mean'), '.2f')}, max {num(dpw.get('max'), 'g')}.</p>")
+    rest = {k: v for k, v in s.items() if k not in ("windows", "documents", "docs_per_window", "keys_differ_share")}
+    if rest:
+        p.add(_kv_table(rest))
     p.add(f"<p>{p.link('pack/stats.md', 'stats.md')} · {p.link('pack/stats.json', 'stats.json')}</p>")
 
 
@@ -138,17 +352,28 @@ def _section_train(p: _Page, s: dict[str, Any]) -> None:
     p.add(f"<p>{_esc(s['model'])}, windows of {s['seq_len']} slots, engine {_esc(s['engine'])}, {_esc(s['dtype'])}"
           f"{_esc(rope)}{_esc(zero)}. Step time: median over the steps after the first; FLOP ratio: the run's "
           "mask against full attention on the windows it trained on, for the whole step (6 FLOPs per matmul "
-          "parameter and token plus attention) and for attention alone (anchor_app/bench/flops.py).</p>")
+          "parameter and token plus attention) and for attention alone (anchor_app/bench/flops.py). Load "
+          "average: the machine's 1-minute load (os.getloadavg) sampled while the run trained, against its "
+          "cores: above the cores, other work shared them and the step times are longer than the run's own.</p>")
+    choice = (p.record or {}).get("dtype_choice")
+    if choice:
+        p.add(f"<p>Precision: <b>{_esc(choice['dtype'])}</b> for training and evaluation, because "
+              f"{_esc(choice['reason'])}.</p>")
     def load(r: dict[str, Any]) -> str:
         la = r.get("load_average") or {}
         text = f"{num(la.get('before'), '.2f')} → {num(la.get('after'), '.2f')} ({la.get('cores', '?')} cores)"
+        during = la.get("during") or {}
+        if during.get("samples"):
+            text = (f"{num(during.get('mean'), '.2f')} ({num(during.get('min'), '.2f')}–{num(during.get('max'), '.2f')}, "
+                    f"{during['samples']} samples); " + text)
         return text + (" busy" if r.get("busy") else "")
 
     def ratio(r: dict[str, Any], k: str) -> str:
         return num((r.get("flop_ratio") or {}).get(k), ".3f")
 
     p.add(_table(["run", "dtype", "engine", "device", "steps", "loss: first", "last", "step s (median)", "tokens/s",
-                  "step time / full", "FLOP ratio: step", "attention", "load average (before → after)",
+                  "step time / full", "FLOP ratio: step", "attention",
+                  "load average: during the run (range, samples); before → after",
                   "evaluation checkpoints"],
                  [[v, r.get("dtype", s["dtype"]), r.get("engine", s["engine"]), r.get("device", ""), r["steps"], num(r["loss_first"]),
                    num(r["loss_last"]), num(r["step_s_median"], ".3g"), num(r["tokens_per_s_median"], ".4g"),
@@ -173,6 +398,9 @@ def _section_parity(p: _Page, s: dict[str, Any]) -> None:
           f"<b>{s['passed']}/{s['cases']}</b> cases pass; gradients of every parameter and AdamW steps (fp32, "
           f"<code>{_esc(s.get('grad_model', s['model']))}</code>): <b>{s['grad_passed']}/{s['grad_cases']}</b>. "
           f"{p.link('parity/index.html', 'layer-wise report')} · {p.link('parity/summary.md', 'summary.md')}</p>")
+    if s.get("trained_dtype"):
+        p.add(f"<p>The checkpoint trained in {_esc(s['trained_dtype'])}; forward cases under the policies "
+              f"{_esc(', '.join(s.get('policies', [])))} (its own dtype among them).</p>")
     p.add(_table(["case", "pass"], s["ids"]))
     p.figs([(f"parity/figures/{fig.name}", fig.stem.split("_", 2)[-1] + ": per-parameter errors")
             for fig in sorted((p.out / "parity" / "figures").glob("grads_*.png"))[:4]])
@@ -192,7 +420,10 @@ def _section_eval(p: _Page, s: dict[str, Any]) -> None:
           "error over samples (each sample's score averaged over the checkpoints, which read the same prompts; "
           f"at most 50 / √({len(s['tasks'])} × {s['samples']}) = "
           f"{50 / (len(s['tasks']) * s['samples']) ** 0.5:.1f} points for a 0–100 score).</p>")
-    if s.get("dtype_choice", {}).get("reason"):
+    demo = (p.record or {}).get("dtype_choice")
+    if demo and demo.get("dtype") == s.get("dtype"):  # the demo chose it for training and evaluation
+        p.add(f"<p>dtype: {_esc(s['dtype'])}, as the training's: {_esc(demo['reason'])}.</p>")
+    elif s.get("dtype_choice", {}).get("reason"):
         p.add(f"<p>dtype: {_esc(s['dtype_choice']['reason'])}.</p>")
     p.add(_table(["run", "checkpoints", *Ls],
                  [[v, ", ".join(r["checkpoints"]), *[score_cell(r["scores"][L]) for L in Ls]] for v, r in s["runs"].items()]))
@@ -253,8 +484,13 @@ def _reset(p: _Page, r: dict[str, Any]) -> None:
 
 
 def _section_bench(p: _Page, s: dict[str, Any]) -> None:
+    m = (_read_json(p.out / "bench" / "bench.json") or {}).get("machine") or {}
+    end, cores = m.get("load_average"), os.cpu_count()
+    load = (f" The machine's 1-minute load average when the bench ended: {end[0]:.2f} on {cores} cores"
+            + (" (above half the cores: other work shared them while it timed)"
+               if end[0] > 0.5 * (cores or 1) else "") + "." if isinstance(end, list) and end else "")
     p.add(f"<p>Attention alone, forward + backward, on windows packed from the corpus ({_esc(s.get('machine'))}); "
-          "ratios against full measured in the same run on the same windows.</p>")
+          f"ratios against full measured in the same run on the same windows.{_esc(load)}</p>")
     p.add(_table(["engine", "variant", "T", "ms", "time / full", "FLOPs / full"],
                  [[r["engine"], r["variant"], r["seq_len"], num(r["ms"], ".4g"), num(r["time_ratio"], ".3f"),
                    num(r["flop_ratio"], ".3f")] for r in s["attention"]]))
@@ -275,12 +511,12 @@ _CSS = ("body{font:15px/1.45 system-ui,sans-serif;max-width:1000px;margin:2em au
         "img{max-width:100%}figure{margin:1em 0}figcaption{font-size:12px;color:#666}"
         "table{border-collapse:collapse;margin:.5em 0}td,th{padding:2px 8px;border-bottom:1px solid #ddd;"
         "text-align:left;font-size:13px}code{background:#f4f4f4;padding:0 3px}.note{color:#a60}"
-        ".figs{display:grid;grid-template-columns:1fr 1fr;gap:10px}.fig img{max-width:720px}")
+        ".figs{display:grid;grid-template-columns:1fr 1fr;gap:10px}.fig img{max-width:720px}.wide img{width:100%}")
 
 
 def index_page(out: Path, record: dict[str, Any], fps: dict[str, str] | None = None) -> None:
     """`index.html`: a section per finished stage, tables and figures inline, every link relative."""
-    p = _Page(out)
+    p = _Page(out, record)
     done = [st for st in STAGES if record["stages"].get(st, {}).get("done")]
     p.add(f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>anchor demo — {_esc(record['model'])}"
           f"</title><style>{_CSS}</style></head><body>")
@@ -298,7 +534,17 @@ def index_page(out: Path, record: dict[str, Any], fps: dict[str, str] | None = N
         p.add(f"<p>Summary of the runs: {p.link(record['summary_json'], record['summary_json'])} (machine, seconds, "
               "per run and evaluation checkpoint: RULER per task and length with standard errors, held-out loss "
               "by position, step times).</p>")
-    p.img("summary.png", "summary: audit, training loss, RULER, attention time")
+    pack = (record["stages"].get("pack") or {}).get("summary") if "pack" in done else None
+    facts = docs_sentence(pack) if isinstance(pack, dict) else ""
+    if record.get("dtype_choice"):
+        c = record["dtype_choice"]
+        facts += f" Training and evaluation in {c['dtype']}: {c['reason']}."
+    if facts:
+        p.add(f"<p>{_esc(facts.strip())}</p>")
+    if (out / "summary.png").is_file():
+        p.add("<figure class='wide'><img src='summary.png' alt='summary: audit, training loss, RULER, speed'>"
+              "<figcaption>summary: the audit's curves (one legend: the RoPE policies), training loss and RULER "
+              "(one legend: the runs), attention time against the FLOP ratio</figcaption></figure>")
     p.add("<ul>" + "".join(f"<li><a href='#{st}'>{_esc(TITLES[st])}</a></li>" for st in done) + "</ul>")
     for st in done:
         rec = record["stages"][st]

@@ -38,7 +38,8 @@ _KEYS = {"top5": ("model", "prompt", "policy"), "corpus": (), "pack": ("model", 
 # Settings hashed into a stage's fingerprint only where they differ from their default, so that a demo folder
 # written by a version without them keeps its fingerprints (and is reused) while any other value changes them.
 # Every field of DemoSettings is in _KEYS, here, or in _NOT_RESULTS (`unlisted_settings()`, tested).
-_KEYS_IF_SET = {"train": ("train_rope_theta", "zero_stage", "train_warmup_steps", "fp32_variants", "fp32_steps",
+_KEYS_IF_SET = {"pack": ("pack_docs",),
+                "train": ("train_rope_theta", "zero_stage", "train_warmup_steps", "fp32_variants", "fp32_steps",
                           "fp32_eval_window", "only_runs", "timing_steps"),
                 "eval": ("eval_batch_size", "eval_group_by_budget", "perplexity_docs", "perplexity_bucket",
                          "perplexity_data", "only_runs")}
@@ -157,6 +158,7 @@ def run_demo(model: str = "default", out: str | Path = "runs/demo", *, steps: tu
     from anchor.outdir import guard_out, out_lock
 
     s = replace(settings or PROFILES["demo"], model=model, **overrides)
+    s, dtype_choice = resolve_dtype(s)  # before the fingerprints: a run in bf16 is another result than in fp32
     steps = check_steps(s.stages if steps is None else steps)
     pol_file = s.policy if s.policy.endswith((".yaml", ".yml")) else None
     out = guard_out(out, "demo", inputs=(model, pol_file), replace=False)
@@ -172,7 +174,7 @@ def run_demo(model: str = "default", out: str | Path = "runs/demo", *, steps: tu
     created = not out.exists() or not any(out.iterdir())
     with out_lock(out, "demo"):
         try:
-            return _run_stages(out, s, steps, todo, fps, fresh, say, progress, t0, left_out)
+            return _run_stages(out, s, steps, todo, fps, fresh, say, progress, t0, left_out, dtype_choice)
         except BaseException:
             if created and not any(r.get("done") for r in read_record(out).get("stages", {}).values()):
                 _remove_own_files(out)  # nothing finished: leave no half-written demo folder behind
@@ -200,6 +202,40 @@ def _remove_own_files(out: Path) -> None:
 def _summary_names() -> set[str]:
     """The summary JSON names of every profile (files the demo writes into its folder)."""
     return {p.summary_json for p in PROFILES.values() if p.summary_json}
+
+
+def choose_dtype() -> dict[str, Any]:
+    """The demo's training and evaluation dtype on this machine, and why: bfloat16 where it has bf16 units
+    (CUDA; a CPU with avx512_bf16 or AMX, anchor.machine.cpu_bf16): it multiplies bf16 natively (a 1024²
+    matmul ran 3.1x faster than in fp32 on a 2-core AVX-512-bf16 EPYC, anchor_app/eval/dtype.py), and the
+    runs train in the precision whose effect on RoPE the paper is about; float32 elsewhere, where bf16 is
+    emulated and 3-6x slower (anchor.machine)."""
+    import torch
+
+    from anchor import machine
+
+    if torch.cuda.is_available():
+        return {"dtype": "bfloat16", "reason": f"a CUDA GPU ({torch.cuda.get_device_name(0)}) multiplies bf16 "
+                                               "natively (the paper's precision)", "bf16_units": ["cuda"]}
+    units = machine.cpu_bf16()
+    if units:
+        return {"dtype": "bfloat16", "reason": f"this CPU has bf16 units ({', '.join(units)}): it multiplies bf16 "
+                                               "natively, and the runs train in the precision the paper is about",
+                "bf16_units": units}
+    return {"dtype": "float32", "reason": "this CPU has no bf16 units (no avx512_bf16, no AMX): bf16 would be "
+                                          "emulated, slower than fp32", "bf16_units": []}
+
+
+def resolve_dtype(s: DemoSettings) -> tuple[DemoSettings, dict[str, Any] | None]:
+    """`s` with a `train_dtype` of `auto` resolved by `choose_dtype` (evaluation too, where it is `auto`; ZeRO-1
+    in bf16, which the trainer needs), and the choice; `s` and None where the dtype is given."""
+    if s.train_dtype != "auto":
+        return s, None
+    choice = choose_dtype()
+    dtype = choice["dtype"]
+    zero = max(s.zero_stage, 1) if dtype == "bfloat16" else s.zero_stage
+    return replace(s, train_dtype=dtype, zero_stage=zero,
+                   eval_dtype=dtype if s.eval_dtype == "auto" else s.eval_dtype), choice
 
 
 def feasible(s: DemoSettings, todo: tuple[str, ...]) -> tuple[DemoSettings, list[str]]:
@@ -285,7 +321,7 @@ def _check_model(model: str) -> None:
 
 def _run_stages(out: Path, s: DemoSettings, steps: tuple[str, ...], todo: tuple[str, ...], fps: dict[str, str],
                 fresh: bool, say: Callable[[str], None], progress: bool, t0: float,
-                left_out: list[str]) -> dict[str, Any]:
+                left_out: list[str], dtype_choice: dict[str, Any] | None = None) -> dict[str, Any]:
     from anchor.outdir import remove_stale_staging, write_marker
 
     out.mkdir(parents=True, exist_ok=True)
@@ -297,6 +333,9 @@ def _run_stages(out: Path, s: DemoSettings, steps: tuple[str, ...], todo: tuple[
     old = read_record(out)
     record: dict[str, Any] = {"model": s.model, "settings": asdict(s), "stages": dict(old.get("stages", {})),
                               "ran": [], "reused": [], "selected": list(steps), "left_out": left_out}
+    if dtype_choice:
+        record["dtype_choice"] = dtype_choice
+        say(f"dtype: {dtype_choice['dtype']} ({dtype_choice['reason']})")
     ctx = StageContext(out, s, progress, say, record["stages"])
     for i, stage in enumerate(todo, 1):
         rec = record["stages"].get(stage)

@@ -32,12 +32,16 @@ class DemoSettings:
     policy: str = "fp32"
     seq_len: int = 1024                       # pack and train windows
     budget: int = 400_000                     # tokens drawn from the corpus for packing
+    pack_docs: str = "whole"                  # the corpus's files whole (long-upsampled), or `pieces`: cut at
+                                              # their functions and sections (anchor_app/demo/documents.py)
     train_variants: tuple[str, ...] = ("anchor", "full")
     train_steps: int = 4
     global_batch: int = 1
     lr: float = 1e-4                          # higher than the paper's 2e-5: a short run should move
     train_engine: str = "varlen"              # costs what the mask says, trains on CPU
-    train_dtype: str = "float32"
+    train_dtype: str = "float32"              # or `auto`: bf16 where the machine has bf16 units (CUDA, a CPU with
+                                              # avx512_bf16 or AMX), fp32 elsewhere; evaluation follows it
+                                              # (planning.choose_dtype)
     eval_every: int = 2                       # evaluation checkpoints: every eval_every steps ...
     eval_window: int = 4                      # ... over the last eval_window (paper: 10 over 50)
     parity_seq_len: int = 97
@@ -135,7 +139,8 @@ PAPER_GPU_ROPE_THETA = 5e5
 
 # `make paper-small`: the paper's comparison at small scale (four variants, RULER 1K-4K, five checkpoints).
 PROFILES = {
-    "demo": DemoSettings(),
+    # several documents per window (anchor and full differ there), bf16 where the CPU multiplies it natively
+    "demo": DemoSettings(pack_docs="pieces", train_dtype="auto"),
     "paper-small": DemoSettings(
         seq_len=4096, budget=1_200_000, train_variants=("full", "intra_doc", "intra_doc_reset", "anchor"),
         train_steps=20, global_batch=1, eval_every=4, eval_window=20, parity_seq_len=515,

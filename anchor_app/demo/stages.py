@@ -62,11 +62,16 @@ def stage_pack(ctx: StageContext) -> dict[str, Any]:
     from anchor.data.mixture import MixtureSpec
     from anchor.data.pipeline import PackConfig, pack_corpus
 
+    from anchor_app.demo.documents import pack_pieces, pack_windows
+
     s = ctx.settings
+    if s.pack_docs == "pieces":  # the files cut at their functions and sections: several documents a window
+        return pack_pieces(s.model, ctx.stage("corpus"), ctx.stage("pack"), s.seq_len, s.budget, progress=ctx.progress)
     cfg = PackConfig(seq_len=s.seq_len, mixture=MixtureSpec(kind="upsample_long", budget=s.budget,
                                                             long_threshold=s.seq_len))
     stats = pack_corpus(s.model, ctx.stage("corpus") / "corpus.jsonl", ctx.stage("pack"), cfg, progress=ctx.progress)
-    return {k: stats[k] for k in ("windows", "tokens", "documents", "seq_len") if k in stats}
+    return {**{k: stats[k] for k in ("windows", "tokens", "documents", "seq_len") if k in stats},
+            **pack_windows(ctx.stage("pack"))}
 
 
 def stage_audit(ctx: StageContext) -> dict[str, Any]:
@@ -120,6 +125,39 @@ def _load_average() -> float | None:
         return None
 
 
+class LoadSampler:
+    """The 1-minute load average sampled every `every_s` seconds while a run trains (a thread), so its step
+    times come with how busy the machine was meanwhile: `summary()` is mean, min and max over the samples."""
+
+    def __init__(self, every_s: float = 5.0):
+        import threading
+
+        self.every_s, self.samples = every_s, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="load-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            x = _load_average()
+            if x is not None:
+                self.samples.append(x)
+            if self._stop.wait(self.every_s):
+                return
+
+    def __enter__(self) -> "LoadSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict[str, Any]:
+        x = self.samples
+        return {"samples": len(x), "every_s": self.every_s, "mean": round(float(np.mean(x)), 2) if x else None,
+                "min": min(x) if x else None, "max": max(x) if x else None}
+
+
 def release_memory() -> None:
     """Free what the last run left: the trainer's engine and model sit in reference cycles, and torch's CUDA
     cache keeps their blocks; the next run's memory check (mem_get_info) would count them as taken."""
@@ -157,7 +195,8 @@ def stage_train(ctx: StageContext) -> dict[str, Any]:
                 f"{s.global_batch} x {s.seq_len} slots, {r['dtype']}, engine {s.train_engine}")
         cfg = load_train_config(None, _train_overrides(s, ctx.stage("pack").resolve(), v))
         load_before = _load_average()  # other work on the machine, before this run adds its own
-        train(cfg, root / v, progress=ctx.progress)
+        with LoadSampler() as load:
+            train(cfg, root / v, progress=ctx.progress)
         release_memory()
         load_after = _load_average()
         m = read_metrics(root / v)
@@ -168,7 +207,8 @@ def stage_train(ctx: StageContext) -> dict[str, Any]:
                    "tokens_per_s_median": float(np.median([x["tokens_per_s"] for x in m[1:] or m])),
                    "elapsed_s": m[-1]["elapsed_s"], "last_checkpoint": f"{v}/checkpoints/step-{last}/hf",
                    "eval_checkpoints": [f"step-{k}" for k in sorted(ckpt.list_steps(root / v)) if cfg.is_eval_step(k)],
-                   "load_average": {"before": load_before, "after": load_after, "cores": os.cpu_count()},
+                   "load_average": {"before": load_before, "after": load_after, "cores": os.cpu_count(),
+                                    "during": load.summary()},
                    "busy": busy_machine(load_before), "variant": r["variant"], "dtype": r["dtype"],
                    "device": device,
                    "step_s": [round(x, 5) for x in step_s],
@@ -184,8 +224,12 @@ def stage_train(ctx: StageContext) -> dict[str, Any]:
                 r["full_timing"] = {k: timing[k] for k in ("steps", "step_s_median", "device")}
     step_time_ratios(runs)
     train_figures(runs, root, s)
+    from anchor.weights import model_identity
+
+    # the bytes the runs started from (`default` resolves to a file): parts merge only where these are the same
     return {"runs": runs, "model": s.model, "seq_len": s.seq_len, "engine": s.train_engine, "dtype": s.train_dtype,
-            "rope_theta": s.train_rope_theta, "zero_stage": s.zero_stage, "full_timing": timing}
+            "rope_theta": s.train_rope_theta, "zero_stage": s.zero_stage, "full_timing": timing,
+            "model_identity": model_identity(s.model)}
 
 
 TIMING_RUN = "full-timing"  # train/<this>: no run of a profile has this name (variants have no '-')
@@ -303,11 +347,17 @@ def stage_parity(ctx: StageContext) -> dict[str, Any]:
     from parity_tests.suite import build_cases, run_parity
 
     s = ctx.settings
-    first = "anchor" if "anchor" in s.train_variants else s.train_variants[0]
-    rel = f"train/{ctx.records['train']['summary']['runs'][first]['last_checkpoint']}"
+    # anchor's checkpoint, else the first run this folder trained (a part, `--runs`, may hold any of them)
+    trained = ctx.records["train"]["summary"]["runs"]
+    main = [v for v in trained if not v.endswith(FP32_SUFFIX)]
+    first = "anchor" if "anchor" in trained else (main or list(trained))[0]
+    rel = f"train/{trained[first]['last_checkpoint']}"
     model = str((ctx.out / rel).resolve())
     T = s.parity_seq_len
-    cases = build_cases(model, variants=["full", "anchor"], layouts=["plain"], policies=list(s.parity_policies),
+    trained_dtype = trained[first].get("dtype", s.train_dtype)
+    own = "bf16" if trained_dtype == "bfloat16" else "fp32"  # the checkpoint is held in the dtype it trained in, too
+    policies = list(s.parity_policies) + ([own] if own not in s.parity_policies else [])
+    cases = build_cases(model, variants=["full", "anchor"], layouts=["plain"], policies=policies,
                         engines=["sdpa"], seq_lens=[T])
     result = run_parity(cases, progress=ctx.progress)
     layers = load_spec(model).num_layers
@@ -327,7 +377,8 @@ def stage_parity(ctx: StageContext) -> dict[str, Any]:
                   **{"pass": bool(result["pass"] and grad["pass"])})
     write_report(result, ctx.stage("parity"))
     grads = result["grad_cases"]
-    return {"model": rel, "grad_model": label, "cases": len(result["cases"]),
+    return {"model": rel, "grad_model": label, "trained_dtype": trained_dtype, "policies": policies,
+            "cases": len(result["cases"]),
             "passed": sum(c["pass"] for c in result["cases"]), "grad_cases": len(grads),
             "grad_passed": sum(c["pass"] for c in grads), "pass": bool(result["pass"]),
             "ids": [[c["id"], bool(c["pass"])] for c in result["cases"] + grads]}

@@ -268,6 +268,20 @@ def standard_error(values: Sequence[float]) -> float | None:
     return float(np.std(np.asarray(values, dtype=np.float64), ddof=1) / np.sqrt(len(values)))
 
 
+def part_key(settings: dict[str, Any], label: str, source: str, haystack: str | None,
+             qa_data: dict[str, str]) -> dict[str, Any]:
+    """What a checkpoint's kept part was computed from: the settings, the model's bytes (`model_identity` of
+    the folder or file `source` loads: `default` is the GGUF it resolves to, so a changed file keys anew
+    whatever its name, size or modification time), the haystack and QA files."""
+    from anchor import __version__
+    from anchor.weights import model_identity
+    from anchor_app.eval.generate import eval_model_source
+
+    return {"anchor": __version__, "settings": settings, "label": label, "source": str(source),
+            "files": model_identity(eval_model_source(source)), "haystack": _files_id(haystack) if haystack else None,
+            "qa_data": {t: _files_id(f) for t, f in sorted(qa_data.items())}}
+
+
 def _evaluate_checkpoints(checkpoints: Sequence[tuple[str, str]], tok, bos: int,
                           prompt_sets: dict[tuple[str, int], list], windows: dict[int, Any],
                           settings: dict[str, Any], *, haystack: str | None, qa_data: dict[str, str],
@@ -275,9 +289,6 @@ def _evaluate_checkpoints(checkpoints: Sequence[tuple[str, str]], tok, bos: int,
     """Every checkpoint in turn: its part from `parts` when a killed evaluation finished it with these
     settings, else evaluated and its part saved. Returns (rows, perplexity rows, sample rows, the seconds
     the reused parts took)."""
-    from anchor import __version__
-    from anchor_app.eval.generate import eval_model_source
-
     per_checkpoint = (len(settings["tasks"]) * len(settings["lengths"]) * settings["samples"]
                       + len(windows) * settings["perplexity_windows"])
     store = Parts(parts, "eval")
@@ -286,10 +297,7 @@ def _evaluate_checkpoints(checkpoints: Sequence[tuple[str, str]], tok, bos: int,
     reused_s = 0.0
     try:
         for i, (label, source) in enumerate(checkpoints):
-            key = None if parts is None else {
-                "anchor": __version__, "settings": settings, "label": label, "source": str(source),
-                "files": _files_id(eval_model_source(source)), "haystack": _files_id(haystack) if haystack else None,
-                "qa_data": {t: _files_id(f) for t, f in sorted(qa_data.items())}}
+            key = None if parts is None else part_key(settings, label, source, haystack, qa_data)
 
             def evaluate(label=label, source=source) -> dict[str, Any]:
                 t_ckpt = time.time()
@@ -512,7 +520,7 @@ def write_eval(result: dict[str, Any], out: str | Path) -> Path:
         plot(result, work / "score_vs_length.png")
         (work / "report.md").write_text(render_report(result, "score_vs_length.png"))
         publish(work, out, "eval")
-    remove_parts(parts_dir(out))
+    remove_parts(parts_dir(out), "eval")
     return out
 
 

@@ -204,3 +204,63 @@ def check_png(path: Path, width: int, height: int, *, min_colours: int = 16) -> 
     if colours is not None:
         return [f"{path}: blank screenshot ({len(colours)} distinct colours, at least {min_colours} expected)"]
     return []
+
+
+def blank_bands(path: Path, *, tolerance: int = 8) -> list[tuple[int, int]]:
+    """The blank horizontal bands of a figure (numpy on its pixels): runs of whole pixel rows where every
+    pixel is within `tolerance` (of 255, each channel) of the figure's background, the colour of its top-left
+    pixel. Returns [(first row, rows)], top to bottom."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(path) as im:
+        px = np.asarray(im.convert("RGB"), dtype=np.int16)
+    blank = (np.abs(px - px[0, 0]) <= tolerance).all(axis=2).all(axis=1)
+    edges = np.flatnonzero(np.diff(np.r_[0, blank.astype(np.int8), 0]))
+    return [(int(a), int(b - a)) for a, b in zip(edges[::2], edges[1::2])]
+
+
+def check_bands(path: Path, max_share: float = 0.10) -> list[str]:
+    """One line per blank horizontal band of the figure `path` taller than `max_share` of its height (a figure
+    that fills its canvas has none: its panels, titles and gaps leave no band of nothing across it)."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        height = im.size[1]
+    return [f"{path.name}: rows {a}-{a + n - 1} are blank across the width ({n} of {height} rows, "
+            f"{n / height:.0%} > {max_share:.0%})" for a, n in blank_bands(path) if n > max_share * height]
+
+
+class _Cells(HTMLParser):
+    """The text of every table cell (<td>, <th>) of a page."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.cells: list[str] = []
+        self._open = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in ("td", "th"):
+            self._open += 1
+            self.cells.append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self._open:
+            self._open -= 1
+
+    def handle_data(self, data: str) -> None:
+        if self._open:
+            self.cells[-1] += data
+
+
+def table_cells(html_text: str) -> list[str]:
+    """The text of every table cell of a page, in order."""
+    parser = _Cells()
+    parser.feed(html_text)
+    return parser.cells
+
+
+def check_cells(html_text: str) -> list[str]:
+    """One line per table cell holding a `{`: a dict or JSON printed where a table should show rows or
+    formatted text."""
+    return [f"table cell {k}: {c[:80]!r}" for k, c in enumerate(table_cells(html_text)) if "{" in c]

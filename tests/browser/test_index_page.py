@@ -11,13 +11,14 @@ Run with `make test-browser` (installs Chromium, builds `runs/demo` when missing
    console error or uncaught exception, no failed request, nothing requested from another host.
 3. A full-page screenshot 1280 CSS pixels wide is saved next to the page as `DIR/index.png`: a
    decodable PNG of exactly the captured size with more than a few colours (not blank).
+4. The summary figure and the tables (`test_summary_figure_fills_its_canvas_and_tables_print_no_dict`).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.browser.pagecheck import MAX_SCREENSHOT_HEIGHT, check_links, check_png
+from tests.browser.pagecheck import MAX_SCREENSHOT_HEIGHT, check_bands, check_cells, check_links, check_png
 
 pytestmark = pytest.mark.browser
 
@@ -47,3 +48,23 @@ def test_index_page_in_chromium(demo_dir, open_page):
     assert height >= min(report.info["scrollHeight"], MAX_SCREENSHOT_HEIGHT), "the screenshot is not the whole page"
     problems = check_png(shot, width, height)
     assert not problems, "\n".join(problems)
+
+
+def test_summary_figure_fills_its_canvas_and_tables_print_no_dict(demo_dir, open_page, page):
+    """4. The summary figure as the page shows it: no blank band across it taller than 10% of its height
+    (check_bands, numpy on the PNG the <img> loaded), shown at 85% of its drawn width or more (its text at
+    about the size it was drawn); no table cell of the rendered page holds a `{` (a dict printed raw)."""
+    report = open_page(demo_dir / "index.html", width=WIDTH)
+    assert not report.problems(), "\n".join(report.problems())
+    shown = page.evaluate("""() => [...document.images].filter(i => i.getAttribute('src') === 'summary.png')
+        .map(i => ({shown: i.clientWidth, natural: i.naturalWidth}))""")
+    assert shown, "the page shows no summary.png"
+    print(f"summary.png: {shown[0]['natural']} pixels wide, shown at {shown[0]['shown']}")
+    assert shown[0]["shown"] >= 0.85 * shown[0]["natural"], shown
+    problems = check_bands(demo_dir / "summary.png")
+    assert not problems, "\n".join(problems)
+    cells = page.eval_on_selector_all("td, th", "els => els.map(e => e.innerText)")
+    raw = [c for c in cells if "{" in c]
+    print(f"{len(cells)} table cells, {len(raw)} with a brace")
+    assert not raw, "\n".join(c[:100] for c in raw)
+    assert not check_cells((demo_dir / "index.html").read_text(encoding="utf-8"))

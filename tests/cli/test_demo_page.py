@@ -1,38 +1,30 @@
-"""The demo page's readability: the summary figure's audit panel (four panels of its own) spans the figure
-rather than a quarter of it, where it could not be read; step times measured on a busy machine are flagged."""
+"""The demo page's readability: the summary figure draws one legend per group of curves and its audit panels
+at the size of the others (not shrunk inside a four-panel picture); step times measured on a busy machine
+are flagged, with the load sampled while the run trained."""
 
 from __future__ import annotations
 
-import numpy as np
+from anchor_app.demo.page import draw_summary, index_page
+from tests.test_summary_figure import demo_record
 
-from anchor_app.demo.page import SUMMARY_PANELS, index_page, summary_figure
 
-
-def _png(path, color, size=(400, 600)):
-    import matplotlib
-
-    matplotlib.use("Agg")
+def test_one_legend_per_group_of_curves(tmp_path):
     import matplotlib.pyplot as plt
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    img = np.zeros((*size, 3))
-    img[..., ["r", "g", "b"].index(color)] = 1.0
-    plt.imsave(path, img)
-
-
-def test_the_audit_panel_spans_the_summary_figure(tmp_path):
-    record = {"model": "m", "stages": {}}
-    for stage, name, _ in SUMMARY_PANELS:
-        _png(tmp_path / stage / name, "r" if stage == "audit" else "b")
-        record["stages"][stage] = {"done": True}
-    import matplotlib.image as mpimg
-
-    img = mpimg.imread(summary_figure(tmp_path, record))
-    red = (img[..., 0] > 0.9) & (img[..., 1] < 0.1) & (img[..., 2] < 0.1)
-    cols = red.any(axis=0).mean()  # share of the figure's width the audit covers
-    area = red.mean()
-    print(f"audit panel: {cols:.2f} of the width, {area:.2f} of the area")
-    assert cols > 0.6 and area > 0.3  # before: one cell of a 2 x 2 grid (under 0.5 of the width, ~0.2 of the area)
+    fig = draw_summary(tmp_path, demo_record(tmp_path))
+    try:
+        axes = fig.axes
+        titles = [ax.get_title() for ax in axes]
+        legends = [ax.get_title() for ax in axes if ax.get_legend() is not None]
+        print(titles, legends)
+        assert len(axes) == 6  # three audit panels, loss, RULER, attention time: a full 2 x 3 grid
+        assert sum(t.startswith("audit:") for t in titles) == 3
+        # the audit's policies once, the runs once (loss panel), the speed panel's own markers
+        assert [t.split(":")[0].split(" ")[0] for t in legends] == ["audit", "training", "attention"], legends
+        widths = {round(ax.get_position().width, 3) for ax in axes}
+        assert len(widths) == 1, widths  # every panel the same size: the audit's text as large as the rest
+    finally:
+        plt.close(fig)
 
 
 def test_step_times_of_a_busy_machine_are_flagged(tmp_path, monkeypatch):
@@ -50,3 +42,16 @@ def test_step_times_of_a_busy_machine_are_flagged(tmp_path, monkeypatch):
     html = (tmp_path / "index.html").read_text()
     assert "2.40 → 3.00 (2 cores) busy" in html and "0.10 → 1.10 (2 cores)</td>" in html
     assert "The machine was busy with other work when anchor started" in html
+
+
+def test_the_load_is_sampled_while_a_run_trains(monkeypatch):
+    import time
+
+    import anchor_app.demo.stages as stages
+
+    loads = iter([1.0, 3.0, 2.0] + [2.0] * 100)
+    monkeypatch.setattr(stages, "_load_average", lambda: next(loads))
+    with stages.LoadSampler(every_s=0.01) as s:
+        time.sleep(0.2)
+    got = s.summary()
+    assert got["samples"] >= 3 and got["min"] == 1.0 and got["max"] == 3.0, got

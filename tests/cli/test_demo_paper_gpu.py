@@ -205,7 +205,7 @@ def test_paper_gpu_dry_run(tmp_path, capsys):
     assert "runs in no part: intra_doc_reset, anchor, intra_doc_reset@fp32" in page and "Part " in page
     assert not check_links(merged / "index.html")
     # parts that are not one experiment: one line, exit 2, no folder
-    for args, why in (([parts[0], parts[0]], "run 'full' is in this part and in"),
+    for args, why in (([parts[0], parts[0]], "this part is given twice; give each part once"),
                       ([parts[0]], "give at least two demo parts"),
                       ([parts[0], out], "run 'full' is in this part and in"),
                       ([parts[0], tmp_path], "no demo.json here")):

@@ -187,7 +187,7 @@ def _file_haystack(path: str, mtime_ns: int, size: int) -> Haystack:
         raw = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"unreadable haystack: {e}", path=p) from None
-    if p.suffix.lower() == ".jsonl":
+    if p.suffix.lower() in (".jsonl", ".json"):  # JSON Lines, as the corpus readers take both names
         texts = []
         for k, line in enumerate(raw.splitlines(), 1):
             if not line.strip():
@@ -195,6 +195,9 @@ def _file_haystack(path: str, mtime_ns: int, size: int) -> Haystack:
             try:
                 rec = json.loads(line)
             except ValueError as e:
+                if k == 1 and _one_json_document(raw):
+                    raise InputError("a JSON document, not JSONL (one JSON object a line, each with a \"text\" "
+                                     "field)", path=p) from None
                 raise InputError(f"line {k} is not JSON: {e}", path=p) from None
             if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
                 raise InputError(f"line {k} has no string field \"text\"", path=p)
@@ -203,11 +206,25 @@ def _file_haystack(path: str, mtime_ns: int, size: int) -> Haystack:
     return Haystack.from_text(raw, str(p))
 
 
+def _one_json_document(raw: str) -> bool:
+    try:
+        json.loads(raw)
+    except ValueError:
+        return False
+    return True
+
+
 def load_haystack(path: str | Path | None = None) -> Haystack:
-    """The essay haystack: the embedded corpus' prose (None), or a text / JSONL ("text") file."""
+    """The essay haystack: the embedded corpus' prose (None), a text / JSONL ("text") file, or a folder written
+    by `anchor corpus` (its declared JSONL)."""
+    from anchor.data.corpus import corpus_folder_file
+
     if path is None:
         return _default_haystack()
     p = Path(path)
+    declared = corpus_folder_file(p) if p.is_dir() else None
+    if declared is not None:
+        p = declared
     if not p.is_file():
         raise InputError("no such haystack file (a text file, or JSONL with a \"text\" field)", path=p)
     st = p.stat()
