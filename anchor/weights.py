@@ -402,13 +402,9 @@ def file_digest(path: str | Path) -> str:
     st = p.stat()
     key = (str(p), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
     if key not in _DIGESTS:
-        import hashlib
+        from anchor.atomic import sha256_file
 
-        h = hashlib.sha256()
-        with open(p, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                h.update(block)
-        _DIGESTS[key] = h.hexdigest()
+        _DIGESTS[key] = sha256_file(p)
     return _DIGESTS[key]
 
 
