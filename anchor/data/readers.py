@@ -61,6 +61,11 @@ def _suffix_kind(path: Path) -> str | None:
     return None
 
 
+def recognized_corpus_file(path: str | Path) -> bool:
+    """Whether a file's name is one the corpus readers read as JSONL or Parquet (else it is plain text)."""
+    return _suffix_kind(Path(path)) is not None
+
+
 def _hint(kind: str, unit: str = "lines") -> str:
     """How the running verb lets the user get past a bad record: `kind` is "skip" or "field".
 

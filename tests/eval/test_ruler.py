@@ -264,7 +264,7 @@ def test_user_haystack(tok, qa_files, tmp_path):
         assert sorted(_niah_answers(s)) == sorted(s.answers)
         assert s.prompt_tokens + s.tokens_to_generate >= 0.98 * 1500
     (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"body": "no text"}\n', encoding="utf-8")
-    with pytest.raises(InputError, match='line 2 has no string field "text"'):
+    with pytest.raises(InputError, match="bad.jsonl:2: text field 'text' is missing"):
         _generate("niah_single_2", 1024, tok, qa_files, haystack=tmp_path / "bad.jsonl")
     with pytest.raises(InputError, match="no such haystack file"):
         _generate("niah_single_2", 1024, tok, qa_files, haystack=tmp_path / "missing.txt")

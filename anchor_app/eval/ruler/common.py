@@ -6,7 +6,6 @@ See `anchor_app.eval.ruler` for how lengths are fitted and where the haystack co
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -182,36 +181,18 @@ def _default_haystack() -> Haystack:
 
 @lru_cache(maxsize=4)
 def _file_haystack(path: str, mtime_ns: int, size: int) -> Haystack:
+    """A text file as it is; a JSONL or Parquet file (any name the corpus readers take) through
+    `iter_documents`, its documents' texts joined by blank lines (the readers' errors name the line)."""
+    from anchor.data.readers import iter_documents, recognized_corpus_file
+
     p = Path(path)
+    if recognized_corpus_file(p):
+        return Haystack.from_text("\n\n".join(d.text for d in iter_documents(p)), str(p))
     try:
         raw = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"unreadable haystack: {e}", path=p) from None
-    if p.suffix.lower() in (".jsonl", ".json"):  # JSON Lines, as the corpus readers take both names
-        texts = []
-        for k, line in enumerate(raw.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError as e:
-                if k == 1 and _one_json_document(raw):
-                    raise InputError("a JSON document, not JSONL (one JSON object a line, each with a \"text\" "
-                                     "field)", path=p) from None
-                raise InputError(f"line {k} is not JSON: {e}", path=p) from None
-            if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
-                raise InputError(f"line {k} has no string field \"text\"", path=p)
-            texts.append(rec["text"])
-        raw = "\n\n".join(texts)
     return Haystack.from_text(raw, str(p))
-
-
-def _one_json_document(raw: str) -> bool:
-    try:
-        json.loads(raw)
-    except ValueError:
-        return False
-    return True
 
 
 def load_haystack(path: str | Path | None = None) -> Haystack:
