@@ -10,12 +10,15 @@ SQuAD v2.0 and HotpotQA formats.
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import time
 from collections import Counter
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from anchor.errors import InputError
@@ -258,7 +261,11 @@ def test_user_haystack(tok, qa_files, tmp_path):
     jsonl.write_text("\n".join(json.dumps(x) for x in lines), encoding="utf-8")
     txt = tmp_path / "hay.txt"
     txt.write_text("\n\n".join(x["text"] for x in lines), encoding="utf-8")
-    for path in (jsonl, txt):
+    gz = tmp_path / "hay.jsonl.gz"
+    gz.write_bytes(gzip.compress(jsonl.read_bytes()))
+    parquet = tmp_path / "hay.parquet"
+    pq.write_table(pa.table({"text": [x["text"] for x in lines]}), parquet)
+    for path in (jsonl, txt, gz, parquet):  # the corpus readers' formats, and plain text
         s = _generate("niah_multiquery", 1500, tok, qa_files, n=1, haystack=path)[0]
         assert "Zanzibarian fishermen" in s.input and "grass is green" not in s.input
         assert sorted(_niah_answers(s)) == sorted(s.answers)
