@@ -16,4 +16,4 @@ from typing import Literal, get_args
 Engine = Literal["eager", "sdpa", "flex", "flash_varlen", "flash_varlen_emulated", "varlen"]
 ENGINES: tuple[str, ...] = get_args(Engine)
 AUTO = "auto"
-TRAIN_ENGINES: tuple[str, ...] = (AUTO, *ENGINES)  # what a train config's `engine:` accepts
+TRAIN_ENGINES: tuple[str, ...] = (AUTO, *ENGINES)  # what a train config's `model.engine:` accepts

@@ -53,15 +53,15 @@ def train_case(config: str, T: int, engine: str, data: Path, tmp: Path) -> dict:
     from torchtrain.memory import step_memory
     from torchtrain.run_folder import model_spec
 
-    overrides = [f"data={data}", f"seq_len={T}", "steps=1", "global_batch=1", "micro_batch=1", f"engine={engine}",
-                 "save_every=0", "rope.theta=1e6"]
+    overrides = [f"data.path={data}", f"data.seq_len={T}", "data.global_batch=1", "data.micro_batch=1",
+                 f"model.engine={engine}", "model.rope.theta=1e6", "schedule.steps=1", "checkpoint.save_every=0"]
     cfg = load_train_config(ROOT / config, overrides)
     spec = model_spec(cfg)
     if T > spec.max_position:
         spec = spec.replace(max_position=T)
     ran = resolve_engine(engine, "cpu")
-    est = step_memory(spec, seq_len=T, micro_batch=1, dtype=torch.float32, engine=ran, zero_stage=cfg.zero_stage,
-                      procs=1, activation_checkpointing=cfg.activation_checkpointing)
+    est = step_memory(spec, seq_len=T, micro_batch=1, dtype=torch.float32, engine=ran, zero_stage=cfg.parallel.zero_stage,
+                      procs=1, activation_checkpointing=cfg.model.activation_checkpointing)
     print(f"train {config} T={T} {engine}: estimate {est.total / GiB:.2f} GiB ...", flush=True)
     row = {"verb": "train", "config": config, "seq_len": T, "engine": ran, "estimate_gib": round(est.total / GiB, 3),
            "estimate": est.describe(),

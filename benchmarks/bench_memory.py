@@ -69,9 +69,9 @@ def train_step(engine: str, T: int, data: Path, run: Path) -> dict:
     """One step in a fresh process under /usr/bin/time -v: peak RSS and wall seconds."""
     import yaml
 
-    cmd = anchor_cmd("train", "--config", str(TINY), "--out", str(run), "--no-progress", f"data={data}",
-                     f"seq_len={T}", "steps=1", "global_batch=1", "micro_batch=1", "rope.theta=1e6",
-                     f"engine={engine}", "save_every=0")
+    cmd = anchor_cmd("train", "--config", str(TINY), "--out", str(run), "--no-progress", f"data.path={data}",
+                     f"data.seq_len={T}", "data.global_batch=1", "data.micro_batch=1", "model.rope.theta=1e6",
+                     f"model.engine={engine}", "schedule.steps=1", "checkpoint.save_every=0")
     print(f"running {engine} at T={T} ...", flush=True)
     t0 = time.perf_counter()
     done = subprocess.run([TIME, "-v", *cmd], capture_output=True, text=True, check=False, cwd=ROOT)
@@ -80,7 +80,7 @@ def train_step(engine: str, T: int, data: Path, run: Path) -> dict:
         tail = [l for l in done.stderr.splitlines() if l.strip() and not l.startswith("\t")][-1:]
         return {"failed": f"exit {done.returncode}: {tail}", "seconds": round(seconds, 1)}
     kib = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1))
-    ran = yaml.safe_load((run / "config.yaml").read_text())["engine"]  # the engine that ran (auto resolved)
+    ran = yaml.safe_load((run / "config.yaml").read_text())["model"]["engine"]  # the engine that ran (auto resolved)
     loss = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["loss"]
     print(f"  {engine} ({ran}) T={T}: peak RSS {kib * 1024 / GiB:.2f} GiB, {seconds:.0f} s", flush=True)
     return {"resolved_engine": ran, "peak_rss_bytes": kib * 1024, "peak_rss_gib": round(kib * 1024 / GiB, 3),

@@ -1,6 +1,6 @@
 """`anchor train`'s step against a plain transformers + torch AdamW loop: the trainer's overhead.
 
-    .venv/bin/python benchmarks/bench_train.py [--config configs/train/smollm2_2k.yaml] [--steps 4] [--rounds 2] [key=value ...]
+    .venv/bin/python benchmarks/bench_train.py [--config configs/train/smollm2_2k.yaml] [--steps 4] [--rounds 2] [section.key=value ...]
 
 Both sides train the same model with the same engine, windows, global batch, micro-batches,
 masked loss, AdamW groups and clipping, in this one process: the plain loop is what a user would
@@ -36,13 +36,13 @@ def plain_steps(cfg, data, steps: int) -> list[float]:
     from torchtrain.run_folder import check_model, model_spec
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    spec = check_model(cfg, model_spec(cfg), cfg.seq_len, memory=False)  # the RoPE the trainer trains with
-    model = build_model(cfg.model, engine=cfg.engine, dtype=cfg.dtype, rope=spec.rope, seed=cfg.seed).to(device)
-    if cfg.activation_checkpointing:
+    spec = check_model(cfg, model_spec(cfg), cfg.data.seq_len, memory=False)  # the RoPE the trainer trains with
+    model = build_model(cfg.model.name, engine=cfg.model.engine, dtype=cfg.model.dtype, rope=spec.rope, seed=cfg.data.seed).to(device)
+    if cfg.model.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    opt = torch.optim.AdamW(param_groups(model, cfg), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
-    loader = Loader(data, batch_size=cfg.global_batch, variant=cfg.variant, seed=cfg.seed)
-    gas = cfg.global_batch // cfg.micro_batch
+    opt = torch.optim.AdamW(param_groups(model, cfg.optim), lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps)
+    loader = Loader(data, batch_size=cfg.data.global_batch, variant=cfg.model.variant, seed=cfg.data.seed)
+    gas = cfg.data.global_batch // cfg.data.micro_batch
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -52,15 +52,15 @@ def plain_steps(cfg, data, steps: int) -> list[float]:
         mask = torch.as_tensor(batch.loss_mask, dtype=torch.float32, device=device)
         count = mask.sum().clamp_min(1.0)
         for m in range(gas):
-            rows = slice(m * cfg.micro_batch, (m + 1) * cfg.micro_batch)
+            rows = slice(m * cfg.data.micro_batch, (m + 1) * cfg.data.micro_batch)
             out = model(input_ids=tokens[rows],
                         position_ids=torch.as_tensor(batch.positions[rows], dtype=torch.long, device=device),
                         doc_ids=torch.as_tensor(batch.doc_ids[rows], dtype=torch.long, device=device),
-                        variant=cfg.variant)
+                        variant=cfg.model.variant)
             ce = token_cross_entropy(out.logits, targets[rows])
             ((ce * mask[rows]).sum() / count).backward()
-        if cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        if cfg.optim.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if device.type == "cuda":
@@ -75,8 +75,8 @@ def anchor_steps(cfg, run: Path) -> list[float]:
 
     train(cfg, run, progress=False)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    T = cfg.seq_len
-    return [cfg.global_batch * T / r["tokens_per_s"] for r in rows]
+    T = cfg.data.seq_len
+    return [cfg.data.global_batch * T / r["tokens_per_s"] for r in rows]
 
 
 def main() -> None:
@@ -85,7 +85,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4, help="steps per run (the first is a warm-up)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    ap.add_argument("overrides", nargs="*", help="key=value config overrides (as for anchor train)")
+    ap.add_argument("overrides", nargs="*", help="section.key=value config overrides (as for anchor train)")
     args = ap.parse_args()
 
     import torch
@@ -95,16 +95,16 @@ def main() -> None:
     from torchtrain.config import load_train_config
     from torchtrain.run_folder import prepare_run, resolved_engine
 
-    cfg = load_train_config(args.config, [*args.overrides, f"steps={args.steps}", "save_every=0", "eval_window=0", "log_every=1000",
-                                          "tensorboard=false"])
-    cfg = cfg.replace(engine=resolved_engine(cfg))  # the plain loop builds its model with the engine the trainer runs
+    cfg = load_train_config(args.config, [*args.overrides, f"schedule.steps={args.steps}", "checkpoint.save_every=0",
+                                          "eval.window=0", "logging.every=1000", "logging.tensorboard=false"])
+    cfg = cfg.replace({"model.engine": resolved_engine(cfg)})  # the plain loop builds its model with the engine the trainer runs
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         first = Path(tmp) / "run-0"
         prepare_run(cfg, first, progress=False)  # packs the data once; later runs reuse it
-        data_dir = first / "data" if (first / "data" / "pack.json").is_file() else Path(cfg.data)
-        cfg = cfg.replace(data=str(data_dir))
+        data_dir = first / "data" if (first / "data" / "pack.json").is_file() else Path(cfg.data.path)
+        cfg = cfg.replace({"data.path": str(data_dir)})
         data = PackedData.open(data_dir)
-        cfg = cfg.replace(seq_len=data.seq_len)
+        cfg = cfg.replace({"data.seq_len": data.seq_len})
         plain, anchor = [], []
         for r in range(args.rounds):
             p = plain_steps(cfg, data, args.steps)
@@ -113,12 +113,12 @@ def main() -> None:
             plain += p[1:]
             anchor += a[1:]
     mp, ma = statistics.median(plain), statistics.median(anchor)
-    tokens = cfg.global_batch * cfg.seq_len
+    tokens = cfg.data.global_batch * cfg.data.seq_len
     result = {
         "benchmark": "anchor train step vs a plain transformers + torch AdamW loop",
         "config": args.config, "overrides": args.overrides,
-        "model": cfg.model, "engine": cfg.engine, "dtype": cfg.dtype, "seq_len": cfg.seq_len,
-        "global_batch": cfg.global_batch, "micro_batch": cfg.micro_batch, "zero_stage": cfg.zero_stage,
+        "model": cfg.model.name, "engine": cfg.model.engine, "dtype": cfg.model.dtype, "seq_len": cfg.data.seq_len,
+        "global_batch": cfg.data.global_batch, "micro_batch": cfg.data.micro_batch, "zero_stage": cfg.parallel.zero_stage,
         "steps_per_run": args.steps, "rounds": args.rounds, "torch_threads": torch.get_num_threads(),
         "plain_step_s": plain, "anchor_step_s": anchor,
         "plain_median_s": mp, "anchor_median_s": ma,

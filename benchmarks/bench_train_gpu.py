@@ -114,10 +114,10 @@ def plain_steps(cfg, spec, state, data, implementation: str, steps: int) -> list
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     # stock transformers: the family's class from its config, the weights in bf16, no anchor code in the model
     model = stock_model(spec, state, "bfloat16", attn_implementation=implementation).to(device).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                            weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps,
+                            weight_decay=cfg.optim.weight_decay)
     collate = DataCollatorWithFlattening(return_position_ids=True, separator_id=-100)
-    loader = Loader(data, batch_size=1, variant="intra_doc", seed=cfg.seed)  # the trainer's windows, in its order
+    loader = Loader(data, batch_size=1, variant="intra_doc", seed=cfg.data.seed)  # the trainer's windows, in its order
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -126,7 +126,7 @@ def plain_steps(cfg, spec, state, data, implementation: str, steps: int) -> list
         batch = {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
         loss = model(**batch).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss.item()  # waits for the step, as a user's logging does
@@ -144,7 +144,7 @@ def window_pairs(data, cfg, steps: int, variant: str) -> list[int]:
     from anchor.data.packed import Loader
     from anchor_app.bench.flops import pairs
 
-    loader = Loader(data, batch_size=1, variant=variant, seed=cfg.seed)
+    loader = Loader(data, batch_size=1, variant=variant, seed=cfg.data.seed)
     return [int(np.sum(pairs(next(loader).doc_ids, variant))) for _ in range(steps)]
 
 
@@ -341,16 +341,17 @@ def main() -> None:
     for T in lengths:
         print(f"T = {T}", flush=True)
         with tempfile.TemporaryDirectory(prefix="bench-train-gpu-") as tmp:
-            base = [f"model={args.model}", f"seq_len={T}", "dtype=bfloat16", "zero_stage=1", "global_batch=1",
-                    "micro_batch=1", f"steps={args.steps}", "save_every=0", "eval_window=0",
-                    "log_every=1000", "tensorboard=false", "warmup_steps=1", f"rope.theta={args.rope_theta}",
-                    f"pack.budget={int(T * (args.steps + 2) * 1.5)}"]
+            base = [f"model.name={args.model}", "model.dtype=bfloat16", f"model.rope.theta={args.rope_theta}",
+                    f"data.seq_len={T}", "data.global_batch=1", "data.micro_batch=1",
+                    f"data.pack.budget={int(T * (args.steps + 2) * 1.5)}", f"schedule.steps={args.steps}",
+                    "schedule.warmup_steps=1", "parallel.zero_stage=1", "checkpoint.save_every=0", "eval.window=0",
+                    "logging.every=1000", "logging.tensorboard=false"]
             cfg = load_train_config(args.config, base)
             first = Path(tmp) / "pack"
-            prepare_run(cfg.replace(engine="varlen", variant="intra_doc"), first, progress=False)
+            prepare_run(cfg.replace({"model.engine": "varlen", "model.variant": "intra_doc"}), first, progress=False)
             data_dir = first / "data"
             data = PackedData.open(data_dir)
-            cfg = cfg.replace(data=str(data_dir), seq_len=data.seq_len)
+            cfg = cfg.replace({"data.path": str(data_dir), "data.seq_len": data.seq_len})
             spec = check_model(cfg, model_spec(cfg), T, memory=False)  # RoPE raised, max_position = T
             flops = {v: [step_flops(spec, n, T)["total"] for n in window_pairs(data, cfg, args.steps, v)]
                      for v in ("full", "intra_doc", "anchor")}
@@ -368,7 +369,7 @@ def main() -> None:
                 if engine == "flex" and not cuda:
                     rows.append({"config": label, "skipped": "FlexAttention has no CPU backward"})
                     continue
-                run_cfg = cfg.replace(variant=variant, engine=engine)
+                run_cfg = cfg.replace({"model.variant": variant, "model.engine": engine})
 
                 def run(r, k=k, run_cfg=run_cfg, label=label):
                     timing = contextlib.nullcontext()

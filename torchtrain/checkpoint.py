@@ -309,9 +309,10 @@ class Checkpointer:
             folder = step_dir(self.run, found)
             state = read_trainer_state(folder / TRAINER_STATE)
             saved_world = len(state["rng"])
-            if saved_world != self.world.size and self.cfg.zero_stage >= 1:
-                raise InputError(f"the checkpoint was written by {saved_world} processes and ZeRO-{self.cfg.zero_stage} "
-                                 f"partitions the optimizer states over them: resume with nproc={saved_world}",
+            if saved_world != self.world.size and self.cfg.parallel.zero_stage >= 1:
+                raise InputError(f"the checkpoint was written by {saved_world} processes and "
+                                 f"ZeRO-{self.cfg.parallel.zero_stage} partitions the optimizer states over them: "
+                                 f"resume with parallel.nproc={saved_world}",
                                  path=folder)
             with safe_loads():
                 self.engine.load_checkpoint(str(folder / "ds"), tag="state", load_optimizer_states=True,
@@ -321,7 +322,7 @@ class Checkpointer:
                 if saved_world == self.world.size:
                     _set_rng_state(state["rng"][self.world.rank])
                 else:  # another process count (ZeRO-0): the data position is exact, the RNG states derived
-                    seed_rng(self.cfg.seed + 1_000_003 * int(state["step"]) + self.world.rank)
+                    seed_rng(self.cfg.data.seed + 1_000_003 * int(state["step"]) + self.world.rank)
             except (KeyError, IndexError, TypeError, ValueError) as e:
                 raise InputError(f"not a trainer state this run wrote ({type(e).__name__}: {e})",
                                  path=folder / TRAINER_STATE) from None
@@ -354,13 +355,13 @@ class Checkpointer:
             trainer = {"step": step, "loader": self.loader.state_dict(), "rng": rngs, "elapsed_s": elapsed_s,
                        "world": world.size}
             (staging / TRAINER_STATE).write_text(json.dumps(trainer), encoding="utf-8")
-            export_hf(self.spec, state, staging / "hf", tokenizer_of=self.cfg.model)
+            export_hf(self.spec, state, staging / "hf", tokenizer_of=self.cfg.model.name)
         dist.barrier()
         if world.is_main:
             write_manifest(staging, step, {"config": self.config_file})
             publish(run, step)
             keep = {s for s in list_steps(run) if self.cfg.is_eval_step(s)}
-            prune(run, self.cfg.keep_last, keep)
+            prune(run, self.cfg.checkpoint.keep_last, keep)
         dist.barrier()
 
 

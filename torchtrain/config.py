@@ -1,408 +1,589 @@
 """The typed schema of `anchor train` configs (docs/DESIGN.md §8): YAML is data, this module is the schema.
 
-    cfg = load_train_config("configs/train/tiny.yaml", ["steps=4", "rope.theta=5e6"])
-    cfg.steps, cfg.variant, cfg.rope["base"], cfg.grad_accum(dp=2)
+    cfg = load_train_config("configs/train/tiny.yaml", ["schedule.steps=4", "model.rope.theta=5e6"])
+    cfg.schedule.steps, cfg.model.variant, cfg.optim.lr, cfg.grad_accum(world=2)
 
-Every key is declared once, as a field of `TrainConfig` made by `key(default, check, doc)`: its type
-(the annotation), its default (or REQUIRED), what it accepts (a `Check`: type and range or choices)
-and its one-line meaning. Everything else is derived from those declarations: `SCHEMA`, the
-unknown-key, type and range errors of `validate` (the one validation function), the keys a resumed
-run may change (`RESUMABLE_CHANGES`), the `pack:` keys (`PACK_KEYS`), `to_dict` and the key list in
-`TrainConfig.__doc__` (`describe_keys`). `check_declarations` refuses, at import, a field declared
-without `key`.
+A config is sectioned: `model`, `data`, `optim`, `schedule`, `parallel`, `checkpoint`, `logging`, `eval`,
+each a pydantic model whose fields are its keys. Every key is declared once, as a field: its type (the
+annotation: `Literal` choices, strict ints, finite numbers), its default (none: required), its range
+(`ge`, `gt`, `le`) and its one-line meaning (`description`). pydantic validates; this module turns its
+first error into one line (an InputError) naming the key's dotted path and the file or command-line
+override it came from. Everything else is derived from the fields: `KEYS` (every dotted key), the keys
+a resumed run may change (`RESUMABLE_CHANGES`), the `data.pack:` keys (`PACK_KEYS`), `to_dict` and the
+key list in `TrainConfig.__doc__` (`describe_keys`).
 
-An unknown key, a wrong type or a value out of range is an InputError naming the key and the file
-(or the command-line override) it came from. Nested mappings (`rope`, `pack`) have their own key
-lists. Overrides are `key=value` with dotted keys for nested ones (`rope.theta=5e6`,
-`pack.budget=20000`); values are read as YAML (`true`, `0.1`, `[0.9, 0.95]`).
+A flat key of the pre-sectioned format (`lr: 1e-5`, `lr=1e-5`) is refused in one line naming its
+place in a section (`MOVED`: flat key -> dotted key, the one table); a run folder whose config.yaml
+is flat is translated through the same table (`from_flat`).
 
-Batch arithmetic: `global_batch` windows per optimizer step = `micro_batch` windows per forward
-on each data-parallel rank × `grad_accum` micro-steps × `dp` data-parallel ranks, with
-`dp = world / sequence_parallel`.
+Overrides are `key=value` with the dotted key (`optim.lr=1e-5`, `data.pack.budget=20000`); values are
+read as YAML (`true`, `0.1`, `[0.9, 0.95]`).
+
+Batch arithmetic: `data.global_batch` windows per optimizer step = `data.micro_batch` windows per
+forward on each data-parallel rank × `grad_accum` micro-steps × `dp` data-parallel ranks, with
+`dp = world / parallel.sequence_parallel`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Annotated, Any, Literal, Mapping, Optional, Sequence, get_args, get_origin
+
+import annotated_types
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictBool, StrictInt, \
+    ValidationError
+from pydantic.fields import FieldInfo
 
 from anchor.data.config import PACK_SCHEMA, check_pack_options, validate_pack_config
 from anchor.engines import TRAIN_ENGINES
 from anchor.errors import InputError
 from anchor.limits import SEED_MAX
 from anchor.spec import RopeSpec
-from anchor.variants import VARIANTS
+from anchor.variants import Variant
 from anchor.yamlfile import read_yaml_mapping
 
-SCHEDULES = ("constant", "cosine", "linear")
-DTYPES = ("float32", "bfloat16")
-REQUIRED = ...  # the default of a key every config must give
+Schedule = Literal["constant", "cosine", "linear"]
+Dtype = Literal["float32", "bfloat16"]
+TrainEngine = Literal[TRAIN_ENGINES]  # type: ignore[valid-type]  # auto, or an engine of anchor.engines
+RopeScaling = Literal["default", "linear", "dynamic", "yarn", "llama3", "ntk"]
 
 # ---------------------------------------------------------------------------------------------
-# Checks: what a key accepts
+# Value types: what a key accepts beyond pydantic's own strict types
 
 
-class Check:
-    """What a key accepts: `check(x)` is the value as stored, or ValueError("expected <expected>").
-
-    expected: the accepted values in words ("an integer >= 1"), quoted by errors and the
-      documentation; a function of no arguments where it names a list made later (PACK_KEYS).
-    convert: x -> the value as stored, or `Check.BAD`.
-    """
-
-    BAD = object()
-
-    def __init__(self, expected: str | Callable[[], str], convert: Callable[[Any], Any]):
-        self._expected = expected
-        self.convert = convert
-
-    @property
-    def expected(self) -> str:
-        return self._expected() if callable(self._expected) else self._expected
-
-    def __call__(self, x: Any) -> Any:
-        v = self.convert(x)
-        if v is Check.BAD:
-            raise ValueError(f"expected {self.expected}")
-        return v
-
-    def __repr__(self) -> str:
-        return f"Check({self.expected!r})"
-
-
-def _number(x: Any) -> float | None:
-    """A YAML number, also `5e6` (PyYAML reads exponents without a dot as strings)."""
+def _yaml_number(x: Any) -> float:
+    """A finite YAML number, also `5e6` (PyYAML reads exponents without a dot as strings); never a bool."""
     if isinstance(x, bool):
-        return None
-    if isinstance(x, (int, float)):
-        return float(x)
+        raise ValueError("a bool is not a number")
     if isinstance(x, str):
         try:
-            return float(x)
+            x = float(x)
         except ValueError:
-            return None
-    return None
+            raise ValueError("not a number") from None
+    if not isinstance(x, (int, float)) or not math.isfinite(x):
+        raise ValueError("not a finite number")
+    return float(x)
 
 
-def _range(lo: Any, hi: Any) -> str:
-    if lo is not None and hi is not None:
-        return f" in [{lo}, {hi}]"
-    if lo is not None:
-        return f" >= {lo}"
-    return ""
+def _beta(x: Any) -> float:
+    v = _yaml_number(x)
+    if not 0.0 <= v < 1.0:
+        raise ValueError("a beta is in [0, 1)")
+    return v
 
 
-def _int(lo: int | None = None, hi: int | None = None) -> Check:
-    def convert(x: Any) -> Any:
-        if isinstance(x, bool) or not isinstance(x, int):
-            return Check.BAD
-        return Check.BAD if (lo is not None and x < lo) or (hi is not None and x > hi) else x
+Number = Annotated[float, BeforeValidator(_yaml_number)]
+Name = Annotated[str, Field(strict=True, min_length=1)]
+Betas = tuple[Annotated[float, BeforeValidator(_beta)], Annotated[float, BeforeValidator(_beta)]]
+Steps = tuple[Annotated[StrictInt, Field(ge=1)], ...]
 
-    return Check(f"an integer{_range(lo, hi)}", convert)
-
-
-def _float(lo: float | None = None, hi: float | None = None, *, open_lo: bool = False) -> Check:
-    def convert(x: Any) -> Any:
-        v = _number(x)
-        bad = v is None or not math.isfinite(v)
-        if not bad and lo is not None:
-            bad = v <= lo if open_lo else v < lo  # type: ignore[operator]
-        if not bad and hi is not None:
-            bad = v > hi  # type: ignore[operator]
-        return Check.BAD if bad else float(v)  # type: ignore[arg-type]
-
-    return Check(f"a number{f' > {lo:g}' if open_lo else _range(lo, hi)}", convert)
-
-
-def _choice(options: Sequence[str]) -> Check:
-    return Check(f"one of {', '.join(options)}", lambda x: x if x in options else Check.BAD)
-
-
-def _betas_convert(x: Any) -> Any:
-    if not isinstance(x, (list, tuple)) or len(x) != 2:
-        return Check.BAD
-    out = tuple(_number(b) for b in x)
-    return Check.BAD if any(b is None or not 0.0 <= b < 1.0 for b in out) else out
-
-
-def _mapping(keys: Callable[[], Sequence[str]]) -> Check:
-    return Check(lambda: f"a mapping with keys among {', '.join(keys())}",
-                 lambda x: x if isinstance(x, dict) else Check.BAD)
-
-
-_BOOL = Check("true or false", lambda x: x if isinstance(x, bool) else Check.BAD)
-_STR = Check("a non-empty string", lambda x: x if isinstance(x, str) and x else Check.BAD)
-_BETAS = Check("two numbers [beta1, beta2] in [0, 1)", _betas_convert)
-_STR_LIST = Check("a list of strings", lambda x: tuple(x) if isinstance(x, (list, tuple)) and all(
-    isinstance(s, str) and s for s in x) else Check.BAD)
-_STEPS = Check("a list of step numbers >= 1", lambda x: tuple(x) if isinstance(x, (list, tuple)) and not any(
-    isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in x) else Check.BAD)
-
-# The `rope:` mapping: overrides of the model's RoPE (docs/DESIGN.md §3); names as in anchor.spec.RopeSpec,
-# with the contract's spellings `theta` (= base) and `scaling` (= kind).
-ROPE_SCHEMA: dict[str, tuple[Check, str]] = {
-    "theta": (_float(1.0, open_lo=True), "RoPE base (the paper: 1e6 at 32K, 5e6 at 64K, 1e7 at 128K, 5e7 at 256K)"),
-    "scaling": (_choice(("default", "linear", "dynamic", "yarn", "llama3", "ntk")), "scaling kind"),
-    "factor": (_float(1.0), "scaling factor"),
-    "original_max_position": (_int(1), "pre-training length (dynamic, yarn, llama3)"),
-    "low_freq_factor": (_float(0.0, open_lo=True), "llama3"),
-    "high_freq_factor": (_float(0.0, open_lo=True), "llama3"),
-    "beta_fast": (_float(0.0, open_lo=True), "yarn"),
-    "beta_slow": (_float(0.0, open_lo=True), "yarn"),
-    "attention_factor": (_float(0.0, open_lo=True), "yarn: overrides 0.1 ln(factor) + 1"),
+# What errors and the documentation say a type accepts, where the annotation alone does not tell.
+_EXPECTED_BY_TYPE: dict[Any, str] = {
+    Betas: "two numbers [beta1, beta2] in [0, 1)",
+    tuple[Name, ...]: "a list of non-empty strings",
+    Steps: "a list of step numbers >= 1",
 }
-_ROPE_FIELD = {"theta": "base", "scaling": "kind"}
+
+
+def _key(default: Any, doc: str, *, resumable: bool = False, pack_option: str | None = None,
+         **constraints: Any) -> Any:
+    """A key's field: its default (`...`: required; a dict is copied per config), its one-line meaning and its
+    range (`ge`, `gt`, `le`).
+
+    resumable: a resumed run may change it (the other keys must equal the run's config.yaml).
+    pack_option: the `anchor pack` option it also is (anchor.data.config.PACK_SCHEMA), so `data.pack:`
+      does not take that option.
+    """
+    extra = {"resumable": resumable, "pack_option": pack_option}
+    if isinstance(default, dict):
+        return Field(default_factory=lambda: dict(default), description=doc, json_schema_extra=extra, **constraints)
+    return Field(default, description=doc, json_schema_extra=extra, **constraints)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
 
 # ---------------------------------------------------------------------------------------------
-# The keys
+# The sections
 
 
-def key(default: Any, check: Check, doc: str, *, resumable: bool = False, pack_option: bool = False) -> Any:
-    """Declare a config key: a `TrainConfig` field carrying what the schema needs in its metadata.
+class RopeConfig(_Section):
+    """`model.rope:` overrides of the model's RoPE (docs/DESIGN.md §3); names as in anchor.spec.RopeSpec,
+    with the contract's spellings `theta` (= base) and `scaling` (= kind). Omitted: the model's."""
 
-    default: the value when the config omits the key, or REQUIRED; a dict is copied per config.
-      A required key is a positional argument of `TrainConfig(...)`, the others keyword-only.
-    check: what the key accepts (type and range or choices), e.g. `_int(0, 3)`.
-    doc: its one-line meaning, quoted by errors and the documentation.
-    resumable: a resumed run may change it (the other keys must equal the run's config.yaml).
-    pack_option: it is also the `anchor pack` option of that name (anchor.data.config.PACK_SCHEMA),
-      given at the top level, so `pack:` does not take it.
-    """
-    meta = {"key": True, "check": check, "doc": doc, "resumable": resumable, "pack_option": pack_option}
-    if default is REQUIRED:
-        return field(metadata=meta)
-    if isinstance(default, dict):
-        return field(default_factory=lambda: dict(default), kw_only=True, metadata=meta)
-    return field(default=default, kw_only=True, metadata=meta)
+    theta: Optional[Number] = _key(None, "RoPE base (the paper: 1e6 at 32K, 5e6 at 64K, 1e7 at 128K, 5e7 at 256K)",
+                                   gt=1.0)
+    scaling: Optional[RopeScaling] = _key(None, "scaling kind")
+    factor: Optional[Number] = _key(None, "scaling factor", ge=1.0)
+    original_max_position: Optional[StrictInt] = _key(None, "pre-training length (dynamic, yarn, llama3)", ge=1)
+    low_freq_factor: Optional[Number] = _key(None, "llama3", gt=0.0)
+    high_freq_factor: Optional[Number] = _key(None, "llama3", gt=0.0)
+    beta_fast: Optional[Number] = _key(None, "yarn", gt=0.0)
+    beta_slow: Optional[Number] = _key(None, "yarn", gt=0.0)
+    attention_factor: Optional[Number] = _key(None, "yarn: overrides 0.1 ln(factor) + 1", gt=0.0)
+
+    def given(self) -> dict[str, Any]:
+        """The overrides the config gives, as it names them."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """A validated `anchor train` config; every field but `source` is a key (nested mappings as dicts).
-    Keys, in the order errors list them and config.yaml is written:"""
+class ModelConfig(_Section):
+    """What is trained and how its attention runs."""
 
-    model: str = key(REQUIRED, _STR, "HF folder, .gguf file, default, or random:<preset>", pack_option=True)
-    data: str = key(REQUIRED, _STR, "an `anchor pack` output folder, a corpus (file or folder) packed on the fly, "
-                                    "or `corpus` (the embedded default corpus)", pack_option=True)
-    seq_len: int | None = key(None, _int(2), "slots per window T (taken from a pack output when omitted)",
-                              pack_option=True)
-    variant: str = key("anchor", _choice(VARIANTS), "attention variant (docs/DESIGN.md §2)")
-    tags: bool = key(False, _BOOL, "domain tags before each document (packing on the fly)", pack_option=True)
-    interleave: bool = key(False, _BOOL, "interleaved document chunks (packing on the fly)", pack_option=True)
-    mask_cross_doc_loss: bool = key(False, _BOOL, "full: also mask cross-document predictions")
-    pack: dict[str, Any] = key({}, _mapping(lambda: PACK_KEYS), "packing options for a corpus packed on the fly")
-    steps: int = key(REQUIRED, _int(1), "optimizer steps", resumable=True)
-    global_batch: int = key(8, _int(1), "windows per optimizer step")
-    micro_batch: int = key(1, _int(1), "windows per forward on one data-parallel rank")
-    lr: float = key(2e-5, _float(0.0, open_lo=True), "peak learning rate")
-    warmup_steps: int = key(0, _int(0), "linear warmup steps (from lr/warmup_steps)")
-    schedule: str = key("constant", _choice(SCHEDULES), "after warmup: constant, cosine or linear decay")
-    min_lr_ratio: float = key(0.0, _float(0.0, 1.0), "cosine/linear: the final learning rate as a fraction of lr")
-    weight_decay: float = key(0.1, _float(0.0), "AdamW decoupled weight decay")
-    no_decay: tuple[str, ...] = key(("bias", "norm"), _STR_LIST,
-                                    "parameters whose name contains one of these get no weight decay")
-    betas: tuple[float, float] = key((0.9, 0.95), _BETAS, "AdamW betas")
-    eps: float = key(1e-8, _float(0.0, open_lo=True), "AdamW eps")
-    grad_clip: float = key(1.0, _float(0.0), "clip the global gradient norm to this (0 = off)")
-    dtype: str = key("float32", _choice(DTYPES), "float32, or bfloat16 mixed precision (fp32 master weights)")
-    engine: str = key("auto", _choice(TRAIN_ENGINES), "attention engine; auto: flash_varlen on CUDA with flash-attn "
-                      "(bf16), else varlen (memory linear in T; RUN/config.yaml records which ran). eager and sdpa "
-                      "hold a dense T x T mask")
-    zero_stage: int = key(0, _int(0, 3), "DeepSpeed ZeRO stage")
-    sequence_parallel: int = key(1, _int(1), "Ulysses sequence-parallel degree")
-    nproc: int = key(1, _int(1), "processes started on this machine (1 = this process)", resumable=True)
-    seed: int = key(0, _int(0, SEED_MAX), "seed of the data order and of random:<preset> weights")
-    save_every: int = key(0, _int(0), "checkpoint every this many steps (0: only the final and the evaluation ones)",
-                          resumable=True)
-    keep_last: int = key(2, _int(0), "regular checkpoints kept (0: all); evaluation checkpoints are always kept",
-                         resumable=True)
-    eval_every: int = key(10, _int(1), "evaluation checkpoints: every this many steps ...")
-    eval_window: int = key(50, _int(0), "... over the last this many steps (the paper: every 10 over the last 50)")
-    activation_checkpointing: bool = key(False, _BOOL, "recompute layer activations in the backward")
-    rope: dict[str, Any] = key({}, _mapping(lambda: ROPE_SCHEMA),
-                               "RoPE overrides: theta, scaling, factor, original_max_position, ...")
-    dump_grads: tuple[int, ...] = key((), _STEPS, "steps whose whole averaged gradient (before clipping) is written "
-                                      "to RUN/grads/step-N.safetensors", resumable=True)
-    log_every: int = key(1, _int(1), "print a progress line every this many steps", resumable=True)
-    tensorboard: bool = key(True, _BOOL, "write TensorBoard events under RUN/tensorboard when installed",
-                            resumable=True)
-    # not a key: where the config came from, named in errors
-    source: str = field(default="config", compare=False, kw_only=True, metadata={"key": False})
+    name: Name = _key(..., "HF folder, .gguf file, default, or random:<preset>", pack_option="model")
+    variant: Variant = _key("anchor", "attention variant (docs/DESIGN.md §2)")
+    mask_cross_doc_loss: StrictBool = _key(False, "full: also mask cross-document predictions")
+    engine: TrainEngine = _key("auto", "attention engine; auto: flash_varlen on CUDA with flash-attn (bf16), else "
+                               "varlen (memory linear in T; RUN/config.yaml records which ran). eager and sdpa hold "
+                               "a dense T x T mask")
+    dtype: Dtype = _key("float32", "float32, or bfloat16 mixed precision (fp32 master weights)")
+    activation_checkpointing: StrictBool = _key(False, "recompute layer activations in the backward")
+    rope: RopeConfig = _key(RopeConfig(), "RoPE overrides: theta, scaling, factor, original_max_position, ...")
+
+
+class DataConfig(_Section):
+    """What the run trains on, in which windows and batches."""
+
+    path: Name = _key(..., "an `anchor pack` output folder, a corpus (file or folder) packed on the fly, or `corpus` "
+                      "(the embedded default corpus)", pack_option="data")
+    seq_len: Optional[StrictInt] = _key(None, "slots per window T (taken from a pack output when omitted)", ge=2,
+                                        pack_option="seq_len")
+    tags: StrictBool = _key(False, "domain tags before each document (packing on the fly)", pack_option="tags")
+    interleave: StrictBool = _key(False, "interleaved document chunks (packing on the fly)", pack_option="interleave")
+    pack: dict[str, Any] = _key({}, "packing options for a corpus packed on the fly (the `anchor pack` options "
+                                "not given above: mixture, budget, ...)")
+    global_batch: StrictInt = _key(8, "windows per optimizer step", ge=1)
+    micro_batch: StrictInt = _key(1, "windows per forward on one data-parallel rank", ge=1)
+    seed: StrictInt = _key(0, "seed of the data order and of random:<preset> weights", ge=0, le=SEED_MAX)
+
+
+class OptimConfig(_Section):
+    """AdamW and its gradient clipping."""
+
+    lr: Number = _key(2e-5, "peak learning rate", gt=0.0)
+    weight_decay: Number = _key(0.1, "AdamW decoupled weight decay", ge=0.0)
+    no_decay: tuple[Name, ...] = _key(("bias", "norm"), "parameters whose name contains one of these get no "
+                                      "weight decay")
+    betas: Betas = _key((0.9, 0.95), "AdamW betas")
+    eps: Number = _key(1e-8, "AdamW eps", gt=0.0)
+    grad_clip: Number = _key(1.0, "clip the global gradient norm to this (0 = off)", ge=0.0)
+
+
+class ScheduleConfig(_Section):
+    """How long the run trains and the learning rate over its steps."""
+
+    steps: StrictInt = _key(..., "optimizer steps", ge=1, resumable=True)
+    warmup_steps: StrictInt = _key(0, "linear warmup steps (from lr/warmup_steps)", ge=0)
+    kind: Schedule = _key("constant", "after warmup: constant, cosine or linear decay")
+    min_lr_ratio: Number = _key(0.0, "cosine/linear: the final learning rate as a fraction of optim.lr", ge=0.0, le=1.0)
+
+
+class ParallelConfig(_Section):
+    """Processes and how the model and the batch are split over them."""
+
+    nproc: StrictInt = _key(1, "processes started on this machine (1 = this process)", ge=1, resumable=True)
+    sequence_parallel: StrictInt = _key(1, "Ulysses sequence-parallel degree", ge=1)
+    zero_stage: StrictInt = _key(0, "DeepSpeed ZeRO stage", ge=0, le=3)
+
+
+class CheckpointConfig(_Section):
+    """Regular checkpoints (the evaluation ones: `eval`)."""
+
+    save_every: StrictInt = _key(0, "checkpoint every this many steps (0: only the final and the evaluation ones)",
+                                 ge=0, resumable=True)
+    keep_last: StrictInt = _key(2, "regular checkpoints kept (0: all); evaluation checkpoints are always kept", ge=0,
+                                resumable=True)
+
+
+class LoggingConfig(_Section):
+    """What the run reports besides RUN/metrics.jsonl."""
+
+    every: StrictInt = _key(1, "print a progress line every this many steps", ge=1, resumable=True)
+    tensorboard: StrictBool = _key(True, "write TensorBoard events under RUN/tensorboard when installed",
+                                   resumable=True)
+    dump_grads: Steps = _key((), "steps whose whole averaged gradient (before clipping) is written to "
+                             "RUN/grads/step-N.safetensors", resumable=True)
+
+
+class EvalConfig(_Section):
+    """The evaluation checkpoints (the paper: every 10 steps over the last 50)."""
+
+    every: StrictInt = _key(10, "evaluation checkpoints: every this many steps ...", ge=1)
+    window: StrictInt = _key(50, "... over the last this many steps (the paper: every 10 over the last 50)", ge=0)
+
+
+class TrainConfig(_Section):
+    """A validated `anchor train` config: one field per section. `source` (not a key) is the file it came
+    from, named in errors. Keys, in the order errors list them and config.yaml is written:"""
+
+    model: ModelConfig
+    data: DataConfig
+    optim: OptimConfig = OptimConfig()
+    schedule: ScheduleConfig
+    parallel: ParallelConfig = ParallelConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    logging: LoggingConfig = LoggingConfig()
+    eval: EvalConfig = EvalConfig()
+    _source: str = PrivateAttr("config")
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    def __eq__(self, other: object) -> bool:  # the keys, not where they came from
+        return isinstance(other, TrainConfig) and self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]  # `data.pack` is a dict
 
     def to_dict(self) -> dict[str, Any]:
-        """The config as plain YAML-able data (the run's config.yaml): every key, tuples as lists."""
-        return {k: list(v) if isinstance(v, tuple) else v for k in SCHEMA for v in (getattr(self, k),)}
+        """The config as plain YAML-able data (the run's config.yaml): every key by section, tuples as
+        lists, `model.rope` with only the overrides given."""
+        out: dict[str, Any] = {}
+        for section in SECTIONS:
+            values = getattr(self, section)
+            out[section] = {k: _plain(getattr(values, k)) for k in type(values).model_fields}
+        return out
 
-    def replace(self, **changes: Any) -> "TrainConfig":
-        return dataclasses.replace(self, **changes)
+    def replace(self, changes: Mapping[str, Any]) -> "TrainConfig":
+        """This config with `changes` (dotted key -> value, e.g. {"model.engine": "varlen"}), validated."""
+        d = self.to_dict()
+        for dotted, value in changes.items():
+            _set_dotted(d, dotted, _plain(value))
+        return validate(d, source=self.source)
 
     def dp(self, world: int) -> int:
         """Data-parallel ranks of a world of `world` processes."""
-        return world // self.sequence_parallel
+        return world // self.parallel.sequence_parallel
 
     def grad_accum(self, world: int) -> int:
         """Micro-steps per optimizer step on each rank."""
-        return self.global_batch // (self.micro_batch * self.dp(world))
+        return self.data.global_batch // (self.data.micro_batch * self.dp(world))
 
     def rope_overrides(self) -> dict[str, Any]:
-        """`rope:` as RopeSpec field names."""
-        return {_ROPE_FIELD.get(k, k): v for k, v in self.rope.items()}
+        """`model.rope:` as RopeSpec field names (empty: the model's RoPE)."""
+        return {_ROPE_FIELD.get(k, k): v for k, v in self.model.rope.given().items()}
 
     def is_checkpoint_step(self, step: int) -> bool:
-        """Steps that write a checkpoint: every `save_every`, the last, and the evaluation schedule."""
-        return step == self.steps or (self.save_every > 0 and step % self.save_every == 0) or self.is_eval_step(step)
+        """Steps that write a checkpoint: every `checkpoint.save_every`, the last, and the evaluation schedule."""
+        every = self.checkpoint.save_every
+        return step == self.schedule.steps or (every > 0 and step % every == 0) or self.is_eval_step(step)
 
     def is_eval_step(self, step: int) -> bool:
-        """The paper's evaluation schedule: every `eval_every` steps counted back from the last step,
-        within the last `eval_window` steps (every 10 over the last 50: five checkpoints)."""
-        return 0 < step <= self.steps and self.steps - step < self.eval_window and (self.steps - step) % self.eval_every == 0
+        """The paper's evaluation schedule: every `eval.every` steps counted back from the last step,
+        within the last `eval.window` steps (every 10 over the last 50: five checkpoints)."""
+        steps, left = self.schedule.steps, self.schedule.steps - step
+        return 0 < step <= steps and left < self.eval.window and left % self.eval.every == 0
 
 
-def check_declarations(cls: type = TrainConfig) -> None:
-    """Every field of `cls` is a key made by `key(...)` (a Check, a one-line doc, a default it accepts)
-    or marked `{"key": False}`; else a TypeError naming the field. Run on TrainConfig at import."""
-    for f in dataclasses.fields(cls):
-        meta = f.metadata
-        if meta.get("key") is False:
-            continue
-        if meta.get("key") is not True or not isinstance(meta.get("check"), Check) or not meta.get("doc"):
-            raise TypeError(f"{cls.__name__}.{f.name} is not declared with torchtrain.config.key(default, check, doc): "
-                            "a field that is not a key needs metadata={'key': False}")
-        if not isinstance(meta["doc"], str) or "\n" in meta["doc"]:
-            raise TypeError(f"{cls.__name__}.{f.name}: its doc must be one line of text")
-        default = _default(f)
-        if default is not REQUIRED and default is not None:
-            try:
-                ok = meta["check"](default) == default
-            except ValueError:
-                ok = False
-            if not ok:
-                raise TypeError(f"{cls.__name__}.{f.name}: its default {default!r} is not accepted by its check "
-                                f"(expected {meta['check'].expected})")
+_ROPE_FIELD = {"theta": "base", "scaling": "kind"}
 
 
-def _default(f: dataclasses.Field) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return REQUIRED
+def _plain(v: Any) -> Any:
+    if isinstance(v, RopeConfig):
+        return v.given()
+    if isinstance(v, tuple):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return dict(v)
+    return v
 
 
-check_declarations(TrainConfig)
+def _set_dotted(d: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    for p in parents:
+        if not isinstance(d.get(p), dict):
+            d[p] = {}
+        d = d[p]
+    d[last] = value
 
+
+# ---------------------------------------------------------------------------------------------
 # Derived from the declarations
-_KEYS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(TrainConfig) if f.metadata.get("key")}
-# key -> (check, default, meaning); REQUIRED (`...`) marks a required key.
-SCHEMA: dict[str, tuple[Check, Any, str]] = {
-    name: (f.metadata["check"], _default(f), f.metadata["doc"]) for name, f in _KEYS.items()
-}
+
+SECTIONS: dict[str, type[_Section]] = {name: f.annotation for name, f in TrainConfig.model_fields.items()}
+# Mapping-valued keys inside a section: their own keys are dotted further (`model.rope.theta`).
+NESTED: tuple[str, ...] = ("model.rope", "data.pack")
+# dotted key -> its field
+KEYS: dict[str, FieldInfo] = {f"{s}.{k}": f for s, cls in SECTIONS.items() for k, f in cls.model_fields.items()}
 # Keys that may change when a run is resumed (the rest must equal the run's config.yaml).
-RESUMABLE_CHANGES: tuple[str, ...] = tuple(name for name, f in _KEYS.items() if f.metadata["resumable"])
-# Mapping-valued keys: their own key lists, dotted overrides (`rope.theta=5e6`).
-NESTED: tuple[str, ...] = tuple(name for name, (_, default, _doc) in SCHEMA.items() if isinstance(default, dict))
-# The `pack:` mapping: how a corpus given as `data` is packed on the fly (the `anchor pack`
-# options that are not top-level keys here).
-PACK_KEYS: tuple[str, ...] = tuple(k for k in PACK_SCHEMA if not (k in _KEYS and _KEYS[k].metadata["pack_option"]))
+RESUMABLE_CHANGES: tuple[str, ...] = tuple(k for k, f in KEYS.items() if f.json_schema_extra["resumable"])
+# The `data.pack:` mapping: how a corpus given as `data.path` is packed on the fly (the `anchor pack`
+# options that are not keys of their own here).
+PACK_OPTIONS: dict[str, str] = {f.json_schema_extra["pack_option"]: k for k, f in KEYS.items()
+                                if f.json_schema_extra["pack_option"]}
+PACK_KEYS: tuple[str, ...] = tuple(k for k in PACK_SCHEMA if k not in PACK_OPTIONS)
+
+# The one table of the pre-sectioned format: flat key -> its dotted key now. Used to refuse a flat key
+# in a config or an override (naming its place) and to read a run folder's flat config.yaml.
+MOVED: dict[str, str] = {
+    "model": "model.name", "variant": "model.variant", "mask_cross_doc_loss": "model.mask_cross_doc_loss",
+    "engine": "model.engine", "dtype": "model.dtype", "activation_checkpointing": "model.activation_checkpointing",
+    "rope": "model.rope",
+    "data": "data.path", "seq_len": "data.seq_len", "tags": "data.tags", "interleave": "data.interleave",
+    "pack": "data.pack", "global_batch": "data.global_batch", "micro_batch": "data.micro_batch", "seed": "data.seed",
+    "lr": "optim.lr", "weight_decay": "optim.weight_decay", "no_decay": "optim.no_decay", "betas": "optim.betas",
+    "eps": "optim.eps", "grad_clip": "optim.grad_clip",
+    "steps": "schedule.steps", "warmup_steps": "schedule.warmup_steps", "schedule": "schedule.kind",
+    "min_lr_ratio": "schedule.min_lr_ratio",
+    "nproc": "parallel.nproc", "sequence_parallel": "parallel.sequence_parallel", "zero_stage": "parallel.zero_stage",
+    "save_every": "checkpoint.save_every", "keep_last": "checkpoint.keep_last",
+    "log_every": "logging.every", "tensorboard": "logging.tensorboard", "dump_grads": "logging.dump_grads",
+    "eval_every": "eval.every", "eval_window": "eval.window",
+}
+
+
+def _inner(ann: Any) -> Any:
+    """An `Optional[X]` annotation's X; any other annotation itself."""
+    args = get_args(ann)
+    if type(None) in args and len(args) == 2:
+        return next(a for a in args if a is not type(None))
+    return ann
+
+
+def _base(ann: Any) -> Any:
+    """The type under `Annotated[...]`: the one errors and the documentation describe."""
+    return get_args(ann)[0] if get_origin(ann) is Annotated else ann
+
+
+def _bound_text(x: float) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def expected(f: FieldInfo) -> str:
+    """What a key accepts, in words ("an integer in [0, 3]"): from its annotation and its range."""
+    ann = _inner(f.annotation)
+    if ann in _EXPECTED_BY_TYPE:
+        return _EXPECTED_BY_TYPE[ann]
+    ann = _base(ann)
+    if get_origin(ann) is Literal:
+        return f"one of {', '.join(map(str, get_args(ann)))}"
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return f"a mapping with keys among {', '.join(ann.model_fields)}"
+    if ann is str:
+        return "a non-empty string"
+    if ann is bool:
+        return "true or false"
+    if ann is dict or get_origin(ann) is dict:
+        return "a mapping"
+    what = "an integer" if ann is int else "a number"
+    bounds = {type(m).__name__: _bound_text(getattr(m, type(m).__name__.lower())) for m in f.metadata
+              if isinstance(m, (annotated_types.Ge, annotated_types.Gt, annotated_types.Le))}
+    if "Ge" in bounds and "Le" in bounds:
+        return f"{what} in [{bounds['Ge']}, {bounds['Le']}]"
+    if "Gt" in bounds:
+        return f"{what} > {bounds['Gt']}"
+    if "Ge" in bounds:
+        return f"{what} >= {bounds['Ge']}"
+    return what
+
+
+def _default(f: FieldInfo) -> Any:
+    if f.is_required():
+        return ...
+    return _plain(f.get_default(call_default_factory=True))
 
 
 def describe_keys() -> str:
-    """Every key on a line: name (type; default; what it accepts): meaning."""
+    """Every key on a line: dotted name (default; what it accepts): meaning."""
     lines = []
-    for name, (check, default, doc) in SCHEMA.items():
-        given = "required" if default is REQUIRED else f"default {default!r}"
-        lines.append(f"  {name} ({_KEYS[name].type}; {given}; {check.expected}): {doc}")
+    for name, f in KEYS.items():
+        default = _default(f)
+        given = "required" if default is ... else f"default {default!r}"
+        lines.append(f"  {name} ({given}; {expected(f)}): {f.description}")
     return "\n".join(lines)
 
 
+def check_declarations(cls: type[BaseModel] = TrainConfig) -> None:
+    """Every field of `cls` is a section, and every field of a section (and of the mappings inside it)
+    a key declared by `_key` with a one-line description; else a TypeError naming the field. Run on
+    TrainConfig at import (pydantic checks each default against its field when a section is built:
+    `validate_default`)."""
+    for section, f in cls.model_fields.items():
+        model = _base(_inner(f.annotation))
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            raise TypeError(f"{cls.__name__}.{section} is not a section (a pydantic model of keys)")
+        _check_keys(model)
+
+
+def _check_keys(model: type[BaseModel]) -> None:
+    for name, key in model.model_fields.items():
+        if not isinstance(key.description, str) or not key.description or "\n" in key.description:
+            raise TypeError(f"{model.__name__}.{name}: its description must be one line of text (the key's doc)")
+        if not isinstance(key.json_schema_extra, dict) or "resumable" not in key.json_schema_extra:
+            raise TypeError(f"{model.__name__}.{name} is not declared with torchtrain.config._key(default, doc)")
+        inner = _base(_inner(key.annotation))
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
+            _check_keys(inner)
+
+
+check_declarations(TrainConfig)
 TrainConfig.__doc__ = f"{TrainConfig.__doc__}\n\n{describe_keys()}\n"
 
 # ---------------------------------------------------------------------------------------------
 # Validation
 
 
-def validate(d: Any, *, source: str = "config", origins: dict[str, str] | None = None) -> TrainConfig:
+def _moved(key: str, value: Any) -> str | None:
+    """The dotted place of a top-level key of the pre-sectioned format, or None. `model`, `data` and
+    `schedule` are sections now: a flat one is the one whose value is neither a mapping nor empty."""
+    if key not in MOVED or (key in SECTIONS and (value is None or isinstance(value, dict))):
+        return None
+    return MOVED[key]
+
+
+def _moved_error(key: str, where: str) -> InputError:
+    """`key` (flat, or dotted below a flat mapping: `pack.budget`) is a key of the pre-sectioned format."""
+    head, dot, rest = key.partition(".")
+    return InputError(f"{key}: moved to {MOVED[head]}{dot}{rest} (a flat key of the pre-sectioned format; keys are "
+                      f"grouped by section: {', '.join(SECTIONS)})", path=where)
+
+
+def _field_path(loc: Sequence[Any]) -> tuple[list[str], FieldInfo | None]:
+    """The longest prefix of a pydantic error location that names a key (or a section), and its field."""
+    cls: Any = TrainConfig
+    path: list[str] = []
+    field = None
+    for part in loc:
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or part not in cls.model_fields:
+            break
+        path.append(str(part))
+        field = cls.model_fields[part]
+        cls = _base(_inner(field.annotation))
+    return path, field
+
+
+def _lookup(d: Any, path: Sequence[str]) -> Any:
+    for p in path:
+        d = d.get(p) if isinstance(d, dict) else None
+    return d
+
+
+def _where(dotted: str, origins: Mapping[str, str], source: str) -> str:
+    """The override a key came from (or one that set a mapping above it), else the file."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        if ".".join(parts[:i]) in origins:
+            return origins[".".join(parts[:i])]
+    return source
+
+
+def _one_line(err: ValidationError, d: dict[str, Any], source: str, origins: Mapping[str, str]) -> InputError:
+    """pydantic's first error as one line naming the dotted key and where it came from."""
+    e = err.errors()[0]
+    loc = [str(p) for p in e["loc"]]
+    path, field = _field_path(loc)
+    if e["type"] == "extra_forbidden":
+        dotted, parent = ".".join(loc), ".".join(loc[:-1])
+        known = SECTIONS if not parent else _base(_inner(_field_path(loc[:-1])[1].annotation)).model_fields
+        return InputError(f"unknown key {dotted!r} (known{' in ' + parent if parent else ' sections'}: "
+                          f"{', '.join(known)})", path=_where(dotted, origins, source))
+    dotted = ".".join(path)
+    if e["type"] == "missing":
+        return InputError(f"missing required key {dotted!r} ({field.description})", path=source)
+    what = f" ({field.description})" if field is not None and field.description else ""
+    return InputError(f"{dotted}: expected {expected(field) if field else 'a mapping'}{what}, got "
+                      f"{_lookup(d, path)!r}", path=_where(dotted, origins, source))
+
+
+def validate(d: Any, *, source: str = "config", origins: Mapping[str, str] | None = None) -> TrainConfig:
     """Check a mapping against the declared keys and build a TrainConfig: every check of a config
     that needs neither the world size nor a model (`check_world` and the trainer do the rest).
 
     Args:
-      d: the mapping (YAML with overrides applied).
+      d: the mapping, by section (YAML with overrides applied).
       source: the config file, named in errors.
-      origins: key -> where its value came from (e.g. "command-line override lr=abc"), for errors.
+      origins: dotted key -> where its value came from (e.g. "command-line override optim.lr=abc").
     """
     origins = origins or {}
     if not isinstance(d, dict):
-        raise InputError("a train config must be a mapping of keys to values", path=source)
-    # each key: known, of its type, in its range
-    out: dict[str, Any] = {}
-    for key_, value in d.items():
-        where = origins.get(str(key_), source)
-        if key_ not in SCHEMA:
-            raise InputError(f"unknown key {key_!r} (known: {', '.join(SCHEMA)})", path=where)
-        check, _, what = SCHEMA[key_]
-        try:
-            out[key_] = check(value)
-        except ValueError as e:
-            raise InputError(f"{key_}: {e} ({what}), got {value!r}", path=where) from None
-    for key_, (_, default, what) in SCHEMA.items():
-        if default is REQUIRED and key_ not in out:
-            raise InputError(f"missing required key {key_!r} ({what})", path=source)
-    # the nested mappings
-    rope = {}
-    for key_, value in out.get("rope", {}).items():
-        where = origins.get(f"rope.{key_}", source)
-        if key_ not in ROPE_SCHEMA:
-            raise InputError(f"unknown key 'rope.{key_}' (known: {', '.join(ROPE_SCHEMA)})", path=where)
-        try:
-            rope[key_] = ROPE_SCHEMA[key_][0](value)
-        except ValueError as e:
-            raise InputError(f"rope.{key_}: {e}, got {value!r}", path=where) from None
-    if rope:
-        out["rope"] = rope
-        try:  # the combination must make a RoPE (e.g. yarn needs original_max_position)
-            RopeSpec(**{"base": 10000.0, **{_ROPE_FIELD.get(k, k): v for k, v in rope.items()}})
-        except InputError as e:
-            raise InputError(f"rope: {e}", path=source) from None
-    if "pack" in out:
-        bad = [k for k in out["pack"] if k not in PACK_KEYS]
-        if bad:
-            raise InputError(f"unknown key 'pack.{bad[0]}' (known: {', '.join(PACK_KEYS)})",
-                             path=origins.get(f"pack.{bad[0]}", source))
-        out["pack"] = validate_pack_config(out["pack"], source=f"{source}: pack")
-        try:  # ranges as `anchor pack` checks them, named as this config names them
-            check_pack_options(out["pack"], names={k: f"pack.{k}" for k in PACK_SCHEMA})
-        except InputError as e:
-            raise InputError(str(e), path=source) from None
-    cfg = TrainConfig(**out, source=source)
+        raise InputError("a train config must be a mapping of sections to keys", path=source)
+    for key, value in d.items():
+        if _moved(key, value) is not None:
+            raise _moved_error(key, _where(key, origins, source))
+    # every section present (an empty one, `optim:` alone, is None in YAML), so a missing required key is
+    # named by its dotted path
+    d = {**{s: {} for s in SECTIONS}, **{k: {} if k in SECTIONS and v is None else v for k, v in d.items()}}
+    try:
+        cfg = TrainConfig.model_validate(d)
+    except ValidationError as e:
+        raise _one_line(e, d, source, origins) from None
+    cfg._source = source
+    _check_nested(cfg, source, origins)
     # across keys: the batch arithmetic that needs no world size (under torchrun the launcher's
-    # world replaces `nproc`: check_world)
-    if cfg.global_batch % cfg.micro_batch:
-        raise InputError(f"global_batch {cfg.global_batch} is not a multiple of micro_batch {cfg.micro_batch}",
-                         path=source)
+    # world replaces `parallel.nproc`: check_world)
+    if cfg.data.global_batch % cfg.data.micro_batch:
+        raise InputError(f"data.global_batch {cfg.data.global_batch} is not a multiple of data.micro_batch "
+                         f"{cfg.data.micro_batch}", path=source)
     return cfg
+
+
+def _check_nested(cfg: TrainConfig, source: str, origins: Mapping[str, str]) -> None:
+    """`model.rope` makes a RoPE; `data.pack` holds `anchor pack` options in their ranges."""
+    rope = cfg.rope_overrides()
+    if rope:
+        try:  # the combination must make a RoPE (e.g. yarn needs original_max_position)
+            RopeSpec(**{"base": 10000.0, **rope})
+        except InputError as e:
+            raise InputError(f"model.rope: {e}", path=_where("model.rope", origins, source)) from None
+    pack = cfg.data.pack
+    if not pack:
+        return
+    bad = [k for k in pack if k not in PACK_KEYS]
+    if bad:
+        hint = f"; give it as {PACK_OPTIONS[bad[0]]}" if bad[0] in PACK_OPTIONS else ""
+        raise InputError(f"unknown key 'data.pack.{bad[0]}' (known: {', '.join(PACK_KEYS)}{hint})",
+                         path=_where(f"data.pack.{bad[0]}", origins, source))
+    for k, v in pack.items():  # types as `anchor pack` reads them
+        try:
+            validate_pack_config({k: v})
+        except InputError:
+            raise InputError(f"data.pack.{k}: expected {PACK_SCHEMA[k][1]}, got {v!r}",
+                             path=_where(f"data.pack.{k}", origins, source)) from None
+    try:  # ranges as `anchor pack` checks them, named as this config names them
+        check_pack_options(pack, names={k: f"data.pack.{k}" for k in PACK_SCHEMA})
+    except InputError as e:
+        if e.path is not None:
+            raise
+        given = sorted({origins[f"data.pack.{k}"] for k in pack if f"data.pack.{k}" in origins})
+        raise InputError(str(e), path=given[0] if len(given) == 1 else source) from None
 
 
 def check_world(cfg: TrainConfig, world: int) -> None:
     """The config fits a world of `world` processes: SP divides it, the global batch splits over it."""
-    sp = cfg.sequence_parallel
+    sp, mb, gb = cfg.parallel.sequence_parallel, cfg.data.micro_batch, cfg.data.global_batch
     if world < sp:
-        raise InputError(f"sequence_parallel {sp} needs at least {sp} processes, this run has {world} "
-                         f"(set nproc, or launch more ranks)", path=cfg.source)
+        raise InputError(f"parallel.sequence_parallel {sp} needs at least {sp} processes, this run has {world} "
+                         f"(set parallel.nproc, or launch more ranks)", path=cfg.source)
     if world % sp:
         raise InputError(f"{world} processes do not split into sequence-parallel groups of {sp}", path=cfg.source)
     dp = world // sp
-    if cfg.global_batch % (cfg.micro_batch * dp):
-        raise InputError(f"global_batch {cfg.global_batch} does not split into micro_batch {cfg.micro_batch} x "
-                         f"{dp} data-parallel ranks", path=cfg.source)
+    if gb % (mb * dp):
+        raise InputError(f"data.global_batch {gb} does not split into data.micro_batch {mb} x {dp} data-parallel "
+                         f"ranks", path=cfg.source)
+
+
+def from_flat(d: dict[str, Any], *, source: str = "config") -> dict[str, Any]:
+    """A config of the pre-sectioned format (flat keys) as sections, through MOVED; an unknown flat key
+    is one line naming it."""
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        if key not in MOVED:
+            raise InputError(f"unknown key {key!r} in a config of the pre-sectioned format (known: "
+                             f"{', '.join(MOVED)})", path=source)
+        _set_dotted(out, MOVED[key], value)
+    return out
+
+
+def is_flat(d: Any) -> bool:
+    """A mapping of the pre-sectioned format: some top-level key is a flat one."""
+    return isinstance(d, dict) and any(_moved(k, v) is not None for k, v in d.items())
 
 
 def parse_overrides(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, str]]:
-    """`key=value` strings as a nested mapping, and the origin of each (dotted) key for errors."""
-    import yaml
-
+    """`key=value` strings (dotted keys) as a nested mapping, and the origin of each dotted key for errors."""
     updates: dict[str, Any] = {}
     origins: dict[str, str] = {}
     for item in items:
@@ -414,28 +595,43 @@ def parse_overrides(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, str
             value = yaml.safe_load(text) if text.strip() else None
         except yaml.YAMLError:
             value = text
-        parts = key.split(".")
-        if len(parts) > 2 or parts[0] not in SCHEMA or (len(parts) == 2 and parts[0] not in NESTED):
-            raise InputError(f"override {item!r}: unknown key {key!r} (known: {', '.join(SCHEMA)}; "
-                             f"nested: {', '.join(f'{n}.<key>' for n in NESTED)})")
         origin = f"command-line override {item}"
-        if len(parts) == 2:
-            updates.setdefault(parts[0], {})[parts[1]] = value
-        else:
-            updates[key] = value
+        parts = key.split(".")
+        if len(parts) == 1 and _moved(key, value) is not None or len(parts) > 1 and parts[0] in MOVED \
+                and parts[0] not in SECTIONS:
+            raise _moved_error(key, origin)
+        if parts[0] not in SECTIONS or len(parts) == 1 and not isinstance(value, dict) or "" in parts:
+            raise InputError(f"override {item!r}: unknown key {key!r} (keys are dotted by section: "
+                             f"{', '.join(f'{s}.<key>' for s in SECTIONS)})")
+        _merge(updates, _nest(parts, value))
         origins[key] = origin
     return updates, origins
+
+
+def _nest(parts: Sequence[str], value: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    _set_dotted(out, ".".join(parts), value)
+    return out
+
+
+def _merge(base: dict[str, Any], updates: Mapping[str, Any]) -> None:
+    """`updates` into `base`: mappings merge key by key, any other value replaces."""
+    for k, v in updates.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            base[k] = dict(base[k])
+            _merge(base[k], v)
+        else:
+            base[k] = v
 
 
 def load_train_config(path: str | Path | None, overrides: Sequence[str] = ()) -> TrainConfig:
     """Read `path` (YAML; None: only the overrides), apply `key=value` overrides, validate."""
     base = {} if path is None else read_yaml_mapping(path, what="train config")
     source = "command line" if path is None else str(path)
+    for key, value in base.items():  # a flat file: named before an override can mask it
+        if _moved(key, value) is not None:
+            raise _moved_error(key, source)
     updates, origins = parse_overrides(overrides)
     merged = dict(base)
-    for key_, value in updates.items():
-        if key_ in NESTED and isinstance(value, dict) and isinstance(merged.get(key_), dict):
-            merged[key_] = {**merged[key_], **value}
-        else:
-            merged[key_] = value
+    _merge(merged, updates)
     return validate(merged, source=source, origins=origins)

@@ -15,30 +15,32 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from torchtrain.config import TrainConfig
+    from torchtrain.config import OptimConfig, TrainConfig
 
 
 def lr_factor(cfg: TrainConfig, step: int) -> float:
-    """Multiplier of `lr` for the update of optimizer step `step` (0-based): linear warmup from
-    lr/warmup_steps, then constant, cosine or linear decay to `min_lr_ratio * lr` at the last step."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    if cfg.schedule == "constant":
+    """Multiplier of `optim.lr` for the update of optimizer step `step` (0-based): linear warmup from
+    lr/schedule.warmup_steps, then `schedule.kind`: constant, cosine or linear decay to
+    `schedule.min_lr_ratio * lr` at the last step."""
+    if step < cfg.schedule.warmup_steps:
+        return (step + 1) / cfg.schedule.warmup_steps
+    if cfg.schedule.kind == "constant":
         return 1.0
-    span = max(1, cfg.steps - cfg.warmup_steps - 1)
-    t = min(1.0, (step - cfg.warmup_steps) / span)
-    shape = 0.5 * (1.0 + math.cos(math.pi * t)) if cfg.schedule == "cosine" else 1.0 - t
-    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
+    span = max(1, cfg.schedule.steps - cfg.schedule.warmup_steps - 1)
+    t = min(1.0, (step - cfg.schedule.warmup_steps) / span)
+    shape = 0.5 * (1.0 + math.cos(math.pi * t)) if cfg.schedule.kind == "cosine" else 1.0 - t
+    return cfg.schedule.min_lr_ratio + (1.0 - cfg.schedule.min_lr_ratio) * shape
 
 
-def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]:
-    """AdamW groups: weight decay on every parameter except those whose name contains a `no_decay` entry."""
+def param_groups(model: nn.Module, optim: OptimConfig) -> list[dict[str, Any]]:
+    """AdamW groups: weight decay (`optim.weight_decay`) on every parameter except those whose name contains
+    an `optim.no_decay` entry. Takes the optim section alone (any object with those two fields)."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        (no_decay if any(s in name for s in cfg.no_decay) else decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}]
+        (no_decay if any(s in name for s in optim.no_decay) else decay).append(p)
+    groups = [{"params": decay, "weight_decay": optim.weight_decay}]
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
     return groups
@@ -49,7 +51,8 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> tuple[torch.optim.Opt
     step s (0-based) is `lr * lr_factor(cfg, s)`."""
     import torch
 
-    optimizer = torch.optim.AdamW(param_groups(model, cfg), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+    optimizer = torch.optim.AdamW(param_groups(model, cfg.optim), lr=cfg.optim.lr, betas=cfg.optim.betas,
+                                  eps=cfg.optim.eps)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(cfg, s))
 
 
@@ -60,16 +63,16 @@ def deepspeed_config(cfg: TrainConfig, world: int) -> dict[str, Any]:
     counted in per-rank slices: `train_batch_size = micro_batch * grad_accum * world`. Clipping is
     always explicit (DeepSpeed's default is 1.0, not off).
     """
-    zero: dict[str, Any] = {"stage": cfg.zero_stage}
-    if cfg.zero_stage == 3:
+    zero: dict[str, Any] = {"stage": cfg.parallel.zero_stage}
+    if cfg.parallel.zero_stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = False
     return {
-        "train_batch_size": cfg.micro_batch * cfg.grad_accum(world) * world,
-        "train_micro_batch_size_per_gpu": cfg.micro_batch,
+        "train_batch_size": cfg.data.micro_batch * cfg.grad_accum(world) * world,
+        "train_micro_batch_size_per_gpu": cfg.data.micro_batch,
         "gradient_accumulation_steps": cfg.grad_accum(world),
-        "gradient_clipping": cfg.grad_clip,
+        "gradient_clipping": cfg.optim.grad_clip,
         "zero_optimization": zero,
-        "bf16": {"enabled": cfg.dtype == "bfloat16"},
+        "bf16": {"enabled": cfg.model.dtype == "bfloat16"},
         "fp16": {"enabled": False},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 2**62,

@@ -5,8 +5,8 @@
     RUN/config.yaml       the config as resolved (`auto` engine, seq_len): what every rank trains, and what
                           a rerun with the same --out must match (only RESUMABLE_CHANGES may differ)
     RUN/deepspeed.json    the generated DeepSpeed config (torchtrain.optim.deepspeed_config)
-    RUN/data/             the corpus packed on the fly, when `data` is not an `anchor pack` output
-    RUN/data_source.json  what the run trains on: `data` resolved, a fingerprint of its content, and the
+    RUN/data/             the corpus packed on the fly, when `data.path` is not an `anchor pack` output
+    RUN/data_source.json  what the run trains on: `data.path` resolved, a fingerprint of its content, and the
                           settings RUN/data was packed with; RUN/data is reused only when they still
                           hold, and a resume whose data changed is refused
     RUN/checkpoints/      torchtrain.checkpoint; RUN/metrics.jsonl, grads/, tensorboard/: torchtrain.metrics
@@ -27,7 +27,7 @@ from anchor.atomic import write_text_atomic
 from anchor.errors import InputError
 from anchor.yamlfile import read_yaml
 from torchtrain import checkpoint as ckpt
-from torchtrain.config import RESUMABLE_CHANGES, TrainConfig, check_world, validate
+from torchtrain.config import RESUMABLE_CHANGES, TrainConfig, check_world, from_flat, is_flat, validate
 from torchtrain.optim import deepspeed_config
 
 if TYPE_CHECKING:
@@ -59,20 +59,21 @@ def content_fingerprint(path: Path) -> str:
 
 
 def resolved_data(data: str) -> str:
-    """`data` as the run records it: `corpus` (the embedded corpus), else the absolute path."""
+    """`data.path` as the run records it: `corpus` (the embedded corpus), else the absolute path."""
     return data if data == "corpus" else str(Path(data).expanduser().resolve())
 
 
 def data_source(cfg: TrainConfig) -> dict[str, Any]:
     """What RUN/data_source.json records: the data (resolved) and its content's fingerprint, and, for a
     corpus packed on the fly, every setting the packing reads."""
-    data = resolved_data(cfg.data)
+    data = resolved_data(cfg.data.path)
     record: dict[str, Any] = {"data": data,
                               "fingerprint": None if data == "corpus" else content_fingerprint(Path(data))}
     if not (Path(data) / "pack.json").is_file():
-        record["packed_with"] = {"model": cfg.model, "seq_len": cfg.seq_len, "tags": cfg.tags,
-                                 "interleave": cfg.interleave, "seed": cfg.seed,
-                                 "pack": {k: cfg.pack[k] for k in sorted(cfg.pack)}}
+        d = cfg.data
+        record["packed_with"] = {"model": cfg.model.name, "seq_len": d.seq_len, "tags": d.tags,
+                                 "interleave": d.interleave, "seed": d.seed,
+                                 "pack": {k: d.pack[k] for k in sorted(d.pack)}}
     return record
 
 
@@ -84,38 +85,50 @@ def _read_source(run: Path) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
+def saved_config(run: Path) -> dict[str, Any] | None:
+    """RUN/config.yaml as sections (None: no such file); a run folder written with the flat keys of the
+    pre-sectioned format is translated through torchtrain.config.MOVED, so it resumes."""
+    path = run / CONFIG_FILE
+    if not path.is_file():
+        return None
+    saved = read_yaml(path)
+    if not isinstance(saved, dict):
+        raise InputError("not a run's config (not a mapping)", path=path)
+    return from_flat(saved, source=str(path)) if is_flat(saved) else saved
+
+
 def load_run_config(run: Path) -> TrainConfig:
     """RUN/config.yaml, validated: the config a worker trains."""
-    return validate(read_yaml(run / CONFIG_FILE), source=str(run / CONFIG_FILE))
+    return validate(saved_config(run), source=str(run / CONFIG_FILE))
 
 
 def data_dir(cfg: TrainConfig, run: Path) -> Path:
-    """The packed folder of a prepared run: `data` itself when it is an `anchor pack` output, else RUN/data."""
-    return Path(cfg.data) if (Path(cfg.data) / "pack.json").is_file() else run / DATA_DIR
+    """The packed folder of a prepared run: `data.path` itself when it is an `anchor pack` output, else RUN/data."""
+    return Path(cfg.data.path) if (Path(cfg.data.path) / "pack.json").is_file() else run / DATA_DIR
 
 
 def model_spec(cfg: TrainConfig) -> ModelSpec:
-    """The spec of `cfg.model` with the config's RoPE overrides applied."""
+    """The spec of `model.name` with the config's RoPE overrides (`model.rope`) applied."""
     from anchor.weights import load_spec
 
-    spec = load_spec(cfg.model)
-    if cfg.rope:
+    spec = load_spec(cfg.model.name)
+    if cfg.rope_overrides():
         try:
             spec = spec.with_rope(**cfg.rope_overrides())
         except TypeError as e:
-            raise InputError(f"rope: {e}", path=cfg.source) from None
+            raise InputError(f"model.rope: {e}", path=cfg.source) from None
     return spec
 
 
 def resolved_engine(cfg: TrainConfig) -> str:
-    """The engine `cfg.engine` runs as on this machine (`auto` resolved by
+    """The engine `model.engine` runs as on this machine (`auto` resolved by
     torchtrain.engines.resolve_engine for the device init_world picks: CUDA where torch sees one)."""
     import torch
 
     from torchtrain.engines import resolve_engine
 
-    dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
-    return resolve_engine(cfg.engine, "cuda" if torch.cuda.is_available() else "cpu", dtype)
+    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+    return resolve_engine(cfg.model.engine, "cuda" if torch.cuda.is_available() else "cpu", dtype)
 
 
 def check_model(cfg: TrainConfig, spec: ModelSpec, seq_len: int, *, here: bool = True,
@@ -129,25 +142,25 @@ def check_model(cfg: TrainConfig, spec: ModelSpec, seq_len: int, *, here: bool =
     from torchtrain.sequence_parallel import check_sequence_parallel
 
     if seq_len > spec.max_position:
-        if not cfg.rope:
+        if not cfg.rope_overrides():
             raise InputError(
-                f"seq_len {seq_len} is beyond the model's {spec.max_position} positions; extend its RoPE for the "
-                f"longer context (e.g. rope.theta: the paper uses 1e6 at 32K, 5e6 at 64K, 1e7 at 128K, 5e7 at 256K)",
+                f"data.seq_len {seq_len} is beyond the model's {spec.max_position} positions; extend its RoPE for "
+                f"the longer context (e.g. model.rope.theta: the paper uses 1e6 at 32K, 5e6 at 64K, 1e7 at 128K, 5e7 at 256K)",
                 path=cfg.source)
         spec = spec.replace(max_position=seq_len)
     try:
-        check_sequence_parallel(spec, seq_len, cfg.sequence_parallel)
+        check_sequence_parallel(spec, seq_len, cfg.parallel.sequence_parallel)
     except InputError as e:
         raise InputError(str(e), path=cfg.source) from None
-    if cfg.dtype == "bfloat16" and cfg.zero_stage == 0:
+    if cfg.model.dtype == "bfloat16" and cfg.parallel.zero_stage == 0:
         # DeepSpeed's stage-0 bf16 optimizer departs from the fp32 update (tiny.yaml, 5 steps: 4% in
         # the loss, where ZeRO 1-3 in bf16 stay within 1e-3 of fp32); ZeRO-1 on one process is the
         # same memory as stage 0.
-        raise InputError("dtype bfloat16 needs zero_stage >= 1 (DeepSpeed's stage-0 bf16 optimizer drifts "
+        raise InputError("model.dtype bfloat16 needs parallel.zero_stage >= 1 (DeepSpeed's stage-0 bf16 optimizer drifts "
                          "from the fp32 update; ZeRO-1 costs nothing extra on one process)", path=cfg.source)
     if not here:
         return spec
-    dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
+    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     engine = resolved_engine(cfg)
     check_engine(engine, dtype)
     if engine == "flex" and not torch.cuda.is_available():
@@ -161,7 +174,7 @@ def check_model(cfg: TrainConfig, spec: ModelSpec, seq_len: int, *, here: bool =
 def check_step_memory(cfg: TrainConfig, spec: ModelSpec, seq_len: int, engine: str, dtype: torch.dtype) -> None:
     """One step's memory (torchtrain.memory.step_memory: the processes, weights and optimizer, activations
     linear in T, a dense engine's T x T tensors) against the memory free here, before any work: on the CPU
-    the local processes share it (`nproc`), on CUDA each has its device. One line naming the key that
+    the local processes share it (`parallel.nproc`), on CUDA each has its device. One line naming the key that
     weighs most and the estimate."""
     import torch
 
@@ -170,48 +183,53 @@ def check_step_memory(cfg: TrainConfig, spec: ModelSpec, seq_len: int, engine: s
     from torchtrain.memory import step_memory
 
     cuda = torch.cuda.is_available()
-    procs = 1 if cuda else int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if launched_externally() else cfg.nproc
-    need = step_memory(spec, seq_len=seq_len, micro_batch=cfg.micro_batch, dtype=dtype, engine=engine,
-                       zero_stage=cfg.zero_stage, procs=procs, sequence_parallel=cfg.sequence_parallel,
-                       activation_checkpointing=cfg.activation_checkpointing)
+    procs = 1 if cuda else int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if launched_externally() else cfg.parallel.nproc
+    need = step_memory(spec, seq_len=seq_len, micro_batch=cfg.data.micro_batch, dtype=dtype, engine=engine,
+                       zero_stage=cfg.parallel.zero_stage, procs=procs,
+                       sequence_parallel=cfg.parallel.sequence_parallel,
+                       activation_checkpointing=cfg.model.activation_checkpointing)
     free = engines.available_memory("cuda" if cuda else "cpu")
     if free is None or need.total <= free:
         return
     if need.dense > need.activations:
         what = "mask" if engine == "sdpa" else "mask and attention scores"
         linear = engines.resolve_engine(engines.AUTO, "cuda" if cuda else "cpu", dtype)
-        hint = f"most of it is the dense T x T {what}: use engine: auto ({linear}, linear in T) or a shorter seq_len"
-        key = f"engine {engine!r} at seq_len={seq_len} (micro_batch={cfg.micro_batch})"
+        hint = (f"most of it is the dense T x T {what}: use model.engine: auto ({linear}, linear in T) or a shorter "
+                "data.seq_len")
+        key = f"model.engine {engine!r} at data.seq_len={seq_len} (data.micro_batch={cfg.data.micro_batch})"
     elif procs > 1 and need.base * procs > need.per_process:
-        key, hint = f"nproc={procs}", "fewer processes"
+        key, hint = f"parallel.nproc={procs}", "fewer processes"
     elif need.activations >= need.states:
-        key = f"seq_len={seq_len} (micro_batch={cfg.micro_batch})"
-        hint = "a shorter seq_len, activation_checkpointing: true, or sequence_parallel over more processes"
+        key = f"data.seq_len={seq_len} (data.micro_batch={cfg.data.micro_batch})"
+        hint = ("a shorter data.seq_len, model.activation_checkpointing: true, or parallel.sequence_parallel over more "
+                "processes")
     else:
-        key, hint = "the model's weights and optimizer", "a higher zero_stage over more processes, or a smaller model"
+        key, hint = ("the model's weights and optimizer",
+                     "a higher parallel.zero_stage over more processes, or a smaller model")
     raise InputError(f"{key} needs about {need.describe()} for one training step; {free / 2**30:.1f} GiB "
                      f"available here: {hint}", path=cfg.source)
 
 
 def _resolve_data(cfg: TrainConfig, run: Path, progress: bool) -> Path:
-    """The packed folder to train on: `data` itself when it is an `anchor pack` output (checked
+    """The packed folder to train on: `data.path` itself when it is an `anchor pack` output (checked
     against the config), else `RUN/data`, packed from the corpus once and reused on resume."""
     from anchor.data.packed import PackedData
 
-    data = Path(cfg.data)
+    data = Path(cfg.data.path)
     if (data / "pack.json").is_file():
         packed = PackedData.open(data)
         layout = packed.meta.get("layout", {})
-        if cfg.seq_len is not None and cfg.seq_len != packed.seq_len:
-            raise InputError(f"seq_len {cfg.seq_len} differs from the packed data's {packed.seq_len}", path=data)
+        if cfg.data.seq_len is not None and cfg.data.seq_len != packed.seq_len:
+            raise InputError(f"data.seq_len {cfg.data.seq_len} differs from the packed data's {packed.seq_len}",
+                             path=data)
         for key in ("tags", "interleave"):
-            if bool(layout.get(key)) != getattr(cfg, key):
-                raise InputError(f"{key}: the config says {getattr(cfg, key)}, the packed data was made with "
-                                 f"{bool(layout.get(key))}", path=data)
+            if bool(layout.get(key)) != getattr(cfg.data, key):
+                raise InputError(f"data.{key}: the config says {getattr(cfg.data, key)}, the packed data was made "
+                                 f"with {bool(layout.get(key))}", path=data)
         _check_tokenizer(cfg, packed.meta, data)
         return data
-    if cfg.seq_len is None:
-        raise InputError("seq_len is required when data is a corpus packed on the fly", path=cfg.source)
+    if cfg.data.seq_len is None:
+        raise InputError("data.seq_len is required when data.path is a corpus packed on the fly", path=cfg.source)
     target = run / DATA_DIR
     if (target / "pack.json").is_file():
         if (_read_source(run) or {}).get("packed_with") == data_source(cfg)["packed_with"]:
@@ -223,39 +241,33 @@ def _resolve_data(cfg: TrainConfig, run: Path, progress: bool) -> Path:
     from anchor.data.config import layout_of
     from anchor.data.pipeline import PackConfig, pack_corpus
 
-    source: str | Path = cfg.data
-    if cfg.data == "corpus":
+    source: str | Path = cfg.data.path
+    if cfg.data.path == "corpus":
         from anchor.data.corpus import CORPUS_FILE, write_default_corpus
 
         write_default_corpus(run / "corpus", progress=progress)
         source = run / "corpus" / CORPUS_FILE
-    p = cfg.pack
+    d, p = cfg.data, cfg.data.pack
     mix_keys = ("budget", "long_threshold", "upsample_factor")
-    mixture = MixtureSpec(kind=p.get("mixture", "original"), seed=p.get("seed", cfg.seed),
+    mixture = MixtureSpec(kind=p.get("mixture", "original"), seed=p.get("seed", d.seed),
                           **{k: p[k] for k in mix_keys if k in p})
-    pack_cfg = PackConfig(seq_len=cfg.seq_len, mixture=mixture,
-                          layout=layout_of(p, tags=cfg.tags, interleave=cfg.interleave),
-                          seed=p.get("seed", cfg.seed), text_field=p.get("text_field", "text"),
+    pack_cfg = PackConfig(seq_len=d.seq_len, mixture=mixture,
+                          layout=layout_of(p, tags=d.tags, interleave=d.interleave),
+                          seed=p.get("seed", d.seed), text_field=p.get("text_field", "text"),
                           domain_field=p.get("domain_field"), skip_bad=p.get("skip_bad", False))
-    pack_corpus(cfg.model, source, target, pack_cfg, progress=progress, names={"seq_len": "seq_len", "budget": "pack.budget"})
+    pack_corpus(cfg.model.name, source, target, pack_cfg, progress=progress,
+                names={"seq_len": "data.seq_len", "budget": "data.pack.budget"})
     return target
 
 
 def _check_tokenizer(cfg: TrainConfig, meta: dict[str, Any], where: Path) -> None:
     from anchor.tokenizer import load_tokenizer
 
-    tok = load_tokenizer(cfg.model)
+    tok = load_tokenizer(cfg.model.name)
     ident = (meta.get("tokenizer") or {}).get("identity")
     if ident is not None and ident != tok.identity:
-        raise InputError(f"the packed data was tokenized with another tokenizer than the model {cfg.model!r}'s",
+        raise InputError(f"the packed data was tokenized with another tokenizer than the model {cfg.model.name!r}'s",
                          path=where)
-
-
-def _saved_config(run: Path) -> dict[str, Any] | None:
-    path = run / CONFIG_FILE
-    if not path.is_file():
-        return None
-    return read_yaml(path)
 
 
 def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, progress: bool = True) -> None:
@@ -264,23 +276,23 @@ def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, 
     from anchor.outdir import guard_out
 
     run = Path(run)
-    check_world(cfg, world if world is not None else cfg.nproc)
-    asked = cfg.engine
-    cfg = cfg.replace(engine=resolved_engine(cfg))  # `auto` resolved: config.yaml records the engine that runs
+    check_world(cfg, world if world is not None else cfg.parallel.nproc)
+    asked = cfg.model.engine
+    cfg = cfg.replace({"model.engine": resolved_engine(cfg)})  # `auto` resolved: config.yaml records what runs
     spec = model_spec(cfg)
-    data_path = Path(cfg.data)
-    seq_len = cfg.seq_len
+    data_path = Path(cfg.data.path)
+    seq_len = cfg.data.seq_len
     if seq_len is None and (data_path / "pack.json").is_file():
         from anchor.data.packed import PackedData
 
         seq_len = PackedData.open(data_path).seq_len
     if seq_len is not None:
         check_model(cfg, spec, seq_len)  # before packing and before the run folder: a bad length fails fast
-    if cfg.data != "corpus" and not data_path.exists():
+    if cfg.data.path != "corpus" and not data_path.exists():
         raise InputError("no such data file or folder (an `anchor pack` output, a corpus, or `corpus`)",
                          path=data_path)
-    guard_out(run, "train", inputs=[cfg.data, cfg.model], replace=False)
-    saved = _saved_config(run)
+    guard_out(run, "train", inputs=[cfg.data.path, cfg.model.name], replace=False)
+    saved = saved_config(run)
     if saved is not None:
         _check_resume_config(cfg, saved, run, asked_engine=asked)
     run.mkdir(parents=True, exist_ok=True)
@@ -298,10 +310,10 @@ def _fill_run(cfg: TrainConfig, run: Path, spec: ModelSpec, seq_len: int | None,
     source = data_source(cfg)
     if saved is not None:
         _check_source(source, run)
-        _check_process_count(cfg, run, world if world is not None else cfg.nproc)
+        _check_process_count(cfg, run, world if world is not None else cfg.parallel.nproc)
         trained = max(ckpt.list_steps(run), default=0)
-        if cfg.steps < trained:  # config.yaml would say the run stops before where it stands
-            raise InputError(f"steps={cfg.steps} but the run has a checkpoint at step {trained}; steps may grow on a "
+        if cfg.schedule.steps < trained:  # config.yaml would say the run stops before where it stands
+            raise InputError(f"schedule.steps={cfg.schedule.steps} but the run has a checkpoint at step {trained}; steps may grow on a "
                              f"rerun, not shrink below it (choose another --out for a shorter run)", path=run / CONFIG_FILE)
         if _read_source(run) is None:  # a run from before data_source.json: its config.yaml matched above
             write_text_atomic(run / SOURCE_FILE, json.dumps(source, indent=1) + "\n")
@@ -310,27 +322,28 @@ def _fill_run(cfg: TrainConfig, run: Path, spec: ModelSpec, seq_len: int | None,
     from anchor.data.packed import PackedData
 
     packed = PackedData.open(data)
-    if cfg.seq_len is None:
-        cfg = cfg.replace(seq_len=packed.seq_len)
+    if cfg.data.seq_len is None:
+        cfg = cfg.replace({"data.seq_len": packed.seq_len})
     spec = check_model(cfg, spec, packed.seq_len, memory=seq_len is None)
     vocab = (packed.meta.get("tokenizer") or {}).get("vocab_size")
     if vocab is not None and vocab > spec.vocab_size:
         raise InputError(f"the packed data's tokenizer has {vocab} tokens, the model only {spec.vocab_size}", path=data)
-    if packed.num_windows < cfg.global_batch:
-        raise InputError(f"{packed.num_windows} windows are fewer than one global batch of {cfg.global_batch}; "
-                         "pack more data or lower global_batch", path=data)
+    if packed.num_windows < cfg.data.global_batch:
+        raise InputError(f"{packed.num_windows} windows are fewer than one global batch of {cfg.data.global_batch}; "
+                         "pack more data or lower data.global_batch", path=data)
     import yaml
 
-    resolved = {**cfg.to_dict(), "seq_len": packed.seq_len, "data": resolved_data(cfg.data)}
+    resolved = cfg.to_dict()
+    resolved["data"].update(seq_len=packed.seq_len, path=resolved_data(cfg.data.path))
     write_text_atomic(run / CONFIG_FILE, yaml.safe_dump(resolved, sort_keys=False))
-    (run / DS_CONFIG_FILE).write_text(json.dumps(deepspeed_config(cfg, world or cfg.nproc), indent=1))
+    (run / DS_CONFIG_FILE).write_text(json.dumps(deepspeed_config(cfg, world or cfg.parallel.nproc), indent=1))
 
 
 def _check_process_count(cfg: TrainConfig, run: Path, world: int) -> None:
     """A resume with another process count works at ZeRO-0 (torchtrain.checkpoint.Checkpointer.resume);
     at ZeRO >= 1 the optimizer states are partitioned over the processes that wrote them: refused here,
     before any process starts (the workers check it again on the checkpoint they load)."""
-    if cfg.zero_stage < 1:
+    if cfg.parallel.zero_stage < 1:
         return
     for step in reversed(ckpt.list_steps(run)):
         try:
@@ -339,8 +352,8 @@ def _check_process_count(cfg: TrainConfig, run: Path, world: int) -> None:
             continue  # unreadable: the workers skip or name it
         if saved_world != world:
             raise InputError(f"the newest checkpoint (step-{step}) was written by {saved_world} processes and "
-                             f"ZeRO-{cfg.zero_stage} partitions the optimizer states over them: resume with "
-                             f"nproc={saved_world}", path=run)
+                             f"ZeRO-{cfg.parallel.zero_stage} partitions the optimizer states over them: resume "
+                             f"with parallel.nproc={saved_world}", path=run)
         return
 
 
@@ -355,23 +368,28 @@ def _check_source(source: dict[str, Any], run: Path) -> None:
                          "or choose another --out", path=run / SOURCE_FILE)
 
 
-def _check_resume_config(cfg: TrainConfig, saved: Any, run: Path, *, asked_engine: str | None = None) -> None:
+def _dotted(d: dict[str, Any]) -> dict[str, Any]:
+    """A config by section as dotted key -> value (`model.rope` and `data.pack` stay whole mappings)."""
+    return {f"{section}.{k}": v for section, keys in d.items() if isinstance(keys, dict) for k, v in keys.items()}
+
+
+def _check_resume_config(cfg: TrainConfig, saved: dict[str, Any], run: Path, *, asked_engine: str | None = None) -> None:
     """A rerun with the same --out must train the same thing (only RESUMABLE_CHANGES may differ).
-    `cfg.engine` is already resolved, so `auto` equals the engine it resolves to here (`asked_engine`:
-    the name the config gave, for the message)."""
-    if not isinstance(saved, dict):
-        raise InputError("not a run's config (not a mapping)", path=run / CONFIG_FILE)
-    mine = cfg.to_dict()
-    for key, value in mine.items():
-        if key in RESUMABLE_CHANGES or (key == "seq_len" and value is None):
+    `saved`: the run's config.yaml by section (saved_config). `model.engine` is already resolved, so `auto`
+    equals the engine it resolves to here (`asked_engine`: the name the config gave, for the message)."""
+    old_keys = _dotted(saved)
+    for key, value in _dotted(cfg.to_dict()).items():
+        if key in RESUMABLE_CHANGES or (key == "data.seq_len" and value is None):
             continue
-        old = saved.get(key)
-        if key == "data" and isinstance(old, str):  # the same data by another name is the same data
+        old = old_keys.get(key)
+        if key == "data.path" and isinstance(old, str):  # the same data by another name is the same data
             old, value = resolved_data(old), resolved_data(value)
         if isinstance(old, list):
             value = list(value) if isinstance(value, (tuple, list)) else value
+        if key == "model.rope" and old is None:
+            old = {}
         if old != value:
-            if key == "engine" and asked_engine not in (None, value):
+            if key == "model.engine" and asked_engine not in (None, value):
                 value = f"{value} ({asked_engine} here)"
             raise InputError(f"{key} is {value!r} but the run was started with {old!r}; resume with the same "
                              f"config or choose another --out", path=run / CONFIG_FILE)

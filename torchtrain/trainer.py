@@ -1,6 +1,6 @@
 """Continued pre-training on DeepSpeed (docs/DESIGN.md §8): the launch and the training loop.
 
-    train(cfg, "runs/tiny")                   # prepare_run + nproc workers (or this process)
+    train(cfg, "runs/tiny")                   # prepare_run + parallel.nproc workers (or this process)
 
 The components it drives: torchtrain.run_folder (the run folder, checked and prepared before any
 process group starts), torchtrain.optim (AdamW groups, the learning rate schedule, the DeepSpeed
@@ -59,14 +59,14 @@ if TYPE_CHECKING:
 
 
 def train(cfg: TrainConfig, run: str | Path, *, progress: bool = True) -> int:
-    """`anchor train`: prepare the run, then train in `nproc` local processes (or this one).
+    """`anchor train`: prepare the run, then train in `parallel.nproc` local processes (or this one).
     Returns the last step trained."""
     run = Path(run).resolve()
     if launched_externally():  # torchrun / deepspeed launcher: every rank runs this
         return _train_external(cfg, run, progress)
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    guard_out(run, "train", inputs=[cfg.data, cfg.model], replace=False)  # before the lock file beside it
+    guard_out(run, "train", inputs=[cfg.data.path, cfg.model.name], replace=False)  # before the lock file beside it
     created = missing_folders(run)  # the run folder and the parents this first attempt makes
     unprepared = True
     try:
@@ -79,9 +79,9 @@ def train(cfg: TrainConfig, run: str | Path, *, progress: bool = True) -> int:
                     remove_created(created[:1])
             handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
             try:
-                if cfg.nproc == 1:
+                if cfg.parallel.nproc == 1:
                     return worker(str(run), progress)
-                launch_local(cfg.nproc, _launched_worker, str(run), progress)
+                launch_local(cfg.parallel.nproc, _launched_worker, str(run), progress)
             except SignalException as e:
                 # The elastic agent took SIGINT/SIGTERM over and stopped the workers; hand the signal
                 # to whoever handled it before (the CLI: "interrupted", exit 130/143).
@@ -99,7 +99,7 @@ def train(cfg: TrainConfig, run: str | Path, *, progress: bool = True) -> int:
 
 def _train_external(cfg: TrainConfig, run: Path, progress: bool) -> int:
     """Under an outside launcher: rank 0 prepares the run folder while the others wait."""
-    world = init_world(cfg.sequence_parallel)
+    world = init_world(cfg.parallel.sequence_parallel)
     error = None
     if world.is_main:
         try:
@@ -139,29 +139,30 @@ def worker(run_str: str, progress: bool = True) -> int:
     data = PackedData.open(data_dir(cfg, run))
     spec = check_model(cfg, model_spec(cfg), data.seq_len, memory=False)  # prepare_run checked the memory
     engine, scheduler, rope_buffers = _build_engine(cfg, spec, world)
-    loader = Loader(data, batch_size=cfg.micro_batch * cfg.grad_accum(world.size), variant=cfg.variant,
-                    seed=cfg.seed, rank=world.dp_rank, world_size=world.dp, mask_cross_doc_loss=cfg.mask_cross_doc_loss)
+    loader = Loader(data, batch_size=cfg.data.micro_batch * cfg.grad_accum(world.size), variant=cfg.model.variant,
+                    seed=cfg.data.seed, rank=world.dp_rank, world_size=world.dp,
+                    mask_cross_doc_loss=cfg.model.mask_cross_doc_loss)
     checkpointer = ckpt.Checkpointer(run, cfg, spec, engine, world, loader, config_file=CONFIG_FILE)
     start, elapsed0 = checkpointer.resume()
     _restore_rope_buffers(engine.module, rope_buffers)  # after DeepSpeed's initialize and a checkpoint's load
 
-    metrics = MetricsLog(run, start, world.is_main, cfg.tensorboard)
-    bar = ProgressBar("train", cfg.steps, progress and world.is_main, unit="steps")
+    metrics = MetricsLog(run, start, world.is_main, cfg.logging.tensorboard)
+    bar = ProgressBar("train", cfg.schedule.steps, progress and world.is_main, unit="steps")
     if start:
         bar.advance(start)
     t_start = time.perf_counter() - elapsed0
     step = start
     try:
-        for step in range(start + 1, cfg.steps + 1):
+        for step in range(start + 1, cfg.schedule.steps + 1):
             t0 = time.perf_counter()
             lr_now = scheduler.get_last_lr()[0]
             loss, count, norm = _train_step(cfg, world, engine, next(loader), step, run)
             dt = time.perf_counter() - t0
             row = {"step": step, "loss": loss, "tokens": count, "lr": lr_now, "grad_norm": norm,
-                   "tokens_per_s": cfg.global_batch * data.seq_len / dt, "elapsed_s": time.perf_counter() - t_start}
+                   "tokens_per_s": cfg.data.global_batch * data.seq_len / dt, "elapsed_s": time.perf_counter() - t_start}
             metrics.write(row)
-            if cfg.log_every and step % cfg.log_every == 0:
-                eta = (cfg.steps - step) * (row["elapsed_s"] - elapsed0) / max(1, step - start)
+            if cfg.logging.every and step % cfg.logging.every == 0:
+                eta = (cfg.schedule.steps - step) * (row["elapsed_s"] - elapsed0) / max(1, step - start)
                 bar.advance(1, note=f"step {step} loss {loss:.4f} {row['tokens_per_s']:.0f} tok/s "
                                     f"eta {eta:.0f} s")
             else:
@@ -176,11 +177,11 @@ def worker(run_str: str, progress: bool = True) -> int:
 
 def _start_rank(cfg: TrainConfig) -> World:
     """Join the run's processes (checked against the config), then seed this rank's RNGs with `seed + rank`."""
-    world = init_world(cfg.sequence_parallel)
+    world = init_world(cfg.parallel.sequence_parallel)
     check_world(cfg, world.size)
     if world.device.type == "cpu":
         return_freed_memory()
-    ckpt.seed_rng(cfg.seed + world.rank)
+    ckpt.seed_rng(cfg.data.seed + world.rank)
     return world
 
 
@@ -204,12 +205,13 @@ def _build_engine(cfg: TrainConfig, spec: ModelSpec, world: World) -> tuple[Any,
     float32 values, which `_restore_rope_buffers` puts back once the engine's state is loaded)."""
     import deepspeed
 
-    model = build_model(cfg.model, engine=resolved_engine(cfg), dtype="float32", rope=spec.rope, seed=cfg.seed)
+    model = build_model(cfg.model.name, engine=resolved_engine(cfg), dtype="float32", rope=spec.rope,
+                        seed=cfg.data.seed)
     model.anchor_spec = spec
     rope_buffers = {n: b.detach().clone() for n, b in model.named_buffers() if n.endswith("inv_freq")}
     if world.sp > 1:
         sp.enable_sequence_parallel(model, sequence_parallel_group(world))
-    if cfg.activation_checkpointing:
+    if cfg.model.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.to(world.device)
     optimizer, scheduler = build_optimizer(model, cfg)
@@ -240,14 +242,14 @@ def _train_step(cfg: TrainConfig, world: World, engine: Any, batch: Batch, step:
     scale = loss_multiplier(local_count, count, world.size)
     norm = None
     for m in range(gas):
-        rows = slice(m * cfg.micro_batch, (m + 1) * cfg.micro_batch)
+        rows = slice(m * cfg.data.micro_batch, (m + 1) * cfg.data.micro_batch)
         local = _micro_batch_loss(cfg, world, engine, batch, tokens, mask, rows)
         engine.backward(local * scale.to(world.device), scale_wrt_gas=False)
         total += local.detach().double().cpu()
         if m == gas - 1:
-            if cfg.zero_stage == 0 and cfg.dtype == "float32":
+            if cfg.parallel.zero_stage == 0 and cfg.model.dtype == "float32":
                 norm = grad_norm(engine)
-            if step in cfg.dump_grads:
+            if step in cfg.logging.dump_grads:
                 dump_grads(engine, world, run, step)
         engine.step()
     total = _all_reduce_sum(total, world.device)
@@ -265,12 +267,12 @@ def _micro_batch_loss(cfg: TrainConfig, world: World, engine: Any, batch: Batch,
               "position_ids": torch.as_tensor(sp.shard(batch.positions[rows], world.sp_rank, world.sp),
                                               dtype=torch.long).to(world.device),
               "doc_ids": torch.as_tensor(batch.doc_ids[rows], dtype=torch.long).to(world.device),
-              "variant": cfg.variant}
+              "variant": cfg.model.variant}
     # The lm-head fused with the loss: no [B, T, V] logits (or their gradient). ZeRO-3 partitions
     # the lm-head weight outside its module's forward, and GatheredParameters around the fused loss
     # would not route its gradient back to the partitions: stage 3 keeps the logits path, and with
     # it the logits' memory at long context.
-    if cfg.zero_stage != 3:
+    if cfg.parallel.zero_stage != 3:
         states, head = final_hidden_states(engine, engine.module, **inputs), engine.module.get_output_embeddings()
     else:
         states, head = engine(**inputs).logits, None

@@ -87,8 +87,8 @@ LAYOUT_CHUNK_KEYS = ("chunk_doc_min", "chunk_doc_max", "chunks_max", "chunk_cut_
 
 
 def layout_of(opts: dict[str, Any], *, tags: bool | None = None, interleave: bool | None = None):
-    """The packing Layout of pack options (`anchor pack`'s, or a train config's `pack:` mapping, whose
-    `tags`/`interleave` come from the top level)."""
+    """The packing Layout of pack options (`anchor pack`'s, or a train config's `data.pack:` mapping, whose
+    `tags`/`interleave` come from its `data` section)."""
     from anchor.data.packing import Layout
 
     chunking = {k: opts[k] for k in LAYOUT_CHUNK_KEYS if opts.get(k) is not None}

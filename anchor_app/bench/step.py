@@ -44,10 +44,10 @@ def time_steps(model_dir: Path, data: Path, T: int, variant: str, engine: str, r
     from torchtrain.trainer import train
 
     cfg = load_train_config(None, [
-        f"model={model_dir}", f"data={data}", f"seq_len={T}", f"variant={variant}", f"engine={engine}",
-        f"steps={steps}", "global_batch=1", "micro_batch=1", f"dtype={dtype}", "zero_stage=0" if dtype == "float32"
-        else "zero_stage=1", "save_every=0", "eval_window=0", "keep_last=1", "log_every=1000", "tensorboard=false",
-        "lr=2e-5"])
+        f"model.name={model_dir}", f"model.variant={variant}", f"model.engine={engine}", f"model.dtype={dtype}",
+        f"data.path={data}", f"data.seq_len={T}", "data.global_batch=1", "data.micro_batch=1", "optim.lr=2e-5",
+        f"schedule.steps={steps}", f"parallel.zero_stage={0 if dtype == 'float32' else 1}", "checkpoint.save_every=0",
+        "checkpoint.keep_last=1", "eval.window=0", "logging.every=1000", "logging.tensorboard=false"])
     with peak_memory(device) as mem:
         train(cfg, run, progress=False)
     gc.collect()  # the trainer's model and optimizer sit in reference cycles: freed now, not on top of the next run

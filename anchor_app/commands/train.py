@@ -17,7 +17,7 @@ def train(
     config: Annotated[Optional[Path], typer.Option(
         "--config", help="YAML run config (configs/train/*.yaml); key=value arguments override it.")] = None,
     overrides: Annotated[Optional[list[str]], typer.Argument(
-        help="key=value overrides (dotted for nested keys: rope.theta=5e6, pack.budget=20000).",
+        help="section.key=value overrides (optim.lr=1e-5, model.rope.theta=5e6, data.pack.budget=20000).",
         show_default=False)] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
 ) -> None:
@@ -29,7 +29,7 @@ def train(
     from anchor.outdir import guard_out
 
     cfg = load_train_config(config, overrides or [])
-    guard_out(out, "train", inputs=[config, cfg.data, cfg.model], replace=False)  # --config counts as an input
+    guard_out(out, "train", inputs=[config, cfg.data.path, cfg.model.name], replace=False)  # --config counts as an input
     step = run_training(cfg, out, progress=progress)
     if os.environ.get("RANK", "0") == "0":  # under torchrun every rank runs this command
         typer.echo(f"trained to step {step}: {out / 'metrics.jsonl'}, {out / 'checkpoints'}")

@@ -87,13 +87,14 @@ def stage_audit(ctx: StageContext) -> dict[str, Any]:
 def _train_overrides(s: DemoSettings, data: Path, run: str) -> list[str]:
     """The `anchor train` config of one run of `run_names(s)` (its variant, dtype, steps, evaluation window)."""
     r = parse_run(s, run)
-    out = [f"model={s.model}", f"data={data}", f"seq_len={s.seq_len}", f"variant={r['variant']}",
-           f"steps={r['steps']}", f"global_batch={s.global_batch}", "micro_batch=1", f"lr={s.lr}",
-           f"warmup_steps={s.train_warmup_steps}", "schedule=constant", f"dtype={r['dtype']}",
-           f"engine={s.train_engine}", f"zero_stage={s.zero_stage}", "save_every=0", "keep_last=1",
-           f"eval_every={s.eval_every}", f"eval_window={r['eval_window']}", f"seed={s.seed}"]
+    out = [f"model.name={s.model}", f"model.variant={r['variant']}", f"model.dtype={r['dtype']}",
+           f"model.engine={s.train_engine}", f"data.path={data}", f"data.seq_len={s.seq_len}",
+           f"data.global_batch={s.global_batch}", "data.micro_batch=1", f"data.seed={s.seed}", f"optim.lr={s.lr}",
+           f"schedule.steps={r['steps']}", f"schedule.warmup_steps={s.train_warmup_steps}", "schedule.kind=constant",
+           f"parallel.zero_stage={s.zero_stage}", "checkpoint.save_every=0", "checkpoint.keep_last=1",
+           f"eval.every={s.eval_every}", f"eval.window={r['eval_window']}"]
     if s.train_rope_theta is not None:
-        out.append(f"rope.theta={float(s.train_rope_theta)!r}")
+        out.append(f"model.rope.theta={float(s.train_rope_theta)!r}")
     return out
 
 
@@ -181,6 +182,7 @@ def stage_train(ctx: StageContext) -> dict[str, Any]:
     from torchtrain import checkpoint as ckpt
     from torchtrain.config import load_train_config
     from torchtrain.metrics import read_metrics
+    from torchtrain.run_folder import load_run_config
     from torchtrain.trainer import train
 
     s = ctx.settings
@@ -212,7 +214,7 @@ def stage_train(ctx: StageContext) -> dict[str, Any]:
                    "busy": busy_machine(load_before), "variant": r["variant"], "dtype": r["dtype"],
                    "device": device,
                    "step_s": [round(x, 5) for x in step_s],
-                   "engine": load_train_config(root / v / "config.yaml").engine,
+                   "engine": load_run_config(root / v).model.engine,
                    "flop_ratio": flop_ratios(ctx.stage("pack"), s.model, r["variant"], r["steps"], s.global_batch,
                                              s.seed)}
     timing = None

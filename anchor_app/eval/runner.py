@@ -25,7 +25,7 @@ soon as it is done, and a later call with the same settings, checkpoints and mod
 `write_eval` removes the folder once `out` is published.
 
 Which checkpoints of a run (`checkpoints_of_run`): by default those of the run's evaluation schedule
-(`eval_every` / `eval_window` of its config.yaml: the last five, every 10 steps), else the names given
+(`eval.every` / `eval.window` of its config.yaml: the last five, every 10 steps), else the names given
 (`step-40` or `40`). Every checkpoint must verify against its manifest before it is read.
 """
 
@@ -55,7 +55,7 @@ def checkpoints_of_run(run: str | Path, names: Sequence[str] | None = None) -> l
     checkpoints, or those named. A missing run, checkpoint or `hf/` folder, or one failing its
     manifest, is a one-line InputError."""
     from torchtrain import checkpoint as ckpt
-    from torchtrain.config import load_train_config
+    from torchtrain.run_folder import load_run_config
 
     run = Path(run)
     if not (run / "config.yaml").is_file():
@@ -72,10 +72,10 @@ def checkpoints_of_run(run: str | Path, names: Sequence[str] | None = None) -> l
                                  f"{', '.join(f'step-{x}' for x in sorted(steps))})", path=run)
             chosen.append(int(s))
     else:
-        cfg = load_train_config(run / "config.yaml", [])
+        cfg = load_run_config(run)  # also a run folder of the pre-sectioned format
         chosen = [s for s in steps if cfg.is_eval_step(s)]
         if not chosen:
-            raise InputError("the run has no checkpoint of its evaluation schedule (eval_every/eval_window); "
+            raise InputError("the run has no checkpoint of its evaluation schedule (eval.every/eval.window); "
                              "name them with --checkpoints", path=run)
     out = []
     for s in sorted(set(chosen)):

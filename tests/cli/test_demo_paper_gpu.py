@@ -60,8 +60,9 @@ def test_the_profile_settings():
     assert s.eval_group_by_budget and s.eval_batch_size == 2 * s.eval_samples  # both needle tasks in one batch
     configs = {v: load_train_config(None, _train_overrides(s, "pack", v)) for v in run_names(s)}
     for v, cfg in configs.items():
-        assert cfg.rope == {"theta": 5e5} and cfg.zero_stage == 1 and cfg.seed == s.seed and cfg.engine == "auto"
-        assert cfg.dtype == ("float32" if v.endswith("@fp32") else "bfloat16")
+        assert cfg.model.rope.given() == {"theta": 5e5} and cfg.parallel.zero_stage == 1 and cfg.data.seed == s.seed
+        assert cfg.model.engine == "auto"
+        assert cfg.model.dtype == ("float32" if v.endswith("@fp32") else "bfloat16")
     # the paper's schedule: every 10 steps over the last 50, five checkpoints; the fp32 runs their last
     assert [k for k in range(1, 201) if configs["anchor"].is_eval_step(k)] == [160, 170, 180, 190, 200]
     assert [k for k in range(1, 41) if configs["intra_doc@fp32"].is_eval_step(k)] == [40]
@@ -87,7 +88,8 @@ def test_paper_gpu_dry_run(tmp_path, capsys):
     import yaml
 
     cfg = yaml.safe_load((out / "train" / "anchor" / "config.yaml").read_text())
-    assert cfg["rope"] == {"theta": 2e4} and cfg["zero_stage"] == 1 and cfg["dtype"] == "bfloat16"
+    assert cfg["model"]["rope"] == {"theta": 2e4} and cfg["parallel"]["zero_stage"] == 1
+    assert cfg["model"]["dtype"] == "bfloat16"
     train = record["stages"]["train"]["summary"]
     assert tuple(train["runs"]) == RUNS and train["rope_theta"] == 2e4
     for v, r in train["runs"].items():

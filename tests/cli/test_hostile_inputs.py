@@ -346,8 +346,8 @@ def test_pack_train_audit_and_eval_read_a_corpus_folder(corpus_folder, tmp_path,
     code, _, err = run_cli(["pack", "--model", MODEL, "--data", x, "--seq-len", "31", "--no-progress",
                             "--out", tmp_path / "pack"], capsys)
     assert code == 0, err
-    code, _, err = run_cli(["train", "--config", ROOT / "configs/train/tiny.yaml", f"model={MODEL}", f"data={x}",
-                            "steps=1", "--no-progress", "--out", tmp_path / "run"], capsys)
+    code, _, err = run_cli(["train", "--config", ROOT / "configs/train/tiny.yaml", f"model.name={MODEL}",
+                            f"data.path={x}", "schedule.steps=1", "--no-progress", "--out", tmp_path / "run"], capsys)
     assert code == 0, err
     code, _, err = run_cli(["audit", "--model", MODEL, "--data", x, "--quick", "--policies", "fp32", "--seq-len",
                             "16", "--max-len", "32", "--no-progress", "--out", tmp_path / "audit"], capsys)

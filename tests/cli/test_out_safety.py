@@ -36,7 +36,7 @@ def argv(verb: str, out: str, corpus: Path, model: str = "random:llama") -> list
                    "--no-progress"],
         "corpus": ["corpus", "--max-docs", "1", "--no-progress"],
         "demo": ["demo", "--model", model, "--steps", "top5", "--no-progress"],
-        "train": ["train", "--config", str(TINY), f"model={model}", f"data={corpus}", "--no-progress"],
+        "train": ["train", "--config", str(TINY), f"model.name={model}", f"data.path={corpus}", "--no-progress"],
         "bench": ["bench", "--model", model, "--data", str(corpus), "--seq-len", "64", "--windows", "1",
                   "--no-progress"],
         "eval": ["eval", "--model", model, "--tasks", "vt", "--lengths", "256", "--samples", "1", "--no-progress"],

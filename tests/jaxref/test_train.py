@@ -129,12 +129,13 @@ def test_adamw_matches_torch(name):
     """Two steps of `jaxref.adamw` (optax) against torch.optim.AdamW over the trainer's param
     groups, in float64, fed the same gradients; then a zero-gradient step decays only weights."""
     lr, betas, eps, wd = 1e-3, (0.9, 0.95), 1e-8, 0.1
-    cfg = TrainConfig(model=name, data="unused", steps=2, lr=lr, betas=betas, eps=eps, weight_decay=wd)
+    cfg = TrainConfig(model={"name": name}, data={"path": "unused"}, schedule={"steps": 2},
+                      optim={"lr": lr, "betas": betas, "eps": eps, "weight_decay": wd})
     model = torchtrain.build_model(name, engine="eager", dtype="float32").double()
-    torch_opt = torch.optim.AdamW(param_groups(model, cfg), lr=lr, betas=betas, eps=eps)
+    torch_opt = torch.optim.AdamW(param_groups(model, cfg.optim), lr=lr, betas=betas, eps=eps)
     named = dict(model.named_parameters())
     hf = {n: p.detach().numpy().copy() for n, p in named.items()}
-    opt = jaxref.adamw(lr, betas=betas, eps=eps, weight_decay=wd, no_decay=cfg.no_decay)
+    opt = jaxref.adamw(lr, betas=betas, eps=eps, weight_decay=wd, no_decay=cfg.optim.no_decay)
     state = opt.init(hf)
     rng = np.random.default_rng(1)
     for step in range(2):
@@ -153,7 +154,7 @@ def test_adamw_matches_torch(name):
     # From fresh moments a zero gradient moves nothing but the decay: p -= lr * wd * p, not for norms and biases.
     updates, _ = opt.update({n: np.zeros_like(p) for n, p in hf.items()}, opt.init(hf), hf)
     for n, u in updates.items():
-        if any(s in n for s in cfg.no_decay):
+        if any(s in n for s in cfg.optim.no_decay):
             assert not np.asarray(u).any(), n
         else:
             np.testing.assert_allclose(u, -lr * wd * hf[n], rtol=1e-12, err_msg=n)

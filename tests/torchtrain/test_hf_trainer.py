@@ -194,8 +194,8 @@ def test_register_is_idempotent() -> None:
 
 T = 97  # odd: windows of 96 stream slots
 STEPS = 3
-TRAIN_OVERRIDES = [f"steps={STEPS}", "warmup_steps=0", "schedule=constant", "grad_clip=0", "engine=sdpa", f"seq_len={T}",
-                   f"save_every={STEPS}", "pack.budget=20000"]
+TRAIN_OVERRIDES = [f"schedule.steps={STEPS}", "schedule.warmup_steps=0", "schedule.kind=constant", "optim.grad_clip=0",
+                   "model.engine=sdpa", f"data.seq_len={T}", f"checkpoint.save_every={STEPS}", "data.pack.budget=20000"]
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +215,7 @@ def _loader_windows(cfg, run) -> list[int]:
     """The window indices `anchor train`'s loader gave, step after step."""
     from anchor.data.packed import Loader, PackedData
 
-    loader = Loader(PackedData.open(run / "data"), batch_size=cfg.global_batch, variant=cfg.variant, seed=cfg.seed)
+    loader = Loader(PackedData.open(run / "data"), batch_size=cfg.data.global_batch, variant=cfg.model.variant, seed=cfg.data.seed)
     order: list[int] = []
     for _ in range(STEPS):
         order += [int(i) for i in loader.indices()]
@@ -253,20 +253,20 @@ def _trainer_run(cfg, run, trainer_class=None):
         def __iter__(self):
             return (windows[i] for i in order)
 
-    model = _stock(build_model(cfg.model, engine="sdpa", dtype="float32", seed=cfg.seed), "anchor_sdpa")
+    model = _stock(build_model(cfg.model.name, engine="sdpa", dtype="float32", seed=cfg.data.seed), "anchor_sdpa")
     micro_losses: list[float] = []
     if trainer_class is None:
         trainer_class = Trainer
         model.register_forward_hook(lambda _m, _a, out: micro_losses.append(out.loss.item()))
     args = TrainingArguments(
-        output_dir=str(run.parent / "hf_trainer"), per_device_train_batch_size=cfg.micro_batch,
-        gradient_accumulation_steps=cfg.global_batch // cfg.micro_batch, max_steps=STEPS, learning_rate=cfg.lr,
-        adam_beta1=cfg.betas[0], adam_beta2=cfg.betas[1], adam_epsilon=cfg.eps, weight_decay=cfg.weight_decay,
+        output_dir=str(run.parent / "hf_trainer"), per_device_train_batch_size=cfg.data.micro_batch,
+        gradient_accumulation_steps=cfg.data.global_batch // cfg.data.micro_batch, max_steps=STEPS, learning_rate=cfg.optim.lr,
+        adam_beta1=cfg.optim.betas[0], adam_beta2=cfg.optim.betas[1], adam_epsilon=cfg.optim.eps, weight_decay=cfg.optim.weight_decay,
         lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=0.0, optim="adamw_torch", report_to="none",
         save_strategy="no", logging_strategy="no", use_cpu=True, dataloader_num_workers=0,
-        remove_unused_columns=False, seed=cfg.seed, disable_tqdm=True)
+        remove_unused_columns=False, seed=cfg.data.seed, disable_tqdm=True)
     trainer = trainer_class(model=model, args=args, train_dataset=InOrder(),
-                            data_collator=hf.PackingCollator(cfg.variant, T, windows=True))
+                            data_collator=hf.PackingCollator(cfg.model.variant, T, windows=True))
     trainer.micro_losses, trainer.counts = micro_losses, []
     trainer.train()
     per_step = len(micro_losses) // STEPS
@@ -294,7 +294,7 @@ def test_trainer_matches_anchor_train(anchor_run) -> None:
     from torchtrain import build_model
 
     cfg, run = anchor_run
-    init = build_model(cfg.model, engine="sdpa", dtype="float32", seed=cfg.seed).state_dict()
+    init = build_model(cfg.model.name, engine="sdpa", dtype="float32", seed=cfg.data.seed).state_dict()
     trainer, losses = _trainer_run(cfg, run)
     want_losses, want_weights = _anchor_results(run)
     np.testing.assert_allclose(losses, want_losses, rtol=1e-6, atol=0)

@@ -49,22 +49,22 @@ def test_every_shipped_config_resolves(path, monkeypatch):
     total = next(int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("MemTotal:"))
     monkeypatch.setattr(engines, "available_memory", lambda device="cpu": total)
     cfg = load_train_config(path)
-    ds = deepspeed_config(cfg, cfg.nproc)
+    ds = deepspeed_config(cfg, cfg.parallel.nproc)
     print(path.name, json.dumps(ds))
-    assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * cfg.nproc
-    assert ds["gradient_clipping"] == cfg.grad_clip  # never DeepSpeed's silent default
-    assert ds["zero_optimization"]["stage"] == cfg.zero_stage
-    assert cfg.global_batch == cfg.micro_batch * cfg.grad_accum(cfg.nproc) * cfg.dp(cfg.nproc)
-    if cfg.model in PUBLISHED:
-        spec = ModelSpec(**PUBLISHED[cfg.model]).with_rope(**cfg.rope_overrides())
-        trained = check_model(cfg, spec, cfg.seq_len, here=False)  # flash-attn is CUDA-only
-        assert trained.max_position == cfg.seq_len and trained.rope.base == PAPER_BASE[cfg.seq_len]
-        assert (cfg.lr, cfg.weight_decay, cfg.betas, cfg.steps, cfg.global_batch) == (2e-5, 0.1, (0.9, 0.95), 2000, 8)
-        assert (cfg.dtype, cfg.zero_stage, cfg.sequence_parallel) == ("bfloat16", 3, 8)
+    assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * cfg.parallel.nproc
+    assert ds["gradient_clipping"] == cfg.optim.grad_clip  # never DeepSpeed's silent default
+    assert ds["zero_optimization"]["stage"] == cfg.parallel.zero_stage
+    assert cfg.data.global_batch == cfg.data.micro_batch * cfg.grad_accum(cfg.parallel.nproc) * cfg.dp(cfg.parallel.nproc)
+    if cfg.model.name in PUBLISHED:
+        spec = ModelSpec(**PUBLISHED[cfg.model.name]).with_rope(**cfg.rope_overrides())
+        trained = check_model(cfg, spec, cfg.data.seq_len, here=False)  # flash-attn is CUDA-only
+        assert trained.max_position == cfg.data.seq_len and trained.rope.base == PAPER_BASE[cfg.data.seq_len]
+        assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas, cfg.schedule.steps, cfg.data.global_batch) == (2e-5, 0.1, (0.9, 0.95), 2000, 8)
+        assert (cfg.model.dtype, cfg.parallel.zero_stage, cfg.parallel.sequence_parallel) == ("bfloat16", 3, 8)
     else:
         from anchor.weights import load_spec
 
-        check_model(cfg, load_spec(cfg.model), cfg.seq_len)
+        check_model(cfg, load_spec(cfg.model.name), cfg.data.seq_len)
 
 
 def test_paper_runs_cover_the_study():
@@ -77,48 +77,90 @@ def test_paper_runs_cover_the_study():
 
 
 def test_overrides_win_and_nest(tmp_path):
-    cfg = load_train_config(TINY, ["steps=3", "rope.theta=5e6", "pack.budget=1000", "betas=[0.8, 0.9]"])
-    assert (cfg.steps, cfg.rope, cfg.pack["budget"], cfg.betas) == (3, {"theta": 5e6}, 1000, (0.8, 0.9))
-    assert cfg.pack["mixture"] == "original"  # the file's other pack keys stay
+    cfg = load_train_config(TINY, ["schedule.steps=3", "model.rope.theta=5e6", "data.pack.budget=1000",
+                                   "optim.betas=[0.8, 0.9]"])
+    assert (cfg.schedule.steps, cfg.model.rope.given(), cfg.data.pack["budget"], cfg.optim.betas) == \
+        (3, {"theta": 5e6}, 1000, (0.8, 0.9))
+    assert cfg.data.pack["mixture"] == "original"  # the file's other pack keys stay
+    assert (cfg.optim.lr, cfg.schedule.kind) == (1e-3, "cosine")  # the file's other keys of a section stay
 
 
-# (config text or None for tiny.yaml, overrides, words the one-line message must hold)
+REQUIRED_YAML = "model:\n  name: random:llama\ndata:\n  path: corpus\nschedule:\n  steps: 2\n"
+
+# (config text or "tiny" for tiny.yaml, overrides, words the one-line message must hold)
 BAD = [
+    # unknown keys: at the top, in a section, in a nested mapping; from the file or an override
     ("tiny", ["colour=red"], ["unknown key 'colour'", "override 'colour=red'"]),
-    ("model: random:llama\ndata: corpus\nsteps: 2\nlerning_rate: 1\n", [], ["unknown key 'lerning_rate'", "bad.yaml"]),
-    ("model: random:llama\ndata: corpus\nsteps: two\n", [], ["steps", "expected an integer", "bad.yaml"]),
-    ("tiny", ["lr=abc"], ["lr", "expected a number", "override lr=abc"]),
-    ("tiny", ["dtype=float16"], ["dtype", "float32, bfloat16"]),
-    ("model: random:llama\nsteps: 2\n", [], ["missing required key 'data'", "bad.yaml"]),
-    ("data: corpus\nsteps: 2\n", [], ["missing required key 'model'"]),
-    ("tiny", ["model=/nonexistent/model"], ["/nonexistent/model", "no such model"]),
-    ("tiny", ["data=/nonexistent/data.jsonl"], ["/nonexistent/data.jsonl", "no such data"]),
-    ("tiny", ["seq_len=5000"], ["seq_len 5000", "4096 positions", "rope.theta"]),
-    ("tiny", ["sequence_parallel=2", "nproc=2", "seq_len=127"], ["does not divide seq_len 127", "tiny.yaml"]),
-    ("tiny", ["model=random:smollm2", "sequence_parallel=2", "nproc=2"], ["does not divide", "9 attention heads"]),
-    ("tiny", ["sequence_parallel=2", "nproc=1"], ["sequence_parallel 2 needs at least 2 processes", "has 1"]),
-    ("tiny", ["sequence_parallel=2", "nproc=3", "global_batch=3", "micro_batch=1"],
+    ("tiny", ["optim.colour=red"], ["unknown key 'optim.colour'", "known in optim: lr,", "override optim.colour=red"]),
+    ("tiny", ["model.rope.colour=1"], ["unknown key 'model.rope.colour'", "override model.rope.colour=1"]),
+    ("tiny", ["data.pack.colour=1"], ["unknown key 'data.pack.colour'", "override data.pack.colour=1"]),
+    (REQUIRED_YAML + "optim:\n  lerning_rate: 1\n", [], ["unknown key 'optim.lerning_rate'", "bad.yaml"]),
+    (REQUIRED_YAML + "colour: red\n", [], ["unknown key 'colour'", "bad.yaml"]),
+    # wrong types
+    ("model:\n  name: random:llama\ndata:\n  path: corpus\nschedule:\n  steps: two\n", [],
+     ["schedule.steps: expected an integer >= 1", "got 'two'", "bad.yaml"]),
+    ("tiny", ["optim.lr=abc"], ["optim.lr: expected a number > 0", "override optim.lr=abc"]),
+    ("tiny", ["schedule.steps=true"], ["schedule.steps: expected an integer", "override schedule.steps=true"]),
+    ("tiny", ["schedule.steps=2.0"], ["schedule.steps: expected an integer", "got 2.0"]),
+    ("tiny", ["data.tags=1"], ["data.tags: expected true or false", "got 1"]),
+    ("tiny", ["model.dtype=float16"], ["model.dtype: expected one of float32, bfloat16"]),
+    ("tiny", ["model.engine=warp"], ["model.engine: expected one of auto,"]),
+    ("tiny", ["model.variant=causal"], ["model.variant: expected one of full, intra_doc"]),
+    ("tiny", ["optim=3"], ["unknown key 'optim'", "dotted by section"]),
+    (REQUIRED_YAML + "optim: 3\n", [], ["optim: expected a mapping", "bad.yaml"]),
+    ("tiny", ["data.pack.budget=many"], ["data.pack.budget: expected", "got 'many'", "override data.pack.budget=many"]),
+    # missing
+    ("model:\n  name: random:llama\nschedule:\n  steps: 2\n", [], ["missing required key 'data.path'", "bad.yaml"]),
+    ("data:\n  path: corpus\nschedule:\n  steps: 2\n", [], ["missing required key 'model.name'"]),
+    # out of range
+    ("tiny", ["parallel.zero_stage=4"], ["parallel.zero_stage: expected an integer in [0, 3]"]),
+    ("tiny", ["parallel.zero_stage=-1"], ["parallel.zero_stage", "in [0, 3]"]),
+    ("tiny", ["data.seed=-1"], ["data.seed", "in [0, 4294967295]", "override data.seed=-1"]),
+    ("tiny", ["optim.betas=[0.9, 1.0]"], ["optim.betas: expected two numbers [beta1, beta2] in [0, 1)"]),
+    ("tiny", ["schedule.min_lr_ratio=1.5"], ["schedule.min_lr_ratio: expected a number in [0, 1]"]),
+    ("tiny", ["model.rope.theta=1"], ["model.rope.theta: expected a number > 1"]),
+    ("tiny", ["optim.eps=.nan"], ["optim.eps: expected a number > 0"]),
+    ("tiny", ["logging.dump_grads=[0]"], ["logging.dump_grads: expected a list of step numbers >= 1"]),
+    # a flat key of the pre-sectioned format names its new place
+    ("tiny", ["lr=1e-5"], ["lr: moved to optim.lr", "override lr=1e-5"]),
+    ("tiny", ["steps=3"], ["steps: moved to schedule.steps"]),
+    ("tiny", ["model=random:llama"], ["model: moved to model.name"]),
+    ("tiny", ["pack.budget=20000"], ["pack.budget: moved to data.pack.budget"]),
+    ("tiny", ["rope.theta=5e6"], ["rope.theta: moved to model.rope.theta"]),
+    (REQUIRED_YAML + "lr: 1.0e-5\n", [], ["lr: moved to optim.lr", "bad.yaml"]),
+    ("model: random:llama\ndata: corpus\nsteps: 2\n", ["optim.lr=1e-5"], ["model: moved to model.name", "bad.yaml"]),
+    # across keys, the model, the machine
+    ("tiny", ["model.name=/nonexistent/model"], ["/nonexistent/model", "no such model"]),
+    ("tiny", ["data.path=/nonexistent/data.jsonl"], ["/nonexistent/data.jsonl", "no such data"]),
+    ("tiny", ["data.seq_len=5000"], ["data.seq_len 5000", "4096 positions", "model.rope.theta"]),
+    ("tiny", ["parallel.sequence_parallel=2", "parallel.nproc=2", "data.seq_len=127"],
+     ["does not divide seq_len 127", "tiny.yaml"]),
+    ("tiny", ["model.name=random:smollm2", "parallel.sequence_parallel=2", "parallel.nproc=2"],
+     ["does not divide", "9 attention heads"]),
+    ("tiny", ["parallel.sequence_parallel=2", "parallel.nproc=1"],
+     ["parallel.sequence_parallel 2 needs at least 2 processes", "has 1"]),
+    ("tiny", ["parallel.sequence_parallel=2", "parallel.nproc=3", "data.global_batch=3", "data.micro_batch=1"],
      ["3 processes do not split into sequence-parallel groups of 2"]),
-    ("tiny", ["zero_stage=4"], ["zero_stage", "in [0, 3]"]),
-    ("tiny", ["zero_stage=-1"], ["zero_stage", "in [0, 3]"]),
-    ("tiny", ["global_batch=5", "micro_batch=2"], ["global_batch 5 is not a multiple of micro_batch 2"]),
-    ("tiny", ["global_batch=4", "micro_batch=1", "nproc=3"], ["does not split", "3 data-parallel ranks"]),
-    ("tiny", ["seed=-1"], ["seed", "in [0, 4294967295]", "override seed=-1"]),
-    ("tiny", ["rope.scaling=yarn"], ["rope", "original_max_position"]),
-    ("tiny", ["engine=flex"], ["flex", "no backward on CPU"]),
-    ("tiny", ["engine=warp"], ["engine", "expected one of"]),
+    ("tiny", ["data.global_batch=5", "data.micro_batch=2"],
+     ["data.global_batch 5 is not a multiple of data.micro_batch 2"]),
+    ("tiny", ["data.global_batch=4", "data.micro_batch=1", "parallel.nproc=3"], ["does not split", "3 data-parallel ranks"]),
+    ("tiny", ["model.rope.scaling=yarn"], ["model.rope", "original_max_position"]),
+    ("tiny", ["model.engine=flex"], ["flex", "no backward on CPU"]),
     # a dense T x T mask of 13 TiB: refused before packing, whatever the machine
-    ("tiny", ["engine=sdpa", "seq_len=1048576", "rope.theta=5e7"],
-     ["engine 'sdpa' at seq_len=1048576", "needs about", "dense T x T mask", "available", "engine: auto"]),
+    ("tiny", ["model.engine=sdpa", "data.seq_len=1048576", "model.rope.theta=5e7"],
+     ["model.engine 'sdpa' at data.seq_len=1048576", "needs about", "dense T x T mask", "available",
+      "model.engine: auto"]),
     # activations linear in T, 250 GB at 1e7 slots on the default engine: refused before packing
-    ("tiny", ["seq_len=10000001", "rope.theta=5e7"],
-     ["seq_len=10000001 (micro_batch=2) needs about", "activations", "available", "activation_checkpointing"]),
-    ("tiny", ["dtype=bfloat16", "zero_stage=0"], ["bfloat16 needs zero_stage >= 1"]),
+    ("tiny", ["data.seq_len=10000001", "model.rope.theta=5e7"],
+     ["data.seq_len=10000001 (data.micro_batch=2) needs about", "activations", "available",
+      "model.activation_checkpointing"]),
+    ("tiny", ["model.dtype=bfloat16", "parallel.zero_stage=0"], ["bfloat16 needs parallel.zero_stage >= 1"]),
     # pack keys are named as the config names them, not as `anchor pack`'s flags
-    ("tiny", ["pack.budget=0"], ["pack.budget must be at least 1"]),
-    ("tiny", ["pack.upsample_factor=5000"], ["pack.upsample_factor must be at most 1000"]),
-    ("tiny", ["pack.seed=-3"], ["pack.seed"]),
-    ("tiny", ["pack.budget=100000000000000"], ["pack.budget 100000000000000 (packed windows of", "of disk"]),
+    ("tiny", ["data.pack.budget=0"], ["data.pack.budget must be at least 1", "override data.pack.budget=0"]),
+    ("tiny", ["data.pack.upsample_factor=5000"], ["data.pack.upsample_factor must be at most 1000"]),
+    ("tiny", ["data.pack.seed=-3"], ["data.pack.seed"]),
+    ("tiny", ["data.pack.seq_len=64"], ["unknown key 'data.pack.seq_len'", "give it as data.seq_len"]),
+    ("tiny", ["data.pack.budget=100000000000000"], ["data.pack.budget 100000000000000 (packed windows of", "of disk"]),
     ("tiny", ["steps"], ["override 'steps' is not key=value"]),
     ("\xff\xfe not utf8", [], ["bad.yaml", "not UTF-8"]),
     ("model: [unclosed\n", [], ["bad.yaml", "invalid YAML"]),
@@ -150,7 +192,50 @@ def test_bad_config_is_one_line_exit_2_nothing_written(tmp_path, capsys, text, o
 
 def test_validation_errors_name_the_file():
     with pytest.raises(InputError, match="tiny.yaml"):
-        load_train_config(TINY, ["global_batch=5", "micro_batch=2"])
+        load_train_config(TINY, ["data.global_batch=5", "data.micro_batch=2"])
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[str(p.relative_to(ROOT / "configs" / "train")) for p in CONFIGS])
+def test_every_shipped_config_loads(path):
+    """Every YAML under configs/train/ is in sections and validates (the model and data need not exist here)."""
+    cfg = load_train_config(path)
+    print(path.name, cfg.to_dict())
+    assert cfg.source == str(path) and cfg.schedule.steps >= 1 and cfg.model.name and cfg.data.path
+
+
+def test_an_override_reaches_training(tmp_path, capsys):
+    """`anchor train --config configs/train/tiny.yaml optim.lr=1e-5` trains with lr 1e-5: the run's config.yaml
+    records it and the first step (no warmup) is taken at it."""
+    import yaml
+
+    from anchor_app.cli import main
+    from torchtrain.metrics import read_metrics
+
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--config", str(TINY), "--out", str(out), "--no-progress", "optim.lr=1e-5", "schedule.steps=1",
+              "schedule.warmup_steps=0", "checkpoint.save_every=0", "eval.every=1", "eval.window=1",
+              "data.pack.budget=4000"])
+    print(capsys.readouterr())
+    assert e.value.code in (0, None)
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["optim"]["lr"] == 1e-5 and saved["schedule"]["steps"] == 1
+    rows = read_metrics(out)
+    print(rows)
+    assert [r["step"] for r in rows] == [1] and rows[0]["lr"] == pytest.approx(1e-5)
+
+
+def test_a_flat_override_is_one_line_exit_2_naming_its_place(tmp_path, capsys):
+    from anchor_app.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--config", str(TINY), "--out", str(tmp_path / "run"), "--no-progress", "lr=1e-5"])
+    err = [l for l in capsys.readouterr().err.splitlines() if l.strip() and "[WARNING]" not in l]
+    print(err)
+    assert e.value.code == 2 and err == ["anchor train: error: command-line override lr=1e-5: lr: moved to optim.lr "
+                                         "(a flat key of the pre-sectioned format; keys are grouped by section: "
+                                         "model, data, optim, schedule, parallel, checkpoint, logging, eval)"]
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_run_in_this_process_does_not_make_the_next_look_launched(tmp_path, capsys):
@@ -161,14 +246,14 @@ def test_a_run_in_this_process_does_not_make_the_next_look_launched(tmp_path, ca
     from torchtrain.distributed import launched_externally
 
     with pytest.raises(SystemExit) as e:
-        main(["train", "--config", str(TINY), "--out", str(tmp_path / "one"), "--no-progress", "steps=1",
-              "save_every=0", "eval_every=1", "eval_window=1", "pack.budget=4000"])
+        main(["train", "--config", str(TINY), "--out", str(tmp_path / "one"), "--no-progress", "schedule.steps=1",
+              "checkpoint.save_every=0", "eval.every=1", "eval.window=1", "data.pack.budget=4000"])
     assert e.value.code in (0, None)
     assert os.environ.get("RANK") == "0" and not launched_externally()
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
         main(["train", "--config", str(TINY), "--out", str(tmp_path / "two"), "--no-progress",
-              "sequence_parallel=2", "nproc=2", "seq_len=127"])
+              "parallel.sequence_parallel=2", "parallel.nproc=2", "data.seq_len=127"])
     err = [l for l in capsys.readouterr().err.splitlines() if l.strip() and "[WARNING]" not in l]
     assert e.value.code == 2 and "does not divide seq_len 127" in err[0], err
 
@@ -185,8 +270,8 @@ def test_a_child_of_a_process_that_trained_is_not_mistaken_for_a_launched_rank(t
     from torchtrain.distributed import SOLO_PORT
 
     with pytest.raises(SystemExit) as e:
-        main(["train", "--config", str(TINY), "--out", str(tmp_path / "parent"), "--no-progress", "steps=1",
-              "save_every=0", "eval_every=1", "eval_window=1", "pack.budget=4000"])
+        main(["train", "--config", str(TINY), "--out", str(tmp_path / "parent"), "--no-progress", "schedule.steps=1",
+              "checkpoint.save_every=0", "eval.every=1", "eval.window=1", "data.pack.budget=4000"])
     assert e.value.code in (0, None)
     assert os.environ[SOLO_PORT] == os.environ["MASTER_PORT"] and os.environ["WORLD_SIZE"] == "1"
     probe = "from torchtrain.distributed import launched_externally as f; print(f())"
@@ -195,20 +280,20 @@ def test_a_child_of_a_process_that_trained_is_not_mistaken_for_a_launched_rank(t
         out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=ROOT, capture_output=True, text=True)
         assert out.stdout.strip() == want, out.stderr[-2000:]
     child = subprocess.run([sys.executable, "-m", "anchor", "train", "--config", str(TINY), "--out",
-                            str(tmp_path / "child"), "--no-progress", "steps=1", "save_every=0", "eval_every=1",
-                            "eval_window=1", "pack.budget=4000"], cwd=ROOT, capture_output=True, text=True)
+                            str(tmp_path / "child"), "--no-progress", "schedule.steps=1", "checkpoint.save_every=0", "eval.every=1",
+                            "eval.window=1", "data.pack.budget=4000"], cwd=ROOT, capture_output=True, text=True)
     assert child.returncode == 0, child.stderr[-3000:]
 
 
 def test_engine_defaults_to_auto_and_resolves_to_a_linear_one_here():
-    """No `engine:` means auto; on this CPU it runs as varlen (never a dense engine by default)."""
+    """No `model.engine:` means auto; on this CPU it runs as varlen (never a dense engine by default)."""
     from torchtrain.config import validate
     from torchtrain.run_folder import resolved_engine
 
-    cfg = validate({"model": "random:llama", "data": "corpus", "steps": 1})
-    assert cfg.engine == "auto"
+    cfg = validate({"model": {"name": "random:llama"}, "data": {"path": "corpus"}, "schedule": {"steps": 1}})
+    assert cfg.model.engine == "auto"
     assert resolved_engine(cfg) in ("varlen", "flash_varlen")
-    assert resolved_engine(cfg.replace(engine="sdpa")) == "sdpa"
+    assert resolved_engine(cfg.replace({"model.engine": "sdpa"})) == "sdpa"
 
 
 @pytest.mark.parametrize("engine", ["sdpa", "eager"])
@@ -222,33 +307,33 @@ def test_dense_engine_refused_when_its_mask_does_not_fit(tmp_path, capsys, monke
     monkeypatch.setattr(engines, "available_memory", lambda device="cpu": int(0.7 * 2**30))
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as e:
-        main(["train", "--config", str(TINY), "--out", str(out), "--no-progress", f"engine={engine}",
-              "seq_len=4096", "micro_batch=1", "global_batch=1"])
+        main(["train", "--config", str(TINY), "--out", str(out), "--no-progress", f"model.engine={engine}",
+              "data.seq_len=4096", "data.micro_batch=1", "data.global_batch=1"])
     err = [l for l in capsys.readouterr().err.splitlines() if l.strip() and "[WARNING]" not in l]
     print(err)
     assert e.value.code == 2 and len(err) == 1
-    assert f"engine {engine!r} at seq_len=4096 (micro_batch=1) needs about" in err[0]
+    assert f"model.engine {engine!r} at data.seq_len=4096 (data.micro_batch=1) needs about" in err[0]
     assert "0.7 GiB available" in err[0] and "tiny.yaml" in err[0] and "dense T x T" in err[0]
     assert not out.exists(), "a refused run wrote its folder"
     from anchor.weights import load_spec
     from torchtrain.config import load_train_config
 
-    cfg = load_train_config(TINY, ["seq_len=4096", "micro_batch=1", "global_batch=1"])
-    check_model(cfg, load_spec(cfg.model), 4096)  # auto: no T x T tensors, no refusal
+    cfg = load_train_config(TINY, ["data.seq_len=4096", "data.micro_batch=1", "data.global_batch=1"])
+    check_model(cfg, load_spec(cfg.model.name), 4096)  # auto: no T x T tensors, no refusal
 
 
 @pytest.mark.parametrize("override,match", [
-    ("pack.chunks_max=60", "chunks_max - 1 = 59"),
-    ("pack.chunk_cut_lo=0.9", "chunk_cut_lo 0.9"),
-    ("pack.chunk_doc_max=10", "chunk_doc_max 10"),
+    ("data.pack.chunks_max=60", "chunks_max - 1 = 59"),
+    ("data.pack.chunk_cut_lo=0.9", "chunk_cut_lo 0.9"),
+    ("data.pack.chunk_doc_max=10", "chunk_doc_max 10"),
 ])
 def test_pack_chunking_keys_are_checked_before_any_work(override, match):
     """The interleave chunking keys are read as `anchor pack` reads them, and a range
     with no room for the cuts is one line naming the keys."""
     with pytest.raises(InputError, match=match):
         load_train_config(TINY, [override])
-    cfg = load_train_config(TINY, ["pack.chunks_max=4", "pack.chunk_cut_hi=0.9"])
-    assert cfg.pack["chunks_max"] == 4
+    cfg = load_train_config(TINY, ["data.pack.chunks_max=4", "data.pack.chunk_cut_hi=0.9"])
+    assert cfg.data.pack["chunks_max"] == 4
 
 
 def test_many_processes_are_refused_by_their_memory(tmp_path, capsys, monkeypatch):
@@ -264,15 +349,15 @@ def test_many_processes_are_refused_by_their_memory(tmp_path, capsys, monkeypatc
     monkeypatch.setattr(engines, "available_memory", lambda device="cpu": 4 * 2**30)
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as e:
-        main(["train", "--config", str(TINY), "--out", str(out), "--no-progress", "nproc=16", "global_batch=16",
-              "micro_batch=1"])
+        main(["train", "--config", str(TINY), "--out", str(out), "--no-progress", "parallel.nproc=16", "data.global_batch=16",
+              "data.micro_batch=1"])
     err = [l for l in capsys.readouterr().err.splitlines() if l.strip() and "[WARNING]" not in l]
     print(err)
     assert e.value.code == 2 and len(err) == 1
-    assert "nproc=16 needs about" in err[0] and "16 x [process 0.45" in err[0] and "fewer processes" in err[0]
+    assert "parallel.nproc=16 needs about" in err[0] and "16 x [process 0.45" in err[0] and "fewer processes" in err[0]
     assert not out.exists()
-    cfg = load_train_config(TINY, ["nproc=2", "global_batch=2", "micro_batch=1"])
-    check_model(cfg, load_spec(cfg.model), cfg.seq_len or 256)
+    cfg = load_train_config(TINY, ["parallel.nproc=2", "data.global_batch=2", "data.micro_batch=1"])
+    check_model(cfg, load_spec(cfg.model.name), cfg.data.seq_len or 256)
 
 
 def test_a_late_config_error_leaves_no_run_folder_nor_parents(tmp_path, capsys):
@@ -286,8 +371,8 @@ def test_a_late_config_error_leaves_no_run_folder_nor_parents(tmp_path, capsys):
     (kept / "mine.txt").write_text("x")
     for out in (tmp_path / "a" / "b" / "run", kept / "run"):
         with pytest.raises(SystemExit) as e:
-            main(["train", "--config", str(TINY), "--out", str(out), "--no-progress", "global_batch=100000",
-                  "micro_batch=1", "pack.budget=20000"])
+            main(["train", "--config", str(TINY), "--out", str(out), "--no-progress", "data.global_batch=100000",
+                  "data.micro_batch=1", "data.pack.budget=20000"])
         err = capsys.readouterr().err
         assert e.value.code == 2 and "fewer than one global batch" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"], list(tmp_path.iterdir())
@@ -300,7 +385,7 @@ def test_a_two_process_run_prints_no_warnings(tmp_path):
     logs there) of a 2-process run hold no WARNING line (and no other noise than the progress-free run's own)."""
     from tests.train.conftest import run_train
 
-    p = run_train(tmp_path / "run", "nproc=2", "global_batch=2", "micro_batch=1", "steps=1")
+    p = run_train(tmp_path / "run", "parallel.nproc=2", "data.global_batch=2", "data.micro_batch=1", "schedule.steps=1")
     noise = [l for l in (p.stdout + p.stderr).splitlines() if "WARN" in l.upper() or "warn(" in l]
     print(p.stdout, p.stderr)
     assert noise == [], noise

@@ -1,154 +1,193 @@
-"""Each `anchor train` key is declared once (torchtrain.config.key, docs/DESIGN.md §8), and every list of
-keys (SCHEMA, the dataclass fields, to_dict, the documentation, the resumable keys, the shipped YAML,
-the trainer's reads) agrees with the declarations. The checks are shown to fail on planted
+"""Each `anchor train` key is declared once (a field of a section model of torchtrain.config, docs/DESIGN.md §8),
+and every list of keys (KEYS, the documentation, the resumable keys, the table of flat keys MOVED, to_dict, the
+shipped YAML, the trainer's reads) agrees with the declarations. The checks are shown to fail on planted
 inconsistencies. Also: engine names come from the core (anchor.engines) with one engine -> oracle
 emulation table, and the three YAML loaders share one reader (anchor.yamlfile)."""
 
 from __future__ import annotations
 
 import ast
-import dataclasses
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from pydantic import Field, StrictInt
 
 from anchor.errors import InputError
 from tests.train.conftest import ROOT
 from torchtrain import config
-from torchtrain.config import (NESTED, PACK_KEYS, RESUMABLE_CHANGES, ROPE_SCHEMA, SCHEMA, TrainConfig,
-                               check_declarations, key, validate)
+from torchtrain.config import (KEYS, MOVED, NESTED, PACK_KEYS, PACK_OPTIONS, RESUMABLE_CHANGES, SECTIONS, TrainConfig,
+                               check_declarations, from_flat, validate)
 
 TRAIN_CONFIGS = sorted((ROOT / "configs" / "train").rglob("*.yaml"))
-REQUIRED = {"model": "random:llama", "data": "corpus", "steps": 1}
+REQUIRED = {"model": {"name": "random:llama"}, "data": {"path": "corpus"}, "schedule": {"steps": 1}}
 
 
-def one_place_problems(cls: type, schema: dict[str, Any], resumable: tuple[str, ...], doc: str) -> list[str]:
-    """Keys found in one place and not another: the dataclass fields (minus those marked not a key), the
-    schema, the resumable keys and the documentation; and fields without a check or a doc."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    keys = [name for name, f in fields.items() if f.metadata.get("key") is not False]
+def one_place_problems(cls: type, keys: dict[str, Any], resumable: tuple[str, ...], moved: dict[str, str],
+                       doc: str) -> list[str]:
+    """Keys found in one place and not another: the section fields, KEYS, the resumable keys, the table of
+    flat keys and the documentation."""
+    fields = [f"{s}.{k}" for s, f in cls.model_fields.items() for k in f.annotation.model_fields]
     problems = []
-    for name in keys:
-        meta = fields[name].metadata
-        if name not in schema:
-            problems.append(f"{name}: a field of {cls.__name__} but not in SCHEMA")
-        if not (callable(meta.get("check")) and getattr(meta["check"], "expected", None)):
-            problems.append(f"{name}: no check (type and range) in its declaration")
-        if not meta.get("doc"):
-            problems.append(f"{name}: no one-line doc in its declaration")
+    for name in fields:
+        if name not in keys:
+            problems.append(f"{name}: a field of {cls.__name__} but not in KEYS")
         if f"  {name} (" not in doc:
             problems.append(f"{name}: not in the documentation")
-    for name in schema:
-        if name not in keys:
-            problems.append(f"{name}: in SCHEMA but not a field of {cls.__name__}")
+        if name not in moved.values():
+            problems.append(f"{name}: no flat key of the pre-sectioned format maps to it")
+    for name in keys:
+        if name not in fields:
+            problems.append(f"{name}: in KEYS but not a field of {cls.__name__}")
     for name in resumable:
-        if name not in keys:
+        if name not in fields:
             problems.append(f"{name}: resumable but not a key")
+    for flat, name in moved.items():
+        if name not in fields:
+            problems.append(f"{flat}: moved to {name}, which is not a key")
     return problems
 
 
 def test_every_key_is_in_every_list():
-    assert one_place_problems(TrainConfig, SCHEMA, RESUMABLE_CHANGES, TrainConfig.__doc__) == []
+    assert one_place_problems(TrainConfig, KEYS, RESUMABLE_CHANGES, MOVED, TrainConfig.__doc__) == []
     check_declarations(TrainConfig)
-    names = [f.name for f in dataclasses.fields(TrainConfig)]
-    assert list(SCHEMA) == [n for n in names if n != "source"]  # the one field that is not a key
-    cfg = validate(dict(REQUIRED))
-    assert list(cfg.to_dict()) == list(SCHEMA)
-    required = [n for n, (_, default, _) in SCHEMA.items() if default is config.REQUIRED]
-    assert required == ["model", "data", "steps"] and TrainConfig("m", "d", 3).steps == 3  # positional, in this order
-    assert set(NESTED) == {"rope", "pack"}
-    assert len(SCHEMA) >= 35
+    cfg = validate(REQUIRED)
+    dumped = cfg.to_dict()
+    assert [f"{s}.{k}" for s in dumped for k in dumped[s]] == list(KEYS)
+    required = [n for n, f in KEYS.items() if f.is_required()]
+    assert required == ["model.name", "data.path", "schedule.steps"]
+    assert list(SECTIONS) == ["model", "data", "optim", "schedule", "parallel", "checkpoint", "logging", "eval"]
+    assert set(NESTED) == {"model.rope", "data.pack"} and set(NESTED) <= set(KEYS)
+    assert len(KEYS) == 35 and len(MOVED) == 35 and len(set(MOVED.values())) == 35  # one flat key per key
+    assert set(RESUMABLE_CHANGES) == {"schedule.steps", "parallel.nproc", "checkpoint.save_every",
+                                      "checkpoint.keep_last", "logging.every", "logging.tensorboard",
+                                      "logging.dump_grads"}
 
 
 def test_a_key_in_one_place_only_is_caught():
-    """Planted: a field added without `key(...)`, a key with no doc, a default its own check refuses, a
-    SCHEMA entry with no field, a resumable name that is no key."""
+    """Planted: a field without a description, a section that is not a model, a KEYS entry with no field,
+    a resumable name that is no key, a flat key moved nowhere, an undocumented key."""
 
-    @dataclass(frozen=True)
-    class PlainField(TrainConfig):
-        colour: str = "red"  # added to the dataclass only
+    class NoDoc(config.OptimConfig):
+        colour: StrictInt = Field(1)
 
-    with pytest.raises(TypeError, match="PlainField.colour is not declared with"):
-        check_declarations(PlainField)
-    problems = one_place_problems(PlainField, SCHEMA, RESUMABLE_CHANGES, TrainConfig.__doc__)
-    assert "colour: a field of PlainField but not in SCHEMA" in problems
-    assert "colour: not in the documentation" in problems
+    class Planted(TrainConfig):
+        optim: NoDoc = NoDoc()
 
-    @dataclass(frozen=True)
-    class NoDoc(TrainConfig):
-        colour: str = key("red", config._STR, "")
+    with pytest.raises(TypeError, match="NoDoc.colour: its description must be one line"):
+        check_declarations(Planted)
+    problems = one_place_problems(Planted, KEYS, RESUMABLE_CHANGES, MOVED, TrainConfig.__doc__)
+    assert problems == ["optim.colour: a field of Planted but not in KEYS", "optim.colour: not in the documentation",
+                        "optim.colour: no flat key of the pre-sectioned format maps to it"]
 
-    with pytest.raises(TypeError, match="NoDoc.colour is not declared with"):
-        check_declarations(NoDoc)
+    class NotAKey(config.OptimConfig):
+        colour: StrictInt = Field(1, description="a colour number")
 
-    @dataclass(frozen=True)
-    class BadDefault(TrainConfig):
-        colour: int = key(0, config._int(1), "a colour number")
+    class Planted2(TrainConfig):
+        optim: NotAKey = NotAKey()
 
-    with pytest.raises(TypeError, match="BadDefault.colour: its default 0 is not accepted"):
-        check_declarations(BadDefault)
+    with pytest.raises(TypeError, match="NotAKey.colour is not declared with"):
+        check_declarations(Planted2)
 
-    @dataclass(frozen=True)
-    class NotAKey(TrainConfig):
-        note: str = field(default="", kw_only=True, metadata={"key": False})
+    class NotASection(TrainConfig):
+        colour: int = 1
 
-    check_declarations(NotAKey)  # marked not a key: fine
+    with pytest.raises(TypeError, match="NotASection.colour is not a section"):
+        check_declarations(NotASection)
 
-    assert one_place_problems(TrainConfig, {**SCHEMA, "colour": SCHEMA["seed"]}, RESUMABLE_CHANGES,
-                              TrainConfig.__doc__) == ["colour: in SCHEMA but not a field of TrainConfig"]
-    assert one_place_problems(TrainConfig, SCHEMA, (*RESUMABLE_CHANGES, "colour"), TrainConfig.__doc__) == [
-        "colour: resumable but not a key"]
-    undocumented = TrainConfig.__doc__.replace("  lr (", "  ")
-    assert one_place_problems(TrainConfig, SCHEMA, RESUMABLE_CHANGES, undocumented) == ["lr: not in the documentation"]
+    assert one_place_problems(TrainConfig, {**KEYS, "optim.colour": KEYS["optim.lr"]}, RESUMABLE_CHANGES, MOVED,
+                              TrainConfig.__doc__) == ["optim.colour: in KEYS but not a field of TrainConfig"]
+    assert one_place_problems(TrainConfig, KEYS, (*RESUMABLE_CHANGES, "optim.colour"), MOVED, TrainConfig.__doc__) == [
+        "optim.colour: resumable but not a key"]
+    assert one_place_problems(TrainConfig, KEYS, RESUMABLE_CHANGES, {**MOVED, "colour": "optim.colour"},
+                              TrainConfig.__doc__) == ["colour: moved to optim.colour, which is not a key"]
+    undocumented = TrainConfig.__doc__.replace("  optim.lr (", "  ")
+    assert one_place_problems(TrainConfig, KEYS, RESUMABLE_CHANGES, MOVED, undocumented) == [
+        "optim.lr: not in the documentation"]
 
 
 def test_defaults_round_trip_through_validate():
     """Each default is a value its key accepts: a config of every default validates to the defaults."""
-    defaults = TrainConfig(**REQUIRED)
-    data = {k: v for k, v in defaults.to_dict().items() if v is not None}  # seq_len: omitted means None
+    defaults = validate(REQUIRED)
+    data = defaults.to_dict()
+    data["data"].pop("seq_len")  # omitted means None
     assert validate(data) == defaults
-    for name, (check, default, doc) in SCHEMA.items():
-        assert doc and "\n" not in doc and check.expected, name
-        if default is not config.REQUIRED and default is not None:
-            assert check(default) == default, name
+    for name, f in KEYS.items():
+        assert f.description and "\n" not in f.description and config.expected(f), name
+
+
+def test_an_empty_section_takes_its_defaults():
+    """`optim:` with every key left out (None in YAML) is the section's defaults; an empty `model:` still
+    misses its required key, named by its dotted path (not taken for the flat `model:` key)."""
+    assert validate({**REQUIRED, "optim": None}).optim == config.OptimConfig()
+    with pytest.raises(InputError, match="missing required key 'model.name'"):
+        validate({**REQUIRED, "model": None})
+
+
+def test_the_flat_format_translates_through_the_table():
+    """A config of the pre-sectioned format (every key flat) translates to the same config, key for key."""
+    nested = validate({**REQUIRED, "optim": {"lr": 1e-5}, "model": {"name": "random:llama", "rope": {"theta": 5e6}},
+                       "data": {"path": "corpus", "pack": {"budget": 1000}}}).to_dict()
+    flat = {old: nested[new.split(".")[0]][new.split(".")[1]] for old, new in MOVED.items()}
+    assert flat["lr"] == 1e-5 and flat["rope"] == {"theta": 5e6} and flat["pack"] == {"budget": 1000}
+    assert config.is_flat(flat) and not config.is_flat(nested)
+    assert from_flat(flat) == nested
+    with pytest.raises(InputError, match="unknown key 'colour' in a config of the pre-sectioned format"):
+        from_flat({**flat, "colour": 1})
 
 
 @pytest.mark.parametrize("path", TRAIN_CONFIGS, ids=[str(p.relative_to(ROOT / "configs" / "train"))
                                                      for p in TRAIN_CONFIGS])
 def test_shipped_yaml_keys_are_declared(path):
     d = yaml.safe_load(path.read_text())
-    assert set(d) <= set(SCHEMA), sorted(set(d) - set(SCHEMA))
-    assert set(d.get("pack", {})) <= set(PACK_KEYS)
-    assert set(d.get("rope", {})) <= set(ROPE_SCHEMA)
+    assert set(d) <= set(SECTIONS), sorted(set(d) - set(SECTIONS))
+    keys = {f"{s}.{k}" for s, section in d.items() for k in section}
+    assert keys <= set(KEYS), sorted(keys - set(KEYS))
+    assert set(d.get("data", {}).get("pack", {})) <= set(PACK_KEYS)
+    assert set(d.get("model", {}).get("rope", {})) <= set(config.RopeConfig.model_fields)
 
 
-def test_pack_keys_are_anchor_pack_options_not_given_at_the_top_level():
+def test_pack_keys_are_anchor_pack_options_not_given_as_keys_of_their_own():
     from anchor.data.config import PACK_SCHEMA
 
-    top = [n for n, f in config._KEYS.items() if f.metadata["pack_option"]]
-    assert top == ["model", "data", "seq_len", "tags", "interleave"] and set(top) <= set(PACK_SCHEMA)
-    assert set(PACK_KEYS) == set(PACK_SCHEMA) - set(top)
-    assert "seed" in PACK_KEYS and "seed" in SCHEMA  # pack.seed: the packing seed, defaults to the run's seed
+    assert PACK_OPTIONS == {"model": "model.name", "data": "data.path", "seq_len": "data.seq_len",
+                            "tags": "data.tags", "interleave": "data.interleave"}
+    assert set(PACK_OPTIONS) <= set(PACK_SCHEMA) and set(PACK_KEYS) == set(PACK_SCHEMA) - set(PACK_OPTIONS)
+    assert "seed" in PACK_KEYS and "data.seed" in KEYS  # data.pack.seed: the packing seed, defaults to data.seed
 
 
 def _cfg_reads(path: Path) -> set[str]:
+    """`cfg.<a>` and `cfg.<a>.<b>` read in a file, dotted (`self.cfg` too)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    return {node.attr for node in ast.walk(tree)
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "cfg"}
+    reads = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        base = node.value
+        if isinstance(base, ast.Attribute) and _is_cfg(base.value):
+            reads.add(f"{base.attr}.{node.attr}")
+        elif _is_cfg(base):
+            reads.add(node.attr)
+    return reads
+
+
+def _is_cfg(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Name) and node.id == "cfg") or (
+        isinstance(node, ast.Attribute) and node.attr == "cfg" and isinstance(node.value, ast.Name))
 
 
 def test_keys_the_trainer_reads_are_declared():
-    """`cfg.<name>` in the torchtrain modules that take a TrainConfig: a key or a TrainConfig method."""
-    files = [p for p in sorted((ROOT / "torchtrain").glob("*.py")) if "TrainConfig" in p.read_text(encoding="utf-8")]
+    """`cfg.<section>.<key>` in the torchtrain modules that take a TrainConfig: a key; `cfg.<name>`: a section
+    or a TrainConfig method."""
+    files = [p for p in sorted((ROOT / "torchtrain").glob("*.py")) if "TrainConfig" in p.read_text(encoding="utf-8")
+             and p.name != "config.py"]
     assert any(p.name == "trainer.py" for p in files)
     reads = set().union(*(_cfg_reads(p) for p in files))
-    undeclared = sorted(n for n in reads if n not in SCHEMA and not callable(getattr(TrainConfig, n, None))
-                        and n != "source")
-    assert not undeclared, f"read as cfg.<name> but not declared with key(...): {undeclared}"
-    assert {"lr", "seq_len", "engine", "steps"} <= reads
+    undeclared = sorted(n for n in reads if ("." in n and n.split(".")[0] in SECTIONS and n not in KEYS) or (
+        "." not in n and n not in SECTIONS and not hasattr(TrainConfig, n)))
+    assert not undeclared, f"read as cfg.<name> but not declared: {undeclared}"
+    assert {"optim.lr", "data.seq_len", "model.engine", "schedule.steps"} <= reads
 
 
 def test_engine_and_variant_names_come_from_the_core():
@@ -159,10 +198,10 @@ def test_engine_and_variant_names_come_from_the_core():
     assert torchtrain.engines.ENGINES is anchor.engines.ENGINES and torchtrain.engines.AUTO == anchor.engines.AUTO
     assert anchor.engines.TRAIN_ENGINES == ("auto", *anchor.engines.ENGINES)
     assert "auto" not in anchor.engines.ENGINES
-    accepted = [e for e in (*anchor.engines.TRAIN_ENGINES, "warp") if _accepts("engine", e)]
+    accepted = [e for e in (*anchor.engines.TRAIN_ENGINES, "warp") if _accepts("model", "engine", e)]
     assert accepted == list(anchor.engines.TRAIN_ENGINES)
     variants = anchor.variants.VARIANTS
-    assert [v for v in (*variants, "causal") if _accepts("variant", v)] == list(variants)
+    assert [v for v in (*variants, "causal") if _accepts("model", "variant", v)] == list(variants)
 
 
 def test_one_engine_to_emulation_table():
@@ -194,9 +233,9 @@ def test_engines_on_cuda_are_held_against_the_kernels_they_run_there(monkeypatch
     assert torch_audit.oracle_policy("varlen", "float32", "cuda") == "fp32"
 
 
-def _accepts(name: str, value: Any) -> bool:
+def _accepts(section: str, name: str, value: Any) -> bool:
     try:
-        validate({**REQUIRED, name: value})
+        validate({**REQUIRED, section: {**REQUIRED.get(section, {}), name: value}})
     except InputError:
         return False
     return True

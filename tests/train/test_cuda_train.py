@@ -17,15 +17,16 @@ from tests.train.conftest import DETERMINISTIC, metrics, run_train
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 # schedule constant: the 2-step run's updates are the 4-step run's first two
-ARGS = ("steps=4", "save_every=2", "dtype=bfloat16", "zero_stage=1", "keep_last=2", "schedule=constant")
+ARGS = ("schedule.steps=4", "checkpoint.save_every=2", "model.dtype=bfloat16", "parallel.zero_stage=1",
+        "checkpoint.keep_last=2", "schedule.kind=constant")
 
 
 @pytest.mark.parametrize("engine", ["sdpa", "varlen"])
 def test_bf16_run_on_cuda_resumes_exactly(packed, tmp_path, engine):
-    run_train(tmp_path / "ref", *ARGS, f"data={packed}", f"engine={engine}")
+    run_train(tmp_path / "ref", *ARGS, f"data.path={packed}", f"model.engine={engine}")
     short = tmp_path / "short"
-    run_train(short, *ARGS[1:], "steps=2", f"data={packed}", f"engine={engine}")
-    run_train(short, *ARGS, f"data={packed}", f"engine={engine}")
+    run_train(short, *ARGS[1:], "schedule.steps=2", f"data.path={packed}", f"model.engine={engine}")
+    run_train(short, *ARGS, f"data.path={packed}", f"model.engine={engine}")
     a, b = metrics(tmp_path / "ref"), metrics(short)
     print("losses:", [r["loss"] for r in a], [r["loss"] for r in b])
     assert [r["step"] for r in b] == [1, 2, 3, 4]

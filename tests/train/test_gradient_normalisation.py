@@ -13,9 +13,9 @@ from tests.train.conftest import run_train
 
 GLOBAL = 4
 SPLITS = {
-    "data_parallel_2": ("nproc=2", "micro_batch=2"),
-    "sequence_parallel_2": ("nproc=2", "sequence_parallel=2", "micro_batch=4"),
-    "grad_accumulation_2": ("nproc=1", "micro_batch=2"),
+    "data_parallel_2": ("parallel.nproc=2", "data.micro_batch=2"),
+    "sequence_parallel_2": ("parallel.nproc=2", "parallel.sequence_parallel=2", "data.micro_batch=4"),
+    "grad_accumulation_2": ("parallel.nproc=1", "data.micro_batch=2"),
 }
 
 
@@ -46,8 +46,8 @@ def test_split_batch_gradient_is_the_oracles(oracle, packed, tmp_path, split):
     from tests.train.conftest import metrics
 
     out = tmp_path / "run"
-    run_train(out, "steps=1", f"global_batch={GLOBAL}", "variant=anchor", "eval_window=0", "dump_grads=[1]",
-              f"data={packed}", *SPLITS[split])
+    run_train(out, "schedule.steps=1", f"data.global_batch={GLOBAL}", "model.variant=anchor", "eval.window=0", "logging.dump_grads=[1]",
+              f"data.path={packed}", *SPLITS[split])
     grads = load_file(str(out / "grads" / "step-1.safetensors"))
     loss, want = oracle
     assert grads.keys() == want.keys()

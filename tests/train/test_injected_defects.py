@@ -79,15 +79,16 @@ def oracle(packed):
     from torchtrain.config import load_train_config
     from torchtrain.optim import lr_factor
 
-    cfg = load_train_config(TINY, ["steps=1"])
+    cfg = load_train_config(TINY, ["schedule.steps=1"])
     batch = next(Loader(PackedData.open(packed), batch_size=GLOBAL, variant="anchor", seed=0))
     params, config = jaxref.load_model("random:llama", seed=0)
     _, grads = jaxref.value_and_grad(params, config, batch.tokens, positions=batch.positions, doc_ids=batch.doc_ids,
                                      loss_mask=batch.loss_mask, variant="anchor", policy="fp64")
     grads = {k: np.asarray(v, np.float64) for k, v in grads.items()}
     start = {k: np.asarray(v, np.float64) for k, v in jaxref.hf_state(params, config).items()}
-    opt = jaxref.adamw(cfg.lr * lr_factor(cfg, 0), betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                       no_decay=cfg.no_decay)
+    opt = jaxref.adamw(cfg.optim.lr * lr_factor(cfg, 0), betas=cfg.optim.betas, eps=cfg.optim.eps,
+                       weight_decay=cfg.optim.weight_decay,
+                       no_decay=cfg.optim.no_decay)
     updates, _ = opt.update(grads, opt.init(start), start)
     return grads, {k: np.asarray(v) for k, v in optax.apply_updates(start, updates).items()}, start
 
@@ -100,19 +101,19 @@ def _trainer(out: Path, packed: Path, defect: str | None, *split: str):
     env = dict(ENV)
     if defect:
         env.update(ANCHOR_TEST_DEFECT=defect, PYTHONPATH=os.pathsep.join([str(DEFECTS), env.get("PYTHONPATH", "")]))
-    run_train(out, "steps=1", f"global_batch={GLOBAL}", "variant=anchor", "eval_window=0", "dump_grads=[1]",
-              "grad_clip=0", f"data={packed}", *split, env=env)
+    run_train(out, "schedule.steps=1", f"data.global_batch={GLOBAL}", "model.variant=anchor", "eval.window=0", "logging.dump_grads=[1]",
+              "optim.grad_clip=0", f"data.path={packed}", *split, env=env)
     grads = load_file(str(out / "grads" / "step-1.safetensors"))
     return grads, read_safetensors(out / "checkpoints" / "step-1" / "hf" / "model.safetensors")
 
 
 CASES = {  # defect: (how the run is split, what the diagnosis must say)
-    None: (("nproc=2", "micro_batch=2"), None),
-    "per_rank_mean": (("nproc=2", "micro_batch=2"), "gradient differs"),
-    "sp_scaled": (("nproc=2", "sequence_parallel=2", "micro_batch=4"), "gradients scaled by 2.000"),
-    "anchor_counted": (("nproc=1", "micro_batch=4"), "gradient differs"),
-    "last_counted": (("nproc=1", "micro_batch=4"), "gradient differs"),
-    "decay_on_norms": (("nproc=1", "micro_batch=4"), "optimizer step differs"),
+    None: (("parallel.nproc=2", "data.micro_batch=2"), None),
+    "per_rank_mean": (("parallel.nproc=2", "data.micro_batch=2"), "gradient differs"),
+    "sp_scaled": (("parallel.nproc=2", "parallel.sequence_parallel=2", "data.micro_batch=4"), "gradients scaled by 2.000"),
+    "anchor_counted": (("parallel.nproc=1", "data.micro_batch=4"), "gradient differs"),
+    "last_counted": (("parallel.nproc=1", "data.micro_batch=4"), "gradient differs"),
+    "decay_on_norms": (("parallel.nproc=1", "data.micro_batch=4"), "optimizer step differs"),
 }
 
 

@@ -16,12 +16,12 @@ from tests import forked
 from tests.train.conftest import DETERMINISTIC, ENV, final_weights, metrics, run_train, train_args
 
 STEPS = 10
-ARGS = (f"steps={STEPS}", "save_every=2", "keep_last=2", "eval_window=0")
+ARGS = (f"schedule.steps={STEPS}", "checkpoint.save_every=2", "checkpoint.keep_last=2", "eval.window=0")
 
 
 def _kill_at(out: Path, data: Path, after_lines: int) -> int:
     """Start a run, SIGKILL it once metrics.jsonl has `after_lines` lines; returns the lines seen."""
-    p = forked.Run(train_args(out, *ARGS, f"data={data}"), ENV)
+    p = forked.Run(train_args(out, *ARGS, f"data.path={data}"), ENV)
     path = out / "metrics.jsonl"
     deadline = time.time() + 300
     seen = 0
@@ -52,13 +52,13 @@ def _compare(a: Path, b: Path) -> None:
 
 def test_kill9_then_rerun_is_bitwise_uninterrupted(packed, tmp_path):
     ref = tmp_path / "ref"
-    run_train(ref, *ARGS, f"data={packed}")
+    run_train(ref, *ARGS, f"data.path={packed}")
     k = random.Random().randint(2, STEPS - 2)
     out = tmp_path / "killed"
     seen = _kill_at(out, packed, k)
     print(f"killed after {seen} logged steps (asked {k}); checkpoints:",
           sorted(p.name for p in (out / "checkpoints").iterdir()) if (out / "checkpoints").exists() else None)
-    p = run_train(out, *ARGS, f"data={packed}")
+    p = run_train(out, *ARGS, f"data.path={packed}")
     print(p.stderr[-500:])
     _compare(ref, out)
     assert not [q for q in (out / "checkpoints").iterdir() if q.name.startswith(".")], "staging left behind"
@@ -67,7 +67,7 @@ def test_kill9_then_rerun_is_bitwise_uninterrupted(packed, tmp_path):
 @pytest.mark.parametrize("damage", ["truncate", "flip", "delete"])
 def test_corrupt_newest_checkpoint_is_skipped(packed, tmp_path, damage):
     out = tmp_path / "run"
-    run_train(out, "steps=4", "save_every=2", "keep_last=0", "eval_window=0", f"data={packed}")
+    run_train(out, "schedule.steps=4", "checkpoint.save_every=2", "checkpoint.keep_last=0", "eval.window=0", f"data.path={packed}")
     newest = out / "checkpoints" / "step-4"
     victim = next((newest / "ds").rglob("*.pt"))
     if damage == "truncate":
@@ -78,7 +78,7 @@ def test_corrupt_newest_checkpoint_is_skipped(packed, tmp_path, damage):
         victim.write_bytes(bytes(raw))
     else:
         (newest / "hf" / "model.safetensors").unlink()
-    p = run_train(out, "steps=6", "save_every=2", "keep_last=0", "eval_window=0", f"data={packed}")
+    p = run_train(out, "schedule.steps=6", "checkpoint.save_every=2", "checkpoint.keep_last=0", "eval.window=0", f"data.path={packed}")
     lines = [l for l in p.stderr.splitlines() if l.startswith(("checkpoint step-", "resuming"))]
     print(lines)
     assert len(lines) == 1 and "step-4" in lines[0] and "resuming from step-2" in lines[0]
@@ -92,31 +92,31 @@ def test_corrupt_newest_checkpoint_is_skipped(packed, tmp_path, damage):
 
 def test_resume_refuses_a_changed_config(packed, tmp_path):
     out = tmp_path / "run"
-    run_train(out, "steps=2", f"data={packed}")
-    p = run_train(out, "steps=3", "lr=0.5", f"data={packed}", check=False)
+    run_train(out, "schedule.steps=2", f"data.path={packed}")
+    p = run_train(out, "schedule.steps=3", "optim.lr=0.5", f"data.path={packed}", check=False)
     print(p.stderr)
     assert p.returncode == 2
-    assert "lr" in p.stderr and "config.yaml" in p.stderr and "Traceback" not in p.stderr
+    assert "optim.lr" in p.stderr and "config.yaml" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_auto_engine_resumes_the_engine_it_resolved_to(packed, tmp_path):
-    """config.yaml records the engine that ran: a run started with tiny's `engine: auto` says varlen
+    """config.yaml records the engine that ran: a run started with tiny's `model.engine: auto` says varlen
     on this CPU, and a rerun resumes it whether it names auto or varlen; sdpa is refused naming the key."""
     import yaml
 
     from tests.train.conftest import TINY
 
-    assert yaml.safe_load(TINY.read_text())["engine"] == "auto"
+    assert yaml.safe_load(TINY.read_text())["model"]["engine"] == "auto"
     out = tmp_path / "run"
-    run_train(out, "steps=1", "eval_window=0", f"data={packed}")
-    assert yaml.safe_load((out / "config.yaml").read_text())["engine"] == "varlen"
-    for steps, engine in ((2, ("engine=varlen",)), (3, ())):
-        p = run_train(out, f"steps={steps}", "eval_window=0", *engine, f"data={packed}")
+    run_train(out, "schedule.steps=1", "eval.window=0", f"data.path={packed}")
+    assert yaml.safe_load((out / "config.yaml").read_text())["model"]["engine"] == "varlen"
+    for steps, engine in ((2, ("model.engine=varlen",)), (3, ())):
+        p = run_train(out, f"schedule.steps={steps}", "eval.window=0", *engine, f"data.path={packed}")
         assert f"resuming from {out / 'checkpoints' / f'step-{steps - 1}'}" in p.stderr, p.stderr[-2000:]
     assert [r["step"] for r in metrics(out)] == [1, 2, 3]
-    p = run_train(out, "steps=4", "eval_window=0", "engine=sdpa", f"data={packed}", check=False)
+    p = run_train(out, "schedule.steps=4", "eval.window=0", "model.engine=sdpa", f"data.path={packed}", check=False)
     print(p.stderr)
-    assert p.returncode == 2 and "engine is 'sdpa' but the run was started with 'varlen'" in p.stderr
+    assert p.returncode == 2 and "model.engine is 'sdpa' but the run was started with 'varlen'" in p.stderr
 
 
 @pytest.mark.slow
@@ -125,7 +125,7 @@ def test_kill9_two_processes_zero2_resumes_to_1e6(packed, tmp_path):
     import os
     import signal
 
-    args = (*ARGS, "nproc=2", "zero_stage=2", "micro_batch=1", "global_batch=4", f"data={packed}")
+    args = (*ARGS, "parallel.nproc=2", "parallel.zero_stage=2", "data.micro_batch=1", "data.global_batch=4", f"data.path={packed}")
     ref = tmp_path / "ref"
     run_train(ref, *args)
     out = tmp_path / "killed"
@@ -159,8 +159,8 @@ def test_signal_stops_the_run_cleanly_then_it_resumes(packed, tmp_path, sig, npr
     import signal
 
     out = tmp_path / "run"
-    args = ("steps=400", "save_every=3", "eval_window=0", f"nproc={nproc}", "micro_batch=1", "global_batch=4",
-            f"data={packed}")
+    args = ("schedule.steps=400", "checkpoint.save_every=3", "eval.window=0", f"parallel.nproc={nproc}", "data.micro_batch=1", "data.global_batch=4",
+            f"data.path={packed}")
     p = forked.Run(train_args(out, *args), ENV, new_session=True)
     deadline = time.time() + 300
     while time.time() < deadline and not (out / "checkpoints" / "step-6").exists():
@@ -180,7 +180,7 @@ def test_signal_stops_the_run_cleanly_then_it_resumes(packed, tmp_path, sig, npr
         time.sleep(0.1)
     assert not alive, f"workers left running: {alive}"
     done = len(metrics(out))
-    run_train(out, "steps=" + str(done + 2), *args[1:])
+    run_train(out, "schedule.steps=" + str(done + 2), *args[1:])
     assert [r["step"] for r in metrics(out)] == list(range(1, done + 3))
 
 
@@ -204,7 +204,7 @@ def test_a_planted_pickle_is_refused_and_never_runs(packed, tmp_path):
     from torchtrain.checkpoint import sha256_file
 
     out = tmp_path / "run"
-    run_train(out, "steps=2", "save_every=2", "eval_window=0", f"data={packed}")
+    run_train(out, "schedule.steps=2", "checkpoint.save_every=2", "eval.window=0", f"data.path={packed}")
     folder = out / "checkpoints" / "step-2"
     victim = next((folder / "ds").rglob("mp_rank_00_model_states.pt"))
     marker = tmp_path / "payload-ran"
@@ -216,7 +216,7 @@ def test_a_planted_pickle_is_refused_and_never_runs(packed, tmp_path):
     (folder / "manifest.json").write_text(json.dumps(manifest))
     before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
 
-    p = run_train(out, "steps=3", "save_every=2", "eval_window=0", f"data={packed}", check=False)
+    p = run_train(out, "schedule.steps=3", "checkpoint.save_every=2", "eval.window=0", f"data.path={packed}", check=False)
     print(p.stderr)
     assert not marker.exists(), "the planted object was built: its payload ran"
     assert p.returncode == 2
@@ -233,12 +233,12 @@ def test_a_planted_pickle_is_refused_and_never_runs(packed, tmp_path):
 def test_resume_through_the_weights_only_reader(packed, tmp_path, zero_stage, dtype):
     """Every DeepSpeed file of a ZeRO-1..3, fp32 or bf16 checkpoint loads through the weights_only reader
     (torchtrain.checkpoint.DEEPSPEED_ALLOWLIST), and the resumed run equals the uninterrupted one."""
-    args = ("save_every=1", "keep_last=3", "eval_window=0", f"zero_stage={zero_stage}", f"dtype={dtype}",
-            f"data={packed}")
+    args = ("checkpoint.save_every=1", "checkpoint.keep_last=3", "eval.window=0", f"parallel.zero_stage={zero_stage}", f"model.dtype={dtype}",
+            f"data.path={packed}")
     ref, out = tmp_path / "ref", tmp_path / "resumed"
-    run_train(ref, "steps=3", *args)
-    run_train(out, "steps=2", *args)
-    p = run_train(out, "steps=3", *args)
+    run_train(ref, "schedule.steps=3", *args)
+    run_train(out, "schedule.steps=2", *args)
+    p = run_train(out, "schedule.steps=3", *args)
     assert "resuming from" in p.stderr and "step-2" in p.stderr
     ma, mb = metrics(ref), metrics(out)
     assert [{k: r[k] for k in DETERMINISTIC} for r in ma] == [{k: r[k] for k in DETERMINISTIC} for r in mb]
@@ -255,15 +255,15 @@ def test_a_failed_first_attempt_never_leaves_its_pack_to_another_config(corpus, 
     import shutil
 
     out = tmp_path / "run"
-    p = run_train(out, f"data={corpus}", "tags=false", "pack.budget=20000", "global_batch=100000", check=False)
+    p = run_train(out, f"data.path={corpus}", "data.tags=false", "data.pack.budget=20000", "data.global_batch=100000", check=False)
     assert p.returncode == 2 and not out.exists(), p.stderr
     # the state a kill -9 right after packing leaves: the marker, RUN/data, data_source.json, no config.yaml
-    run_train(out, f"data={corpus}", "tags=false", "pack.budget=20000", "steps=1")
+    run_train(out, f"data.path={corpus}", "data.tags=false", "data.pack.budget=20000", "schedule.steps=1")
     for p in out.iterdir():
         if p.name not in ("data", "data_source.json", ".anchor-output.json"):
             shutil.rmtree(p) if p.is_dir() else p.unlink()
     first = json.loads((out / "data" / "pack.json").read_text())
-    run_train(out, f"data={corpus}", "tags=true", "pack.budget=30000", "steps=1")
+    run_train(out, f"data.path={corpus}", "data.tags=true", "data.pack.budget=30000", "schedule.steps=1")
     second = json.loads((out / "data" / "pack.json").read_text())
     print("layout before/after:", first["layout"], second["layout"])
     assert first["layout"]["tags"] is False and second["layout"]["tags"] is True
@@ -278,15 +278,15 @@ def test_resume_compares_the_data_by_path_and_content(corpus, tmp_path):
     data = tmp_path / "c.jsonl"
     shutil.copy(corpus, data)
     out = tmp_path / "run"
-    run_train(out, f"data={data}", "steps=1", "pack.budget=20000")
+    run_train(out, f"data.path={data}", "schedule.steps=1", "data.pack.budget=20000")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     relative = os.path.relpath(data, elsewhere)  # ../c.jsonl: the same file by another name
-    p = forked.run(train_args(out, f"data={relative}", "steps=2", "pack.budget=20000"), ENV, cwd=elsewhere)
+    p = forked.run(train_args(out, f"data.path={relative}", "schedule.steps=2", "data.pack.budget=20000"), ENV, cwd=elsewhere)
     assert p.returncode == 0, p.stderr
     with open(data, "a", encoding="utf-8") as f:
         f.write('{"text": "a document added after the run started", "domain": "prose"}\n')
-    p = run_train(out, f"data={data}", "steps=3", "pack.budget=20000", check=False)
+    p = run_train(out, f"data.path={data}", "schedule.steps=3", "data.pack.budget=20000", check=False)
     print(p.stderr)
     assert p.returncode == 2 and "content changed" in p.stderr and "Traceback" not in p.stderr
 
@@ -297,21 +297,21 @@ def test_resume_with_another_process_count(packed, tmp_path):
     resumes: the data position exact (the same windows: the same counted tokens per step as the
     uninterrupted run), the RNG states derived per rank. At ZeRO >= 1, whose optimizer states are
     partitioned over the processes, it is refused in one line before any work."""
-    args = ("save_every=2", "keep_last=2", "eval_window=0", "micro_batch=1", f"data={packed}")
+    args = ("checkpoint.save_every=2", "checkpoint.keep_last=2", "eval.window=0", "data.micro_batch=1", f"data.path={packed}")
     ref, out = tmp_path / "ref", tmp_path / "run"
-    run_train(ref, "steps=3", *args)
-    run_train(out, "steps=2", *args)
-    p = run_train(out, "steps=3", "nproc=2", *args)
+    run_train(ref, "schedule.steps=3", *args)
+    run_train(out, "schedule.steps=2", *args)
+    p = run_train(out, "schedule.steps=3", "parallel.nproc=2", *args)
     assert "1 processes then, 2 now" in p.stderr
     assert [r["step"] for r in metrics(out)] == [1, 2, 3]
     assert [r["tokens"] for r in metrics(out)] == [r["tokens"] for r in metrics(ref)]
     assert abs(metrics(out)[2]["loss"] - metrics(ref)[2]["loss"]) < 1e-3 * abs(metrics(ref)[2]["loss"])
 
     zero = tmp_path / "zero1"
-    run_train(zero, "steps=2", "zero_stage=1", *args)
-    p = run_train(zero, "steps=3", "zero_stage=1", "nproc=2", *args, check=False)
+    run_train(zero, "schedule.steps=2", "parallel.zero_stage=1", *args)
+    p = run_train(zero, "schedule.steps=3", "parallel.zero_stage=1", "parallel.nproc=2", *args, check=False)
     print(p.stderr)
-    lines = [line for line in p.stderr.splitlines() if "resume with nproc=1" in line]
+    lines = [line for line in p.stderr.splitlines() if "resume with parallel.nproc=1" in line]
     assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr
     assert [r["step"] for r in metrics(zero)] == [1, 2]
 
@@ -323,7 +323,7 @@ def test_a_tampered_trainer_state_is_one_line(packed, tmp_path):
     from torchtrain.checkpoint import sha256_file
 
     out = tmp_path / "run"
-    run_train(out, "steps=2", "save_every=2", "eval_window=0", f"data={packed}")
+    run_train(out, "schedule.steps=2", "checkpoint.save_every=2", "eval.window=0", f"data.path={packed}")
     folder = out / "checkpoints" / "step-2"
     state = json.loads((folder / "trainer.json").read_text())
     state["rng"] = {"not": "a list"}
@@ -331,7 +331,7 @@ def test_a_tampered_trainer_state_is_one_line(packed, tmp_path):
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["files"]["trainer.json"] = sha256_file(folder / "trainer.json")
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    p = run_train(out, "steps=3", "save_every=2", "eval_window=0", f"data={packed}", check=False)
+    p = run_train(out, "schedule.steps=3", "checkpoint.save_every=2", "eval.window=0", f"data.path={packed}", check=False)
     print(p.stderr)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert len([line for line in p.stderr.splitlines() if "trainer.json" in line and "malformed" in line]) == 1
@@ -341,9 +341,61 @@ def test_a_rerun_never_shrinks_steps_below_the_trained(packed, tmp_path):
     """A finished run rerun with fewer steps is refused in one line, config.yaml unchanged (rewritten, it
     would give eval --run the wrong schedule)."""
     out = tmp_path / "run"
-    run_train(out, "steps=4", "save_every=2", "eval_window=0", f"data={packed}")
+    run_train(out, "schedule.steps=4", "checkpoint.save_every=2", "eval.window=0", f"data.path={packed}")
     before = (out / "config.yaml").read_text()
-    p = run_train(out, "steps=2", "save_every=2", "eval_window=0", f"data={packed}", check=False)
+    p = run_train(out, "schedule.steps=2", "checkpoint.save_every=2", "eval.window=0", f"data.path={packed}", check=False)
     print(p.stderr)
-    assert p.returncode == 2 and "steps=2" in p.stderr and "step 4" in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode == 2 and "schedule.steps=2" in p.stderr and "step 4" in p.stderr and "Traceback" not in p.stderr
     assert (out / "config.yaml").read_text() == before
+
+
+def _flatten(sections: dict) -> dict:
+    """A run's config.yaml as the pre-sectioned format wrote it: every key flat (torchtrain.config.MOVED)."""
+    from torchtrain.config import MOVED
+
+    return {old: sections[new.split(".")[0]][new.split(".")[1]] for old, new in MOVED.items()}
+
+
+def test_a_run_folder_of_the_flat_format_resumes(packed, tmp_path):
+    """A run folder whose config.yaml holds the flat keys of the pre-sectioned format is translated through
+    the one table (torchtrain.config.MOVED) and resumes exactly where it stands, its config.yaml then
+    rewritten by section; a change of a key that may not change is refused naming its dotted key."""
+    import yaml
+
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    args = ("checkpoint.save_every=1", "eval.window=0", f"data.path={packed}")
+    run_train(ref, "schedule.steps=3", *args)
+    run_train(out, "schedule.steps=2", *args)
+    sections = yaml.safe_load((out / "config.yaml").read_text())
+    (out / "config.yaml").write_text(yaml.safe_dump(_flatten(sections), sort_keys=False))
+    print((out / "config.yaml").read_text())
+    p = run_train(out, "schedule.steps=3", "optim.lr=0.5", *args, check=False)
+    print(p.stderr[-2000:])
+    lines = [l for l in p.stderr.splitlines() if "anchor train: error" in l]
+    assert p.returncode == 2 and len(lines) == 1 and "optim.lr is 0.5 but the run was started with 0.001" in lines[0]
+    assert "config.yaml" in lines[0] and "Traceback" not in p.stderr
+    p = run_train(out, "schedule.steps=3", *args)
+    assert f"resuming from {out / 'checkpoints' / 'step-2'}" in p.stderr, p.stderr[-2000:]
+    assert [{k: r[k] for k in DETERMINISTIC} for r in metrics(out)] == \
+        [{k: r[k] for k in DETERMINISTIC} for r in metrics(ref)]
+    assert yaml.safe_load((out / "config.yaml").read_text()) == {**sections, "schedule": {**sections["schedule"],
+                                                                                          "steps": 3}}
+
+
+def test_a_run_folder_of_no_known_format_is_refused_in_one_line(packed, tmp_path):
+    """A flat config.yaml holding a key the pre-sectioned format never had cannot be translated: one line
+    naming the key and the file, exit 2, the run left as it was."""
+    import yaml
+
+    out = tmp_path / "run"
+    args = ("eval.window=0", f"data.path={packed}")
+    run_train(out, "schedule.steps=1", *args)
+    flat = {**_flatten(yaml.safe_load((out / "config.yaml").read_text())), "colour": "red"}
+    (out / "config.yaml").write_text(yaml.safe_dump(flat, sort_keys=False))
+    before = sorted(p.name for p in out.rglob("*"))
+    p = run_train(out, "schedule.steps=2", *args, check=False)
+    print(p.stderr[-2000:])
+    lines = [l for l in p.stderr.splitlines() if "anchor train: error" in l]
+    assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr
+    assert "unknown key 'colour' in a config of the pre-sectioned format" in lines[0] and "config.yaml" in lines[0]
+    assert sorted(p.name for p in out.rglob("*")) == before

@@ -13,22 +13,22 @@ from torchtrain.optim import lr_factor, param_groups
 
 
 def test_lr_schedules():
-    cfg = load_train_config(TINY, ["steps=11", "warmup_steps=3", "min_lr_ratio=0.1"])
+    cfg = load_train_config(TINY, ["schedule.steps=11", "schedule.warmup_steps=3", "schedule.min_lr_ratio=0.1"])
     warm = [lr_factor(cfg, s) for s in range(3)]
     assert warm == [1 / 3, 2 / 3, 1.0]
     for schedule in ("constant", "cosine", "linear"):
-        c = cfg.replace(schedule=schedule)
+        c = cfg.replace({"schedule.kind": schedule})
         f = [lr_factor(c, s) for s in range(3, 11)]
         print(schedule, [round(x, 4) for x in f])
         assert f[0] == 1.0
         assert f[-1] == (1.0 if schedule == "constant" else pytest.approx(0.1))
         assert all(a >= b for a, b in zip(f, f[1:]))
-    mid = lr_factor(cfg.replace(schedule="cosine"), 3 + 7 // 2 + 0)
+    mid = lr_factor(cfg.replace({"schedule.kind": "cosine"}), 3 + 7 // 2 + 0)
     assert mid == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 3 / 7)))
 
 
 def test_paper_evaluation_schedule_and_pruning(tmp_path):
-    cfg = load_train_config(TINY, ["steps=2000", "eval_every=10", "eval_window=50", "save_every=100"])
+    cfg = load_train_config(TINY, ["schedule.steps=2000", "eval.every=10", "eval.window=50", "checkpoint.save_every=100"])
     evals = [s for s in range(1, 2001) if cfg.is_eval_step(s)]
     assert evals == [1960, 1970, 1980, 1990, 2000]  # the last five, every 10 steps
     saves = [s for s in range(1, 2001) if cfg.is_checkpoint_step(s)]
@@ -48,15 +48,15 @@ def test_no_decay_on_norms_and_biases():
 
     model = build_model("random:qwen2", engine="sdpa")
     cfg = load_train_config(TINY)
-    decay, no_decay = param_groups(model, cfg)
+    decay, no_decay = param_groups(model, cfg.optim)
     names = {id(p): n for n, p in model.named_parameters()}
-    assert decay["weight_decay"] == cfg.weight_decay and no_decay["weight_decay"] == 0.0
+    assert decay["weight_decay"] == cfg.optim.weight_decay and no_decay["weight_decay"] == 0.0
     off = sorted(names[id(p)] for p in no_decay["params"])
     print(off[:6])
     assert off and all("norm" in n or n.endswith(".bias") for n in off)
     assert all("norm" not in names[id(p)] and not names[id(p)].endswith(".bias") for p in decay["params"])
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
-    everything = param_groups(model, cfg.replace(no_decay=()))
+    everything = param_groups(model, cfg.replace({"optim.no_decay": ()}).optim)
     assert len(everything) == 1 and isinstance(everything[0]["params"][0], torch.nn.Parameter)
 
 

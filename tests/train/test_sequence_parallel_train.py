@@ -12,7 +12,8 @@ import pytest
 from tests.train.conftest import metrics, pack_for, run_train
 
 STEPS = 5
-COMMON = (f"steps={STEPS}", "global_batch=4", "eval_window=0", "save_every=0", "grad_clip=1.0")
+COMMON = (f"schedule.steps={STEPS}", "data.global_batch=4", "eval.window=0", "checkpoint.save_every=0",
+          "optim.grad_clip=1.0")
 CASES = [  # (variant, layout, extra overrides)
     ("anchor", "plain", ()),
     pytest.param("full", "plain", (), marks=pytest.mark.slow),
@@ -20,7 +21,7 @@ CASES = [  # (variant, layout, extra overrides)
     pytest.param("intra_doc_reset", "plain", (), marks=pytest.mark.slow),
     pytest.param("anchor", "tags", (), marks=pytest.mark.slow),
     pytest.param("anchor", "interleave", (), marks=pytest.mark.slow),
-    pytest.param("intra_doc_reset", "interleave", ("activation_checkpointing=true",), marks=pytest.mark.slow),
+    pytest.param("intra_doc_reset", "interleave", ("model.activation_checkpointing=true",), marks=pytest.mark.slow),
 ]
 
 
@@ -34,11 +35,11 @@ def layouts(packed, corpus, tmp_path_factory):
 @pytest.mark.parametrize("variant,layout,extra", CASES)
 def test_sp2_training_equals_one_process(layouts, tmp_path, variant, layout, extra):
     data = layouts[layout]
-    flags = [f"data={data}", f"variant={variant}", f"tags={layout == 'tags'}".lower(),
-             f"interleave={layout == 'interleave'}".lower(), *extra]
+    flags = [f"data.path={data}", f"model.variant={variant}", f"data.tags={layout == 'tags'}".lower(),
+             f"data.interleave={layout == 'interleave'}".lower(), *extra]
     one, two = tmp_path / "one", tmp_path / "sp2"
-    run_train(one, *COMMON, *flags, "micro_batch=4", "nproc=1")
-    run_train(two, *COMMON, *flags, "micro_batch=1", "nproc=2", "sequence_parallel=2")
+    run_train(one, *COMMON, *flags, "data.micro_batch=4", "parallel.nproc=1")
+    run_train(two, *COMMON, *flags, "data.micro_batch=1", "parallel.nproc=2", "parallel.sequence_parallel=2")
     a, b = metrics(one), metrics(two)
     la, lb = np.array([r["loss"] for r in a]), np.array([r["loss"] for r in b])
     rel = np.abs(la - lb) / np.abs(la)
@@ -59,13 +60,13 @@ def test_dp2_x_sp2_under_torchrun_equals_one_process(layouts, tmp_path):
 
     from tests.train.conftest import ENV, TINY
 
-    flags = (*COMMON, f"data={layouts['plain']}", "variant=anchor")
+    flags = (*COMMON, f"data.path={layouts['plain']}", "model.variant=anchor")
     one = tmp_path / "one"
-    run_train(one, *flags, "micro_batch=4", "nproc=1")
+    run_train(one, *flags, "data.micro_batch=4", "parallel.nproc=1")
     four = tmp_path / "four"
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     cmd = [torchrun, "--nproc_per_node", "4", "-m", "anchor", "train", "--config", str(TINY), "--out", str(four),
-           "--no-progress", *flags, "micro_batch=1", "sequence_parallel=2", "zero_stage=2"]
+           "--no-progress", *flags, "data.micro_batch=1", "parallel.sequence_parallel=2", "parallel.zero_stage=2"]
     p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     la = np.array([r["loss"] for r in metrics(one)])

@@ -22,10 +22,10 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("smollm2")
     out = {}
     for variant in ("anchor", "full"):
-        data = [] if not out else [f"data={out['anchor'] / 'data'}"]
+        data = [] if not out else [f"data.path={out['anchor'] / 'data'}"]
         out[variant] = root / variant
-        run_train(out[variant], f"variant={variant}", f"steps={STEPS}", "global_batch=1", "save_every=0",
-                  "eval_window=0", *data, config=CONFIG)
+        run_train(out[variant], f"model.variant={variant}", f"schedule.steps={STEPS}", "data.global_batch=1", "checkpoint.save_every=0",
+                  "eval.window=0", *data, config=CONFIG)
     return out
 
 

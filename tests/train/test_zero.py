@@ -10,14 +10,15 @@ import pytest
 from tests.train.conftest import metrics, run_train
 
 STEPS = 5
-COMMON = (f"steps={STEPS}", "global_batch=4", "eval_window=0", "save_every=0", "grad_clip=1.0")
+COMMON = (f"schedule.steps={STEPS}", "data.global_batch=4", "eval.window=0", "checkpoint.save_every=0",
+          "optim.grad_clip=1.0")
 
 
 @pytest.fixture(scope="module")
 def single(packed, tmp_path_factory):
     """One plain process: the whole global batch in one micro-batch, no accumulation."""
     out = tmp_path_factory.mktemp("single") / "run"
-    run_train(out, *COMMON, "micro_batch=4", "nproc=1", "zero_stage=0", f"data={packed}")
+    run_train(out, *COMMON, "data.micro_batch=4", "parallel.nproc=1", "parallel.zero_stage=0", f"data.path={packed}")
     return metrics(out), out
 
 
@@ -53,7 +54,7 @@ def _same_weights(a, b, what):
 
 def test_gradient_accumulation_equals_one_batch(single, packed, tmp_path):
     out = tmp_path / "run"
-    run_train(out, *COMMON, "micro_batch=1", "nproc=1", f"data={packed}")
+    run_train(out, *COMMON, "data.micro_batch=1", "parallel.nproc=1", f"data.path={packed}")
     _check(single[0], metrics(out), "accumulation x4")
     _same_weights(single[1], out, "accumulation x4")
 
@@ -63,7 +64,7 @@ def test_gradient_accumulation_equals_one_batch(single, packed, tmp_path):
 @pytest.mark.parametrize("stage", [pytest.param(s, marks=pytest.mark.slow) for s in (0, 1, 2)] + [3])
 def test_zero_two_processes_equal_one(single, packed, tmp_path, stage):
     out = tmp_path / "run"
-    run_train(out, *COMMON, "micro_batch=1", "nproc=2", f"zero_stage={stage}", f"data={packed}")
+    run_train(out, *COMMON, "data.micro_batch=1", "parallel.nproc=2", f"parallel.zero_stage={stage}", f"data.path={packed}")
     _check(single[0], metrics(out), f"ZeRO-{stage} x2 processes")
     _same_weights(single[1], out, f"ZeRO-{stage} x2 processes")
 
@@ -76,7 +77,8 @@ def test_bf16_zero_within_measured_tolerance(single, packed, tmp_path):
     printed (README: about 5e-3 relative over 5 steps of tiny on short documents) and must stay
     below 1e-2, where DeepSpeed's stage-0 bf16 optimizer (refused) is 4% away."""
     one = tmp_path / "one"
-    run_train(one, *COMMON, "micro_batch=4", "nproc=1", "zero_stage=1", "dtype=bfloat16", f"data={packed}")
+    run_train(one, *COMMON, "data.micro_batch=4", "parallel.nproc=1", "parallel.zero_stage=1", "model.dtype=bfloat16",
+              f"data.path={packed}")
     ref = _losses(metrics(one))
     fp32 = _losses(single[0])
     baseline = float((np.abs(ref - fp32) / np.abs(fp32)).max())
@@ -84,7 +86,8 @@ def test_bf16_zero_within_measured_tolerance(single, packed, tmp_path):
     splits = {}
     for stage in (1, 2, 3):
         out = tmp_path / f"two-{stage}"
-        run_train(out, *COMMON, "micro_batch=1", "nproc=2", f"zero_stage={stage}", "dtype=bfloat16", f"data={packed}")
+        run_train(out, *COMMON, "data.micro_batch=1", "parallel.nproc=2", f"parallel.zero_stage={stage}",
+                  "model.dtype=bfloat16", f"data.path={packed}")
         splits[stage] = float((np.abs(_losses(metrics(out)) - ref) / np.abs(ref)).max())
         print(f"bf16 ZeRO-{stage} x2 vs ZeRO-1 x1: max rel {splits[stage]:.2e}")
     assert baseline <= 1e-2

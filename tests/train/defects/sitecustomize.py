@@ -27,6 +27,6 @@ if _DEFECT:
 
         _sp.counted_predictions = _counted
     elif _DEFECT == "decay_on_norms":  # the config's no_decay ignored
-        _optim.param_groups = lambda model, cfg: _right_groups(model, cfg.replace(no_decay=()))
+        _optim.param_groups = lambda model, optim: _right_groups(model, optim.model_copy(update={"no_decay": ()}))
     else:
         raise SystemExit(f"unknown ANCHOR_TEST_DEFECT {_DEFECT!r}")
