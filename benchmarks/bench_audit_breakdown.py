@@ -46,7 +46,8 @@ def _projections(params, tokens, pos, *, spec, policy, fused):
     import jax.numpy as jnp
 
     from jaxref import rope as rope_lib
-    from jaxref.model import linear, rms_norm, silu_mul
+    from jaxref.executor import linear
+    from jaxref.reference import rms_norm, silu_mul
 
     act, param, norm = policy.dtype("act"), policy.dtype("param"), policy.dtype("norm")
     N, K, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
@@ -133,7 +134,7 @@ def main() -> None:
     from jaxref.audit import runner
     from jaxref.audit.maps import MapsRunner, batch_inputs
     from jaxref import kernels
-    from jaxref.model import params_from_state
+    from jaxref.reference import params_from_state
     from jaxref.policy import get_policy
 
     spec, state = load_weights("default")

@@ -190,10 +190,10 @@ def matmul_floor(audit: dict, rates: dict | None = None) -> dict:
 
 def audit_calls(audit: dict) -> dict[tuple[int, int, str, str], int]:
     """The product calls of one layer's projection the audit makes, as its programs make them:
-    {(B, T, activation dtype, weight dtype): calls}. In numpy's BLAS (`jaxref.model.blas_share_key`) a
+    {(B, T, activation dtype, weight dtype): calls}. In numpy's BLAS (`jaxref.executor.blas_share_key`) a
     call's operands are the accumulator's dtype and B counts the rows of every policy sharing it (a
     shift call's window under every shift; a budget program's policies with the same key,
-    `jaxref.model.linear_many`, where the BLAS is position-exact, `jaxref.kernels.blas_position_exact`:
+    `jaxref.executor.linear_many`, where the BLAS is position-exact, `jaxref.kernels.blas_position_exact`:
     else each policy's call is its own); a product the BLAS cannot run (fp64 weights under fp32
     activations) is one XLA call per policy in its own dtypes."""
     import math
@@ -202,7 +202,7 @@ def audit_calls(audit: dict) -> dict[tuple[int, int, str, str], int]:
 
     from jaxref import kernels
     from jaxref.audit.runner import budget_groups, budget_plan, budget_runs, shifts_per_call
-    from jaxref.model import blas_share_key
+    from jaxref.executor import blas_share_key
     from jaxref.policy import get_policy
 
     share = kernels.blas_position_exact()
@@ -240,7 +240,7 @@ def audit_calls(audit: dict) -> dict[tuple[int, int, str, str], int]:
 
 def products_at_shapes(audit: dict, rates: dict, reps: int = 5) -> dict:
     """The matmul floor at the audit's own shapes: the products `matmul_floor` counts, each projection
-    timed alone as the audit runs it (`jaxref.model.linear`: the oracle's BLAS kernel, or XLA where the
+    timed alone as the audit runs it (`jaxref.executor.linear`: the oracle's BLAS kernel, or XLA where the
     BLAS cannot run it) at the shape and batch of its call (q|k|v of one x as one call, o, gate|up as
     one call, down, where the BLAS's calls are shared; else each alone; `audit_calls`), the best of
     `reps`; the causal q·kᵀ and p·v (inside the attention kernel, with the softmax) at `rates` (the
@@ -258,7 +258,7 @@ def products_at_shapes(audit: dict, rates: dict, reps: int = 5) -> dict:
 
     from jaxref import kernels
     from jaxref.attention import wide
-    from jaxref.model import blas_share_key, linear
+    from jaxref.executor import blas_share_key, linear
 
     if not kernels.blas_available():
         return {"seconds": None, "note": "jaxref's BLAS kernel is not available here: not measured"}

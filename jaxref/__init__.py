@@ -24,9 +24,10 @@ import jax  # noqa: E402
 jax.config.update("jax_enable_x64", True)
 
 from jaxref.device import use_device  # noqa: E402
+from jaxref.executor import forward  # noqa: E402
 from jaxref.loading import load_model, restore_params, save_params  # noqa: E402
-from jaxref.model import forward, params_from_state  # noqa: E402
 from jaxref.policy import PRESETS, STAGES, DtypePolicy, get_policy, parse_policies  # noqa: E402
+from jaxref.reference import params_from_state  # noqa: E402
 from jaxref.train import adamw, hf_state, optimizer_step, value_and_grad  # noqa: E402
 from jaxref.variants import VARIANTS, Variant, attention_mask, positions  # noqa: E402
 

@@ -17,7 +17,7 @@ On the CPU the fused C++ kernel (`jaxref.kernels`) runs instead where it covers 
 softmax and accumulators, operands and logits in fp32 or bf16 and the exact exponential (`fa2_bf16`,
 `paper_bf16`). `hf_bf16`'s dense path stays in JAX: it is bit for bit torch's eager bf16 attention
 (parity_tests/test_fidelity.py), which the kernel's exponential and sums are not. The kernel is
-chosen by an argument, `fused`, passed down from the caller (`jaxref.model` resolves it once per
+chosen by an argument, `fused`, passed down from the caller (`jaxref.executor` resolves it once per
 forward); `fused=None` at these public functions means the user's default,
 `jaxref.kernels.enabled()` (off under `JAXREF_FUSED_ATTENTION=0`).
 """

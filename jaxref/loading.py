@@ -11,7 +11,7 @@ import numpy as np
 from anchor.errors import InputError
 from anchor.spec import ModelSpec, RopeSpec
 from anchor.weights import load_weights
-from jaxref.model import Params, params_from_state
+from jaxref.reference import Params, params_from_state
 
 
 def load_model(name: str, *, seed: int = 0) -> tuple[Params, ModelSpec]:

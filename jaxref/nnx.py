@@ -5,7 +5,7 @@
     grads = nnx.grad(lambda m: m.loss(tokens, positions, doc_ids, loss_mask, variant="anchor"))(model)
 
 The parameters are one `nnx.Param` holding the same pytree as `jaxref.load_model`; the forward is
-`jaxref.model.decoder_forward` and the loss `jaxref.train.next_token_loss`, so the module can never
+`jaxref.executor.decoder_forward` and the loss `jaxref.train.next_token_loss`, so the module can never
 disagree with `jaxref.forward` / `jaxref.value_and_grad` beyond rounding. It always traces the JAX
 attention path (`fused=False`: the fused CPU kernel has no backward rule).
 """
@@ -18,9 +18,10 @@ import numpy as np
 from flax import nnx
 
 from anchor.spec import ModelSpec
+from jaxref.executor import decoder_forward
 from jaxref.loading import load_model
-from jaxref.model import Params, decoder_forward
 from jaxref.policy import DtypePolicy, get_policy
+from jaxref.reference import Params
 from jaxref.train import next_token_loss
 from jaxref.variants import check_variant
 

@@ -13,7 +13,7 @@ Legend: B batch, T slots, V vocab.
 
 The loss is torchtrain's (`torchtrain.next_token_loss`, docs/DESIGN.md §8): the mean cross-entropy
 over the counted targets. The gradient is `jax.grad` through the same forward as `jaxref.forward`
-(`jaxref.model.decoder_forward`), so a policy's rounding casts are differentiated too (each cast's
+(`jaxref.executor.decoder_forward`), so a policy's rounding casts are differentiated too (each cast's
 transpose casts the cotangent back). It traces the JAX attention path (`fused=False`): the fused
 CPU kernel (`jaxref.kernels`) has no VJP, and the JAX path is the same arithmetic up to rounding.
 """
@@ -29,7 +29,8 @@ import numpy as np
 import optax
 
 from anchor.spec import ModelSpec
-from jaxref.model import LAYER_NAMES, Params, decoder_forward, default_doc_ids
+from jaxref.executor import decoder_forward
+from jaxref.reference import LAYER_NAMES, Params, default_doc_ids
 from jaxref.policy import DtypePolicy, get_policy
 from jaxref.variants import check_variant
 from jaxref.variants import positions as variant_positions

@@ -200,7 +200,7 @@ def _starting_state(params: dict, spec, pol) -> tuple[dict[str, np.ndarray], Any
 def _loss_and_grads(case: Case, inputs: CaseInputs, spec, state: dict, master, pol) -> tuple[float, dict]:
     """The oracle's loss and {HF name: gradient in the master dtype} at `state` on the case's batch."""
     import jaxref
-    from jaxref.model import params_from_state
+    from jaxref.reference import params_from_state
 
     loss, grads = jaxref.value_and_grad(
         params_from_state(spec, state, master), spec, inputs.tokens, positions=inputs.positions,

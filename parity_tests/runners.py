@@ -364,7 +364,7 @@ def permute_units(params: dict, order: int) -> tuple[dict, np.ndarray]:
 def unpermute_state(state: dict[str, np.ndarray], perms: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A Hugging Face state (`jaxref.hf_state` names and layout: a gradient computed under
     `permute_units`) back in the stored order of units: the inverse of `perms` along each name's unit axes."""
-    from jaxref.model import LAYER_NAMES
+    from jaxref.reference import LAYER_NAMES
 
     top = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_norm", "lm_head.weight": "lm_head"}
     inverse = {u: np.argsort(p) for u, p in perms.items()}

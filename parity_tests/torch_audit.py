@@ -190,7 +190,7 @@ def audit_torch_stack(model: str = "default", engine: str = "eager", dtype: str 
     from anchor.machine import machine
     from anchor.progress import ProgressBar
     from jaxref.audit.runner import length_curve, restrict_vocab, shift_curve, shifts_per_call
-    from jaxref.model import params_from_state
+    from jaxref.reference import params_from_state
     from jaxref.policy import get_policy
 
     t0 = time.time()

@@ -115,8 +115,9 @@ def oracle_parts(case, inputs, policy: str, layers: list[int]) -> dict[int, dict
     import jax.numpy as jnp
 
     import jaxref
-    import jaxref.model as M
-    from jaxref.model import decoder_forward, params_from_state
+    import jaxref.executor as M  # the executor's own names: patching them changes what decoder_forward runs
+    from jaxref.executor import decoder_forward
+    from jaxref.reference import params_from_state
     from jaxref.train import next_token_loss
     from parity_tests.grads import _starting_state
     from parity_tests.runners import oracle_model

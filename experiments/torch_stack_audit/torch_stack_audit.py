@@ -51,7 +51,7 @@ def rerun_oracle(recorded: Path, out: Path) -> None:
 
     from anchor.machine import machine
     from jaxref.audit.runner import restrict_vocab, shift_curve
-    from jaxref.model import params_from_state
+    from jaxref.reference import params_from_state
     from jaxref.policy import get_policy
     from parity_tests.torch_audit import audit_inputs
 

@@ -4,7 +4,7 @@ Legend: L layers, B = windows × shifts in one call, G shifts per window (the re
 T slots, N query heads.
 
 `jaxref.forward(..., probe=...)` runs the whole decoder and hands each layer's maps to a probe. The
-audit reads nothing but the maps, so this pass is the same decoder (`jaxref.model.decoder_layer`
+audit reads nothing but the maps, so this pass is the same decoder (`jaxref.executor.decoder_layer`
 under one `lax.scan`, op for op) without what comes after them:
 
   * no final norm and no lm-head (the logits are never read);
@@ -49,8 +49,9 @@ from anchor.spec import ModelSpec
 from jaxref import kernels
 from jaxref import rope as rope_lib
 from jaxref.attention import full_probs
-from jaxref.model import Params, decoder_layer, layer_steps, layers_in_step
+from jaxref.executor import decoder_layer, layer_steps, layers_in_step
 from jaxref.policy import STAGES, DtypePolicy
+from jaxref.reference import Params
 
 
 @lru_cache(maxsize=None)
@@ -89,7 +90,7 @@ class KernelProbe:
     group: int
     first_only: bool
     policy: DtypePolicy
-    reads_qk: ClassVar[bool] = True  # jaxref.model.decoder_layer hands it (q, k, scale) instead of the maps
+    reads_qk: ClassVar[bool] = True  # jaxref.executor.decoder_layer hands it (q, k, scale) instead of the maps
 
     @staticmethod
     def covers(policy: DtypePolicy) -> bool:
@@ -152,9 +153,9 @@ def _maps_many(params, tokens, pos, doc_ids, *, spec: ModelSpec, policies: tuple
     One compile instead of one per policy: most of a small program's compile time is XLA's cost per
     program, so the error budget's 33 policies at T = 128, as 3 programs of 11, compile in a third of
     the time of 33 programs (benchmarks/bench_audit_breakdown.py). The policies share one scan over the
-    layers, each step running every policy's layer in step (`jaxref.model.layer_steps`), round by round
+    layers, each step running every policy's layer in step (`jaxref.executor.layer_steps`), round by round
     of projections: the products that read the same weights in the same dtypes run as one BLAS call
-    (`jaxref.model.linear_many`: every policy's x against q|k|v, then against gate|up), which packs a
+    (`jaxref.executor.linear_many`: every policy's x against q|k|v, then against gate|up), which packs a
     weight once for all their rows instead of once per policy (at T = 128 the packing of the weights
     took a fifth of the BLAS time). The policies'
     forwards are otherwise independent in the program and each one's outputs are bitwise those of its

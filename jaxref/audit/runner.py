@@ -50,8 +50,9 @@ from jaxref import kernels
 from jaxref.audit.maps import MapsRunner, make_probe
 from jaxref.audit.random_init import torch_default_state
 from jaxref.audit.sequences import load_texts, make_windows
-from jaxref.model import Params, forward, params_from_state
+from jaxref.executor import forward
 from jaxref.policy import PRESETS, STAGES, DtypePolicy, get_policy, parse_policies
+from jaxref.reference import Params, params_from_state
 
 PAPER_SHIFTS: tuple[int, ...] = (0, 2, 4, 6, 8, 10, 12, 14, 15, 17, 18, 20, 22, 50, 100, 200, 500, 1000, 2000)
 PAPER_LENGTHS: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096, 8192)

@@ -13,12 +13,12 @@ and `hf_bf16`'s dense softmax, whose JAX path is bit for bit torch's eager atten
 
 The same library holds the precision audit's probe (`audit_probe`): every shift's causal attention
 maps against the reference shift's, reduced to the audit's column and first-key sums inside the
-kernel (jaxref/audit/maps.py); and the decoder's projections (`matmul`, `jaxref.model.linear`): fp32
+kernel (jaxref/audit/maps.py); and the decoder's projections (`matmul`, `jaxref.executor.linear`): fp32
 and fp64 products by a private, single-threaded copy of numpy's OpenBLAS on XLA's threads, which ran
 10-30% faster than XLA's own matmuls at SmolLM2's shapes on 2 cores (each row's result independent of
 the batch; tests/jaxref/test_blas_matmul.py). Without that OpenBLAS the projections stay XLA's.
 Calls are shared (several batch elements in one call; several requests' x and weights in one call,
-`jaxref.model.linear_many`) only where the BLAS is position-exact (`blas_position_exact`): a row's
+`jaxref.executor.linear_many`) only where the BLAS is position-exact (`blas_position_exact`): a row's
 and a column's result the same whatever rows and columns the call holds, as OpenBLAS's AVX-512
 kernels are and its Haswell kernels (AVX2 CPUs) are not.
 
@@ -28,7 +28,7 @@ source, the flags, jaxlib's version and the CPU; `make install` builds it ahead.
 compiler the kernel is skipped with one warning and the JAX path runs.
 
 Whether a trace may use the kernels is an argument, `fused`, of `jaxref.forward`, the attention
-functions (`jaxref.attention`) and `jaxref.model.linear`; the gradient code passes `fused=False`
+functions (`jaxref.attention`) and `jaxref.executor.linear`; the gradient code passes `fused=False`
 (the kernels have no VJP). The
 environment variable `JAXREF_FUSED_ATTENTION=0` is the user's default switch only: `enabled()` reads
 it where a public entry resolves `fused=None`, and nothing in jaxref sets it.

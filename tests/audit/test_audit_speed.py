@@ -250,7 +250,7 @@ def test_the_speed_benchmark_replays_the_calls_the_audit_makes(monkeypatch):
     """benchmarks/bench_audit_speed.py times the audit's products alone at the shapes the audit runs
     them (`products_at_shapes`); its call plan (`audit_calls`: rows of one call, length, operand dtypes)
     must be the calls the audit's programs make. Observed here, per program traced: its q|k|v products,
-    in the BLAS (`jaxref.kernels.matmul`) or in XLA (`jaxref.model.linear` where the BLAS cannot run
+    in the BLAS (`jaxref.kernels.matmul`) or in XLA (`jaxref.executor.linear` where the BLAS cannot run
     them: fp64 weights under fp32 activations in the error budget), times the program's runs."""
     import sys
     import threading
@@ -260,13 +260,13 @@ def test_the_speed_benchmark_replays_the_calls_the_audit_makes(monkeypatch):
     import jax.numpy as jnp
 
     from jaxref import kernels
-    from jaxref import model as model_lib
+    from jaxref import executor
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import bench_audit_speed
 
     tracing, traced, runs = threading.local(), {}, Counter()  # programs compile on the runner's thread
-    matmul, linear, compile_, program = kernels.matmul, model_lib.linear, MapsRunner._compile, MapsRunner.program
+    matmul, linear, compile_, program = kernels.matmul, executor.linear, MapsRunner._compile, MapsRunner.program
 
     def record(x, w, act, param):
         traced.setdefault(tracing.key, Counter())[(x.shape[0], x.shape[1], w.shape[0], str(jnp.dtype(act)),
@@ -277,7 +277,7 @@ def test_the_speed_benchmark_replays_the_calls_the_audit_makes(monkeypatch):
         return matmul(x, w)
 
     def record_linear(x, w, b, act, param, fused=False):
-        if not model_lib._blas_ok(act, param, fused):
+        if not executor._blas_ok(act, param, fused):
             record(x, w, act, param)
         return linear(x, w, b, act, param, fused)
 
@@ -291,7 +291,7 @@ def test_the_speed_benchmark_replays_the_calls_the_audit_makes(monkeypatch):
         return program(self, policy, B, T, group, first_only, max_pos, wait=wait)
 
     monkeypatch.setattr(kernels, "matmul", record_matmul)
-    monkeypatch.setattr(model_lib, "linear", record_linear)
+    monkeypatch.setattr(executor, "linear", record_linear)
     monkeypatch.setattr(MapsRunner, "_compile", record_compile)
     monkeypatch.setattr(MapsRunner, "program", record_program)
     audit = runner.run_audit("random:smollm2", ("fp32", "hf_bf16"), seq_len=41, num_seqs=2, shifts=(0, 2, 17),
@@ -310,5 +310,5 @@ def test_the_speed_benchmark_replays_the_calls_the_audit_makes(monkeypatch):
                 seen[(rows, T, act, param)] += n * m // 2
     assert audit["error_budget"] and sum(seen.values()) > 4
     assert any(a == p == "float64" for _, _, a, p in seen)  # BLAS fp64 calls of the budget's raised policies
-    assert any(model_lib.blas_share_key(a, p) is None for _, _, a, p in seen)  # and an XLA one
+    assert any(executor.blas_share_key(a, p) is None for _, _, a, p in seen)  # and an XLA one
     assert bench_audit_speed.audit_calls(audit) == dict(seen)

@@ -1,4 +1,4 @@
-"""The decoder's projections in BLAS (`jaxref.kernels.matmul`, jaxref.model.linear with `fused`).
+"""The decoder's projections in BLAS (`jaxref.kernels.matmul`, jaxref.executor.linear with `fused`).
 
 The kernel runs a private, single-threaded copy of numpy's OpenBLAS on XLA's threads. What it
 promises: a row's result independent of the batch around it (the audit compares one window under two
@@ -106,7 +106,7 @@ def test_forward_uses_blas_and_stays_within_rounding():
     err_xla, err_blas = (np.linalg.norm(a - fp64) / np.linalg.norm(fp64) for a in (xla, blas))
     print(f"fp32 logits vs fp64: XLA {err_xla:.3g}, BLAS {err_blas:.3g}")
     assert err_blas <= 2 * err_xla
-    from jaxref.model import _forward_jit
+    from jaxref.executor import _forward_jit
     hlo = _forward_jit.lower(params, jnp.asarray(toks), jnp.asarray(np.tile(np.arange(97), (2, 1))),
                              jnp.ones((2, 97), jnp.int32), spec=spec, policy=jaxref.get_policy("fp32"),
                              variant="full", tap=False, tap_rows=None, probe=None, seq_len=None,
@@ -119,7 +119,7 @@ def test_linear_many_shares_a_weight_and_gives_each_requests_own_product():
     """Requests that read the same weight in the same dtypes run as one BLAS call (one custom call in the
     program) and each gets, bitwise, what `linear` alone gives it; a request with another accumulator
     (fp64 activations), another weight dtype or another weight runs on its own."""
-    from jaxref.model import linear, linear_many
+    from jaxref.executor import linear, linear_many
 
     jax.config.update("jax_enable_x64", True)
     rng = np.random.default_rng(7)
@@ -149,7 +149,7 @@ def test_linear_many_puts_one_x_against_several_weights_in_one_call():
     against the weights concatenated on the output axis, and each request gets, bitwise, what `linear`
     alone gives it (odd sizes: the columns of each weight land anywhere in the BLAS's blocks); requests
     that are not every x with every weight share only what reads the same weight."""
-    from jaxref.model import linear, linear_many
+    from jaxref.executor import linear, linear_many
 
     rng = np.random.default_rng(11)
     wq, wk, wv = (jnp.asarray(rng.standard_normal((n, 97)), jnp.float32) for n in (97, 35, 35))

@@ -1,25 +1,27 @@
-"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM2) as pure functions over a params pytree.
+"""The fast executor of the decoder: `jaxref.reference`'s arithmetic, planned and batched for speed.
 
 Legend: B batch, T slots, H hidden, N query heads, K kv heads, D head dim, F MLP width, V vocab,
-L layers, R tapped query rows.
+L layers, R tapped query rows. Params as in `jaxref.reference`.
 
-Params (Hugging Face (out, in) layout, layer weights stacked on a leading L axis so the layers
-run under one `lax.scan`):
-  embed [V,H], final_norm [H], lm_head [V,H] (absent when tied),
-  layers: attn_norm [L,H], mlp_norm [L,H], wq [L,N*D,H], wk/wv [L,K*D,H], wo [L,H,N*D],
-          bq [L,N*D], bk/bv [L,K*D] (Qwen2 only), q_norm/k_norm [L,D] (Qwen3 only),
-          w_gate/w_up [L,F,H], w_down [L,H,F].
-
-Every stage runs in the dtype the policy names (docs/DESIGN.md §4); a linear layer accumulates in fp32
-when its activations are bf16/fp16 (as GPU and CPU matmuls do) and rounds to the activation dtype.
+Every stage rounds where `jaxref.reference` rounds (docs/DESIGN.md §4); what this module adds is how
+the work runs, never what it computes (tests/jaxref/test_reference.py holds the two equal, policy by
+policy and variant by variant):
+  * the layers under one `lax.scan` over the stacked weights (one compiled body, not L copies);
+  * the attention by blocks of query rows, each against the keys up to its block (`jaxref.attention`),
+    and on the CPU in the fused C++ kernel where it covers the policy (`attention.kernel_args`);
+  * the projections in numpy's BLAS on the CPU (`linear`, `jaxref.kernels.matmul`), q|k|v and
+    gate|up of one x as one call, one weight for several policies' rows (`linear_many`, planned by
+    `layer_steps` and `layers_in_step`): the audit runs the error budget's policies in step
+    (jaxref/audit/maps.py);
+  * the audit's probe (`probe`), which reduces whole attention maps inside the layer.
+The kernels and the BLAS sum in their own order, so their results are the reference's up to the
+accumulator's rounding; with `fused=False` every product runs in XLA.
 
 Public surface: `forward` (numpy in, jitted, the user's entry), `decoder_forward` (the same forward
 un-jitted, over arrays, for callers that trace it inside their own `jit`/`grad`), `decoder_layer`
 (one block, the body of the layer scan), `layer_steps` (the same block as a generator of its
 projections), `layers_in_step` and `linear_many` (one block, or several policies' blocks in step, with
-the projections that can share a BLAS call in one: q|k|v, gate|up, one weight for several policies'
-rows; `blas_share_key` says which may), `LAYER_NAMES` (Hugging Face layer names → params keys),
-`params_from_state`, `default_doc_ids`.
+the projections that can share a BLAS call in one; `blas_share_key` says which may).
 
 The fused-kernel switch is an argument, `fused`: `forward` resolves it once (default: the user's
 `JAXREF_FUSED_ATTENTION`, `jaxref.kernels.enabled()`) and hands the bool down to the attention and
@@ -40,53 +42,11 @@ from jaxref import kernels
 from jaxref import rope as rope_lib
 from jaxref.attention import attention, full_probs, row_scores_probs, wide, wide_einsum
 from jaxref.policy import DtypePolicy, get_policy
+from jaxref.reference import Params, default_doc_ids, embed, rms_norm, silu_mul
 from jaxref.variants import Variant, check_variant
 from jaxref.variants import positions as variant_positions
 
-Params = dict[str, Any]
 Probe = Callable[[jax.Array, jax.Array], Any]
-
-LAYER_NAMES: dict[str, str] = {
-    "input_layernorm.weight": "attn_norm",
-    "post_attention_layernorm.weight": "mlp_norm",
-    "self_attn.q_proj.weight": "wq",
-    "self_attn.k_proj.weight": "wk",
-    "self_attn.v_proj.weight": "wv",
-    "self_attn.o_proj.weight": "wo",
-    "self_attn.q_proj.bias": "bq",
-    "self_attn.k_proj.bias": "bk",
-    "self_attn.v_proj.bias": "bv",
-    "self_attn.q_norm.weight": "q_norm",
-    "self_attn.k_norm.weight": "k_norm",
-    "mlp.gate_proj.weight": "w_gate",
-    "mlp.up_proj.weight": "w_up",
-    "mlp.down_proj.weight": "w_down",
-}
-"""{Hugging Face name inside `model.layers.<i>.`: the key of the stacked [L, ...] array in params["layers"]}."""
-
-
-def params_from_state(spec: ModelSpec, state: dict[str, np.ndarray], dtype=jnp.float32) -> Params:
-    """Hugging Face-named numpy state dict → the oracle's params pytree in `dtype` (float32: exact
-    for the stored float32 weights; float64 for parameters updated in fp64, as the oracle's optimizer
-    steps are)."""
-    layers: dict[str, list[np.ndarray]] = {}
-    for i in range(spec.num_layers):
-        for hf, ours in LAYER_NAMES.items():
-            name = f"model.layers.{i}.{hf}"
-            if name in state:
-                layers.setdefault(ours, []).append(state[name])
-    params: Params = {
-        "embed": jnp.asarray(state["model.embed_tokens.weight"], dtype),
-        "final_norm": jnp.asarray(state["model.norm.weight"], dtype),
-        "layers": {k: jnp.asarray(np.stack(v), dtype) for k, v in layers.items()},
-    }
-    if not spec.tie_embeddings:
-        params["lm_head"] = jnp.asarray(state["lm_head.weight"], dtype)
-    return params
-
-
-# ---------------------------------------------------------------------------------------------
-# Pure building blocks
 
 
 def linear(x_BTI, w_OI, b_O, act, param, fused: bool = False):
@@ -205,25 +165,10 @@ def _products(requests, param, acc) -> list:
     return out
 
 
-def rms_norm(x_BTH, w_H, eps: float, norm, out, param):
-    """Hugging Face RMSNorm over the last axis (H, or D for Qwen3's per-head q/k norms): statistics in
-    `norm`, cast to `out` *before* the weight multiply."""
-    x = x_BTH.astype(norm)
-    var = jnp.mean(x * x, axis=-1, keepdims=True)
-    x = (x * jax.lax.rsqrt(var + jnp.asarray(eps, norm))).astype(out)
-    return (w_H.astype(param) * x).astype(out)
-
-
-def silu_mul(g, u, act):
-    """`silu(g) * u`; elementwise math in fp32 for 16-bit activations (as torch's kernels do), rounded per op."""
-    hi = wide(act)
-    s = jax.nn.silu(g.astype(hi)).astype(act)
-    return (s.astype(hi) * u.astype(hi)).astype(act)
-
-
 def layer_steps(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Variant, cos, sin, doc_ids,
                 tap: bool, tap_rows, probe, fused: bool):
-    """One pre-norm block as a generator of its projections: `decoder_layer` without the products.
+    """One pre-norm block as a generator of its projections: `jaxref.reference.layer`'s arithmetic, its
+    products handed out to be run together with others' (`decoder_layer` drives one).
 
     It yields its projections in rounds, a tuple of requests (x, w, b, act, param) at a time (q, k
     and v of one x; o; gate and up of one x; down), and is sent their products,
@@ -332,9 +277,9 @@ def decoder_forward(params: Params, tokens, pos, doc_ids, *, spec: ModelSpec, po
       (logits [B,T,V] in the `head` dtype, {tap name: array}); the dict always holds "final_norm"
       [B,T,H] and, with `tap`, every tap `forward` documents.
     """
-    act, param = policy.dtype("act"), policy.dtype("param")
+    param = policy.dtype("param")
     cos, sin = rope_lib.rope_tables(spec.rope, spec.head_dim, pos, policy, seq_len=seq_len)
-    h = params["embed"].astype(param)[tokens].astype(act)
+    h = embed(params, tokens, policy)
     layer = partial(decoder_layer, spec=spec, policy=policy, variant=variant, cos=cos, sin=sin,
                     doc_ids=doc_ids, tap=tap, tap_rows=tap_rows, probe=probe, fused=fused)
     if remat:
@@ -357,14 +302,6 @@ def decoder_forward(params: Params, tokens, pos, doc_ids, *, spec: ModelSpec, po
 
 _forward_jit = jax.jit(decoder_forward, static_argnames=("spec", "policy", "variant", "tap", "tap_rows", "probe",
                                                          "seq_len", "fused"))
-
-
-def default_doc_ids(B: int, T: int, variant: str) -> np.ndarray:
-    """One document over the whole window (slot 0 is the anchor, doc 0, in the anchor variant)."""
-    doc = np.ones((B, T), dtype=np.int32)
-    if variant == "anchor":
-        doc[:, 0] = 0
-    return doc
 
 
 def forward(params: Params, config: ModelSpec, tokens, positions=None, doc_ids=None, variant: str = "full",
