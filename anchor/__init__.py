@@ -1,11 +1,54 @@
-"""anchor: precision-aware long-context training (AnchorAttention).
+"""anchor: precision-aware long-context training (AnchorAttention), the application (the top floor,
+docs/DESIGN.md §Architecture).
 
-The shared core, the ground floor (docs/DESIGN.md §Architecture): framework-free pieces used by the
-oracle (`jaxref`) and the trainer (`torchtrain`): errors, model specs and the translation to Hugging Face
-configs, weight readers, the tokenizer, the data pipeline, the run folder. It imports nothing of the
-project above it; the `anchor` command line lives on the top floor (`anchor_app`).
+    import anchor
+    report = anchor.run_hf_stack(my_model, attention=my_attention_fn)   # your transformers stack under the oracle
+    result = anchor.run_audit("random:llama", quick=True)                # does RoPE stay relative in bf16?
+    cfg = anchor.load_train_config("configs/train/tiny.yaml", ["optim.lr=1e-5"])
+    anchor.train(cfg, "runs/tiny")
+
+The `anchor` command line (`cli`, one module per verb in `commands`), `python -m anchor`, the demo,
+evaluation (perplexity, RULER, lm-eval's harness), the benchmark and the pytest plugin. It stands on
+everything below it: the shared core (`anchor_core`), the oracle (`jaxref`), the trainer (`torchtrain`)
+and what compares them (`parity_tests`); nothing below imports it.
+
+The names below are loaded on first use (PEP 562), so `import anchor` and `anchor --help` import no JAX
+or torch.
 """
 
-__version__ = "0.1.0"
+from __future__ import annotations
 
-from anchor import machine as _machine  # noqa: E402,F401  (stdlib only: records the load at start)
+from importlib import import_module
+from typing import Any
+
+from anchor_core import __version__  # noqa: F401
+
+# name: (module, attribute); what a user of the toolkit reaches from `import anchor`
+API: dict[str, tuple[str, str]] = {
+    "load_model": ("jaxref", "load_model"),                        # the oracle's model: params, spec
+    "forward": ("jaxref", "forward"),                              # the oracle's forward under a dtype policy
+    "run_audit": ("parity_tests.audit", "run_audit"),              # the precision audit (paper §2)
+    "write_audit": ("parity_tests.audit", "write_audit"),
+    "audit_torch_stack": ("parity_tests.audit.torch_stack", "audit_torch_stack"),
+    "run_parity": ("parity_tests.suite", "run_parity"),            # the trainer held against the oracle
+    "run_hf_stack": ("parity_tests.hf_stack", "run_hf_stack"),     # stock transformers / your attention
+    "load_train_config": ("torchtrain.config", "load_train_config"),
+    "train": ("torchtrain.trainer", "train"),                      # `anchor train` as a function
+    "build_model": ("torchtrain", "build_model"),                  # a stock transformers LM with our engines
+    "PackingCollator": ("torchtrain.hf", "PackingCollator"),       # AnchorAttention in HF Trainer / TRL
+}
+
+__all__ = ["__version__", *API]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in API:
+        raise AttributeError(f"module 'anchor' has no attribute {name!r}")
+    module, attribute = API[name]
+    value = getattr(import_module(module), attribute)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *API])

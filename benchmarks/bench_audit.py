@@ -43,8 +43,8 @@ def main() -> None:
 
     import jax
 
-    from anchor.machine import machine
-    from jaxref.audit import run_audit, write_audit
+    from anchor_core.machine import machine
+    from parity_tests.audit import run_audit, write_audit
 
     overrides = dict(s.split("=", 1) for s in args.settings)
     overrides = {k: _value(v) for k, v in overrides.items()}
@@ -59,7 +59,7 @@ def main() -> None:
     cpu1 = os.times()
     cpu_s = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     record = {
-        "benchmark": "anchor audit (jaxref.audit.run_audit + write_audit)",
+        "benchmark": "anchor audit (parity_tests.audit.run_audit + write_audit)",
         "model": args.model, "policies": args.policies, "overrides": overrides,
         "settings": result["settings"],
         "wall_s": round(t_total, 1), "run_audit_s": round(t_run, 1), "limit_s": 900,

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_audit_breakdown.py [--out benchmarks/results/audit_breakdown_cpu.json]
 
 benchmarks/bench_audit_speed.py times the whole command against its matmul floor; this one takes the
-calls apart, in one process, on SmolLM2 with the audit's own windows and programs (jaxref/audit/maps.py):
+calls apart, in one process, on SmolLM2 with the audit's own windows and programs (parity_tests/audit/maps.py):
 
   shift call     one window of 256 under the reference and the 19 shifts (B = 20 sequences, 5120 tokens),
                  per default policy, timed as the audit runs it (`maps`), and as the same decoder with
@@ -90,8 +90,8 @@ def budget_programs(MapsRunner, params, spec, policies, w, ref: int) -> dict:
     (several policies per program), each from nothing; whether every policy's outputs are equal."""
     import numpy as np
 
-    from jaxref.audit import runner
-    from jaxref.audit.maps import batch_inputs
+    from parity_tests.audit import runner
+    from parity_tests.audit.maps import batch_inputs
 
     n, T = w.shape
     _, positions, _ = batch_inputs(w, np.asarray([ref, 0]))
@@ -129,10 +129,10 @@ def main() -> None:
 
     jax.config.update("jax_enable_x64", True)
     jax.config.update("jax_enable_compilation_cache", False)  # compile times are measured
-    from anchor.machine import machine
-    from anchor.weights import load_weights
-    from jaxref.audit import runner
-    from jaxref.audit.maps import MapsRunner, batch_inputs
+    from anchor_core.machine import machine
+    from anchor_core.weights import load_weights
+    from parity_tests.audit import runner
+    from parity_tests.audit.maps import MapsRunner, batch_inputs
     from jaxref import kernels
     from jaxref.reference import params_from_state
     from jaxref.policy import get_policy

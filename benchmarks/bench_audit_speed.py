@@ -21,7 +21,7 @@ session (the cores are shared: compare runs of one session). Records for each ru
                        key, how many numbers differ at all, and whether all are bitwise equal
   vs_baseline          with --baseline-jaxref: the same comparison against the baseline run's audit.json
                        (the baseline code's numbers, from this session)
-and for the whole: machine (anchor.machine, with `matmul_gflops` before and after: an fp32 matmul of
+and for the whole: machine (anchor_core.machine, with `matmul_gflops` before and after: an fp32 matmul of
 SmolLM2's MLP shape, a measure of what the shared cores gave), and vs_committed: the same comparison
 against results/audit_smollm2_random_init_cpu/audit.json (an older oracle, with --random-init).
 The reference is the default audit's audit.json as an older oracle wrote it (results/audit_smollm2_cpu.json):
@@ -145,7 +145,7 @@ def mean_rates(a: dict, b: dict) -> dict[str, dict[str, float]]:
 def audit_flop(audit: dict) -> tuple[dict[str, float], float]:
     """The audit's matrix-product FLOPs per part ({"shift curves", "length curves", "error budget"}) and
     how many of them run in fp64."""
-    from jaxref.audit.runner import budget_plan, budget_runs
+    from parity_tests.audit.runner import budget_plan, budget_runs
     from jaxref.policy import get_policy
 
     spec, st = audit["spec"], audit["settings"]
@@ -201,7 +201,7 @@ def audit_calls(audit: dict) -> dict[tuple[int, int, str, str], int]:
     from types import SimpleNamespace
 
     from jaxref import kernels
-    from jaxref.audit.runner import budget_groups, budget_plan, budget_runs, shifts_per_call
+    from parity_tests.audit.runner import budget_groups, budget_plan, budget_runs, shifts_per_call
     from jaxref.executor import blas_share_key
     from jaxref.policy import get_policy
 
@@ -370,7 +370,7 @@ def main() -> None:
     options = (("--quick",) if args.quick else ()) + (("--model", args.model) if args.model else ())
     command = " ".join(["anchor audit --out DIR", *options])
 
-    from anchor.machine import machine
+    from anchor_core.machine import machine
 
     def rel(p: str) -> str:
         return str(Path(p).resolve().relative_to(ROOT)) if Path(p).resolve().is_relative_to(ROOT) else p

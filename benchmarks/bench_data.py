@@ -31,14 +31,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from anchor.data.batch import VARIANTS, make_batch  # noqa: E402
-from anchor.data.corpus import default_corpus_documents  # noqa: E402
-from anchor.data.packed import ShardWriter  # noqa: E402
-from anchor.data.packing import Layout, Packer  # noqa: E402
-from anchor.data.readers import Document  # noqa: E402
-from anchor.data.store import BATCH_CHARS, TokenStore, document_batches, write_store  # noqa: E402
-from anchor.machine import machine  # noqa: E402
-from anchor.tokenizer import load_tokenizer  # noqa: E402
+from anchor_core.data.batch import VARIANTS, make_batch  # noqa: E402
+from anchor_core.data.corpus import default_corpus_documents  # noqa: E402
+from anchor_core.data.packed import ShardWriter  # noqa: E402
+from anchor_core.data.packing import Layout, Packer  # noqa: E402
+from anchor_core.data.readers import Document  # noqa: E402
+from anchor_core.data.store import BATCH_CHARS, TokenStore, document_batches, write_store  # noqa: E402
+from anchor_core.machine import machine  # noqa: E402
+from anchor_core.tokenizer import load_tokenizer  # noqa: E402
 
 
 def best(fn, repeats: int) -> float:

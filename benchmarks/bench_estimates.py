@@ -76,7 +76,7 @@ def train_case(config: str, T: int, engine: str, data: Path, tmp: Path) -> dict:
 def eval_case(model: str, T: int, engine: str, tmp: Path) -> dict:
     import torch
 
-    from anchor.weights import load_spec
+    from anchor_core.weights import load_spec
     from torchtrain.memory import forward_memory
 
     est = forward_memory(load_spec(model), seq_len=T, batch=4, dtype=torch.float32, engine=engine)
@@ -104,8 +104,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="tiny cases only")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "memory_estimates_cpu.json"))
     args = ap.parse_args()
-    from anchor.data.corpus import CORPUS_FILE, write_default_corpus
-    from anchor.machine import machine
+    from anchor_core.data.corpus import CORPUS_FILE, write_default_corpus
+    from anchor_core.machine import machine
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-estimates-") as tmp:

@@ -99,9 +99,9 @@ def main() -> None:
 
     import numpy as np
 
-    from anchor.data.corpus import CORPUS_FILE, write_default_corpus
-    from anchor.machine import machine
-    from anchor.weights import load_spec
+    from anchor_core.data.corpus import CORPUS_FILE, write_default_corpus
+    from anchor_core.machine import machine
+    from anchor_core.weights import load_spec
     from torchtrain.engines import dense_attention_bytes, resolve_engine
 
     lens = sorted(int(x) for x in args.lens.split(","))

@@ -50,11 +50,11 @@ def main() -> None:
 
     import jaxref
     from jaxref import kernels
-    from anchor.machine import machine
+    from anchor_core.machine import machine
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from anchor.spec import to_hf_config
-    from anchor.weights import load_weights
+    from anchor_core.spec import to_hf_config
+    from anchor_core.weights import load_weights
 
     fused = kernels.enabled()  # the user's switch, read once
     spec, state = load_weights(args.model)

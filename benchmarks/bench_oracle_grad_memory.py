@@ -56,8 +56,8 @@ def main() -> int:
                     default=Path(__file__).resolve().parent / "results" / "oracle_grad_memory_cpu.json")
     args = ap.parse_args()
     import jaxref
-    from anchor.atomic import write_text_atomic
-    from anchor.machine import machine
+    from anchor_core.atomic import write_text_atomic
+    from anchor_core.machine import machine
 
     params, spec = jaxref.load_model(args.model)
     rows = []

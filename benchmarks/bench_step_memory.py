@@ -7,8 +7,8 @@
 
 One step = forward + backward (no optimizer step) of one window of T slots of random tokens with a
 few documents, variant `anchor`, engine `varlen`, fp32, through a 2-layer model of SmolLM2's shape
-(`anchor.weights.load_spec("default").replace(num_layers=2)`, random weights from
-`anchor.weights.random_state`). Cases:
+(`anchor_core.weights.load_spec("default").replace(num_layers=2)`, random weights from
+`anchor_core.weights.random_state`). Cases:
 
   logits  before: the model's logits [1, T, V] and `token_cross_entropy` (the trainer's old path,
           still used under ZeRO-3)
@@ -24,14 +24,14 @@ measured at the longest check length, plus the per-slot growth of that differenc
 the two check lengths (the model of it, fp32 logits and their gradient, is 2 x V x 4 bytes per
 slot; both are recorded). The JSON says which.
 
-The estimate (`anchor_app.bench.memory`, the sizes `anchor bench` checks before any work) beside every
+The estimate (`anchor.bench.memory`, the sizes `anchor bench` checks before any work) beside every
 measured peak, with estimate / measured:
   logits, fused  what the step adds over the built model (step_bytes): gradients 4 P, the activations
                  (`activation_bytes_per_slot`, L + 1 layers) and the lm-head's chunks (fused) or the
                  logits and their gradient, 2 x V x 4 bytes per slot (logits)
   bench          `anchor bench`'s training-step rows as it runs them (`--bench-cases MODEL:LAYERS:T`): a
                  fresh process cuts the model, packs the default corpus at T and trains 2 steps
-                 (`anchor_app.bench.step.time_steps`, variant anchor, engine varlen); its whole life's
+                 (`anchor.bench.step.time_steps`, variant anchor, engine varlen); its whole life's
                  peak RSS (VmHWM) against `step_memory(...).total`
   attention      `anchor bench`'s attention rows (`--attention-cases ENGINE:T`, SmolLM2's heads, the
                  variants full, intra_doc, anchor, 1 slimpajama window): a fresh process's peak RSS
@@ -74,10 +74,10 @@ def _mem_available() -> int:
 
 def window(T: int, docs: int, vocab: int, seed: int):
     """One anchor window (docs/DESIGN.md §1): the BOS anchor at slot 0, then `docs` documents of random
-    lengths filling the T slots, random tokens. Returns the Batch of `anchor.data.batch.make_batch`."""
+    lengths filling the T slots, random tokens. Returns the Batch of `anchor_core.data.batch.make_batch`."""
     import numpy as np
 
-    from anchor.data.batch import make_batch
+    from anchor_core.data.batch import make_batch
 
     rng = np.random.default_rng(seed)
     cuts = np.sort(rng.choice(np.arange(2, T - 1), size=docs - 1, replace=False))
@@ -93,7 +93,7 @@ def run_case(case: str, T: int, docs: int, seed: int) -> dict:
     """One step of `case` in this process; the measured memory in bytes."""
     import torch
 
-    from anchor.weights import load_spec, random_state
+    from anchor_core.weights import load_spec, random_state
     from torchtrain.loss import final_hidden_states, head_cross_entropy, token_cross_entropy
     from torchtrain.model import model_from_weights
 
@@ -130,10 +130,10 @@ def run_bench_case(model: str, layers: int, T: int) -> dict:
 
     import torch
 
-    from anchor.weights import load_spec
-    from anchor_app.bench.memory import step_memory
-    from anchor_app.bench.run import step_pack
-    from anchor_app.bench.step import cut_model, time_steps
+    from anchor_core.weights import load_spec
+    from anchor.bench.memory import step_memory
+    from anchor.bench.run import step_pack
+    from anchor.bench.step import cut_model, time_steps
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-step-memory-") as tmp:
@@ -154,10 +154,10 @@ def run_attention_case(engine: str, T: int) -> dict:
     variants, one slimpajama window); the whole process's peak RSS, and the estimate beside it."""
     import torch
 
-    from anchor.weights import load_spec
-    from anchor_app.bench.memory import attention_memory
-    from anchor_app.bench.timing import Heads, time_variants
-    from anchor_app.bench.windows import synthetic_seg
+    from anchor_core.weights import load_spec
+    from anchor.bench.memory import attention_memory
+    from anchor.bench.timing import Heads, time_variants
+    from anchor.bench.windows import synthetic_seg
 
     spec = load_spec("default")
     variants = ["full", "intra_doc", "anchor"]
@@ -176,8 +176,8 @@ def run_attention_case(engine: str, T: int) -> dict:
 
 def fwd_bwd_estimate(row: dict) -> dict:
     """The estimate of what a `logits`/`fused` step adds over the built model (step_bytes), from its sizes."""
-    from anchor.weights import load_spec
-    from anchor_app.bench.memory import HEAD_BYTES
+    from anchor_core.weights import load_spec
+    from anchor.bench.memory import HEAD_BYTES
     from torchtrain.memory import activation_bytes_per_slot, parameters
 
     spec = load_spec("default").replace(num_layers=row["layers"])
@@ -221,7 +221,7 @@ def estimate_cases(bench_cases: str, attention_cases: str) -> dict:
         rows.append(r)
         print(f"  attention {case}: peak RSS {r['peak_rss_gib']:.2f} GiB, estimate {r['estimate_bytes'] / GiB:.2f} "
               f"(x{r['estimate_over_peak']}), {r['run_s']} s", flush=True)
-    return {"rows": rows, "how": "fresh process per case; VmHWM of the whole process against anchor_app.bench.memory's "
+    return {"rows": rows, "how": "fresh process per case; VmHWM of the whole process against anchor.bench.memory's "
                                  "estimate (what `anchor bench` checks against the memory available before any work)"}
 
 
@@ -256,7 +256,7 @@ def main() -> None:
         print(json.dumps(run_case(args.child, args.seq_len, args.docs, args.seed)))
         return
 
-    from anchor.machine import machine
+    from anchor_core.machine import machine
 
     path = Path(args.out) / "step_memory_cpu.json"
     if args.estimates_only:
@@ -301,7 +301,7 @@ def main() -> None:
     before["estimate_bytes"] = int(estimate)
     result = {
         "benchmark": "peak RSS of one training step (forward + backward), lm-head fused with the loss vs logits",
-        "model": "SmolLM2-135M shape, 2 layers, random weights (anchor.weights.random_state)",
+        "model": "SmolLM2-135M shape, 2 layers, random weights (anchor_core.weights.random_state)",
         "engine": "varlen", "variant": "anchor", "dtype": "float32", "docs": args.docs, "seed": args.seed,
         "seq_len": T, "vocab": V,
         "method": "fresh subprocess per case; /proc/self/clear_refs=5 before the step, VmHWM after",

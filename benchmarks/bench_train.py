@@ -29,7 +29,7 @@ def plain_steps(cfg, data, steps: int) -> list[float]:
     import torch
     from torchtrain.loss import token_cross_entropy
 
-    from anchor.data.packed import Loader
+    from anchor_core.data.packed import Loader
     from torchtrain.model import build_model
     from torchtrain.optim import param_groups
 
@@ -90,8 +90,8 @@ def main() -> None:
 
     import torch
 
-    from anchor.data.packed import PackedData
-    from anchor.machine import machine
+    from anchor_core.data.packed import PackedData
+    from anchor_core.machine import machine
     from torchtrain.config import load_train_config
     from torchtrain.run_folder import prepare_run, resolved_engine
 

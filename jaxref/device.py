@@ -13,7 +13,7 @@ import os
 
 import jax
 
-from anchor.errors import InputError
+from anchor_core.errors import InputError
 
 DEVICES = ("cpu", "cuda")
 

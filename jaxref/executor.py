@@ -12,7 +12,7 @@ policy and variant by variant):
   * the projections in numpy's BLAS on the CPU (`linear`, `jaxref.kernels.matmul`), q|k|v and
     gate|up of one x as one call, one weight for several policies' rows (`linear_many`, planned by
     `layer_steps` and `layers_in_step`): the audit runs the error budget's policies in step
-    (jaxref/audit/maps.py);
+    (parity_tests/audit/maps.py);
   * the audit's probe (`probe`), which reduces whole attention maps inside the layer.
 The kernels and the BLAS sum in their own order, so their results are the reference's up to the
 accumulator's rounding; with `fused=False` every product runs in XLA.
@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from anchor.spec import ModelSpec
+from anchor_core.spec import ModelSpec
 from jaxref import kernels
 from jaxref import rope as rope_lib
 from jaxref.attention import attention, full_probs, row_scores_probs, wide, wide_einsum
@@ -103,7 +103,7 @@ def linear_many(requests, fused: bool = False) -> list:
     weight. Each result is bitwise what its own call gives: the batch rows are cut alike whatever the
     batch (`jaxref.kernels.matmul`), and an output column is the same dot product whatever columns
     the call holds. A weight is packed once for a call of many rows instead of once per request (the
-    error budget's policies at T = 128: jaxref/audit/maps.py), and a wider call runs faster (q, k, v
+    error budget's policies at T = 128: parity_tests/audit/maps.py), and a wider call runs faster (q, k, v
     of SmolLM2 as one [960, 576] weight: ~9% at T = 256). Other requests run alone, and every request
     where the BLAS is not position-exact (`kernels.blas_position_exact`: OpenBLAS's Haswell kernels,
     whose rows and columns change in their last bits with the call around them).
@@ -219,7 +219,7 @@ def layer_steps(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Variant
             s, p = row_scores_probs(q, k, doc_ids, jnp.asarray(tap_rows), variant, policy, scale)
             out.update(scores=s, probs=p)
     if probe is not None:
-        if getattr(probe, "reads_qk", False):  # a probe that forms the maps itself (jaxref.audit.maps.KernelProbe)
+        if getattr(probe, "reads_qk", False):  # a probe that forms the maps itself (parity_tests.audit.maps.KernelProbe)
             out["probe"] = probe(q, k, scale)
         else:
             s, p = full_probs(q, k, doc_ids, variant, policy, scale)
@@ -324,7 +324,7 @@ def forward(params: Params, config: ModelSpec, tokens, positions=None, doc_ids=N
       probe: f(scores [B,N,T,T], probs [B,N,T,T]) -> pytree, evaluated per layer and stacked
         ([L, ...] under taps["probe"]); for reductions over whole attention maps at bounded memory.
         A probe with `reads_qk = True` is called f(q, k, scale) instead and forms the maps itself
-        (`jaxref.audit.maps.KernelProbe`).
+        (`parity_tests.audit.maps.KernelProbe`).
       fused: run the attention in the fused C++ CPU kernel (`jaxref.kernels`) where it covers the
         policy (`jaxref.attention.kernel_args`); None (default): the user's switch, on unless
         `JAXREF_FUSED_ATTENTION=0`, read here once per call.

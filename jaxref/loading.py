@@ -8,9 +8,9 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from anchor.errors import InputError
-from anchor.spec import ModelSpec, RopeSpec
-from anchor.weights import load_weights
+from anchor_core.errors import InputError
+from anchor_core.spec import ModelSpec, RopeSpec
+from anchor_core.weights import load_weights
 from jaxref.reference import Params, params_from_state
 
 

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from anchor.spec import ModelSpec
+from anchor_core.spec import ModelSpec
 from jaxref.executor import decoder_forward
 from jaxref.loading import load_model
 from jaxref.policy import DtypePolicy, get_policy

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from anchor.spec import ModelSpec
+from anchor_core.spec import ModelSpec
 from jaxref import rope as rope_lib
 from jaxref.attention import fexp_u20, wide, wide_einsum
 from jaxref.policy import DtypePolicy, get_policy

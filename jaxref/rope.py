@@ -11,9 +11,9 @@ place each in its own precision (stages `rope_angle`, `rope_table`, `rope_apply`
     apply     x*cos + rotate(x)*sin                                           [B, T, N, D]
 
 Each scaling kind follows transformers 5.23 `modeling_rope_utils.ROPE_INIT_FUNCTIONS[kind]` for the
-config `anchor.spec.to_hf_config` writes, operation by operation and in the same order, so that in
+config `anchor_core.spec.to_hf_config` writes, operation by operation and in the same order, so that in
 float32 it agrees with transformers and in float64 it is the same definition evaluated exactly.
-`ntk` is `default` with the fixed base `anchor.spec.ntk_base`.
+`ntk` is `default` with the fixed base `anchor_core.spec.ntk_base`.
 
 Layouts: `half` pairs dimension j with j + D/2 (Hugging Face `rotate_half`, table = concat(f, f));
 `interleaved` pairs 2i with 2i+1 (GPT-J / original Meta, table = each frequency twice, adjacent;
@@ -29,8 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from anchor.errors import InputError
-from anchor.spec import RopeLayout, RopeSpec, ntk_base
+from anchor_core.errors import InputError
+from anchor_core.spec import RopeLayout, RopeSpec, ntk_base
 
 if TYPE_CHECKING:
     from jaxref.policy import DtypePolicy
@@ -129,7 +129,7 @@ def inv_freq(rope: RopeSpec, head_dim: int, *, dtype: DTypeLike, seq_len: int | 
     """Inverse frequencies of `rope` and the attention factor that scales cos/sin.
 
     Matches transformers' `ROPE_INIT_FUNCTIONS[kind]` (default: `compute_default_rope_parameters`)
-    for `anchor.spec.to_hf_config`'s config, computed in `dtype` in transformers' operation order.
+    for `anchor_core.spec.to_hf_config`'s config, computed in `dtype` in transformers' operation order.
     The frequencies depend only on the config, so they are computed on the host (numpy), where each
     operation is rounded once as in torch's eager kernels (XLA would fuse multiply-adds under jit).
 

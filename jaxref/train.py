@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from anchor.spec import ModelSpec
+from anchor_core.spec import ModelSpec
 from jaxref.executor import decoder_forward
 from jaxref.reference import LAYER_NAMES, Params, default_doc_ids
 from jaxref.policy import DtypePolicy, get_policy
@@ -39,7 +39,7 @@ from jaxref.variants import positions as variant_positions
 def hf_state(params: Params, config: ModelSpec) -> dict[str, np.ndarray]:
     """The inverse of `params_from_state`: {Hugging Face name: numpy array in HF layout}.
 
-    Names and shapes are `anchor.weights.expected_shapes(config)`'s; a tied model has no
+    Names and shapes are `anchor_core.weights.expected_shapes(config)`'s; a tied model has no
     "lm_head.weight" (its one matrix is "model.embed_tokens.weight"). Dtypes are kept.
     """
     state = {"model.embed_tokens.weight": np.asarray(params["embed"]),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from anchor.variants import VARIANTS, Variant, check_variant  # noqa: F401  (re-exported)
+from anchor_core.variants import VARIANTS, Variant, check_variant  # noqa: F401  (re-exported)
 
 
 def allowed(doc_q, doc_k, i, j, variant: Variant, xp=jnp):

@@ -1,4 +1,5 @@
-"""Parity between torchtrain (the trainer) and jaxref (the oracle), layer by layer.
+"""What compares the floor below: torchtrain (the trainer) against jaxref (the oracle), layer by layer, and
+the precision audit of both.
 
 Modules:
   cases    `Case` (model, variant, layout, policy, engine, seq_len), its inputs from the real packer
@@ -13,8 +14,8 @@ Modules:
   report   parity.json, index.html with a layer-wise plot per case, summary.md (the suite's and
            `--stack hf`'s: one writer)
   grads    gradient and AdamW-step parity (`run_grad_case`)
-  torch_audit  the precision audit of the torch stack (`anchor audit --stack torch`): D per shift beside
-           its emulation's
+  audit    the precision audit (`anchor audit`): the oracle's under each dtype policy (`run_audit`), and
+           the torch stack's beside its emulation's (`audit.torch_stack`, `anchor audit --stack torch`)
   hf_stack  stock transformers (its own attention implementations, inputs packed as transformers expects)
            and users' attention functions against the oracle (`anchor parity --stack hf`): which variant
            each computes when asked for each, and the bf16 rule where it computes the one asked

@@ -48,7 +48,7 @@ oracle (jaxref, fp64) on the same tokens and the same weights:
 The forwards run on copies of the model (eval mode, no gradient): your model, its mode and its dtype
 are left as they are. `check_step` returns a report whose `message` is one paragraph (what was asked,
 what it computes, the first diverging layer and quantity with its error, what the probe saw); the
-pytest fixture `anchor_check_step` (anchor_app/pytest_plugin.py) fails a test with it.
+pytest fixture `anchor_check_step` (anchor/pytest_plugin.py) fails a test with it.
 
     from transformers import DataCollatorWithFlattening
     batch = DataCollatorWithFlattening(return_tensors="pt")(features)
@@ -64,8 +64,8 @@ from typing import Any
 
 import numpy as np
 
-from anchor.errors import InputError
-from anchor.variants import VARIANTS
+from anchor_core.errors import InputError
+from anchor_core.variants import VARIANTS
 from parity_tests.cases import CaseInputs
 from parity_tests.core import RULE, Rule
 from parity_tests.core import hold as judged

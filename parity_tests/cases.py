@@ -3,14 +3,14 @@
 Legend: B windows, T slots, R tapped query rows.
 
 A `Case` is a frozen value naming one cell of the matrix. `case_inputs(case)` builds its packed
-batch with the real data pipeline (`anchor.data.Packer` and `make_batch`), from real text (the
+batch with the real data pipeline (`anchor_core.data.Packer` and `make_batch`), from real text (the
 `json` package's source, tokenized by the model's own tokenizer), so the data layouts the trainer
 sees in training are the ones compared here:
 
   plain       documents back to back, cut at the window's end, the last window padded
   tags        each document preceded by its domain tag (docs/DESIGN.md §2 "domain tags")
   interleave  documents cut into chunks and shuffled, chunks keeping their document's id (a cut before
-              each slot with probability 8 / T: `anchor.data.packing.Layout.mean_chunk`)
+              each slot with probability 8 / T: `anchor_core.data.packing.Layout.mean_chunk`)
 
 Random presets get short documents too (one and two tokens: masks break there). A pretrained
 model (SmolLM2) gets documents of realistic length (>= 64 tokens): on random ids or very short
@@ -27,8 +27,8 @@ from typing import Literal, get_args
 
 import numpy as np
 
-from anchor.errors import InputError
-from anchor.variants import VARIANTS
+from anchor_core.errors import InputError
+from anchor_core.variants import VARIANTS
 
 Layout = Literal["plain", "tags", "interleave"]
 LAYOUTS: tuple[str, ...] = get_args(Layout)
@@ -122,7 +122,7 @@ def _text_tokens(model: str) -> np.ndarray:
     import json
     from pathlib import Path
 
-    from anchor.tokenizer import load_tokenizer
+    from anchor_core.tokenizer import load_tokenizer
 
     text = "".join(p.read_text() for p in sorted(Path(json.__file__).parent.glob("*.py")))
     return np.asarray(load_tokenizer(model).encode_batch([text])[0], dtype=np.int64)
@@ -131,14 +131,14 @@ def _text_tokens(model: str) -> np.ndarray:
 @functools.lru_cache(maxsize=8)
 def load_spec(model: str):
     """The model's ModelSpec (reading a GGUF header takes seconds: once per model)."""
-    from anchor.weights import load_spec as read_spec
+    from anchor_core.weights import load_spec as read_spec
 
     return read_spec(model)
 
 
 @functools.lru_cache(maxsize=4)
 def _tokenizer(model: str):
-    from anchor.tokenizer import load_tokenizer
+    from anchor_core.tokenizer import load_tokenizer
 
     return load_tokenizer(model)
 
@@ -186,8 +186,8 @@ def case_inputs(case: Case) -> CaseInputs:
 
 @functools.lru_cache(maxsize=16)
 def _inputs(key: tuple) -> CaseInputs:
-    from anchor.data import Packer, TokenStore, make_batch, tag_text
-    from anchor.data.packing import Layout as PackLayout
+    from anchor_core.data import Packer, TokenStore, make_batch, tag_text
+    from anchor_core.data.packing import Layout as PackLayout
 
     model, variant, layout, T, B, seed = key
     spec = load_spec(model)

@@ -47,7 +47,7 @@ def _serial_lock(request):
 
 
 def have_smollm2() -> bool:
-    from anchor.paths import DEFAULT_MODEL_FILE, cache_dir
+    from anchor_core.paths import DEFAULT_MODEL_FILE, cache_dir
 
     return (cache_dir() / "models" / DEFAULT_MODEL_FILE).is_file()
 

@@ -1,13 +1,13 @@
 """The oracle emulation of each torchtrain engine: one table, read by the parity runners
-(`parity_tests.runners.TorchRunner`) and the torch-stack audit (`parity_tests.torch_audit`).
+(`parity_tests.runners.TorchRunner`) and the torch-stack audit (`parity_tests.audit.torch_stack`).
 
-Its keys are the core's engine names (`anchor.engines.ENGINES`); the values are jaxref dtype-policy
+Its keys are the core's engine names (`anchor_core.engines.ENGINES`); the values are jaxref dtype-policy
 presets (docs/DESIGN.md §4), named as strings so that this module imports neither side.
 """
 
 from __future__ import annotations
 
-from anchor.engines import Engine
+from anchor_core.engines import Engine
 
 # The oracle policy whose bf16 arithmetic each engine follows on the CPU (where the runners run):
 #   eager                  Hugging Face eager: bf16 logits, softmax in fp32 rounded to bf16, then p·v

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from anchor.variants import VARIANTS
+from anchor_core.variants import VARIANTS
 from parity_tests.hf_stack import asked_margin, closest_margin, describe_row
 from parity_tests.suite import where
 

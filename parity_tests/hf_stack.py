@@ -85,9 +85,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from anchor.errors import InputError
-from anchor.spec import ModelSpec, from_hf_config, to_hf_config
-from anchor.variants import VARIANTS
+from anchor_core.errors import InputError
+from anchor_core.spec import ModelSpec, from_hf_config, to_hf_config
+from anchor_core.variants import VARIANTS
 from parity_tests.cases import BF16, Case, CaseInputs, case_inputs
 from parity_tests.core import RULE, Rule
 from parity_tests.core import hold as judged
@@ -300,7 +300,7 @@ class Subject:
 def named_subject(name: str) -> Subject:
     """A model named as in docs/DESIGN.md §6, fed its own parity inputs; its oracle parameters and cache
     entries are the suite's (runners.oracle_model, NamedModel's key)."""
-    from anchor.weights import load_weights
+    from anchor_core.weights import load_weights
 
     spec, state = load_weights(name)
     return Subject(name, spec, dict(state), name, key=("name", name), _params=oracle_model(name)[0])
@@ -342,7 +342,7 @@ def _torch_dtype(dtype: str):
 
 def stock_model(spec: ModelSpec, state: dict[str, np.ndarray], dtype: str, attn_implementation: str = "eager",
                 use_cache: bool | None = False):
-    """The family's stock transformers class built from the weights (config by anchor.spec.to_hf_config),
+    """The family's stock transformers class built from the weights (config by anchor_core.spec.to_hf_config),
     parameters rounded to `dtype`; RoPE's inv_freq stays float32 (built by from_config(dtype=), as
     from_pretrained(dtype=) builds it). In eval mode, with transformers' `attn_implementation` (eager:
     the runners install theirs per call; benchmarks/bench_train_gpu.py trains it with sdpa or flex).
@@ -923,7 +923,7 @@ def run_hf_stack(model: Any = "default", *, implementations: Sequence[str] | Non
       {"stack": "hf", "model", "inputs", "rows": [hold(...) per implementation x style x variant], "pass",
        "rule", "seq_len", "machine", "versions", "runtime_s"}.
     """
-    from anchor.progress import ProgressBar
+    from anchor_core.progress import ProgressBar
 
     t0 = time.perf_counter()
     bad = [d for d in dtypes if d not in DTYPES]
@@ -982,7 +982,7 @@ def run_hf_stack(model: Any = "default", *, implementations: Sequence[str] | Non
         _MODELS.clear()
     order = {(s.name, FUNCTION_INPUTS if s.user else s.inputs): i for i, s in enumerate(stacks)}
     rows.sort(key=lambda r: (order[r["implementation"], r["inputs"]], VARIANTS.index(r["variant"])))
-    from anchor.machine import machine
+    from anchor_core.machine import machine
 
     import transformers
 

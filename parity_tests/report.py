@@ -353,7 +353,7 @@ def write_report(result: dict[str, Any], out: str | Path) -> Path:
     The one writer of `anchor parity`: the suite's cases, and `--stack hf`'s rows, whose summary.md is
     parity_tests.hf_report's table (what each stack computes) and whose figures are their case entries'.
     """
-    from anchor.atomic import publish, staging_dir
+    from anchor_core.atomic import publish, staging_dir
 
     out = Path(out).resolve()
     cases = judged_cases(result)

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from anchor.errors import InputError
+from anchor_core.errors import InputError
 from parity_tests.cases import BF16, Case, CaseInputs
 from parity_tests.emulations import EMULATIONS, emulation as emulation_of  # engine -> the oracle policy emulating it
 

@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from anchor.errors import InputError
-from anchor.parts import Parts
-from anchor.progress import ProgressBar
+from anchor_core.errors import InputError
+from anchor_core.parts import Parts
+from anchor_core.progress import ProgressBar
 from parity_tests.cases import BF16, Case, CaseInputs, case_inputs
 from parity_tests.core import RULE, Rule, hold
 from parity_tests.runners import Runner, Taps, get_runner, oracle, resolve_policy
@@ -101,10 +101,10 @@ def run_parity(cases: Iterable[Case], rule: Rule = RULE, *, progress: bool = Fal
     """Run every case (grouped by inputs, so the oracle runs once per inputs and policy); with
     `grads`, also each case's gradients and AdamW steps (parity_tests.grads).
 
-    parts: where each finished case is kept (anchor.parts, `parts_dir(out)` from the CLI) and taken from
+    parts: where each finished case is kept (anchor_core.parts, `parts_dir(out)` from the CLI) and taken from
       when an earlier run (killed, or kept by `anchor parity --keep-parts`) with the same `key` (the run's
       settings, code, versions and device; each part's key adds its case) finished
-      it: nothing finished is lost. Results are then in the form they read back in (`anchor.parts.normal`).
+      it: nothing finished is lost. Results are then in the form they read back in (`anchor_core.parts.normal`).
 
     Returns {"cases": [...], "grad_cases": [...] (with grads), "pass": bool, "rule": ..., "runtime_s": ...,
     and "reused": {"cases", "grad_cases", "seconds"} when parts of an earlier run were taken}.
@@ -147,7 +147,7 @@ def run_parity(cases: Iterable[Case], rule: Rule = RULE, *, progress: bool = Fal
     if grads:
         out["grad_cases"] = grad_results
         out["optimizer"] = OPTIMIZER.to_dict()
-    from anchor.machine import machine
+    from anchor_core.machine import machine
 
     out.update({
         "pass": all(r["pass"] for r in results + grad_results),

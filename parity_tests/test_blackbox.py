@@ -14,8 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from anchor.errors import InputError  # noqa: E402
-from anchor_app.pytest_plugin import check_step_or_fail  # noqa: E402
+from anchor_core.errors import InputError  # noqa: E402
+from anchor.pytest_plugin import check_step_or_fail  # noqa: E402
 from parity_tests.blackbox import check_step, infer_documents  # noqa: E402
 
 LENGTHS = (13, 7, 19, 11, 5)  # odd documents, T = 55

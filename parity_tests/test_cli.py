@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from anchor_app.cli import main
-from anchor.outdir import write_marker
+from anchor.cli import main
+from anchor_core.outdir import write_marker
 from parity_tests.conftest import needs_smollm2
 from parity_tests.runners import registered
 from parity_tests.test_runners import PerturbedRunner
@@ -145,7 +145,7 @@ def test_a_killed_parity_run_resumes_at_the_case_it_was_on(tmp_path, monkeypatch
     """Each finished case (forward and gradients) is kept beside --out (`.<name>.parts`) until the report is
     published; a rerun with the same options computes only what the killed run had not finished and writes the
     report an uninterrupted run writes; other options take nothing from the parts."""
-    from anchor.parts import parts_dir
+    from anchor_core.parts import parts_dir
     from parity_tests import suite
     from parity_tests.grads import run_grad_case
 
@@ -201,9 +201,9 @@ def test_kept_parts_are_taken_by_a_later_run_only_with_the_same_code_and_device(
     """--keep-parts leaves each case's part beside --out after the report (a CI cache, or cases carried from one
     GPU session to the next): a later run with the same options computes nothing; one whose code (the hash of
     the packages a case's numbers come from) or device differs computes every case again."""
-    import anchor.machine
-    import anchor.parts
-    from anchor.parts import parts_dir
+    import anchor_core.machine
+    import anchor_core.parts
+    from anchor_core.parts import parts_dir
     from parity_tests import suite
 
     ran: list[str] = []
@@ -222,10 +222,10 @@ def test_kept_parts_are_taken_by_a_later_run_only_with_the_same_code_and_device(
     assert _run(argv) == 0 and ran == []
     assert "1 case(s) and 0 gradient case(s) were finished by an earlier" in capsys.readouterr().out
     assert json.loads((out / "parity.json").read_text())["reused"]["cases"] == 1
-    monkeypatch.setattr(anchor.parts, "sources_id", lambda packages: "another-code")  # a change in the code
+    monkeypatch.setattr(anchor_core.parts, "sources_id", lambda packages: "another-code")  # a change in the code
     assert _run(argv) == 0 and ran == ["anchor"]
     ran.clear()
-    monkeypatch.setattr(anchor.machine, "cpu_model", lambda: "another CPU")  # the same code on another machine
+    monkeypatch.setattr(anchor_core.machine, "cpu_model", lambda: "another CPU")  # the same code on another machine
     assert _run(argv) == 0 and ran == ["anchor"]
     ran.clear()
     assert _run(argv[:-1]) == 0 and ran == [] and not parts_dir(out).exists()  # without the option: taken, then removed

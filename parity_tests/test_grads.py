@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from anchor.variants import VARIANTS
+from anchor_core.variants import VARIANTS
 from parity_tests.cases import BF16, RANDOM_MODELS, Case
 from parity_tests.conftest import needs_smollm2
 from parity_tests.grads import backward_order, describe_grads, run_grad_case

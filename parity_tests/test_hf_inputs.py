@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 import torch
 
-from anchor.errors import InputError
-from anchor.variants import VARIANTS
+from anchor_core.errors import InputError
+from anchor_core.variants import VARIANTS
 from parity_tests.core import RULE
 from parity_tests.hf_stack import (INPUT_STYLES, Isolated, Stack, collate, describe_row, feed, hold, input_styles,
                                    mask4d, named_subject, packed_positions, run_here, sequences, stock,
@@ -314,7 +314,7 @@ def test_a_child_that_dies_is_a_crash_and_the_next_request_gets_a_new_child():
 
 
 def _run(argv: list[str]) -> int:
-    from anchor_app.cli import main
+    from anchor.cli import main
 
     with pytest.raises(SystemExit) as e:
         main(argv)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from anchor.variants import VARIANTS
+from anchor_core.variants import VARIANTS
 from parity_tests import planted_attention as planted
 from parity_tests.conftest import needs_smollm2
 from parity_tests.hf_stack import (Stack, describe_row, hold, module_subject, named_subject, packed_positions,
@@ -217,14 +217,14 @@ def test_a_users_module_is_held_as_built():
 def test_a_module_of_an_unsupported_family_is_refused():
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from anchor.errors import InputError
+    from anchor_core.errors import InputError
 
     with pytest.raises(InputError, match="unsupported architecture"):
         module_subject(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=400)))
 
 
 def _run(argv: list[str]) -> int:
-    from anchor_app.cli import main
+    from anchor.cli import main
 
     with pytest.raises(SystemExit) as e:
         main(argv)

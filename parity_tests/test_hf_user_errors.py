@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from anchor.errors import InputError
+from anchor_core.errors import InputError
 from parity_tests import planted_attention
 from parity_tests.hf_stack import check_output, run_hf_stack, user_stack
 
@@ -65,7 +65,7 @@ def test_only_implementations_that_cannot_run_here_check_nothing(tmp_path):
         pytest.skip("flash_attention_2 may run on this machine")
     with pytest.raises(InputError, match="nothing was checked: flash_attention_2 cannot run here"):
         run_hf_stack("random:llama", implementations=["flash_attention_2"], variants=["full"], seq_len=33)
-    from anchor_app.cli import main
+    from anchor.cli import main
 
     out = tmp_path / "report"
     with pytest.raises(SystemExit) as e:
@@ -75,7 +75,7 @@ def test_only_implementations_that_cannot_run_here_check_nothing(tmp_path):
 
 
 def test_the_cli_refuses_such_a_function_in_one_line_before_any_work(tmp_path, capsys):
-    from anchor_app.cli import main
+    from anchor.cli import main
 
     out = tmp_path / "report"
     with pytest.raises(SystemExit) as e:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import jaxref
-from anchor.errors import InputError
+from anchor_core.errors import InputError
 from parity_tests import runners
 from parity_tests.cases import BF16, Case, case_inputs
 from parity_tests.hf_stack import StackRunner, hold, named_subject, stock, stock_model, user_stack
@@ -50,7 +50,7 @@ def test_an_unknown_implementation_or_style_is_one_line():
 
 
 def test_the_cli_runs_a_stock_implementation_as_an_engine(tmp_path):
-    from anchor_app.cli import main
+    from anchor.cli import main
 
     with pytest.raises(SystemExit) as e:
         main(["parity", "--model", MODEL, "--engines", "hf:eager@mask4d-float", "--variants", "intra_doc",

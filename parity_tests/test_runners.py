@@ -89,7 +89,7 @@ def test_a_perturbed_runner_fails_at_its_layer():
 
 
 def test_unknown_engine_is_an_input_error():
-    from anchor.errors import InputError
+    from anchor_core.errors import InputError
 
     with pytest.raises(InputError, match="unknown engine 'nope'"):
         get_runner("nope")

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from anchor.machine import capabilities, cpu_flags
+from anchor_core.machine import capabilities, cpu_flags
 
 CAPABILITIES: tuple[str, ...] = ("default", "avx2", "avx512")
 REPO = Path(__file__).resolve().parent.parent

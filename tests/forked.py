@@ -24,7 +24,7 @@ from pathlib import Path
 
 # What `anchor train` imports in a tiny run (the trainer, its engines' transformers models, DeepSpeed,
 # the packing plot's matplotlib): each import, once, in the server.
-PRELOAD = ["anchor_app.cli", "anchor_app.commands.train", "torchtrain.trainer", "deepspeed", "matplotlib.pyplot",
+PRELOAD = ["anchor.cli", "anchor.commands.train", "torchtrain.trainer", "deepspeed", "matplotlib.pyplot",
            "transformers.models.llama.modeling_llama", "safetensors.torch"]
 
 # The runs' environment: one intra-op thread per process (two xdist workers, and two ranks, share two
@@ -76,7 +76,7 @@ def _child(argv: list[str], env: dict[str, str], cwd: str, out: str, err: str, n
     sys.argv = ["anchor", *argv]
     code, killed_by = 0, None
     try:
-        from anchor_app.cli import main
+        from anchor.cli import main
 
         main(argv)
     except SystemExit as e:

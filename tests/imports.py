@@ -7,11 +7,11 @@ name` to `a` when `name` is not a module). Imports inside functions count: they 
 (`test_*.py`, `conftest.py`) and entry points (`__main__.py`, imported by nobody) are not rooms.
 
 Floors, lowest first; a room may import its own floor and those below, never one above:
-    0  anchor        the shared core: spec, weights, tokenizer, data, run folder, errors
+    0  anchor_core   the shared core: spec, weights, tokenizer, data, run folder, errors
     1  jaxref        the oracle           } beside each other: neither imports the other
     1  torchtrain    the trainer          }
-    2  parity_tests  what compares them: parity, the torch-stack audit
-    3  anchor_app    the application: the CLI and its verbs, demo, eval, bench
+    2  parity_tests  what compares them: parity, the precision audit (the oracle's and the torch stack's)
+    3  anchor        the application: `import anchor`, the CLI and its verbs, demo, eval, bench
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FLOORS = {"anchor": 0, "jaxref": 1, "torchtrain": 1, "parity_tests": 2, "anchor_app": 3}
+FLOORS = {"anchor_core": 0, "jaxref": 1, "torchtrain": 1, "parity_tests": 2, "anchor": 3}
 
 
 def _is_room(path: Path) -> bool:

@@ -1,4 +1,4 @@
-"""`anchor.atomic.write_text_atomic` leaves nothing behind a killed writer (no
+"""`anchor_core.atomic.write_text_atomic` leaves nothing behind a killed writer (no
 `.metrics.jsonl.tmp-PID` in the run folder after `kill -9`)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 
-from anchor.atomic import write_text_atomic
+from anchor_core.atomic import write_text_atomic
 
 
 def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path):

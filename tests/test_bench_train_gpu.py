@@ -41,7 +41,7 @@ def test_the_plain_loop_computes_the_intra_document_loss(implementation):
     import torch
     from transformers import DataCollatorWithFlattening
 
-    from anchor.weights import load_weights
+    from anchor_core.weights import load_weights
     from parity_tests.hf_stack import stock_model
 
     spec, state = load_weights("random:llama")

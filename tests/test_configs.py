@@ -19,7 +19,7 @@ def _train(path: Path) -> None:
 
 
 def _data(path: Path) -> None:
-    from anchor.data.config import load_pack_config
+    from anchor_core.data.config import load_pack_config
 
     assert load_pack_config(path)
 
@@ -35,7 +35,7 @@ def _eval(path: Path) -> None:
     tag, `!function module.name`, as its string."""
     import yaml
 
-    from anchor_app.eval import harness
+    from anchor.eval import harness
 
     class TaskLoader(yaml.SafeLoader):
         pass

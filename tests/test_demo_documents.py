@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from anchor.data.batch import make_batch
-from anchor_app.demo.documents import cut_corpus, cut_text, keys_differ, spread, window_docs
+from anchor_core.data.batch import make_batch
+from anchor.demo.documents import cut_corpus, cut_text, keys_differ, spread, window_docs
 
 MODULE = '''"""A module."""
 

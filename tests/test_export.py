@@ -1,7 +1,7 @@
-"""anchor.export.export_hf (what a checkpoint's `hf/` holds) for every family, tied and untied heads:
+"""anchor_core.export.export_hf (what a checkpoint's `hf/` holds) for every family, tied and untied heads:
 the folder reloads in transformers' own `from_pretrained` with logits identical to those of the model it
 was exported from (stock transformers built from the spec and the state), reads back through
-anchor.weights as the same spec and weights, and its tokenizer loads in transformers."""
+anchor_core.weights as the same spec and weights, and its tokenizer loads in transformers."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from anchor.export import export_hf
-from anchor.spec import RANDOM_PRESETS, random_preset, to_hf_config
-from anchor.tokenizer import load_tokenizer
-from anchor.weights import load_weights, random_state
+from anchor_core.export import export_hf
+from anchor_core.spec import RANDOM_PRESETS, random_preset, to_hf_config
+from anchor_core.tokenizer import load_tokenizer
+from anchor_core.weights import load_weights, random_state
 
 # Every preset as it is (qwen2, qwen3, smollm2 tie their embeddings), and Qwen3 untied (as Qwen3-8B and up).
 MODELS = [*RANDOM_PRESETS, "qwen3+untied"]

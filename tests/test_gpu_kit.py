@@ -22,7 +22,7 @@ def kit(*args) -> subprocess.CompletedProcess:
 
 
 def test_parts_arrive_one_call_at_a_time_and_join_to_the_same_sha256(tmp_path):
-    from anchor.paths import resolve_model_name
+    from anchor_core.paths import resolve_model_name
 
     src = Path(resolve_model_name("default"))  # the real SmolLM2 GGUF (98 MB)
     here = tmp_path / "here"
@@ -79,7 +79,7 @@ def _sized(path: Path, mib: float) -> None:
 
 
 def test_the_kits_calls_are_measured_with_the_tree_and_one_over_a_transfer_is_named(tmp_path):
-    from anchor.errors import InputError
+    from anchor_core.errors import InputError
 
     gk = _kit_module()
     root = tmp_path / "repo"
@@ -112,8 +112,8 @@ def test_the_kits_calls_are_those_gpu_parity_sh_plans():
 
 
 def test_the_held_out_documents_are_jsonl_that_anchor_reads(tmp_path):
-    from anchor.data.readers import iter_documents
-    from anchor_app.eval.perplexity import heldout_files
+    from anchor_core.data.readers import iter_documents
+    from anchor.eval.perplexity import heldout_files
 
     gk = _kit_module()
     out = tmp_path / "heldout.jsonl"
@@ -142,8 +142,8 @@ def test_keep_adds_a_sessions_parity_parts_to_its_gpus_archive(tmp_path):
     same path replaced, the others kept; the same input gives the same bytes; no parts or no GPU: refused."""
     import tarfile
 
-    from anchor.errors import InputError
-    from anchor.parts import Parts
+    from anchor_core.errors import InputError
+    from anchor_core.parts import Parts
 
     gk = _kit_module()
     res, into = tmp_path / "res", tmp_path / "results"

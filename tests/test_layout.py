@@ -31,11 +31,11 @@ def test_no_long_function_without_a_reason():
 def test_a_long_function_is_found_unless_its_docstring_says_why(tmp_path):
     body = "".join(f"    x{i} = {i}\n" for i in range(101))
     _tree(tmp_path, {
-        "anchor/__init__.py": "",
+        "anchor_core/__init__.py": "",
         "anchor/long.py": f"def long():\n{body}\n\ndef explained():\n"
                           f'    """Longer than 100 lines because the table below is one unit."""\n{body}',
     })
-    for package in ("jaxref", "torchtrain", "parity_tests", "anchor_app"):
+    for package in ("jaxref", "torchtrain", "parity_tests", "anchor"):
         _tree(tmp_path, {f"{package}/__init__.py": ""})
     assert imports.long_functions(tmp_path) == [("anchor.long", "long", 102)]
 
@@ -58,30 +58,30 @@ def test_a_planted_breach_and_circle_are_found(tmp_path):
     """The checks can fail: a core module importing the app, the trainer importing the oracle, and a
     circle through a function-level import are each reported."""
     _tree(tmp_path, {
-        "anchor/__init__.py": "",
-        "anchor/spec.py": "def f():\n    from anchor_app import cli\n",
+        "anchor_core/__init__.py": "",
+        "anchor_core/spec.py": "def f():\n    from anchor import cli\n",
         "jaxref/__init__.py": "",
-        "jaxref/model.py": "from anchor import spec\n",
+        "jaxref/model.py": "from anchor_core import spec\n",
         "torchtrain/__init__.py": "",
         "torchtrain/model.py": "import jaxref.model\n",
         "parity_tests/__init__.py": "",
         "parity_tests/a.py": "from parity_tests import b\n",
         "parity_tests/b.py": "def g():\n    from parity_tests.a import x\n",
-        "parity_tests/test_a.py": "import anchor_app.cli\n",
-        "anchor_app/__init__.py": "",
-        "anchor_app/cli.py": "from parity_tests.a import x\n",
-        "anchor_app/__main__.py": "from anchor_app.cli import main\n",
+        "parity_tests/test_a.py": "import anchor.cli\n",
+        "anchor/__init__.py": "",
+        "anchor/cli.py": "from parity_tests.a import x\n",
+        "anchor/__main__.py": "from anchor.cli import main\n",
     })
     edges = imports.graph(tmp_path)
-    assert imports.upward(edges) == [("anchor.spec", "anchor_app.cli"), ("torchtrain.model", "jaxref.model")]
+    assert imports.upward(edges) == [("anchor_core.spec", "anchor.cli"), ("torchtrain.model", "jaxref.model")]
     assert imports.cycles(edges) == [["parity_tests.a", "parity_tests.b"]]
-    assert "parity_tests.test_a" not in edges and "anchor_app.__main__" not in edges
+    assert "parity_tests.test_a" not in edges and "anchor.__main__" not in edges
 
 
 # benchmarks/ holds benchmarks only; experiments/ is read by neither the library nor the tests.
 
 ROOT = Path(__file__).resolve().parent.parent
-LIBRARY = ("anchor", "anchor_app", "jaxref", "torchtrain", "parity_tests", "tests")
+LIBRARY = ("anchor_core", "anchor", "jaxref", "torchtrain", "parity_tests", "tests")
 # calls that load a file or a module by name, and sys.path's methods that put a folder on the import path
 LOADERS = {"addsitedir", "spec_from_file_location", "run_path", "import_module", "SourceFileLoader", "__import__"}
 PATH_METHODS = {"insert", "append", "extend"}
@@ -94,7 +94,7 @@ def _calls(tree: ast.AST, names: set[str]) -> list[ast.Call]:
 
 def not_benchmarks(root: Path = ROOT) -> list[str]:
     """Each *.py or *.sh directly under benchmarks/ that is not a benchmark: a benchmark is bench_*.py and
-    writes JSON (json.dump/json.dumps) with its machine (a call of anchor.machine.machine, imported by name)."""
+    writes JSON (json.dump/json.dumps) with its machine (a call of anchor_core.machine.machine, imported by name)."""
     found = []
     for path in sorted((root / "benchmarks").glob("*")):
         if path.suffix not in (".py", ".sh") or not path.is_file():
@@ -104,11 +104,11 @@ def not_benchmarks(root: Path = ROOT) -> list[str]:
             found.append(f"{name}: not bench_*.py (an experiment goes to experiments/, a tool to tools/)")
             continue
         tree = ast.parse(path.read_text(), filename=str(path))
-        imported = any(isinstance(n, ast.ImportFrom) and n.module == "anchor.machine"
+        imported = any(isinstance(n, ast.ImportFrom) and n.module == "anchor_core.machine"
                        and any(a.name == "machine" and a.asname in (None, "machine") for a in n.names)
                        for n in ast.walk(tree))
         if not (imported and _calls(tree, {"machine"})):
-            found.append(f"{name}: records no machine (from anchor.machine import machine; machine(...))")
+            found.append(f"{name}: records no machine (from anchor_core.machine import machine; machine(...))")
         if not any(isinstance(c.func, ast.Attribute) and getattr(c.func.value, "id", None) == "json"
                    for c in _calls(tree, {"dump", "dumps"})):
             found.append(f"{name}: writes no JSON (json.dump or json.dumps)")
@@ -185,23 +185,23 @@ def test_neither_the_library_nor_the_tests_read_experiments():
 def test_a_planted_non_benchmark_is_found(tmp_path):
     """The check can fail: a script that is not bench_*.py, a shell script, a bench_*.py without the
     machine, and one whose machine() is some other function are each reported; a real benchmark is not."""
-    bench = ("import json\nfrom anchor.machine import machine\n\n"
+    bench = ("import json\nfrom anchor_core.machine import machine\n\n"
              "def main(out):\n    out.write_text(json.dumps({'machine': machine(), 'seconds': 1.0}))\n")
     _tree(tmp_path, {
         "benchmarks/bench_ok.py": bench,
-        "benchmarks/bench_late_import.py": bench.replace("from anchor.machine import machine\n", "").replace(
-            "def main(out):\n", "def main(out):\n    from anchor.machine import machine\n\n"),
+        "benchmarks/bench_late_import.py": bench.replace("from anchor_core.machine import machine\n", "").replace(
+            "def main(out):\n", "def main(out):\n    from anchor_core.machine import machine\n\n"),
         "benchmarks/probe.py": bench,
         "benchmarks/run_on_gpu.sh": "#!/bin/sh\n",
         "benchmarks/bench_no_machine.py": "import json\nprint(json.dumps({'seconds': 1.0}))\n",
-        "benchmarks/bench_other_machine.py": bench.replace("from anchor.machine import machine", "from os import uname as machine"),
+        "benchmarks/bench_other_machine.py": bench.replace("from anchor_core.machine import machine", "from os import uname as machine"),
         "benchmarks/bench_no_json.py": bench.replace("json.dumps(", "str("),
         "benchmarks/results/notes.py": "x = 1\n",  # not directly under benchmarks/
     })
     assert not_benchmarks(tmp_path) == [
         "benchmarks/bench_no_json.py: writes no JSON (json.dump or json.dumps)",
-        "benchmarks/bench_no_machine.py: records no machine (from anchor.machine import machine; machine(...))",
-        "benchmarks/bench_other_machine.py: records no machine (from anchor.machine import machine; machine(...))",
+        "benchmarks/bench_no_machine.py: records no machine (from anchor_core.machine import machine; machine(...))",
+        "benchmarks/bench_other_machine.py: records no machine (from anchor_core.machine import machine; machine(...))",
         "benchmarks/probe.py: not bench_*.py (an experiment goes to experiments/, a tool to tools/)",
         "benchmarks/run_on_gpu.sh: not bench_*.py (an experiment goes to experiments/, a tool to tools/)",
     ]
@@ -220,13 +220,13 @@ def test_a_planted_read_of_experiments_is_found(tmp_path):
                               "    sys.path.append(str(EXP))\n"),
         "tests/test_e.py": ("import importlib.util\nfrom pathlib import Path\n"
                             "spec = importlib.util.spec_from_file_location('x', Path('experiments/x/x.py'))\n"),
-        "anchor_app/f.py": "import sys\nsys.path.insert(0, '/work/experiments')\n",
+        "anchor/f.py": "import sys\nsys.path.insert(0, '/work/experiments')\n",
         "experiments/x/test_x.py": "import sys\nsys.path.insert(0, 'experiments/x')\nimport x\n",
         "tools/t.py": "import sys\nsys.path.insert(0, 'experiments/attn_grad_diag')\n",
     })
     assert experiment_imports(tmp_path) == [
         "anchor/a.py:1: imports experiments.grad_baseline",
-        "anchor_app/f.py:2: loads from experiments/ (sys.path.insert)",
+        "anchor/f.py:2: loads from experiments/ (sys.path.insert)",
         "jaxref/b.py:2: imports experiments.loss_counting.loss_counting",
         "parity_tests/d.py:7: loads from experiments/ (sys.path.append)",
         "tests/test_e.py:3: loads from experiments/ (importlib.util.spec_from_file_location)",

@@ -1,4 +1,4 @@
-"""anchor.machine names the capability torch's CPU kernels dispatch to, without importing torch."""
+"""anchor_core.machine names the capability torch's CPU kernels dispatch to, without importing torch."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from anchor.machine import capabilities, cpu_capability, machine
+from anchor_core.machine import capabilities, cpu_capability, machine
 from tests import capability as cap
 
 _PROBE = """
 import json, sys
-from anchor.machine import cpu_capability
+from anchor_core.machine import cpu_capability
 rule = cpu_capability()
 assert "torch" not in sys.modules
 import torch

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from anchor.errors import InputError
+from anchor_core.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("merge_parity", ROOT / "tools" / "merge_parity.py")
@@ -82,9 +82,9 @@ def test_slim_keeps_the_verdicts_and_drops_the_trajectories():
 
 
 def _parts(folder: Path, variant: str, cases: int, grads: int, run: dict | None = None, start: int = 0) -> Path:
-    """An unfinished run's parts as `anchor parity` keeps them (anchor.parts): `cases` forward and `grads`
+    """An unfinished run's parts as `anchor parity` keeps them (anchor_core.parts): `cases` forward and `grads`
     gradient cases of report(variant)'s, finished before it was stopped."""
-    from anchor.parts import Parts
+    from anchor_core.parts import Parts
 
     r = report(variant)
     run = run or {"anchor": "0.1.0", "model_files": [["default"]], "device": "cuda", "oracle_device": "cpu (cpu)",

@@ -1,4 +1,4 @@
-"""anchor.parts: what a killed command keeps beside its output, and when it is taken again."""
+"""anchor_core.parts: what a killed command keeps beside its output, and when it is taken again."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from anchor.errors import InputError
-from anchor.outdir import read_marker
-from anchor.parts import Parts, normal, parts_dir, remove_parts
+from anchor_core.errors import InputError
+from anchor_core.outdir import read_marker
+from anchor_core.parts import Parts, normal, parts_dir, remove_parts
 
 
 def test_a_part_reads_back_as_saved_and_only_under_its_key(tmp_path):
@@ -69,7 +69,7 @@ def test_saved_lists_every_part_whatever_its_key_and_refuses_what_is_not_one(tmp
 
 
 def test_sources_id_follows_the_code_and_not_its_tests_or_caches(tmp_path, monkeypatch):
-    from anchor.parts import sources_id
+    from anchor_core.parts import sources_id
 
     pkg = tmp_path / "srcpkg_for_id"
     (pkg / "sub").mkdir(parents=True)

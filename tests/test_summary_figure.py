@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from anchor_app.demo.page import index_page, summary_figure
+from anchor.demo.page import index_page, summary_figure
 from tests.browser.pagecheck import blank_bands, check_bands, check_cells
 
 POLICIES = ("fp32", "hf_bf16", "fa2_bf16", "paper_bf16")

@@ -56,16 +56,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent  # the repository
 sys.path.insert(0, str(ROOT))
 
-from anchor.atomic import sha256_file  # noqa: E402
-from anchor.errors import InputError  # noqa: E402
+from anchor_core.atomic import sha256_file  # noqa: E402
+from anchor_core.errors import InputError  # noqa: E402
 
 NOTE = "random weights of this config's shapes (tools/gpu_kit.py): for timing only"
 
 
 def pack(model: str, out: Path) -> None:
-    from anchor.export import write_tokenizer
-    from anchor.spec import to_hf_config
-    from anchor.weights import load_spec
+    from anchor_core.export import write_tokenizer
+    from anchor_core.spec import to_hf_config
+    from anchor_core.weights import load_spec
 
     spec = load_spec(model)
     out.mkdir(parents=True, exist_ok=True)
@@ -77,7 +77,7 @@ def pack(model: str, out: Path) -> None:
 
 
 def weights(folder: Path, seed: int) -> None:
-    from anchor.weights import random_state, read_hf_config, write_hf_dir
+    from anchor_core.weights import random_state, read_hf_config, write_hf_dir
 
     spec = read_hf_config(folder)
     write_hf_dir(spec, random_state(spec, seed), folder)
@@ -229,12 +229,12 @@ def kit_wheels(dest: Path) -> list[Path]:
 
 def kit_heldout(out: Path, min_bytes: int = 100_000) -> int:
     """The held-out long documents (this Python's test-suite files over `min_bytes`) as JSONL, atomically."""
-    from anchor.atomic import write_text_atomic
-    from anchor_app.eval.perplexity import heldout_files
+    from anchor_core.atomic import write_text_atomic
+    from anchor.eval.perplexity import heldout_files
 
     files = [p for p in heldout_files() if p.stat().st_size > min_bytes]
     if not files:
-        raise InputError("this Python has no test suite to hold out (anchor_app.eval.perplexity.heldout_files)")
+        raise InputError("this Python has no test suite to hold out (anchor.eval.perplexity.heldout_files)")
     write_text_atomic(out, "".join(json.dumps({"text": p.read_text(errors="replace")}) + "\n" for p in files))
     return len(files)
 
@@ -282,7 +282,7 @@ def kit(root: Path, part_mib: float | None = None, capture_attention: bool = Fal
     holds the parity parts carried between sessions, results/gpu/parity/parts_*.tgz)."""
     import math
 
-    from anchor.atomic import write_text_atomic
+    from anchor_core.atomic import write_text_atomic
 
     gguf, devkit = root / GGUF, root / DEVKIT
     if not gguf.is_file():
@@ -346,7 +346,7 @@ def keep(results: Path, into: Path) -> Path:
     import os
     import tarfile
 
-    from anchor.outdir import read_marker
+    from anchor_core.outdir import read_marker
 
     try:
         gpu = (results / "weights.txt").read_text().splitlines()[1].split(",")[0].strip()

@@ -10,7 +10,7 @@ ran side by side), and each part's folder and runtime under `merged_from`. A rep
 first on model, device, oracle device, rule, optimizer or machine, or repeats a case, is refused (exit 2):
 a merged report never mixes settings.
 
-A folder may also be an unfinished run's parts (`.<name>.parts` beside its --out, anchor.parts: a JSON file
+A folder may also be an unfinished run's parts (`.<name>.parts` beside its --out, anchor_core.parts: a JSON file
 per finished case, `case-N.json` and `grad_case-N.json`, kept when the run was stopped at a device call's
 limit): its finished cases make a report of their own, with the rule and optimizer of this checkout, no machine
 (a part does not record one: `--machine FILE.json` takes it from a JSON file's `machine`, e.g. a script run
@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from anchor.errors import InputError  # noqa: E402
+from anchor_core.errors import InputError  # noqa: E402
 
 SAME = ("model", "device", "oracle_device", "rule", "optimizer")
 
@@ -54,7 +54,7 @@ def numbers(x):
 
 def from_parts(folder: str | Path, machine: dict | None = None) -> dict:
     """The report of an unfinished `anchor parity` run: the finished cases kept in its parts `folder`."""
-    from anchor.parts import Parts
+    from anchor_core.parts import Parts
     from parity_tests.core import RULE
     from parity_tests.grads import OPTIMIZER
 
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                 machine = json.loads(Path(args.machine).read_text(encoding="utf-8"))["machine"]
             except (OSError, ValueError, KeyError) as e:
                 raise InputError(f"no machine in it ({e})", path=args.machine) from None
-        from anchor.parts import parts_dir
+        from anchor_core.parts import parts_dir
 
         kept_beside = {parts_dir(d): d for d in args.parts}  # each given folder's own `.<name>.parts`
         for d in args.parts:
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     path = write_report(result, args.out)
     if args.slim:
-        from anchor.atomic import write_text_atomic
+        from anchor_core.atomic import write_text_atomic
 
         write_text_atomic(args.slim, json.dumps(slim(result), separators=(",", ":"), allow_nan=True) + "\n")
     n, g = len(result["cases"]), len(result.get("grad_cases", []))

@@ -4,7 +4,7 @@
     python tools/results_pages.py --check    # exit 1 naming every page that differs from its records
 
 Every table names the record it is read from, with the machine, the date and the commit recorded in it
-(`anchor.machine.machine()` writes `date_utc` and `commit` with every result; records older than that
+(`anchor_core.machine.machine()` writes `date_utc` and `commit` with every result; records older than that
 carry a `record` entry with the date and commit of the change that added them). Nothing here is typed
 by hand but the headings and the sentence saying what each table is: a figure on these pages comes from
 its JSON. `tests/test_results_pages.py` fails when a page is stale.

@@ -12,7 +12,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from anchor.errors import UnavailableError
+from anchor_core.errors import UnavailableError
 from torchtrain.varlen import VarlenSegments
 
 

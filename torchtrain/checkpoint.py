@@ -42,12 +42,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from anchor.atomic import sha256_file, write_text_atomic
-from anchor.errors import InputError
+from anchor_core.atomic import sha256_file, write_text_atomic
+from anchor_core.errors import InputError
 
 if TYPE_CHECKING:
-    from anchor.data.packed import Loader
-    from anchor.spec import ModelSpec
+    from anchor_core.data.packed import Loader
+    from anchor_core.spec import ModelSpec
     from torchtrain.config import TrainConfig
     from torchtrain.distributed import World
 
@@ -339,7 +339,7 @@ class Checkpointer:
         rename; then prune old regular checkpoints."""
         import torch.distributed as dist
 
-        from anchor.export import export_hf
+        from anchor_core.export import export_hf
 
         run, world = self.run, self.world
         staging = staging_path(run, step)

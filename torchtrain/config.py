@@ -36,17 +36,17 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
     ValidationError
 from pydantic.fields import FieldInfo
 
-from anchor.data.config import PACK_SCHEMA, check_pack_options, validate_pack_config
-from anchor.engines import TRAIN_ENGINES
-from anchor.errors import InputError
-from anchor.limits import SEED_MAX
-from anchor.spec import RopeSpec
-from anchor.variants import Variant
-from anchor.yamlfile import read_yaml_mapping
+from anchor_core.data.config import PACK_SCHEMA, check_pack_options, validate_pack_config
+from anchor_core.engines import TRAIN_ENGINES
+from anchor_core.errors import InputError
+from anchor_core.limits import SEED_MAX
+from anchor_core.spec import RopeSpec
+from anchor_core.variants import Variant
+from anchor_core.yamlfile import read_yaml_mapping
 
 Schedule = Literal["constant", "cosine", "linear"]
 Dtype = Literal["float32", "bfloat16"]
-TrainEngine = Literal[TRAIN_ENGINES]  # type: ignore[valid-type]  # auto, or an engine of anchor.engines
+TrainEngine = Literal[TRAIN_ENGINES]  # type: ignore[valid-type]  # auto, or an engine of anchor_core.engines
 RopeScaling = Literal["default", "linear", "dynamic", "yarn", "llama3", "ntk"]
 
 # ---------------------------------------------------------------------------------------------
@@ -93,7 +93,7 @@ def _key(default: Any, doc: str, *, resumable: bool = False, pack_option: str | 
     range (`ge`, `gt`, `le`).
 
     resumable: a resumed run may change it (the other keys must equal the run's config.yaml).
-    pack_option: the `anchor pack` option it also is (anchor.data.config.PACK_SCHEMA), so `data.pack:`
+    pack_option: the `anchor pack` option it also is (anchor_core.data.config.PACK_SCHEMA), so `data.pack:`
       does not take that option.
     """
     extra = {"resumable": resumable, "pack_option": pack_option}
@@ -111,7 +111,7 @@ class _Section(BaseModel):
 
 
 class RopeConfig(_Section):
-    """`model.rope:` overrides of the model's RoPE (docs/DESIGN.md §3); names as in anchor.spec.RopeSpec,
+    """`model.rope:` overrides of the model's RoPE (docs/DESIGN.md §3); names as in anchor_core.spec.RopeSpec,
     with the contract's spellings `theta` (= base) and `scaling` (= kind). Omitted: the model's."""
 
     theta: Optional[Number] = _key(None, "RoPE base (the paper: 1e6 at 32K, 5e6 at 64K, 1e7 at 128K, 5e7 at 256K)",

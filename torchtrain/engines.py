@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from anchor.engines import AUTO, ENGINES, Engine  # the names; AUTO is not an engine (resolve_engine)
-from anchor.errors import InputError, UnavailableError
+from anchor_core.engines import AUTO, ENGINES, Engine  # the names; AUTO is not an engine (resolve_engine)
+from anchor_core.errors import InputError, UnavailableError
 from torchtrain import attention as attn
 from torchtrain.variants import Variant, check_doc_ids, check_variant, dense_mask, mask_predicate
 from torchtrain.varlen import VarlenSegments, varlen_segments

@@ -8,8 +8,8 @@
     Trainer(model, args, data_collator=collator, train_dataset=tokenized).train()
 
 `PackingCollator` turns a list of features into packed windows (docs/DESIGN.md §1-§2) with the very
-code `anchor train` uses: `anchor.data.packing.Packer` cuts the documents into windows of `seq_len` slots
-(the first token at slot 0: the anchor of the `anchor` variant), `anchor.data.batch.make_batch` derives
+code `anchor train` uses: `anchor_core.data.packing.Packer` cuts the documents into windows of `seq_len` slots
+(the first token at slot 0: the anchor of the `anchor` variant), `anchor_core.data.batch.make_batch` derives
 the variant's `doc_ids`, `position_ids` and loss mask. Features are either
 
   documents  {"input_ids": [...]} as a tokenized dataset yields them (other keys are ignored); each is
@@ -26,7 +26,7 @@ lengths):
   labels        [B, T] the token where the prediction of the slot before is trained on (the loss mask of §1),
                 -100 elsewhere; transformers' causal-LM loss shifts them by one, so it counts exactly the
                 predictions `anchor train` counts
-  variant       [B] the variant's index in `anchor.variants.VARIANTS` per window; with doc_ids it reaches
+  variant       [B] the variant's index in `anchor_core.variants.VARIANTS` per window; with doc_ids it reaches
                 every attention layer. A tensor, not the name: accelerate broadcasts and splits a batch
                 across processes (an IterableDataset under several processes) only when every value is a
                 tensor. The attention functions also take the name (`variant="anchor"`).
@@ -71,11 +71,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from anchor.data.batch import Batch, make_batch
-from anchor.data.packing import Packer
-from anchor.data.store import TokenStore
-from anchor.errors import InputError
-from anchor.variants import VARIANTS, Variant, check_variant
+from anchor_core.data.batch import Batch, make_batch
+from anchor_core.data.packing import Packer
+from anchor_core.data.store import TokenStore
+from anchor_core.errors import InputError
+from anchor_core.variants import VARIANTS, Variant, check_variant
 from torchtrain.engines import AttnMeta, Engine, attend, check_engine, prepare_meta
 
 IGNORE_INDEX = -100  # transformers' causal-LM loss skips these labels
@@ -122,7 +122,7 @@ def _check_id(value: Any, name: str) -> int:
 
 def special_ids(tokenizer: Any) -> tuple[int, int]:
     """(first token, EOS) of a Hugging Face tokenizer: slot 0 holds BOS, or EOS where the tokenizer has
-    no BOS (Qwen2, Qwen3), as `anchor pack` does (`anchor.tokenizer.Tok.first_token_id`)."""
+    no BOS (Qwen2, Qwen3), as `anchor pack` does (`anchor_core.tokenizer.Tok.first_token_id`)."""
     eos = getattr(tokenizer, "eos_token_id", None)
     bos = getattr(tokenizer, "bos_token_id", None)
     if eos is None:
@@ -258,7 +258,7 @@ class PackedWindows(torch.utils.data.Dataset):
     remove_unused_columns=False)."""
 
     def __init__(self, folder: str | Path):
-        from anchor.data.packed import PackedData
+        from anchor_core.data.packed import PackedData
 
         self.data = PackedData.open(folder)
         self.seq_len = self.data.seq_len

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from anchor.spec import ModelSpec
+from anchor_core.spec import ModelSpec
 from torchtrain import engines
 
 BASE_PROCESS_BYTES = int(0.45 * 2**30)  # peak RSS of a training process at T -> 0 (tiny.yaml, CPU, fp32)

@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from anchor.atomic import write_text_atomic
-from anchor.weights import readable_by_umask
+from anchor_core.atomic import write_text_atomic
+from anchor_core.weights import readable_by_umask
 
 if TYPE_CHECKING:
     from torchtrain.distributed import World

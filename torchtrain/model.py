@@ -1,9 +1,9 @@
 """Stock Hugging Face transformers models with torchtrain attention engines (docs/DESIGN.md §7).
 
-Weights come from `anchor.weights.load_weights` (the oracle reads the same float32 arrays), the
-config from `anchor.spec.to_hf_config` (the one translation point), the model from
+Weights come from `anchor_core.weights.load_weights` (the oracle reads the same float32 arrays), the
+config from `anchor_core.spec.to_hf_config` (the one translation point), the model from
 `AutoModelForCausalLM.from_config` (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
-Qwen3ForCausalLM: `anchor.spec`'s families); no transformers file is patched. The engines see q and k
+Qwen3ForCausalLM: `anchor_core.spec`'s families); no transformers file is patched. The engines see q and k
 as the model's attention module hands them over, after RoPE (and, in Qwen3, after its q/k norms).
 """
 
@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from anchor.errors import InputError
-from anchor.spec import ModelSpec, RopeSpec, to_hf_config
-from anchor.weights import load_weights
+from anchor_core.errors import InputError
+from anchor_core.spec import ModelSpec, RopeSpec, to_hf_config
+from anchor_core.weights import load_weights
 from torchtrain.engines import Engine, attn_implementation, check_engine, install
 
 DType = Literal["float32", "bfloat16"]

@@ -23,9 +23,9 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from anchor.atomic import write_text_atomic
-from anchor.errors import InputError
-from anchor.yamlfile import read_yaml
+from anchor_core.atomic import write_text_atomic
+from anchor_core.errors import InputError
+from anchor_core.yamlfile import read_yaml
 from torchtrain import checkpoint as ckpt
 from torchtrain.config import RESUMABLE_CHANGES, TrainConfig, check_world, from_flat, is_flat, validate
 from torchtrain.optim import deepspeed_config
@@ -33,7 +33,7 @@ from torchtrain.optim import deepspeed_config
 if TYPE_CHECKING:
     import torch
 
-    from anchor.spec import ModelSpec
+    from anchor_core.spec import ModelSpec
 
 CONFIG_FILE = "config.yaml"
 DS_CONFIG_FILE = "deepspeed.json"
@@ -109,7 +109,7 @@ def data_dir(cfg: TrainConfig, run: Path) -> Path:
 
 def model_spec(cfg: TrainConfig) -> ModelSpec:
     """The spec of `model.name` with the config's RoPE overrides (`model.rope`) applied."""
-    from anchor.weights import load_spec
+    from anchor_core.weights import load_spec
 
     spec = load_spec(cfg.model.name)
     if cfg.rope_overrides():
@@ -213,7 +213,7 @@ def check_step_memory(cfg: TrainConfig, spec: ModelSpec, seq_len: int, engine: s
 def _resolve_data(cfg: TrainConfig, run: Path, progress: bool) -> Path:
     """The packed folder to train on: `data.path` itself when it is an `anchor pack` output (checked
     against the config), else `RUN/data`, packed from the corpus once and reused on resume."""
-    from anchor.data.packed import PackedData
+    from anchor_core.data.packed import PackedData
 
     data = Path(cfg.data.path)
     if (data / "pack.json").is_file():
@@ -237,13 +237,13 @@ def _resolve_data(cfg: TrainConfig, run: Path, progress: bool) -> Path:
         # packed for other settings by an earlier attempt that stopped before config.yaml (a resume with
         # other settings is refused before this): packed again, never trained on silently
         shutil.rmtree(target)
-    from anchor.data.mixture import MixtureSpec
-    from anchor.data.config import layout_of
-    from anchor.data.pipeline import PackConfig, pack_corpus
+    from anchor_core.data.mixture import MixtureSpec
+    from anchor_core.data.config import layout_of
+    from anchor_core.data.pipeline import PackConfig, pack_corpus
 
     source: str | Path = cfg.data.path
     if cfg.data.path == "corpus":
-        from anchor.data.corpus import CORPUS_FILE, write_default_corpus
+        from anchor_core.data.corpus import CORPUS_FILE, write_default_corpus
 
         write_default_corpus(run / "corpus", progress=progress)
         source = run / "corpus" / CORPUS_FILE
@@ -261,7 +261,7 @@ def _resolve_data(cfg: TrainConfig, run: Path, progress: bool) -> Path:
 
 
 def _check_tokenizer(cfg: TrainConfig, meta: dict[str, Any], where: Path) -> None:
-    from anchor.tokenizer import load_tokenizer
+    from anchor_core.tokenizer import load_tokenizer
 
     tok = load_tokenizer(cfg.model.name)
     ident = (meta.get("tokenizer") or {}).get("identity")
@@ -273,7 +273,7 @@ def _check_tokenizer(cfg: TrainConfig, meta: dict[str, Any], where: Path) -> Non
 def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, progress: bool = True) -> None:
     """Check the config against the model, the data and the run folder, pack data on the fly if
     needed, and write RUN/config.yaml; nothing distributed starts before this returns."""
-    from anchor.outdir import guard_out
+    from anchor_core.outdir import guard_out
 
     run = Path(run)
     check_world(cfg, world if world is not None else cfg.parallel.nproc)
@@ -283,7 +283,7 @@ def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, 
     data_path = Path(cfg.data.path)
     seq_len = cfg.data.seq_len
     if seq_len is None and (data_path / "pack.json").is_file():
-        from anchor.data.packed import PackedData
+        from anchor_core.data.packed import PackedData
 
         seq_len = PackedData.open(data_path).seq_len
     if seq_len is not None:
@@ -303,7 +303,7 @@ def _fill_run(cfg: TrainConfig, run: Path, spec: ModelSpec, seq_len: int | None,
               world: int | None, progress: bool) -> None:
     """The run folder's marker, data (packed on the fly when needed), data_source.json, the checks that need
     the packed data, then config.yaml and the DeepSpeed config (prepare_run)."""
-    from anchor.outdir import write_marker
+    from anchor_core.outdir import write_marker
 
     write_marker(run, "train")
     ckpt.clear_staging(run)
@@ -319,7 +319,7 @@ def _fill_run(cfg: TrainConfig, run: Path, spec: ModelSpec, seq_len: int | None,
             write_text_atomic(run / SOURCE_FILE, json.dumps(source, indent=1) + "\n")
     data = _resolve_data(cfg, run, progress)
     write_text_atomic(run / SOURCE_FILE, json.dumps(source, indent=1) + "\n")
-    from anchor.data.packed import PackedData
+    from anchor_core.data.packed import PackedData
 
     packed = PackedData.open(data)
     if cfg.data.seq_len is None:

@@ -57,7 +57,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from anchor.errors import InputError
+from anchor_core.errors import InputError
 from torchtrain import engines
 from torchtrain.attention import expand_kv
 from torchtrain.loss import linear_cross_entropy, token_cross_entropy
@@ -74,7 +74,7 @@ def check_sequence_parallel(spec: Any, seq_len: int, degree: int) -> None:
     (module docstring).
 
     Args:
-      spec: an `anchor.spec.ModelSpec` (or anything with `num_heads`).
+      spec: an `anchor_core.spec.ModelSpec` (or anything with `num_heads`).
       seq_len: T, slots per window.
       degree: P, the SP degree.
     """

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from anchor.errors import InputError
+from anchor_core.errors import InputError
 from torchtrain.attention import expand_kv
 from torchtrain.engines import TAP_ATTR, AttnMeta, engine_of
 from torchtrain.variants import dense_mask

@@ -9,7 +9,7 @@ gradient diagnostics).
 
 One optimizer step (every rank):
   1. the loader gives this data-parallel rank its `micro_batch x grad_accum` windows of the step
-     (anchor.data.packed.Loader: the global batch of step k is the same set of windows whatever
+     (anchor_core.data.packed.Loader: the global batch of step k is the same set of windows whatever
      the split across processes and micro-steps);
   2. the number of counted targets of the whole global batch is summed across all ranks;
   3. per micro-batch: forward on this rank's slice of the sequence (Ulysses: all of it without
@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from anchor.data.packed import Loader, PackedData
-from anchor.errors import InputError
-from anchor.outdir import guard_out, missing_folders, out_lock, remove_created
-from anchor.progress import ProgressBar
+from anchor_core.data.packed import Loader, PackedData
+from anchor_core.errors import InputError
+from anchor_core.outdir import guard_out, missing_folders, out_lock, remove_created
+from anchor_core.progress import ProgressBar
 from torchtrain import checkpoint as ckpt
 from torchtrain import sequence_parallel as sp
 from torchtrain.config import TrainConfig, check_world
@@ -50,8 +50,8 @@ from torchtrain.run_folder import CONFIG_FILE, check_model, data_dir, load_run_c
     resolved_engine
 
 if TYPE_CHECKING:
-    from anchor.data.batch import Batch
-    from anchor.spec import ModelSpec
+    from anchor_core.data.batch import Batch
+    from anchor_core.spec import ModelSpec
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,8 +14,8 @@ from typing import Callable
 
 import torch
 
-from anchor.errors import InputError
-from anchor.variants import VARIANTS, Variant, check_variant  # noqa: F401  (re-exported)
+from anchor_core.errors import InputError
+from anchor_core.variants import VARIANTS, Variant, check_variant  # noqa: F401  (re-exported)
 
 MaskPredicate = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 

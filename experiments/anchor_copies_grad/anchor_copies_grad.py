@@ -191,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--orders", type=int, default=4)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    from anchor.atomic import write_text_atomic
-    from anchor.machine import machine
+    from anchor_core.atomic import write_text_atomic
+    from anchor_core.machine import machine
 
     result = {"what": __doc__.split("\n")[0], "model": args.model, "machine": machine(),
               **run(args.model, args.variant, args.seq_len, args.orders)}

@@ -296,8 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", required=True)
     r.add_argument("--device", default=None, help="default: cuda where torch sees one, else cpu")
     args = ap.parse_args(argv)
-    from anchor.atomic import write_text_atomic
-    from anchor.machine import machine
+    from anchor_core.atomic import write_text_atomic
+    from anchor_core.machine import machine
 
     if args.cmd == "capture":
         print(json.dumps(capture(args.out, tuple(int(x) for x in args.layers.split(",")), args.model, args.seq_len)))

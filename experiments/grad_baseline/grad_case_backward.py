@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq-len", type=int, default=1025)
     ap.add_argument("--out", required=True, help="a JSON file; a run of another backward is added to it")
     args = ap.parse_args(argv)
-    from anchor.atomic import write_text_atomic
-    from anchor.machine import machine
+    from anchor_core.atomic import write_text_atomic
+    from anchor_core.machine import machine
 
     out = Path(args.out)
     record = json.loads(out.read_text()) if out.exists() else {"what": __doc__.split("\n")[0], "runs": []}

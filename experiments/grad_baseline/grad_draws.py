@@ -175,8 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                          "script, instead of computing them: its model, variant, length, policy and orders")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    from anchor.atomic import write_text_atomic
-    from anchor.machine import machine
+    from anchor_core.atomic import write_text_atomic
+    from anchor_core.machine import machine
     from parity_tests.core import RULE
 
     if args.recorded:

@@ -215,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", default="26,27,28,29")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    from anchor.atomic import write_text_atomic
-    from anchor.machine import machine
+    from anchor_core.atomic import write_text_atomic
+    from anchor_core.machine import machine
     from parity_tests.cases import BF16, Case, case_inputs
     from parity_tests.runners import get_runner, resolve_policy
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python experiments/loss_counting/loss_counting.py [--seq-len 65536] [--windows 64]
 
-Ours (`anchor.data.batch.make_batch`, variant `anchor`): inside each document every next-token prediction
+Ours (`anchor_core.data.batch.make_batch`, variant `anchor`): inside each document every next-token prediction
 counts, the last token's prediction of the document's EOS included; the anchor's prediction of document 1's
 first token and every prediction whose target lies in another document are masked. The authors' flash path
 (AnchorContext, a BOS before each document) counts besides, per document, the BOS -> first token prediction
@@ -29,8 +29,8 @@ HERE = Path(__file__).resolve().parent
 
 
 def count(store, selection, T: int, windows: int) -> dict:
-    from anchor.data.batch import make_batch
-    from anchor.data.packing import Packer
+    from anchor_core.data.batch import make_batch
+    from anchor_core.data.packing import Packer
 
     packer = Packer(store, selection, T, first_token=1, eos=2)
     ours = extra = docs = n = 0
@@ -53,9 +53,9 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=65536)
     ap.add_argument("--windows", type=int, default=64)
     a = ap.parse_args()
-    from anchor.data.mixture import MixtureSpec, select_documents
-    from anchor.data.store import TokenStore
-    from anchor.machine import machine
+    from anchor_core.data.mixture import MixtureSpec, select_documents
+    from anchor_core.data.store import TokenStore
+    from anchor_core.machine import machine
 
     T = a.seq_len
     rng = np.random.default_rng(0)
@@ -64,8 +64,8 @@ def main() -> None:
     store = TokenStore.from_docs([np.full(int(n), 7, np.uint32) for n in lengths], [0] * n_docs, ["slimpajama_like"])
     results = {"slimpajama_like": count(store, np.arange(n_docs), T, a.windows)}
 
-    from anchor.data.corpus import CORPUS_FILE, write_default_corpus
-    from anchor.data.pipeline import PackConfig, pack_corpus
+    from anchor_core.data.corpus import CORPUS_FILE, write_default_corpus
+    from anchor_core.data.pipeline import PackConfig, pack_corpus
 
     with tempfile.TemporaryDirectory() as tmp:
         write_default_corpus(Path(tmp) / "c")

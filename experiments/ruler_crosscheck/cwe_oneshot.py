@@ -25,10 +25,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # the repository
 
-from anchor_app.eval import ruler, scoring  # noqa: E402
-from anchor_app.eval.generate import eval_model_source, greedy_generate, load_eval_model  # noqa: E402
-from anchor.machine import machine  # noqa: E402
-from anchor.tokenizer import load_tokenizer  # noqa: E402
+from anchor.eval import ruler, scoring  # noqa: E402
+from anchor.eval.generate import eval_model_source, greedy_generate, load_eval_model  # noqa: E402
+from anchor_core.machine import machine  # noqa: E402
+from anchor_core.tokenizer import load_tokenizer  # noqa: E402
 
 QUESTION = "Below is a numbered list of words."  # upstream's template starts so, the example's and the question's
 
@@ -56,7 +56,7 @@ def main() -> None:
     t0 = time.time()
     cells, detail = [], []
     for L in [int(x) for x in args.lengths.split(",")]:
-        samples = ruler.generate("cwe", L - len(first), tok, args.samples)  # as anchor_app.eval.runner makes them
+        samples = ruler.generate("cwe", L - len(first), tok, args.samples)  # as anchor.eval.runner makes them
         variants = {}
         for s in samples:
             cut = s.input.index(QUESTION, 1)  # the second occurrence: the question after the example

@@ -5,8 +5,8 @@
 
 Writes results/ruler_crosscheck_<name>.json beside it with the machine and every sample's prediction.
 
-Both sides decode the same model greedily through `anchor_app.eval.generate.greedy_generate` (our RULER
-via `anchor_app.eval.runner.run_eval`; lm-eval's tasks via `anchor_app.eval.harness.run_harness`, whose LM
+Both sides decode the same model greedily through `anchor.eval.generate.greedy_generate` (our RULER
+via `anchor.eval.runner.run_eval`; lm-eval's tasks via `anchor.eval.harness.run_harness`, whose LM
 wrapper runs the same call), with the same first token (BOS), dtype and engine; only the prompts
 differ (each side generates its own: other keys, values and haystack lengths, and lm-eval's cwe
 leaves out upstream's one-shot example), so the scores agree only up to sampling error.
@@ -38,10 +38,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # the repository
 
-from anchor_app.eval import scoring  # noqa: E402
-from anchor_app.eval.harness import HARNESS_RULER, binomial_se, run_harness  # noqa: E402
-from anchor_app.eval.runner import run_eval  # noqa: E402
-from anchor.machine import machine  # noqa: E402
+from anchor.eval import scoring  # noqa: E402
+from anchor.eval.harness import HARNESS_RULER, binomial_se, run_harness  # noqa: E402
+from anchor.eval.runner import run_eval  # noqa: E402
+from anchor_core.machine import machine  # noqa: E402
 
 TASKS = ("niah_single_1", "niah_multikey_2", "vt", "cwe", "fwe")
 

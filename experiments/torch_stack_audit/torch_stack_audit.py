@@ -4,7 +4,7 @@
     python experiments/torch_stack_audit/torch_stack_audit.py --collect runs/audit-eager runs/audit-sdpa ...   # from `anchor audit --stack torch` outputs
     python experiments/torch_stack_audit/torch_stack_audit.py --rerun-oracle   # the oracle side only, against the recorded torch side
 
-Runs `anchor audit --stack torch` (parity_tests.torch_audit.audit_torch_stack) on SmolLM2 per engine in bf16
+Runs `anchor audit --stack torch` (parity_tests.audit.torch_stack.audit_torch_stack) on SmolLM2 per engine in bf16
 and records, per engine, D of the torch stack and of the oracle policy that emulates it at every
 shift, their ratio, and the largest relative difference, with the machine, into
 experiments/torch_stack_audit/results/audit_torch_stack_cpu.json. The acceptance: eager within 5 % of hf_bf16 at every
@@ -35,7 +35,7 @@ def entry(result: dict) -> dict:
             "runtime_s": round(result["runtime_s"], 1), "machine": result["machine"]}
 
 
-RERUN_NOTE = ("D_oracle: today's oracle on the recorded run's windows and shifts (parity_tests.torch_audit.audit_inputs); "
+RERUN_NOTE = ("D_oracle: today's oracle on the recorded run's windows and shifts (parity_tests.audit.torch_stack.audit_inputs); "
               "D_torch: the recorded run's, valid while torchtrain's path for the engine is unchanged.")
 
 
@@ -49,11 +49,11 @@ def rerun_oracle(recorded: Path, out: Path) -> None:
     and shifts (the recorded D_torch kept: for a change to the oracle alone, minutes instead of an hour)."""
     import numpy as np
 
-    from anchor.machine import machine
-    from jaxref.audit.runner import restrict_vocab, shift_curve
+    from anchor_core.machine import machine
+    from parity_tests.audit.runner import restrict_vocab, shift_curve
     from jaxref.reference import params_from_state
     from jaxref.policy import get_policy
-    from parity_tests.torch_audit import audit_inputs
+    from parity_tests.audit.torch_stack import audit_inputs
 
     rows = []
     for r in json.loads(recorded.read_text())["rows"]:
@@ -95,7 +95,7 @@ def main() -> None:
     if args.collect:
         results = [json.loads((Path(d) / "audit.json").read_text()) for d in args.collect]
     else:
-        from parity_tests.torch_audit import audit_torch_stack
+        from parity_tests.audit.torch_stack import audit_torch_stack
 
         results = [audit_torch_stack(args.model, e, "bfloat16", seq_len=args.seq_len, num_seqs=args.num_seqs,
                                      max_len=args.seq_len, progress=True) for e in args.engines.split(",")]

@@ -13,7 +13,7 @@ and `hf_bf16`'s dense softmax, whose JAX path is bit for bit torch's eager atten
 
 The same library holds the precision audit's probe (`audit_probe`): every shift's causal attention
 maps against the reference shift's, reduced to the audit's column and first-key sums inside the
-kernel (jaxref/audit/maps.py); and the decoder's projections (`matmul`, `jaxref.executor.linear`): fp32
+kernel (parity_tests/audit/maps.py); and the decoder's projections (`matmul`, `jaxref.executor.linear`): fp32
 and fp64 products by a private, single-threaded copy of numpy's OpenBLAS on XLA's threads, which ran
 10-30% faster than XLA's own matmuls at SmolLM2's shapes on 2 cores (each row's result independent of
 the batch; tests/jaxref/test_blas_matmul.py). Without that OpenBLAS the projections stay XLA's.
@@ -23,7 +23,7 @@ and a column's result the same whatever rows and columns the call holds, as Open
 kernels are and its Haswell kernels (AVX2 CPUs) are not.
 
 The library is compiled on first use with the system C++ compiler (`$CXX`, else `c++`) against
-jaxlib's FFI headers into `<cache>/kernels/` (`anchor.paths.cache_dir()`), keyed by a hash of the
+jaxlib's FFI headers into `<cache>/kernels/` (`anchor_core.paths.cache_dir()`), keyed by a hash of the
 source, the flags, jaxlib's version and the CPU; `make install` builds it ahead. Without a
 compiler the kernel is skipped with one warning and the JAX path runs.
 
@@ -70,7 +70,7 @@ def enabled() -> bool:
     """The user's default for `fused`: False when the environment sets `JAXREF_FUSED_ATTENTION=0`.
 
     Read by the public entries (`jaxref.forward`, `jaxref.attention.attention` / `dense_attention`,
-    `jaxref.audit.maps.MapsRunner`) when their `fused` argument is None, once per call.
+    `parity_tests.audit.maps.MapsRunner`) when their `fused` argument is None, once per call.
     """
     return os.environ.get("JAXREF_FUSED_ATTENTION", "1") != "0"
 
@@ -87,7 +87,7 @@ def _cpu_flags() -> str:
 
 def library_path() -> Path:
     """Where the compiled library for this source, compiler flags, jaxlib and CPU lives."""
-    from anchor.paths import cache_dir
+    from anchor_core.paths import cache_dir
 
     key = hashlib.sha256("\0".join([SOURCE.read_text(), os.environ.get("CXX", "c++"), *FLAGS, jax.__version__,
                                     platform.machine(), _cpu_flags()]).encode()).hexdigest()[:16]
@@ -158,7 +158,7 @@ def _private_blas() -> tuple[int, int, bool] | None:
     1 (its dependencies resolve to those numpy loaded). None when numpy's BLAS is not an OpenBLAS found
     among the process's mapped libraries, or the copy fails: then XLA's matmuls run.
     """
-    from anchor.paths import cache_dir  # (numpy, imported above, has loaded its BLAS)
+    from anchor_core.paths import cache_dir  # (numpy, imported above, has loaded its BLAS)
 
     try:
         maps = Path("/proc/self/maps").read_text().splitlines()
@@ -280,7 +280,7 @@ def audit_probe(q, k, shifts: int, scale: float, *, logits_bf16: bool = False, f
 
     q [B,T,N,D], k [B,T,K,D] hold the policy's qk_in values, B = W windows × `shifts` (window-major,
     the reference shift first); causal maps, every slot one document. The numbers of
-    `jaxref.audit.maps.group_probe` on `jaxref.attention.full_probs` for a policy with fp32 qk_acc and
+    `parity_tests.audit.maps.group_probe` on `jaxref.attention.full_probs` for a policy with fp32 qk_acc and
     softmax and logits in bf16 (`logits_bf16`) or fp32, up to rounding. Call only after `available()`.
     """
     B, T = q.shape[:2]

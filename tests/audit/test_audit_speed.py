@@ -1,4 +1,4 @@
-"""The audit's batched maps-only pass (jaxref/audit/maps.py) gives the numbers of the per-shift path.
+"""The audit's batched maps-only pass (parity_tests/audit/maps.py) gives the numbers of the per-shift path.
 
 The per-shift path is `jaxref.forward` with the audit's probe, one shift per call (`runner.run_pairs`
 with a single shift): what the audit's arithmetic is defined by. The batched pass puts every shift
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import jaxref
-from jaxref.audit import runner
-from jaxref.audit.maps import MapsRunner
+from parity_tests.audit import runner
+from parity_tests.audit.maps import MapsRunner
 
 SHIFTS = [0, 2, 15, 17, 100, 2000]
 REF = 16
@@ -216,7 +216,7 @@ def test_kernel_probe_forms_the_maps_of_the_jax_probe(model, policy):
 
     from jaxref import kernels
     from jaxref.attention import full_probs
-    from jaxref.audit.maps import KernelProbe, batch_inputs, group_probe
+    from parity_tests.audit.maps import KernelProbe, batch_inputs, group_probe
 
     if not kernels.available():
         pytest.skip("no C++ compiler: the kernel is not built")

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import jaxref
-from jaxref.audit import budget_plan, error_budget
-from jaxref.audit.runner import BUDGET_STAGES
+from parity_tests.audit import budget_plan, error_budget
+from parity_tests.audit.runner import BUDGET_STAGES
 
 
 def test_budget_plan_shapes():

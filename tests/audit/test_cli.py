@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from anchor_app.cli import main
-from anchor.outdir import write_marker
+from anchor.cli import main
+from anchor_core.outdir import write_marker
 
 
 def run_cli(argv, capsys):
@@ -80,8 +80,8 @@ def test_a_killed_audit_resumes_at_the_policy_it_was_on(tmp_path, jsonl, capsys,
     """Each policy's curves (of each kind of weights) and the error budget are kept beside --out
     (`.<name>.parts`) as they finish; a rerun with the same options computes only what the killed audit had
     not finished and writes the audit.json an uninterrupted audit writes; other options take nothing."""
-    from anchor.parts import parts_dir
-    from jaxref.audit import runner
+    from anchor_core.parts import parts_dir
+    from parity_tests.audit import runner
 
     calls: dict[str, list[str]] = {"shift": [], "budget": []}
     real_shift, real_budget = runner.shift_curve, runner.error_budget

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import jaxref
-from jaxref.audit import metrics
-from jaxref.audit.runner import run_pairs, shift_curve
+from parity_tests.audit import metrics
+from parity_tests.audit.runner import run_pairs, shift_curve
 
 
 def causal_maps(rng, L, N, T):
@@ -130,7 +130,7 @@ def test_fp64_audit_is_shift_invariant(preset):
     rng = np.random.default_rng(5)
     toks = rng.integers(3, 259, size=(1, 97)).astype(np.int32)
     toks[:, 0] = spec.first_token_id
-    from jaxref.audit import PAPER_SHIFTS
+    from parity_tests.audit import PAPER_SHIFTS
 
     sc = shift_curve(params, spec, toks, jaxref.get_policy("fp64"), PAPER_SHIFTS, 16)
     print(f"{preset} fp64: max D {max(sc['D']):.3g}, max D_logit {max(sc['D_logit']):.3g}")
@@ -139,7 +139,7 @@ def test_fp64_audit_is_shift_invariant(preset):
 
 
 def test_windows_start_with_bos_and_differ():
-    from jaxref.audit.sequences import make_windows
+    from parity_tests.audit.sequences import make_windows
 
     w = make_windows([[5, 6, 7], [8, 9]], first_token=1, eos=2, n=5, T=6)
     print(w)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from anchor.spec import random_preset
-from anchor.weights import expected_shapes
-from jaxref.audit import torch_default_state
+from anchor_core.spec import random_preset
+from anchor_core.weights import expected_shapes
+from parity_tests.audit import torch_default_state
 
 
 def test_shapes_bounds_and_stats():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from anchor.paths import DEFAULT_MODEL_FILE, cache_dir
+from anchor_core.paths import DEFAULT_MODEL_FILE, cache_dir
 
 
 @pytest.mark.model
@@ -13,7 +13,7 @@ from anchor.paths import DEFAULT_MODEL_FILE, cache_dir
 def test_quick_audit_smollm2():
     if not (cache_dir() / "models" / DEFAULT_MODEL_FILE).is_file():
         pytest.skip("the embedded SmolLM2 GGUF is missing (run `make install`)")
-    from jaxref.audit import run_audit
+    from parity_tests.audit import run_audit
 
     r = run_audit("default", ("fp32", "hf_bf16"), quick=True)
     d32, d16 = np.mean(r["shift_curve"]["fp32"]["D"]), np.mean(r["shift_curve"]["hf_bf16"]["D"])

@@ -1,5 +1,5 @@
 """`anchor audit --stack torch`: the audit measured on torchtrain's model itself, beside the oracle's
-emulation of that stack (parity_tests/torch_audit.py). On SmolLM2 at L=512 (recorded in
+emulation of that stack (parity_tests/audit/torch_stack.py). On SmolLM2 at L=512 (recorded in
 experiments/torch_stack_audit/results/audit_torch_stack_cpu.json) eager is within 5 % of hf_bf16 at every shift; here the
 same holds on a random preset in seconds."""
 
@@ -11,8 +11,8 @@ import pytest
 
 import jaxref
 
-from anchor_app.cli import main
-from parity_tests.torch_audit import ORACLE_POLICY, audit_torch_stack
+from anchor.cli import main
+from parity_tests.audit.torch_stack import ORACLE_POLICY, audit_torch_stack
 
 
 def _run(argv: list[str]) -> int:

@@ -36,7 +36,7 @@ class Result:
 
 def run_bench(args, capsys) -> Result:
     """`anchor bench ARGS` in this process: its exit code and output."""
-    from anchor_app.cli import main
+    from anchor.cli import main
 
     with pytest.raises(SystemExit) as e:
         main(["bench", *args])

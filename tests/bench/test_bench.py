@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from anchor_app.bench import estimate as est
-from anchor_app.bench.flops import attention_flops, full_pairs, pairs, step_flops
-from anchor_app.bench.windows import SYNTHETIC, doc_lengths, synthetic_seg
-from anchor.data.batch import make_batch
-from anchor.spec import random_preset
+from anchor.bench import estimate as est
+from anchor.bench.flops import attention_flops, full_pairs, pairs, step_flops
+from anchor.bench.windows import SYNTHETIC, doc_lengths, synthetic_seg
+from anchor_core.data.batch import make_batch
+from anchor_core.spec import random_preset
 from tests.torchtrain.conftest import packed_batch
 from torchtrain.variants import VARIANTS, dense_mask
 from tests.bench.helpers import run_bench as _run
@@ -161,7 +161,7 @@ def test_peak_memory_sees_an_allocation():
     block instead failed after other tests in the process: the resident size moved in between)."""
     import os
 
-    from anchor_app.bench.timing import peak_memory
+    from anchor.bench.timing import peak_memory
 
     def rss_gib() -> float:
         with open("/proc/self/statm") as f:

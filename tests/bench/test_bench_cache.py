@@ -23,7 +23,7 @@ from tests.bench.helpers import corpus as _corpus, env as _env, T
 _BUILDER = """
 import json, sys, time
 from pathlib import Path
-import anchor.data.pipeline as pipeline
+import anchor_core.data.pipeline as pipeline
 
 barrier, me, corpus, T = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
 write_windows = pipeline._write_windows
@@ -37,7 +37,7 @@ def waiting(*args, **kwargs):
     return write_windows(*args, **kwargs)
 
 pipeline._write_windows = waiting
-from anchor_app.bench.windows import corpus_seg
+from anchor.bench.windows import corpus_seg
 print(json.dumps(corpus_seg(T, 3, model="random:llama", data=corpus).tolist()))
 """
 
@@ -85,7 +85,7 @@ def test_incomplete_cache_entry_is_rebuilt(tmp_path, monkeypatch, leftover):
     not used: it is rebuilt. Taken as an `anchor pack` output, 'no pack.json' would fail with `--out
     .../pack-<key>-129 is a folder anchor did not write`, 'pack.json cut short' with `unreadable pack.json:
     Expecting ',' delimiter`."""
-    from anchor_app.bench.windows import _pack_key, corpus_seg
+    from anchor.bench.windows import _pack_key, corpus_seg
 
     corpus = _corpus(tmp_path / "docs.jsonl")
     monkeypatch.setenv("ANCHOR_CACHE", str(tmp_path / "cache"))

@@ -18,7 +18,7 @@ from tests.bench.helpers import corpus as _corpus, env as _env, T
 
 
 def _bench_cmd(out: Path, corpus: Path, steps: int) -> list[str]:
-    return [sys.executable, "-c", "from anchor_app.cli import main; main()", "bench", "--out", str(out), "--model", "random:llama",
+    return [sys.executable, "-c", "from anchor.cli import main; main()", "bench", "--out", str(out), "--model", "random:llama",
             "--data", str(corpus), "--seq-len", str(T), "--distributions", "corpus", "--windows", "1",
             "--repeats", "1", "--no-attention", "--step-steps", str(steps), "--no-progress",
             "--estimate-seq-len", "4096"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from anchor.errors import InputError
+from anchor_core.errors import InputError
 from tests.bench.helpers import corpus as _corpus, run_bench as _run
 
 
@@ -16,11 +16,11 @@ from tests.bench.helpers import corpus as _corpus, run_bench as _run
 
 @pytest.fixture
 def eight_gib(monkeypatch):
-    """8 GiB available here, whatever the machine has (`anchor.limits.available_memory`, which the bench's
+    """8 GiB available here, whatever the machine has (`anchor_core.limits.available_memory`, which the bench's
     check and the packer's read)."""
-    import anchor.limits
+    import anchor_core.limits
 
-    monkeypatch.setattr(anchor.limits, "available_memory", lambda: 8 << 30)
+    monkeypatch.setattr(anchor_core.limits, "available_memory", lambda: 8 << 30)
     return 8 << 30
 
 
@@ -51,8 +51,8 @@ def test_sizes_that_cannot_fit_are_refused_before_any_work(tmp_path, monkeypatch
 def test_the_estimate_grows_with_the_sizes_and_lets_small_ones_through(eight_gib):
     """The estimate of a step and of the attention rows: larger with more slots or layers, within 8 GiB
     for small sizes, refused in one line beyond."""
-    from anchor_app.bench.memory import attention_memory, check_bench_memory, step_memory
-    from anchor.weights import load_spec
+    from anchor.bench.memory import attention_memory, check_bench_memory, step_memory
+    from anchor_core.weights import load_spec
 
     spec = load_spec("default")
     small = dict(model="default", seq_lens=[4099], engines=["varlen"], variants=["anchor"], windows=2,

@@ -27,7 +27,7 @@ def main() -> None:
     point, ready, go = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     argv = sys.argv[sys.argv.index("--") + 1:]
     if point == "pack-read":
-        import anchor.data.readers as readers
+        import anchor_core.data.readers as readers
 
         original = readers.read_jsonl
 
@@ -37,7 +37,7 @@ def main() -> None:
 
         readers.read_jsonl = read_jsonl
     elif point == "audit-write":
-        import jaxref.audit.report as report
+        import parity_tests.audit.report as report
 
         original_plot = report.plot_figures
 
@@ -48,7 +48,7 @@ def main() -> None:
         report.plot_figures = plot_figures
     else:
         raise SystemExit(f"unknown point {point}")
-    from anchor_app.cli import main as anchor_main
+    from anchor.cli import main as anchor_main
 
     anchor_main(argv)
 

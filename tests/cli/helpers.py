@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from anchor_app.cli import main
+from anchor.cli import main
 
 
 def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:

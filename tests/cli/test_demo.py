@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from anchor_app.demo import STAGES, DemoSettings, fingerprints, plan, read_record, run_demo
-from anchor.errors import InputError
-from anchor.outdir import read_marker
+from anchor.demo import STAGES, DemoSettings, fingerprints, plan, read_record, run_demo
+from anchor_core.errors import InputError
+from anchor_core.outdir import read_marker
 from tests.browser.pagecheck import check_links
 from tests.cli.helpers import assert_usage_error, run_cli
 
@@ -166,8 +166,8 @@ def test_a_task_that_cannot_fit_is_left_out_before_any_work(tmp_path):
     said and kept for the page; where no task fits, one line and exit 2 in seconds, no folder."""
     import time
 
-    from anchor_app.demo import PROFILES
-    from anchor_app.demo.planning import feasible
+    from anchor.demo import PROFILES
+    from anchor.demo.planning import feasible
 
     s = replace(PROFILES["demo"], model=MODEL)
     kept, notes = feasible(s, plan(("eval",)))
@@ -190,14 +190,14 @@ def test_an_interrupted_first_stage_keeps_what_the_user_put_in_out(tmp_path, mon
     out.mkdir()
 
     def interrupted(ctx):
-        from anchor.outdir import write_marker
+        from anchor_core.outdir import write_marker
 
         ctx.stage("top5").mkdir(parents=True, exist_ok=True)
         write_marker(ctx.stage("top5"), "demo")  # a stage folder the demo made
         (out / "my-notes.txt").write_text("mine")  # the user, meanwhile
         raise KeyboardInterrupt
 
-    import anchor_app.demo.planning as planning
+    import anchor.demo.planning as planning
 
     monkeypatch.setitem(planning.RUNNERS, "top5", interrupted)
     with pytest.raises(KeyboardInterrupt):
@@ -220,7 +220,7 @@ def test_the_seconds_of_an_attempt_a_signal_stopped_count_when_the_stage_resumes
     on the machine, all attempts (the whole run's GPU time)."""
     import time
 
-    import anchor_app.demo.planning as planning
+    import anchor.demo.planning as planning
 
     calls = []
 

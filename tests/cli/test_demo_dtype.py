@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from anchor_app.demo import PROFILES, DemoSettings, fingerprints
-from anchor_app.demo.page import index_page
-from anchor_app.demo.planning import choose_dtype, resolve_dtype
+from anchor.demo import PROFILES, DemoSettings, fingerprints
+from anchor.demo.page import index_page
+from anchor.demo.planning import choose_dtype, resolve_dtype
 
 
 @pytest.fixture
@@ -17,7 +17,7 @@ def cpu(monkeypatch):
     """Fake the machine: no CUDA, and a CPU whose bf16 instruction sets are the ones given."""
     import torch
 
-    from anchor import machine
+    from anchor_core import machine
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 

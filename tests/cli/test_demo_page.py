@@ -4,7 +4,7 @@ are flagged, with the load sampled while the run trained."""
 
 from __future__ import annotations
 
-from anchor_app.demo.page import draw_summary, index_page
+from anchor.demo.page import draw_summary, index_page
 from tests.test_summary_figure import demo_record
 
 
@@ -28,7 +28,7 @@ def test_one_legend_per_group_of_curves(tmp_path):
 
 
 def test_step_times_of_a_busy_machine_are_flagged(tmp_path, monkeypatch):
-    import anchor_app.demo.stages as stages
+    import anchor.demo.stages as stages
 
     monkeypatch.setattr(stages.os, "cpu_count", lambda: 2)
     assert stages.busy_machine(1.5) and not stages.busy_machine(0.4) and not stages.busy_machine(None)
@@ -47,7 +47,7 @@ def test_step_times_of_a_busy_machine_are_flagged(tmp_path, monkeypatch):
 def test_the_load_is_sampled_while_a_run_trains(monkeypatch):
     import time
 
-    import anchor_app.demo.stages as stages
+    import anchor.demo.stages as stages
 
     loads = iter([1.0, 3.0, 2.0] + [2.0] * 100)
     monkeypatch.setattr(stages, "_load_average", lambda: next(loads))

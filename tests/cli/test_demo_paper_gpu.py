@@ -16,8 +16,8 @@ from dataclasses import replace
 
 import pytest
 
-from anchor_app.demo import PROFILES, fingerprints, read_record, run_demo
-from anchor_app.demo.settings import run_names
+from anchor.demo import PROFILES, fingerprints, read_record, run_demo
+from anchor.demo.settings import run_names
 from tests.browser.pagecheck import check_links
 from tests.cli.helpers import assert_usage_error, run_cli
 
@@ -46,8 +46,8 @@ def one_thread():
 def test_the_profile_settings():
     from torchtrain.config import load_train_config
 
-    from anchor_app.demo.planning import unlisted_settings
-    from anchor_app.demo.stages import _train_overrides
+    from anchor.demo.planning import unlisted_settings
+    from anchor.demo.stages import _train_overrides
 
     s = PROFILES["paper-gpu"]
     assert s.model == "default" and s.seq_len == 16384 and s.train_rope_theta == 5e5
@@ -233,8 +233,8 @@ def test_checkpoints_that_do_not_fit_the_disk_are_refused_before_any_work(tmp_pa
     import shutil
     from collections import namedtuple
 
-    from anchor.errors import InputError
-    from anchor_app.demo import planning
+    from anchor_core.errors import InputError
+    from anchor.demo import planning
     from tests.cli.helpers import assert_usage_error, run_cli
 
     # the real profile: 20 bf16 checkpoints (ZeRO-1: 18 bytes a parameter) and 2 fp32 ones (20) of SmolLM2-135M
@@ -263,9 +263,9 @@ def test_the_profile_fits_one_h100():
     prompts of 16K with their KV cache; the checkpoints fit its 64 GiB disk (about 54 GB)."""
     import torch
 
-    from anchor.errors import InputError
-    from anchor.weights import load_spec
-    from anchor_app.demo.planning import checkpoint_bytes
+    from anchor_core.errors import InputError
+    from anchor_core.weights import load_spec
+    from anchor.demo.planning import checkpoint_bytes
     from torchtrain.memory import forward_memory, step_memory
 
     s = PROFILES["paper-gpu"]

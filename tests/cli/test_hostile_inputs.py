@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from anchor.errors import InputError
-from anchor.outdir import read_marker
-from anchor.parts import Parts, normal, parts_dir, remove_parts
+from anchor_core.errors import InputError
+from anchor_core.outdir import read_marker
+from anchor_core.parts import Parts, normal, parts_dir, remove_parts
 from tests.cli.helpers import assert_usage_error, run_cli, tree_hash
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ MODEL = "random:llama"
 
 
 def _settings():
-    from anchor_app.demo import DemoSettings
+    from anchor.demo import DemoSettings
 
     return DemoSettings(model=MODEL, seq_len=128, budget=20_000, train_steps=2, global_batch=1, lr=1e-3,
                         eval_every=1, eval_window=1, parity_seq_len=17, parity_policies=("fp32",),
@@ -56,7 +56,7 @@ WITHOUT_PARITY = ("corpus", "pack", "train", "eval")
 def demo_parts(tmp_path_factory):
     """Two demo parts of one experiment: `full` alone through every stage, the parity stage included (it checks
     the checkpoint of a run the part has: anchor's is not there), and `anchor` alone without parity."""
-    from anchor_app.demo import run_demo
+    from anchor.demo import run_demo
 
     root = tmp_path_factory.mktemp("parts")
     records = {}
@@ -126,7 +126,7 @@ def test_the_merge_carries_the_dtype_choice_its_parts_made(demo_parts, tmp_path,
 def test_parts_of_either_run_complete_every_stage_and_merge_to_the_whole_demo(tmp_path, capsys):
     """`--runs full` and `--runs anchor`, each through every stage (parity on the run it has), merged: each
     run's losses and scores are those of the demo that trained both."""
-    from anchor_app.demo import run_demo
+    from anchor.demo import run_demo
 
     whole = run_demo(MODEL, tmp_path / "whole", steps=WITH_PARITY, settings=_settings(), progress=False,
                      say=lambda _: None)
@@ -229,9 +229,9 @@ def test_merge_refuses_what_it_would_ignore_and_names_a_repeated_part_once(demo_
 def test_a_changed_model_file_keys_parity_and_eval_parts_anew(tmp_path, monkeypatch):
     """`default` resolves to the cached GGUF: new bytes of the same size and modification time are another
     key for `anchor parity --keep-parts` and for `anchor eval`'s parts, and the old part is not taken."""
-    from anchor.paths import DEFAULT_MODEL_FILE
-    from anchor_app.commands.parity import parts_key
-    from anchor_app.eval.runner import part_key
+    from anchor_core.paths import DEFAULT_MODEL_FILE
+    from anchor.commands.parity import parts_key
+    from anchor.eval.runner import part_key
 
     cache = tmp_path / "cache"
     (cache / "models").mkdir(parents=True)
@@ -279,7 +279,7 @@ def _interrupt_parity(tmp_path: Path, sig: int, delay: float) -> tuple[int, str,
     kept (the oracle and the trainer computing the next); returns (exit code, stderr, the parts folder)."""
     out = tmp_path / "out"
     kept = parts_dir(out)
-    argv = [sys.executable, "-m", "anchor_app", "parity", "--model", MODEL, "--variants", "full,anchor",
+    argv = [sys.executable, "-m", "anchor", "parity", "--model", MODEL, "--variants", "full,anchor",
             "--engines", "eager,sdpa", "--policies", "fp32,bf16", "--seq-len", "33", "--keep-parts",
             "--no-progress", "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -324,7 +324,7 @@ def test_twenty_interrupted_parity_runs_each_exit_130_or_143(tmp_path):
 
 @pytest.fixture(scope="module")
 def corpus_folder(tmp_path_factory):
-    from anchor_app.cli import main
+    from anchor.cli import main
 
     out = tmp_path_factory.mktemp("corpus") / "X"
     with pytest.raises(SystemExit) as e:
@@ -335,7 +335,7 @@ def corpus_folder(tmp_path_factory):
 
 
 def test_every_reader_takes_a_corpus_folder_by_its_declared_jsonl(corpus_folder):
-    from anchor.data.readers import iter_documents
+    from anchor_core.data.readers import iter_documents
 
     texts = [json.loads(line)["text"] for line in (corpus_folder / "corpus.jsonl").read_text().splitlines()]
     assert [d.text for d in iter_documents(corpus_folder)] == texts and len(texts) >= 5
@@ -359,7 +359,7 @@ def test_pack_train_audit_and_eval_read_a_corpus_folder(corpus_folder, tmp_path,
     code, _, err = run_cli(["demo", "--model", MODEL, "--heldout", x, "--steps", "corpus", "--no-progress",
                             "--out", tmp_path / "demo"], capsys)
     assert code == 0, err
-    from anchor_app.eval.ruler.common import load_haystack
+    from anchor.eval.ruler.common import load_haystack
 
     assert load_haystack(x).source == str((x / "corpus.jsonl").resolve())  # the JSONL, not the summary beside it
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from anchor.atomic import publish, staging_dir
-from anchor.data.packed import PackedData
-from anchor.outdir import MARKER, read_marker, remove_stale_staging, write_marker
+from anchor_core.atomic import publish, staging_dir
+from anchor_core.data.packed import PackedData
+from anchor_core.outdir import MARKER, read_marker, remove_stale_staging, write_marker
 from tests.cli.helpers import assert_usage_error, leftovers, run_cli, tree_hash, write_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,7 +95,7 @@ def test_signal_during_audit_keeps_the_previous_output(sig, code, tmp_path):
     rc, err = child.finish()
     print("after:", leftovers(tmp_path, "out"))
     assert rc == code and err.strip().splitlines()[-1] == "anchor audit: interrupted"
-    # no staging folder or lock left; what the audit had finished stays beside --out (anchor.parts) for a rerun
+    # no staging folder or lock left; what the audit had finished stays beside --out (anchor_core.parts) for a rerun
     assert leftovers(tmp_path, "out") == [".out.parts"] and read_marker(tmp_path / ".out.parts")["verb"] == "audit"
     assert tree_hash(out) == before
 

@@ -37,8 +37,8 @@ def _tokenizer(words: list[str]):
 
 
 def make_model(folder: Path, words: list[str] = WORDS) -> Path:
-    from anchor.spec import random_preset
-    from anchor.weights import random_state, write_hf_dir
+    from anchor_core.spec import random_preset
+    from anchor_core.weights import random_state, write_hf_dir
 
     spec = random_preset("llama")
     write_hf_dir(spec, random_state(spec), folder)
@@ -57,7 +57,7 @@ def make_corpus(path: Path, words: list[str] = WORDS) -> Path:
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory) -> Path:
-    from anchor.data.pipeline import PackConfig, pack_corpus
+    from anchor_core.data.pipeline import PackConfig, pack_corpus
 
     root = tmp_path_factory.mktemp("malformed")
     make_model(root / "model")
@@ -113,7 +113,7 @@ def write(rel: str, data: bytes | str) -> Callable[[Path], None]:
 
 def _default_config(config_cls, preset: str) -> str:
     """config.json as transformers writes a default `config_cls` at the sizes of the `preset`."""
-    from anchor.spec import random_preset
+    from anchor_core.spec import random_preset
 
     s = random_preset(preset)
     return config_cls(vocab_size=s.vocab_size, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
@@ -366,8 +366,8 @@ def test_config_read_as_transformers_reads_it(case, fx):
     """Where transformers' own AutoConfig accepts a config.json, anchor reads it; where it refuses, so do we."""
     import transformers
 
-    from anchor.errors import InputError
-    from anchor.weights import load_spec
+    from anchor_core.errors import InputError
+    from anchor_core.weights import load_spec
 
     case.breaks(fx)
     try:
@@ -389,8 +389,8 @@ def test_config_read_as_transformers_reads_it(case, fx):
 
 def test_packed_folder_validation(base, tmp_path):
     """`anchor train` reads a pack output with PackedData.open: shards must be files of it, shapes as pack.json."""
-    from anchor.data.packed import PackedData
-    from anchor.errors import InputError
+    from anchor_core.data.packed import PackedData
+    from anchor_core.errors import InputError
 
     good = PackedData.open(base / "pack")
     assert good.num_windows > 0

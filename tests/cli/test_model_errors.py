@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from anchor_app.cli import main
-from anchor.paths import default_model_path
-from anchor.spec import random_preset
-from anchor.weights import random_state, write_hf_dir
+from anchor.cli import main
+from anchor_core.paths import default_model_path
+from anchor_core.spec import random_preset
+from anchor_core.weights import random_state, write_hf_dir
 
 
 def run_cli(args: list[str], capsys) -> tuple[int, str]:

@@ -9,20 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from anchor.errors import InputError
-from anchor.outdir import MARKER, guard_out, read_marker, write_marker
+from anchor_core.errors import InputError
+from anchor_core.outdir import MARKER, guard_out, read_marker, write_marker
 from tests.cli.helpers import assert_usage_error, leftovers, run_cli, tree_hash, user_folder, write_corpus
 
 # the function each verb calls once its checks pass: patched to fail, so a refusal provably comes first
 WORK = {
-    "pack": ("anchor.data.pipeline", "pack_corpus"),
-    "audit": ("jaxref.audit", "run_audit"),
+    "pack": ("anchor_core.data.pipeline", "pack_corpus"),
+    "audit": ("parity_tests.audit", "run_audit"),
     "parity": ("parity_tests.suite", "run_parity"),
-    "corpus": ("anchor.data.corpus", "write_default_corpus"),
-    "demo": ("anchor_app.demo", "run_demo"),
+    "corpus": ("anchor_core.data.corpus", "write_default_corpus"),
+    "demo": ("anchor.demo", "run_demo"),
     "train": ("torchtrain.trainer", "train"),
-    "bench": ("anchor_app.bench.run", "run_bench"),
-    "eval": ("anchor_app.eval.runner", "run_eval"),
+    "bench": ("anchor.bench.run", "run_bench"),
+    "eval": ("anchor.eval.runner", "run_eval"),
 }
 TINY = Path(__file__).resolve().parents[2] / "configs/train/tiny.yaml"
 INPUT_DATA = ("pack", "audit", "train", "bench")  # the verbs given the corpus as an input (argv)
@@ -125,8 +125,8 @@ def test_unsafe_out_is_refused_before_work(verb, target, setup, needle, tmp_path
 
 @pytest.mark.parametrize("verb", ["audit", "parity", "demo", "pack", "train", "bench", "eval"])
 def test_out_holding_the_model_folder_is_refused(verb, tmp_path, capsys, no_work):
-    from anchor.spec import random_preset
-    from anchor.weights import random_state, write_hf_dir
+    from anchor_core.spec import random_preset
+    from anchor_core.weights import random_state, write_hf_dir
 
     spec = random_preset("llama")
     model = write_hf_dir(spec, random_state(spec), tmp_path / "models" / "m")
@@ -255,12 +255,12 @@ def test_guard_out_rules(tmp_path, monkeypatch):
 
 def test_unwritable_parent_is_refused_before_work(tmp_path, capsys, monkeypatch, no_work):
     """A read-only disk or a folder without write permission (simulated: the tests may run as root)."""
-    import anchor.outdir
+    import anchor_core.outdir
 
     real = os.access
     parent = tmp_path / "ro"
     parent.mkdir()
-    monkeypatch.setattr(anchor.outdir.os, "access",
+    monkeypatch.setattr(anchor_core.outdir.os, "access",
                         lambda p, mode: False if Path(p) == parent else real(p, mode))
     patch, calls = no_work
     for verb in ("audit", "parity"):
@@ -274,7 +274,7 @@ def test_full_disk_mid_run_is_one_line_and_leaves_nothing(tmp_path, capsys, monk
     """ENOSPC while writing: one line naming the file, exit 2, the staging folder and lock removed."""
     import errno
 
-    import anchor.data.pipeline as pipeline
+    import anchor_core.data.pipeline as pipeline
 
     def full(length, selection, cfg, path):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
@@ -287,9 +287,9 @@ def test_full_disk_mid_run_is_one_line_and_leaves_nothing(tmp_path, capsys, monk
 
 
 def test_pack_refused_when_the_windows_cannot_fit_on_disk(tmp_path, capsys, monkeypatch):
-    import anchor.limits
+    import anchor_core.limits
 
-    monkeypatch.setattr(anchor.limits, "free_disk", lambda folder: 10_000)
+    monkeypatch.setattr(anchor_core.limits, "free_disk", lambda folder: 10_000)
     corpus = write_corpus(tmp_path / "c.jsonl")
     code, _, err = run_cli(argv("pack", str(tmp_path / "out"), corpus), capsys)
     assert_usage_error(code, err, "pack", "windows of 16 slots needs about", "of disk")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from anchor_app.cli import app, load_commands
+from anchor.cli import app, load_commands
 from tests.cli.helpers import assert_usage_error, leftovers, run_cli, write_corpus
 
 load_commands()
@@ -130,9 +130,9 @@ def test_every_verb_is_in_the_matrix():
 
 def test_big_seq_len_refused_before_anything_is_written(corpus, tmp_path, capsys, monkeypatch):
     """`--seq-len 1000000000` is refused by the memory estimate (8 GiB available here), before staging."""
-    import anchor.limits
+    import anchor_core.limits
 
-    monkeypatch.setattr(anchor.limits, "available_memory", lambda: 8 << 30)
+    monkeypatch.setattr(anchor_core.limits, "available_memory", lambda: 8 << 30)
     for verb in ("pack", "demo"):
         fill = {"out": str(tmp_path / "out"), "corpus": str(corpus)}
         argv = [verb, *_set(_fill(BASE[verb], fill), "--seq-len", "1000000000")]
@@ -143,19 +143,19 @@ def test_big_seq_len_refused_before_anything_is_written(corpus, tmp_path, capsys
 
 def test_attention_sized_seq_len_refused_by_the_memory_estimate(corpus, tmp_path, capsys, monkeypatch):
     """Within the model's 4096 positions, but [heads, T, T] maps of T = 4096 do not fit in 1 GiB."""
-    import anchor.limits
+    import anchor_core.limits
 
-    monkeypatch.setattr(anchor.limits, "available_memory", lambda: 1 << 30)
+    monkeypatch.setattr(anchor_core.limits, "available_memory", lambda: 1 << 30)
     fill = {"out": str(tmp_path / "out"), "corpus": str(corpus)}
     for verb in ("audit", "parity"):
         argv = [verb, *_set(_fill(BASE[verb], fill), "--seq-len", "4096")]
         code, _, err = run_cli(argv, capsys)
         assert_usage_error(code, err, verb, "--seq-len 4096", "memory", "1.0 GiB is available")
         assert not (tmp_path / "out").exists() and leftovers(tmp_path, "out") == []
-    monkeypatch.setattr(anchor.limits, "available_memory", lambda: 64 << 30)  # the same sizes fit in 64 GiB
-    from anchor.limits import check_memory
-    from anchor.spec import random_preset
-    from jaxref.audit.runner import MEM_BYTES_PER_MAP_ENTRY
+    monkeypatch.setattr(anchor_core.limits, "available_memory", lambda: 64 << 30)  # the same sizes fit in 64 GiB
+    from anchor_core.limits import check_memory
+    from anchor_core.spec import random_preset
+    from parity_tests.audit.runner import MEM_BYTES_PER_MAP_ENTRY
 
     check_memory(2 * MEM_BYTES_PER_MAP_ENTRY * random_preset("llama").num_heads * 4096 ** 2, "audit T=4096")
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from anchor.paths import DEFAULT_MODEL_FILE, cache_dir
+from anchor_core.paths import DEFAULT_MODEL_FILE, cache_dir
 
 
 @pytest.fixture(scope="session")

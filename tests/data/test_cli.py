@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from anchor_app.cli import main
-from anchor.data.batch import VARIANTS
-from anchor.data.packed import Loader, PackedData
+from anchor.cli import main
+from anchor_core.data.batch import VARIANTS
+from anchor_core.data.packed import Loader, PackedData
 
 
 def run(argv, capsys):
@@ -64,7 +64,7 @@ def test_pack_upsample_long_on_the_embedded_corpus(tmp_path, capsys):
     """`anchor pack --mixture upsample_long` on the embedded corpus: no document
     repeated (the pool suffices), a long-document share above the original mixture's, the domains' shares
     reported before and after, and moved."""
-    from anchor.data.corpus import CORPUS_FILE, write_default_corpus
+    from anchor_core.data.corpus import CORPUS_FILE, write_default_corpus
 
     write_default_corpus(tmp_path / "c")
     out = tmp_path / "packed"
@@ -227,7 +227,7 @@ def test_pack_with_smollm2(gguf_path, small_corpus, tmp_path, capsys):
 
 
 def test_shards_read_back_as_one(small_corpus, tmp_path):
-    from anchor.data.pipeline import PackConfig, pack_corpus
+    from anchor_core.data.pipeline import PackConfig, pack_corpus
 
     cfg = PackConfig(seq_len=48)
     pack_corpus("random:mistral", small_corpus, tmp_path / "one", cfg)
@@ -261,7 +261,7 @@ def test_config_file_and_overrides(small_corpus, tmp_path, capsys):
 def test_shipped_data_configs_validate():
     from pathlib import Path
 
-    from anchor.data.config import load_pack_config
+    from anchor_core.data.config import load_pack_config
 
     files = sorted((Path(__file__).resolve().parents[2] / "configs" / "data").glob("*.yaml"))
     assert files

@@ -1,4 +1,4 @@
-"""anchor.gguf_file reads what the gguf package's GGUFReader reads (metadata values, tensor names, shapes,
+"""anchor_core.gguf_file reads what the gguf package's GGUFReader reads (metadata values, tensor names, shapes,
 types and raw data), and a truncated or malformed file is a ValueError naming the problem; a Qwen3 GGUF
 (q/k norm tensors) reads back as the weights written."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from anchor.gguf_file import read_gguf_file
+from anchor_core.gguf_file import read_gguf_file
 
 gguf = pytest.importorskip("gguf")
 
@@ -96,8 +96,8 @@ def test_safetensors_are_written_with_the_umask_mode(tmp_path):
     """hf/model.safetensors gets the umask's mode, not 0600 (the mode of safetensors' private temporary file)."""
     import os
 
-    from anchor.spec import random_preset
-    from anchor.weights import random_state, write_hf_dir
+    from anchor_core.spec import random_preset
+    from anchor_core.weights import random_state, write_hf_dir
 
     umask = os.umask(0o022)
     try:
@@ -114,8 +114,8 @@ def test_a_qwen3_gguf_reads_as_the_weights_written(tmp_path, tied):
     """A Qwen3 GGUF as llama.cpp's converter names it (gguf's own tensor name map for QWEN3: attn_q_norm,
     attn_k_norm; key_length = head_dim, not hidden / heads; no q/k row permutation) reads back as the
     spec and the float32 weights it was written from."""
-    from anchor.spec import random_preset
-    from anchor.weights import load_weights, random_state
+    from anchor_core.spec import random_preset
+    from anchor_core.weights import load_weights, random_state
 
     spec = random_preset("qwen3").replace(tie_embeddings=tied)
     state = random_state(spec, seed=2)

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from anchor.data.batch import make_batch
-from anchor.data.mixture import MixtureSpec, mixture_table, select_documents
-from anchor.data.packed import Loader, PackedData
-from anchor.errors import InputError
+from anchor_core.data.batch import make_batch
+from anchor_core.data.mixture import MixtureSpec, mixture_table, select_documents
+from anchor_core.data.packed import Loader, PackedData
+from anchor_core.errors import InputError
 
 
 def synthetic(seed=0):

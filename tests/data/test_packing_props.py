@@ -7,11 +7,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from anchor.data.batch import VARIANTS, make_batch
-from anchor.data.mixture import MixtureSpec, select_documents
-from anchor.data.packing import Layout, Packer, window_stats
-from anchor.data.store import TokenStore
-from anchor.errors import InputError
+from anchor_core.data.batch import VARIANTS, make_batch
+from anchor_core.data.mixture import MixtureSpec, select_documents
+from anchor_core.data.packing import Layout, Packer, window_stats
+from anchor_core.data.store import TokenStore
+from anchor_core.errors import InputError
 
 FIRST, EOS = 1, 2
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -172,7 +172,7 @@ def test_chunk_cuts_follow_the_authors_rule(chunks_max, cut):
     """Every document of chunk_doc_min..chunk_doc_max slots is cut into k chunks, k uniform in
     2..chunks_max, at distinct points inside [cut_lo, cut_hi] of its length; other documents stay whole;
     the tally counts the same."""
-    from anchor.data.packing import ChunkTally, chunk_cuts
+    from anchor_core.data.packing import ChunkTally, chunk_cuts
 
     rng = np.random.default_rng(7)
     C = 9001

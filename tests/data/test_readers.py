@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from anchor.data.readers import ReadCounts, iter_documents
-from anchor.errors import InputError
+from anchor_core.data.readers import ReadCounts, iter_documents
+from anchor_core.errors import InputError
 
 SLIMPAJAMA = [
     {"text": "The quick brown fox.", "meta": {"redpajama_set_name": "RedPajamaWikipedia"}},

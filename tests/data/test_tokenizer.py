@@ -1,4 +1,4 @@
-"""`anchor.tokenizer`: GGUF tokenizers equal transformers' own, byte tokenizers, errors."""
+"""`anchor_core.tokenizer`: GGUF tokenizers equal transformers' own, byte tokenizers, errors."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from anchor.errors import InputError
-from anchor.tokenizer import ByteTok, load_tokenizer
+from anchor_core.errors import InputError
+from anchor_core.tokenizer import ByteTok, load_tokenizer
 
 # Code, prose, unicode, whitespace runs, special-token text, digits, contractions.
 SAMPLES = [
@@ -69,7 +69,7 @@ def test_gguf_tokenizer_equals_transformers(gguf_path, tmp_path):
 
 @pytest.mark.parametrize("preset", ["llama", "llama3", "mistral", "qwen2", "qwen3", "smollm2"])
 def test_random_byte_tokenizer(preset):
-    from anchor.spec import random_preset
+    from anchor_core.spec import random_preset
 
     tok = load_tokenizer(f"random:{preset}")
     spec = random_preset(preset)

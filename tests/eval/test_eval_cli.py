@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from anchor_app.cli import main
+from anchor.cli import main
 from tests import forked
 from tests.train.conftest import ENV, train_args
 
@@ -82,8 +82,8 @@ def test_eval_checkpoints_option_picks_named_ones(tiny_run, tmp_path):
 def test_auto_dtype_follows_the_machine(monkeypatch, tmp_path):
     import torch
 
-    from anchor_app.eval import dtype as eval_dtype
-    from anchor_app.eval.runner import resolve_dtype
+    from anchor.eval import dtype as eval_dtype
+    from anchor.eval.runner import resolve_dtype
 
     monkeypatch.setenv("ANCHOR_CACHE", str(tmp_path))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -165,8 +165,8 @@ def test_a_killed_eval_resumes_at_the_checkpoint_it_was_on(tiny_run, tmp_path, m
     """Each finished checkpoint is kept beside --out (`.<name>.parts`); a rerun with the same settings loads
     only the checkpoints not finished and gives what an uninterrupted run gives; other settings reuse nothing;
     the parts go when the evaluation is published."""
-    from anchor_app.eval import generate
-    from anchor_app.eval.runner import parts_dir
+    from anchor.eval import generate
+    from anchor.eval.runner import parts_dir
 
     real, loads = generate.load_eval_model, []
 

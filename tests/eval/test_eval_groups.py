@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from anchor_app.eval.runner import run_eval
+from anchor.eval.runner import run_eval
 
 torch.set_num_threads(1)  # shared cores
 

@@ -19,13 +19,13 @@ import pytest
 import torch
 
 import torchtrain
-from anchor.errors import InputError
-from anchor_app.eval import generate as gen
-from anchor_app.eval import perplexity as ppl
-from anchor_app.eval.generate import eval_model_source, greedy_generate, load_eval_model
-from anchor_app.eval.perplexity import heldout_files, heldout_windows, perplexity
-from anchor.tokenizer import load_tokenizer
-from anchor.weights import load_weights, write_hf_dir
+from anchor_core.errors import InputError
+from anchor.eval import generate as gen
+from anchor.eval import perplexity as ppl
+from anchor.eval.generate import eval_model_source, greedy_generate, load_eval_model
+from anchor.eval.perplexity import heldout_files, heldout_windows, perplexity
+from anchor_core.tokenizer import load_tokenizer
+from anchor_core.weights import load_weights, write_hf_dir
 from tests.torchtrain.conftest import needs_smollm2
 from torchtrain.engines import attn_implementation, engine_of
 from torchtrain.variants import VARIANTS

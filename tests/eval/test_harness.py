@@ -20,10 +20,10 @@ import pytest
 import torch
 import yaml
 
-from anchor.errors import InputError
-from anchor_app.eval import harness
-from anchor_app.eval.generate import greedy_generate, load_eval_model
-from anchor.tokenizer import load_tokenizer
+from anchor_core.errors import InputError
+from anchor.eval import harness
+from anchor.eval.generate import greedy_generate, load_eval_model
+from anchor_core.tokenizer import load_tokenizer
 
 torch.set_num_threads(1)  # shared cores
 
@@ -105,7 +105,7 @@ VALID = {
 def test_malformed_local_data_is_refused_before_any_work(task, damage, tmp_path, capsys, monkeypatch):
     """A non-JSON line, a missing field, a field of the wrong type: one line naming the file and the line,
     exit 2, before RULER's evaluation starts (not a traceback after all of it)."""
-    from anchor_app.eval import runner
+    from anchor.eval import runner
     from tests.cli.helpers import assert_usage_error, run_cli
 
     pytest.importorskip("lm_eval")
@@ -230,8 +230,8 @@ def test_cli_runs_lm_evals_own_niah_single_1_through_our_model(tmp_path, monkeyp
     """`anchor eval --harness lm-eval` end to end on lm-eval's niah_single_1 (limit 2, length 640): lm-eval
     builds the prompts with our tokenizer folder, our model decodes them (recorded here), and the row
     scores the predictions as lm-eval's string_match_all does."""
-    from anchor_app.cli import main
-    from anchor_app.eval import generate, scoring
+    from anchor.cli import main
+    from anchor.eval import generate, scoring
 
     calls = []
     real = generate.greedy_generate
@@ -286,7 +286,7 @@ def test_cli_runs_lm_evals_own_niah_single_1_through_our_model(tmp_path, monkeyp
     (["--harness-data", "DATA"], "--harness-data is read by --harness lm-eval"),
 ])
 def test_cli_bad_harness_input_is_one_line_exit_2(argv, named, tmp_path, capsys):
-    from anchor_app.cli import main
+    from anchor.cli import main
 
     out = tmp_path / "eval"
     (tmp_path / "data").mkdir()
@@ -303,8 +303,8 @@ def test_cli_bad_harness_input_is_one_line_exit_2(argv, named, tmp_path, capsys)
 def test_eval_without_harness_does_not_import_lm_eval(tmp_path):
     """lm-eval's import and task index take seconds: `anchor eval` and its modules load it only for --harness.
     (The run stops at its length check, after run_eval has imported all it runs with.)"""
-    code = ("import sys\nfrom anchor_app.cli import main\n"
-            "import anchor_app.eval, anchor_app.eval.runner, anchor_app.eval.generate, anchor_app.eval.perplexity, anchor_app.eval.harness\n"
+    code = ("import sys\nfrom anchor.cli import main\n"
+            "import anchor.eval, anchor.eval.runner, anchor.eval.generate, anchor.eval.perplexity, anchor.eval.harness\n"
             "for argv, rc in ((['eval', '--help'], 0), (['eval', '--model', 'random:llama', '--out', sys.argv[1],"
             " '--tasks', 'niah_single_1', '--lengths', '99999', '--no-progress'], 2)):\n"
             "    try:\n        main(argv)\n    except SystemExit as e:\n        assert (e.code or 0) == rc, e.code\n"
@@ -318,8 +318,8 @@ def test_eval_without_harness_does_not_import_lm_eval(tmp_path):
 
 def test_cli_puts_the_harness_into_eval_json_and_report(tmp_path, monkeypatch, capsys):
     """The wiring of `--harness lm-eval` (both evaluations stubbed): eval.json's "harness", report.md's table."""
-    from anchor_app.cli import main
-    from anchor_app.eval import runner
+    from anchor.cli import main
+    from anchor.eval import runner
 
     def fake_eval(sources, **kw):
         rows = [{"checkpoint": sources[0][0], "task": "vt", "length": 1024, "score": 80.0, "samples": 5}]

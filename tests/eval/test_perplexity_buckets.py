@@ -1,4 +1,4 @@
-"""Held-out NLL by position bucket (anchor_app.eval.perplexity): on a tiny model the buckets' means, weighted by
+"""Held-out NLL by position bucket (anchor.eval.perplexity): on a tiny model the buckets' means, weighted by
 their counted targets, average back to the overall NLL; each bucket's mean equals the per-target cross-entropy
 at those positions computed by hand; whole-document windows are one long document each."""
 
@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from anchor.errors import InputError
-from anchor.tokenizer import load_tokenizer
-from anchor_app.eval import perplexity as ppl
-from anchor_app.eval.generate import load_eval_model
-from anchor_app.eval.perplexity import heldout_files, heldout_windows, perplexity
+from anchor_core.errors import InputError
+from anchor_core.tokenizer import load_tokenizer
+from anchor.eval import perplexity as ppl
+from anchor.eval.generate import load_eval_model
+from anchor.eval.perplexity import heldout_files, heldout_windows, perplexity
 from torchtrain.loss import token_cross_entropy
 
 torch.set_num_threads(1)  # shared cores

@@ -21,12 +21,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from anchor.errors import InputError
-from anchor_app.eval import ruler
-from anchor_app.eval.ruler import NOISE, TASK_NAMES, generate
-from anchor_app.eval.scoring import score
-from anchor.paths import DEFAULT_MODEL_FILE, cache_dir
-from anchor.tokenizer import load_tokenizer
+from anchor_core.errors import InputError
+from anchor.eval import ruler
+from anchor.eval.ruler import NOISE, TASK_NAMES, generate
+from anchor.eval.scoring import score
+from anchor_core.paths import DEFAULT_MODEL_FILE, cache_dir
+from anchor_core.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.model
 

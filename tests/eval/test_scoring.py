@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from anchor.errors import InputError
-from anchor_app.eval.ruler import TASK_NAMES
-from anchor_app.eval.scoring import (
+from anchor_core.errors import InputError
+from anchor.eval.ruler import TASK_NAMES
+from anchor.eval.scoring import (
     lm_eval_score,
     lm_eval_string_match_all,
     lm_eval_string_match_part,

@@ -1,7 +1,7 @@
 """The oracle's decoder against transformers (torch, eager attention with an explicit 4-D mask): in fp32,
 and in fp64 against transformers' own code run in float64 throughout (tests.jaxref.numerics), for every
 family: the random presets and a Qwen3 folder that transformers itself wrote (its config.json read by
-anchor.spec, head_dim not hidden / heads, one kv head, an untied lm head)."""
+anchor_core.spec, head_dim not hidden / heads, one kv head, an untied lm head)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import jaxref
-from anchor.spec import to_hf_config
-from anchor.weights import load_weights
+from anchor_core.spec import to_hf_config
+from anchor_core.weights import load_weights
 from tests.jaxref.layouts import random_layout
 from tests.jaxref.numerics import torch_float_is_float64
 
@@ -43,7 +43,7 @@ def real_text_tokens(name: str, T: int) -> np.ndarray:
     import json
     from pathlib import Path
 
-    from anchor.tokenizer import load_tokenizer
+    from anchor_core.tokenizer import load_tokenizer
 
     tok = load_tokenizer(name)
     text = "".join(p.read_text() for p in sorted(Path(json.__file__).parent.glob("*.py")))
@@ -173,11 +173,11 @@ def test_final_logits_match_transformers_fp64(name, tmp_path):
                                      {"eos_token_id": [7, 2], "rope_parameters": {"rope_type": "linear",
                                                                                   "rope_theta": 5e6, "factor": 4.0}}])
 def test_qwen3_config_values_as_transformers_reads_them(changes):
-    """anchor.spec reads a Qwen3 config.json to the values transformers' Qwen3Config holds: head_dim 128 where
+    """anchor_core.spec reads a Qwen3 config.json to the values transformers' Qwen3Config holds: head_dim 128 where
     the file has none (not hidden / heads), heads, tying, RoPE; slot 0 holds EOS (no BOS, as Qwen2)."""
     from transformers import Qwen3Config
 
-    from anchor.spec import from_hf_config
+    from anchor_core.spec import from_hf_config
 
     written = json.loads(Qwen3Config(vocab_size=263, hidden_size=60, intermediate_size=83, num_hidden_layers=2,
                                      num_attention_heads=5, **{"num_key_value_heads": 5, **changes}).to_json_string())

@@ -175,7 +175,7 @@ def test_policy_exp_field_round_trips_and_is_checked(tmp_path):
     f.write_text("base: sdpa_cpu_bf16_avx2\nlanes: 16\n")
     assert jaxref.get_policy(str(f)).lanes == 16
     f.write_text("base: fa2_bf16\nlanes: 0\n")
-    from anchor.errors import InputError
+    from anchor_core.errors import InputError
 
     with pytest.raises(InputError, match="lanes must be a positive integer"):
         jaxref.get_policy(str(f))

@@ -17,7 +17,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from anchor.errors import InputError
+from anchor_core.errors import InputError
 from jaxref.attention import attention
 from jaxref.policy import ONE_BLOCK, get_policy
 

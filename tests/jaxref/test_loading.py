@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jaxref
-from anchor.errors import InputError
+from anchor_core.errors import InputError
 
 
 def test_orbax_round_trip_gives_identical_logits(tmp_path):

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 import yaml
 
-from anchor.errors import InputError
+from anchor_core.errors import InputError
 from jaxref.policy import ONE_BLOCK, PRESETS, STAGES, DtypePolicy, get_policy, parse_policies
 
 POLICY_DIR = Path(__file__).resolve().parents[2] / "configs" / "policies"

@@ -1,6 +1,6 @@
 """jaxref.rope against transformers' own RoPE, for every scaling kind and both layouts.
 
-References (transformers 5.23, built from `anchor.spec.to_hf_config(spec)`):
+References (transformers 5.23, built from `anchor_core.spec.to_hf_config(spec)`):
   half         `LlamaRotaryEmbedding` + `modeling_llama.apply_rotary_pos_emb` (rotate_half over halves)
   interleaved  `CohereRotaryEmbedding` + `modeling_cohere.apply_rotary_pos_emb`: Cohere builds its table
                with `repeat_interleave(freqs, 2)` and its `rotate_half` pairs (x[2i], x[2i+1]), i.e. the
@@ -38,7 +38,7 @@ from transformers import AutoConfig  # noqa: E402
 from transformers.models.cohere import modeling_cohere  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
 
-from anchor.spec import ModelSpec, RopeSpec, to_hf_config  # noqa: E402
+from anchor_core.spec import ModelSpec, RopeSpec, to_hf_config  # noqa: E402
 from jaxref import rope as R  # noqa: E402
 from jaxref.policy import PRESETS  # noqa: E402
 from tests.jaxref.numerics import torch_float_is_float64  # noqa: E402
@@ -210,7 +210,7 @@ def test_rope_tables_follow_policy_dtypes(policy_name: str) -> None:
 
 
 def test_dynamic_needs_original_length() -> None:
-    from anchor.errors import InputError
+    from anchor_core.errors import InputError
 
     with pytest.raises(InputError, match="original_max_position"):
         R.inv_freq(RopeSpec(kind="dynamic", factor=2.0), HEAD_DIM, dtype=jnp.float64, seq_len=10)

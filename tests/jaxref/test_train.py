@@ -17,8 +17,8 @@ import torch
 
 import jaxref
 import torchtrain
-from anchor.data.batch import make_batch
-from anchor.weights import expected_shapes
+from anchor_core.data.batch import make_batch
+from anchor_core.weights import expected_shapes
 from tests.jaxref.layouts import random_layout
 from torchtrain.config import TrainConfig
 from torchtrain.optim import param_groups

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxref
-from anchor.errors import InputError
+from anchor_core.errors import InputError
 from tests.jaxref.layouts import doc_ids_from_lengths
 
 

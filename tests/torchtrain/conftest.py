@@ -1,6 +1,6 @@
 """Shared helpers for the torchtrain tests, and a stand-in for the packed-batch maker.
 
-The real batch maker lives in anchor/data (another engineer's work); `packed_batch` builds the
+The real batch maker lives in anchor_core/data (another engineer's work); `packed_batch` builds the
 same four arrays of docs/DESIGN.md §1 for a given variant (§2), with the layouts that break masks:
 several documents, one-token documents, a last document cut by the window, padding at the end,
 and (optionally) interleaved chunks of documents.
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from anchor.paths import default_model_path
+from anchor_core.paths import default_model_path
 
 # Two xdist workers on two shared cores: one intra-op thread each (two threads per process under
 # contention make a small matmul hundreds of times slower).
@@ -123,7 +123,7 @@ def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 @functools.cache
 def smollm2_weights():
-    from anchor.weights import load_weights
+    from anchor_core.weights import load_weights
 
     return load_weights("default")
 

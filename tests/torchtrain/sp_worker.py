@@ -13,8 +13,8 @@ the same order (the collectives must match), and writes what it measured to
 
 Rank r computes the reference of the cases with index % P == r and compares it with the SP
 results (which every rank holds after the all-gather/all-reduce); only the comparison is saved.
-Windows come from the real packer and batch maker (`anchor.data.packing.Packer`,
-`anchor.data.batch.make_batch`): several documents, one-slot documents, documents cut by the
+Windows come from the real packer and batch maker (`anchor_core.data.packing.Packer`,
+`anchor_core.data.batch.make_batch`): several documents, one-slot documents, documents cut by the
 window, padding at the end of the last window, domain-tag slots, interleaved chunks.
 """
 
@@ -64,8 +64,8 @@ class Case:
 def windows(layout: str, T: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Two packed windows [2, T] (tokens, seg, tag): one from the middle of the stream (documents
     cut at both ends) and the last one (padded)."""
-    from anchor.data.packing import Layout, Packer
-    from anchor.data.store import TokenStore
+    from anchor_core.data.packing import Layout, Packer
+    from anchor_core.data.store import TokenStore
 
     tags, interleave = LAYOUTS[layout]
     rng = np.random.default_rng(seed)
@@ -86,7 +86,7 @@ def windows(layout: str, T: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray,
 
 
 def batch(layout: str, variant: str, T: int) -> dict[str, torch.Tensor]:
-    from anchor.data.batch import make_batch
+    from anchor_core.data.batch import make_batch
 
     b = make_batch(*windows(layout, T), variant)
     return {k: torch.from_numpy(np.asarray(v, dtype=np.int64)) for k, v in b.as_dict().items()}
@@ -97,8 +97,8 @@ def batch(layout: str, variant: str, T: int) -> dict[str, torch.Tensor]:
 
 
 def weights(name: str):
-    from anchor.spec import RANDOM_PRESETS
-    from anchor.weights import load_weights, random_state
+    from anchor_core.spec import RANDOM_PRESETS
+    from anchor_core.weights import load_weights, random_state
 
     if name in ("kv1", "kv3"):  # llama with 6 query heads over 1 or 3 kv heads
         spec = RANDOM_PRESETS["llama"].replace(num_kv_heads=int(name[2]))
@@ -217,7 +217,7 @@ def run_case(models: Models, case: Case, index: int, rank: int, P: int, group) -
 
 def error_checks(models: Models, rank: int, P: int, T: int) -> dict[str, str]:
     """One-line errors under SP (the same on every rank, before any collective)."""
-    from anchor.errors import InputError
+    from anchor_core.errors import InputError
     from torchtrain import capture_taps
     from torchtrain.sequence_parallel import shard
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import torchtrain
-from anchor.weights import load_weights
+from anchor_core.weights import load_weights
 from tests.torchtrain.conftest import needs_smollm2, packed_batch, rel_l2, smollm2_weights
 from torchtrain import engines
 from torchtrain.model import model_from_weights, set_engine
@@ -57,7 +57,7 @@ def _check(name: str, T: int, B: int, variant: str, engine: str, dtypes=("float3
 # Each flex case compiles its own kernels (15-40 s on 2 cores with an empty inductor cache): `make test`
 # keeps flex on random:llama for every variant at T = 97 and for intra_doc_reset and anchor at 1025, and on
 # qwen2 (its q/k/v biases) for `anchor` at 97; the other flex cases run in `make test-all` (mistral's,
-# 39 s, adds only its sizes to llama's: its sliding window is off, anchor/spec.py's to_hf_config).
+# 39 s, adds only its sizes to llama's: its sliding window is off, anchor_core/spec.py's to_hf_config).
 def _flex_in_make_test(name: str, T: int, variant: str) -> bool:
     if name == "random:llama":
         return T == 97 or variant in ("intra_doc_reset", "anchor")

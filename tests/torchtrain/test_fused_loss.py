@@ -12,7 +12,7 @@ import functools
 import pytest
 import torch
 
-from anchor.weights import load_weights
+from anchor_core.weights import load_weights
 from tests.torchtrain.conftest import packed_batch, rel_l2
 from torchtrain import loss as L
 from torchtrain import next_token_loss

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from anchor.weights import load_weights
+from anchor_core.weights import load_weights
 from tests.torchtrain.conftest import packed_batch, rel_l2
 from torchtrain import next_token_loss
 from torchtrain.model import model_from_weights

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import torchtrain.hf as hf
-from anchor.errors import InputError
-from anchor.variants import VARIANTS
+from anchor_core.errors import InputError
+from anchor_core.variants import VARIANTS
 
 FIRST, EOS = 1, 2
 
@@ -213,7 +213,7 @@ def anchor_run(tmp_path_factory):
 
 def _loader_windows(cfg, run) -> list[int]:
     """The window indices `anchor train`'s loader gave, step after step."""
-    from anchor.data.packed import Loader, PackedData
+    from anchor_core.data.packed import Loader, PackedData
 
     loader = Loader(PackedData.open(run / "data"), batch_size=cfg.data.global_batch, variant=cfg.model.variant, seed=cfg.data.seed)
     order: list[int] = []
@@ -224,7 +224,7 @@ def _loader_windows(cfg, run) -> list[int]:
 
 
 def test_pack_windows_are_the_loaders_batches(anchor_run) -> None:
-    from anchor.data.packed import PackedData
+    from anchor_core.data.packed import PackedData
 
     cfg, run = anchor_run
     windows = hf.PackedWindows(run / "data")

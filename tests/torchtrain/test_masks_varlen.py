@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from anchor.errors import InputError
+from anchor_core.errors import InputError
 from tests.torchtrain.conftest import packed_batch
 from torchtrain.attention import eager_attention, varlen_attention
 from torchtrain.variants import VARIANTS, check_doc_ids, dense_mask
@@ -120,8 +120,8 @@ def test_doc_ids_rejected(doc, variant):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_stand_in_agrees_with_the_batch_maker(variant):
-    """The stand-in packs like anchor.data.make_batch (when that module is present)."""
-    data = pytest.importorskip("anchor.data")
+    """The stand-in packs like anchor_core.data.make_batch (when that module is present)."""
+    data = pytest.importorskip("anchor_core.data")
     ours = packed_batch(variant, 61, layouts=LAYOUTS, seed=4)
     seg = packed_batch("anchor", 61, layouts=LAYOUTS, seed=4).doc_ids.numpy()
     theirs = data.make_batch(ours.tokens.numpy(), seg, np.zeros_like(seg), variant)

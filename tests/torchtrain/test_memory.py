@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from anchor.spec import RANDOM_PRESETS
-from anchor.weights import load_spec
+from anchor_core.spec import RANDOM_PRESETS
+from anchor_core.weights import load_spec
 from torchtrain.memory import parameters
 from torchtrain.model import build_model
 

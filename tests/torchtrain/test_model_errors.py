@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import torchtrain
-from anchor.errors import InputError, UnavailableError
-from anchor.spec import RopeSpec, to_hf_config
-from anchor.weights import load_weights
+from anchor_core.errors import InputError, UnavailableError
+from anchor_core.spec import RopeSpec, to_hf_config
+from anchor_core.weights import load_weights
 from tests.torchtrain.conftest import packed_batch
 from torchtrain.engines import flash_attn_kernel
 
@@ -55,7 +55,7 @@ def test_rope_override_goes_through_the_spec():
 
 
 def test_local_hf_folder(tmp_path):
-    from anchor.weights import write_hf_dir
+    from anchor_core.weights import write_hf_dir
 
     spec, state = load_weights("random:qwen2")
     write_hf_dir(spec, state, tmp_path / "m")

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from anchor.errors import InputError
-from anchor.spec import RANDOM_PRESETS
+from anchor_core.errors import InputError
+from anchor_core.spec import RANDOM_PRESETS
 from tests.torchtrain.sp_worker import Case, run_pool
 from torchtrain.sequence_parallel import check_sequence_parallel, kv_copies
 

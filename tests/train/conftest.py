@@ -21,7 +21,7 @@ ENV = forked.ENV  # one intra-op thread per run; the environment the fork server
 def corpus(tmp_path_factory) -> Path:
     """Short documents (10 to 250 characters, cut from the embedded corpus, seeded), so a window of
     128 byte tokens holds two to three documents and the variants differ."""
-    from anchor.data.corpus import CORPUS_FILE, write_default_corpus
+    from anchor_core.data.corpus import CORPUS_FILE, write_default_corpus
 
     root = tmp_path_factory.mktemp("train-corpus")
     write_default_corpus(root / "full", max_docs_per_domain=10)
@@ -40,9 +40,9 @@ def corpus(tmp_path_factory) -> Path:
 
 def pack_for(corpus: Path, out: Path, *, tags: bool = False, interleave: bool = False) -> Path:
     """The corpus packed for random:llama at T=128 (the tiny config's model and length)."""
-    from anchor.data.mixture import MixtureSpec
-    from anchor.data.packing import Layout
-    from anchor.data.pipeline import PackConfig, pack_corpus
+    from anchor_core.data.mixture import MixtureSpec
+    from anchor_core.data.packing import Layout
+    from anchor_core.data.pipeline import PackConfig, pack_corpus
 
     pack_corpus("random:llama", corpus, out, PackConfig(seq_len=128, mixture=MixtureSpec(budget=60000),
                                                         layout=Layout(tags=tags, interleave=interleave)))
@@ -73,7 +73,7 @@ def metrics(run: Path) -> list[dict]:
 
 
 def final_weights(run: Path, step: int) -> dict[str, np.ndarray]:
-    from anchor.weights import read_safetensors
+    from anchor_core.weights import read_safetensors
 
     return read_safetensors(run / "checkpoints" / f"step-{step}" / "hf" / "model.safetensors")
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from anchor.errors import InputError
-from anchor.spec import ModelSpec, RopeSpec
+from anchor_core.errors import InputError
+from anchor_core.spec import ModelSpec, RopeSpec
 from tests.train.conftest import ROOT, TINY
 from torchtrain.config import load_train_config
 from torchtrain.optim import deepspeed_config
@@ -62,7 +62,7 @@ def test_every_shipped_config_resolves(path, monkeypatch):
         assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas, cfg.schedule.steps, cfg.data.global_batch) == (2e-5, 0.1, (0.9, 0.95), 2000, 8)
         assert (cfg.model.dtype, cfg.parallel.zero_stage, cfg.parallel.sequence_parallel) == ("bfloat16", 3, 8)
     else:
-        from anchor.weights import load_spec
+        from anchor_core.weights import load_spec
 
         check_model(cfg, load_spec(cfg.model.name), cfg.data.seq_len)
 
@@ -169,7 +169,7 @@ BAD = [
 
 @pytest.mark.parametrize("text,overrides,words", BAD, ids=[" ".join(o) or t[:20] for t, o, _ in BAD])
 def test_bad_config_is_one_line_exit_2_nothing_written(tmp_path, capsys, text, overrides, words):
-    from anchor_app.cli import main
+    from anchor.cli import main
 
     config = TINY
     if text != "tiny":
@@ -208,7 +208,7 @@ def test_an_override_reaches_training(tmp_path, capsys):
     records it and the first step (no warmup) is taken at it."""
     import yaml
 
-    from anchor_app.cli import main
+    from anchor.cli import main
     from torchtrain.metrics import read_metrics
 
     out = tmp_path / "run"
@@ -226,7 +226,7 @@ def test_an_override_reaches_training(tmp_path, capsys):
 
 
 def test_a_flat_override_is_one_line_exit_2_naming_its_place(tmp_path, capsys):
-    from anchor_app.cli import main
+    from anchor.cli import main
 
     with pytest.raises(SystemExit) as e:
         main(["train", "--config", str(TINY), "--out", str(tmp_path / "run"), "--no-progress", "lr=1e-5"])
@@ -242,7 +242,7 @@ def test_a_run_in_this_process_does_not_make_the_next_look_launched(tmp_path, ca
     """A world of one leaves RANK/WORLD_SIZE in os.environ (torch and DeepSpeed read them); a later
     `anchor train` in the same process (the demo trains two runs) must still be a local one: its
     nproc checks apply and it is not mistaken for a torchrun rank."""
-    from anchor_app.cli import main
+    from anchor.cli import main
     from torchtrain.distributed import launched_externally
 
     with pytest.raises(SystemExit) as e:
@@ -266,7 +266,7 @@ def test_a_child_of_a_process_that_trained_is_not_mistaken_for_a_launched_rank(t
     import subprocess
     import sys
 
-    from anchor_app.cli import main
+    from anchor.cli import main
     from torchtrain.distributed import SOLO_PORT
 
     with pytest.raises(SystemExit) as e:
@@ -301,7 +301,7 @@ def test_dense_engine_refused_when_its_mask_does_not_fit(tmp_path, capsys, monke
     """With 0.7 GiB free, tiny at T=4096 (sdpa: 13 bytes per T² pair, 0.2 GiB, beside the 0.56 GiB of a
     linear engine's step) is refused in one line naming the engine and the estimate, exit 2, nothing
     written; auto (linear in T) is not."""
-    from anchor_app.cli import main
+    from anchor.cli import main
     from torchtrain import engines
 
     monkeypatch.setattr(engines, "available_memory", lambda device="cpu": int(0.7 * 2**30))
@@ -315,7 +315,7 @@ def test_dense_engine_refused_when_its_mask_does_not_fit(tmp_path, capsys, monke
     assert f"model.engine {engine!r} at data.seq_len=4096 (data.micro_batch=1) needs about" in err[0]
     assert "0.7 GiB available" in err[0] and "tiny.yaml" in err[0] and "dense T x T" in err[0]
     assert not out.exists(), "a refused run wrote its folder"
-    from anchor.weights import load_spec
+    from anchor_core.weights import load_spec
     from torchtrain.config import load_train_config
 
     cfg = load_train_config(TINY, ["data.seq_len=4096", "data.micro_batch=1", "data.global_batch=1"])
@@ -341,8 +341,8 @@ def test_many_processes_are_refused_by_their_memory(tmp_path, capsys, monkeypatc
     interpreter, torch and DeepSpeed (torchtrain.memory.BASE_PROCESS_BYTES, measured): with 4 GiB free,
     16 processes of tiny are refused in one line naming nproc and the estimate, before any process starts;
     2 are not."""
-    from anchor_app.cli import main
-    from anchor.weights import load_spec
+    from anchor.cli import main
+    from anchor_core.weights import load_spec
     from torchtrain import engines
     from torchtrain.config import load_train_config
 
@@ -364,7 +364,7 @@ def test_a_late_config_error_leaves_no_run_folder_nor_parents(tmp_path, capsys):
     """An error found after the run folder was made (here: the packed data holds fewer windows than one global
     batch, known only once packed) removes the run folder, its pack and the parents the verb made; a folder
     that existed before stays, with what it held."""
-    from anchor_app.cli import main
+    from anchor.cli import main
 
     kept = tmp_path / "kept"
     kept.mkdir()

@@ -1,8 +1,8 @@
 """Each `anchor train` key is declared once (a field of a section model of torchtrain.config, docs/DESIGN.md §8),
 and every list of keys (KEYS, the documentation, the resumable keys, the table of flat keys MOVED, to_dict, the
 shipped YAML, the trainer's reads) agrees with the declarations. The checks are shown to fail on planted
-inconsistencies. Also: engine names come from the core (anchor.engines) with one engine -> oracle
-emulation table, and the three YAML loaders share one reader (anchor.yamlfile)."""
+inconsistencies. Also: engine names come from the core (anchor_core.engines) with one engine -> oracle
+emulation table, and the three YAML loaders share one reader (anchor_core.yamlfile)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import yaml
 from pydantic import Field, StrictInt
 
-from anchor.errors import InputError
+from anchor_core.errors import InputError
 from tests.train.conftest import ROOT
 from torchtrain import config
 from torchtrain.config import (KEYS, MOVED, NESTED, PACK_KEYS, PACK_OPTIONS, RESUMABLE_CHANGES, SECTIONS, TrainConfig,
@@ -149,7 +149,7 @@ def test_shipped_yaml_keys_are_declared(path):
 
 
 def test_pack_keys_are_anchor_pack_options_not_given_as_keys_of_their_own():
-    from anchor.data.config import PACK_SCHEMA
+    from anchor_core.data.config import PACK_SCHEMA
 
     assert PACK_OPTIONS == {"model": "model.name", "data": "data.path", "seq_len": "data.seq_len",
                             "tags": "data.tags", "interleave": "data.interleave"}
@@ -191,22 +191,23 @@ def test_keys_the_trainer_reads_are_declared():
 
 
 def test_engine_and_variant_names_come_from_the_core():
-    import anchor.engines
-    import anchor.variants
+    import anchor_core.engines
+    import anchor_core.variants
     import torchtrain.engines
 
-    assert torchtrain.engines.ENGINES is anchor.engines.ENGINES and torchtrain.engines.AUTO == anchor.engines.AUTO
-    assert anchor.engines.TRAIN_ENGINES == ("auto", *anchor.engines.ENGINES)
-    assert "auto" not in anchor.engines.ENGINES
-    accepted = [e for e in (*anchor.engines.TRAIN_ENGINES, "warp") if _accepts("model", "engine", e)]
-    assert accepted == list(anchor.engines.TRAIN_ENGINES)
-    variants = anchor.variants.VARIANTS
+    assert torchtrain.engines.ENGINES is anchor_core.engines.ENGINES and torchtrain.engines.AUTO == anchor_core.engines.AUTO
+    assert anchor_core.engines.TRAIN_ENGINES == ("auto", *anchor_core.engines.ENGINES)
+    assert "auto" not in anchor_core.engines.ENGINES
+    accepted = [e for e in (*anchor_core.engines.TRAIN_ENGINES, "warp") if _accepts("model", "engine", e)]
+    assert accepted == list(anchor_core.engines.TRAIN_ENGINES)
+    variants = anchor_core.variants.VARIANTS
     assert [v for v in (*variants, "causal") if _accepts("model", "variant", v)] == list(variants)
 
 
 def test_one_engine_to_emulation_table():
-    from anchor.engines import ENGINES
-    from parity_tests import emulations, runners, torch_audit
+    from anchor_core.engines import ENGINES
+    from parity_tests import emulations, runners
+    from parity_tests.audit import torch_stack as torch_audit
 
     assert tuple(emulations.EMULATIONS) == ENGINES
     assert runners.EMULATIONS is emulations.EMULATIONS and torch_audit.ORACLE_POLICY is emulations.EMULATIONS
@@ -218,8 +219,9 @@ def test_engines_on_cuda_are_held_against_the_kernels_they_run_there(monkeypatch
     """On CUDA torch's varlen_attn (FlashAttention-2) and CUDA SDPA run where the CPU runs its fused
     kernel: the parity runners and the torch-stack audit hold them against fa2_bf16 there, and against
     the CPU kernel's emulation on the CPU; an emulation given to a runner stays whatever the device."""
-    from anchor.engines import ENGINES
-    from parity_tests import runners, torch_audit
+    from anchor_core.engines import ENGINES
+    from parity_tests import runners
+    from parity_tests.audit import torch_stack as torch_audit
 
     on_cpu = {e: runners.RUNNERS[e].emulation for e in ENGINES}
     monkeypatch.setattr(runners, "_DEVICE", ["cuda"])
@@ -252,7 +254,7 @@ BAD_YAML = [
 
 @pytest.mark.parametrize("content,words", BAD_YAML, ids=["missing", "not-utf8", "malformed", "list"])
 def test_one_yaml_reader_for_train_data_and_policy_files(tmp_path, content, words):
-    from anchor.data.config import load_pack_config
+    from anchor_core.data.config import load_pack_config
     from jaxref.policy import load_policy
     from torchtrain.config import load_train_config
 

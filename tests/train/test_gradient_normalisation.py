@@ -22,7 +22,7 @@ SPLITS = {
 @pytest.fixture(scope="module")
 def oracle(packed):
     import jaxref
-    from anchor.data.packed import Loader, PackedData
+    from anchor_core.data.packed import Loader, PackedData
 
     batch = next(Loader(PackedData.open(packed), batch_size=GLOBAL, variant="anchor", seed=0))
     params, config = jaxref.load_model("random:llama", seed=0)

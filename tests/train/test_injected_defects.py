@@ -75,7 +75,7 @@ def oracle(packed):
     import jaxref
     import optax
 
-    from anchor.data.packed import Loader, PackedData
+    from anchor_core.data.packed import Loader, PackedData
     from torchtrain.config import load_train_config
     from torchtrain.optim import lr_factor
 
@@ -96,7 +96,7 @@ def oracle(packed):
 def _trainer(out: Path, packed: Path, defect: str | None, *split: str):
     from safetensors.numpy import load_file
 
-    from anchor.weights import read_safetensors
+    from anchor_core.weights import read_safetensors
 
     env = dict(ENV)
     if defect:

@@ -31,7 +31,7 @@ def runs(tmp_path_factory):
 
 def _loss(model_name: str, data_dir: Path, variant: str) -> float:
     """Mean masked next-token loss of a model on the windows of the run's first step."""
-    from anchor.data.packed import Loader, PackedData
+    from anchor_core.data.packed import Loader, PackedData
     from torchtrain import build_model, next_token_loss
 
     data = PackedData.open(data_dir)
@@ -59,7 +59,7 @@ def test_short_run_lowers_the_loss(runs, variant):
 def test_hf_export_reloads_in_transformers(runs, variant):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from anchor.tokenizer import load_tokenizer
+    from anchor_core.tokenizer import load_tokenizer
     from torchtrain import build_model
 
     hf = runs[variant] / "checkpoints" / f"step-{STEPS}" / "hf"
@@ -80,7 +80,7 @@ def test_hf_export_reloads_in_transformers(runs, variant):
 
 @pytest.mark.parametrize("variant", ["anchor", "full"])
 def test_hf_export_passes_anchor_parity(runs, variant, tmp_path, capsys):
-    from anchor_app.cli import main
+    from anchor.cli import main
 
     hf = runs[variant] / "checkpoints" / f"step-{STEPS}" / "hf"
     with pytest.raises(SystemExit) as e:

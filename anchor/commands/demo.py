@@ -1,0 +1,107 @@
+"""`anchor demo`: the paper's experiment end to end on the embedded default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from anchor.cli import app
+
+
+@app.command()
+def demo(
+    out: Annotated[Path, typer.Option("--out", help="The demo folder: finished stages are kept and reused by the "
+                                                    "next run (see docs/verbs/index.md: what --out may replace).")] = Path("runs/demo"),
+    model: Annotated[str, typer.Option("--model", help="HF folder, .gguf file, 'default' or random:<preset>.")] = "default",
+    steps: Annotated[Optional[str], typer.Option(
+        "--steps", help="Comma-separated stages: top5,corpus,pack,audit,train,parity,eval,bench (the stages they "
+                        "need come along; default: the profile's, every stage but for paper-gpu)."),
+    ] = None,
+    profile: Annotated[str, typer.Option(
+        "--profile", help="Settings: demo (minutes on a CPU), paper-small (the paper's four variants, RULER "
+                          "1K-4K over five checkpoints; hours on a CPU) or paper-gpu (SmolLM2 at 16K in bf16, "
+                          "the four variants and two fp32 runs, RULER 4K-16K; about 20 minutes on one H100).")] = "demo",
+    fresh: Annotated[bool, typer.Option("--fresh", help="Redo every selected stage instead of reusing it.")] = False,
+    prompt: Annotated[str, typer.Option("--prompt", help="Prompt for the next-token comparison.")] = "",
+    policy: Annotated[str, typer.Option("--policy", help="Oracle dtype policy of top5: preset name or YAML file.")] = "fp32",
+    seq_len: Annotated[Optional[int], typer.Option(
+        "--seq-len", help="Window size of pack and train (default: the profile's).")] = None,
+    train_steps: Annotated[Optional[int], typer.Option(
+        "--train-steps", help="Optimizer steps per training run (default: the profile's).")] = None,
+    heldout: Annotated[Optional[Path], typer.Option(
+        "--heldout", help="Held-out documents for the held-out loss (a corpus file `anchor pack` reads; default: "
+                          "this Python's test suites, which the embedded corpus leaves out).")] = None,
+    runs: Annotated[Optional[str], typer.Option(
+        "--runs", help="Comma-separated training runs of the profile (e.g. full,intra_doc or intra_doc@fp32): "
+                       "train and evaluate only these, a part to join with --merge (default: every run).")] = None,
+    merge: Annotated[Optional[list[Path]], typer.Option(
+        "--merge", help="A demo folder that ran some of the runs (--runs); give it once per part: no stage "
+                        "runs, --out becomes one demo of all their runs (anchor/demo/merge.py).")] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
+) -> None:
+    """Run the paper's experiment on the embedded default (or --model): corpus, packing, audit, training with
+    anchor and full attention, parity of the trained checkpoint, RULER averaged over checkpoints, speed; writes
+    index.html and summary.png under --out. A second run reuses every stage whose settings did not change."""
+    from anchor.demo import DEFAULT_PROMPT, PROFILES, check_steps, run_demo
+    from anchor_core.data.pipeline import check_pack_size
+    from anchor_core.errors import InputError
+    from anchor_core.limits import check_int
+
+    if profile not in PROFILES:
+        raise InputError(f"--profile: unknown profile {profile!r} (profiles: {', '.join(PROFILES)})")
+    if merge:
+        if runs is not None or steps is not None:
+            raise InputError("--merge joins finished parts: it takes no --runs or --steps")
+        # what a merge would ignore is refused (the parts ran with their own model and settings); --profile
+        # names the profile the parts ran with (the summary JSON they carry)
+        ignored = [name for name, given in (("--model", model != "default"), ("--train-steps", train_steps is not None),
+                                            ("--seq-len", seq_len is not None), ("--heldout", heldout is not None),
+                                            ("--prompt", bool(prompt)), ("--policy", policy != "fp32"),
+                                            ("--fresh", fresh)) if given]
+        if ignored:
+            raise InputError(f"--merge joins finished parts, which ran with their own settings: it takes no {ignored[0]}")
+        from anchor.demo.merge import merge_demos
+
+        merge_demos(merge, out, profile=profile, say=typer.echo)
+        typer.echo(f"open {out / 'index.html'}")
+        return
+    step_list = check_steps(PROFILES[profile].stages if steps is None else steps)
+    overrides = {"prompt": prompt or DEFAULT_PROMPT, "policy": policy}
+    if seq_len is not None:
+        check_int(seq_len, "--seq-len", lo=2, hi=1 << 31)
+        check_pack_size(seq_len)
+        overrides["seq_len"] = seq_len
+    if train_steps is not None:
+        check_int(train_steps, "--train-steps", lo=1, hi=1 << 31)
+        overrides["train_steps"] = train_steps
+    if policy.endswith((".yaml", ".yml")) and not Path(policy).is_file():
+        raise InputError("no such policy file", path=policy)
+    if runs is not None:
+        from anchor.demo.settings import check_runs
+
+        overrides["only_runs"] = check_runs(PROFILES[profile], runs)
+    if heldout is not None:
+        if not heldout.exists():
+            raise InputError("no such held-out file", path=heldout)
+        from anchor_core.data.packed import is_pack_output
+        from anchor_core.data.readers import check_documents
+        from anchor_core.data.store import is_store
+
+        if not (is_store(heldout) or is_pack_output(heldout)):
+            check_documents(heldout)  # read before the first stage, not after training
+        overrides["perplexity_data"] = str(heldout.resolve())
+    from anchor_core.outdir import guard_out
+
+    pol_file = policy if policy.endswith((".yaml", ".yml")) else None
+    out = guard_out(out, "demo", inputs=(model, pol_file, heldout), replace=False)  # before any work
+    record = run_demo(model, out, steps=step_list, settings=PROFILES[profile], fresh=fresh, progress=progress,
+                      say=typer.echo, **overrides)
+    typer.echo(f"demo finished in {record['seconds']:.0f} s (ran: {', '.join(record['ran']) or 'nothing'}; "
+               f"reused: {', '.join(record['reused']) or 'nothing'}): open {out / 'index.html'}")
+    par = record["stages"].get("parity", {}).get("summary")
+    if "parity" in record["ran"] + record["reused"] and par and not par["pass"]:
+        typer.echo(f"parity: {par['cases'] - par['passed']} forward and {par['grad_cases'] - par['grad_passed']} "
+                   "gradient case(s) failed", err=True)
+        raise typer.Exit(1)

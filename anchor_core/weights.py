@@ -1,0 +1,426 @@
+"""Weight readers without torch: a local Hugging Face directory, a `.gguf` file, `random:<preset>`.
+
+Every reader returns `(spec, state)`: a `ModelSpec` and a state dict of float32 numpy arrays under
+Hugging Face's parameter names (`model.layers.{i}.self_attn.q_proj.weight`, (out, in) layout), so
+the oracle and the trainer start from the same numbers. Nothing here unpickles: safetensors is
+parsed from its JSON header, GGUF through the `gguf` package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from anchor_core.errors import InputError, read_json_object
+from anchor_core.paths import resolve_model_name
+from anchor_core.spec import ModelSpec, RopeSpec, from_hf_config, random_preset, to_hf_config
+
+StateDict = dict[str, np.ndarray]
+
+_SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": "bfloat16"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Names and shapes
+
+
+def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """Every parameter a model of this spec has, with its shape (Hugging Face names and layout)."""
+    H, D, N, K, F = spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (spec.vocab_size, H), "model.norm.weight": (H,)}
+    if not spec.tie_embeddings:
+        shapes["lm_head.weight"] = (spec.vocab_size, H)
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (H,),
+            p + "post_attention_layernorm.weight": (H,),
+            p + "self_attn.q_proj.weight": (N * D, H),
+            p + "self_attn.k_proj.weight": (K * D, H),
+            p + "self_attn.v_proj.weight": (K * D, H),
+            p + "self_attn.o_proj.weight": (H, N * D),
+            p + "mlp.gate_proj.weight": (F, H),
+            p + "mlp.up_proj.weight": (F, H),
+            p + "mlp.down_proj.weight": (H, F),
+        })
+        if spec.qkv_bias:
+            shapes[p + "self_attn.q_proj.bias"] = (N * D,)
+            shapes[p + "self_attn.k_proj.bias"] = (K * D,)
+            shapes[p + "self_attn.v_proj.bias"] = (K * D,)
+        if spec.qk_norm:  # one weight per head dimension, shared by all heads
+            shapes[p + "self_attn.q_norm.weight"] = (D,)
+            shapes[p + "self_attn.k_norm.weight"] = (D,)
+    return shapes
+
+
+def check_state(spec: ModelSpec, state: StateDict, source: object) -> None:
+    """Missing, unexpected or mis-shaped tensors are an InputError naming the first one."""
+    want = expected_shapes(spec)
+    # A tied model may still store lm_head (transformers writes it sometimes); it is ignored.
+    extra = sorted(set(state) - set(want) - ({"lm_head.weight"} if spec.tie_embeddings else set()))
+    missing = sorted(set(want) - set(state))
+    if missing:
+        raise InputError(f"weights lack {missing[0]} ({len(missing)} tensors missing)", path=source)
+    if extra:
+        raise InputError(f"weights hold an unexpected tensor {extra[0]} ({len(extra)} in all)", path=source)
+    for name, shape in want.items():
+        if tuple(state[name].shape) != shape:
+            raise InputError(
+                f"config/weight shape mismatch: {name} has shape {tuple(state[name].shape)}, "
+                f"the config implies {shape}",
+                path=source,
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Random presets
+
+
+def random_state(spec: ModelSpec, seed: int = 0) -> StateDict:
+    """Seeded float32 weights for `random:<preset>`, identical for both frameworks.
+
+    Linear weights ~ N(0, 1/fan_in) so activations stay O(1) and attention is far from uniform
+    (masks must matter); norm weights 1 + N(0, 0.1) so a norm-weight bug shows; biases N(0, 0.1).
+    """
+    rng = np.random.default_rng(seed)
+    state: StateDict = {}
+    for name, shape in expected_shapes(spec).items():
+        if name.endswith("norm.weight"):
+            w = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif name.endswith(".bias"):
+            w = 0.1 * rng.standard_normal(shape)
+        elif name == "model.embed_tokens.weight" or name == "lm_head.weight":
+            w = rng.standard_normal(shape)
+        else:
+            w = rng.standard_normal(shape) / np.sqrt(shape[1])
+        state[name] = w.astype(np.float32)
+    return state
+
+
+# ---------------------------------------------------------------------------------------------
+# safetensors (parsed from its header; no pickle)
+
+
+_SAFETENSORS_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
+_SAFETENSORS_MAX_HEADER = 100 << 20  # the safetensors library's own limit
+
+
+def safetensors_header(path: Path) -> tuple[dict[str, dict[str, Any]], int]:
+    """The validated header of a `.safetensors` file and where its data starts.
+
+    Checked before any tensor is read: the header is a JSON object of tensors, each with a known
+    dtype, a shape of non-negative integers and `data_offsets` [begin, end] inside the file whose
+    size is exactly shape x dtype size; an InputError names the file and the tensor otherwise.
+    """
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise InputError("truncated safetensors file (no header)", path=path)
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8:
+                raise InputError("truncated safetensors file (header runs past the end)", path=path)
+            if n > _SAFETENSORS_MAX_HEADER:
+                raise InputError(f"safetensors header of {n} bytes is larger than the format allows", path=path)
+            header = json.loads(f.read(n).decode("utf-8"))
+    except (OSError, ValueError) as e:
+        raise InputError(f"unreadable safetensors file: {e}", path=path) from None
+    if not isinstance(header, dict):
+        raise InputError(f"safetensors header must be a JSON object, got {type(header).__name__}", path=path)
+    header.pop("__metadata__", None)
+    start = 8 + n
+    data_size = size - start
+    for name, info in header.items():
+        if not isinstance(info, dict):
+            raise InputError(f"safetensors header: tensor {name} is not an object", path=path)
+        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if dtype not in _SAFETENSORS_ITEMSIZE:
+            raise InputError(f"unsupported safetensors dtype {dtype!r} for {name} "
+                             f"(supported: {', '.join(_SAFETENSORS_ITEMSIZE)})", path=path)
+        if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                                                  for s in shape):
+            raise InputError(f"safetensors header: tensor {name} has no valid shape ({shape!r})", path=path)
+        if (not isinstance(offsets, list) or len(offsets) != 2
+                or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
+            raise InputError(f"safetensors header: tensor {name} has no valid data_offsets ({offsets!r})", path=path)
+        b, e = offsets
+        if not 0 <= b <= e:
+            raise InputError(f"safetensors header: tensor {name} has data_offsets {offsets} out of order", path=path)
+        if e > data_size:
+            raise InputError(f"truncated safetensors file: tensor {name} runs past the end", path=path)
+        want = int(np.prod(shape, dtype=np.int64)) * _SAFETENSORS_ITEMSIZE[dtype] if shape else \
+            _SAFETENSORS_ITEMSIZE[dtype]
+        if e - b != want:
+            raise InputError(f"safetensors header: tensor {name} of shape {shape} ({dtype}) needs {want} bytes, "
+                             f"its data_offsets span {e - b}", path=path)
+    return header, start
+
+
+def read_safetensors(path: Path) -> StateDict:
+    """Read a `.safetensors` file into float32 numpy arrays; a truncated or corrupt file is an InputError."""
+    header, start = safetensors_header(path)
+    data = np.memmap(path, dtype=np.uint8, mode="r") if header else np.zeros(0, np.uint8)
+    out: StateDict = {}
+    for name, info in header.items():
+        b, e = info["data_offsets"]
+        kind = _SAFETENSORS_DTYPES[info["dtype"]]
+        if kind == "bfloat16":
+            import ml_dtypes
+
+            kind = ml_dtypes.bfloat16
+        arr = np.frombuffer(data[start + b : start + e], dtype=kind).reshape(info["shape"])
+        out[name] = arr.astype(np.float32)
+    return out
+
+
+def read_hf_config(path: Path) -> ModelSpec:
+    """The spec in a Hugging Face model folder's `config.json`."""
+    cfg = path / "config.json"
+    if not cfg.is_file():
+        raise InputError("not a model folder: config.json is missing", path=path)
+    return from_hf_config(read_json_object(cfg), source=str(cfg))
+
+
+def read_hf_dir(path: Path) -> tuple[ModelSpec, StateDict]:
+    """A local Hugging Face model folder: `config.json` and one or more `*.safetensors`."""
+    spec = read_hf_config(path)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise InputError("no *.safetensors weight files in the model folder", path=path)
+    state: StateDict = {}
+    for f in files:
+        state.update(read_safetensors(f))
+    check_state(spec, state, path)
+    return spec, state
+
+
+def write_hf_dir(spec: ModelSpec, state: StateDict, path: Path) -> Path:
+    """Write `config.json` + `model.safetensors` (a folder transformers' `from_pretrained` reads)."""
+    from safetensors.numpy import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(to_hf_config(spec), indent=2))
+    save_file({k: np.ascontiguousarray(v) for k, v in state.items()}, str(path / "model.safetensors"))
+    readable_by_umask(path / "model.safetensors")
+    return path
+
+
+def readable_by_umask(path: Path) -> None:
+    """safetensors writes its files 0600 (a private temporary file renamed); give them the mode every other
+    file gets (0666 less the umask), so a checkpoint's weights are as readable as its config."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
+# ---------------------------------------------------------------------------------------------
+# GGUF (llama.cpp)
+
+_GGUF_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GGUF_TOP_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def _gguf_reader(path: Path):
+    from anchor_core.gguf_file import read_gguf_file
+
+    try:
+        return read_gguf_file(path)
+    except (ValueError, OSError) as e:
+        raise InputError(f"not a readable GGUF file (truncated or corrupt): {e}", path=path) from None
+
+
+def _gguf_field(reader, key: str, default=None):
+    return reader.fields.get(key, default)
+
+
+def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (its converter interleaves the rotary halves)."""
+    out, inp = w.shape
+    return w.reshape(n_heads, out // n_heads // 2, 2, inp).swapaxes(1, 2).reshape(out, inp)
+
+
+def gguf_spec(path: Path, reader=None) -> ModelSpec:
+    """The ModelSpec of a GGUF file, read from its metadata."""
+    reader = reader or _gguf_reader(path)
+    arch = _gguf_field(reader, "general.architecture")
+    if arch not in ("llama", "qwen2", "qwen3"):
+        raise InputError(f"unsupported architecture {arch!r} (supported: llama, qwen2, qwen3)", path=path)
+
+    def need(key):
+        v = _gguf_field(reader, f"{arch}.{key}")
+        if v is None:
+            raise InputError(f"GGUF metadata lacks {arch}.{key}", path=path)
+        return v
+
+    hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
+    kv = int(_gguf_field(reader, f"{arch}.attention.head_count_kv", heads))
+    head_dim = int(_gguf_field(reader, f"{arch}.attention.key_length", hidden // heads))
+    names = {t.name for t in reader.tensors}
+    tied = "output.weight" not in names
+    tokens = _gguf_field(reader, "tokenizer.ggml.tokens")
+    vocab = int(_gguf_field(reader, f"{arch}.vocab_size", len(tokens) if tokens is not None else 0))
+    scaling = _gguf_field(reader, f"{arch}.rope.scaling.type", "none")
+    factor = float(_gguf_field(reader, f"{arch}.rope.scaling.factor", 1.0))
+    base = float(_gguf_field(reader, f"{arch}.rope.freq_base", 10000.0))
+    if scaling in ("none", None) or factor == 1.0:
+        rope = RopeSpec(base=base)
+    elif scaling in ("linear", "yarn"):
+        orig = _gguf_field(reader, f"{arch}.rope.scaling.original_context_length")
+        rope = RopeSpec(base=base, kind=scaling, factor=factor, original_max_position=None if orig is None else int(orig))
+    else:
+        raise InputError(f"unsupported GGUF RoPE scaling {scaling!r}", path=path)
+    eps = float(_gguf_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6))
+    bos = _gguf_field(reader, "tokenizer.ggml.bos_token_id")
+    eos = _gguf_field(reader, "tokenizer.ggml.eos_token_id", 2)
+    family = arch if arch in ("qwen2", "qwen3") else ("smollm2" if tied else "llama")
+    return ModelSpec(
+        family=family,  # type: ignore[arg-type]
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_layers=int(need("block_count")),
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=head_dim,
+        intermediate_size=int(need("feed_forward_length")),
+        rms_norm_eps=float(np.float32(eps)),
+        max_position=int(_gguf_field(reader, f"{arch}.context_length", 4096)),
+        rope=rope,
+        tie_embeddings=tied,
+        qkv_bias=arch == "qwen2",
+        bos_token_id=None if arch in ("qwen2", "qwen3") or bos is None else int(bos),
+        eos_token_id=int(eos),
+    )
+
+
+def read_gguf(path: Path) -> tuple[ModelSpec, StateDict]:
+    """Dequantize a GGUF file to float32 Hugging Face-layout tensors."""
+    import gguf
+
+    reader = _gguf_reader(path)
+    spec = gguf_spec(path, reader)
+    arch = _gguf_field(reader, "general.architecture")
+    state: StateDict = {}
+    for t in reader.tensors:
+        if t.name in _GGUF_TOP_NAMES:
+            name = _GGUF_TOP_NAMES[t.name]
+        elif t.name.startswith("blk."):
+            _, idx, rest = t.name.split(".", 2)
+            if rest not in _GGUF_LAYER_NAMES:
+                raise InputError(f"unexpected GGUF tensor {t.name}", path=path)
+            name = f"model.layers.{idx}.{_GGUF_LAYER_NAMES[rest]}"
+        elif t.name == "rope_freqs.weight":
+            raise InputError("GGUF files with a rope_freqs tensor (llama3 scaling) are not supported", path=path)
+        else:
+            raise InputError(f"unexpected GGUF tensor {t.name}", path=path)
+        try:
+            w = gguf.quants.dequantize(t.data, t.tensor_type)
+            w = np.asarray(w, dtype=np.float32).reshape(tuple(int(s) for s in reversed(t.shape)))
+        except Exception as e:
+            raise InputError(f"cannot read GGUF tensor {t.name} (truncated or corrupt): {e}", path=path) from None
+        # llama.cpp permutes q/k rows of Llama-architecture models only.
+        if arch == "llama" and name.endswith("q_proj.weight"):
+            w = _unpermute(w, spec.num_heads)
+        elif arch == "llama" and name.endswith("k_proj.weight"):
+            w = _unpermute(w, spec.num_kv_heads)
+        state[name] = w
+    check_state(spec, state, path)
+    return spec, state
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry points
+
+
+def _locate(name: str) -> tuple[str, str | Path]:
+    """("random", preset) | ("gguf", path) | ("dir", path) for a model named as in docs/DESIGN.md §6."""
+    name = resolve_model_name(name)
+    if name.startswith("random:"):
+        return "random", name.split(":", 1)[1]
+    path = Path(name)
+    if not path.exists():
+        raise InputError("no such model file or folder", path=path)
+    if path.suffix == ".gguf":
+        return "gguf", path
+    if path.is_dir():
+        return "dir", path
+    raise InputError("a model is a Hugging Face folder, a .gguf file or random:<preset>", path=path)
+
+
+def load_spec(name: str) -> ModelSpec:
+    """The spec of a model named as in docs/DESIGN.md §6, without reading the weights."""
+    kind, where = _locate(name)
+    if kind == "random":
+        return random_preset(str(where))
+    return gguf_spec(Path(where)) if kind == "gguf" else read_hf_config(Path(where))
+
+
+def load_weights(name: str, *, seed: int = 0) -> tuple[ModelSpec, StateDict]:
+    """`(spec, float32 state dict)` for a model named as in docs/DESIGN.md §6 (`seed` is for random presets)."""
+    kind, where = _locate(name)
+    if kind == "random":
+        spec = random_preset(str(where))
+        return spec, random_state(spec, seed)
+    return read_gguf(Path(where)) if kind == "gguf" else read_hf_dir(Path(where))
+
+
+# ---------------------------------------------------------------------------------------------
+# Identity: what a result computed from a model was computed from
+
+_DIGESTS: dict[tuple[str, int, int, int, int], str] = {}
+
+
+def file_digest(path: str | Path) -> str:
+    """sha256 of a file's bytes, hashed once per (path, size, modification time, status-change time, inode)
+    in a process: a rewrite within the process changes the status-change time, which no one can set back."""
+    p = Path(path).resolve()
+    st = p.stat()
+    key = (str(p), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    if key not in _DIGESTS:
+        from anchor_core.atomic import sha256_file
+
+        _DIGESTS[key] = sha256_file(p)
+    return _DIGESTS[key]
+
+
+def model_identity(name: str | Path) -> list[list[Any]]:
+    """What a model named as in docs/DESIGN.md §6 is, for a cache key: the content of the file or folder it
+    resolves to (`default` and `smollm2` resolve to the cached GGUF), as [relative name, size, sha256] per
+    file, so that a model whose bytes changed (whatever its name, size or modification time) keys anew;
+    [["random", preset]] for a random preset, whose weights the seed makes. A name that resolves to nothing
+    is an InputError."""
+    resolved = resolve_model_name(str(name))
+    if resolved.startswith("random:"):
+        return [["random", resolved.split(":", 1)[1]]]
+    p = Path(resolved)
+    if p.is_file():
+        return [[p.name, p.stat().st_size, file_digest(p)]]
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file())
+        return [[f.relative_to(p).as_posix(), f.stat().st_size, file_digest(f)] for f in files]
+    raise InputError("no such model file or folder", path=p)
