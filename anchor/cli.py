@@ -95,17 +95,34 @@ def one_line(text: object) -> str:
 
 
 class _Signals:
-    """SIGINT/SIGTERM -> `Interrupted` (once; a repeat while cleaning up is ignored)."""
+    """SIGINT/SIGTERM -> `Interrupted` (once; a repeat while cleaning up is ignored).
+
+    Python runs a signal's handler at the next bytecode of the main thread, which may be a garbage
+    collector's callback (JAX's `_xla_gc_callback`) or a `__del__`: there an exception cannot propagate, and
+    Python prints it as "Exception ignored" and runs on. `unraisable` catches that case: it takes the
+    swallowed `Interrupted` back and sends the signal again, from a helper thread 50 ms later, so the handler
+    runs anew once the main thread is back in the run's own code (and so on, should it land in one again)."""
 
     def __init__(self) -> None:
         self.received: int | None = None
         self.old: dict[int, object] = {}
+        self.old_hook = sys.unraisablehook
 
     def handler(self, signum: int, frame: object) -> None:
         if self.received is not None:
             return
         self.received = signum
         raise Interrupted(signum)
+
+    def unraisable(self, info: object) -> None:
+        exc = getattr(info, "exc_value", None)
+        if not isinstance(exc, Interrupted):
+            self.old_hook(info)  # type: ignore[arg-type]
+            return
+        self.received = None
+        again = threading.Timer(0.05, os.kill, (os.getpid(), exc.signum))  # after this hook has returned
+        again.daemon = True
+        again.start()
 
     def __enter__(self) -> "_Signals":
         if threading.current_thread() is threading.main_thread():
@@ -114,6 +131,7 @@ class _Signals:
                     self.old[s] = signal.signal(s, self.handler)
                 except (ValueError, OSError):  # pragma: no cover
                     pass
+            sys.unraisablehook = self.unraisable
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -122,6 +140,8 @@ class _Signals:
                 signal.signal(s, h)  # type: ignore[arg-type]
             except (ValueError, OSError, TypeError):  # pragma: no cover
                 pass
+        if sys.unraisablehook == self.unraisable:
+            sys.unraisablehook = self.old_hook
 
 
 def main(argv: list[str] | None = None) -> None:
