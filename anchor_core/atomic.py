@@ -29,8 +29,18 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from anchor_core.errors import InputError
-from anchor_core.outdir import (MARKER, rmtree, current_verb, guard_out, out_lock, read_marker, remove_stale_staging,
-                           staging_prefix, write_marker)
+from anchor_core.outdir import (
+    MARKER,
+    current_verb,
+    guard_out,
+    out_lock,
+    pid_alive,
+    read_marker,
+    remove_stale_staging,
+    rmtree,
+    staging_prefix,
+    write_marker,
+)
 
 
 class staging_dir:
@@ -129,8 +139,6 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 def remove_dead_writers_files(path: Path) -> None:
     """Remove `.<name>.tmp-<pid>` beside `path` where no process `pid` runs (a writer killed between its
     write and its rename)."""
-    from anchor_core.outdir import pid_alive
-
     prefix = f".{path.name}.tmp-"
     try:
         leftovers = [p for p in path.parent.iterdir() if p.name.startswith(prefix)]

@@ -33,6 +33,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable
 
+from anchor_core import __version__
 from anchor_core.errors import InputError
 
 MARKER = ".anchor-output.json"
@@ -69,8 +70,6 @@ def read_marker(folder: str | Path) -> dict[str, Any] | None:
 
 def write_marker(folder: str | Path, verb: str) -> None:
     """Mark `folder` as written by `anchor <verb>` (this version)."""
-    from anchor_core import __version__
-
     (Path(folder) / MARKER).write_text(json.dumps({"verb": verb, "version": __version__}) + "\n",
                                        encoding="utf-8")
 

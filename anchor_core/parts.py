@@ -19,11 +19,13 @@ from __future__ import annotations
 import functools
 import json
 import os
-from pathlib import Path
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
+from anchor_core.atomic import write_text_atomic
 from anchor_core.errors import InputError
+from anchor_core.outdir import read_marker, rmtree, write_marker
 
 
 def parts_dir(out: str | Path) -> Path:
@@ -115,8 +117,6 @@ class Parts:
     carrying anchor's marker for `verb`. `folder` None keeps nothing (every load misses)."""
 
     def __init__(self, folder: str | Path | None, verb: str):
-        from anchor_core.outdir import read_marker
-
         self.folder = Path(folder) if folder is not None else None
         self.verb = verb
         if self.folder is None:
@@ -159,9 +159,6 @@ class Parts:
 
     def save(self, name: str, part: dict[str, Any]) -> None:
         """Write the part `name` (its "key" included) atomically."""
-        from anchor_core.atomic import write_text_atomic
-        from anchor_core.outdir import read_marker, write_marker
-
         if self.folder is None:
             return
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -192,8 +189,6 @@ def remove_parts(folder: str | Path, verb: str) -> None:
     """Delete `folder` when it carries anchor's marker naming `verb`: the parts of one verb are never removed
     by another (`anchor audit --out S` leaves the `.S.parts` an `anchor parity --keep-parts` kept); anything
     else stays where it is."""
-    from anchor_core.outdir import read_marker, rmtree
-
     folder = Path(folder)
     marker = read_marker(folder) if folder.is_dir() else None
     if marker is not None and marker["verb"] == verb:

@@ -34,7 +34,9 @@ import numpy as np
 
 from anchor_core.atomic import sha256_file
 from anchor_core.errors import InputError
+from anchor_core.gguf_file import read_gguf_file
 from anchor_core.paths import cache_dir, resolve_model_name
+from anchor_core.spec import random_preset
 
 BYTE_OFFSET = 3  # random:<preset> tokenizers: id = BYTE_OFFSET + byte
 BYTE_UNK, BYTE_BOS, BYTE_EOS = 0, 1, 2
@@ -170,8 +172,6 @@ def load_tokenizer(model: str) -> Tok:
     """The tokenizer of a model named as in docs/DESIGN.md §6; unknown names and formats are InputErrors."""
     name = resolve_model_name(model)
     if name.startswith("random:"):
-        from anchor_core.spec import random_preset
-
         spec = random_preset(name.split(":", 1)[1])
         return ByteTok(bos_id=spec.bos_token_id, eos_id=spec.eos_token_id, name=model)
     path = Path(name)
@@ -284,7 +284,6 @@ def gguf_tokenizer_json(path: Path) -> tuple[str, dict[str, Any]]:
     """
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    from anchor_core.gguf_file import read_gguf_file
 
     try:
         reader = read_gguf_file(path)

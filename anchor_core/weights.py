@@ -16,7 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from anchor_core.atomic import sha256_file
 from anchor_core.errors import InputError, read_json_object
+from anchor_core.gguf_file import read_gguf_file
 from anchor_core.paths import resolve_model_name
 from anchor_core.spec import ModelSpec, RopeSpec, from_hf_config, random_preset, to_hf_config
 
@@ -247,8 +249,6 @@ _GGUF_TOP_NAMES = {
 
 
 def _gguf_reader(path: Path):
-    from anchor_core.gguf_file import read_gguf_file
-
     try:
         return read_gguf_file(path)
     except (ValueError, OSError) as e:
@@ -402,8 +402,6 @@ def file_digest(path: str | Path) -> str:
     st = p.stat()
     key = (str(p), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
     if key not in _DIGESTS:
-        from anchor_core.atomic import sha256_file
-
         _DIGESTS[key] = sha256_file(p)
     return _DIGESTS[key]
 

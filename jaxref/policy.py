@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from anchor_core.errors import InputError
+from anchor_core.machine import cpu_capability
 from anchor_core.yamlfile import read_yaml_mapping
 
 STAGES: tuple[str, ...] = (
@@ -233,8 +234,6 @@ def cpu_kernel_policy(capability: str | None = None) -> DtypePolicy:
     """The emulation of torch's bf16 CPU flash-attention kernel under `capability` (default: the one torch
     dispatches to in this process, `anchor_core.machine.cpu_capability()`). NoEmulation where none is known."""
     if capability is None:
-        from anchor_core.machine import cpu_capability
-
         capability = cpu_capability()
     name = CPU_KERNEL_POLICIES.get(str(capability).upper())
     if name is None:

@@ -64,15 +64,16 @@ from typing import Any
 
 import numpy as np
 
+import jaxref
 from anchor_core.errors import InputError
 from anchor_core.variants import VARIANTS
 from parity_tests.cases import CaseInputs
 from parity_tests.core import RULE, Rule
 from parity_tests.core import hold as judged
 from parity_tests.emulations import HF_EMULATIONS
-from parity_tests.hf_stack import (IDENTIFYING, TRUTH, _error, bf16_verdict, identify, only,
-                                   module_subject, where)
+from parity_tests.hf_stack import IDENTIFYING, TRUTH, _error, bf16_verdict, identify, module_subject, only, where
 from parity_tests.runners import Taps, as_arrays, oracle
+from torchtrain.taps import capture_taps
 
 DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 # What a batch may hold the documents in, in the order they are read (see the module docstring).
@@ -281,7 +282,6 @@ def _tapped(model: Any, batch: Mapping, doc_ids: np.ndarray) -> Taps:
     hooks and a wrapper of the model's own attention implementation)."""
     import torch
 
-    from torchtrain.taps import capture_taps
 
     with (capture_taps(model, _rows(doc_ids.shape[1]), doc_ids=torch.from_numpy(doc_ids), variant="full") as taps,
           torch._dynamo.config.patch(automatic_dynamic_shapes=False)):
@@ -401,8 +401,6 @@ def check_step(model: Any, batch: Any, *, variants: Any = "all", dtype: str | No
     if not isinstance(probe, bool):
         raise InputError(f"probe: expected True or False, got {probe!r}")
     if emulation is not None:
-        import jaxref
-
         try:
             jaxref.get_policy(emulation)
         except (InputError, KeyError, ValueError) as e:
@@ -467,8 +465,6 @@ def check_step(model: Any, batch: Any, *, variants: Any = "all", dtype: str | No
 
 def _read_positions(test: Taps, subject, inputs: CaseInputs, batch: Mapping, rule: Rule) -> dict[str, Any] | None:
     """Where no variant matches: each mask at the batch's own position_ids; the first within the fp32 rule."""
-    import jaxref
-
     B, T = inputs.shape
     pos = _positions(batch, B, T)
     if pos is None:

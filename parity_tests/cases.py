@@ -27,8 +27,12 @@ from typing import Literal, get_args
 
 import numpy as np
 
+from anchor_core.data import Packer, TokenStore, make_batch, tag_text
+from anchor_core.data.packing import Layout as PackLayout
 from anchor_core.errors import InputError
+from anchor_core.tokenizer import load_tokenizer
 from anchor_core.variants import VARIANTS
+from anchor_core.weights import load_spec as read_spec
 
 Layout = Literal["plain", "tags", "interleave"]
 LAYOUTS: tuple[str, ...] = get_args(Layout)
@@ -122,7 +126,6 @@ def _text_tokens(model: str) -> np.ndarray:
     import json
     from pathlib import Path
 
-    from anchor_core.tokenizer import load_tokenizer
 
     text = "".join(p.read_text() for p in sorted(Path(json.__file__).parent.glob("*.py")))
     return np.asarray(load_tokenizer(model).encode_batch([text])[0], dtype=np.int64)
@@ -131,15 +134,11 @@ def _text_tokens(model: str) -> np.ndarray:
 @functools.lru_cache(maxsize=8)
 def load_spec(model: str):
     """The model's ModelSpec (reading a GGUF header takes seconds: once per model)."""
-    from anchor_core.weights import load_spec as read_spec
-
     return read_spec(model)
 
 
 @functools.lru_cache(maxsize=4)
 def _tokenizer(model: str):
-    from anchor_core.tokenizer import load_tokenizer
-
     return load_tokenizer(model)
 
 
@@ -186,9 +185,6 @@ def case_inputs(case: Case) -> CaseInputs:
 
 @functools.lru_cache(maxsize=16)
 def _inputs(key: tuple) -> CaseInputs:
-    from anchor_core.data import Packer, TokenStore, make_batch, tag_text
-    from anchor_core.data.packing import Layout as PackLayout
-
     model, variant, layout, T, B, seed = key
     spec = load_spec(model)
     tok = _tokenizer(model)

@@ -54,9 +54,22 @@ from typing import Any
 
 import numpy as np
 
-from parity_tests.cases import BF16, Case, CaseInputs, case_inputs
+import jaxref
+import torchtrain
+from jaxref.reference import params_from_state
+from parity_tests.cases import Case, CaseInputs, case_inputs
 from parity_tests.core import RULE, Rule
-from parity_tests.runners import Runner, device, get_runner, oracle_model, resolve_policy
+from parity_tests.runners import (
+    Runner,
+    device,
+    get_runner,
+    oracle_model,
+    permute_units,
+    resolve_policy,
+    unit_permutations,
+    unpermute_state,
+)
+from torchtrain import optim as train_optim
 
 TRUTH = "fp64"
 STEPS: tuple[int, ...] = (1, 3)
@@ -124,8 +137,6 @@ def torch_training(case: Case, inputs: CaseInputs, dtype: str, engine: str, step
     """
     import torch
 
-    import torchtrain
-    from torchtrain.optim import param_groups
 
     on = device()
     model = torchtrain.build_model(case.model, engine=engine, dtype=dtype).train().to(on)  # fresh: the steps change it
@@ -138,7 +149,7 @@ def torch_training(case: Case, inputs: CaseInputs, dtype: str, engine: str, step
         no_decay = opt.no_decay
         weight_decay = opt.weight_decay
 
-    groups = param_groups(_NamedView(by_hf), _Cfg)
+    groups = train_optim.param_groups(_NamedView(by_hf), _Cfg)
     optim = torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps)
     feed = {"input_ids": torch.from_numpy(inputs.tokens).to(on), "position_ids": torch.from_numpy(inputs.positions).to(on),
             "doc_ids": torch.from_numpy(inputs.doc_ids).to(on), "variant": case.variant}
@@ -189,7 +200,6 @@ def _starting_state(params: dict, spec, pol) -> tuple[dict[str, np.ndarray], Any
     (DeepSpeed's bf16 optimizer; torch_training): so do the emulation's."""
     import jax.numpy as jnp
 
-    import jaxref
 
     master = jnp.float64 if pol.param == "float64" else jnp.float32
     start = pol.dtype("param")
@@ -199,9 +209,6 @@ def _starting_state(params: dict, spec, pol) -> tuple[dict[str, np.ndarray], Any
 
 def _loss_and_grads(case: Case, inputs: CaseInputs, spec, state: dict, master, pol) -> tuple[float, dict]:
     """The oracle's loss and {HF name: gradient in the master dtype} at `state` on the case's batch."""
-    import jaxref
-    from jaxref.reference import params_from_state
-
     loss, grads = jaxref.value_and_grad(
         params_from_state(spec, state, master), spec, inputs.tokens, positions=inputs.positions,
         doc_ids=inputs.doc_ids, loss_mask=inputs.loss_mask, variant=case.variant, policy=pol)
@@ -216,7 +223,6 @@ def oracle_training(case: Case, inputs: CaseInputs, policy: str, steps: int,
     key = (case.data_key, policy, steps, opt)
     if key in _ORACLE_CACHE:
         return _ORACLE_CACHE[key]
-    import jaxref
 
     params, spec = oracle_model(case.model)
     pol = jaxref.get_policy(policy)
@@ -250,8 +256,6 @@ def oracle_grad_draws(case: Case, inputs: CaseInputs, policy: str, orders: int) 
     key = (case.data_key, policy, orders)
     if key in _DRAWS_CACHE:
         return _DRAWS_CACHE[key]
-    import jaxref
-    from parity_tests.runners import permute_units, unit_permutations, unpermute_state
 
     params, spec = oracle_model(case.model)
     pol = jaxref.get_policy(policy)
@@ -271,7 +275,6 @@ def _adamw(opt: Optimizer) -> tuple[Callable, Callable]:
     kept for the run: one compile per model and dtype instead of one per operation and shape."""
     import jax
 
-    import jaxref
 
     tx = jaxref.adamw(opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay, no_decay=opt.no_decay)
     return jax.jit(tx.init), jaxref.optimizer_step(tx)

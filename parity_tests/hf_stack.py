@@ -85,16 +85,30 @@ from typing import Any, Literal
 
 import numpy as np
 
+import jaxref
 from anchor_core.errors import InputError
+from anchor_core.machine import machine
+from anchor_core.progress import ProgressBar
 from anchor_core.spec import ModelSpec, from_hf_config, to_hf_config
 from anchor_core.variants import VARIANTS
+from anchor_core.weights import load_weights
 from parity_tests.cases import BF16, Case, CaseInputs, case_inputs
 from parity_tests.core import RULE, Rule
 from parity_tests.core import hold as judged
 from parity_tests.emulations import HF_EMULATIONS
-from parity_tests.runners import (Runner, Taps, as_arrays, clear_oracle_cache, oracle, oracle_model,
-                                  register_family, registered)
+from parity_tests.runners import (
+    Runner,
+    Taps,
+    as_arrays,
+    clear_oracle_cache,
+    oracle,
+    oracle_model,
+    register_family,
+    registered,
+)
 from parity_tests.suite import judge_case, where
+from torchtrain.taps import capture_taps
+from torchtrain.variants import dense_mask
 
 IMPLEMENTATIONS: tuple[str, ...] = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 # How a batch reaches a stock model (`--inputs`; the module docstring says what each style feeds).
@@ -187,7 +201,6 @@ def user_stack(function: Callable[..., Any] | str, *, rope_in: str = "model", em
     name = name or f"{getattr(function, '__module__', '?')}:{getattr(function, '__qualname__', repr(function))}"
     check_signature(function, name)
     emulation = emulation or DEFAULT_EMULATION[rope_in]
-    import jaxref
 
     jaxref.get_policy(emulation)  # an unknown preset is an InputError here, before any work
     return Stack(name, USER_NAME, function, rope_in, emulation)  # type: ignore[arg-type]
@@ -290,8 +303,6 @@ class Subject:
     @property
     def params(self):
         if self._params is None:
-            import jaxref
-
             self._params = jaxref.params_from_state(self.spec, self.state)
         return self._params
 
@@ -300,8 +311,6 @@ class Subject:
 def named_subject(name: str) -> Subject:
     """A model named as in docs/DESIGN.md §6, fed its own parity inputs; its oracle parameters and cache
     entries are the suite's (runners.oracle_model, NamedModel's key)."""
-    from anchor_core.weights import load_weights
-
     spec, state = load_weights(name)
     return Subject(name, spec, dict(state), name, key=("name", name), _params=oracle_model(name)[0])
 
@@ -446,7 +455,6 @@ def mask4d(doc_ids: np.ndarray, variant: str, kind: Literal["bool", "float"], dt
     a key slot), or float in `dtype` (0 where it may, the dtype's most negative number where it may not)."""
     import torch
 
-    from torchtrain.variants import dense_mask
 
     allowed = dense_mask(torch.from_numpy(np.asarray(doc_ids)), variant)[:, None]
     if kind == "bool":
@@ -537,7 +545,6 @@ def run_stack(subject: Subject, stack: Stack, inputs: CaseInputs, variant: str, 
     """
     import torch
 
-    from torchtrain.taps import capture_taps
 
     model = subject_model(subject, dtype)
     with _registered(stack):
@@ -809,8 +816,6 @@ def bf16_verdict(test: Taps, subject: Subject, inputs: CaseInputs, variant: str,
                  rule: Rule = RULE) -> dict[str, Any]:
     """bfloat16 taps of `subject` against fp64 truth of the variant by the suite's bf16 rule (`judge_case`,
     at the variant's positions, scaled from `emulation`): the black-box check's bf16 verdict."""
-    import jaxref
-
     runner = StackRunner(Stack(subject.name, subject.name, emulation=emulation), subject)
     inputs = dataclasses.replace(inputs, positions=jaxref.positions(inputs.doc_ids, variant))
     case = runner.case(subject, variant, inputs.shape[1], policy=BF16)
@@ -923,8 +928,6 @@ def run_hf_stack(model: Any = "default", *, implementations: Sequence[str] | Non
       {"stack": "hf", "model", "inputs", "rows": [hold(...) per implementation x style x variant], "pass",
        "rule", "seq_len", "machine", "versions", "runtime_s"}.
     """
-    from anchor_core.progress import ProgressBar
-
     t0 = time.perf_counter()
     bad = [d for d in dtypes if d not in DTYPES]
     if bad or "float32" not in dtypes:
@@ -982,7 +985,6 @@ def run_hf_stack(model: Any = "default", *, implementations: Sequence[str] | Non
         _MODELS.clear()
     order = {(s.name, FUNCTION_INPUTS if s.user else s.inputs): i for i, s in enumerate(stacks)}
     rows.sort(key=lambda r: (order[r["implementation"], r["inputs"]], VARIANTS.index(r["variant"])))
-    from anchor_core.machine import machine
 
     import transformers
 

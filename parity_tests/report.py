@@ -12,7 +12,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from anchor_core.atomic import publish, staging_dir
 from parity_tests.core import EMBED, HEAD
+from parity_tests.hf_report import render_markdown as render_hf
 from parity_tests.runners import PER_LAYER
 from parity_tests.suite import where
 
@@ -353,8 +355,6 @@ def write_report(result: dict[str, Any], out: str | Path) -> Path:
     The one writer of `anchor parity`: the suite's cases, and `--stack hf`'s rows, whose summary.md is
     parity_tests.hf_report's table (what each stack computes) and whose figures are their case entries'.
     """
-    from anchor_core.atomic import publish, staging_dir
-
     out = Path(out).resolve()
     cases = judged_cases(result)
     with staging_dir(out, "parity") as tmp:
@@ -369,8 +369,6 @@ def write_report(result: dict[str, Any], out: str | Path) -> Path:
             grad_figures.append(f"figures/grads_{i:03d}_{_slug(c['id'])}.png")
             plot_grad_case(c, work / grad_figures[-1])
         if result.get("stack") == "hf":
-            from parity_tests.hf_report import render_markdown as render_hf
-
             md = render_hf(result)
         else:
             md = render_markdown(result)

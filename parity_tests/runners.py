@@ -37,9 +37,13 @@ from typing import Any
 
 import numpy as np
 
+import jaxref
+import torchtrain
 from anchor_core.errors import InputError
+from jaxref.reference import LAYER_NAMES
 from parity_tests.cases import BF16, Case, CaseInputs
-from parity_tests.emulations import EMULATIONS, emulation as emulation_of  # engine -> the oracle policy emulating it
+from parity_tests.emulations import EMULATIONS  # engine -> the oracle policy emulating it
+from parity_tests.emulations import emulation as emulation_of
 
 Taps = dict[str, np.ndarray]
 TAP_ORDER: tuple[str, ...] = ("embed", "q", "k", "scores", "probs", "attn_out", "mlp_out", "hidden", "logits")
@@ -142,8 +146,6 @@ def device() -> str:
 
 @functools.lru_cache(maxsize=4)
 def _torch_model(model: str, dtype: str, where: str):
-    import torchtrain
-
     return torchtrain.build_model(model, engine="eager", dtype=dtype).eval().to(where)
 
 
@@ -177,8 +179,6 @@ class TorchRunner(Runner):
         return self._emulation or emulation_of(self.engine, device())
 
     def available(self) -> str | None:
-        import torchtrain
-
         try:
             torchtrain.check_engine(self.engine)
         except InputError as e:
@@ -190,7 +190,6 @@ class TorchRunner(Runner):
     def run(self, case: Case, inputs: CaseInputs, dtype: str) -> Taps:
         import torch
 
-        import torchtrain
 
         model = torchtrain.set_engine(torch_model(case.model, dtype), self.engine)
         on = device()
@@ -212,8 +211,6 @@ def as_arrays(taps: dict[str, list[Any]]) -> Taps:
 
 
 def _register_torchtrain() -> None:
-    import torchtrain
-
     for engine in torchtrain.ENGINES:
         register(TorchRunner(engine))
 
@@ -228,8 +225,6 @@ _register_torchtrain()
 @functools.lru_cache(maxsize=2)
 def oracle_model(model: str):
     """(params, spec) of the oracle; the same float32 weights torchtrain loads."""
-    import jaxref
-
     return jaxref.load_model(model)
 
 
@@ -289,8 +284,6 @@ def oracle(model: Any, inputs: CaseInputs, variant: str, policy: str, order: int
     Cached: the last `_ORACLE_CACHE_SIZE` runs, keyed by the model, the inputs' contents, the variant, the
     positions, the policy and the order.
     """
-    import jaxref
-
     if positions is None:
         positions = jaxref.positions(inputs.doc_ids, variant)
     key = (model.key, _digest(inputs.tokens, inputs.doc_ids, positions, np.asarray(inputs.rows, dtype=np.int64)),
@@ -364,8 +357,6 @@ def permute_units(params: dict, order: int) -> tuple[dict, np.ndarray]:
 def unpermute_state(state: dict[str, np.ndarray], perms: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A Hugging Face state (`jaxref.hf_state` names and layout: a gradient computed under
     `permute_units`) back in the stored order of units: the inverse of `perms` along each name's unit axes."""
-    from jaxref.reference import LAYER_NAMES
-
     top = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_norm", "lm_head.weight": "lm_head"}
     inverse = {u: np.argsort(p) for u, p in perms.items()}
     out = {}
@@ -404,8 +395,6 @@ def resolve_policy(policy: str, runner: Runner) -> tuple[str, str]:
     here, e.g. "sdpa_cpu_bf16_avx512"; where none is known for this machine, jaxref.policy.NoEmulation
     (an InputError) says so, and the case is not judged against a wrong one.
     """
-    import jaxref
-
     if policy == BF16:
         return jaxref.get_policy(runner.emulation).name, "bfloat16"
     p = jaxref.get_policy(policy)

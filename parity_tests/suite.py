@@ -18,10 +18,13 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from anchor_core.errors import InputError
+from anchor_core.machine import machine
 from anchor_core.parts import Parts
 from anchor_core.progress import ProgressBar
+from parity_tests import grads as grad_parity
 from parity_tests.cases import BF16, Case, CaseInputs, case_inputs
 from parity_tests.core import RULE, Rule, hold
+from parity_tests.grads import OPTIMIZER, where_grads
 from parity_tests.runners import Runner, Taps, get_runner, oracle, resolve_policy
 
 TRUTH = "fp64"
@@ -109,8 +112,6 @@ def run_parity(cases: Iterable[Case], rule: Rule = RULE, *, progress: bool = Fal
     Returns {"cases": [...], "grad_cases": [...] (with grads), "pass": bool, "rule": ..., "runtime_s": ...,
     and "reused": {"cases", "grad_cases", "seconds"} when parts of an earlier run were taken}.
     """
-    from parity_tests.grads import OPTIMIZER, run_grad_case, where_grads
-
     t0 = time.perf_counter()
     cases = sorted(cases, key=lambda c: (c.data_key, c.policy, c.engine))
     bar = ProgressBar("parity", len(cases) * (2 if grads else 1), progress)
@@ -137,7 +138,7 @@ def run_parity(cases: Iterable[Case], rule: Rule = RULE, *, progress: bool = Fal
             bar.advance(1, f"{case.id}: {verdict} ({r['runtime_s']:.1f} s{note})")
             if grads:
                 bar.describe(f"{case.id} gradients", log=False)
-                g, note = kept("grad_case", i, case, lambda case=case: run_grad_case(case, rule))
+                g, note = kept("grad_case", i, case, lambda case=case: grad_parity.run_grad_case(case, rule))
                 grad_results.append(g)
                 verdict = "pass" if g["pass"] else f"FAIL at {where_grads(g['first_divergence'])}"
                 bar.advance(1, f"{case.id} gradients and steps: {verdict} ({g['runtime_s']:.1f} s{note})")
@@ -147,7 +148,6 @@ def run_parity(cases: Iterable[Case], rule: Rule = RULE, *, progress: bool = Fal
     if grads:
         out["grad_cases"] = grad_results
         out["optimizer"] = OPTIMIZER.to_dict()
-    from anchor_core.machine import machine
 
     out.update({
         "pass": all(r["pass"] for r in results + grad_results),

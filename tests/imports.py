@@ -69,6 +69,30 @@ def graph(root: Path = ROOT) -> dict[str, set[str]]:
     return edges
 
 
+# Where a function may import the project's own modules: at the verb boundary, so `anchor --help` loads no
+# verb's dependencies (the commands, the console script, the pytest plugin pytest loads at every start).
+VERB_BOUNDARY = ("anchor.commands", "anchor.cli", "anchor.pytest_plugin")
+
+
+def late_imports(root: Path = ROOT) -> list[tuple[str, int, str]]:
+    """(module, line, the import) for each import of a project module inside a function, outside the verb
+    boundary: everywhere else a module's imports stand at its top, where the floors can be read."""
+    found = []
+    for name, path in modules(root).items():
+        if name.startswith(VERB_BOUNDARY):
+            continue
+        source = path.read_text()
+        for f in ast.walk(ast.parse(source, filename=str(path))):
+            if not isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(f):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+                    if getattr(node, "level", 0) or (module or "").split(".")[0] in FLOORS:
+                        found.append((name, node.lineno, ast.get_source_segment(source, node) or ""))
+    return sorted(set(found))
+
+
 MAX_FUNCTION_LINES = 100
 REASON = "longer than 100 lines because"  # the words a docstring uses to state why a function is long
 

@@ -40,6 +40,21 @@ def test_a_long_function_is_found_unless_its_docstring_says_why(tmp_path):
     assert imports.long_functions(tmp_path) == [("anchor.long", "long", 102)]
 
 
+def test_project_imports_stand_at_the_top_of_their_module():
+    late = imports.late_imports()
+    assert not late, "imports of the project inside functions, outside the verb boundary:\n" + "\n".join(
+        f"{m}:{line}: {text}" for m, line, text in late)
+
+
+def test_a_late_import_is_found_outside_the_verb_boundary_only(tmp_path):
+    late = "def f():\n    from anchor_core import spec\n    import numpy\n"
+    _tree(tmp_path, {"anchor_core/__init__.py": "", "anchor_core/spec.py": "", "anchor_core/late.py": late,
+                     "anchor/__init__.py": "", "anchor/commands/__init__.py": "", "anchor/commands/verb.py": late})
+    for package in ("jaxref", "torchtrain", "parity_tests"):
+        _tree(tmp_path, {f"{package}/__init__.py": ""})
+    assert imports.late_imports(tmp_path) == [("anchor_core.late", 2, "from anchor_core import spec")]
+
+
 def test_every_floor_package_is_read():
     rooms = imports.modules()
     for package in imports.FLOORS:

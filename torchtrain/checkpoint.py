@@ -44,6 +44,7 @@ import numpy as np
 
 from anchor_core.atomic import sha256_file, write_text_atomic
 from anchor_core.errors import InputError
+from anchor_core.export import export_hf
 
 if TYPE_CHECKING:
     from anchor_core.data.packed import Loader
@@ -339,7 +340,6 @@ class Checkpointer:
         rename; then prune old regular checkpoints."""
         import torch.distributed as dist
 
-        from anchor_core.export import export_hf
 
         run, world = self.run, self.world
         staging = staging_path(run, step)

@@ -34,8 +34,8 @@ from anchor_core.errors import InputError, UnavailableError
 from torchtrain import attention as attn
 from torchtrain.variants import Variant, check_doc_ids, check_variant, dense_mask, mask_predicate
 from torchtrain.varlen import VarlenSegments, varlen_segments
+from torchtrain.varlen_emulation import flash_attn_varlen_func as emulated
 from torchtrain.varlen_sdpa import VarlenPlan, plan, varlen_sdpa_attention
-
 
 # Registered names: transformers treats any name containing "flash" as a FlashAttention kernel
 # request (and tries to import it), so the varlen engines register without that word.
@@ -204,7 +204,6 @@ def attend(engine: Engine, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, me
                 "use engine='flash_varlen_emulated' or 'sdpa'"
             )
         return attn.varlen_attention(q, k, v, meta.segments, scale, flash_attn_kernel())
-    from torchtrain.varlen_emulation import flash_attn_varlen_func as emulated
 
     return attn.varlen_attention(q, k, v, meta.segments, scale, emulated)
 

@@ -72,6 +72,7 @@ import numpy as np
 import torch
 
 from anchor_core.data.batch import Batch, make_batch
+from anchor_core.data.packed import PackedData
 from anchor_core.data.packing import Packer
 from anchor_core.data.store import TokenStore
 from anchor_core.errors import InputError
@@ -258,8 +259,6 @@ class PackedWindows(torch.utils.data.Dataset):
     remove_unused_columns=False)."""
 
     def __init__(self, folder: str | Path):
-        from anchor_core.data.packed import PackedData
-
         self.data = PackedData.open(folder)
         self.seq_len = self.data.seq_len
 

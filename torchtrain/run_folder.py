@@ -24,11 +24,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from anchor_core.atomic import write_text_atomic
+from anchor_core.data.config import layout_of
+from anchor_core.data.corpus import CORPUS_FILE, write_default_corpus
+from anchor_core.data.mixture import MixtureSpec
+from anchor_core.data.packed import PackedData
+from anchor_core.data.pipeline import PackConfig, pack_corpus
 from anchor_core.errors import InputError
+from anchor_core.outdir import guard_out, write_marker
+from anchor_core.tokenizer import load_tokenizer
+from anchor_core.weights import load_spec
 from anchor_core.yamlfile import read_yaml
 from torchtrain import checkpoint as ckpt
+from torchtrain import engines
 from torchtrain.config import RESUMABLE_CHANGES, TrainConfig, check_world, from_flat, is_flat, validate
+from torchtrain.distributed import launched_externally
+from torchtrain.engines import check_engine, resolve_engine
+from torchtrain.memory import step_memory
 from torchtrain.optim import deepspeed_config
+from torchtrain.sequence_parallel import check_sequence_parallel
 
 if TYPE_CHECKING:
     import torch
@@ -109,8 +122,6 @@ def data_dir(cfg: TrainConfig, run: Path) -> Path:
 
 def model_spec(cfg: TrainConfig) -> ModelSpec:
     """The spec of `model.name` with the config's RoPE overrides (`model.rope`) applied."""
-    from anchor_core.weights import load_spec
-
     spec = load_spec(cfg.model.name)
     if cfg.rope_overrides():
         try:
@@ -125,7 +136,6 @@ def resolved_engine(cfg: TrainConfig) -> str:
     torchtrain.engines.resolve_engine for the device init_world picks: CUDA where torch sees one)."""
     import torch
 
-    from torchtrain.engines import resolve_engine
 
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     return resolve_engine(cfg.model.engine, "cuda" if torch.cuda.is_available() else "cpu", dtype)
@@ -138,8 +148,6 @@ def check_model(cfg: TrainConfig, spec: ModelSpec, seq_len: int, *, here: bool =
     (with `max_position` raised to `seq_len` when the RoPE is overridden for a longer context)."""
     import torch
 
-    from torchtrain.engines import check_engine
-    from torchtrain.sequence_parallel import check_sequence_parallel
 
     if seq_len > spec.max_position:
         if not cfg.rope_overrides():
@@ -178,9 +186,6 @@ def check_step_memory(cfg: TrainConfig, spec: ModelSpec, seq_len: int, engine: s
     weighs most and the estimate."""
     import torch
 
-    from torchtrain import engines
-    from torchtrain.distributed import launched_externally
-    from torchtrain.memory import step_memory
 
     cuda = torch.cuda.is_available()
     procs = 1 if cuda else int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if launched_externally() else cfg.parallel.nproc
@@ -213,8 +218,6 @@ def check_step_memory(cfg: TrainConfig, spec: ModelSpec, seq_len: int, engine: s
 def _resolve_data(cfg: TrainConfig, run: Path, progress: bool) -> Path:
     """The packed folder to train on: `data.path` itself when it is an `anchor pack` output (checked
     against the config), else `RUN/data`, packed from the corpus once and reused on resume."""
-    from anchor_core.data.packed import PackedData
-
     data = Path(cfg.data.path)
     if (data / "pack.json").is_file():
         packed = PackedData.open(data)
@@ -237,14 +240,9 @@ def _resolve_data(cfg: TrainConfig, run: Path, progress: bool) -> Path:
         # packed for other settings by an earlier attempt that stopped before config.yaml (a resume with
         # other settings is refused before this): packed again, never trained on silently
         shutil.rmtree(target)
-    from anchor_core.data.mixture import MixtureSpec
-    from anchor_core.data.config import layout_of
-    from anchor_core.data.pipeline import PackConfig, pack_corpus
 
     source: str | Path = cfg.data.path
     if cfg.data.path == "corpus":
-        from anchor_core.data.corpus import CORPUS_FILE, write_default_corpus
-
         write_default_corpus(run / "corpus", progress=progress)
         source = run / "corpus" / CORPUS_FILE
     d, p = cfg.data, cfg.data.pack
@@ -261,8 +259,6 @@ def _resolve_data(cfg: TrainConfig, run: Path, progress: bool) -> Path:
 
 
 def _check_tokenizer(cfg: TrainConfig, meta: dict[str, Any], where: Path) -> None:
-    from anchor_core.tokenizer import load_tokenizer
-
     tok = load_tokenizer(cfg.model.name)
     ident = (meta.get("tokenizer") or {}).get("identity")
     if ident is not None and ident != tok.identity:
@@ -273,8 +269,6 @@ def _check_tokenizer(cfg: TrainConfig, meta: dict[str, Any], where: Path) -> Non
 def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, progress: bool = True) -> None:
     """Check the config against the model, the data and the run folder, pack data on the fly if
     needed, and write RUN/config.yaml; nothing distributed starts before this returns."""
-    from anchor_core.outdir import guard_out
-
     run = Path(run)
     check_world(cfg, world if world is not None else cfg.parallel.nproc)
     asked = cfg.model.engine
@@ -283,8 +277,6 @@ def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, 
     data_path = Path(cfg.data.path)
     seq_len = cfg.data.seq_len
     if seq_len is None and (data_path / "pack.json").is_file():
-        from anchor_core.data.packed import PackedData
-
         seq_len = PackedData.open(data_path).seq_len
     if seq_len is not None:
         check_model(cfg, spec, seq_len)  # before packing and before the run folder: a bad length fails fast
@@ -303,8 +295,6 @@ def _fill_run(cfg: TrainConfig, run: Path, spec: ModelSpec, seq_len: int | None,
               world: int | None, progress: bool) -> None:
     """The run folder's marker, data (packed on the fly when needed), data_source.json, the checks that need
     the packed data, then config.yaml and the DeepSpeed config (prepare_run)."""
-    from anchor_core.outdir import write_marker
-
     write_marker(run, "train")
     ckpt.clear_staging(run)
     source = data_source(cfg)
@@ -319,7 +309,6 @@ def _fill_run(cfg: TrainConfig, run: Path, spec: ModelSpec, seq_len: int | None,
             write_text_atomic(run / SOURCE_FILE, json.dumps(source, indent=1) + "\n")
     data = _resolve_data(cfg, run, progress)
     write_text_atomic(run / SOURCE_FILE, json.dumps(source, indent=1) + "\n")
-    from anchor_core.data.packed import PackedData
 
     packed = PackedData.open(data)
     if cfg.data.seq_len is None:

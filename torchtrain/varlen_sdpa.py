@@ -56,7 +56,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from torchtrain.attention import expand_kv
+from torchtrain.attention import call_flex, expand_kv
 from torchtrain.varlen import VarlenSegments
 
 CHUNK = 64  # c: query rows of a chunked call (module docstring)
@@ -490,8 +490,6 @@ def flex_block_mask(p: VarlenPlan, device: torch.device) -> tuple[Any, int]:
 
 def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: VarlenPlan, scale: float) -> torch.Tensor:
     """Compiled FlexAttention on the packed square rows [1, H, R_pad, D]; -> [B,T,N,D]."""
-    from torchtrain.attention import call_flex
-
     B, N, T, D = q.shape
     block_mask, R_pad = flex_block_mask(p, q.device)
     R = int(p.square_rows.shape[0])

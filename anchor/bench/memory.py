@@ -40,7 +40,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from anchor_core import limits
+from anchor_core.data.pipeline import PACK_BYTES_PER_SLOT
 from anchor_core.errors import InputError
+from torchtrain.engines import available_memory as device_memory
+from torchtrain.engines import dense_attention_bytes
 from torchtrain.memory import BASE_PROCESS_BYTES, activation_bytes_per_slot, parameters  # shared with train's check
 
 GiB = 2**30
@@ -61,7 +65,6 @@ def _elem(dtype: str) -> int:
 def _dense(engine: str, T: int, layers: int, heads: int, dtype: str) -> int:
     import torch
 
-    from torchtrain.engines import dense_attention_bytes
 
     return int(dense_attention_bytes(engine, seq_len=T, batch=1, layers=layers, heads=heads,
                                      dtype=torch.bfloat16 if dtype == "bfloat16" else torch.float32))
@@ -96,8 +99,6 @@ def train_parts(spec: Any, T: int, *, engine: str = "varlen", dtype: str = "floa
 def step_memory(spec: Any, T: int, layers: int, *, engine: str = "varlen", dtype: str = "float32",
                 device: str = "cpu") -> Need:
     """The step rows' peak (module docstring): --model's `spec`, cut to its first `layers` layers."""
-    from anchor_core.data.pipeline import PACK_BYTES_PER_SLOT
-
     cut = spec.replace(num_layers=min(layers, spec.num_layers))
     train = train_parts(cut, T, engine=engine, dtype=dtype)
     load = LOAD_BYTES_PER_PARAM * parameters(spec)
@@ -114,8 +115,6 @@ def step_memory(spec: Any, T: int, layers: int, *, engine: str = "varlen", dtype
 def attention_memory(spec: Any, T: int, engine: str, n_variants: int, *, windows: int = 2, dtype: str = "float32",
                      device: str = "cpu") -> Need:
     """The attention rows' peak at T on `engine` (module docstring): one layer of --model's head shape."""
-    from anchor_core.data.pipeline import PACK_BYTES_PER_SLOT
-
     e = _elem(dtype)
     tensors = ATTENTION_COPIES * T * spec.head_dim * (spec.num_heads + 2 * spec.num_kv_heads) * e
     dense = _dense(engine, T, 1, spec.num_heads, dtype)
@@ -132,8 +131,6 @@ def available(device: str) -> tuple[int, int | None]:
     """(bytes this process may still take on the host, counting what it holds now; bytes free on the CUDA
     device or None on the CPU). The host: `anchor_core.limits.available_memory` (MemAvailable, within a cgroup
     limit) plus this process's resident size, since the estimates count the process whole."""
-    from anchor_core.limits import available_memory
-
     rss = 0
     try:
         with open("/proc/self/statm") as f:
@@ -142,10 +139,8 @@ def available(device: str) -> tuple[int, int | None]:
         pass
     device_free = None
     if device == "cuda":
-        from torchtrain.engines import available_memory as device_memory
-
         device_free = device_memory("cuda")
-    return available_memory() + rss, device_free
+    return limits.available_memory() + rss, device_free
 
 
 FIT = 0.9  # as anchor_core.limits.check_memory: an estimate above 90% of what is available is refused

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from anchor_core.atomic import publish, staging_dir
+
 
 def _fmt(x: Any, spec: str = ".3g") -> str:
     return "—" if x is None else format(x, spec)
@@ -120,7 +122,6 @@ def write_bench(result: dict[str, Any], out: str | Path, staging: Path | None = 
     one of `anchor_core.atomic.staging_dir(out)` the caller holds, else a new one)."""
     import contextlib
 
-    from anchor_core.atomic import publish, staging_dir
 
     out = Path(out).resolve()
     with contextlib.nullcontext(staging) if staging is not None else staging_dir(out, "bench") as tmp:

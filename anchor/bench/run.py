@@ -27,9 +27,30 @@ import numpy as np
 
 from anchor.bench import estimate as est
 from anchor.bench.flops import attention_flops, pairs, step_flops
-from anchor.bench.windows import DISTRIBUTIONS, describe, doc_lengths, layout_seg, synthetic_seg
+from anchor.bench.memory import check_bench_memory
+from anchor.bench.step import cut_model, time_steps
+from anchor.bench.timing import Heads, time_variants
+from anchor.bench.windows import (
+    DISTRIBUTIONS,
+    corpus_pack,
+    corpus_source,
+    describe,
+    doc_lengths,
+    layout_seg,
+    remove_stale_temporaries,
+    synthetic_seg,
+)
+from anchor_core.data.batch import make_batch
+from anchor_core.data.packed import Loader, PackedData
+from anchor_core.data.pipeline import PackConfig, pack_corpus
 from anchor_core.errors import InputError
+from anchor_core.machine import machine
+from anchor_core.outdir import rmtree, staging_prefix
+from anchor_core.paths import cache_dir
+from anchor_core.progress import ProgressBar
 from anchor_core.variants import VARIANTS
+from anchor_core.weights import load_spec
+from torchtrain.engines import ENGINES
 
 PAPER_SAVING = ("AnchorAttention needs less than 50% of full attention's training time "
                 "(paper, Figure 6: Llama-2-7B, 8 A100s, DeepSpeed-Ulysses, 1B tokens)")
@@ -46,8 +67,6 @@ def _check_list(values: list, known: tuple, flag: str) -> None:
 def check_options(*, seq_lens: list[int], variants: list[str], engines: list[str], distributions: list[str],
                   windows: int, repeats: int, step_layers: int, step_steps: int, gpus: int,
                   estimate_lengths: list[int], estimate_model: str, gpu: str) -> None:
-    from torchtrain.engines import ENGINES
-
     _check_list(variants, VARIANTS, "--variants")
     _check_list(engines, ENGINES, "--engines")
     _check_list(distributions, DISTRIBUTIONS, "--distributions")
@@ -79,9 +98,6 @@ def check_memory(*, model: str, seq_lens: list[int], variants: list[str], engine
                  dtype: str | None = None) -> None:
     """The sizes' estimated memory against the memory available here (anchor.bench.memory), before any
     work: InputError naming the option and the estimate."""
-    from anchor.bench.memory import check_bench_memory
-    from anchor_core.weights import load_spec
-
     device, dtype = resolve_device(device, dtype)
     engines = list(engines or (["varlen", "flex", "sdpa"] if device == "cuda" else ["varlen"]))
     check_bench_memory(load_spec(model), model=model, seq_lens=list(seq_lens), engines=engines,
@@ -93,10 +109,6 @@ def check_memory(*, model: str, seq_lens: list[int], variants: list[str], engine
 def work_folder(work_dir: str | Path | None = None) -> Iterator[Path]:
     """A folder for the temporary files, removed at the end: `work_dir` (created), else a new
     `cache_dir()/bench/.work.tmp-<pid>-<random>/` (those of dead processes removed first)."""
-    from anchor_core.outdir import rmtree, staging_prefix
-    from anchor_core.paths import cache_dir
-    from anchor.bench.windows import remove_stale_temporaries
-
     if work_dir is not None:
         work = Path(work_dir)
         work.mkdir(parents=True, exist_ok=True)
@@ -136,9 +148,6 @@ def run_bench(*, model: str = "default", seq_lens: list[int] = (2048, 4096, 8192
     `work_dir` (module docstring)."""
     import torch
 
-    from anchor.bench.timing import Heads
-    from anchor_core.machine import machine
-    from anchor_core.weights import load_spec
 
     t_start = time.perf_counter()
     device, dtype = resolve_device(device, dtype)
@@ -181,10 +190,6 @@ def _bench_attention(model: str, data: str | None, seq_lens: list[int], distribu
                      dtype: str, seed: int, progress: bool) -> list[dict[str, Any]]:
     """Attention alone, forward and backward, of every engine × variant on the same windows per length and
     distribution; each row with its ratios against `full`."""
-    from anchor_core.data.batch import make_batch
-    from anchor_core.progress import ProgressBar
-    from anchor.bench.timing import time_variants
-
     rows: list[dict[str, Any]] = []
     bar = ProgressBar("bench attention", len(seq_lens) * len(distributions) * len(engines), progress)
     for T in seq_lens:
@@ -211,9 +216,6 @@ def _bench_attention(model: str, data: str | None, seq_lens: list[int], distribu
 
 def step_pack(folder: Path, T: int, pack: Path, *, model: str, data: str | None) -> Path:
     """The corpus packed at T with the cut model's own tokenizer (the trainer checks it) into `pack`."""
-    from anchor_core.data.pipeline import PackConfig, pack_corpus
-    from anchor.bench.windows import corpus_pack, corpus_source
-
     try:
         pack_corpus(str(folder), corpus_pack(T, model=model, data=data), pack, PackConfig(seq_len=T))
     except InputError:  # its tokenizer's identity differs from the model's: tokenize again
@@ -228,9 +230,6 @@ def _bench_steps(result: dict[str, Any], *, model: str, data: str | None, T: int
     corpus: rows into result["step"], then the calibration they give and its estimate per variant."""
     import torch
 
-    from anchor_core.data.packed import Loader, PackedData
-    from anchor_core.progress import ProgressBar
-    from anchor.bench.step import cut_model, time_steps
 
     bar = ProgressBar("bench step", len(step_variants), progress)
     with work_folder(work_dir) as tmp:
@@ -280,8 +279,6 @@ def _paper_estimate(result: dict[str, Any], shape, g, estimate_lengths: list[int
                     seed: int) -> None:
     """The estimate: the paper's setting with assumed GPU rates, on synthetic windows of each length (into
     result["estimate"], with each variant's saving against full), and its assumptions."""
-    from anchor_core.data.batch import make_batch
-
     for T in estimate_lengths:
         for dist in ("long_upsampled", "slimpajama"):
             seg = synthetic_seg(dist, T, 8, seed)

@@ -17,15 +17,19 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from anchor.bench.timing import peak_memory
+from anchor_core.errors import InputError
+from anchor_core.export import export_hf
+from anchor_core.weights import load_weights
+from torchtrain.config import load_train_config
+from torchtrain.metrics import read_metrics
+from torchtrain.trainer import train
+
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 def cut_model(model: str, layers: int, max_position: int, folder: Path) -> tuple[Path, Any]:
     """`model`'s first `layers` layers as a Hugging Face folder; returns (folder, spec)."""
-    from anchor_core.errors import InputError
-    from anchor_core.export import export_hf
-    from anchor_core.weights import load_weights
-
     spec, state = load_weights(model)
     if not 1 <= layers <= spec.num_layers:
         raise InputError(f"--step-layers must be in [1, {spec.num_layers}] for this model, got {layers}")
@@ -38,11 +42,6 @@ def time_steps(model_dir: Path, data: Path, T: int, variant: str, engine: str, r
                dtype: str = "float32", device: str = "cpu") -> dict[str, Any]:
     """Train `steps` steps of one window (the trainer runs on CUDA where there is one); -> {step_s
     (median, warm-up excluded), step_s_all, loss, peak_rss_gib or peak_cuda_gib}."""
-    from anchor.bench.timing import peak_memory
-    from torchtrain.config import load_train_config
-    from torchtrain.metrics import read_metrics
-    from torchtrain.trainer import train
-
     cfg = load_train_config(None, [
         f"model.name={model_dir}", f"model.variant={variant}", f"model.engine={engine}", f"model.dtype={dtype}",
         f"data.path={data}", f"data.seq_len={T}", "data.global_batch=1", "data.micro_batch=1", "optim.lr=2e-5",

@@ -19,6 +19,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from anchor_core.data.batch import make_batch
+from anchor_core.errors import InputError, UnavailableError
+from torchtrain.engines import attend, check_engine, prepare_meta
+
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 _STATUS = Path("/proc/self/status")
 
@@ -80,9 +84,6 @@ def time_variants(engine: str, variants: list[str], seg: np.ndarray, shape: Head
     """
     import torch
 
-    from anchor_core.data.batch import make_batch
-    from anchor_core.errors import InputError, UnavailableError
-    from torchtrain.engines import attend, check_engine, prepare_meta
 
     tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     rows: dict[str, dict[str, Any]] = {v: {"ms_windows": [], "meta_ms": 0.0} for v in variants}

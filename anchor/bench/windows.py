@@ -37,7 +37,12 @@ from typing import Callable
 
 import numpy as np
 
+from anchor_core.data.corpus import write_default_corpus
+from anchor_core.data.packed import PackedData
+from anchor_core.data.pipeline import PackConfig, pack_corpus
 from anchor_core.errors import InputError
+from anchor_core.outdir import pid_alive, read_marker, rmtree, staging_prefix
+from anchor_core.paths import cache_dir
 
 SYNTHETIC = ("slimpajama", "long_upsampled")
 DISTRIBUTIONS = ("corpus", *SYNTHETIC)
@@ -91,8 +96,6 @@ _TMP_RE = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[^/]*$")
 def remove_stale_temporaries(root: Path) -> None:
     """Remove the temporary siblings `.<entry>.tmp-<pid>-*` in `root` whose process is gone (a bench
     killed while building a cache entry)."""
-    from anchor_core.outdir import pid_alive, rmtree
-
     try:
         names = os.listdir(root)
     except OSError:
@@ -126,8 +129,6 @@ def cached_entry(entry: Path, complete: Callable[[Path], bool], build: Callable[
     dropped; an incomplete one (no marker or main file) is set aside and removed first. A complete
     entry is never replaced, so a process reading one is never disturbed.
     """
-    from anchor_core.outdir import rmtree, staging_prefix
-
     if complete(entry):
         return entry
     root = entry.parent
@@ -152,8 +153,6 @@ def cached_entry(entry: Path, complete: Callable[[Path], bool], build: Callable[
 
 def _complete(main_file: str, verb: str) -> Callable[[Path], bool]:
     def complete(folder: Path) -> bool:
-        from anchor_core.outdir import read_marker
-
         marker = read_marker(folder)
         return (folder / main_file).is_file() and marker is not None and marker["verb"] == verb
     return complete
@@ -165,9 +164,6 @@ corpus_complete = _complete("corpus.jsonl", "corpus")
 
 def corpus_source(data: str | None = None, progress: bool = False) -> str:
     """`data`, or the default corpus's JSONL (written under the cache once)."""
-    from anchor_core.data.corpus import write_default_corpus
-    from anchor_core.paths import cache_dir
-
     if data is None:
         corpus = cached_entry(cache_dir() / "bench" / "corpus", corpus_complete,
                               lambda folder: write_default_corpus(folder, progress=progress))
@@ -179,9 +175,6 @@ def corpus_source(data: str | None = None, progress: bool = False) -> str:
 
 def corpus_pack(T: int, *, model: str = "default", data: str | None = None, progress: bool = False) -> Path:
     """The `anchor pack` folder of `data` (None: the default corpus) at T slots, cached."""
-    from anchor_core.data.pipeline import PackConfig, pack_corpus
-    from anchor_core.paths import cache_dir
-
     source = corpus_source(data, progress)
     root = cache_dir() / "bench"
     key = _pack_key(source, model)
@@ -196,8 +189,6 @@ def corpus_pack(T: int, *, model: str = "default", data: str | None = None, prog
 def corpus_seg(T: int, n: int, *, model: str = "default", data: str | None = None, progress: bool = False) -> np.ndarray:
     """n windows of T slots packed from `data` (None: the default corpus), evenly spread over the
     pack's windows without padding: seg int32 [n', T], n' = min(n, such windows)."""
-    from anchor_core.data.packed import PackedData
-
     packed = PackedData.open(corpus_pack(T, model=model, data=data, progress=progress))
     if packed.num_windows == 0:
         raise InputError(f"the corpus holds less than one window of {T} tokens", path=data or "the default corpus")

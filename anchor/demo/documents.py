@@ -27,6 +27,10 @@ from typing import Any, Iterator
 import numpy as np
 
 from anchor_core.atomic import write_text_atomic
+from anchor_core.data.mixture import MixtureSpec
+from anchor_core.data.packed import PackedData
+from anchor_core.data.pipeline import PackConfig, pack_corpus
+from anchor_core.data.store import TokenStore
 
 # A section heading in reStructuredText: a line of text, then a line of one of these characters at least
 # as long as three (pydoc's topics underline with `*` and `=`, READMEs with `=` and `-`).
@@ -147,8 +151,6 @@ def spread(x: np.ndarray) -> dict[str, float]:
 def pack_windows(folder: Path) -> dict[str, Any]:
     """Over every window of a packed folder: documents per window (`spread`) and the share of non-padding
     slots whose visible keys differ between the anchor mask and full attention."""
-    from anchor_core.data.packed import PackedData
-
     data = PackedData.open(folder)
     docs, differ, real = [], 0, 0
     for a in range(0, data.num_windows, 64):
@@ -174,10 +176,6 @@ def pack_pieces(model: str, corpus: Path, out: Path, seq_len: int, budget: int, 
     first `budget` tokens of them in each domain's share (the `original` mixture: upsampling long pieces
     would undo the cut) packed into windows of `seq_len` in `out`. Returns the stage's summary: the
     windows, the pieces (counts, tokens per piece) and `pack_windows`."""
-    from anchor_core.data.mixture import MixtureSpec
-    from anchor_core.data.pipeline import PackConfig, pack_corpus
-    from anchor_core.data.store import TokenStore
-
     cut = cut_corpus(corpus / "corpus.jsonl", corpus / PIECES_FILE, max_chars=MAX_CHARS_PER_SLOT * seq_len)
     cfg = PackConfig(seq_len=seq_len, mixture=MixtureSpec(kind="original", budget=budget))
     stats = pack_corpus(model, corpus / PIECES_FILE, out, cfg, progress=progress)

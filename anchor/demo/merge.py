@@ -29,8 +29,14 @@ from dataclasses import MISSING, asdict, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from anchor_core.errors import InputError
+from anchor.demo.page import index_page, summary_figure
 from anchor.demo.settings import DEMO_JSON, PROFILES, DemoSettings, all_run_names, parse_run
+from anchor.demo.stages import _run_scores, eval_figures, step_time_ratios, train_figures
+from anchor.demo.summary import reset_effect, stage_seconds_all_attempts, write_summary
+from anchor_core.atomic import publish, staging_dir
+from anchor_core.errors import InputError
+from anchor_core.outdir import write_marker
+from anchor_core.variants import VARIANTS
 
 _PART_FILES = ("metrics.jsonl", "config.yaml")  # per run under train/<run>/, linked from the page
 # The summary JSON a part may carry: a profile's, never a name read from the part (it names a file the merge
@@ -75,8 +81,6 @@ def _typed(x: Any, default: Any, hint: Any) -> bool:
 
 def _settings(d: Any, where: Path) -> DemoSettings:
     """The part's settings, every value of the type its field has; an InputError naming the first that is not."""
-    from anchor_core.variants import VARIANTS
-
     if not isinstance(d, dict):
         raise _bad("settings is not an object", where)
     hints = typing.get_type_hints(DemoSettings)
@@ -159,8 +163,6 @@ def _check_run(v: str, s: DemoSettings, t: Any, e: Any, where: Path) -> None:
 def _check_eval_json(path: Path, v: str, s: DemoSettings, ev: dict[str, Any], run: dict[str, Any]) -> bytes:
     """Run `v`'s eval.json: a whole evaluation (valid JSON of the shape `write_eval` writes) of this experiment
     (the part's resolved evaluation settings and seed) whose scores are those the part's record holds."""
-    from anchor.demo.stages import _run_scores
-
     r, data = _read_json_bytes(path)
     if not isinstance(r, dict) or not isinstance(r.get("settings"), dict) or not isinstance(r.get("rows"), list) \
             or not isinstance(r.get("checkpoints"), list) or not isinstance(r.get("perplexity"), list):
@@ -327,12 +329,6 @@ def merge_demos(parts: Sequence[str | Path], out: str | Path, *, profile: str | 
     """Write the demo folder `out` of the parts (module docstring); returns its record. `profile`: the profile
     the parts ran with (its summary JSON is the one they carry); None takes the parts' own, a profile's.
     Every part is read and checked before anything is written: a bad one is an InputError, and no folder."""
-    from anchor_core.atomic import publish, staging_dir
-    from anchor_core.outdir import write_marker
-    from anchor.demo.page import index_page, summary_figure
-    from anchor.demo.stages import eval_figures, step_time_ratios, train_figures
-    from anchor.demo.summary import reset_effect, stage_seconds_all_attempts, write_summary
-
     t0 = time.time()
     dirs: list[Path] = []
     for p in parts:

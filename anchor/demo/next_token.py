@@ -9,7 +9,11 @@ from typing import Any
 
 import numpy as np
 
+import jaxref
 from anchor_core.errors import InputError
+from anchor_core.paths import resolve_model_name
+from anchor_core.tokenizer import load_tokenizer
+from torchtrain import build_model
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -23,7 +27,6 @@ def _transformers_model(name: str):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from anchor_core.paths import resolve_model_name
 
     path = Path(resolve_model_name(name))
     if path.suffix == ".gguf":
@@ -31,16 +34,12 @@ def _transformers_model(name: str):
             str(path.parent), gguf_file=path.name, dtype=torch.float32, attn_implementation="eager").eval()
     if path.is_dir():
         return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager").eval()
-    from torchtrain import build_model
 
     return build_model(name, engine="eager", dtype="float32").eval()
 
 
 def top5(model: str, prompt: str, policy: str, out: Path) -> dict[str, Any]:
     """Next-token top-5 of the oracle (under `policy`) and of transformers (fp32 eager)."""
-    import jaxref
-    from anchor_core.tokenizer import load_tokenizer
-
     pol = jaxref.get_policy(policy)  # bad policies fail before any model is read
     params, spec = jaxref.load_model(model)
     tok = load_tokenizer(model)

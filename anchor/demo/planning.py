@@ -15,12 +15,30 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from anchor_core.atomic import write_text_atomic
-from anchor_core.errors import InputError
+from anchor.bench.flops import matmul_params
 from anchor.demo.page import index_page, summary_figure
-from anchor.demo.settings import DEMO_JSON, NEEDS, PROFILES, STAGES, TITLES, DemoSettings, run_names
+from anchor.demo.settings import (
+    DEMO_JSON,
+    NEEDS,
+    PROFILES,
+    STAGES,
+    TITLES,
+    DemoSettings,
+    parse_run,
+    run_names,
+    times_full,
+)
 from anchor.demo.stages import RUNNERS, StageContext
 from anchor.demo.summary import write_summary
+from anchor.eval.perplexity import heldout_windows
+from anchor.eval.runner import tasks_that_do_not_fit
+from anchor_core import __version__, machine
+from anchor_core.atomic import write_text_atomic
+from anchor_core.errors import InputError
+from anchor_core.outdir import MARKER, guard_out, out_lock, read_marker, remove_stale_staging, rmtree, write_marker
+from anchor_core.paths import resolve_model_name
+from anchor_core.tokenizer import load_tokenizer
+from anchor_core.weights import load_spec
 
 # Stages that a stopped demo continues (the same fingerprint): training from each run's newest checkpoint,
 # evaluation from the checkpoint it was on (finished runs whole, finished checkpoints from their parts).
@@ -75,8 +93,6 @@ def plan(steps: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _model_identity(model: str) -> dict[str, Any]:
-    from anchor_core.paths import resolve_model_name
-
     try:
         path = Path(resolve_model_name(model))
     except Exception:  # noqa: BLE001 - the stages report a bad model themselves
@@ -93,8 +109,6 @@ def _model_identity(model: str) -> dict[str, Any]:
 
 def fingerprints(settings: DemoSettings) -> dict[str, str]:
     """sha256 (16 hex) per stage of its settings, its inputs' fingerprints, the model file and anchor's version."""
-    from anchor_core import __version__
-
     d = asdict(settings)
     default = asdict(DemoSettings())
     ident = _model_identity(settings.model)
@@ -130,15 +144,11 @@ def read_record(out: Path) -> dict[str, Any]:
 
 
 def _stage_done(out: Path, stage: str, rec: dict[str, Any] | None, fp: str) -> bool:
-    from anchor_core.outdir import read_marker
-
     return bool(rec and rec.get("done") and rec.get("fingerprint") == fp and read_marker(out / stage) is not None)
 
 
 def _clear(out: Path, stage: str) -> None:
     """Remove a stage folder before it is redone: only one anchor wrote (its marker)."""
-    from anchor_core.outdir import MARKER, rmtree, read_marker
-
     path = out / stage
     if not path.exists():
         return
@@ -155,8 +165,6 @@ def run_demo(model: str = "default", out: str | Path = "runs/demo", *, steps: tu
 
     `steps`: the stages to run (None: the profile's, `settings.stages`). `overrides` replace fields of
     `settings` (default: the `demo` profile), e.g. seq_len=512."""
-    from anchor_core.outdir import guard_out, out_lock
-
     s = replace(settings or PROFILES["demo"], model=model, **overrides)
     s, dtype_choice = resolve_dtype(s)  # before the fingerprints: a run in bf16 is another result than in fp32
     steps = check_steps(s.stages if steps is None else steps)
@@ -185,8 +193,6 @@ def _remove_own_files(out: Path) -> None:
     """Remove what this demo wrote in `out` (its record, page, figure, marker, stage folders with their
     markers, staging leftovers), then `out` itself if nothing else is left: files a user put there
     meanwhile stay, and so does the folder holding them."""
-    from anchor_core.outdir import MARKER, read_marker, rmtree
-
     if not out.is_dir():
         return
     for p in out.iterdir():
@@ -212,7 +218,6 @@ def choose_dtype() -> dict[str, Any]:
     emulated and 3-6x slower (anchor_core.machine)."""
     import torch
 
-    from anchor_core import machine
 
     if torch.cuda.is_available():
         return {"dtype": "bfloat16", "reason": f"a CUDA GPU ({torch.cuda.get_device_name(0)}) multiplies bf16 "
@@ -245,12 +250,9 @@ def feasible(s: DemoSettings, todo: tuple[str, ...]) -> tuple[DemoSettings, list
     for `vt`); they are left out of the whole grid, so every length averages the same tasks."""
     if "eval" not in todo:
         return s, []
-    from anchor_core.tokenizer import load_tokenizer
-    from anchor.eval.runner import tasks_that_do_not_fit
 
     tok = load_tokenizer(s.model)
     if s.perplexity_windows and s.perplexity_docs == "long":  # enough long held-out documents, before training
-        from anchor.eval.perplexity import heldout_windows
 
         heldout_windows(tok, max(s.eval_lengths), s.perplexity_windows, s.perplexity_data or None,
                         whole_documents=True)
@@ -276,10 +278,6 @@ def bytes_per_param(dtype: str, zero_stage: int) -> int:
 def checkpoint_bytes(s: DemoSettings) -> int:
     """About how many bytes the `train` stage's checkpoints take: every run's evaluation checkpoints and its
     last (kept for good), `bytes_per_param` each."""
-    from anchor_core.weights import load_spec
-    from anchor.bench.flops import matmul_params
-    from anchor.demo.settings import parse_run, run_names, times_full
-
     spec = load_spec(s.model)
     params = matmul_params(spec) + (0 if spec.tie_embeddings else spec.vocab_size * spec.hidden_size)
     total = 0
@@ -314,16 +312,12 @@ def check_disk(s: DemoSettings, out: Path) -> None:
 def _check_model(model: str) -> None:
     """The model exists and its config reads (weights and tokenizer are checked by the first stage that loads
     them; a failure before any stage finished removes the folder it created)."""
-    from anchor_core.weights import load_spec
-
     load_spec(model)
 
 
 def _run_stages(out: Path, s: DemoSettings, steps: tuple[str, ...], todo: tuple[str, ...], fps: dict[str, str],
                 fresh: bool, say: Callable[[str], None], progress: bool, t0: float,
                 left_out: list[str], dtype_choice: dict[str, Any] | None = None) -> dict[str, Any]:
-    from anchor_core.outdir import remove_stale_staging, write_marker
-
     out.mkdir(parents=True, exist_ok=True)
     write_marker(out, "demo")
     for stage in STAGES:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from anchor_core.errors import InputError
+
 DEFAULT_PROMPT = "The quick brown fox jumps over the lazy dog. The capital of France is"
 STAGES = ("top5", "corpus", "pack", "audit", "train", "parity", "eval", "bench")
 NEEDS = {"pack": ("corpus",), "audit": ("corpus",), "train": ("pack",), "parity": ("train",), "eval": ("train",),
@@ -108,8 +110,6 @@ def times_full(s: DemoSettings) -> bool:
 def check_runs(s: DemoSettings, runs: str) -> tuple[str, ...]:
     """`--runs` (comma-separated) as run names of `s`, in the profile's order; an unknown or no name is an
     InputError naming the runs there are."""
-    from anchor_core.errors import InputError
-
     names = all_run_names(s)
     items = [x.strip() for x in runs.split(",") if x.strip()]
     unknown = [x for x in items if x not in names]

@@ -13,9 +13,33 @@ from typing import Any, Callable
 
 import numpy as np
 
+from anchor.bench import flops
+from anchor.bench.report import write_bench
+from anchor.bench.run import run_bench
+from anchor.bench.step import cut_model
+from anchor.demo.documents import pack_pieces, pack_windows
 from anchor.demo.next_token import print_top5, top5
 from anchor.demo.page import save_figure
 from anchor.demo.settings import FP32_SUFFIX, DemoSettings, parse_run, run_names, times_full
+from anchor.demo.summary import reset_effect
+from anchor.eval.runner import checkpoints_of_run, parts_dir, resolve_dtype, run_eval, standard_error, write_eval
+from anchor_core.atomic import publish, staging_dir
+from anchor_core.data.corpus import write_default_corpus
+from anchor_core.data.mixture import MixtureSpec
+from anchor_core.data.packed import Loader, PackedData
+from anchor_core.data.pipeline import PackConfig, pack_corpus
+from anchor_core.machine import cpu_model
+from anchor_core.outdir import read_marker, write_marker
+from anchor_core.weights import load_spec, model_identity
+from parity_tests.audit.report import write_audit
+from parity_tests.audit.runner import run_audit
+from parity_tests.report import write_report
+from parity_tests.suite import build_cases, run_parity
+from torchtrain import checkpoint as ckpt
+from torchtrain.config import load_train_config
+from torchtrain.metrics import read_metrics
+from torchtrain.run_folder import load_run_config
+from torchtrain.trainer import train
 
 
 @dataclass
@@ -34,16 +58,12 @@ class StageContext:
 
 def _container(path: Path) -> None:
     """A stage folder holding several anchor outputs (runs, evaluations): made and marked as the demo's."""
-    from anchor_core.outdir import read_marker, write_marker
-
     path.mkdir(parents=True, exist_ok=True)
     if read_marker(path) is None:
         write_marker(path, "demo")
 
 
 def stage_top5(ctx: StageContext) -> dict[str, Any]:
-    from anchor_core.atomic import publish, staging_dir
-
     s = ctx.settings
     with staging_dir(ctx.stage("top5"), "demo") as tmp:
         result = top5(s.model, s.prompt, s.policy, tmp / "top5")
@@ -53,17 +73,10 @@ def stage_top5(ctx: StageContext) -> dict[str, Any]:
 
 
 def stage_corpus(ctx: StageContext) -> dict[str, Any]:
-    from anchor_core.data.corpus import write_default_corpus
-
     return write_default_corpus(ctx.stage("corpus"), progress=ctx.progress)
 
 
 def stage_pack(ctx: StageContext) -> dict[str, Any]:
-    from anchor_core.data.mixture import MixtureSpec
-    from anchor_core.data.pipeline import PackConfig, pack_corpus
-
-    from anchor.demo.documents import pack_pieces, pack_windows
-
     s = ctx.settings
     if s.pack_docs == "pieces":  # the files cut at their functions and sections: several documents a window
         return pack_pieces(s.model, ctx.stage("corpus"), ctx.stage("pack"), s.seq_len, s.budget, progress=ctx.progress)
@@ -75,9 +88,6 @@ def stage_pack(ctx: StageContext) -> dict[str, Any]:
 
 
 def stage_audit(ctx: StageContext) -> dict[str, Any]:
-    from parity_tests.audit.report import write_audit
-    from parity_tests.audit.runner import run_audit
-
     result = run_audit(ctx.settings.model, data=str(ctx.stage("corpus") / "corpus.jsonl"), quick=True,
                        progress=ctx.progress)
     write_audit(result, ctx.stage("audit"))
@@ -103,10 +113,6 @@ def flop_ratios(pack: Path, model: str, variant: str, steps: int, global_batch: 
     trainer's order on one process: anchor_core.data.packed.Loader with the run's seed and batch): `attention`,
     the query-key pairs its mask allows; `step`, the whole training step (anchor.bench.flops: 6 FLOPs
     per matmul parameter and token, plus attention)."""
-    from anchor_core.data.packed import Loader, PackedData
-    from anchor_core.weights import load_spec
-    from anchor.bench import flops
-
     loader = Loader(PackedData.open(pack), batch_size=global_batch, variant=variant, seed=seed)
     mine = full = tokens = 0
     for _ in range(steps):
@@ -179,12 +185,6 @@ def busy_machine(load_before: float | None) -> bool:
 
 def stage_train(ctx: StageContext) -> dict[str, Any]:
     """One run per variant on the packed windows, then the float32 runs (resumed where a killed demo left them)."""
-    from torchtrain import checkpoint as ckpt
-    from torchtrain.config import load_train_config
-    from torchtrain.metrics import read_metrics
-    from torchtrain.run_folder import load_run_config
-    from torchtrain.trainer import train
-
     s = ctx.settings
     root = ctx.stage("train")
     _container(root)
@@ -226,7 +226,6 @@ def stage_train(ctx: StageContext) -> dict[str, Any]:
                 r["full_timing"] = {k: timing[k] for k in ("steps", "step_s_median", "device")}
     step_time_ratios(runs)
     train_figures(runs, root, s)
-    from anchor_core.weights import model_identity
 
     # the bytes the runs started from (`default` resolves to a file): parts merge only where these are the same
     return {"runs": runs, "model": s.model, "seq_len": s.seq_len, "engine": s.train_engine, "dtype": s.train_dtype,
@@ -240,10 +239,6 @@ TIMING_RUN = "full-timing"  # train/<this>: no run of a profile has this name (v
 def _time_full(ctx: StageContext) -> dict[str, Any]:
     """`full` for `timing_steps` steps on the same windows, dtype, engine and machine as the part's runs, no
     evaluation checkpoint (resumed like them): its median step time after the first."""
-    from torchtrain.config import load_train_config
-    from torchtrain.metrics import read_metrics
-    from torchtrain.trainer import train
-
     s = ctx.settings
     cfg = load_train_config(None, _train_overrides(replace(s, train_steps=s.timing_steps, eval_window=0),
                                                    ctx.stage("pack").resolve(), "full"))
@@ -267,7 +262,6 @@ def device_name() -> str:
     """What a run's step times were measured on: the GPU's name where torch sees one, else the CPU's model."""
     import torch
 
-    from anchor_core.machine import cpu_model
 
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else cpu_model()
 
@@ -343,10 +337,6 @@ def stage_parity(ctx: StageContext) -> dict[str, Any]:
     its parameters in fp64, 22 GB)."""
     import tempfile
 
-    from anchor.bench.step import cut_model
-    from anchor_core.weights import load_spec
-    from parity_tests.report import write_report
-    from parity_tests.suite import build_cases, run_parity
 
     s = ctx.settings
     # anchor's checkpoint, else the first run this folder trained (a part, `--runs`, may hold any of them)
@@ -390,8 +380,6 @@ def _run_scores(result: dict[str, Any]) -> dict[int, dict[str, Any]]:
     """Per length: the task-averaged score of each checkpoint, then mean and std over checkpoints, and the
     standard error over samples of that mean (`se`: each (task, sample)'s score averaged over the checkpoints,
     which read the same prompts; None where eval.json has no per-sample scores)."""
-    from anchor.eval.runner import standard_error
-
     out = {}
     for L in result["settings"]["lengths"]:
         per_ckpt: dict[str, list[float]] = {}
@@ -435,9 +423,6 @@ def _finished_eval(folder: Path, s: DemoSettings, sources: list[tuple[str, str]]
 
     Only read when the stage resumes, i.e. its fingerprint (settings and the training it reads) is the
     unfinished stage's: within a run, finished checkpoints come back from their parts (`run_eval(parts=...)`)."""
-    from anchor.eval.runner import resolve_dtype
-    from anchor_core.outdir import read_marker
-
     if read_marker(folder) is None:
         return None
     try:
@@ -459,8 +444,6 @@ def _finished_eval(folder: Path, s: DemoSettings, sources: list[tuple[str, str]]
 
 
 def stage_eval(ctx: StageContext) -> dict[str, Any]:
-    from anchor.eval.runner import checkpoints_of_run, parts_dir, run_eval, write_eval
-
     s = ctx.settings
     root = ctx.stage("eval")
     _container(root)
@@ -503,8 +486,6 @@ def stage_eval(ctx: StageContext) -> dict[str, Any]:
            "perplexity_bucket": s.perplexity_bucket}
     train = (ctx.records.get("train") or {}).get("summary")
     if train and s.fp32_variants:
-        from anchor.demo.summary import reset_effect
-
         out["reset"] = reset_effect(train["runs"], runs)
     return out
 
@@ -576,9 +557,6 @@ def _plot_position_loss(runs: dict[str, Any], path: Path) -> None:
 
 
 def stage_bench(ctx: StageContext) -> dict[str, Any]:
-    from anchor.bench.report import write_bench
-    from anchor.bench.run import run_bench
-
     s = ctx.settings
     result = run_bench(model=s.model, seq_lens=list(s.bench_seq_lens), variants=["full", "anchor"],
                        distributions=["corpus"], data=str(ctx.stage("corpus") / "corpus.jsonl"),

@@ -24,8 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from anchor_core.atomic import write_text_atomic
+from anchor.demo.page import num, score_cell
 from anchor.demo.settings import FP32_SUFFIX, PAPER_GPU_ROPE_THETA, PAPER_ROPE_THETA, DemoSettings
+from anchor.eval.runner import standard_error
+from anchor_core.atomic import write_text_atomic
+from anchor_core.machine import machine
 
 PAIR = ("intra_doc", "intra_doc_reset")
 
@@ -81,8 +84,6 @@ def reset_effect(train_runs: dict[str, Any], eval_runs: dict[str, Any]) -> dict[
 def _checkpoint_details(result: dict[str, Any], label: str) -> dict[str, Any]:
     """One evaluation checkpoint of eval.json: RULER per task and length (score, se, n), the task mean per
     length with the standard error over the pooled samples, the held-out NLL per length with its buckets."""
-    from anchor.eval.runner import standard_error
-
     rows = [r for r in result["rows"] if r["checkpoint"] == label]
     ruler: dict[str, dict[str, Any]] = {}
     mean: dict[str, dict[str, Any]] = {}
@@ -108,8 +109,6 @@ def stage_seconds_all_attempts(stages: dict[str, Any]) -> dict[str, float]:
 
 def build_summary(out: Path, record: dict[str, Any], s: DemoSettings) -> dict[str, Any]:
     """The summary JSON's content from the demo record and each run's eval.json (module docstring)."""
-    from anchor_core.machine import machine
-
     stages = record["stages"]
     train, ev = stages["train"]["summary"], stages["eval"]["summary"]
     runs: dict[str, Any] = {}
@@ -170,8 +169,6 @@ def summary_markdown(summary: dict[str, Any], figure: str | None = None) -> str:
     """The summary's tables in Markdown, for the README (`<summary_json>.md` beside the JSON): RULER per run and
     length, the held-out NLL at the longest length and by position bucket there, the step time against full's
     beside the FLOP ratio, and the reset comparison with its size; `figure`: the position-bucket plot's path."""
-    from anchor.demo.page import num, score_cell  # the page's cells, in the same words
-
     runs, ruler = summary["runs"], summary["ruler"]
     Ls = [str(L) for L in ruler.get("lengths") or []]
     longest = Ls[-1] if Ls else None

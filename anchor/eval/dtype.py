@@ -14,7 +14,10 @@ import json
 import time
 from typing import Any
 
+from anchor_core.atomic import write_text_atomic
 from anchor_core.errors import InputError
+from anchor_core.machine import cpu_capability, cpu_model
+from anchor_core.paths import cache_dir
 
 DTYPES = ("auto", "bfloat16", "float32")
 N = 1024  # 2 GFLOP a product: ~10 ms in fp32 on 2 cores, long enough to time, short enough to do once
@@ -41,7 +44,6 @@ def matmul_rates(n: int = N, repeats: int = 5) -> dict[str, Any]:
 def _cache_key() -> tuple[dict[str, Any], str]:
     import torch
 
-    from anchor_core.machine import cpu_capability, cpu_model
 
     ident = {"cpu": cpu_model(), "capability": cpu_capability(), "torch": torch.__version__,
              "threads": torch.get_num_threads(), "n": N}
@@ -51,9 +53,6 @@ def _cache_key() -> tuple[dict[str, Any], str]:
 def cpu_matmul_rates() -> dict[str, Any]:
     """`matmul_rates()` of this machine, measured once and cached (cache folder's machine/): the rates,
     what identifies the machine, and when they were measured."""
-    from anchor_core.atomic import write_text_atomic
-    from anchor_core.paths import cache_dir
-
     ident, key = _cache_key()
     path = cache_dir() / "machine" / f"matmul-{key}.json"
     try:

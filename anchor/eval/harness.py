@@ -43,8 +43,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from anchor.eval import generate
+from anchor.eval.generate import eval_model_source
 from anchor_core.errors import InputError, UnavailableError
-from anchor_core.tokenizer import Tok
+from anchor_core.export import write_tokenizer
+from anchor_core.paths import cache_dir, resolve_model_name
+from anchor_core.tokenizer import Tok, load_tokenizer
+from anchor_core.weights import load_spec
 
 HARNESSES = ("lm-eval",)
 # our RULER task name -> lm-eval's task of the same construction (the six that build offline)
@@ -184,10 +189,6 @@ def tokenizer_folder(source: str) -> Path:
     import os
     import shutil
 
-    from anchor_core.export import write_tokenizer
-    from anchor_core.paths import cache_dir, resolve_model_name
-    from anchor_core.tokenizer import load_tokenizer
-    from anchor_core.weights import load_spec
 
     name = resolve_model_name(source)
     if Path(name).is_dir() and (Path(name) / "tokenizer.json").is_file():
@@ -253,8 +254,6 @@ def make_lm(model: nn.Module, tokenizer: Tok, *, max_length: int, batch_size: in
 
         # -- generation ------------------------------------------------------------------------
         def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-            from anchor.eval.generate import greedy_generate
-
             contexts, budgets, untils = [], [], []
             for req in requests:
                 context, kwargs = req.args
@@ -270,7 +269,7 @@ def make_lm(model: nn.Module, tokenizer: Tok, *, max_length: int, batch_size: in
             for ids, budget in zip(self.tok.encode_batch(contexts), budgets):
                 keep = max(1, self.max_length - budget - len(self.prefix))
                 prompts.append(self.prefix + ids[-keep:])
-            outs = greedy_generate(self.model, self.tok, prompts, budgets, batch_size=self.batch_size,
+            outs = generate.greedy_generate(self.model, self.tok, prompts, budgets, batch_size=self.batch_size,
                                    progress=progress and not disable_tqdm)
             return [_cut(decode_ids(self.tok, o), u) for o, u in zip(outs, untils)]
 
@@ -398,9 +397,6 @@ def run_harness(sources: Sequence[tuple[str, str]], *, tasks: Sequence[str] = DE
     import sys
     import time
 
-    from anchor.eval.generate import eval_model_source, load_eval_model
-    from anchor_core.tokenizer import load_tokenizer
-    from anchor_core.weights import load_spec
 
     require()
     check_tasks(tasks, data_dir)
@@ -426,7 +422,7 @@ def run_harness(sources: Sequence[tuple[str, str]], *, tasks: Sequence[str] = DE
                 if L > spec.max_position:
                     raise InputError(f"--lengths: {L} is longer than the model's {spec.max_position} positions")
             tok = load_tokenizer(src)
-            lm = make_lm(load_eval_model(src, engine=engine, dtype=dtype), tok, max_length=spec.max_position,
+            lm = make_lm(generate.load_eval_model(src, engine=engine, dtype=dtype), tok, max_length=spec.max_position,
                          batch_size=batch_size, progress=progress)
             tok_dir = str(tokenizer_folder(src))
             runs = [(L, [HARNESS_RULER[t] for t in ruler]) for L in lengths] if ruler else []

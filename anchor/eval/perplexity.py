@@ -53,6 +53,7 @@ from torch import nn
 
 from anchor_core.data.packed import PackedData, is_pack_output, pack_store_path
 from anchor_core.data.packing import Packer
+from anchor_core.data.readers import iter_documents
 from anchor_core.data.store import TokenStore, is_store
 from anchor_core.errors import InputError
 from anchor_core.progress import ProgressBar
@@ -105,8 +106,6 @@ def _stdlib_texts(seed: int) -> Iterator[list[str]]:
 
 
 def _data_texts(data: Path) -> Iterator[list[str]]:
-    from anchor_core.data.readers import iter_documents
-
     batch: list[str] = []
     for doc in iter_documents(data):
         batch.append(doc.text)

@@ -38,12 +38,26 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from anchor.eval import generate, ruler, scoring
+from anchor.eval.dtype import dtype_choice
+from anchor.eval.generate import eval_model_source
+from anchor.eval.harness import render_table
+from anchor.eval.perplexity import heldout_windows, perplexity
+from anchor_core import __version__
+from anchor_core.atomic import publish, staging_dir
 from anchor_core.errors import InputError
+from anchor_core.machine import machine
 from anchor_core.parts import Parts, parts_dir, remove_parts
 from anchor_core.parts import files_id as _files_id
 from anchor_core.parts import normal as _normal
 from anchor_core.parts import plain as _plain
 from anchor_core.progress import ProgressBar
+from anchor_core.tokenizer import load_tokenizer
+from anchor_core.weights import load_spec, model_identity
+from torchtrain import checkpoint as ckpt
+from torchtrain import engines
+from torchtrain.memory import forward_memory
+from torchtrain.run_folder import load_run_config
 
 DEFAULT_TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_1", "vt", "cwe", "fwe")
 DEFAULT_LENGTHS = (1024, 2048)
@@ -54,9 +68,6 @@ def checkpoints_of_run(run: str | Path, names: Sequence[str] | None = None) -> l
     """[(label "step-N", its folder)] of a training run, oldest first: the run's evaluation-schedule
     checkpoints, or those named. A missing run, checkpoint or `hf/` folder, or one failing its
     manifest, is a one-line InputError."""
-    from torchtrain import checkpoint as ckpt
-    from torchtrain.run_folder import load_run_config
-
     run = Path(run)
     if not (run / "config.yaml").is_file():
         raise InputError("not a training run (no config.yaml; give the --out of `anchor train`)", path=run)
@@ -97,8 +108,6 @@ def _prompts(tok, samples) -> list[list[int]]:
 
 def resolve_dtype(dtype: str) -> str:
     """The evaluation dtype for `--dtype` (auto, bfloat16, float32): `anchor.eval.dtype.dtype_choice`'s."""
-    from anchor.eval.dtype import dtype_choice
-
     return dtype_choice(dtype)["dtype"]
 
 
@@ -124,9 +133,6 @@ def run_eval(checkpoints: Sequence[tuple[str, str]], *, tasks: Sequence[str] = D
     tokens, windows, buckets), the samples with predictions (for samples.jsonl), settings, machine,
     runtime_s.
     """
-    from anchor_core.machine import machine
-    from anchor.eval.dtype import dtype_choice
-
     choice = dtype_choice(dtype)
     dtype = choice["dtype"]
     if perplexity_docs not in PERPLEXITY_DOCS:
@@ -163,11 +169,6 @@ def _check_inputs(checkpoints: Sequence[tuple[str, str]], tasks: Sequence[str], 
     """Check what `run_eval` was given before any work (one-line InputErrors), the memory of each length
     included (torchtrain.memory.forward_memory against the memory free here); returns the tokenizer of the
     first checkpoint's model (every checkpoint reads the same prompts)."""
-    from anchor_core.tokenizer import load_tokenizer
-    from anchor_core.weights import load_spec
-    from anchor.eval import ruler
-    from anchor.eval.generate import eval_model_source
-
     if not checkpoints:
         raise InputError("nothing to evaluate (no checkpoint or model)")
     for t in tasks:
@@ -190,8 +191,6 @@ def _check_memory(spec, length: int, *, engine: str, dtype: str, batch_size: int
     """The longest length's forward (a batch of prompts with their KV cache) against the memory free here."""
     import torch
 
-    from torchtrain import engines
-    from torchtrain.memory import forward_memory
 
     if length <= 0:
         return
@@ -209,8 +208,6 @@ def _check_memory(spec, length: int, *, engine: str, dtype: str, batch_size: int
 def _generate_prompts(tok, bos: int, tasks: Sequence[str], lengths: Sequence[int], samples: int, seed: int,
                       haystack: str | None, qa_data: dict[str, str]) -> dict[tuple[str, int], list]:
     """The prompts of every task × length: once, for every checkpoint (one token shorter with a BOS)."""
-    from anchor.eval import ruler
-
     prompt_sets: dict[tuple[str, int], list] = {}
     for t in tasks:
         for L in lengths:
@@ -224,8 +221,6 @@ def tasks_that_do_not_fit(tok, tasks: Sequence[str], lengths: Sequence[int], sam
     """{task: why} for each RULER task whose prompts (made as `run_eval` makes them) do not fit one of
     `lengths` with this tokenizer; seconds of tokenizing, no model. The qa tasks (which read files) are
     not checked here."""
-    from anchor.eval import ruler
-
     bos = 1 if tok.first_token_id is not None else 0
     out: dict[str, str] = {}
     for t in tasks:
@@ -243,8 +238,6 @@ def tasks_that_do_not_fit(tok, tasks: Sequence[str], lengths: Sequence[int], sam
 def _heldout(tok, lengths: Sequence[int], perplexity_windows: int, docs: str = "packed",
              data: str | None = None) -> dict[int, Any]:
     """{length: held-out windows} for perplexity ({} when `perplexity_windows` is 0)."""
-    from anchor.eval.perplexity import heldout_windows
-
     if not perplexity_windows:
         return {}
     return {L: heldout_windows(tok, L, perplexity_windows, data or None, whole_documents=docs == "long")
@@ -273,10 +266,6 @@ def part_key(settings: dict[str, Any], label: str, source: str, haystack: str | 
     """What a checkpoint's kept part was computed from: the settings, the model's bytes (`model_identity` of
     the folder or file `source` loads: `default` is the GGUF it resolves to, so a changed file keys anew
     whatever its name, size or modification time), the haystack and QA files."""
-    from anchor_core import __version__
-    from anchor_core.weights import model_identity
-    from anchor.eval.generate import eval_model_source
-
     return {"anchor": __version__, "settings": settings, "label": label, "source": str(source),
             "files": model_identity(eval_model_source(source)), "haystack": _files_id(haystack) if haystack else None,
             "qa_data": {t: _files_id(f) for t, f in sorted(qa_data.items())}}
@@ -321,13 +310,9 @@ def _evaluate_checkpoints(checkpoints: Sequence[tuple[str, str]], tok, bos: int,
 def _evaluate_checkpoint(label: str, source: str, tok, bos: int, prompt_sets: dict[tuple[str, int], list],
                          windows: dict[int, Any], settings: dict[str, Any], bar: ProgressBar) -> dict[str, list]:
     """One checkpoint: greedy answers to every prompt, scored, and perplexity on the held-out windows."""
-    from anchor.eval import scoring
-    from anchor.eval.generate import load_eval_model
-    from anchor.eval.perplexity import perplexity
-
     mine: dict[str, list] = {"rows": [], "perplexity": [], "samples": []}
     bar.describe(f"{label}: loading")
-    model = load_eval_model(source, engine=settings["engine"], dtype=settings["dtype"])
+    model = generate.load_eval_model(source, engine=settings["engine"], dtype=settings["dtype"])
     if settings.get("device", "cpu") != "cpu":
         model = model.to(settings["device"])  # the device only: the RoPE buffers stay float32
     generated = _generate_groups(model, tok, prompt_sets, settings, bar, label)
@@ -360,8 +345,6 @@ def _generate_groups(model, tok, prompt_sets: dict[tuple[str, int], list], setti
     call per set, or with `settings["group_by_budget"]` one per length and answer budget, the tasks that share
     both in the same batches (a batch runs until its longest answer is done: the needle tasks' 128 tokens
     then pass once per length instead of once per task)."""
-    from anchor.eval.generate import greedy_generate
-
     groups: dict[Any, list[tuple[str, int]]] = {}
     for (t, L), ss in prompt_sets.items():
         budgets = {s.tokens_to_generate for s in ss}
@@ -371,7 +354,7 @@ def _generate_groups(model, tok, prompt_sets: dict[tuple[str, int], list], setti
     for members in groups.values():
         bar.describe(f"{label}: {', '.join(t for t, _ in members)} at {members[0][1]}")
         sets = [prompt_sets[m] for m in members]
-        outs = greedy_generate(model, tok, [p for ss in sets for p in _prompts(tok, ss)],
+        outs = generate.greedy_generate(model, tok, [p for ss in sets for p in _prompts(tok, ss)],
                                [s.tokens_to_generate for ss in sets for s in ss],
                                batch_size=settings["batch_size"], progress=False)
         for m, ss in zip(members, sets):
@@ -466,8 +449,6 @@ def render_report(result: dict[str, Any], figure: str | None) -> str:
         lines += ["", f"![score against length]({figure})"]
     text = "\n".join(lines) + "\n"
     if result.get("harness"):
-        from anchor.eval.harness import render_table
-
         text += "\n" + render_table(result["harness"])
     return text
 
@@ -506,8 +487,6 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def write_eval(result: dict[str, Any], out: str | Path) -> Path:
     """eval.json (without the samples), samples.jsonl, report.md, score_vs_length.png into `out`, atomically;
     then the finished checkpoints kept for a resume (`parts_dir(out)`) are removed."""
-    from anchor_core.atomic import publish, staging_dir
-
     out = Path(out).resolve()
     with staging_dir(out, "eval") as tmp:
         work = tmp / "eval"

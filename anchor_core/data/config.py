@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from anchor_core.data.mixture import MIXTURES
+from anchor_core.data.packing import Layout
 from anchor_core.errors import InputError
 from anchor_core.limits import check_float, check_int, check_seed, option_name
 from anchor_core.yamlfile import read_yaml_mapping
@@ -89,8 +90,6 @@ LAYOUT_CHUNK_KEYS = ("chunk_doc_min", "chunk_doc_max", "chunks_max", "chunk_cut_
 def layout_of(opts: dict[str, Any], *, tags: bool | None = None, interleave: bool | None = None):
     """The packing Layout of pack options (`anchor pack`'s, or a train config's `data.pack:` mapping, whose
     `tags`/`interleave` come from its `data` section)."""
-    from anchor_core.data.packing import Layout
-
     chunking = {k: opts[k] for k in LAYOUT_CHUNK_KEYS if opts.get(k) is not None}
     for k in ("chunk_cut_lo", "chunk_cut_hi"):
         if k in chunking:

@@ -20,11 +20,13 @@ import os
 import re
 import sys
 import sysconfig
-from pathlib import Path
 from functools import partial
+from pathlib import Path
 from typing import Callable, Iterator
 
 from anchor_core.atomic import publish, staging_dir
+from anchor_core.errors import InputError, read_json_object
+from anchor_core.outdir import read_marker
 
 SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "__phello__"}
 PROSE_SUFFIXES = (".txt", ".rst", ".md")
@@ -171,9 +173,6 @@ def corpus_folder_file(path: str | Path) -> Path | None:
     when `path` is not such a folder (no anchor marker of the corpus verb). Readers read that file alone: the
     summary beside it is JSON, not documents. A declared name that is not a plain `.jsonl` file of the folder
     is an InputError naming corpus.json."""
-    from anchor_core.errors import InputError, read_json_object
-    from anchor_core.outdir import read_marker
-
     folder = Path(path)
     marker = read_marker(folder) if folder.is_dir() else None
     if marker is None or marker["verb"] != "corpus":

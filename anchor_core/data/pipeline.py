@@ -20,15 +20,16 @@ from typing import Any
 
 import numpy as np
 
+from anchor_core.atomic import publish, staging_dir
 from anchor_core.data.mixture import MixtureSpec, mixture_table, select_documents
 from anchor_core.data.packed import PACK_FORMAT, SHARD_SLOTS, ShardWriter, is_pack_output, pack_store_path
 from anchor_core.data.packing import Layout, Packer, tag_text, window_stats
 from anchor_core.data.readers import ReadCounts, iter_documents
-from anchor_core.atomic import publish, staging_dir
 from anchor_core.data.store import STORE_FILES, TokenStore, is_store, write_store
 from anchor_core.errors import InputError
 from anchor_core.limits import check_disk, check_memory
 from anchor_core.tokenizer import Tok, load_tokenizer
+from anchor_core.weights import load_spec
 
 
 @dataclass(frozen=True)
@@ -216,8 +217,6 @@ def check_pack_size(seq_len: int, name: str = "--seq-len") -> None:
 
 def _model_vocab(model: str, tok: Tok) -> int | None:
     """The model's vocabulary size (its embedding rows), where the model can be read."""
-    from anchor_core.weights import load_spec
-
     if model is None:
         return None
     return int(load_spec(model).vocab_size)

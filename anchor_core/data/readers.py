@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from anchor_core.data.corpus import corpus_folder_file
 from anchor_core.errors import InputError
+from anchor_core.outdir import current_verb
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".jsonl.zst", ".json.zst", ".jsonl.gz", ".json.gz", ".zst")
 PARQUET_SUFFIXES = (".parquet",)
@@ -72,8 +74,6 @@ def _hint(kind: str, unit: str = "lines") -> str:
     Only `anchor pack` has --skip-bad/--text-field, `anchor train` has the config keys; other verbs
     (audit, demo) have neither, so their messages carry no hint.
     """
-    from anchor_core.outdir import current_verb
-
     verb = current_verb()
     if verb == "pack":
         return f" (use --skip-bad to skip such {unit})" if kind == "skip" else " (use --text-field, or --skip-bad)"
@@ -326,7 +326,6 @@ def iter_documents(path: str | Path, *, text_field: str = "text", domain_field: 
         return
     if not path.is_dir():
         raise InputError("no such file or folder", path=path)
-    from anchor_core.data.corpus import corpus_folder_file
 
     declared = corpus_folder_file(path)
     if declared is not None:  # `anchor corpus`'s folder: its JSONL, not the corpus.json summary beside it

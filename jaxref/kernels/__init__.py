@@ -54,6 +54,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from anchor_core.paths import cache_dir
+
 SOURCE = Path(__file__).with_name("attention_cpu.cc")
 TARGET = "jaxref_causal_attention"
 PROBE_TARGET = "jaxref_audit_probe"
@@ -87,8 +89,6 @@ def _cpu_flags() -> str:
 
 def library_path() -> Path:
     """Where the compiled library for this source, compiler flags, jaxlib and CPU lives."""
-    from anchor_core.paths import cache_dir
-
     key = hashlib.sha256("\0".join([SOURCE.read_text(), os.environ.get("CXX", "c++"), *FLAGS, jax.__version__,
                                     platform.machine(), _cpu_flags()]).encode()).hexdigest()[:16]
     return cache_dir() / "kernels" / f"attention_cpu-{key}.so"
@@ -158,8 +158,6 @@ def _private_blas() -> tuple[int, int, bool] | None:
     1 (its dependencies resolve to those numpy loaded). None when numpy's BLAS is not an OpenBLAS found
     among the process's mapped libraries, or the copy fails: then XLA's matmuls run.
     """
-    from anchor_core.paths import cache_dir  # (numpy, imported above, has loaded its BLAS)
-
     try:
         maps = Path("/proc/self/maps").read_text().splitlines()
     except OSError:

@@ -40,19 +40,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from anchor_core.machine import machine
-from anchor_core.parts import Parts
-from anchor_core.progress import ProgressBar
+from anchor_core import __version__
 from anchor_core.errors import InputError
+from anchor_core.limits import check_memory, check_seed
+from anchor_core.machine import machine
+from anchor_core.parts import Parts, files_id
+from anchor_core.progress import ProgressBar
 from anchor_core.spec import ModelSpec
-from parity_tests.audit import metrics
+from anchor_core.tokenizer import load_tokenizer
+from anchor_core.weights import load_spec, load_weights
 from jaxref import kernels
-from parity_tests.audit.maps import MapsRunner, make_probe
-from parity_tests.audit.random_init import torch_default_state
-from parity_tests.audit.sequences import load_texts, make_windows
 from jaxref.executor import forward
 from jaxref.policy import PRESETS, STAGES, DtypePolicy, get_policy, parse_policies
 from jaxref.reference import Params, params_from_state
+from parity_tests.audit import metrics
+from parity_tests.audit.maps import MapsRunner, make_probe
+from parity_tests.audit.random_init import torch_default_state
+from parity_tests.audit.sequences import load_texts, make_windows
 
 PAPER_SHIFTS: tuple[int, ...] = (0, 2, 4, 6, 8, 10, 12, 14, 15, 17, 18, 20, 22, 50, 100, 200, 500, 1000, 2000)
 PAPER_LENGTHS: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -370,8 +374,6 @@ def _is_low_precision(p: DtypePolicy) -> bool:
 
 def _check_ranges(spec: ModelSpec, settings: AuditSettings) -> None:
     """Seeds in numpy's range; sizes whose windows and attention maps fit in memory, refused up front."""
-    from anchor_core.limits import check_memory, check_seed
-
     check_seed(settings.seed)
     # the shift curve needs at least one pair of [heads, T, T] maps per call (shifts_per_call)
     T = settings.seq_len
@@ -471,8 +473,6 @@ def _audit_windows(model: str, data: str | None, settings: AuditSettings, spec: 
     """The windows of the three measurements, cut from `data` (None: the embedded corpus) with
     `model`'s tokenizer; a note when the text is shorter than the windows, an InputError when an id
     is beyond the model's vocabulary."""
-    from anchor_core.tokenizer import load_tokenizer
-
     tok = load_tokenizer(model)
     T_max = max(settings.seq_len, settings.max_len)
     texts = load_texts(data, max_docs=max(64, settings.num_seqs), max_chars=16 * T_max)
@@ -632,9 +632,6 @@ def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy
       shift_curve, per_token, length_curve of the randomly initialised architecture), runtime_s,
       notes; `parity_tests.audit.report.findings(result)` states the paper's findings from it.
     """
-    from anchor_core.limits import check_seed
-    from anchor_core.weights import load_spec, load_weights
-
     t0 = time.time()
     settings = _audit_settings(settings, quick, overrides)
     pols = _audit_policies(policies)
@@ -649,9 +646,6 @@ def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy
         kinds.append(("random_init", torch_default_state(spec, seed=settings.seed)))
     key = None
     if parts is not None:
-        from anchor_core import __version__
-        from anchor_core.parts import files_id
-
         key = {"anchor": __version__, "model_files": files_id(model), "data_files": files_id(data) if data else None,
                "settings": dataclasses.asdict(settings), "lengths": lengths,
                "policies": [p.to_dict() for p in pols], "budget": base.to_dict() if base is not None else None,

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from anchor_core.data.corpus import default_corpus_documents
+from anchor_core.data.readers import iter_documents
 from anchor_core.errors import InputError
 
 
@@ -24,15 +26,11 @@ def load_texts(data: str | Path | None, *, max_docs: int = 64, max_chars: int | 
     `max_chars` truncates each text (the audit never needs more than a window's worth of one document).
     """
     if data is None:
-        from anchor_core.data.corpus import default_corpus_documents
-
         by_domain: dict[str, list[str]] = {}
         for rec in default_corpus_documents(max_docs_per_domain=max(1, max_docs // 4)):
             by_domain.setdefault(rec["domain"], []).append(rec["text"])
         texts = [t for group in itertools.zip_longest(*by_domain.values()) for t in group if t]
     else:
-        from anchor_core.data.readers import iter_documents
-
         texts = []
         for doc in iter_documents(data, text_field="text"):
             if doc.text.strip():

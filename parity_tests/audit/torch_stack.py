@@ -26,9 +26,26 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import torchtrain
 from anchor_core.errors import InputError
+from anchor_core.machine import machine
+from anchor_core.progress import ProgressBar
+from anchor_core.tokenizer import load_tokenizer
+from anchor_core.weights import load_spec, load_weights
+from jaxref.policy import get_policy
+from jaxref.reference import params_from_state
 from parity_tests.audit import metrics
+from parity_tests.audit.runner import (
+    AuditSettings,
+    length_curve,
+    resolve_settings,
+    restrict_vocab,
+    shift_curve,
+    shifts_per_call,
+)
+from parity_tests.audit.sequences import load_texts, make_windows
 from parity_tests.emulations import EMULATIONS, emulation
+from torchtrain.engines import TAP_ATTR
 
 ORACLE_POLICY: dict[str, str] = EMULATIONS  # the oracle policy whose arithmetic each engine follows
 BF16_LOGITS = ("eager",)  # engines whose stored logits are in the model's dtype
@@ -79,8 +96,6 @@ class _PairRecorder:
 def run_pairs_torch(model, tokens_nT: np.ndarray, shifts: Sequence[int], ref_shift: int, engine: str
                     ) -> dict[str, np.ndarray]:
     """One forward of the n windows under `ref_shift` and every shift. Returns `col`, `first` [L, n, S, T]."""
-    from torchtrain.engines import TAP_ATTR
-
     n, T = tokens_nT.shape
     group = len(shifts) + 1
     deltas = np.asarray([ref_shift, *shifts], dtype=np.int64)
@@ -157,10 +172,6 @@ def audit_inputs(model: str = "default", *, data: str | None = None, quick: bool
     (experiments/torch_stack_audit/torch_stack_audit.py --rerun-oracle) takes the same."""
     import dataclasses
 
-    from anchor_core.tokenizer import load_tokenizer
-    from anchor_core.weights import load_spec, load_weights
-    from parity_tests.audit.runner import AuditSettings, resolve_settings
-    from parity_tests.audit.sequences import load_texts, make_windows
 
     settings = AuditSettings.quick() if quick else AuditSettings()
     settings = dataclasses.replace(settings, budget=False, random_init=False,
@@ -186,12 +197,6 @@ def audit_torch_stack(model: str = "default", engine: str = "eager", dtype: str 
     "comparison" the shift-by-shift ratio D_torch / D_oracle)."""
     import dataclasses
 
-    import torchtrain
-    from anchor_core.machine import machine
-    from anchor_core.progress import ProgressBar
-    from parity_tests.audit.runner import length_curve, restrict_vocab, shift_curve, shifts_per_call
-    from jaxref.reference import params_from_state
-    from jaxref.policy import get_policy
 
     t0 = time.time()
     if engine not in ORACLE_POLICY:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from anchor_core.data.corpus import corpus_folder_file, default_corpus_documents
+from anchor_core.data.readers import iter_documents, recognized_corpus_file
 from anchor_core.errors import InputError
 
 
@@ -169,8 +171,6 @@ def _is_running_text(paragraph: str) -> bool:
 
 @lru_cache(maxsize=1)
 def _default_haystack() -> Haystack:
-    from anchor_core.data.corpus import default_corpus_documents
-
     by_domain: dict[str, list[str]] = {d: [] for d in HAYSTACK_DOMAINS}
     for doc in default_corpus_documents():
         if doc["domain"] in by_domain:
@@ -183,8 +183,6 @@ def _default_haystack() -> Haystack:
 def _file_haystack(path: str, mtime_ns: int, size: int) -> Haystack:
     """A text file as it is; a JSONL or Parquet file (any name the corpus readers take) through
     `iter_documents`, its documents' texts joined by blank lines (the readers' errors name the line)."""
-    from anchor_core.data.readers import iter_documents, recognized_corpus_file
-
     p = Path(path)
     if recognized_corpus_file(p):
         return Haystack.from_text("\n\n".join(d.text for d in iter_documents(p)), str(p))
@@ -198,8 +196,6 @@ def _file_haystack(path: str, mtime_ns: int, size: int) -> Haystack:
 def load_haystack(path: str | Path | None = None) -> Haystack:
     """The essay haystack: the embedded corpus' prose (None), a text / JSONL ("text") file, or a folder written
     by `anchor corpus` (its declared JSONL)."""
-    from anchor_core.data.corpus import corpus_folder_file
-
     if path is None:
         return _default_haystack()
     p = Path(path)

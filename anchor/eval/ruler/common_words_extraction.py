@@ -12,6 +12,7 @@ from pathlib import Path
 from anchor.eval import words as word_lists
 from anchor.eval.ruler.common import Plan, Rendered, load_haystack
 from anchor.eval.ruler.tasks import FAMILIES, CweArgs
+from anchor_core.data.corpus import default_corpus_documents
 
 
 @lru_cache(maxsize=1)
@@ -43,8 +44,6 @@ def cwe_planner(a: CweArgs, length: int, seed: int, count: Callable[[str], int],
 def _corpus_vocabulary() -> tuple[str, ...]:
     """The distinct lowercase words (3-12 letters) of the whole embedded corpus, sorted: English from
     its prose, docs and comments, and some identifiers of the standard library (about 19K words)."""
-    from anchor_core.data.corpus import default_corpus_documents
-
     found: set[str] = set()
     for doc in default_corpus_documents():
         found.update(re.findall(r"\b[a-z]{3,12}\b", doc["text"]))
