@@ -42,9 +42,8 @@ from jaxref import kernels
 from jaxref import rope as rope_lib
 from jaxref.attention import attention, full_probs, row_scores_probs, wide, wide_einsum
 from jaxref.policy import DtypePolicy, get_policy
-from jaxref.reference import Params, default_doc_ids, embed, rms_norm, silu_mul
+from jaxref.reference import Params, embed, rms_norm, silu_mul, window_inputs
 from jaxref.variants import Variant, check_variant
-from jaxref.variants import positions as variant_positions
 
 Probe = Callable[[jax.Array, jax.Array], Any]
 
@@ -334,14 +333,7 @@ def forward(params: Params, config: ModelSpec, tokens, positions=None, doc_ids=N
     """
     variant = check_variant(variant)
     policy = get_policy(policy)
-    tokens = np.asarray(tokens)
-    squeeze = tokens.ndim == 1
-    if squeeze:
-        tokens = tokens[None]
-    B, T = tokens.shape
-    doc_ids = default_doc_ids(B, T, variant) if doc_ids is None else np.asarray(doc_ids).reshape(B, T)
-    pos = variant_positions(doc_ids, variant) if positions is None else np.asarray(positions).reshape(B, T)
-    seq_len = int(pos.max()) + 1 if config.rope.kind == "dynamic" else None
+    tokens, pos, doc_ids, seq_len, squeeze = window_inputs(config, tokens, positions, doc_ids, variant)
     logits, per_layer = _forward_jit(
         params, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos, jnp.int64), jnp.asarray(doc_ids, jnp.int32),
         spec=config, policy=policy, variant=variant, tap=bool(taps),

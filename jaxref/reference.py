@@ -95,6 +95,22 @@ def default_doc_ids(B: int, T: int, variant: str) -> np.ndarray:
     return doc
 
 
+def window_inputs(spec: ModelSpec, tokens, positions, doc_ids, variant: Variant):
+    """A forward's inputs as numpy arrays: (tokens [B,T], positions [B,T], doc_ids [B,T], seq_len, squeeze).
+
+    tokens [T] gains B = 1 (`squeeze`: drop it from the logits); doc_ids default to one document over the
+    window, positions to the variant's (`jaxref.positions`); seq_len is the length dynamic RoPE scales by
+    (max position + 1), None for other RoPE kinds."""
+    tokens = np.asarray(tokens)
+    squeeze = tokens.ndim == 1
+    tokens = tokens.reshape(-1, tokens.shape[-1])
+    B, T = tokens.shape
+    doc_ids = default_doc_ids(B, T, variant) if doc_ids is None else np.asarray(doc_ids).reshape(B, T)
+    pos = variant_positions(doc_ids, variant) if positions is None else np.asarray(positions).reshape(B, T)
+    seq_len = int(pos.max()) + 1 if spec.rope.kind == "dynamic" else None
+    return tokens, pos, doc_ids, seq_len, squeeze
+
+
 # ---------------------------------------------------------------------------------------------
 # The stages, in the order a token meets them
 
@@ -340,13 +356,7 @@ def forward(params: Params, spec: ModelSpec, tokens, positions=None, doc_ids=Non
       logits [B,T,V] in the policy's `head` dtype, or (logits, taps) with `taps`.
     """
     variant, policy = check_variant(variant), get_policy(policy)
-    tokens = np.asarray(tokens)
-    squeeze = tokens.ndim == 1
-    tokens = tokens.reshape(-1, tokens.shape[-1])
-    B, T = tokens.shape
-    doc_ids = default_doc_ids(B, T, variant) if doc_ids is None else np.asarray(doc_ids).reshape(B, T)
-    pos = variant_positions(doc_ids, variant) if positions is None else np.asarray(positions).reshape(B, T)
-    seq_len = int(pos.max()) + 1 if spec.rope.kind == "dynamic" else None
+    tokens, pos, doc_ids, seq_len, squeeze = window_inputs(spec, tokens, positions, doc_ids, variant)
     rows = None if tap_rows is None else tuple(int(r) for r in tap_rows)
     run = partial(_decoder_jit, spec=spec, policy=policy, variant=variant, tap_rows=rows, seq_len=seq_len)
     logits, tapped = run(params, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos, jnp.int64),
