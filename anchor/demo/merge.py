@@ -1,10 +1,10 @@
 """`anchor demo --merge PART [PART ...] --out DIR`: one demo folder from parts that each ran some of the runs.
 
-A profile whose runs do not fit one sitting on the machine that trains them (paper-gpu on a GPU lent for
-15 minutes at a time, whose checkpoints cannot leave the machine) runs in parts: `anchor demo --profile P
---runs full,intra_doc --out part1`, another part with other runs, each trained and evaluated to its end
-where it ran. A part needs to come back with `demo.json`, each run's `eval/<run>/eval.json` and, if it has
-one, the profile's summary JSON (its machine); no checkpoint.
+A profile whose runs do not fit one sitting on the machine that trains them (paper-gpu on a GPU held for less
+time than its runs take, whose checkpoints cannot leave the machine) runs in parts: `anchor demo --profile P
+--runs full,intra_doc --out part1`, another part with other runs, each trained and evaluated to its end where
+it ran. A part needs to come back with `demo.json`, each run's `eval/<run>/eval.json` and, if it has one, the
+profile's summary JSON (its machine); no checkpoint.
 
 A part is input the merge did not write: every file it reads from one is checked before anything is
 written, and no path read from a part names a file (the runs' names are the profile's variants, checked;
