@@ -19,7 +19,8 @@ before it is built, and nothing of it runs.
 `Checkpointer` saves and resumes one rank's state (every rank calls both): model, optimizer and LR
 scheduler through DeepSpeed; the loader's position and the rank's RNG states (torch on CPU and
 CUDA, numpy, Python's `random`: the generators `seed_rng` seeds) through trainer.json. After a
-save, regular checkpoints beyond the newest `keep_last` are pruned; evaluation checkpoints stay.
+save, the newest `keep_last` checkpoints stay whole; older regular ones are deleted and older evaluation
+ones keep only their weights (hf/, trainer.json): nothing resumes from them (`prune`).
 metrics.jsonl is no part of a checkpoint: a resumed run cuts it back to its step (torchtrain.metrics).
 """
 
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+_OLD_DIR = re.compile(r"^\.(step-\d+)\.old$")
 
 
 def checkpoints_dir(run: Path) -> Path:
@@ -125,9 +127,12 @@ def list_steps(run: Path) -> list[int]:
 
 
 def newest_valid(run: Path, log=print) -> int | None:
-    """The newest checkpoint whose manifest verifies; each rejected one is reported in one line."""
+    """The newest checkpoint whose manifest verifies and that holds DeepSpeed's state; each rejected one
+    is reported in one line (one kept for its weights only, `keep_weights_only`, is passed over)."""
     rejected: list[tuple[int, str]] = []
     for step in list_steps(run):
+        if is_weights_only(step_dir(run, step)):
+            continue
         problem = verify(step_dir(run, step))
         if problem is None:
             for bad, why in rejected:
@@ -141,7 +146,14 @@ def newest_valid(run: Path, log=print) -> int | None:
 
 def publish(run: Path, step: int) -> Path:
     """Rename the finished staging folder of `step` into place (replacing a corrupt older copy)."""
-    src, dst = staging_path(run, step), step_dir(run, step)
+    dst = step_dir(run, step)
+    _swap_in(staging_path(run, step), dst)
+    return dst
+
+
+def _swap_in(src: Path, dst: Path) -> None:
+    """Rename folder `src` to `dst`; an existing `dst` steps aside to `.<name>.old` first and is deleted
+    after (`clear_staging` puts it back where a killed process left it without a `dst`)."""
     if dst.exists():
         old = dst.with_name(f".{dst.name}.old")
         shutil.rmtree(old, ignore_errors=True)
@@ -151,26 +163,72 @@ def publish(run: Path, step: int) -> Path:
     else:
         os.replace(src, dst)
     _fsync_dir(dst.parent)
-    return dst
 
 
-def prune(run: Path, keep_last: int, keep: set[int]) -> list[int]:
-    """Delete regular checkpoints beyond the newest `keep_last` (0: keep all), sparing `keep`."""
+def is_weights_only(folder: Path) -> bool:
+    """A checkpoint kept for its weights (`keep_weights_only`): no DeepSpeed state, nothing to resume."""
+    try:
+        return json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("weights_only") is True
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def keep_weights_only(run: Path, step: int) -> bool:
+    """Drop checkpoint `step`'s DeepSpeed state (`ds/`: model, optimizer moments, ZeRO partitions; about
+    three quarters of its bytes under AdamW), keeping `hf/` and trainer.json under its manifest marked
+    `weights_only`. The slim copy is built beside it from hard links and swapped in, so `step-<N>` is at
+    every moment the whole checkpoint or the slim one. False (untouched) where it has no readable
+    manifest or is slim already."""
+    folder = step_dir(run, step)
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+        files = dict(manifest["files"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    if manifest.get("weights_only") is True:
+        return False
+    slim = checkpoints_dir(run) / f".step-{step}.slim.tmp"
+    shutil.rmtree(slim, ignore_errors=True)
+    kept = {rel: digest for rel, digest in files.items() if not rel.startswith("ds/")}
+    for rel in kept:
+        target = slim / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(folder / rel, target)
+        except OSError:  # a file system without hard links
+            shutil.copy2(folder / rel, target)
+    write_text_atomic(slim / MANIFEST, json.dumps({**manifest, "files": kept, "weights_only": True}, indent=1))
+    _swap_in(slim, folder)
+    return True
+
+
+def prune(run: Path, keep_last: int, evaluation: set[int]) -> tuple[list[int], list[int]]:
+    """Past the newest `keep_last` checkpoints (0: none is touched), which stay whole to resume from:
+    delete the regular ones, keep only the weights of the `evaluation` ones (`keep_weights_only`).
+    Returns (deleted steps, steps made weights-only)."""
     if keep_last <= 0:
-        return []
-    regular = [s for s in list_steps(run) if s not in keep]
-    gone = regular[keep_last:]
-    for step in gone:
-        shutil.rmtree(step_dir(run, step), ignore_errors=True)
-    return gone
+        return [], []
+    deleted, slimmed = [], []
+    for step in list_steps(run)[keep_last:]:
+        if step in evaluation:
+            if keep_weights_only(run, step):
+                slimmed.append(step)
+        else:
+            shutil.rmtree(step_dir(run, step), ignore_errors=True)
+            deleted.append(step)
+    return deleted, slimmed
 
 
 def clear_staging(run: Path) -> None:
-    """Remove half-written checkpoint folders of a killed run."""
+    """Remove half-written checkpoint folders of a killed run; a checkpoint it killed between the two
+    renames of `_swap_in` (only `.step-<N>.old` left) is put back."""
     root = checkpoints_dir(run)
     if root.is_dir():
         for p in root.iterdir():
-            if p.name.startswith(".step-"):
+            m = _OLD_DIR.match(p.name)
+            if m and not (root / m.group(1)).exists():
+                os.replace(p, root / m.group(1))
+            elif p.name.startswith(".step-"):
                 shutil.rmtree(p, ignore_errors=True)
 
 
@@ -360,8 +418,7 @@ class Checkpointer:
         if world.is_main:
             write_manifest(staging, step, {"config": self.config_file})
             publish(run, step)
-            keep = {s for s in list_steps(run) if self.cfg.is_eval_step(s)}
-            prune(run, self.cfg.checkpoint.keep_last, keep)
+            prune(run, self.cfg.checkpoint.keep_last, {s for s in list_steps(run) if self.cfg.is_eval_step(s)})
         dist.barrier()
 
 

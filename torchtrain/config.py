@@ -194,8 +194,8 @@ class CheckpointConfig(_Section):
 
     save_every: StrictInt = _key(0, "checkpoint every this many steps (0: only the final and the evaluation ones)",
                                  ge=0, resumable=True)
-    keep_last: StrictInt = _key(2, "regular checkpoints kept (0: all); evaluation checkpoints are always kept", ge=0,
-                                resumable=True)
+    keep_last: StrictInt = _key(2, "the newest checkpoints kept whole, to resume from (0: all); older regular ones are "
+                                "deleted, older evaluation ones keep only their weights (hf/)", ge=0, resumable=True)
 
 
 class LoggingConfig(_Section):

@@ -24,9 +24,10 @@ def _run(argv: list[str]) -> int:
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> Path:
-    """The tiny config: 8 steps, evaluation checkpoints every 2 over the last 4 (steps 6 and 8)."""
+    """The tiny config: 8 steps, evaluation checkpoints every 2 over the last 4 (steps 6 and 8); keep_last=3
+    keeps the regular checkpoint of step 4 too, for --checkpoints to name one off the schedule."""
     run = tmp_path_factory.mktemp("run") / "tiny"
-    p = forked.run(train_args(run), ENV, cwd=ROOT)  # its own process, forked with the trainer imported
+    p = forked.run(train_args(run, "checkpoint.keep_last=3"), ENV, cwd=ROOT)  # its own process, forked with the trainer imported
     assert p.returncode == 0, p.stderr[-2000:]
     return run
 

@@ -90,6 +90,31 @@ def test_corrupt_newest_checkpoint_is_skipped(packed, tmp_path, damage):
     assert verify(newest) is None
 
 
+def test_evaluation_checkpoints_past_keep_last_keep_only_their_weights(packed, tmp_path):
+    """keep_last=1 over three evaluation checkpoints: the newest stays whole, the two older lose ds/ but
+    still verify and evaluate; a longer rerun resumes from the whole one."""
+    from anchor.eval.runner import checkpoints_of_run
+    from torchtrain import checkpoint as ckpt
+
+    out = tmp_path / "run"
+    args = ("checkpoint.save_every=0", "checkpoint.keep_last=1", "eval.every=1", "eval.window=3", f"data.path={packed}")
+    run_train(out, "schedule.steps=3", *args)
+    folders = {s: ckpt.step_dir(out, s) for s in (1, 2, 3)}
+    print({s: sorted(p.name for p in f.iterdir()) for s, f in folders.items()})
+    assert ckpt.list_steps(out) == [3, 2, 1]
+    assert [ckpt.is_weights_only(folders[s]) for s in (1, 2, 3)] == [True, True, False]
+    assert not (folders[1] / "ds").exists() and not (folders[2] / "ds").exists() and (folders[3] / "ds").is_dir()
+    assert all(ckpt.verify(f) is None for f in folders.values())  # the hashes written when each was whole
+    assert [label for label, _ in checkpoints_of_run(out)] == ["step-1", "step-2", "step-3"]
+    p = run_train(out, "schedule.steps=4", *args)
+    resumed = [line for line in p.stderr.splitlines() if line.startswith(("resuming", "checkpoint step-"))]
+    print(resumed)
+    assert len(resumed) == 1 and resumed[0].startswith("resuming from") and resumed[0].endswith("step-3")
+    assert [r["step"] for r in metrics(out)] == [1, 2, 3, 4]
+    assert ckpt.list_steps(out) == [4, 3, 2]  # step 1 is no evaluation step of a 4-step run: deleted
+    assert [ckpt.is_weights_only(ckpt.step_dir(out, s)) for s in (2, 3, 4)] == [True, True, False]
+
+
 def test_resume_refuses_a_changed_config(packed, tmp_path):
     out = tmp_path / "run"
     run_train(out, "schedule.steps=2", f"data.path={packed}")

@@ -27,18 +27,66 @@ def test_lr_schedules():
     assert mid == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 3 / 7)))
 
 
+def _fake_checkpoint(run, step: int) -> None:
+    """A published checkpoint's layout (ds/, hf/, trainer.json) with a manifest over it."""
+    folder = ckpt.step_dir(run, step)
+    for rel, size in (("ds/state/mp_rank_00_model_states.pt", 3000), ("hf/model.safetensors", 1000),
+                      ("hf/config.json", 20), ("trainer.json", 10)):
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(bytes([step % 251]) * size + rel.encode())
+    ckpt.write_manifest(folder, step, {"config": "config.yaml"})
+
+
 def test_paper_evaluation_schedule_and_pruning(tmp_path):
     cfg = load_train_config(TINY, ["schedule.steps=2000", "eval.every=10", "eval.window=50", "checkpoint.save_every=100"])
     evals = [s for s in range(1, 2001) if cfg.is_eval_step(s)]
     assert evals == [1960, 1970, 1980, 1990, 2000]  # the last five, every 10 steps
     saves = [s for s in range(1, 2001) if cfg.is_checkpoint_step(s)]
     assert saves[:2] == [100, 200] and saves[-5:] == evals
-    for s in saves:  # fake published checkpoints
-        (ckpt.step_dir(tmp_path, s)).mkdir(parents=True)
-    gone = ckpt.prune(tmp_path, keep_last=2, keep={s for s in saves if cfg.is_eval_step(s)})
+    whole = {}
+    for s in saves:  # published one by one, pruned after each as Checkpointer.save does
+        _fake_checkpoint(tmp_path, s)
+        whole[s] = (ckpt.step_dir(tmp_path, s) / "hf" / "model.safetensors").read_bytes()
+        ckpt.prune(tmp_path, keep_last=2, evaluation=set(evals))
     left = sorted(ckpt.list_steps(tmp_path))
-    print("kept", left)
-    assert left == [1800, 1900, *evals] and 100 in gone
+    slim = [s for s in left if ckpt.is_weights_only(ckpt.step_dir(tmp_path, s))]
+    print("kept", left, "weights only", slim)
+    assert left == evals and slim == [1960, 1970, 1980]
+    for s in left:
+        folder = ckpt.step_dir(tmp_path, s)
+        assert ckpt.verify(folder) is None, s
+        assert (folder / "ds").exists() == (s not in slim)
+        assert (folder / "hf" / "model.safetensors").read_bytes() == whole[s]
+    assert not [p.name for p in ckpt.checkpoints_dir(tmp_path).iterdir() if p.name.startswith(".")]
+    assert ckpt.newest_valid(tmp_path) == 2000
+    assert ckpt.prune(tmp_path, keep_last=2, evaluation=set(evals)) == ([], [])  # slim ones stay as they are
+    # resume never starts from a weights-only checkpoint: with both whole ones corrupt, from scratch
+    for s in (1990, 2000):
+        (ckpt.step_dir(tmp_path, s) / "ds" / "state" / "mp_rank_00_model_states.pt").write_bytes(b"x")
+    logs = []
+    assert ckpt.newest_valid(tmp_path, log=logs.append) is None
+    assert len(logs) == 2 and all("starting from scratch" in line for line in logs)
+
+
+def test_keep_last_zero_keeps_every_checkpoint_whole(tmp_path):
+    for s in (2, 4, 6):
+        _fake_checkpoint(tmp_path, s)
+    assert ckpt.prune(tmp_path, keep_last=0, evaluation={2, 4, 6}) == ([], [])
+    assert not any(ckpt.is_weights_only(ckpt.step_dir(tmp_path, s)) for s in (2, 4, 6))
+
+
+def test_a_checkpoint_killed_between_the_two_renames_is_put_back(tmp_path):
+    """`_swap_in` moves the old folder aside, then the new one in: a kill between leaves only
+    `.step-N.old`, which the next run's `clear_staging` restores (and a half-built slim copy is removed)."""
+    _fake_checkpoint(tmp_path, 6)
+    root = ckpt.checkpoints_dir(tmp_path)
+    (root / "step-6").rename(root / ".step-6.old")
+    (root / ".step-6.slim.tmp" / "hf").mkdir(parents=True)
+    _fake_checkpoint(tmp_path, 8)  # a whole one beside it, with a stale copy aside to be deleted
+    (root / ".step-8.old").mkdir()
+    ckpt.clear_staging(tmp_path)
+    assert sorted(p.name for p in root.iterdir()) == ["step-6", "step-8"]
+    assert ckpt.verify(root / "step-6") is None and ckpt.verify(root / "step-8") is None
 
 
 def test_no_decay_on_norms_and_biases():
