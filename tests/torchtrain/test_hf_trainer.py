@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ import torch
 import torchtrain.hf as hf
 from anchor_core.errors import InputError
 from anchor_core.variants import VARIANTS
+from torchtrain.distributed import SOLO_PORT
 
 FIRST, EOS = 1, 2
 
@@ -374,6 +376,10 @@ def test_examples_run() -> None:
         folders.append(str(root / "examples" / "trl"))
     except ImportError:
         pass
+    # without the world-of-one variables an in-process run of this session left in os.environ
+    # (torchtrain.distributed.init_world): accelerate would take them for a launcher's and listen on that port
+    world = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", SOLO_PORT}
+    env = {k: v for k, v in os.environ.items() if k not in world}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *folders],
-                          cwd=root, capture_output=True, text=True, timeout=600)
+                          cwd=root, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-3000:]
