@@ -11,7 +11,8 @@ written, and no path read from a part names a file (the runs' names are the prof
 the summary JSON is a profile's name, never the part's). Each demo.json has the shape and types a demo writes;
 each run's eval.json is valid JSON of the part's evaluation (its seed, tasks, lengths, samples, resolved dtype
 and engine, this run's checkpoints, the scores the part's demo.json holds). The merge then checks that the
-parts are one experiment: the same model bytes (`model_identity` in the train summary) and settings but for
+parts are one experiment: the same model bytes (`model_identity` in the train summary; a part without it is
+named to be run again) and settings but for
 `only_runs`, the same resolved evaluation (`eval_dtype` auto resolves per machine: the dtype it resolved to
 must be the same), the same packed windows (the `pack` stage's fingerprint: same corpus, tokenizer, window
 and budget), their `train` and `eval` stages finished, no run in two parts, no part given twice. It then writes what one demo of all the runs
@@ -308,6 +309,11 @@ def check_parts(parts: list[dict[str, Any]]) -> DemoSettings:
             raise InputError(f"its packed windows are not those of {first['dir']} (pack fingerprints differ: "
                              "another corpus, tokenizer or anchor version)", path=p["dir"])
         ident = st["train"]["summary"].get("model_identity")
+        for where, record in ((p["dir"], st), (first["dir"], stages0)):
+            if record["train"]["summary"].get("model_identity") is None:
+                raise InputError("its train stage records no model_identity (the model's bytes), so it cannot be "
+                                 "shown to be a part of this experiment: run that part again with this version",
+                                 path=where)
         if ident != stages0["train"]["summary"].get("model_identity"):
             raise InputError(f"its runs trained from another model file than those of {first['dir']} (the "
                              f"model {p['settings'].model!r} resolved to other bytes)", path=p["dir"])

@@ -179,6 +179,26 @@ def test_parts_whose_evaluation_resolved_to_other_dtypes_are_refused(demo_parts,
     assert not (tmp_path / "merged").exists()
 
 
+@pytest.mark.parametrize("how", ["another model", "unrecorded here", "unrecorded in the first"])
+def test_parts_trained_from_other_model_bytes_are_refused(demo_parts, tmp_path, capsys, how):
+    """Parts are one experiment only from the same model bytes; a part whose train stage does not say
+    which (`model_identity`) is named as the one to run again, not as another model."""
+    a, b = copy_parts(demo_parts, tmp_path)
+
+    def summary(d):
+        return d["stages"]["train"]["summary"]
+    if how == "another model":
+        edit_json(b / "demo.json", lambda d: summary(d).__setitem__("model_identity", {"sha256": "0" * 64}))
+        needles = ("another model file", str(a))
+    else:
+        victim = b if how == "unrecorded here" else a
+        edit_json(victim / "demo.json", lambda d: summary(d).pop("model_identity"))
+        needles = ("model_identity", "run that part again", str(victim))
+    code, _, err = merge(capsys, a, b, out=tmp_path / "merged")
+    assert_usage_error(code, err, "demo", *needles)
+    assert not (tmp_path / "merged").exists()
+
+
 @pytest.mark.parametrize("how", ["truncated", "another seed", "another run"])
 def test_an_eval_json_that_is_not_the_parts_evaluation_is_refused(demo_parts, tmp_path, capsys, how):
     a, b = copy_parts(demo_parts, tmp_path)
