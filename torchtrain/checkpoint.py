@@ -36,7 +36,7 @@ import re
 import shutil
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -94,15 +94,22 @@ def write_manifest(folder: Path, step: int, extra: dict[str, Any] | None = None)
     return manifest
 
 
+_MANIFEST_ERRORS = (OSError, ValueError, KeyError, TypeError)
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """`folder`'s manifest.json: a mapping with a `files` mapping, else one of `_MANIFEST_ERRORS`."""
+    manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise ValueError("not a manifest with a files mapping")
+    return manifest
+
+
 def verify(folder: Path) -> str | None:
     """None if `folder` matches its manifest exactly (same files, same hashes); else what is wrong."""
-    path = folder / MANIFEST
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-        files = manifest["files"]
-        if not isinstance(files, dict):
-            raise ValueError("files is not a mapping")
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        files = read_manifest(folder)["files"]
+    except _MANIFEST_ERRORS as e:
         return f"no readable manifest ({type(e).__name__})"
     present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST}
     missing = sorted(set(files) - present)
@@ -168,8 +175,8 @@ def _swap_in(src: Path, dst: Path) -> None:
 def is_weights_only(folder: Path) -> bool:
     """A checkpoint kept for its weights (`keep_weights_only`): no DeepSpeed state, nothing to resume."""
     try:
-        return json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("weights_only") is True
-    except (OSError, ValueError, AttributeError):
+        return read_manifest(folder).get("weights_only") is True
+    except _MANIFEST_ERRORS:
         return False
 
 
@@ -181,15 +188,14 @@ def keep_weights_only(run: Path, step: int) -> bool:
     manifest or is slim already."""
     folder = step_dir(run, step)
     try:
-        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-        files = dict(manifest["files"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        manifest = read_manifest(folder)
+    except _MANIFEST_ERRORS:
         return False
     if manifest.get("weights_only") is True:
         return False
     slim = checkpoints_dir(run) / f".step-{step}.slim.tmp"
     shutil.rmtree(slim, ignore_errors=True)
-    kept = {rel: digest for rel, digest in files.items() if not rel.startswith("ds/")}
+    kept = {rel: digest for rel, digest in manifest["files"].items() if not rel.startswith("ds/")}
     for rel in kept:
         target = slim / rel
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -202,15 +208,16 @@ def keep_weights_only(run: Path, step: int) -> bool:
     return True
 
 
-def prune(run: Path, keep_last: int, evaluation: set[int]) -> tuple[list[int], list[int]]:
+def prune(run: Path, keep_last: int, is_evaluation: Callable[[int], bool]) -> tuple[list[int], list[int]]:
     """Past the newest `keep_last` checkpoints (0: none is touched), which stay whole to resume from:
-    delete the regular ones, keep only the weights of the `evaluation` ones (`keep_weights_only`).
+    delete the regular ones, keep only the weights of the evaluation ones (`is_evaluation(step)`;
+    `keep_weights_only`).
     Returns (deleted steps, steps made weights-only)."""
     if keep_last <= 0:
         return [], []
     deleted, slimmed = [], []
     for step in list_steps(run)[keep_last:]:
-        if step in evaluation:
+        if is_evaluation(step):
             if keep_weights_only(run, step):
                 slimmed.append(step)
         else:
@@ -418,7 +425,7 @@ class Checkpointer:
         if world.is_main:
             write_manifest(staging, step, {"config": self.config_file})
             publish(run, step)
-            prune(run, self.cfg.checkpoint.keep_last, {s for s in list_steps(run) if self.cfg.is_eval_step(s)})
+            prune(run, self.cfg.checkpoint.keep_last, self.cfg.is_eval_step)
         dist.barrier()
 
 

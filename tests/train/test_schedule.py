@@ -47,7 +47,7 @@ def test_paper_evaluation_schedule_and_pruning(tmp_path):
     for s in saves:  # published one by one, pruned after each as Checkpointer.save does
         _fake_checkpoint(tmp_path, s)
         whole[s] = (ckpt.step_dir(tmp_path, s) / "hf" / "model.safetensors").read_bytes()
-        ckpt.prune(tmp_path, keep_last=2, evaluation=set(evals))
+        ckpt.prune(tmp_path, keep_last=2, is_evaluation=set(evals).__contains__)
     left = sorted(ckpt.list_steps(tmp_path))
     slim = [s for s in left if ckpt.is_weights_only(ckpt.step_dir(tmp_path, s))]
     print("kept", left, "weights only", slim)
@@ -59,7 +59,7 @@ def test_paper_evaluation_schedule_and_pruning(tmp_path):
         assert (folder / "hf" / "model.safetensors").read_bytes() == whole[s]
     assert not [p.name for p in ckpt.checkpoints_dir(tmp_path).iterdir() if p.name.startswith(".")]
     assert ckpt.newest_valid(tmp_path) == 2000
-    assert ckpt.prune(tmp_path, keep_last=2, evaluation=set(evals)) == ([], [])  # slim ones stay as they are
+    assert ckpt.prune(tmp_path, keep_last=2, is_evaluation=set(evals).__contains__) == ([], [])  # slim ones stay as they are
     # resume never starts from a weights-only checkpoint: with both whole ones corrupt, from scratch
     for s in (1990, 2000):
         (ckpt.step_dir(tmp_path, s) / "ds" / "state" / "mp_rank_00_model_states.pt").write_bytes(b"x")
@@ -71,7 +71,7 @@ def test_paper_evaluation_schedule_and_pruning(tmp_path):
 def test_keep_last_zero_keeps_every_checkpoint_whole(tmp_path):
     for s in (2, 4, 6):
         _fake_checkpoint(tmp_path, s)
-    assert ckpt.prune(tmp_path, keep_last=0, evaluation={2, 4, 6}) == ([], [])
+    assert ckpt.prune(tmp_path, keep_last=0, is_evaluation=lambda step: True) == ([], [])
     assert not any(ckpt.is_weights_only(ckpt.step_dir(tmp_path, s)) for s in (2, 4, 6))
 
 
