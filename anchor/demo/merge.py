@@ -288,6 +288,16 @@ def read_part_files(p: dict[str, Any]) -> None:
                   for v in p["runs"] for name in _PART_FILES}
 
 
+def _model_identity(part: dict[str, Any]) -> Any:
+    """The model bytes a part's runs trained from; a part whose train stage does not record them (an
+    older version's) is named to be run again."""
+    ident = part["record"]["stages"]["train"]["summary"].get("model_identity")
+    if ident is None:
+        raise InputError("its train stage records no model_identity (the model's bytes), so it cannot be shown "
+                         "to be a part of this experiment: run that part again with this version", path=part["dir"])
+    return ident
+
+
 def check_parts(parts: list[dict[str, Any]]) -> DemoSettings:
     """The profile's settings (every run) where the parts are one experiment; else an InputError naming the
     part and what differs."""
@@ -297,6 +307,7 @@ def check_parts(parts: list[dict[str, Any]]) -> DemoSettings:
     base = asdict(replace(first["settings"], only_runs=()))
     stages0 = first["record"]["stages"]
     pack_fp = stages0["pack"].get("fingerprint")
+    ident0 = _model_identity(first)
     seen: dict[str, Path] = {v: first["dir"] for v in first["runs"]}
     for p in parts[1:]:
         mine = asdict(replace(p["settings"], only_runs=()))
@@ -308,13 +319,7 @@ def check_parts(parts: list[dict[str, Any]]) -> DemoSettings:
         if st["pack"].get("fingerprint") != pack_fp:
             raise InputError(f"its packed windows are not those of {first['dir']} (pack fingerprints differ: "
                              "another corpus, tokenizer or anchor version)", path=p["dir"])
-        ident = st["train"]["summary"].get("model_identity")
-        for where, record in ((p["dir"], st), (first["dir"], stages0)):
-            if record["train"]["summary"].get("model_identity") is None:
-                raise InputError("its train stage records no model_identity (the model's bytes), so it cannot be "
-                                 "shown to be a part of this experiment: run that part again with this version",
-                                 path=where)
-        if ident != stages0["train"]["summary"].get("model_identity"):
+        if _model_identity(p) != ident0:
             raise InputError(f"its runs trained from another model file than those of {first['dir']} (the "
                              f"model {p['settings'].model!r} resolved to other bytes)", path=p["dir"])
         for k in _EVAL_SHARED:
