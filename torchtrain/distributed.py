@@ -22,6 +22,7 @@ import os
 import socket
 import sys
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import torch
@@ -59,6 +60,7 @@ class World:
 # world, so neither a later run in the same process nor a child (`anchor train` run from a notebook or a
 # test that trained in-process) mistakes them for a launcher's; a launcher always sets its own MASTER_PORT.
 SOLO_PORT = "ANCHOR_SOLO_MASTER_PORT"
+_WORLD_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 def launched_externally() -> bool:
@@ -67,6 +69,17 @@ def launched_externally() -> bool:
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return False
     return os.environ.get(SOLO_PORT) is None or os.environ.get(SOLO_PORT) != os.environ.get("MASTER_PORT")
+
+
+def environ_for_child(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`environ` (os.environ) for a child process that starts a world of its own (a transformers or accelerate script):
+    without the world-of-one variables `init_world` set in this process or a parent, which the child would
+    take for a launcher's and so listen on this process's port; a launcher's variables are kept."""
+    env = dict(os.environ if environ is None else environ)
+    if env.get(SOLO_PORT) is not None and env.get(SOLO_PORT) == env.get("MASTER_PORT"):
+        for key in (*_WORLD_VARS, SOLO_PORT):
+            env.pop(key, None)
+    return env
 
 
 def free_port() -> int:

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -22,7 +21,7 @@ import torch
 import torchtrain.hf as hf
 from anchor_core.errors import InputError
 from anchor_core.variants import VARIANTS
-from torchtrain.distributed import SOLO_PORT
+from torchtrain.distributed import environ_for_child
 
 FIRST, EOS = 1, 2
 
@@ -376,10 +375,7 @@ def test_examples_run() -> None:
         folders.append(str(root / "examples" / "trl"))
     except ImportError:
         pass
-    # without the world-of-one variables an in-process run of this session left in os.environ
-    # (torchtrain.distributed.init_world): accelerate would take them for a launcher's and listen on that port
-    world = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", SOLO_PORT}
-    env = {k: v for k, v in os.environ.items() if k not in world}
+    # a test of this session that trained in-process left its world of one in os.environ
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *folders],
-                          cwd=root, capture_output=True, text=True, timeout=600, env=env)
+                          cwd=root, capture_output=True, text=True, timeout=600, env=environ_for_child())
     assert done.returncode == 0, done.stdout[-3000:]

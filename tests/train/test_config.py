@@ -267,7 +267,7 @@ def test_a_child_of_a_process_that_trained_is_not_mistaken_for_a_launched_rank(t
     import sys
 
     from anchor.cli import main
-    from torchtrain.distributed import SOLO_PORT
+    from torchtrain.distributed import SOLO_PORT, environ_for_child
 
     with pytest.raises(SystemExit) as e:
         main(["train", "--config", str(TINY), "--out", str(tmp_path / "parent"), "--no-progress", "schedule.steps=1",
@@ -279,6 +279,10 @@ def test_a_child_of_a_process_that_trained_is_not_mistaken_for_a_launched_rank(t
     for env, want in ((dict(os.environ), "False"), (launched, "True")):
         out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=ROOT, capture_output=True, text=True)
         assert out.stdout.strip() == want, out.stderr[-2000:]
+    # a child that starts a world of its own (an accelerate script) gets none of the world-of-one variables;
+    # a launcher's stay
+    assert not {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", SOLO_PORT} & set(environ_for_child())
+    assert environ_for_child(launched) == launched
     child = subprocess.run([sys.executable, "-m", "anchor", "train", "--config", str(TINY), "--out",
                             str(tmp_path / "child"), "--no-progress", "schedule.steps=1", "checkpoint.save_every=0", "eval.every=1",
                             "eval.window=1", "data.pack.budget=4000"], cwd=ROOT, capture_output=True, text=True)
