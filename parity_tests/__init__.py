@@ -18,7 +18,8 @@ Modules:
            the torch stack's beside its emulation's (`audit.torch_stack`, `anchor audit --stack torch`)
   hf_stack  stock transformers (its own attention implementations, inputs packed as transformers expects)
            and users' attention functions against the oracle (`anchor parity --stack hf`): which variant
-           each computes when asked for each, and the bf16 rule where it computes the one asked
+           each computes when asked for each, and the bf16 rule where it computes the one asked (a package:
+           `run_hf_stack` in its __init__; stacks, subjects, inputs, runner, isolation, judge, rows)
   hf_report  its summary.md (the table of what each stack computes)
   planted_attention  users' attention functions for the tests: a correct one and planted defects
 

@@ -92,10 +92,10 @@ def unregister(name: str) -> None:
 
 
 # Families of runners built on demand from a name's prefix (`hf:IMPLEMENTATION@STYLE`: transformers' own
-# implementations, parity_tests.hf_stack.StackRunner). The module of a family registers its builder when it is
+# implementations, parity_tests.hf_stack.runner.StackRunner). The module of a family registers its builder when it is
 # imported (`register_family`); the registry loads it by name on the first use of its prefix, as plug-ins are
 # loaded, so the registry depends on none of the families it serves.
-FAMILIES: dict[str, str] = {"hf:": "parity_tests.hf_stack"}
+FAMILIES: dict[str, str] = {"hf:": "parity_tests.hf_stack.runner"}
 _BUILDERS: dict[str, Callable[[str], Runner]] = {}
 
 

@@ -145,12 +145,14 @@ def test_one_oracle_and_one_judge_in_the_library():
     """Only runners.oracle runs jaxref's forward, and only core.hold compares and judges taps (grads.py
     compares gradients, its own quantity); neither the transformers stack nor the black-box check keeps a
     recorder, oracle or judge of its own."""
-    library = [p for p in HERE.glob("*.py") if not p.name.startswith(("test_", "conftest"))]
+    hf_stack = sorted((HERE / "hf_stack").glob("*.py"))
+    assert hf_stack, "parity_tests/hf_stack/ holds no modules"
+    library = [p for p in [*HERE.glob("*.py"), *hf_stack] if not p.name.startswith(("test_", "conftest"))]
     forward = {p.name for p in library if _calls(p, {"forward"}) and "jaxref.forward(" in p.read_text()}
     assert forward == {"runners.py"}
     judging = {p.name for p in library if _calls(p, {"compare", "judge"})}
     assert judging == {"core.py"}
-    for name in ("hf_stack.py", "blackbox.py"):
-        source = (HERE / name).read_text()
-        assert "register_forward_hook(lambda m, a, out: rec" not in source, name
-        assert "_ORACLE" not in source, name
+    for path in [*hf_stack, HERE / "blackbox.py"]:
+        source = path.read_text()
+        assert "register_forward_hook(lambda m, a, out: rec" not in source, path.name
+        assert "_ORACLE" not in source, path.name
