@@ -187,8 +187,39 @@ def prepare_meta(engine: Engine, doc_ids: torch.Tensor, variant: Variant) -> Att
     return AttnMeta(engine, variant, doc_ids, segments=segments, plan=plan(segments) if engine == "varlen" else None)
 
 
+def compute_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.dtype:
+    """The one dtype a layer's attention computes in: under autocast on q's device the autocast dtype, else
+    the widest of the three.
+
+    Under autocast (Trainer's and TRL's bf16=True) q, k and v arrive in different dtypes: the projections
+    are bf16, but transformers' rotary tables follow the fp32 residual stream, so the rotated q and k are
+    fp32 while v stays bf16. torch's own SDPA casts all three to the autocast dtype there (its autocast
+    policy lists it among the lower-precision ops); every engine does the same, so a layer computes
+    exactly what it computes on q, k, v rounded to bf16 by the caller. The fused kernels behind the
+    engines take one dtype and are not on autocast's lists themselves."""
+    device = q.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+
+
+def in_compute_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v cast to `compute_dtype` (each left as it is where it has that dtype already)."""
+    dt = compute_dtype(q, k, v)
+    return q.to(dt), k.to(dt), v.to(dt)  # type: ignore[return-value]
+
+
 def attend(engine: Engine, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta, scale: float) -> torch.Tensor:
-    """One layer's attention. q [B,N,T,D], k/v [B,K,T,D] (RoPE applied) -> out [B,T,N,D]."""
+    """One layer's attention. q [B,N,T,D], k/v [B,K,T,D] (RoPE applied) -> out [B,T,N,D], computed in
+    `compute_dtype(q, k, v)` (under autocast its dtype, as torch's SDPA) with autocast off inside: each
+    engine's arithmetic is stated per dtype (the emulations upcast where the kernel does), and autocast
+    would send their float32 matmuls back to bf16."""
+    q, k, v = in_compute_dtype(q, k, v)
+    with torch.autocast(q.device.type, enabled=False):
+        return _attend(engine, q, k, v, meta, scale)
+
+
+def _attend(engine: Engine, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta, scale: float) -> torch.Tensor:
     if engine == "eager":
         return attn.eager_attention(q, k, v, meta.dense, scale)
     if engine == "sdpa":
@@ -232,6 +263,7 @@ def _attention_function(engine: Engine):
             raise UnavailableError(f"engine {engine!r} implements neither sliding windows nor attention dropout")
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
         tap = getattr(module, TAP_ATTR, None)
+        query, key, value = in_compute_dtype(query, key, value)  # under autocast: its dtype (compute_dtype)
         if attn_meta.sp is not None:
             if tap is not None:
                 raise InputError("taps are not captured under sequence parallelism: capture them in one process")

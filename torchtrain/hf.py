@@ -76,8 +76,9 @@ from anchor_core.data.packed import PackedData
 from anchor_core.data.packing import Packer
 from anchor_core.data.store import TokenStore
 from anchor_core.errors import InputError
+from anchor_core.spec import HF_MODEL_TYPES
 from anchor_core.variants import VARIANTS, Variant, check_variant
-from torchtrain.engines import AttnMeta, Engine, attend, check_engine, prepare_meta
+from torchtrain.engines import AttnMeta, Engine, attend, check_engine, in_compute_dtype, prepare_meta
 
 IGNORE_INDEX = -100  # transformers' causal-LM loss skips these labels
 
@@ -323,6 +324,10 @@ def _attention_function(name: str, engine: Engine) -> Callable[..., tuple[torch.
     def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attention_mask: torch.Tensor | None = None, dropout: float = 0.0, scaling: float | None = None,
                   sliding_window: int | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+        model_type = getattr(getattr(module, "config", None), "model_type", None)
+        if model_type is not None and model_type not in HF_MODEL_TYPES:
+            raise InputError(f"attention {name!r} supports the model types {', '.join(HF_MODEL_TYPES)} (RoPE decoders, "
+                             f"whose positions the variants set), not {model_type!r}")
         doc_ids = kwargs.get("doc_ids")
         if doc_ids is None:
             raise InputError(f"attention {name!r} needs doc_ids= [B, T] and variant= in the model's forward "
@@ -333,6 +338,7 @@ def _attention_function(name: str, engine: Engine) -> Callable[..., tuple[torch.
         if query.shape[0] != len(doc_ids):
             raise InputError(f"doc_ids has {len(doc_ids)} rows, the batch {query.shape[0]} "
                              "(a KV cache or generation is not supported)")
+        query, key, value = in_compute_dtype(query, key, value)  # under autocast: its dtype (engines.compute_dtype)
         check_engine(engine, query.dtype)
         meta = _meta(engine, doc_ids, kwargs.get("variant"), query.device, query.shape[2])
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
