@@ -13,7 +13,14 @@ everything below it: the shared core (`anchor_core`), the oracle (`jaxref`), the
 and what compares them (`parity_tests`); nothing below imports it.
 
 The names below are loaded on first use (PEP 562), so `import anchor` and `anchor --help` import no JAX
-or torch.
+or torch. `import anchor` also registers the attention functions (`anchor_sdpa`, `anchor_varlen`, ...:
+torchtrain.hf) in transformers' AttentionInterface, once transformers' models are imported
+(anchor.registration), so `attn_implementation="anchor_varlen"` works after it.
+
+    import anchor
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="anchor_varlen")
+    collator = anchor.PackingCollator("anchor", seq_len=4096, tokenizer=tok)
+    report = anchor.check_step(model, collator(features))               # which variant the step computes
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
+from anchor import registration
 from anchor_core import __version__  # noqa: F401
 
 # name: (module, attribute); what a user of the toolkit reaches from `import anchor`
@@ -36,9 +44,12 @@ API: dict[str, tuple[str, str]] = {
     "train": ("torchtrain.trainer", "train"),                      # `anchor train` as a function
     "build_model": ("torchtrain", "build_model"),                  # a stock transformers LM with our engines
     "PackingCollator": ("torchtrain.hf", "PackingCollator"),       # AnchorAttention in HF Trainer / TRL
+    "check_step": ("parity_tests.blackbox", "check_step"),         # which variant your step computes
 }
 
 __all__ = ["__version__", *API]
+
+registration.install()
 
 
 def __getattr__(name: str) -> Any:

@@ -34,6 +34,8 @@ ROPE_LAYOUTS: tuple[str, ...] = ("half", "interleaved")
 PAPER_ROPE_BASE: dict[int, float] = {32768: 1e6, 65536: 5e6, 131072: 1e7, 262144: 5e7}
 
 _HF_MODEL_TYPE = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "smollm2": "llama"}
+HF_MODEL_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3")
+"""transformers' model types of the families: RoPE decoders, whose positions the variants set (docs/DESIGN.md §2)."""
 _HF_ARCH = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
@@ -398,9 +400,9 @@ def from_hf_config(d: dict[str, Any], *, source: str = "config.json") -> ModelSp
     if not isinstance(d, dict):
         raise InputError(f"a model config must be a JSON object, got {type(d).__name__}", path=source)
     model_type = d.get("model_type")
-    if model_type not in ("llama", "mistral", "qwen2", "qwen3"):
+    if model_type not in HF_MODEL_TYPES:
         raise InputError(
-            f"unsupported architecture {model_type!r} (supported: llama, mistral, qwen2, qwen3)", path=source
+            f"unsupported architecture {model_type!r} (supported: {', '.join(HF_MODEL_TYPES)})", path=source
         )
     r = _HFReader(d, source)
     hidden = r.int("hidden_size")

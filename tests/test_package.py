@@ -34,3 +34,30 @@ def test_import_anchor_loads_no_framework():
 def test_python_m_anchor_is_the_command():
     out = subprocess.run([sys.executable, "-m", "anchor", "--help"], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0 and "Usage: anchor" in out.stdout and "train" in out.stdout
+
+
+_CONFIG = ("from transformers import LlamaConfig; cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, "
+           "num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)")
+
+
+@pytest.mark.parametrize("order", ["anchor first", "transformers' models first"])
+def test_import_anchor_registers_the_attention_functions(order):
+    """`import anchor` then `from_config(..., attn_implementation="anchor_varlen")` works, whichever of anchor and
+    transformers' models is imported first; anchor.check_step and anchor.PackingCollator are offered beside."""
+    first = "import anchor" if order == "anchor first" else "import transformers.modeling_utils; import anchor"
+    code = (f"{first}; {_CONFIG}; from transformers import AutoModelForCausalLM, AttentionInterface; "
+            "m = AutoModelForCausalLM.from_config(cfg, attn_implementation='anchor_varlen'); "
+            "import torchtrain.hf as hf; "
+            "print(m.config._attn_implementation, all(AttentionInterface._global_mapping[n] is hf.FUNCTIONS[n] "
+            "for n in hf.FUNCTIONS), anchor.check_step.__name__, anchor.PackingCollator.__name__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["anchor_varlen", "True", "check_step", "PackingCollator"]
+
+
+def test_without_anchor_the_names_are_unknown_to_transformers():
+    """The registration above is anchor's doing: a process that never imports it does not have the names."""
+    code = (f"{_CONFIG}; from transformers import AutoModelForCausalLM; "
+            "AutoModelForCausalLM.from_config(cfg, attn_implementation='anchor_varlen')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode != 0 and "anchor_varlen" in done.stderr

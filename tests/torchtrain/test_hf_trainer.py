@@ -181,6 +181,20 @@ def test_attention_errors(llama) -> None:
         model(input_ids=ids, doc_ids=torch.ones_like(ids), variant="anchor")
 
 
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_other_families_are_refused_in_one_line(dropout: float) -> None:
+    """GPT-2 calls the attention interface too, but its positions are learned embeddings the variants do not set."""
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=300, attn_pdrop=dropout, resid_pdrop=dropout,
+                        embd_pdrop=dropout)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="anchor_sdpa")
+    ids = torch.arange(3, 20)[None]
+    with pytest.raises(InputError, match=r"^attention 'anchor_sdpa' supports the model types llama, mistral, qwen2, "
+                                         r"qwen3 \(.*\), not 'gpt2'$"):
+        model(input_ids=ids, doc_ids=torch.ones_like(ids), variant="intra_doc")
+
+
 def test_register_is_idempotent() -> None:
     from transformers import AttentionInterface
 
