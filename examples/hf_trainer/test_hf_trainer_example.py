@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from hf_trainer_anchor import build
@@ -15,12 +16,13 @@ from hf_trainer_anchor import build
 HERE = Path(__file__).resolve().parent
 
 
-def test_script_trains(tmp_path):
+@pytest.mark.parametrize("bf16", [False, True])
+def test_script_trains(tmp_path, bf16):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, str(HERE / "hf_trainer_anchor.py"), "--out", str(tmp_path), "--steps", "2"],
-                          capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run([sys.executable, str(HERE / "hf_trainer_anchor.py"), "--out", str(tmp_path), "--steps", "2",
+                           *(["--bf16"] if bf16 else [])], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    found = re.search(r"trained 2 steps, anchor via anchor_sdpa: loss (\S+)", done.stdout)
+    found = re.search(r"trained 2 steps, anchor via anchor_varlen: loss (\S+)", done.stdout)
     assert found, done.stdout[-2000:]
     assert abs(float(found[1]) - math.log(331)) < 0.5  # a random model: about ln(vocabulary)
 

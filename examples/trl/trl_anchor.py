@@ -1,23 +1,24 @@
 """AnchorAttention in TRL's SFTTrainer: a tiny random Llama trained on packed documents (CPU, seconds).
 
-    python examples/trl/trl_anchor.py --out runs/trl_example [--variant anchor] [--attention anchor_sdpa]
+    python examples/trl/trl_anchor.py --out runs/trl_example [--variant anchor] [--attention anchor_varlen] [--bf16]
 """
 
 import argparse
 
 import numpy as np
+import torch
 from datasets import Dataset
 from tokenizers import Tokenizer, models
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
 from trl import SFTConfig, SFTTrainer
 
+import anchor  # registers anchor_varlen, anchor_sdpa, ... in transformers
 import torchtrain.hf as anchor_hf
 
 VARIANTS = ["full", "intra_doc", "intra_doc_reset", "anchor"]
 
 
-def build(out: str, steps: int = 3, variant: str = "anchor", attention: str = "anchor_sdpa") -> SFTTrainer:
-    anchor_hf.register()  # puts anchor_sdpa, anchor_varlen, ... in transformers' AttentionInterface
+def build(out: str, steps: int = 3, variant: str = "anchor", attention: str = "anchor_varlen", bf16: bool = False) -> SFTTrainer:
     config = LlamaConfig(vocab_size=331, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attention)
@@ -27,11 +28,11 @@ def build(out: str, steps: int = 3, variant: str = "anchor", attention: str = "a
                                   pad_token="<pad>", bos_token="<s>", eos_token="</s>")
     rng = np.random.default_rng(0)  # already tokenized (input_ids): SFTTrainer does not tokenize again
     docs = Dataset.from_dict({"input_ids": [rng.integers(3, 331, n).tolist() for n in rng.integers(5, 150, 64)]})
-    collator = anchor_hf.PackingCollator(variant, seq_len=127, tokenizer=tok)  # BOS at slot 0, EOS after each
+    collator = anchor.PackingCollator(variant, seq_len=127, tokenizer=tok)  # BOS at slot 0, EOS after each
     # max_length=None: SFTTrainer would cut each document to 1024 tokens; the collator packs (packing=False)
     args = SFTConfig(output_dir=out, max_steps=steps, per_device_train_batch_size=8, learning_rate=1e-3,
                      adam_beta2=0.95, weight_decay=0.1, logging_steps=1, save_strategy="no", report_to="none",
-                     use_cpu=True, max_length=None, packing=False)
+                     bf16=bf16, use_cpu=not torch.cuda.is_available(), max_length=None, packing=False)
     return SFTTrainer(model=model, args=args, data_collator=collator, train_dataset=docs, processing_class=tok)
 
 
@@ -40,9 +41,10 @@ def main(argv=None) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--variant", default="anchor", choices=VARIANTS)
-    p.add_argument("--attention", default="anchor_sdpa", choices=sorted(anchor_hf.FUNCTIONS))
+    p.add_argument("--attention", default="anchor_varlen", choices=sorted(anchor_hf.FUNCTIONS))
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast, as on a GPU (fp32 weights and optimizer)")
     a = p.parse_args(argv)
-    result = build(a.out, a.steps, a.variant, a.attention).train()
+    result = build(a.out, a.steps, a.variant, a.attention, a.bf16).train()
     print(f"trained {result.global_step} steps, {a.variant} via {a.attention}: loss {result.training_loss:.4f}")
 
 
