@@ -1,7 +1,10 @@
 """The `anchor` command line: one console script, one verb per module in `anchor.commands`.
 
-Each verb module registers itself on `app` with `@app.command()` and imports its heavy
-dependencies (JAX, torch, transformers) inside the function, so `anchor --help` stays fast.
+Each verb module registers itself on `app` with `@app.command(short_help=SUMMARY)` and imports its
+heavy dependencies (JAX, torch, transformers) inside the function, so `anchor --help` stays fast.
+`SUMMARY`, one short sentence, is the verb's single line in `anchor --help` (typer prints the help there
+with its line breaks kept, so a docstring would show as a paragraph broken mid-sentence); the function's
+docstring is the full description `anchor VERB --help` shows.
 
 One error path for every verb (`main`):
   * a usage error (no verb, an unknown verb or option, a missing or malformed option, an extra

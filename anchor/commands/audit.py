@@ -16,7 +16,10 @@ COMPILE_CACHE_BYTES = 2 << 30
 """Size limit of the audit's compilation cache (a default audit's programs take about 3 MB)."""
 
 
-@app.command()
+SUMMARY = "Measure how a position shift changes attention per dtype policy."
+
+
+@app.command(short_help=SUMMARY)
 def audit(
     out: Annotated[Path, typer.Option("--out", help="Output folder (replaced when complete).")],
     model: Annotated[str, typer.Option(

@@ -33,7 +33,10 @@ def _names(text: str, flag: str) -> list[str]:
     return out
 
 
-@app.command()
+SUMMARY = "Time attention and training steps per engine, variant and length."
+
+
+@app.command(short_help=SUMMARY)
 def bench(
     out: Annotated[Path, typer.Option("--out", help="Output folder (replaced when complete).")],
     seq_len: Annotated[str, typer.Option(

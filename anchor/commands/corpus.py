@@ -10,7 +10,10 @@ import typer
 from anchor.cli import app
 
 
-@app.command()
+SUMMARY = "Build the default corpus from the text Python ships with."
+
+
+@app.command(short_help=SUMMARY)
 def corpus(
     out: Annotated[Path, typer.Option("--out", help="Folder to write corpus.jsonl and corpus.json into "
                                                     "(replaced when complete; see docs/verbs/index.md: what --out may replace).")],

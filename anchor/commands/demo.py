@@ -10,7 +10,10 @@ import typer
 from anchor.cli import app
 
 
-@app.command()
+SUMMARY = "Run the paper's experiment end to end; writes index.html."
+
+
+@app.command(short_help=SUMMARY)
 def demo(
     out: Annotated[Path, typer.Option("--out", help="The demo folder: finished stages are kept and reused by the "
                                                     "next run (see docs/verbs/index.md: what --out may replace).")] = Path("runs/demo"),

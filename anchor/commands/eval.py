@@ -19,7 +19,10 @@ def _split(text: str, option: str) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-@app.command(name="eval")
+SUMMARY = "Evaluate checkpoints on RULER and held-out perplexity."
+
+
+@app.command(name="eval", short_help=SUMMARY)
 def eval_(
     out: Annotated[Path, typer.Option("--out", help="Output folder (replaced when complete).")],
     run: Annotated[Optional[Path], typer.Option(

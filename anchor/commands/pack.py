@@ -10,7 +10,10 @@ import typer
 from anchor.cli import app
 
 
-@app.command()
+SUMMARY = "Tokenize, mix and pack documents into windows of T slots."
+
+
+@app.command(short_help=SUMMARY)
 def pack(
     ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", help="Output folder (replaced when complete).")],

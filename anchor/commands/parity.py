@@ -27,7 +27,10 @@ INPUTS_HELP = ("flattening (DataCollatorWithFlattening's restarting position_ids
                "collator's cu_seq_lens_q/k and max_length_q/k too), continuous (position_ids 0..T-1, no mask), "
                "mask4d-bool and mask4d-float (the variant's position_ids and mask as a 4-D attention_mask).")
 
-@app.command()
+SUMMARY = "Compare a training stack with the oracle, layer by layer."
+
+
+@app.command(short_help=SUMMARY)
 def parity(
     out: Annotated[Path, typer.Option("--out", help="Output folder (replaced when complete; until then each finished "
                                                      "case is kept in .<name>.parts beside it, and a rerun of a killed "

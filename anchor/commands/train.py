@@ -11,7 +11,10 @@ import typer
 from anchor.cli import app
 
 
-@app.command(context_settings={"allow_extra_args": False})
+SUMMARY = "Train (or resume) a run: checkpoints and metrics under --out."
+
+
+@app.command(context_settings={"allow_extra_args": False}, short_help=SUMMARY)
 def train(
     out: Annotated[Path, typer.Option("--out", help="The run folder; running again with the same --out resumes it.")],
     config: Annotated[Optional[Path], typer.Option(
