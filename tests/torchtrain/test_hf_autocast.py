@@ -119,22 +119,31 @@ class StepRecorder(TrainerCallback):
             p.register_post_accumulate_grad_hook(self._grad)
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self.steps.append({"params": {n: p.detach().float().numpy().copy() for n, p in self.model.named_parameters()},
+        self.steps.append({"params": {n: p.detach().float().cpu().numpy().copy()
+                                      for n, p in self.model.named_parameters()},
                            "grads": {}})
 
     def _batch(self, module, args, kwargs):
-        self.steps[-1]["batch"] = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        self.steps[-1]["batch"] = {k: v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
 
     def _loss(self, module, args, output):
         self.steps[-1]["loss"] = float(output.loss.detach())
 
     def _grad(self, p):
-        self.steps[-1]["grads"][self._names[id(p)]] = p.grad.detach().float().numpy().copy()
+        self.steps[-1]["grads"][self._names[id(p)]] = p.grad.detach().float().cpu().numpy().copy()
 
 
-def autocast_emulation():
-    """The oracle's emulation of a bf16-autocast step on this CPU (module docstring)."""
-    return cpu_kernel_policy().with_stages(rope_table="float32", rope_apply="float32")
+# The kernel each function's bf16 attention runs on CUDA, by the preset that emulates it: torch's varlen kernel
+# (FlashAttention-2 inside), compiled FlexAttention, and SDPA's memory-efficient kernel (a mask rules out its flash
+# kernel; the same online softmax over key blocks as FA-2)
+CUDA_KERNELS = {"anchor_varlen": "fa2_bf16", "anchor_sdpa": "fa2_bf16", "anchor_flex": "flex_bf16"}
+
+
+def autocast_emulation(name: str = "anchor_varlen", device: str = "cpu"):
+    """The oracle's emulation of a bf16-autocast step with attention `name` on `device` (module docstring): on the
+    CPU every function runs torch's fused CPU kernel."""
+    kernel = cpu_kernel_policy() if device == "cpu" else jaxref.get_policy(CUDA_KERNELS[name])
+    return kernel.with_stages(rope_table="float32", rope_apply="float32")
 
 
 def oracle_step(spec, step: dict, policy, variant: str | None = None) -> tuple[float, dict[str, np.ndarray]]:
@@ -155,10 +164,10 @@ def rel_l2(x, truth) -> float:
     return float(np.linalg.norm(x - t) / np.linalg.norm(t))
 
 
-def judge(spec, steps: list[dict], truth_variant: str | None = None) -> list[str]:
+def judge(spec, steps: list[dict], truth_variant: str | None = None, emulation=None) -> list[str]:
     """Every (step, quantity) outside the bf16 rule: rel. error <= factor x the emulation's + floor, both
     against fp64 truth of the step's variant (or `truth_variant`)."""
-    emulation, failures = autocast_emulation(), []
+    emulation, failures = emulation or autocast_emulation(), []
     for i, step in enumerate(steps, start=1):
         assert np.isfinite(step["loss"]) and all(np.isfinite(g).all() for g in step["grads"].values())
         truth_loss, truth = oracle_step(spec, step, "fp64", truth_variant)
@@ -177,38 +186,33 @@ def _model(name: str) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(tiny_config(), attn_implementation=name)
 
 
-def trainer_steps(name: str, variant: str) -> tuple[list[dict], object]:
+def trainer_steps(name: str, variant: str, device: str = "cpu") -> tuple[list[dict], object]:
     model = _model(name)
     recorder = StepRecorder(model)
     data = Dataset.from_dict({"input_ids": documents(64)})
     args = TrainingArguments(output_dir="unused", max_steps=STEPS, per_device_train_batch_size=8, learning_rate=1e-3,
-                             bf16=True, use_cpu=True, save_strategy="no", report_to="none", logging_steps=1)
+                             bf16=True, use_cpu=device == "cpu", save_strategy="no", report_to="none", logging_steps=1)
     collator = hf.PackingCollator(variant, T, first_token_id=FIRST, eos_token_id=EOS)
     Trainer(model=model, args=args, data_collator=collator, train_dataset=data, callbacks=[recorder]).train()
     return recorder.steps, model
 
 
-@pytest.mark.parametrize("name", ["anchor_varlen", "anchor_sdpa"])
-def test_trainer_bf16_steps_hold_against_the_oracle(name: str, tmp_path, monkeypatch) -> None:
+ON_CUDA = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+@pytest.mark.parametrize("device, name", [
+    ("cpu", "anchor_varlen"), ("cpu", "anchor_sdpa"),  # anchor_flex has no backward on the CPU
+    *(pytest.param("cuda", n, marks=ON_CUDA) for n in ("anchor_varlen", "anchor_flex", "anchor_sdpa")),
+])
+def test_trainer_bf16_steps_hold_against_the_oracle(device: str, name: str, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    steps, model = trainer_steps(name, "anchor")
+    steps, model = trainer_steps(name, "anchor", device)
     assert len(steps) == STEPS and all(s["batch"]["input_ids"].shape[1] == T for s in steps)
-    spec = from_hf_config(model.config.to_dict())
-    assert judge(spec, steps) == []
+    spec, emulation = from_hf_config(model.config.to_dict()), autocast_emulation(name, device)
+    assert judge(spec, steps, emulation=emulation) == []
     if name == "anchor_varlen":  # the rule sees the mask: the same steps fail against intra_doc's truth
-        assert any(f.startswith("step 1 grad") for f in judge(spec, steps[:1], truth_variant="intra_doc"))
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="anchor_flex trains on CUDA only")
-def test_trainer_bf16_flex_trains_on_cuda(tmp_path, monkeypatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    model = _model("anchor_flex")
-    args = TrainingArguments(output_dir="unused", max_steps=STEPS, per_device_train_batch_size=8, bf16=True,
-                             save_strategy="no", report_to="none")
-    collator = hf.PackingCollator("anchor", T, first_token_id=FIRST, eos_token_id=EOS)
-    result = Trainer(model=model, args=args, data_collator=collator,
-                     train_dataset=Dataset.from_dict({"input_ids": documents(64)})).train()
-    assert result.global_step == STEPS and np.isfinite(result.training_loss)
+        wrong = judge(spec, steps[:1], truth_variant="intra_doc", emulation=emulation)
+        assert any(f.startswith("step 1 grad") for f in wrong)
 
 
 def _tokenizer():
@@ -231,29 +235,32 @@ class SeenDocuments:
         return self.collator(features)
 
 
-def sft_trainer(docs: list[list[int]], model, steps: int, **config):
+def sft_trainer(docs: list[list[int]], model, steps: int, device: str = "cpu", **config):
     from trl import SFTConfig, SFTTrainer
 
     tok = _tokenizer()
     collator = SeenDocuments(hf.PackingCollator("anchor", T, tokenizer=tok))
-    # TRL's defaults but for the run's bounds; use_cpu: SFTConfig refuses its default bf16 on a machine without a GPU
+    # TRL's defaults but for the run's bounds and device (SFTConfig refuses its default bf16 without a GPU unless
+    # told to use the CPU)
     args = SFTConfig(output_dir="unused", max_steps=steps, save_strategy="no", report_to="none",
-                     use_cpu=not torch.cuda.is_available(), **config)
+                     use_cpu=device == "cpu", **config)
     trainer = SFTTrainer(model=model, args=args, data_collator=collator, processing_class=tok,
                          train_dataset=Dataset.from_dict({"input_ids": docs}))
     return trainer, collator
 
 
-def test_trl_default_config_steps_hold_against_the_oracle(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=ON_CUDA)])
+def test_trl_default_config_steps_hold_against_the_oracle(device: str, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     model = _model("anchor_varlen")
     recorder = StepRecorder(model)
-    trainer, _ = sft_trainer(documents(64), model, STEPS, max_length=None)
+    trainer, _ = sft_trainer(documents(64), model, STEPS, device, max_length=None)
     assert trainer.args.bf16 and trainer.args.gradient_checkpointing  # TRL's defaults: what its users run
     trainer.add_callback(recorder)
     trainer.train()
     assert len(recorder.steps) == STEPS
-    assert judge(from_hf_config(model.config.to_dict()), recorder.steps) == []
+    spec = from_hf_config(model.config.to_dict())
+    assert judge(spec, recorder.steps, emulation=autocast_emulation("anchor_varlen", device)) == []
 
 
 def test_trl_default_max_length_cuts_documents(tmp_path, monkeypatch) -> None:
