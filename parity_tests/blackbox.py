@@ -3,27 +3,33 @@
 Legend: B rows, T slots, V vocabulary, L layers.
 
 `check_step(model, batch)` runs `model(**batch)` on the batch exactly as your loop passes it (the same
-keys and values, nothing added or changed: `use_cache` stays whatever the model's config and the batch
-say) and says which attention variant of docs/DESIGN.md §1-§2 that forward computes, held against the
-oracle (jaxref, fp64) on the same tokens and the same weights:
+keys and values, nothing added, one dtype cast: see below; `use_cache` stays whatever the model's config
+and the batch say) and says which attention variant of docs/DESIGN.md §1-§2 that forward computes, held
+against the oracle (jaxref, fp64) on the same tokens and the same weights:
 
-  documents   where the documents of the batch are, read from (the first that applies):
+  documents   where the documents of the batch are (parity_tests.batch_documents, the first that applies):
                 1. `doc_ids=` given by you: int [B, T] (or [T] for one row), equal ids = one document,
                    -1 padding;
-                2. `cu_seq_lens_q` in the batch (DataCollatorWithFlattening(return_flash_attn_kwargs=True),
-                   what flash_attention_2 reads): one row, a document per interval;
-                3. a 4-D `attention_mask` [B, 1|H, T, T] (bool / 0-1: True attends; float: additive, 0
-                   attends): a new document wherever a slot may not see the slot before it;
-                4. `position_ids` that restart: a new document wherever a position is not the previous
+                2. the batch's own `doc_ids` key (torchtrain.hf.PackingCollator's: 0 the anchor slot,
+                   documents 1, 2, …, -1 padding);
+                3. `cu_seq_lens_q`, else `cu_seq_lens_k` (DataCollatorWithFlattening(
+                   return_flash_attn_kwargs=True), what flash_attention_2 reads): one row, a document per
+                   interval;
+                4. a 4-D `attention_mask` [B, 1|H, T, T] (bool / 0-1: True attends; float: additive, 0
+                   attends): a new document wherever the earliest key a slot sees (slot 0 left out: the
+                   anchor mask lets every slot see it) differs from the previous slot's; a slot that sees
+                   nothing, and the run at a row's end that sees only itself (§2's padding), is padding;
+                5. `position_ids` that restart: a new document wherever a position is not the previous
                    one + 1 (the rule of transformers' masking_utils.find_packed_sequence_indices);
-                5. otherwise one document per row.
-              The order follows what is most explicit: offsets and a mask say where documents are, a
+                6. otherwise one document per row.
+              The order follows what is most explicit: ids, offsets and a mask say where documents are, a
               restart of position_ids only implies it (transformers reads it that way only where
               past_key_values is None: with use_cache on, a flattened batch attends across documents).
               A 2-D `attention_mask` marks padding (0) in every case. Where two sources in the batch
               put the boundaries in different places the report says so (`documents["disagree"]`).
               The `anchor` variant's anchor is slot 0 of each row (the first token the collator put
-              there): the oracle's anchor rule lets every slot see slot 0, whichever document it opens.
+              there), counted with the document slot 1 opens: the oracle's anchor rule lets every slot
+              see slot 0, whichever document it opens.
   computes    the forward's float32 taps (a float32 copy, its rotary tables rebuilt from the config;
               embeddings, q and k as the attention function gets them, attention and MLP outputs,
               hidden states, logits) against the oracle's fp64 taps of each
@@ -32,7 +38,10 @@ oracle (jaxref, fp64) on the same tokens and the same weights:
               (else the closest match). Where none is within, the oracle is also run with each mask
               (full, per document, anchor) at the batch's own position_ids, which names what a
               mixed stack computes (`reading`: e.g. full attention at restarting positions, what
-              transformers' sdpa computes on a flattened batch while it builds a cache).
+              transformers' sdpa computes on a flattened batch while it builds a cache). Where it does not
+              compute the variant asked, the documents whose tapped quantity at the first diverging tap is
+              over the tolerance against the asked variant's oracle are named with their first slots
+              (`fp32["documents"]`).
   bf16        where the model runs in bfloat16 (its own dtype, or dtype="bfloat16"), its bfloat16
               taps against the fp64 truth of the variant it computes, by the suite's bf16 rule
               (2 x the emulation's error + the floor; the emulation of its attention implementation,
@@ -41,14 +50,20 @@ oracle (jaxref, fp64) on the same tokens and the same weights:
               anchor variant shares) and list every other document whose logits moved, relative to
               its logits, by more than 2 x the run-to-run noise of the same forward (measured: the
               batch run twice) + the fp32 tolerance. Documents that move are documents that see each
-              other. It runs in the dtype the model runs in.
+              other. It runs in the dtype the model runs in. Where the step does not compute the variant
+              asked, it changes each document another follows in turn (up to PROBE_SWEEP), so the report
+              says which document moves which (`probe["moved_by"]`).
   pass        it computes one of `variants`, passes the bf16 rule where it runs in bfloat16, and (unless
               `full` is asked) the probe moved no other document.
 
 The forwards run on copies of the model (eval mode, no gradient): your model, its mode and its dtype
-are left as they are. `check_step` returns a report whose `message` is one paragraph (what was asked,
-what it computes, the first diverging layer and quantity with its error, what the probe saw); the
-pytest fixture `anchor_check_step` (anchor/pytest_plugin.py) fails a test with it.
+are left as they are. The one change made to the batch: a floating (additive) 4-D attention_mask is given
+to each copy in that copy's dtype (a bfloat16 loop builds its mask in bfloat16, and torch's sdpa refuses
+a mask in another dtype than the query's); bool and integer masks go as they are. Where that changes the
+mask of the run in the model's own dtype, the message says so. `check_step` returns a report whose
+`message` is one paragraph (what was asked, what it computes, the first diverging layer and quantity with
+its error and the documents over the tolerance there, what the probe saw); the pytest fixture
+`anchor_check_step` (anchor/pytest_plugin.py) fails a test with it.
 
     from transformers import DataCollatorWithFlattening
     batch = DataCollatorWithFlattening(return_tensors="pt")(features)
@@ -67,17 +82,21 @@ import numpy as np
 import jaxref
 from anchor_core.errors import InputError
 from anchor_core.variants import VARIANTS
+from parity_tests.batch_documents import SOURCES, batch_positions, batch_tokens, infer_documents
 from parity_tests.cases import CaseInputs
-from parity_tests.core import RULE, Rule
+from parity_tests.core import EMBED, HEAD, RULE, Rule, tap_errors
 from parity_tests.core import hold as judged
 from parity_tests.emulations import HF_EMULATIONS
 from parity_tests.hf_stack import IDENTIFYING, TRUTH, _error, bf16_verdict, identify, module_subject, only, where
 from parity_tests.runners import Taps, as_arrays, oracle
 from torchtrain.taps import capture_taps
 
+__all__ = ["DTYPES", "MASKS", "PROBE_SWEEP", "SOURCES", "check_step", "infer_documents", "probe_documents",
+           "step_message"]  # SOURCES and infer_documents live in parity_tests.batch_documents
+
 DTYPES: tuple[str, ...] = ("float32", "bfloat16")
-# What a batch may hold the documents in, in the order they are read (see the module docstring).
-SOURCES: tuple[str, ...] = ("doc_ids", "cu_seq_lens_q", "attention_mask", "position_ids", "rows")
+PROBE_SWEEP = 8  # documents the probe changes in turn where the step does not compute the variant asked
+LISTED = 6  # documents a message names before "and N more"
 MASKS: tuple[str, ...] = ("full", "intra_doc", "anchor")  # the masks of the four variants
 _MASK_WORDS = {"full": "full attention (across documents)", "intra_doc": "attention within each document",
                "anchor": "attention within each document and to slot 0"}
@@ -88,131 +107,16 @@ _PER_DOCUMENT = ("intra_doc", "intra_doc_reset", "anchor")
 # The batch
 
 
-def _numpy(x: Any) -> np.ndarray:
-    if hasattr(x, "detach"):
-        x = x.detach().cpu()
-        if x.dtype.is_floating_point:
-            x = x.float()
-        return x.numpy()
-    return np.asarray(x)
+def _as_run(batch: Mapping, dtype: str) -> Mapping:
+    """The batch for a copy in `dtype`: a floating 4-D attention_mask in that dtype (finite values kept
+    finite: a float32 mask's most negative number is bfloat16's most negative, not -inf), else as given."""
+    import torch
 
-
-def _tokens(batch: Any) -> np.ndarray:
-    if not isinstance(batch, Mapping):
-        raise InputError(f"batch: expected the dict of tensors your loop passes to model(**batch), got a "
-                         f"{type(batch).__name__}")
-    if "input_ids" not in batch:
-        raise InputError(f"batch: no input_ids (its keys: {', '.join(map(str, batch)) or 'none'}); the check holds "
-                         f"the forward against the oracle on the same token ids, so the batch must carry them")
-    tokens = _numpy(batch["input_ids"])
-    if tokens.ndim != 2 or tokens.size == 0 or tokens.dtype.kind not in "iu":
-        raise InputError(f"batch['input_ids']: expected integer token ids [B, T], got {tokens.dtype} of shape "
-                         f"{list(tokens.shape)}")
-    return tokens.astype(np.int64)
-
-
-def _runs(starts: np.ndarray, real: np.ndarray) -> np.ndarray:
-    """doc_ids of one row from a bool [T] 'a document starts here' and the real slots: 1, 2, … and -1."""
-    out = np.cumsum(starts | ~np.r_[True, real[:-1]]).astype(np.int64)
-    out = np.where(real, out, -1)
-    return _renumber(out)
-
-
-def _renumber(row: np.ndarray) -> np.ndarray:
-    """Ids 1, 2, … in order of first appearance; -1 stays padding."""
-    out = np.full(row.shape, -1, dtype=np.int64)
-    real = row >= 0
-    _, first, inverse = np.unique(row[real], return_index=True, return_inverse=True)
-    rank = np.argsort(np.argsort(first))
-    out[real] = rank[inverse] + 1
-    return out
-
-
-def _from_cu(batch: Mapping, T: int, B: int, real: np.ndarray) -> np.ndarray:
-    cu = _numpy(batch["cu_seq_lens_q"]).astype(np.int64).ravel()
-    if B != 1 or cu.size < 2 or cu[0] != 0 or np.any(np.diff(cu) <= 0) or cu[-1] > T:
-        raise InputError(f"batch['cu_seq_lens_q']: expected increasing offsets from 0 to at most T={T} for one row, "
-                         f"got {cu.tolist()[:8]} for {B} row(s)")
-    starts = np.zeros(T, dtype=bool)
-    starts[cu[:-1]] = True
-    real = real[0] & (np.arange(T) < cu[-1])
-    return _runs(starts, real)[None]
-
-
-def _from_mask4(mask: np.ndarray, B: int, T: int) -> np.ndarray:
-    if mask.shape[0] not in (1, B) or mask.shape[-2:] != (T, T):
-        raise InputError(f"batch['attention_mask']: a 4-D mask must be [B, 1|H, T, T] = [{B}, ., {T}, {T}], got "
-                         f"{list(mask.shape)}")
-    sees = (mask != 0) if mask.dtype.kind in "biu" else (mask >= 0)
-    sees = np.broadcast_to(sees.any(axis=1), (B, T, T))
-    out = np.empty((B, T), dtype=np.int64)
-    for b in range(B):
-        real = np.diagonal(sees[b]).copy()
-        starts = np.r_[True, ~np.diagonal(sees[b], offset=-1)]
-        out[b] = _runs(starts, real)
-    return out
-
-
-def _from_positions(pos: np.ndarray, real: np.ndarray) -> np.ndarray:
-    return np.stack([_runs(np.r_[True, np.diff(p) != 1], r) for p, r in zip(pos, real)])
-
-
-def _positions(batch: Mapping, B: int, T: int) -> np.ndarray | None:
-    if batch.get("position_ids") is None:
-        return None
-    pos = _numpy(batch["position_ids"]).astype(np.int64)
-    if pos.ndim == 1:
-        pos = pos[None]
-    if pos.ndim != 2 or pos.shape[1] != T or pos.shape[0] not in (1, B):
-        raise InputError(f"batch['position_ids']: expected [B, T] = [{B}, {T}], got {list(pos.shape)}")
-    return np.broadcast_to(pos, (B, T)).copy()
-
-
-def infer_documents(batch: Any, *, doc_ids: Any = None) -> dict[str, Any]:
-    """Where the documents of `batch` are (the module docstring's order of sources).
-
-    Returns {"doc_ids": int64 [B, T] (1, 2, … per row, -1 padding), "source": one of SOURCES, "counts":
-    documents per row, "lengths": the documents' lengths per row, "disagree": the other sources in the
-    batch that put the boundaries elsewhere}.
-    """
-    tokens = _tokens(batch)
-    B, T = tokens.shape
-    real = np.ones((B, T), dtype=bool)
-    mask = batch.get("attention_mask")
-    mask = None if mask is None else _numpy(mask)
-    if mask is not None and mask.ndim == 2:
-        if mask.shape != (B, T):
-            raise InputError(f"batch['attention_mask']: expected [B, T] = [{B}, {T}], got {list(mask.shape)}")
-        real = mask != 0
-    elif mask is not None and mask.ndim != 4:
-        raise InputError(f"batch['attention_mask']: expected [B, T] or [B, 1|H, T, T], got {list(mask.shape)}")
-    readings: dict[str, np.ndarray] = {}
-    if batch.get("cu_seq_lens_q") is not None:
-        readings["cu_seq_lens_q"] = _from_cu(batch, T, B, real)
-    if mask is not None and mask.ndim == 4:
-        readings["attention_mask"] = _from_mask4(mask, B, T)
-    pos = _positions(batch, B, T)
-    if pos is not None:
-        readings["position_ids"] = _from_positions(pos, real)
-    if doc_ids is not None:
-        given = _numpy(doc_ids)
-        if given.ndim == 1 and B == 1:
-            given = given[None]
-        if given.shape != (B, T) or given.dtype.kind not in "iu" or (given < -1).any():
-            raise InputError(f"doc_ids: expected integer ids [B, T] = [{B}, {T}] (equal ids one document, -1 "
-                             f"padding), got {given.dtype} of shape {list(given.shape)}"
-                             + (" with ids below -1" if given.size and given.dtype.kind in "iu" and (given < -1).any()
-                                else ""))
-        chosen, source = np.stack([_renumber(np.where(real[b], given[b], -1)) for b in range(B)]), "doc_ids"
-    elif readings:
-        source = next(s for s in SOURCES if s in readings)
-        chosen = readings[source]
-    else:
-        chosen, source = np.where(real, 1, -1).astype(np.int64), "rows"
-    disagree = [s for s, r in readings.items() if s != source and not np.array_equal(r, chosen)]
-    lengths = [[int((row == d).sum()) for d in range(1, int(row.max(initial=0)) + 1)] for row in chosen]
-    return {"doc_ids": chosen, "source": source, "counts": [len(x) for x in lengths], "lengths": lengths,
-            "disagree": disagree}
+    mask, want = batch.get("attention_mask"), {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    if not (isinstance(mask, torch.Tensor) and mask.ndim == 4 and mask.is_floating_point() and mask.dtype != want):
+        return batch
+    info, out = torch.finfo(want), mask.to(want)
+    return {**batch, "attention_mask": torch.where(torch.isfinite(mask), out.clamp(info.min, info.max), out)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,49 +219,60 @@ def _moves(a: np.ndarray, b: np.ndarray, doc_ids: np.ndarray) -> dict[tuple[int,
     return out
 
 
-def _probe(model: Any, batch: Mapping, doc_ids: np.ndarray, document: int | None, rule: Rule) -> dict[str, Any]:
+def _probe(model: Any, batch: Mapping, doc_ids: np.ndarray, document: int | None, rule: Rule,
+           sweep: bool = False) -> dict[str, Any]:
     """Change one document's tokens (each row's document `document`, slot 0 kept) and list the documents
-    whose logits moved. The probe needs no oracle; `moved` is [(row, document)]."""
+    whose logits moved; with `sweep` (and no `document`), each document another follows in turn, up to
+    PROBE_SWEEP. The probe needs no oracle; `moved` is [(row, document)], `moved_by` {changed: moved}."""
     vocab = int(model.get_input_embeddings().num_embeddings)
-    counts = doc_ids.max(axis=1, initial=0)
-    if document is None:  # the first document with a changeable slot and a document after it
-        document = next((d for d in range(1, int(counts.max(initial=0)))
-                         if ((doc_ids == d) & (np.arange(doc_ids.shape[1]) > 0)).any()), None)
-        if document is None:
+    last = int(doc_ids.max(initial=0))
+    changeable = [d for d in range(1, last + 1) if (doc_ids[:, 1:] == d).any()]  # slot 0 is never changed
+    if document is None:  # the first document(s) with a changeable slot and a document after it
+        changed = [d for d in changeable if d < last][:PROBE_SWEEP if sweep else 1]
+        if not changed:
             return {"ran": False, "reason": "one document per row: nothing can move", "moved": []}
-    elif not isinstance(document, int) or document < 1 or document > counts.max(initial=0):
-        raise InputError(f"probe_document: expected a document number 1..{int(counts.max(initial=0))}, "
-                         f"got {document!r}")
-    change = (doc_ids == document)
-    change[:, 0] = False
-    if not change.any():
+    elif not isinstance(document, int) or document < 1 or document > last:
+        raise InputError(f"probe_document: expected a document number 1..{last}, got {document!r}")
+    elif document not in changeable:
         raise InputError(f"probe_document: document {document} is slot 0 only (the anchor slot, never changed): "
                          f"name another")
+    else:
+        changed = [document]
+    a = _logits(model, batch)
+    noise = max(_moves(a, _logits(model, batch), doc_ids).values(), default=0.0)
+    threshold = rule.factor * noise + rule.fp32_tol
+    moves = {d: _moves(a, _logits(model, _changed(batch, doc_ids == d, vocab)), doc_ids) for d in changed}
+    moved_by = {d: [key for key, m in moves[d].items() if key[1] != d and m > threshold] for d in changed}
+    moved = sorted(set().union(*moved_by.values()))
+    return {"ran": True, "document": changed[0], "documents_changed": changed,
+            "changed_slots": int((doc_ids[:, 1:] == changed[0]).sum()), "moved": moved, "moved_by": moved_by,
+            "first_slots": {f"{r}:{d}": int(np.argmax(doc_ids[r] == d)) for r, d in moved},
+            "largest": max((moves[d][key] for d in changed for key in moved_by[d]), default=0.0),
+            "change": {f"{r}:{d}": m for (r, d), m in moves[changed[0]].items()}, "noise": noise,
+            "threshold": threshold}
+
+
+def _changed(batch: Mapping, slots: np.ndarray, vocab: int) -> dict[str, Any]:
+    """The batch with the token of each slot in bool [B, T] `slots` (slot 0 kept) replaced by another."""
     import torch
 
     ids = batch["input_ids"]
+    where_ = torch.from_numpy(slots & (np.arange(slots.shape[1]) > 0)).to(ids.device)
     new = ids.clone()
-    where_ = torch.from_numpy(change).to(ids.device)
     new[where_] = (ids[where_] + vocab // 2 + 1) % vocab
-    a = _logits(model, batch)
-    noise = max(_moves(a, _logits(model, batch), doc_ids).values(), default=0.0)
-    moves = _moves(a, _logits(model, {**batch, "input_ids": new}), doc_ids)
-    threshold = rule.factor * noise + rule.fp32_tol
-    moved = [key for key, m in moves.items() if key[1] != document and m > threshold]
-    return {"ran": True, "document": document, "changed_slots": int(change.sum()), "moved": moved,
-            "change": {f"{r}:{d}": m for (r, d), m in moves.items()}, "noise": noise, "threshold": threshold}
+    return {**batch, "input_ids": new}
 
 
 def probe_documents(model: Any, batch: Any, *, doc_ids: Any = None, probe_document: int | None = None,
                     dtype: str | None = None, rule: Rule = RULE) -> dict[str, Any]:
     """The perturbation probe alone (no oracle), in the model's own dtype (or `dtype`): change document
     `probe_document` (default: the first one another document follows) and report {"ran", "document",
-    "moved": [(row, document)], "change": {"row:doc": relative change of its logits}, "noise",
-    "threshold", "documents"}."""
-    _tokens(batch)
+    "moved": [(row, document)], "first_slots": {"row:doc": its first slot}, "change": {"row:doc": relative
+    change of its logits}, "noise", "threshold", "documents"}."""
+    batch_tokens(batch)
     run = _check_dtype(dtype) or _model_dtype(model)
     docs = infer_documents(batch, doc_ids=doc_ids)
-    return {**_probe(_copy(model, run), batch, docs["doc_ids"], probe_document, rule),
+    return {**_probe(_copy(model, run), _as_run(batch, run), docs["doc_ids"], probe_document, rule),
             "documents": _describe_docs(docs)}
 
 
@@ -382,34 +297,27 @@ def check_step(model: Any, batch: Any, *, variants: Any = "all", dtype: str | No
 
     Args:
       model: your transformers causal LM of a supported family (llama, mistral, qwen2, qwen3), as built.
-      batch: the dict your loop passes to model(**batch) (input_ids required; run unchanged).
+      batch: the dict your loop passes to model(**batch) (input_ids required; run as given, a floating 4-D
+        attention_mask in each copy's dtype).
       variants: "all", one variant or a list: the variants the step may compute to pass.
       dtype: None (the model's own dtype), "float32" (identify only) or "bfloat16" (also the bf16 rule).
-      doc_ids: the documents, when the batch does not say (int [B, T], -1 padding).
+      doc_ids: the documents, where the batch does not say them (int [B, T], -1 padding).
       probe: also run the perturbation probe; probe_document: the document it changes (default the first
-        one another document follows).
+        one another document follows; each in turn where the step does not compute the variant asked).
       emulation: the oracle bf16 preset of the bf16 rule (default: the model's attention implementation's).
     Returns:
       {"pass", "message", "asked", "computes", "matches", "closest", "reading" ({"mask", "positions"} where
        no variant matches and the batch's positions explain it), "attends_across_documents", "documents",
-       "attn_implementation", "use_cache", "candidates" (per variant: pass, worst_margin, first_divergence),
-       "fp32" (first_divergence against the asked variant nearest), "bf16" (policy, pass,
+       "attn_implementation", "use_cache", "mask_cast" (the model's-own-dtype run's attention_mask dtype
+       where it differs from the batch's, else None), "candidates" (per variant: pass, worst_margin,
+       first_divergence), "fp32" (first_divergence against the asked variant nearest, and the
+       "documents" over the tolerance there: row, document, first_slot, rel_l2), "bf16" (policy, pass,
        first_divergence, summary) or None, "probe"}.
     """
     asked = _variants(variants)
-    run_dtype = _check_dtype(dtype)
-    if not isinstance(probe, bool):
-        raise InputError(f"probe: expected True or False, got {probe!r}")
-    if emulation is not None:
-        try:
-            jaxref.get_policy(emulation)
-        except (InputError, KeyError, ValueError) as e:
-            raise InputError(f"emulation: {e}") from None
-    if not hasattr(model, "config") or not hasattr(model, "parameters") or not callable(model):
-        raise InputError(f"model: expected your transformers causal LM (a torch module with a .config), got "
-                         f"{type(model).__name__}")
+    run_dtype = _check_args(model, dtype, probe, emulation)
     docs = infer_documents(batch, doc_ids=doc_ids)
-    tokens, doc = _tokens(batch), docs["doc_ids"]
+    tokens, doc = batch_tokens(batch), docs["doc_ids"]
     run_dtype = run_dtype or _model_dtype(model)
     subject = module_subject(model)
     if int(tokens.max()) >= subject.spec.vocab_size or int(tokens.min()) < 0:
@@ -422,11 +330,11 @@ def check_step(model: Any, batch: Any, *, variants: Any = "all", dtype: str | No
         "asked": asked, "computes": None, "matches": [], "closest": None, "reading": None,
         "documents": _describe_docs(docs), "attn_implementation": impl,
         "use_cache": batch.get("use_cache", getattr(model.config, "use_cache", None)), "dtype": run_dtype,
-        "candidates": None, "fp32": None, "bf16": None, "probe": None, "attends_across_documents": None,
-        "error": None, "pass": False,
+        "mask_cast": _mask_cast(batch, run_dtype), "candidates": None, "fp32": None, "bf16": None, "probe": None,
+        "attends_across_documents": None, "error": None, "pass": False,
     }
     try:
-        test = _tapped(f32, batch, doc)
+        test = _tapped(f32, _as_run(batch, "float32"), doc)
     except Exception as e:  # whatever the user's forward raises is the finding
         report.update(error=_error(e))
         report["message"] = step_message(report, model)
@@ -437,17 +345,17 @@ def check_step(model: Any, batch: Any, *, variants: Any = "all", dtype: str | No
     within = sorted(matches, key=lambda v: (v not in asked, cands[v]["worst_margin"]))
     computes = within[0] if within else None
     nearest = min(asked, key=lambda v: cands[v]["worst_margin"])
-    reading = None
-    if not matches:
-        reading = _read_positions(test, subject, inputs, batch, rule)
-    report.update(computes=computes, matches=matches, closest=found["closest"], reading=reading, candidates=cands,
-                  fp32={"against": nearest, "first_divergence": cands[nearest]["first_divergence"],
-                        "worst_margin": cands[nearest]["worst_margin"]})
+    first = cands[nearest]["first_divergence"]
+    report.update(computes=computes, matches=matches, closest=found["closest"], candidates=cands,
+                  reading=None if matches else _read_positions(test, subject, inputs, batch, rule),
+                  fp32={"against": nearest, "first_divergence": first, "worst_margin": cands[nearest]["worst_margin"],
+                        "documents": [] if computes in asked else _documents_off(test, subject, inputs, nearest,
+                                                                                first, rule)})
     runs = f32 if run_dtype == "float32" else _copy(model, "bfloat16")
     if computes in asked and run_dtype == "bfloat16":
         preset = emulation or HF_EMULATIONS.get(impl, "fa2_bf16")
         try:
-            test16 = _tapped(runs, batch, doc)
+            test16 = _tapped(runs, _as_run(batch, "bfloat16"), doc)
         except Exception as e:  # a step that runs in float32 may still fail in bfloat16
             report.update(error=f"in bfloat16: {_error(e)}")
             report["message"] = step_message(report, model)
@@ -455,7 +363,8 @@ def check_step(model: Any, batch: Any, *, variants: Any = "all", dtype: str | No
         v = bf16_verdict(test16, subject, inputs, computes, preset, rule)
         report["bf16"] = {k: v[k] for k in ("policy", "pass", "first_divergence", "worst_margin", "summary")}
     if probe:
-        report["probe"] = _probe(runs, batch, doc, probe_document, rule)
+        report["probe"] = _probe(runs, _as_run(batch, run_dtype), doc, probe_document, rule,
+                                 sweep=computes not in asked)
     report["attends_across_documents"] = _across(report)
     report["pass"] = bool(computes in asked and (report["bf16"] is None or report["bf16"]["pass"])
                           and not (report["probe"] and report["probe"]["moved"] and "full" not in asked))
@@ -463,10 +372,50 @@ def check_step(model: Any, batch: Any, *, variants: Any = "all", dtype: str | No
     return report
 
 
+def _check_args(model: Any, dtype: str | None, probe: Any, emulation: str | None) -> str | None:
+    """check_step's options, each an InputError naming it; returns the dtype asked (None: the model's)."""
+    run_dtype = _check_dtype(dtype)
+    if not isinstance(probe, bool):
+        raise InputError(f"probe: expected True or False, got {probe!r}")
+    if emulation is not None:
+        try:
+            jaxref.get_policy(emulation)
+        except (InputError, KeyError, ValueError) as e:
+            raise InputError(f"emulation: {e}") from None
+    if not hasattr(model, "config") or not hasattr(model, "parameters") or not callable(model):
+        raise InputError(f"model: expected your transformers causal LM (a torch module with a .config), got "
+                         f"{type(model).__name__}")
+    return run_dtype
+
+
+def _mask_cast(batch: Mapping, dtype: str) -> str | None:
+    """'bfloat16 -> float32' where the run in `dtype` gets the batch's attention_mask in another dtype."""
+    given, run = batch.get("attention_mask"), _as_run(batch, dtype).get("attention_mask")
+    if given is None or given is run:
+        return None
+    return f"{str(given.dtype).removeprefix('torch.')} -> {str(run.dtype).removeprefix('torch.')}"
+
+
+def _documents_off(test: Taps, subject, inputs: CaseInputs, variant: str, first: dict[str, Any] | None,
+                   rule: Rule) -> list[dict[str, Any]]:
+    """The documents over the fp32 tolerance at the first diverging tap (else the logits) against the
+    variant's oracle: [{"row", "document", "first_slot", "rel_l2"}] in order of row and document."""
+    truth = oracle(subject, inputs, variant, TRUTH)  # cached: the run identify held the taps against
+    name, label = (first["tap"], first["layer"]) if first else ("logits", HEAD)
+    i = 0 if label in (EMBED, HEAD) else int(label)
+    out = []
+    for r, row in enumerate(inputs.doc_ids):
+        for d in range(1, int(row.max(initial=0)) + 1):
+            err = tap_errors(test[name][i][r], truth[name][i][r], row == d)["rel_l2"]
+            if err > rule.fp32_tol:
+                out.append({"row": r, "document": d, "first_slot": int(np.argmax(row == d)), "rel_l2": err})
+    return out
+
+
 def _read_positions(test: Taps, subject, inputs: CaseInputs, batch: Mapping, rule: Rule) -> dict[str, Any] | None:
     """Where no variant matches: each mask at the batch's own position_ids; the first within the fp32 rule."""
     B, T = inputs.shape
-    pos = _positions(batch, B, T)
+    pos = batch_positions(batch, B, T)
     if pos is None:
         return None
     for mask in MASKS:
@@ -502,10 +451,25 @@ def _docs_text(report: dict[str, Any]) -> str:
     d = report["documents"]
     counts = d["counts"]
     n = f"{counts[0]} document(s)" if len(counts) == 1 else f"{sum(counts)} documents in {len(counts)} rows"
-    source = {"doc_ids": "doc_ids as given", "rows": "nothing in the batch tells documents apart: one per row"}.get(
-        d["source"], f"from {d['source']}")
+    source = {"doc_ids": "doc_ids as given", "batch_doc_ids": "from the batch's doc_ids",
+              "rows": "nothing in the batch tells documents apart: one per row"}.get(d["source"], f"from {d['source']}")
     extra = f"; {', '.join(d['disagree'])} put the boundaries elsewhere" if d["disagree"] else ""
     return f"{n} ({source}{extra})"
+
+
+def _namer(rows: int):
+    return (lambda r, d: str(d)) if rows == 1 else (lambda r, d: f"row {r} document {d}")
+
+
+def _off_text(documents: list[dict[str, Any]], rows: int) -> str:
+    """', in document(s) …' over the tolerance at the first divergence, each with its first slot."""
+    if not documents:
+        return ""
+    name = _namer(rows)
+    listed = [f"{name(x['row'], x['document'])} (first slot {x['first_slot']})" for x in documents[:LISTED]]
+    more = f" and {len(documents) - LISTED} more" if len(documents) > LISTED else ""
+    noun = ("documents " if len(documents) > 1 else "document ") if rows == 1 else ""  # else "row r document d"
+    return f", in {noun}{', '.join(listed)}{more}"
 
 
 def _probe_text(probe: dict[str, Any] | None, rows: int) -> str:
@@ -513,25 +477,35 @@ def _probe_text(probe: dict[str, Any] | None, rows: int) -> str:
         return ""
     if not probe["ran"]:
         return f" The perturbation probe did not run ({probe['reason']})."
-    name = (lambda r, d: str(d)) if rows == 1 else (lambda r, d: f"row {r} document {d}")
-    moved = ", ".join(name(r, d) for r, d in probe["moved"])
-    return (f" The perturbation probe changed document {probe['document']}'s tokens and "
-            + (f"document(s) {moved} moved (largest relative change of their logits "
-               f"{max(probe['change'][f'{r}:{d}'] for r, d in probe['moved']):.3g} > {probe['threshold']:.3g}): "
-               f"documents see each other." if probe["moved"] else "no other document moved."))
+    name, changed = _namer(rows), probe["documents_changed"]
+    what = (f"document {changed[0]}'s tokens" if len(changed) == 1
+            else f"the tokens of documents {', '.join(map(str, changed))} in turn")
+    if not probe["moved"]:
+        return f" The perturbation probe changed {what} and no other document moved."
+    moved = probe["moved"]
+    slots = ", ".join(str(probe["first_slots"][f"{r}:{d}"]) for r, d in moved)
+    sweep = "".join(f"changing {d} moved {', '.join(name(r, m) for r, m in probe['moved_by'][d])}; "
+                    for d in changed if len(changed) > 1 and probe["moved_by"][d])
+    noun = "document(s) " if rows == 1 else ""  # else "row r document d"
+    return (f" The perturbation probe changed {what} and {noun}{', '.join(name(r, d) for r, d in moved)} "
+            f"moved (first slot{'s' if len(moved) > 1 else ''} {slots}; largest relative change of their logits "
+            f"{probe['largest']:.3g} > {probe['threshold']:.3g}): {sweep}documents see each other.")
 
 
 def step_message(report: dict[str, Any], model: Any = None) -> str:
-    """One paragraph: what was asked, what it computes, the first diverging layer and quantity, the probe."""
+    """One paragraph: what was asked, what it computes, the first diverging layer and quantity (and the
+    documents over the tolerance there), the probe."""
     name = type(model).__name__ if model is not None else "the model"
-    asked = report["asked"]
+    asked, rows = report["asked"], len(report["documents"]["counts"])
+    cast = f", attention_mask {report['mask_cast']}" if report.get("mask_cast") else ""
     head = (f"anchor check_step: {name} ({report['attn_implementation']}, use_cache={report['use_cache']}, "
-            f"{report['dtype']}) on {_docs_text(report)}, asked for "
+            f"{report['dtype']}{cast}) on {_docs_text(report)}, asked for "
             + ("any of the four variants" if len(asked) == len(VARIANTS) else " or ".join(asked)))
     if report.get("error"):
         return f"{head}: model(**batch) raised {report['error']}."
     computes, fp32 = report["computes"], report["fp32"]
-    against = f"against {fp32['against']} it first diverges at {_divergence(fp32['first_divergence'])}"
+    against = (f"against {fp32['against']} it first diverges at {_divergence(fp32['first_divergence'])}"
+               f"{_off_text(fp32['documents'], rows)}")
     if computes is None:
         reading = report["reading"]
         what = (f"it computes none of the variants: {_MASK_WORDS[reading['mask']]} at {reading['positions']}"
@@ -546,4 +520,4 @@ def step_message(report: dict[str, Any], model: Any = None) -> str:
     else:
         bf = "" if report["bf16"] is None else " and passes the bf16 rule"
         text = f"{head}: it computes {computes}{bf}."
-    return text + _probe_text(report["probe"], len(report["documents"]["counts"]))
+    return text + _probe_text(report["probe"], rows)

@@ -116,7 +116,10 @@ def test_the_fixture_fails_with_one_paragraph(no_cache_model, features):
     assert message.startswith("anchor check_step: LlamaForCausalLM (sdpa, use_cache=False, float32) on 5 document(s) "
                               "(from position_ids), asked for intra_doc: it computes intra_doc_reset instead; "
                               "against intra_doc it first diverges at layer 0, quantity `q`: relative L2 error ")
-    assert message.endswith("> tolerance 1e-05.")
+    # the documents whose positions differ from intra_doc's (all but the first), where they start
+    firsts = np.cumsum(LENGTHS)[:-1]
+    assert message.endswith("> tolerance 1e-05, in documents " + ", ".join(
+        f"{d} (first slot {s})" for d, s in zip(range(2, len(LENGTHS) + 1), firsts)) + ".")
 
 
 def test_a_forward_that_raises_is_the_finding(no_cache_model, features):
