@@ -42,6 +42,7 @@ import numpy as np
 
 from anchor_core.errors import InputError
 from anchor_core.machine import cpu_capability
+from anchor_core import shipped
 from anchor_core.yamlfile import read_yaml_mapping
 
 STAGES: tuple[str, ...] = (
@@ -293,8 +294,9 @@ def load_policy(path: str | Path) -> DtypePolicy:
 
 
 def get_policy(x: DtypePolicy | str | Path | Mapping[str, Any]) -> DtypePolicy:
-    """A policy from a DtypePolicy, a preset name, a path to a YAML file, or a mapping (YAML form).
-    `sdpa_cpu_bf16` names the emulation of torch's CPU kernel of this process's capability."""
+    """A policy from a DtypePolicy, a preset name, a path to a YAML file, the name of a shipped policy file
+    (`hf_bf16_rope_fp32`: anchor_core.shipped), or a mapping (YAML form). `sdpa_cpu_bf16` names the emulation
+    of torch's CPU kernel of this process's capability. A value ending in .yaml/.yml or holding a `/` is a path."""
     if isinstance(x, DtypePolicy):
         return x
     if isinstance(x, Mapping):
@@ -306,14 +308,17 @@ def get_policy(x: DtypePolicy | str | Path | Mapping[str, Any]) -> DtypePolicy:
             return PRESETS[x]
         if x == CPU_KERNEL_ALIAS:
             return cpu_kernel_policy()
+        if (path := shipped.find("policies", x)) is not None:
+            return load_policy(path)
         raise InputError(f"unknown dtype policy {x!r} (presets: {', '.join(PRESETS)}, {CPU_KERNEL_ALIAS}; "
-                         "or a .yaml file)")
+                         f"shipped: {', '.join(shipped.names('policies'))}; or a .yaml file)")
     raise InputError(f"a dtype policy is a preset name, a YAML path or a mapping, got {type(x).__name__}")
 
 
 def parse_policies(text: str) -> list[DtypePolicy]:
-    """`"fp32,hf_bf16,configs/policies/x.yaml"` -> policies, in order (the `--policies` option)."""
+    """`"fp32,hf_bf16_rope_fp32,configs/policies/x.yaml"` -> policies, in order (the `--policies` option)."""
     names = [s.strip() for s in text.split(",") if s.strip()]
     if not names:
-        raise InputError(f"--policies: no policy given (presets: {', '.join(PRESETS)}; or a .yaml file)")
+        raise InputError(f"--policies: no policy given (presets: {', '.join(PRESETS)}; "
+                         f"shipped: {', '.join(shipped.names('policies'))}; or a .yaml file)")
     return [get_policy(n) for n in names]

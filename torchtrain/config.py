@@ -1,6 +1,7 @@
 """The typed schema of `anchor train` configs (docs/DESIGN.md §8): YAML is data, this module is the schema.
 
     cfg = load_train_config("configs/train/tiny.yaml", ["schedule.steps=4", "model.rope.theta=5e6"])
+    cfg = load_train_config("tiny")   # the same file by its shipped name (anchor_core.shipped)
     cfg.schedule.steps, cfg.model.variant, cfg.optim.lr, cfg.grad_accum(world=2)
 
 A config is sectioned: `model`, `data`, `optim`, `schedule`, `parallel`, `checkpoint`, `logging`, `eval`,
@@ -40,6 +41,7 @@ from anchor_core.data.config import PACK_SCHEMA, check_pack_options, validate_pa
 from anchor_core.engines import TRAIN_ENGINES
 from anchor_core.errors import InputError
 from anchor_core.limits import SEED_MAX
+from anchor_core.shipped import resolve
 from anchor_core.spec import RopeSpec
 from anchor_core.variants import Variant
 from anchor_core.yamlfile import read_yaml_mapping
@@ -625,7 +627,9 @@ def _merge(base: dict[str, Any], updates: Mapping[str, Any]) -> None:
 
 
 def load_train_config(path: str | Path | None, overrides: Sequence[str] = ()) -> TrainConfig:
-    """Read `path` (YAML; None: only the overrides), apply `key=value` overrides, validate."""
+    """Read `path` (YAML, or a shipped config's name: `tiny`, `paper/<name>`; None: only the overrides), apply
+    `key=value` overrides, validate."""
+    path = None if path is None else resolve("train", path)
     base = {} if path is None else read_yaml_mapping(path, what="train config")
     source = "command line" if path is None else str(path)
     for key, value in base.items():  # a flat file: named before an override can mask it

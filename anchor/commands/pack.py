@@ -25,7 +25,8 @@ def pack(
                        "`anchor pack` (its store/).")] = None,
     seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Slots per window (T), at least 2.")] = None,
     config: Annotated[Optional[Path], typer.Option(
-        "--config", help="YAML with any of these options (configs/data/*.yaml); command-line options win.")] = None,
+        "--config", help="YAML with any of these options, or a shipped one by name (demo, slimpajama_64k, "
+                         "slimpajama_128k_tags: configs/data/); command-line options win.")] = None,
     mixture: Annotated[str, typer.Option("--mixture", help="original | upsample_long (long documents kept, short ones sampled down) | upsample_repeat (long ones copied)")] = "original",
     budget: Annotated[Optional[int], typer.Option(
         "--budget", help="Tokens to select (documents with their EOS); default: the whole source.")] = None,

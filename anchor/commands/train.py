@@ -18,7 +18,8 @@ SUMMARY = "Train (or resume) a run: checkpoints and metrics under --out."
 def train(
     out: Annotated[Path, typer.Option("--out", help="The run folder; running again with the same --out resumes it.")],
     config: Annotated[Optional[Path], typer.Option(
-        "--config", help="YAML run config (configs/train/*.yaml); key=value arguments override it.")] = None,
+        "--config", help="YAML run config, or a shipped one by name: tiny, smollm2_2k, paper/<name> "
+                         "(configs/train/*.yaml); key=value arguments override it.")] = None,
     overrides: Annotated[Optional[list[str]], typer.Argument(
         help="section.key=value overrides (optim.lr=1e-5, model.rope.theta=5e6, data.pack.budget=20000).",
         show_default=False)] = None,

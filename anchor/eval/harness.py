@@ -45,6 +45,7 @@ from torch import nn
 
 from anchor.eval import generate
 from anchor.eval.generate import eval_model_source
+from anchor_core import shipped
 from anchor_core.errors import InputError, UnavailableError
 from anchor_core.export import write_tokenizer
 from anchor_core.paths import cache_dir, resolve_model_name
@@ -61,7 +62,7 @@ HARNESS_RULER = {
     "cwe": "ruler_cwe",
     "fwe": "ruler_fwe",
 }
-CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "eval"
+CONFIGS = shipped.folder("eval")  # the local tasks' YAMLs and harness_utils.py, shipped in the wheel
 DATA_PLACEHOLDER = "__DATA__"  # replaced by the --harness-data folder in the shipped YAMLs
 
 

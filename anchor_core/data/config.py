@@ -14,6 +14,7 @@ from anchor_core.data.mixture import MIXTURES
 from anchor_core.data.packing import Layout
 from anchor_core.errors import InputError
 from anchor_core.limits import check_float, check_int, check_seed, option_name
+from anchor_core.shipped import resolve
 from anchor_core.yamlfile import read_yaml_mapping
 
 # key -> (accepted types, what it is)
@@ -118,5 +119,6 @@ def validate_pack_config(d: Any, *, source: str = "config") -> dict[str, Any]:
 
 
 def load_pack_config(path: str | Path) -> dict[str, Any]:
-    """Read and validate a data config YAML file."""
+    """Read and validate a data config YAML file, or a shipped one by name (`demo`, `slimpajama_64k`)."""
+    path = resolve("data", path)
     return validate_pack_config(read_yaml_mapping(path, what="data config"), source=str(path))
