@@ -57,10 +57,11 @@ against the oracle (jaxref, fp64) on the same tokens and the same weights:
               `full` is asked) the probe moved no other document.
 
 The forwards run on copies of the model (eval mode, no gradient): your model, its mode and its dtype
-are left as they are. The one change made to the batch: a floating (additive) 4-D attention_mask is given
-to each copy in that copy's dtype (a bfloat16 loop builds its mask in bfloat16, and torch's sdpa refuses
-a mask in another dtype than the query's); bool and integer masks go as they are. Where that changes the
-mask of the run in the model's own dtype, the message says so. `check_step` returns a report whose
+are left as they are. The one change made to the batch: a floating (additive) 4-D attention_mask in the
+model's own dtype is given to each copy in that copy's dtype (a bfloat16 loop builds its mask in bfloat16,
+and torch's sdpa refuses a mask in another dtype than the query's: the float32 copy would fail a step the
+model runs). A mask in another dtype than the model's, and bool and integer masks, go as they are, so the
+copies run what the model runs, an error included. `check_step` returns a report whose
 `message` is one paragraph (what was asked, what it computes, the first diverging layer and quantity with
 its error and the documents over the tolerance there, what the probe saw); the pytest fixture
 `anchor_check_step` (anchor/pytest_plugin.py) fails a test with it.
@@ -107,13 +108,16 @@ _PER_DOCUMENT = ("intra_doc", "intra_doc_reset", "anchor")
 # The batch
 
 
-def _as_run(batch: Mapping, dtype: str) -> Mapping:
-    """The batch for a copy in `dtype`: a floating 4-D attention_mask in that dtype (finite values kept
-    finite: a float32 mask's most negative number is bfloat16's most negative, not -inf), else as given."""
+def _as_run(batch: Mapping, dtype: str, own: str) -> Mapping:
+    """The batch for a copy in `dtype` of a model in `own`: a floating 4-D attention_mask in `own` cast to
+    `dtype` (finite values kept finite: a float32 mask's most negative number is bfloat16's most negative,
+    not -inf), else as given."""
     import torch
 
-    mask, want = batch.get("attention_mask"), {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-    if not (isinstance(mask, torch.Tensor) and mask.ndim == 4 and mask.is_floating_point() and mask.dtype != want):
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    mask, want = batch.get("attention_mask"), dtypes[dtype]
+    if not (isinstance(mask, torch.Tensor) and mask.ndim == 4 and mask.is_floating_point()
+            and mask.dtype == dtypes[own] and mask.dtype != want):
         return batch
     info, out = torch.finfo(want), mask.to(want)
     return {**batch, "attention_mask": torch.where(torch.isfinite(mask), out.clamp(info.min, info.max), out)}
@@ -272,7 +276,8 @@ def probe_documents(model: Any, batch: Any, *, doc_ids: Any = None, probe_docume
     batch_tokens(batch)
     run = _check_dtype(dtype) or _model_dtype(model)
     docs = infer_documents(batch, doc_ids=doc_ids)
-    return {**_probe(_copy(model, run), _as_run(batch, run), docs["doc_ids"], probe_document, rule),
+    return {**_probe(_copy(model, run), _as_run(batch, run, _model_dtype(model)), docs["doc_ids"], probe_document,
+                     rule),
             "documents": _describe_docs(docs)}
 
 
@@ -298,7 +303,7 @@ def check_step(model: Any, batch: Any, *, variants: Any = "all", dtype: str | No
     Args:
       model: your transformers causal LM of a supported family (llama, mistral, qwen2, qwen3), as built.
       batch: the dict your loop passes to model(**batch) (input_ids required; run as given, a floating 4-D
-        attention_mask in each copy's dtype).
+        attention_mask in the model's dtype in each copy's).
       variants: "all", one variant or a list: the variants the step may compute to pass.
       dtype: None (the model's own dtype), "float32" (identify only) or "bfloat16" (also the bf16 rule).
       doc_ids: the documents, where the batch does not say them (int [B, T], -1 padding).
@@ -308,8 +313,7 @@ def check_step(model: Any, batch: Any, *, variants: Any = "all", dtype: str | No
     Returns:
       {"pass", "message", "asked", "computes", "matches", "closest", "reading" ({"mask", "positions"} where
        no variant matches and the batch's positions explain it), "attends_across_documents", "documents",
-       "attn_implementation", "use_cache", "mask_cast" (the model's-own-dtype run's attention_mask dtype
-       where it differs from the batch's, else None), "candidates" (per variant: pass, worst_margin,
+       "attn_implementation", "use_cache", "candidates" (per variant: pass, worst_margin,
        first_divergence), "fp32" (first_divergence against the asked variant nearest, and the
        "documents" over the tolerance there: row, document, first_slot, rel_l2), "bf16" (policy, pass,
        first_divergence, summary) or None, "probe"}.
@@ -318,7 +322,8 @@ def check_step(model: Any, batch: Any, *, variants: Any = "all", dtype: str | No
     run_dtype = _check_args(model, dtype, probe, emulation)
     docs = infer_documents(batch, doc_ids=doc_ids)
     tokens, doc = batch_tokens(batch), docs["doc_ids"]
-    run_dtype = run_dtype or _model_dtype(model)
+    own = _model_dtype(model)
+    run_dtype = run_dtype or own
     subject = module_subject(model)
     if int(tokens.max()) >= subject.spec.vocab_size or int(tokens.min()) < 0:
         raise InputError(f"batch['input_ids']: token ids {int(tokens.min())}..{int(tokens.max())} outside the "
@@ -330,11 +335,11 @@ def check_step(model: Any, batch: Any, *, variants: Any = "all", dtype: str | No
         "asked": asked, "computes": None, "matches": [], "closest": None, "reading": None,
         "documents": _describe_docs(docs), "attn_implementation": impl,
         "use_cache": batch.get("use_cache", getattr(model.config, "use_cache", None)), "dtype": run_dtype,
-        "mask_cast": _mask_cast(batch, run_dtype), "candidates": None, "fp32": None, "bf16": None, "probe": None,
+        "candidates": None, "fp32": None, "bf16": None, "probe": None,
         "attends_across_documents": None, "error": None, "pass": False,
     }
     try:
-        test = _tapped(f32, _as_run(batch, "float32"), doc)
+        test = _tapped(f32, _as_run(batch, "float32", own), doc)
     except Exception as e:  # whatever the user's forward raises is the finding
         report.update(error=_error(e))
         report["message"] = step_message(report, model)
@@ -355,7 +360,7 @@ def check_step(model: Any, batch: Any, *, variants: Any = "all", dtype: str | No
     if computes in asked and run_dtype == "bfloat16":
         preset = emulation or HF_EMULATIONS.get(impl, "fa2_bf16")
         try:
-            test16 = _tapped(runs, _as_run(batch, "bfloat16"), doc)
+            test16 = _tapped(runs, _as_run(batch, "bfloat16", own), doc)
         except Exception as e:  # a step that runs in float32 may still fail in bfloat16
             report.update(error=f"in bfloat16: {_error(e)}")
             report["message"] = step_message(report, model)
@@ -363,7 +368,7 @@ def check_step(model: Any, batch: Any, *, variants: Any = "all", dtype: str | No
         v = bf16_verdict(test16, subject, inputs, computes, preset, rule)
         report["bf16"] = {k: v[k] for k in ("policy", "pass", "first_divergence", "worst_margin", "summary")}
     if probe:
-        report["probe"] = _probe(runs, _as_run(batch, run_dtype), doc, probe_document, rule,
+        report["probe"] = _probe(runs, _as_run(batch, run_dtype, own), doc, probe_document, rule,
                                  sweep=computes not in asked)
     report["attends_across_documents"] = _across(report)
     report["pass"] = bool(computes in asked and (report["bf16"] is None or report["bf16"]["pass"])
@@ -386,14 +391,6 @@ def _check_args(model: Any, dtype: str | None, probe: Any, emulation: str | None
         raise InputError(f"model: expected your transformers causal LM (a torch module with a .config), got "
                          f"{type(model).__name__}")
     return run_dtype
-
-
-def _mask_cast(batch: Mapping, dtype: str) -> str | None:
-    """'bfloat16 -> float32' where the run in `dtype` gets the batch's attention_mask in another dtype."""
-    given, run = batch.get("attention_mask"), _as_run(batch, dtype).get("attention_mask")
-    if given is None or given is run:
-        return None
-    return f"{str(given.dtype).removeprefix('torch.')} -> {str(run.dtype).removeprefix('torch.')}"
 
 
 def _documents_off(test: Taps, subject, inputs: CaseInputs, variant: str, first: dict[str, Any] | None,
@@ -497,9 +494,8 @@ def step_message(report: dict[str, Any], model: Any = None) -> str:
     documents over the tolerance there), the probe."""
     name = type(model).__name__ if model is not None else "the model"
     asked, rows = report["asked"], len(report["documents"]["counts"])
-    cast = f", attention_mask {report['mask_cast']}" if report.get("mask_cast") else ""
     head = (f"anchor check_step: {name} ({report['attn_implementation']}, use_cache={report['use_cache']}, "
-            f"{report['dtype']}{cast}) on {_docs_text(report)}, asked for "
+            f"{report['dtype']}) on {_docs_text(report)}, asked for "
             + ("any of the four variants" if len(asked) == len(VARIANTS) else " or ".join(asked)))
     if report.get("error"):
         return f"{head}: model(**batch) raised {report['error']}."

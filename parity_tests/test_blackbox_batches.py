@@ -190,21 +190,39 @@ def test_an_off_by_one_mask_fails_and_names_the_documents_that_move(llama):
 # A bf16 additive mask
 
 
-@pytest.mark.parametrize("model_dtype", ["bfloat16", "float32"])
-def test_a_bf16_additive_mask_is_given_to_each_copy_in_its_dtype(llama, model_dtype):
+def _bf16_mask_batch():
     d = _ids(LENGTHS)
     T = d.shape[1]
     allowed = torch.from_numpy(_mask(d, "intra_doc")[:, None])
     mask = torch.zeros(1, 1, T, T, dtype=torch.bfloat16).masked_fill(~allowed, torch.finfo(torch.bfloat16).min)
-    model = copy.deepcopy(llama).to(getattr(torch, model_dtype))
-    batch = {"input_ids": torch.randint(3, VOCAB, (1, T), generator=torch.Generator().manual_seed(10)),
-             "attention_mask": mask}
-    r = check_step(model, batch, variants="intra_doc")
-    print(r["message"])
+    return {"input_ids": torch.randint(3, VOCAB, (1, T), generator=torch.Generator().manual_seed(10)),
+            "attention_mask": mask}
+
+
+def test_a_bf16_additive_mask_of_a_bf16_model_is_given_to_each_copy_in_its_dtype(llama):
+    """A bf16 loop's mask: the float32 copy gets it in float32 (sdpa refuses a bf16 mask on fp32 queries)."""
+    batch = _bf16_mask_batch()
+    r = check_step(copy.deepcopy(llama).to(torch.bfloat16), batch, variants="intra_doc")
     assert r["error"] is None and r["documents"]["lengths"] == [list(LENGTHS)]
-    assert r["computes"] == "intra_doc" and r["pass"], r["message"]
-    assert (r["bf16"] is not None) == (model_dtype == "bfloat16")
+    assert r["computes"] == "intra_doc" and r["pass"] and r["bf16"] is not None, r["message"]
     assert batch["attention_mask"].dtype == torch.bfloat16  # the user's batch is left as it is
+
+
+def test_a_mask_in_another_dtype_than_the_model_is_run_as_given(llama):
+    """An fp32 model with a bf16 mask: the copies run what the model runs, so the check reports what the model
+    does with it (sdpa refuses it)."""
+    batch = _bf16_mask_batch()
+    model = copy.deepcopy(llama)
+    try:
+        model(**batch)
+        own = None
+    except Exception as e:  # noqa: BLE001  (whatever the model raises is what the check must report)
+        own = str(e).splitlines()[0]
+    r = check_step(model, batch, variants="intra_doc")
+    if own is None:
+        assert r["error"] is None and r["computes"] == "intra_doc", r["message"]
+    else:
+        assert r["error"] is not None and not r["pass"] and own[:40] in r["message"], (own, r["message"])
 
 
 # ---------------------------------------------------------------------------------------------
