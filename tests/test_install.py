@@ -5,7 +5,8 @@
            quick `anchor parity --model random:llama`
   base     a user's environment that holds torch and transformers (at the oldest transformers supported)
            before the base install, without constraints: both stay as they were, the Trainer example trains
-           on anchor_varlen, and `anchor parity` names the extra it needs (exit 2)
+           on anchor_varlen, and `anchor parity` names the extra it needs (exit 2); then the training extra
+           without the oracle's: `anchor train --config tiny` trains, `anchor parity` still names the oracle
   newest   (slow) the pinned torch with every other requirement at the newest the index offers
   demo     (slow) the pinned venv with the default model's wheel: `anchor demo` runs every stage
 
@@ -37,7 +38,8 @@ def run(cmd: list[str], cwd: Path, timeout: int = 1200, env: dict | None = None)
     # inside the test's own folder)
     base = {k: v for k, v in os.environ.items() if k not in ("ANCHOR_CACHE", "PYTHONPATH", "VIRTUAL_ENV")}
     done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**base, "OMP_NUM_THREADS": "1", "XDG_CACHE_HOME": str(cwd / ".xdg-cache"), **(env or {})})
+                          env={**base, "OMP_NUM_THREADS": "1", "XDG_CACHE_HOME": str(cwd / ".xdg-cache"),
+                               "TORCH_EXTENSIONS_DIR": str(cwd / ".xdg-cache" / "torch_extensions"), **(env or {})})
     assert done.returncode == 0, f"{' '.join(map(str, cmd))}: rc {done.returncode}\n{done.stderr[-4000:]}"
     return done
 
@@ -125,6 +127,15 @@ def test_base_install_keeps_the_users_torch_and_transformers(wheel: Path, outsid
     assert done.stderr.strip().splitlines() == [
         'anchor parity: error: `anchor parity` needs the oracle extra (jax is not installed): '
         'pip install "anchor-toolkit[oracle]"']
+    # then the training extra, still without the oracle's: anchor train trains, parity still names the oracle
+    venv.pip("-c", str(CONSTRAINTS), f"{wheel}[train]")
+    assert venv.versions() == before
+    run([str(venv.bin / "anchor"), "train", "--config", "tiny", "--out", "base-train", "schedule.steps=2",
+         "--no-progress"], outside)
+    assert (outside / "base-train" / "metrics.jsonl").is_file()
+    again = subprocess.run([str(venv.bin / "anchor"), "parity", "--model", "random:llama", "--out", "base-parity"],
+                           cwd=outside, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 2 and "pip install \"anchor-toolkit[oracle]\"" in again.stderr, again.stderr[-3000:]
 
 
 @pytest.mark.slow
