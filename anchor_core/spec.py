@@ -34,7 +34,7 @@ ROPE_LAYOUTS: tuple[str, ...] = ("half", "interleaved")
 PAPER_ROPE_BASE: dict[int, float] = {32768: 1e6, 65536: 5e6, 131072: 1e7, 262144: 5e7}
 
 _HF_MODEL_TYPE = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "smollm2": "llama"}
-HF_MODEL_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3")
+HF_MODEL_TYPES: tuple[str, ...] = tuple(dict.fromkeys(_HF_MODEL_TYPE.values()))
 """transformers' model types of the families: RoPE decoders, whose positions the variants set (docs/DESIGN.md §2)."""
 _HF_ARCH = {
     "llama": "LlamaForCausalLM",

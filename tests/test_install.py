@@ -11,7 +11,8 @@
   demo     (slow) the pinned venv with the default model's wheel: `anchor demo` runs every stage
 
 Each venv prints the torch and transformers versions before and after the install (`-s` shows them). The wheel
-is built from a copy of the tree (`pip wheel` writes a build/ folder beside the sources).
+is built from a copy of the packages (`pip wheel` writes a build/ folder beside the sources); it holds every
+shipped config.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -30,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONSTRAINTS = ROOT / "constraints.txt"
 EXAMPLE = ROOT / "examples" / "hf_trainer" / "hf_trainer_anchor.py"
 MODEL_WHEEL = re.search(r"^MODEL_WHEEL := (\S+)$", (ROOT / "Makefile").read_text(), re.M)[1]
-IGNORED = shutil.ignore_patterns(".git", ".venv", ".cache", "runs", "build", "*.egg-info", "__pycache__")
+PACKAGES = ("anchor_core", "anchor", "jaxref", "torchtrain", "parity_tests")  # pyproject's packages.find
 
 
 def run(cmd: list[str], cwd: Path, timeout: int = 1200, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -64,11 +66,23 @@ class Venv:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("wheel")
-    shutil.copytree(ROOT, work / "src", ignore=IGNORED, symlinks=True)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, work / name)
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, work / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(work / "dist"),
-         str(work / "src")], work)
+         str(work)], work)
     (found,) = (work / "dist").glob("anchor_toolkit-*.whl")
     return found
+
+
+def test_the_wheel_holds_every_shipped_config(wheel: Path) -> None:
+    configs = ROOT / "anchor_core" / "configs"
+    shipped = sorted(p.relative_to(ROOT).as_posix() for p in configs.rglob("*")
+                     if p.is_file() and p.suffix in (".yaml", ".py"))
+    assert len(shipped) >= 29 and "anchor_core/configs/eval/harness_utils.py" in shipped
+    members = set(zipfile.ZipFile(wheel).namelist())
+    assert [p for p in shipped if p not in members] == []
 
 
 @pytest.fixture(scope="module")

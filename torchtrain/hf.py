@@ -78,7 +78,7 @@ from anchor_core.data.store import TokenStore
 from anchor_core.errors import InputError
 from anchor_core.spec import HF_MODEL_TYPES
 from anchor_core.variants import VARIANTS, Variant, check_variant
-from torchtrain.engines import AttnMeta, Engine, attend, check_engine, in_compute_dtype, prepare_meta
+from torchtrain.engines import AttnMeta, Engine, attend, check_engine, compute_dtype, prepare_meta
 
 IGNORE_INDEX = -100  # transformers' causal-LM loss skips these labels
 
@@ -338,8 +338,7 @@ def _attention_function(name: str, engine: Engine) -> Callable[..., tuple[torch.
         if query.shape[0] != len(doc_ids):
             raise InputError(f"doc_ids has {len(doc_ids)} rows, the batch {query.shape[0]} "
                              "(a KV cache or generation is not supported)")
-        query, key, value = in_compute_dtype(query, key, value)  # under autocast: its dtype (engines.compute_dtype)
-        check_engine(engine, query.dtype)
+        check_engine(engine, compute_dtype(query, key, value))  # under autocast its dtype: `attend` casts to it
         meta = _meta(engine, doc_ids, kwargs.get("variant"), query.device, query.shape[2])
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
         return attend(engine, query, key, value, meta, scale), None

@@ -32,6 +32,7 @@ from anchor_core.spec import from_hf_config
 from anchor_core.variants import VARIANTS
 from jaxref.policy import cpu_kernel_policy
 from parity_tests.core import RULE
+from parity_tests.grads import errors
 
 FIRST, EOS, VOCAB = 1, 2, 331
 T = 127  # odd: windows of 126 stream slots
@@ -160,8 +161,7 @@ def oracle_step(spec, step: dict, policy, variant: str | None = None) -> tuple[f
 
 
 def rel_l2(x, truth) -> float:
-    x, t = np.asarray(x, np.float64).ravel(), np.asarray(truth, np.float64).ravel()
-    return float(np.linalg.norm(x - t) / np.linalg.norm(t))
+    return errors(x, truth)["rel_l2"]
 
 
 def judge(spec, steps: list[dict], truth_variant: str | None = None, emulation=None) -> list[str]:
