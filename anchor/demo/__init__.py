@@ -36,8 +36,8 @@ The package, one module per concern:
 
 Profiles (`--profile`, settings.PROFILES): `demo`, `paper-small` (the four variants at 4K, hours on a CPU) and
 `paper-gpu` (SmolLM2-135M continued at 16K with a raised RoPE base in bf16 under ZeRO-1, the four variants and
-intra_doc / intra_doc_reset again in fp32; its own stages corpus, pack, train, eval; about 20 minutes on one
-H100): runs named `<variant>@fp32` train in float32 (settings.run_names).
+intra_doc / intra_doc_reset again in fp32; its own stages corpus, pack, train, eval; made for one GPU): runs
+named `<variant>@fp32` train in float32 (settings.run_names).
 """
 
 from anchor.demo.planning import check_steps, fingerprints, plan, read_record, run_demo
