@@ -25,7 +25,7 @@ def demo(
     profile: Annotated[str, typer.Option(
         "--profile", help="Settings: demo (minutes on a CPU), paper-small (the paper's four variants, RULER "
                           "1K-4K over five checkpoints; hours on a CPU) or paper-gpu (SmolLM2 at 16K in bf16, "
-                          "the four variants and two fp32 runs, RULER 4K-16K; about 20 minutes on one H100).")] = "demo",
+                          "the four variants and two fp32 runs, RULER 4K-16K; made for one GPU).")] = "demo",
     fresh: Annotated[bool, typer.Option("--fresh", help="Redo every selected stage instead of reusing it.")] = False,
     prompt: Annotated[str, typer.Option("--prompt", help="Prompt for the next-token comparison.")] = "",
     policy: Annotated[str, typer.Option("--policy", help="Oracle dtype policy of top5: preset name or YAML file.")] = "fp32",
