@@ -4,6 +4,11 @@ Every reader returns `(spec, state)`: a `ModelSpec` and a state dict of float32 
 Hugging Face's parameter names (`model.layers.{i}.self_attn.q_proj.weight`, (out, in) layout), so
 the oracle and the trainer start from the same numbers. Nothing here unpickles: safetensors is
 parsed from its JSON header, GGUF through the `gguf` package.
+
+A folder named as a model goes through `model_folder` before anything in it is read: a training
+checkpoint (`RUN/checkpoints/step-<N>`, or its `hf/`) must match its manifest (`verify`, the one check
+that resuming, `anchor eval --run` and every `--model` share), and a folder without a manifest is read
+only where it is plainly a Hugging Face folder and no checkpoint, with a note that it was not verified.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -354,11 +360,99 @@ def read_gguf(path: Path) -> tuple[ModelSpec, StateDict]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Training checkpoints: verified against their manifest before anything in them is read
+
+MANIFEST = "manifest.json"
+# What a training checkpoint holds beside hf/ (torchtrain.checkpoint): a folder with one of these, or an
+# `hf/` whose parent has one, is a checkpoint's, never a plain Hugging Face folder.
+CHECKPOINT_FILES = ("trainer.json", "ds")
+MANIFEST_ERRORS = (OSError, ValueError, KeyError, TypeError)
+_NOTED: set[str] = set()
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """`folder`'s manifest.json: a mapping with a `files` mapping, else one of `MANIFEST_ERRORS`."""
+    manifest = json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise ValueError("not a manifest with a files mapping")
+    return manifest
+
+
+def verify(folder: Path) -> str | None:
+    """None if `folder` matches its manifest exactly (same files, same sha256); else what is wrong.
+    Each file is hashed once per process while its bytes stay the same (`file_digest`), so a checkpoint
+    checked by a verb and again by the readers it calls is read once."""
+    folder = Path(folder)
+    try:
+        files = read_manifest(folder)["files"]
+    except MANIFEST_ERRORS as e:
+        return f"no readable manifest ({type(e).__name__})"
+    present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST}
+    missing = sorted(set(files) - present)
+    if missing:
+        return f"missing file {missing[0]}"
+    extra = sorted(present - set(files))
+    if extra:
+        return f"unexpected file {extra[0]}"
+    for rel, digest in files.items():
+        if file_digest(folder / rel) != digest:
+            return f"checksum mismatch in {rel}"
+    return None
+
+
+def model_folder(path: str | Path) -> Path:
+    """The Hugging Face folder to read for a model named by the folder `path`, checked first.
+
+    A training checkpoint (`path` holds manifest.json, or is the `hf/` of a folder that does) must verify
+    against its manifest and have `hf/`; its `hf/` is returned. A folder without a manifest is returned as
+    it is only where it is plainly not a checkpoint's: config.json, no trainer.json, ds/ or hf/ in it, nor
+    trainer.json or ds/ beside it when it is named hf (`load_weights` notes that it read such a folder
+    unverified). Anything else is a one-line InputError naming the folder and the problem."""
+    return _model_folder(Path(path))[0]
+
+
+def _model_folder(path: Path) -> tuple[Path, bool]:
+    """`model_folder`'s folder, and whether it was verified against a manifest."""
+    where = Path(os.path.abspath(path))
+    if (where / MANIFEST).is_file():
+        checkpoint, hf = where, path / "hf"
+    elif where.name == "hf" and (where.parent / MANIFEST).is_file():
+        checkpoint, hf = where.parent, path
+    else:
+        checkpoint = hf = None
+    if checkpoint is not None:
+        problem = verify(checkpoint)
+        if problem:
+            raise InputError(f"checkpoint {checkpoint.name} does not verify: {problem}", path=checkpoint)
+        if not (hf / "config.json").is_file():
+            raise InputError(f"checkpoint {checkpoint.name} has no hf/ weights", path=checkpoint)
+        return hf, True
+    beside = [where] + ([where.parent] if where.name == "hf" else [])
+    if (where / "hf").is_dir() or any((p / f).exists() for p in beside for f in CHECKPOINT_FILES):
+        raise InputError("a training checkpoint without its manifest.json, so it cannot be verified (a published "
+                         "checkpoint always has one: this one is unfinished or damaged)", path=path)
+    if not (where / "config.json").is_file():
+        raise InputError("neither a Hugging Face model folder (no config.json) nor a training checkpoint "
+                         "(no hf/, no manifest.json)", path=path)
+    return path, False
+
+
+def _note_unverified(path: Path) -> None:
+    """One line on stderr, once per folder and process: a folder without a manifest was read as it is."""
+    key = os.path.abspath(path)
+    if key not in _NOTED:
+        _NOTED.add(key)
+        print(f"note: {path}: a Hugging Face model folder without manifest.json, read as it is (not verified)",
+              file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
 # Entry points
 
 
 def _locate(name: str) -> tuple[str, str | Path]:
-    """("random", preset) | ("gguf", path) | ("dir", path) for a model named as in docs/DESIGN.md §6."""
+    """("random", preset) | ("gguf", path) | ("checkpoint", its verified hf/) | ("dir", path: a folder
+    without a manifest) for a model named as in docs/DESIGN.md §6 (`model_folder`)."""
     name = resolve_model_name(name)
     if name.startswith("random:"):
         return "random", name.split(":", 1)[1]
@@ -368,7 +462,8 @@ def _locate(name: str) -> tuple[str, str | Path]:
     if path.suffix == ".gguf":
         return "gguf", path
     if path.is_dir():
-        return "dir", path
+        folder, verified = _model_folder(path)
+        return ("checkpoint" if verified else "dir"), folder
     raise InputError("a model is a Hugging Face folder, a .gguf file or random:<preset>", path=path)
 
 
@@ -386,7 +481,12 @@ def load_weights(name: str, *, seed: int = 0) -> tuple[ModelSpec, StateDict]:
     if kind == "random":
         spec = random_preset(str(where))
         return spec, random_state(spec, seed)
-    return read_gguf(Path(where)) if kind == "gguf" else read_hf_dir(Path(where))
+    if kind == "gguf":
+        return read_gguf(Path(where))
+    spec, state = read_hf_dir(Path(where))
+    if kind == "dir":
+        _note_unverified(Path(where))
+    return spec, state
 
 
 # ---------------------------------------------------------------------------------------------

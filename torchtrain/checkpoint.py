@@ -10,17 +10,20 @@ resuming and the RNG states they carry.
 A checkpoint is built in `RUN/checkpoints/.step-<N>.tmp` by all ranks and renamed into place by
 rank 0 after the manifest is written, so `step-<N>` exists only complete. A checkpoint is loaded only
 after every file's sha256 matches the manifest this run wrote (otherwise the next older one is tried):
-the checksum guards against corruption. Against a planted object (a manifest rewritten to match),
-DeepSpeed's files, which it writes and reads as pickles (`torch.load(weights_only=False)`), are read
-through torch's `weights_only` unpickler, which builds tensors, containers and the few DeepSpeed types
-of `DEEPSPEED_ALLOWLIST` and nothing else (`safe_loads`): any other object is refused in one line
-before it is built, and nothing of it runs.
+the checksum guards against corruption. The check is `anchor_core.weights.verify`, the one every reader
+of a checkpoint goes through (a model folder given to any verb: `anchor_core.weights.model_folder`).
+Against a planted object (a manifest rewritten to match), DeepSpeed's files, which it writes and reads as
+pickles (`torch.load(weights_only=False)`), are read through torch's `weights_only` unpickler, which
+builds tensors, containers and the few DeepSpeed types of `DEEPSPEED_ALLOWLIST` and nothing else
+(`safe_loads`): any other object is refused in one line before it is built, and nothing of it runs.
 
 `Checkpointer` saves and resumes one rank's state (every rank calls both): model, optimizer and LR
 scheduler through DeepSpeed; the loader's position and the rank's RNG states (torch on CPU and
 CUDA, numpy, Python's `random`: the generators `seed_rng` seeds) through trainer.json. After a
 save, the newest `keep_last` checkpoints stay whole; older regular ones are deleted and older evaluation
-ones keep only their weights (hf/, trainer.json): nothing resumes from them (`prune`).
+ones keep only their weights (hf/, trainer.json): nothing resumes from them (`prune`). Checkpoints of
+higher steps than the one a run resumed from (corrupt, or weights only) are an earlier attempt's: named
+in one line at the resume, not counted by `prune`, replaced when the run writes their steps again.
 metrics.jsonl is no part of a checkpoint: a resumed run cuts it back to its step (torchtrain.metrics).
 """
 
@@ -46,6 +49,7 @@ import numpy as np
 from anchor_core.atomic import sha256_file, write_text_atomic
 from anchor_core.errors import InputError
 from anchor_core.export import export_hf
+from anchor_core.weights import MANIFEST, MANIFEST_ERRORS, read_manifest, verify
 
 if TYPE_CHECKING:
     from anchor_core.data.packed import Loader
@@ -53,7 +57,6 @@ if TYPE_CHECKING:
     from torchtrain.config import TrainConfig
     from torchtrain.distributed import World
 
-MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _OLD_DIR = re.compile(r"^\.(step-\d+)\.old$")
@@ -94,36 +97,6 @@ def write_manifest(folder: Path, step: int, extra: dict[str, Any] | None = None)
     return manifest
 
 
-_MANIFEST_ERRORS = (OSError, ValueError, KeyError, TypeError)
-
-
-def read_manifest(folder: Path) -> dict[str, Any]:
-    """`folder`'s manifest.json: a mapping with a `files` mapping, else one of `_MANIFEST_ERRORS`."""
-    manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
-        raise ValueError("not a manifest with a files mapping")
-    return manifest
-
-
-def verify(folder: Path) -> str | None:
-    """None if `folder` matches its manifest exactly (same files, same hashes); else what is wrong."""
-    try:
-        files = read_manifest(folder)["files"]
-    except _MANIFEST_ERRORS as e:
-        return f"no readable manifest ({type(e).__name__})"
-    present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST}
-    missing = sorted(set(files) - present)
-    if missing:
-        return f"missing file {missing[0]}"
-    extra = sorted(present - set(files))
-    if extra:
-        return f"unexpected file {extra[0]}"
-    for rel, digest in files.items():
-        if sha256_file(folder / rel) != digest:
-            return f"checksum mismatch in {rel}"
-    return None
-
-
 def list_steps(run: Path) -> list[int]:
     """Steps of the published checkpoints, newest first."""
     root = checkpoints_dir(run)
@@ -134,21 +107,30 @@ def list_steps(run: Path) -> list[int]:
 
 
 def newest_valid(run: Path, log=print) -> int | None:
-    """The newest checkpoint whose manifest verifies and that holds DeepSpeed's state; each rejected one
-    is reported in one line (one kept for its weights only, `keep_weights_only`, is passed over)."""
-    rejected: list[tuple[int, str]] = []
+    """The newest checkpoint whose manifest verifies and that holds DeepSpeed's state (one kept for its
+    weights only, `keep_weights_only`, is nothing to resume from); None when there is none.
+
+    Where newer checkpoints cannot be used, one line through `log` names each and why, and says what the
+    run does: resume from the older one or start from scratch. Those checkpoints are left as they are: an
+    earlier attempt's, they are not counted as newer than what this run writes (`prune` counts only the
+    steps up to the one just written), and the run replaces each when it writes that step again."""
+    unusable: list[str] = []
+    found = None
     for step in list_steps(run):
-        if is_weights_only(step_dir(run, step)):
+        folder = step_dir(run, step)
+        if is_weights_only(folder):
+            unusable.append(f"step-{step} holds weights only")
             continue
-        problem = verify(step_dir(run, step))
+        problem = verify(folder)
         if problem is None:
-            for bad, why in rejected:
-                log(f"checkpoint step-{bad} is corrupt ({why}): resuming from step-{step}")
-            return step
-        rejected.append((step, problem))
-    for bad, why in rejected:
-        log(f"checkpoint step-{bad} is corrupt ({why}): starting from scratch")
-    return None
+            found = step
+            break
+        unusable.append(f"step-{step} is corrupt ({problem})")
+    if unusable:
+        outcome = f"resuming from step-{found}" if found is not None else "none can be resumed, starting from scratch"
+        log(f"checkpoint {', '.join(unusable)}: {outcome} (the unusable ones stay until this run writes their "
+            "steps again; pruning does not count them as newer than its own)")
+    return found
 
 
 def publish(run: Path, step: int) -> Path:
@@ -176,7 +158,7 @@ def is_weights_only(folder: Path) -> bool:
     """A checkpoint kept for its weights (`keep_weights_only`): no DeepSpeed state, nothing to resume."""
     try:
         return read_manifest(folder).get("weights_only") is True
-    except _MANIFEST_ERRORS:
+    except MANIFEST_ERRORS:
         return False
 
 
@@ -189,7 +171,7 @@ def keep_weights_only(run: Path, step: int) -> bool:
     folder = step_dir(run, step)
     try:
         manifest = read_manifest(folder)
-    except _MANIFEST_ERRORS:
+    except MANIFEST_ERRORS:
         return False
     if manifest.get("weights_only") is True:
         return False
@@ -208,15 +190,22 @@ def keep_weights_only(run: Path, step: int) -> bool:
     return True
 
 
-def prune(run: Path, keep_last: int, is_evaluation: Callable[[int], bool]) -> tuple[list[int], list[int]]:
+def prune(run: Path, keep_last: int, is_evaluation: Callable[[int], bool],
+          written: int | None = None) -> tuple[list[int], list[int]]:
     """Past the newest `keep_last` checkpoints (0: none is touched), which stay whole to resume from:
     delete the regular ones, keep only the weights of the evaluation ones (`is_evaluation(step)`;
     `keep_weights_only`).
+
+    `written`: the step a run has just written. Only checkpoints up to it are counted and touched, so the
+    one just written is always among the newest kept; a checkpoint of a higher step is an earlier
+    attempt's that the run could not resume from (`newest_valid`), left as it is until the run writes
+    that step again. None: every checkpoint counts.
     Returns (deleted steps, steps made weights-only)."""
     if keep_last <= 0:
         return [], []
     deleted, slimmed = [], []
-    for step in list_steps(run)[keep_last:]:
+    counted = [s for s in list_steps(run) if written is None or s <= written]
+    for step in counted[keep_last:]:
         if is_evaluation(step):
             if keep_weights_only(run, step):
                 slimmed.append(step)
@@ -425,7 +414,7 @@ class Checkpointer:
         if world.is_main:
             write_manifest(staging, step, {"config": self.config_file})
             publish(run, step)
-            prune(run, self.cfg.checkpoint.keep_last, self.cfg.is_eval_step)
+            prune(run, self.cfg.checkpoint.keep_last, self.cfg.is_eval_step, written=step)
         dist.barrier()
 
 

@@ -78,15 +78,17 @@ def eval_(
         from anchor.eval.ruler.common import load_haystack
 
         load_haystack(haystack)  # read (and kept) before any work: a file that is no haystack is refused now
-    out = guard_out(out, "eval", inputs=tuple(str(p) for p in (run, model, haystack, squad, hotpotqa, harness_data)
-                                              if p))
-
+    from anchor.eval.generate import eval_model_source
     from anchor.eval.runner import checkpoints_of_run, parts_dir, run_eval, write_eval
 
+    # every checkpoint verified against its manifest before any work (a --model folder as well)
     if run is not None:
         sources = checkpoints_of_run(run, _split(checkpoints, "--checkpoints") if checkpoints else None)
     else:
+        eval_model_source(model)
         sources = [(str(model), str(model))]
+    out = guard_out(out, "eval", inputs=tuple(str(p) for p in (run, model, haystack, squad, hotpotqa, harness_data)
+                                              if p))
     with out_lock(out, "eval"):
         result = run_eval(sources, tasks=task_list, lengths=length_list, samples=samples, seed=seed, haystack=haystack,
                           qa_data={t: str(f) for t, f in qa.items() if f is not None}, engine=engine, dtype=dtype,

@@ -55,6 +55,7 @@ from torch import nn
 from anchor_core.errors import InputError
 from anchor_core.progress import ProgressBar
 from anchor_core.tokenizer import Tok
+from anchor_core.weights import model_folder
 from torchtrain import attention as attn
 from torchtrain.engines import AttnMeta, Engine, attend, engine_of, prepare_meta
 from torchtrain.model import DType, build_model
@@ -64,14 +65,11 @@ PAD_ID = 0  # token id of left padding: never attended to, so any valid id works
 
 
 def eval_model_source(source: str | Path) -> str:
-    """The model name to load for `source` (docs/DESIGN.md §6): a checkpoint folder `RUN/checkpoints/step-N`
-    stands for its `hf/` folder (docs/DESIGN.md §8); other names are returned as they are."""
+    """The model name to load for `source` (docs/DESIGN.md §6): a folder is `anchor_core.weights.model_folder`'s
+    (a checkpoint `RUN/checkpoints/step-N` or its `hf/` verified against its manifest, and read from its
+    `hf/`, docs/DESIGN.md §8); other names are returned as they are."""
     path = Path(source)
-    if path.is_dir() and not (path / "config.json").exists():
-        if (path / "hf").is_dir():
-            return str(path / "hf")
-        raise InputError("neither a model folder (no config.json) nor a checkpoint folder (no hf/)", path=path)
-    return str(source)
+    return str(model_folder(path)) if path.is_dir() else str(source)
 
 
 def load_eval_model(source: str | Path, engine: Engine = "sdpa", dtype: DType = "bfloat16", *,

@@ -26,7 +26,8 @@ soon as it is done, and a later call with the same settings, checkpoints and mod
 
 Which checkpoints of a run (`checkpoints_of_run`): by default those of the run's evaluation schedule
 (`eval.every` / `eval.window` of its config.yaml: the last five, every 10 steps), else the names given
-(`step-40` or `40`). Every checkpoint must verify against its manifest before it is read.
+(`step-40` or `40`). Every checkpoint must verify against its manifest before it is read
+(`anchor_core.weights.model_folder`, which a checkpoint folder given as a model goes through too).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from anchor_core.parts import normal as _normal
 from anchor_core.parts import plain as _plain
 from anchor_core.progress import ProgressBar
 from anchor_core.tokenizer import load_tokenizer
-from anchor_core.weights import load_spec, model_identity
+from anchor_core.weights import load_spec, model_folder, model_identity
 from torchtrain import checkpoint as ckpt
 from torchtrain import engines
 from torchtrain.memory import forward_memory
@@ -88,16 +89,7 @@ def checkpoints_of_run(run: str | Path, names: Sequence[str] | None = None) -> l
         if not chosen:
             raise InputError("the run has no checkpoint of its evaluation schedule (eval.every/eval.window); "
                              "name them with --checkpoints", path=run)
-    out = []
-    for s in sorted(set(chosen)):
-        folder = ckpt.step_dir(run, s)
-        why = ckpt.verify(folder)
-        if why:
-            raise InputError(f"checkpoint step-{s} does not verify: {why}", path=folder)
-        if not (folder / "hf" / "config.json").is_file():
-            raise InputError(f"checkpoint step-{s} has no hf/ weights", path=folder)
-        out.append((f"step-{s}", str(folder / "hf")))
-    return out
+    return [(f"step-{s}", str(model_folder(ckpt.step_dir(run, s)))) for s in sorted(set(chosen))]
 
 
 def _prompts(tok, samples) -> list[list[int]]:
