@@ -41,7 +41,8 @@ def demo(
                        "train and evaluate only these, a part to join with --merge (default: every run).")] = None,
     merge: Annotated[Optional[list[Path]], typer.Option(
         "--merge", help="A demo folder that ran some of the runs (--runs); give it once per part: no stage "
-                        "runs, --out becomes one demo of all their runs (anchor/demo/merge.py).")] = None,
+                        "runs, --out becomes one demo of all their runs (anchor/demo/merge.py); --out is a new "
+                        "folder or an earlier merge, never a demo that ran its stages.")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
 ) -> None:
     """Run the paper's experiment on the embedded default (or --model): corpus, packing, audit, training with

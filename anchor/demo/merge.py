@@ -10,15 +10,20 @@ A part is input the merge did not write: every file it reads from one is checked
 written, and no path read from a part names a file (the runs' names are the profile's variants, checked;
 the summary JSON is a profile's name, never the part's). Each demo.json has the shape and types a demo writes;
 each run's eval.json is valid JSON of the part's evaluation (its seed, tasks, lengths, samples, resolved dtype
-and engine, this run's checkpoints, the scores the part's demo.json holds). The merge then checks that the
-parts are one experiment: the same model bytes (`model_identity` in the train summary; a part without it is
-named to be run again) and settings but for
-`only_runs`, the same resolved evaluation (`eval_dtype` auto resolves per machine: the dtype it resolved to
-must be the same), the same packed windows (the `pack` stage's fingerprint: same corpus, tokenizer, window
-and budget), their `train` and `eval` stages finished, no run in two parts, no part given twice. It then writes what one demo of all the runs
+and engine, this run's checkpoints, the scores the part's demo.json holds); each run's metrics.jsonl and
+config.yaml, where the part has them, hold the steps, losses, variant and dtype its demo.json records. The
+merge then checks that the parts are one experiment: the same model bytes (`model_identity` in the train
+summary; a part without it is named to be run again) and settings but for `only_runs`, the same resolved
+evaluation (`eval_dtype` auto resolves per machine: the dtype it resolved to must be the same), the same
+packed windows (the `pack` stage's fingerprint: same corpus, tokenizer, window and budget), their `train` and
+`eval` stages finished, no run in two parts, no part given twice. It then writes what one demo of all the runs
 writes (demo.json, index.html, summary.png, the figures, the summary JSON), with the parts' machines and
 seconds in `merged_from`. Step times are compared with `full`'s only within a part (`stages.step_time_ratios`):
-a part without `full` times full's first `timing_steps` steps itself. Bad parts get one line and exit 2, and no folder.
+a part without `full` times full's first `timing_steps` steps itself. Bad parts get one line and exit 2, and
+no folder.
+
+`--out` is a new or empty folder, or an earlier merge (its marker's verb is `MERGE_VERB`): a merge never
+replaces a demo that ran its stages (its checkpoints are not the merge's to delete) nor another verb's folder.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from dataclasses import MISSING, asdict, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import yaml
+
 from anchor.demo.page import index_page, summary_figure
 from anchor.demo.settings import DEMO_JSON, PROFILES, DemoSettings, all_run_names, parse_run
 from anchor.demo.stages import _run_scores, eval_figures, step_time_ratios, train_figures
@@ -38,6 +45,10 @@ from anchor_core.atomic import publish, staging_dir
 from anchor_core.errors import InputError
 from anchor_core.outdir import write_marker
 from anchor_core.variants import VARIANTS
+
+# The verb in a merge's marker: a merge replaces only a merge (never a demo that ran its stages, nor another
+# verb's folder), and `anchor demo` never runs its stages over a merge
+MERGE_VERB = "demo --merge"
 
 _PART_FILES = ("metrics.jsonl", "config.yaml")  # per run under train/<run>/, linked from the page
 # The summary JSON a part may carry: a profile's, never a name read from the part (it names a file the merge
@@ -209,8 +220,6 @@ def _check_part_file(path: Path, name: str) -> bytes | None:
         if name == "metrics.jsonl":
             ok = all(isinstance(json.loads(line), dict) for line in text.splitlines() if line.strip())
         else:
-            import yaml
-
             ok = isinstance(yaml.safe_load(text), dict)
     except Exception as e:  # UnicodeDecodeError, ValueError (JSON), yaml.YAMLError
         raise InputError(f"unreadable ({type(e).__name__})", path=path) from None
@@ -286,6 +295,49 @@ def read_part_files(p: dict[str, Any]) -> None:
     p["evals"] = {v: _check_eval_json(part / "eval" / v / "eval.json", v, s, ev, ev["runs"][v]) for v in p["runs"]}
     p["files"] = {(v, name): _check_part_file(part / "train" / v / name, name)
                   for v in p["runs"] for name in _PART_FILES}
+    for v in p["runs"]:
+        _check_run_files_agree(p, v)
+
+
+def _check_run_files_agree(p: dict[str, Any], v: str) -> None:
+    """Run `v`'s metrics.jsonl and config.yaml (where the part has them) hold the run its demo.json records: the
+    same steps and losses, the same variant, dtype, steps and window. The merge copies these files beside the
+    record, so a part whose records disagree (a file cut short, or another run's) is refused."""
+    import yaml
+
+    part, s = p["dir"], p["settings"]
+    run = p["record"]["stages"]["train"]["summary"]["runs"][v]
+
+    def disagree(what: str) -> InputError:
+        return InputError(f"its records disagree: run {v!r}: {what}", path=part)
+
+    if len(run["loss"]) != run["steps"]:
+        raise disagree(f"demo.json holds {len(run['loss'])} losses for its {run['steps']} steps")
+    metrics = p["files"][(v, "metrics.jsonl")]
+    if metrics is not None:
+        rows = [json.loads(line) for line in metrics.decode("utf-8").splitlines() if line.strip()]
+        if len(rows) != run["steps"]:
+            raise disagree(f"train/{v}/metrics.jsonl holds {len(rows)} steps, demo.json {run['steps']}")
+        if [r.get("step") for r in rows] != list(range(1, len(rows) + 1)):
+            raise disagree(f"train/{v}/metrics.jsonl does not hold steps 1 to {len(rows)} in order")
+        if json.dumps([r.get("loss") for r in rows]) != json.dumps(run["loss"]):  # NaN compares by its text
+            raise disagree(f"train/{v}/metrics.jsonl holds other losses than demo.json")
+    config = p["files"][(v, "config.yaml")]
+    if config is not None:
+        c = yaml.safe_load(config.decode("utf-8"))
+        got = {"variant": _dig(c, "model", "variant"), "dtype": _dig(c, "model", "dtype"),
+               "steps": _dig(c, "schedule", "steps"), "seq_len": _dig(c, "data", "seq_len")}
+        want = {"variant": run["variant"], "dtype": run["dtype"], "steps": run["steps"], "seq_len": s.seq_len}
+        for k in want:
+            if got[k] != want[k]:
+                raise disagree(f"train/{v}/config.yaml has {k} {got[k]!r}, demo.json {want[k]!r}")
+
+
+def _dig(d: Any, *keys: str) -> Any:
+    """d[k1][k2]... of a YAML mapping; None where a level is missing or not a mapping."""
+    for k in keys:
+        d = d.get(k) if isinstance(d, dict) else None
+    return d
 
 
 def _model_identity(part: dict[str, Any]) -> Any:
@@ -398,7 +450,9 @@ def merge_demos(parts: Sequence[str | Path], out: str | Path, *, profile: str | 
                          "stages_s_all_attempts": round(sum(stage_seconds_all_attempts(
                              p["record"]["stages"]).values()), 1)}
                         for p in read]}
-    with staging_dir(out, "demo", inputs=[p["dir"] for p in read]) as tmp:
+    # --out: a new or empty folder, or an earlier merge (MERGE_VERB in its marker): never a demo that ran its
+    # stages, nor another verb's output (anchor_core.outdir.guard_out, under the lock)
+    with staging_dir(out, MERGE_VERB, inputs=[p["dir"] for p in read]) as tmp:
         work = tmp / "merged"
         for stage in ("train", "eval"):
             (work / stage).mkdir(parents=True)
@@ -421,7 +475,7 @@ def merge_demos(parts: Sequence[str | Path], out: str | Path, *, profile: str | 
             record["summary_json"] = s.summary_json
         (work / DEMO_JSON).write_text(json.dumps(record, indent=1, ensure_ascii=False, default=str), encoding="utf-8")
         index_page(work, record)
-        publish(work, out, "demo")
+        publish(work, out, MERGE_VERB)
     say(f"merged {len(read)} parts ({', '.join(order)}) into {out}"
         + (f"; runs in no part: {', '.join(absent)}" if absent else ""))
     return record

@@ -1,14 +1,20 @@
 """Planning, fingerprints and stage reuse: which stages run, which are reused, and the record (demo.json).
 
 Every stage is recorded in `demo.json` with a fingerprint of its settings, its inputs' fingerprints and
-anchor's version; a stage whose fingerprint still matches is reused, `train` and `eval` resume where a
-killed demo left them (`RESUMABLE`).
+anchor's version, the content of its folder when it finished (`stage_content`), an id of that execution
+(`ran_id`) and the ids of the stages it read (`read`). A stage is reused where its fingerprint still matches,
+its folder still holds what it wrote, and the stages it reads have not run since it read them: a stage
+folder another verb replaced (`anchor corpus --out DEMO/corpus`) or whose files changed runs again, and so
+does every stage that reads it, in this demo or the next that selects it. `train` and `eval` resume where a
+killed demo left them (`RESUMABLE`) when the stages they read have not run since.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import secrets
 import shutil
 import time
 from dataclasses import asdict, replace
@@ -63,6 +69,10 @@ _KEYS_IF_SET = {"pack": ("pack_docs",),
                          "perplexity_data", "only_runs")}
 # Fields that change no stage's result: what runs by default, and where the summary goes.
 _NOT_RESULTS = ("stages", "summary_json")
+# A stage folder's files up to this size count by their bytes in `stage_content`, larger ones by their size:
+# the large ones are checkpoint weights and optimizer states, whose sha256 each checkpoint's manifest.json
+# holds, so checking a demo for reuse reads megabytes, not the checkpoints' gigabytes.
+_HASHED_BYTES = 64 << 20
 
 
 def check_steps(steps: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
@@ -145,6 +155,47 @@ def read_record(out: Path) -> dict[str, Any]:
 
 def _stage_done(out: Path, stage: str, rec: dict[str, Any] | None, fp: str) -> bool:
     return bool(rec and rec.get("done") and rec.get("fingerprint") == fp and read_marker(out / stage) is not None)
+
+
+def stage_content(folder: Path) -> str | None:
+    """sha256 (16 hex) of what a stage folder holds: each file's path in it, its size and, up to
+    `_HASHED_BYTES`, its bytes (the marker's among them), each link's target; None where the folder is missing
+    or cannot be read (it then matches no record)."""
+    if not folder.is_dir() or folder.is_symlink():
+        return None
+    h = hashlib.sha256()
+    try:
+        for root, dirs, files in os.walk(folder, onerror=_raise):
+            dirs.sort()
+            for name in sorted(files + [d for d in dirs if os.path.islink(os.path.join(root, d))]):
+                p = Path(root) / name
+                rel = p.relative_to(folder).as_posix()
+                if p.is_symlink():
+                    h.update(json.dumps([rel, "link", os.readlink(p)]).encode())
+                    continue
+                size = p.stat().st_size
+                h.update(json.dumps([rel, size]).encode())
+                if size <= _HASHED_BYTES:
+                    h.update(hashlib.sha256(p.read_bytes()).digest())
+    except OSError:
+        return None
+    return h.hexdigest()[:16]
+
+
+def _raise(e: OSError) -> None:
+    raise e
+
+
+def _changed(out: Path, stage: str, rec: dict[str, Any], read: dict[str, str | None]) -> str | None:
+    """Why the finished stage `rec` cannot be reused though its settings are unchanged (a stage it reads ran
+    again since it read it, or its folder no longer holds what it wrote); None where it can."""
+    had = rec.get("read") or {}
+    moved = [n for n in read if had.get(n) != read[n]]
+    if moved:
+        return f"the {moved[0]} stage it reads was run again since"
+    if rec.get("content") is None or stage_content(out / stage) != rec["content"]:
+        return f"{stage}/ no longer holds what this stage wrote (replaced, or its files changed)"
+    return None
 
 
 def _clear(out: Path, stage: str) -> None:
@@ -333,18 +384,26 @@ def _run_stages(out: Path, s: DemoSettings, steps: tuple[str, ...], todo: tuple[
     ctx = StageContext(out, s, progress, say, record["stages"])
     for i, stage in enumerate(todo, 1):
         rec = record["stages"].get(stage)
+        # the executions of the stages this one reads (earlier in `todo`: run or reused by now)
+        read = {n: (record["stages"].get(n) or {}).get("ran_id") for n in NEEDS.get(stage, ())}
+        changed = None
         if not fresh and _stage_done(out, stage, rec, fps[stage]):
-            say(f"[{i}/{len(todo)}] {stage}: reused (finished {rec['finished']}, settings unchanged)")
-            record["reused"].append(stage)
-            continue
-        resumable = stage in RESUMABLE and not fresh and rec is not None and rec.get("fingerprint") == fps[stage]
+            changed = _changed(out, stage, rec, read)
+            if changed is None:
+                say(f"[{i}/{len(todo)}] {stage}: reused (finished {rec['finished']}, settings unchanged)")
+                record["reused"].append(stage)
+                continue
+            say(f"[{i}/{len(todo)}] {stage}: not reused: {changed}")
+        # a stopped stage continues only on the same settings and the same executions of what it reads
+        resumable = (stage in RESUMABLE and not fresh and changed is None and rec is not None
+                     and rec.get("fingerprint") == fps[stage] and rec.get("read") == read)
         if not resumable:
             _clear(out, stage)
         say(f"[{i}/{len(todo)}] {stage}: {TITLES[stage]}")
         # the seconds of the attempts a signal stopped (SIGTERM, Ctrl-C: they unwind) that this one resumes
         earlier = list(rec.get("stopped_attempts_s", [])) if resumable else []
         record["stages"][stage] = {"fingerprint": fps[stage], "done": False, "started": _now(),
-                                   "stopped_attempts_s": earlier}
+                                   "stopped_attempts_s": earlier, "read": read}
         _write_record(out, record, t0)
         t = time.time()
         try:
@@ -356,7 +415,9 @@ def _run_stages(out: Path, s: DemoSettings, steps: tuple[str, ...], todo: tuple[
         seconds = round(time.time() - t, 1)
         record["stages"][stage] = {"fingerprint": fps[stage], "done": True, "started": record["stages"][stage]["started"],
                                    "finished": _now(), "seconds": seconds, "stopped_attempts_s": earlier,
-                                   "seconds_all_attempts": round(seconds + sum(earlier), 1), "summary": summary}
+                                   "seconds_all_attempts": round(seconds + sum(earlier), 1), "summary": summary,
+                                   "read": read, "content": stage_content(out / stage),
+                                   "ran_id": secrets.token_hex(8)}
         record["ran"].append(stage)
         _write_record(out, record, t0)
         index_page(out, record, fps)
