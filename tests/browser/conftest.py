@@ -11,27 +11,39 @@ user on a closed network needs besides.
 
 `open_page(path, width=..., screenshot=...)` loads a local page in `page` and reports what it did
 (`PageReport`): its images (`complete`, `naturalWidth`; lazy ones switched to eager and awaited), console
-errors and uncaught exceptions, failed requests, and every request for anything but a local file or inline
-data, which is recorded and refused (`page.route`), so nothing leaves the machine; then it captures the
-whole page, `width` CSS pixels wide (cut at pagecheck.MAX_SCREENSHOT_HEIGHT), as a PNG.
+errors and uncaught exceptions, failed requests, and every request for anything but a local file, inline
+data or a `serve_folder` origin, which is recorded and refused (`page.route`), so nothing leaves the
+machine; then it captures the whole page, `width` CSS pixels wide (cut at pagecheck.MAX_SCREENSHOT_HEIGHT),
+as a PNG.
 
 Once installed, pytest-playwright's plugin loads in every pytest run of the checkout: it adds its options
 (--browser, --headed, --output, ...) and fixtures and imports Playwright (about 0.2 s a process), and deletes
 `./test-results` (its --output folder) when a run starts; it starts nothing until a test asks for `page`.
 
 `ANCHOR_DEMO_DIR` names the demo output whose `index.html` is checked (relative to the working directory;
-default: `runs/demo` in the checkout). `ANCHOR_REQUIRE_BROWSER=1` (set by `make test-browser`) turns a
-missing Chromium, pytest-playwright or page into a failure; without it those tests are skipped, so a plain
-`pytest` run on a machine without them still passes the pure-parser tests.
+default: `runs/demo` in the checkout). `ANCHOR_SITE_DIR` names a built documentation site (`make docs` writes
+`runs/site`); without it `site_dir` builds the checkout's site with `mkdocs build --strict` into a temporary
+folder (the `docs` extra). `site_url` serves that folder over http on 127.0.0.1, as a reader's server would:
+the theme's search runs in a web worker, which Chromium does not start for a page opened from the file system.
+Requests to a server started by `serve_folder` count as local; any other http request, even to this machine,
+is refused. `ANCHOR_REQUIRE_BROWSER=1` (set by `make test-browser`) turns a missing Chromium,
+pytest-playwright, MkDocs or page into a failure; without it those tests are skipped, so a plain `pytest` run
+on a machine without them still passes the pure-parser tests.
 """
 
 from __future__ import annotations
 
+import functools
+import http.server
+import importlib.util
 import os
 import shutil
+import subprocess
+import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -41,6 +53,8 @@ REPO = Path(__file__).resolve().parents[2]
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 FLAGS = ("--disable-gpu", "--disable-quic")
 LOCAL_SCHEMES = ("file:", "data:", "about:", "blob:")
+# Origins of the servers `serve_folder` started (`http://127.0.0.1:PORT/`): `open_page` lets their requests through.
+SERVED_ORIGINS: set[str] = set()
 
 # What `info` holds for a page that did not load.
 NOT_LOADED = {"title": "", "readyState": "", "url": "", "lazy": 0, "textLength": 0, "scrollWidth": 0,
@@ -112,6 +126,58 @@ def demo_dir() -> Path:
     return folder
 
 
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="session")
+def serve_folder() -> Iterator[Callable[[Path], str]]:
+    """`serve_folder(folder) -> "http://127.0.0.1:PORT/"`: the folder's files over http, on this machine only,
+    until the session ends."""
+    servers: list[http.server.ThreadingHTTPServer] = []
+
+    def serve(folder: Path) -> str:
+        handler = functools.partial(_QuietHandler, directory=str(folder))
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        origin = f"http://127.0.0.1:{server.server_address[1]}/"
+        SERVED_ORIGINS.add(origin)
+        return origin
+
+    yield serve
+    for server in servers:
+        SERVED_ORIGINS.discard(f"http://127.0.0.1:{server.server_address[1]}/")
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="session")
+def site_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The built documentation site: `$ANCHOR_SITE_DIR`, else the checkout's site built now (strict)."""
+    env = os.environ.get("ANCHOR_SITE_DIR")
+    if env:
+        folder = Path(env).absolute()
+        if not (folder / "index.html").is_file():
+            _missing(f"{folder}/index.html does not exist: run `make docs` or set ANCHOR_SITE_DIR")
+        return folder
+    if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None:
+        _missing('MkDocs or its Material theme is not installed: pip install -e ".[docs]" (make docs), '
+                 "or set ANCHOR_SITE_DIR to a built site")
+    folder = tmp_path_factory.mktemp("site")
+    build = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(folder)],
+                           cwd=REPO, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True, text=True)
+    assert build.returncode == 0, f"mkdocs build --strict failed:\n{build.stdout}{build.stderr}"
+    return folder
+
+
+@pytest.fixture(scope="session")
+def site_url(site_dir: Path, serve_folder: Callable[[Path], str]) -> str:
+    """The built site served over http: `http://127.0.0.1:PORT/`."""
+    return serve_folder(site_dir)
+
+
 @dataclass
 class PageReport:
     """What a page did in the browser; `problems()` lists what makes it broken."""
@@ -151,7 +217,8 @@ class PageReport:
 @pytest.fixture
 def open_page(request: pytest.FixtureRequest) -> Callable[..., PageReport]:
     """`open_page(path, *, width=1280, height=800, screenshot=None, settle_ms=15000) -> PageReport` in
-    pytest-playwright's `page` (see the module docstring)."""
+    pytest-playwright's `page` (see the module docstring); `path` is a local file, or a URL under a
+    `serve_folder` origin."""
     if not request.config.pluginmanager.hasplugin("playwright"):
         _missing('pytest-playwright is not installed: pip install -e ".[browser]" (make test-browser)')
     from playwright.sync_api import Error as PlaywrightError
@@ -175,7 +242,7 @@ def open_page(request: pytest.FixtureRequest) -> Callable[..., PageReport]:
         failed.append(f"{req.url}: {req.failure}")
 
     def route(r: Any) -> None:
-        if r.request.url.startswith(LOCAL_SCHEMES):
+        if r.request.url.startswith(LOCAL_SCHEMES) or r.request.url.startswith(tuple(SERVED_ORIGINS)):
             r.continue_()
         else:
             external.append(r.request.url)
@@ -187,9 +254,10 @@ def open_page(request: pytest.FixtureRequest) -> Callable[..., PageReport]:
     page.on("websocket", lambda ws: external.append(ws.url))
     page.route("**/*", route)
 
-    def load(path: Path, *, width: int = 1280, height: int = 800, screenshot: Path | None = None,
+    def load(path: Path | str, *, width: int = 1280, height: int = 800, screenshot: Path | None = None,
              settle_ms: int = 15_000) -> PageReport:
-        url = Path(path).absolute().as_uri()
+        served = isinstance(path, str) and path.startswith(tuple(SERVED_ORIGINS))
+        url = path if served else Path(path).absolute().as_uri()
         for seen in (console, failed, external):  # what an earlier page of the same test did is not this one's
             seen.clear()
         page.set_viewport_size({"width": width, "height": height})
