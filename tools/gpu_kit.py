@@ -1,9 +1,9 @@
 """Take a model's shape and tokenizer to a GPU machine that cannot hold its weights file.
 
-The lent GPU machine receives at most 64 MiB with the working tree and cannot download; the embedded
-SmolLM2 GGUF is 90 MB. Speed does not depend on weight values, so the benchmark there runs on
-random weights of SmolLM2's exact shape, with its real tokenizer (the corpus windows are packed
-with it, so their document lengths are the real ones):
+The GPU host has no network and is reached in short jobs: a job receives at most 64 MiB with the
+working tree and cannot download; the embedded SmolLM2 GGUF is 90 MB. Speed does not depend on weight
+values, so the benchmark there runs on random weights of SmolLM2's exact shape, with its real tokenizer
+(the corpus windows are packed with it, so their document lengths are the real ones):
 
     here:   python tools/gpu_kit.py pack --model default --out .devkit/smollm2
             (config.json and the tokenizer files, no weights)
@@ -24,7 +24,7 @@ the machine stays held, and are joined there only when every part and the whole 
             checked against the manifest, and renamed into place (never a partial file under the name).
 
 Everything a GPU session carries, in one command on a fresh checkout (`make gpu-kit`; a session's
-checkout starts without it, and a lent GPU is too scarce to spend its minutes on this):
+checkout starts without it, and the GPU's short jobs are too scarce to spend on this):
 
     here:   python tools/gpu_kit.py kit
             .whl/        the wheels the GPU image lacks or holds at another version (WHEELS), at the
@@ -149,7 +149,7 @@ def join(parts_dir: Path, stash: Path, into: Path) -> Path | None:
     return target
 
 
-# The kit (`kit`): what a lent GPU session carries, made in one command.
+# The kit (`kit`): what a session of GPU jobs carries, made in one command.
 
 TRANSFER_MIB = 64  # the device tool's limit on what travels in one call, the working tree included
 
@@ -324,8 +324,8 @@ def kit(root: Path, part_mib: float | None = None, capture_attention: bool = Fal
     return record
 
 
-# Parity parts carried between GPU sessions (`keep` here, gpu_parity.sh `seed` there). A lent GPU holds a
-# session's results only while it is held; `anchor parity --keep-parts` keeps each finished case, and its key
+# Parity parts carried between GPU sessions (`keep` here, gpu_parity.sh `seed` there). The GPU host keeps a
+# session's results only while the session lasts; `anchor parity --keep-parts` keeps each finished case, and its key
 # (settings, code, library versions, the GPU's name) decides there whether a carried case is taken again.
 
 def gpu_slug(name: str) -> str:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The project's GPU checks on a lent GPU machine (the device tool): the real kernels against the oracle with
-# SmolLM2's real weights (parity, the torch-stack audit), the CUDA tests, the trainer's throughput against a
-# plain transformers loop, and the paper-gpu profile in parts.
+# The project's GPU checks on a GPU host without network, reached in short jobs (device calls): the real kernels
+# against the oracle with SmolLM2's real weights (parity, the torch-stack audit), the CUDA tests, the trainer's
+# throughput against a plain transformers loop, and the paper-gpu profile in parts.
 # Here, once a checkout, before the first device call (a session's checkout starts without it; under a minute):
 #   make gpu-kit    (tools/gpu_kit.py kit: .whl, the wheels the image lacks; .devkit/parts, the GGUF in two
 #                   parts sized so calls 1 and 2 leave the tree the same room; .devkit/heldout.jsonl;

@@ -2,8 +2,8 @@
 
     python tools/merge_parity.py OUT PARITY_DIR [PARITY_DIR ...] [--slim FILE.json]
 
-`anchor parity` runs its cases one after another in one process; on a lent GPU machine (16 cores, one
-device call of at most 10 minutes) the oracle on the CPU is faster as one process per variant, each on its
+`anchor parity` runs its cases one after another in one process; on the GPU host (16 cores, reached in
+jobs of at most 10 minutes) the oracle on the CPU is faster as one process per variant, each on its
 own cores (tools/gpu_parity.sh `fanout`). This joins their reports: the cases and gradient cases in
 the order `anchor parity` would have run them, `pass` only where every case passed, the longest runtime (they
 ran side by side), and each part's folder and runtime under `merged_from`. A report that disagrees with the

@@ -171,7 +171,7 @@ def test_paper_gpu_dry_run(tmp_path, capsys):
     assert again["ran"] == [] and again["reused"] == ["corpus", "pack", "train", "eval"]
     assert read_record(out)["summary_json"] == "paper_gpu.json" and (out / "paper_gpu.json").is_file()
 
-    # in parts (a GPU lent 15 minutes at a time): two folders, each with some of the runs (--runs), joined by
+    # in parts (a GPU host reached 15 minutes at a time): two folders, each with some of the runs (--runs), joined by
     # --merge; the same seed and windows, so each run's losses and scores are the whole demo's
     with one_thread():
         parts = [tmp_path / "part-a", tmp_path / "part-b"]
