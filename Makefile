@@ -58,9 +58,9 @@ paper-small: install
 # Python where there is one, else python3 (CUDA torch and the project importable, the model under .cache/models:
 # tools/gpu_kit.py).
 # HELDOUT=FILE: held-out documents where this Python has no test suite. The summary goes to results/gpu/.
-# RUNS=full,anchor: a part of the runs into runs/paper-gpu-<runs> (for a GPU lent a short session at a time:
+# RUNS=full,anchor: a part of the runs into runs/paper-gpu-<runs> (for a GPU host reached in short jobs:
 # docs/verbs/demo.md, "In parts"); `make paper-gpu-merge PARTS="runs/pg-1 runs/pg-2 ..."` joins the parts into
-# runs/paper-gpu.
+# runs/paper-gpu (a new folder, or an earlier merge: a merge never replaces a finished run).
 GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 HELDOUT ?=
 RUNS ?=
@@ -73,7 +73,7 @@ paper-gpu:
 	$(GPU_PY) -m anchor demo --profile paper-gpu --out $(PG_OUT) $(if $(HELDOUT),--heldout $(HELDOUT)) $(if $(RUNS),--runs $(RUNS))
 	$(if $(RUNS),,$(PAPER_GPU_RESULTS))
 
-# What a lent GPU session carries (.whl, .devkit: the wheels the GPU image lacks, the GGUF in two parts, held-out
+# What a GPU host without network needs to carry (.whl, .devkit: the wheels the GPU image lacks, the GGUF in two parts, held-out
 # documents), made here before the first device call; each call of the plan in tools/gpu_parity.sh checked
 # to fit one transfer (tools/gpu_kit.py kit; --attention-inputs also captures experiments/attn_grad_diag's inputs).
 gpu-kit: install
@@ -91,10 +91,11 @@ $(VENV)/.browser: pyproject.toml | $(VENV)/.installed
 	$(PIP) install -q -c constraints.txt -e ".[browser]"
 	touch $@
 
-test-browser: install $(VENV)/.browser
+test-browser: install $(VENV)/.browser docs
 	sh tests/browser/install_chromium.sh
 	$(VENV)/bin/anchor demo --out runs/demo --no-progress
-	ANCHOR_REQUIRE_BROWSER=1 ANCHOR_DEMO_DIR=runs/demo $(PY) -m pytest -q -p no:cacheprovider tests/browser $(PYTEST_ARGS)
+	ANCHOR_REQUIRE_BROWSER=1 ANCHOR_DEMO_DIR=runs/demo ANCHOR_SITE_DIR=runs/site $(PY) -m pytest -q -p no:cacheprovider \
+		tests/browser $(PYTEST_ARGS)
 
 # The documentation site (mkdocs.yml, docs/) into runs/site; --strict: a broken link or anchor fails the build.
 $(VENV)/.docs: pyproject.toml | $(VENV)/.installed

@@ -1,6 +1,6 @@
 """Runtime of the default precision audit (`anchor audit --model default`) on this machine.
 
-    .venv/bin/python benchmarks/bench_audit.py [--model default] [--out benchmarks/results/audit_runtime_cpu.json]
+    .venv/bin/python benchmarks/bench_audit.py [--model default] [--out results/audit/audit_runtime_cpu.json]
         [--audit-out DIR] [-- extra run_audit settings as key=value, e.g. random_init=true]
 
 Records the wall time of the whole `run_audit` + `write_audit`, with the machine (platform, CPU count,
@@ -36,7 +36,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="default")
     ap.add_argument("--policies", default="fp32,hf_bf16,fa2_bf16,paper_bf16")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/audit_runtime_cpu.json"))
+    ap.add_argument("--out", default=str(ROOT / "results/audit/audit_runtime_cpu.json"))
     ap.add_argument("--audit-out", default=None, help="also keep the audit's own output here")
     ap.add_argument("settings", nargs="*", help="run_audit overrides, key=value")
     args = ap.parse_args()

@@ -1,6 +1,6 @@
 """Where the default `anchor audit`'s time goes: its forward calls against their matrix products.
 
-    .venv/bin/python benchmarks/bench_audit_breakdown.py [--out benchmarks/results/audit_breakdown_cpu.json]
+    .venv/bin/python benchmarks/bench_audit_breakdown.py [--out results/audit/audit_breakdown_cpu.json]
 
 benchmarks/bench_audit_speed.py times the whole command against its matmul floor; this one takes the
 calls apart, in one process, on SmolLM2 with the audit's own windows and programs (parity_tests/audit/maps.py):
@@ -117,7 +117,7 @@ def budget_programs(MapsRunner, params, spec, policies, w, ref: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/audit_breakdown_cpu.json"))
+    ap.add_argument("--out", default=str(ROOT / "results/audit/audit_breakdown_cpu.json"))
     ap.add_argument("--repeats", type=int, default=2, help="timed calls after the first (default 2)")
     args = ap.parse_args()
 

@@ -1,9 +1,9 @@
 """Wall time of the default `anchor audit` on SmolLM2, and its audit.json against a reference one.
 
     .venv/bin/python benchmarks/bench_audit_speed.py [--reference results/audit_smollm2_cpu.json]
-        [--out benchmarks/results/audit_speed_cpu.json] [--audit-out DIR] [--warm 1] [--baseline-jaxref DIR]
+        [--out results/audit/audit_speed_cpu.json] [--audit-out DIR] [--warm 1] [--baseline-jaxref DIR]
     .venv/bin/python benchmarks/bench_audit_speed.py --quick      # `anchor audit --quick`, the CI audit
-        (-> benchmarks/results/audit_quick_speed_cpu.json; no reference: its numbers are only recorded)
+        (-> results/audit/audit_quick_speed_cpu.json; no reference: its numbers are only recorded)
 
     git archive COMMIT jaxref | tar -x -C /tmp/base       # an older oracle, for --baseline-jaxref /tmp/base
 
@@ -352,7 +352,7 @@ def main() -> None:
     ap.add_argument("--committed", default=None,
                     help="an older audit.json of the random-init audit, compared key by key (default: "
                          "results/audit_smollm2_random_init_cpu/audit.json; none with --quick)")
-    ap.add_argument("--out", default=None, help="(default: benchmarks/results/audit_speed_cpu.json, "
+    ap.add_argument("--out", default=None, help="(default: results/audit/audit_speed_cpu.json, "
                                                 "audit_quick_speed_cpu.json with --quick)")
     ap.add_argument("--quick", action="store_true", help="time `anchor audit --quick` (the audit for CI)")
     ap.add_argument("--model", default=None, help="--model of the audit (default: its default, SmolLM2)")
@@ -362,7 +362,7 @@ def main() -> None:
                     help="a folder holding another version's jaxref package (`git archive COMMIT jaxref | tar -x -C DIR`): "
                          "run it first, in the same conditions, for a ratio measured in one session")
     args = ap.parse_args()
-    results = ROOT / "benchmarks/results"
+    results = ROOT / "results" / "audit"
     if not args.quick:
         args.reference = args.reference or str(ROOT / "results/audit_smollm2_cpu.json")
         args.committed = args.committed or str(ROOT / "results/audit_smollm2_random_init_cpu/audit.json")

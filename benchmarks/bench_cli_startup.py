@@ -1,6 +1,6 @@
 """Wall time of `python -m anchor --help` (what every `anchor` command pays before its verb starts).
 
-    .venv/bin/python benchmarks/bench_cli_startup.py [--runs 15] [--out benchmarks/results/cli_startup_cpu.json]
+    .venv/bin/python benchmarks/bench_cli_startup.py [--runs 15] [--out results/speed/cli_startup_cpu.json]
         [--baseline DIR --baseline-module anchor_app]
 
     git worktree add /tmp/base COMMIT     # an older tree, for --baseline /tmp/base (its command's module name)
@@ -43,7 +43,7 @@ def _summary(times: list[float]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=15)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/cli_startup_cpu.json"))
+    ap.add_argument("--out", default=str(ROOT / "results/speed/cli_startup_cpu.json"))
     ap.add_argument("--baseline", default=None, help="an older tree whose command runs in turn with this one")
     ap.add_argument("--baseline-module", default="anchor_app", help="the command's module in that tree")
     args = ap.parse_args()

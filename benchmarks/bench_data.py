@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_data.py [--name cpu] [--model default] [--tokens 32000000]
 
-Writes benchmarks/results/data_<name>.json with the machine (platform, cores, versions; no torch).
+Writes results/data/data_<name>.json with the machine (platform, cores, versions; no torch).
 
 - tokenization: the default corpus (the standard library, docs, prose), in the batches the token
   store writes. `raw` is `tokenizers.Tokenizer.encode_batch` on the same batches; `tok` is
@@ -192,7 +192,7 @@ def main() -> None:
         print(f"batches T={T} B={B} interleave={inter} ...", flush=True)
         result["batches"].append(bench_batches(store, T, B, args.repeats, inter))
         print(json.dumps(result["batches"][-1]), flush=True)
-    out = ROOT / "benchmarks" / "results" / f"data_{args.name}.json"
+    out = ROOT / "results" / "data" / f"data_{args.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1), encoding="utf-8")
     print(f"wrote {out}")

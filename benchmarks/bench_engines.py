@@ -8,7 +8,7 @@ separately (it is built once per step and shared by all layers). Out-of-memory i
 fatal (`eager` holds T×T scores per head).
 
     .venv/bin/python benchmarks/bench_engines.py                    # CUDA if present, else CPU
-    .venv/bin/python benchmarks/bench_engines.py --seq-len 2048 --repeats 5 --out benchmarks/results
+    .venv/bin/python benchmarks/bench_engines.py --seq-len 2048 --repeats 5 [--out results/speed]
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--seq-len", type=int, nargs="+", help="slots per window (default: 8192 32768 on CUDA, 2048 on CPU)")
     ap.add_argument("--engines", nargs="+", help="engines to time (default: all that run here)")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    ap.add_argument("--out", type=Path, default=None, help="(default: results/speed, results/gpu for cuda)")
     args = ap.parse_args(argv)
     cuda = args.device == "cuda"
     seq_lens = args.seq_len or ([8192, 32768] if cuda else [2048])
@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> Path:
         "machine": machine(torch_threads=torch.get_num_threads()),
         "results": results,
     }
+    args.out = args.out or Path(__file__).resolve().parents[1] / "results" / ("gpu" if cuda else "speed")
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"engines_{args.device}.json"
     path.write_text(json.dumps(report, indent=2) + "\n")

@@ -13,7 +13,7 @@ the whole process) and is recorded beside the estimate the verb checks before it
 
 An estimate is meant to be an upper bound of the same order: `ratio` = estimate / peak, expected in
 [1, 3] (below 1 the check could let a run through that does not fit). Writes
-benchmarks/results/memory_estimates_cpu.json with the machine.
+results/memory/memory_estimates_cpu.json with the machine.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def pack(model: str, T: int, corpus: Path, out: Path) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny cases only")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "memory_estimates_cpu.json"))
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "memory" / "memory_estimates_cpu.json"))
     args = ap.parse_args()
     from anchor_core.data.corpus import CORPUS_FILE, write_default_corpus
     from anchor_core.machine import machine

@@ -21,7 +21,7 @@ the default engine's peak extrapolated linearly from its last two lengths.
 For the default engine: the growth ratio [peak(64K) - peak(32K)] / [peak(32K) - peak(16K)]
 (2 = linear, 4 = quadratic) and the memory per token (least-squares slope over all lengths, MB per
 1K tokens). For the dense engines: the fitted T² coefficient of peak minus the default engine's peak,
-beside the estimate's. Writes benchmarks/results/memory_cpu.json.
+beside the estimate's. Writes results/memory/memory_cpu.json.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def main() -> None:
     ap.add_argument("--lens", default="4096,8192,16384,32768,65536,131072")
     ap.add_argument("--engines", default="auto,sdpa,eager")
     ap.add_argument("--margin-gib", type=float, default=4.0)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "memory"))
     args = ap.parse_args()
     if not Path(TIME).is_file():
         raise SystemExit(f"{TIME} is missing (GNU time: apt-get install time)")

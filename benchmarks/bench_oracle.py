@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_oracle.py [--lengths 1024,4096] [--repeats 3]
 
-Writes benchmarks/results/oracle_forward_<machine>.json. Both sides get the same weights (the
+Writes results/speed/oracle_forward_<machine>.json. Both sides get the same weights (the
 embedded SmolLM2 GGUF), batch 1, the `full` variant. The oracle's attention runs in its fused fp32
 kernel where it is built (recorded as `oracle_attention`; `JAXREF_FUSED_ATTENTION=0`, read once at
 the start and passed as `jaxref.forward(..., fused=...)`, measures the JAX path). After one warm-up
@@ -42,7 +42,7 @@ def main() -> None:
     ap.add_argument("--model", default="default")
     ap.add_argument("--lengths", default="1024,4096")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "speed"))
     args = ap.parse_args()
 
     import jax

@@ -9,7 +9,7 @@ recomputed in the backward, as parity runs it) for SmolLM2 with its real weights
 variant with two documents, and records XLA's memory analysis of it: temporaries, arguments, outputs.
 Nothing runs. The plan is the CPU backend's: the CUDA backend schedules and fuses otherwise, so its
 figure is an estimate of the same order, not the GPU's number. Writes
-benchmarks/results/oracle_grad_memory_cpu.json with the machine.
+results/memory/oracle_grad_memory_cpu.json with the machine.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def main() -> int:
     ap.add_argument("--policies", default="fp64,fa2_bf16,flex_bf16")
     ap.add_argument("--model", default="default")
     ap.add_argument("--out", type=Path,
-                    default=Path(__file__).resolve().parent / "results" / "oracle_grad_memory_cpu.json")
+                    default=Path(__file__).resolve().parents[1] / "results" / "memory" / "oracle_grad_memory_cpu.json")
     args = ap.parse_args()
     import jaxref
     from anchor_core.atomic import write_text_atomic

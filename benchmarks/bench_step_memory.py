@@ -39,7 +39,7 @@ measured peak, with estimate / measured:
 `--estimates-only` runs the last two and adds the estimates to the rows of the JSON already there (their
 peaks measured by an earlier run; the estimate is a function of the recorded sizes), keeping them.
 
-Writes benchmarks/results/step_memory_cpu.json.
+Writes results/memory/step_memory_cpu.json.
 """
 
 from __future__ import annotations
@@ -234,7 +234,7 @@ def main() -> None:
     ap.add_argument("--before", choices=("auto", "run", "estimate"), default="auto",
                     help="the logits case at --seq-len: measured where memory allows (auto), always, or estimated")
     ap.add_argument("--target-gib", type=float, default=8.0)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "memory"))
     ap.add_argument("--bench-cases", default="default:2:1024,default:2:2047,random:llama:1:65537",
                     help="MODEL:LAYERS:T of anchor bench's step rows, measured against the estimate")
     ap.add_argument("--attention-cases", default="varlen:8191,sdpa:4095",

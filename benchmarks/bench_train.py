@@ -11,7 +11,7 @@ train) so slow drift of a shared machine hits both; the first step of each run i
 left out; the ratio is that of the median step times over all rounds. Checkpoint writing is not a
 step cost and is left out (the trainer's last step writes one after its metrics line).
 
-Writes benchmarks/results/train_overhead_<machine>.json.
+Writes results/speed/train_overhead_<machine>.json.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def main() -> None:
     ap.add_argument("--config", default="configs/train/smollm2_2k.yaml")
     ap.add_argument("--steps", type=int, default=4, help="steps per run (the first is a warm-up)")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "speed"))
     ap.add_argument("overrides", nargs="*", help="section.key=value config overrides (as for anchor train)")
     args = ap.parse_args()
 

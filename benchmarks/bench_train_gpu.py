@@ -2,7 +2,7 @@
 
     python benchmarks/bench_train_gpu.py [--model default] [--seq-len 16384,32768] [--steps 8] [--warmup 2]
         [--rounds 1] [--plain sdpa,flex_attention] [--runs full/varlen,intra_doc/varlen,anchor/varlen,intra_doc/flex,anchor/flex]
-        [--phases] [--out benchmarks/results/train_gpu_<gpu>.json]
+        [--phases] [--out results/gpu/train_gpu_<gpu>.json]
 
 The same model (its real weights), the same packed windows in the same order, bf16, one window a step:
 
@@ -82,7 +82,7 @@ def default_out(gpu: str | None) -> Path:
 
     word = "cpu" if gpu is None else next((w.lower() for w in PEAK_BF16 if w in gpu),
                                           re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-"))
-    return Path(__file__).resolve().parent / "results" / f"train_gpu_{word}.json"
+    return Path(__file__).resolve().parents[1] / "results" / ("speed" if gpu is None else "gpu") / f"train_gpu_{word}.json"
 
 
 def documents(tokens, doc_ids) -> list[dict[str, list[int]]]:

@@ -5,7 +5,7 @@ beside the code.
 
 `scan` is the check itself, a pure function of (path, text) pairs; `tracked_files` lists what it reads:
 every file git tracks or would track (untracked but not ignored), or the tree where git is unavailable.
-Exempt: the changelog, recorded results (docs/results, experiments, benchmarks/results, results) and
+Exempt: the changelog, recorded results (docs/results, experiments, results) and
 data files (JSON, CSV, images, archives, arrays, anything binary).
 
 This file holds no line its own patterns match: the planted examples below are built from pieces.
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Paths that record history by design (prefixes of the path relative to the root, '/'-separated).
 EXEMPT_FILES = ("CHANGELOG.md",)
-EXEMPT_DIRS = ("docs/results/", "experiments/", "benchmarks/results/", "results/")
+EXEMPT_DIRS = ("docs/results/", "experiments/", "results/")
 # Data, not prose.
 DATA_SUFFIXES = (".json", ".jsonl", ".csv", ".tsv", ".tgz", ".tar.gz", ".gz", ".zip", ".npz", ".npy", ".png",
                  ".jpg", ".jpeg", ".gif", ".svg", ".pdf", ".gguf", ".safetensors", ".bin", ".pt", ".log")
@@ -141,7 +141,7 @@ def test_the_scan_catches_planted_history_and_leaves_exempt_paths_alone(tmp_path
         "experiments/x.py": f"# fixed on {date} ({issue})\n",
         "CHANGELOG.md": f"- {date}: {issue} fixed\n",
         "results/gpu/run.md": f"Run of {date}\n",
-        "benchmarks/results/speed.json": f'{{"when": "{date}"}}\n',
+        "results/speed/speed.json": f'{{"when": "{date}"}}\n',
         "docs/results/page.md": f"{date}\n",
     }
     for rel, text in planted.items():

@@ -31,7 +31,7 @@ def test_every_cited_record_names_its_machine_date_and_commit():
 @pytest.fixture
 def copy_of_the_records(tmp_path: Path) -> Path:
     """The records, the pages and README.md in a folder of their own, to change one record there."""
-    for rel in ("benchmarks/results", "results", "docs/results"):
+    for rel in ("results", "docs/results"):
         shutil.copytree(ROOT / rel, tmp_path / rel)
     for src in (ROOT / "experiments").glob("*/results"):
         shutil.copytree(src, tmp_path / src.relative_to(ROOT))
@@ -75,7 +75,7 @@ def test_a_new_record_is_listed_on_the_index(copy_of_the_records: Path):
     day = "-".join(("2030", "01", "02"))  # built from parts: tests/test_no_history.py reads this file
     rec = {"benchmark": "a new measurement", "machine": {"cpu": "Test CPU", "cpu_count": 3,
                                                           "date_utc": day + "T03:04:05Z", "commit": "0123456789ab"}}
-    (root / "benchmarks/results/new_cpu.json").write_text(json.dumps(rec))
+    (root / "results/speed/new_cpu.json").write_text(json.dumps(rec))
     assert results_pages.stale(root) == ["docs/results/index.md"]
     index = results_pages.render_all(root)["docs/results/index.md"]
-    assert "| `benchmarks/results/new_cpu.json` | a new measurement | Test CPU, 3 cores | " + day + " | `0123456789ab` |" in index
+    assert "| <code>results/<wbr>speed/<wbr>new_cpu.json</code> | a new measurement | Test CPU, 3 cores | " + day + " | `0123456789ab` |" in index

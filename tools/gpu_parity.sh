@@ -64,7 +64,7 @@
 # there, well under one call for the four); one fp64 gradient takes over 15 minutes (memory-bound on
 # [heads, T, T] fp64 scores, and a gradient case takes 3 steps in each of 2 policies): gradients at 8192
 # need the oracle on CUDA. Its memory there (benchmarks/bench_oracle_grad_memory.py: XLA's plan of the gradient
-# program compiled on a CPU, not run; benchmarks/results/oracle_grad_memory_cpu.json): at T=8192 15.7 GiB in
+# program compiled on a CPU, not run; results/memory/oracle_grad_memory_cpu.json): at T=8192 15.7 GiB in
 # fp64 and 7.7 in fa2_bf16 or flex_bf16 (1025: 4.5 and 1.8), well inside an H100's 80 beside the torch model;
 # each such program takes 20-26 s to compile on a CPU.
 # A parity step stopped at its limit keeps the cases it finished (OUT/.parity_$T.parts); the same step in the
@@ -77,7 +77,7 @@
 # Results under OUT: weights.txt (the joined file's sha256 and the GPU), parity_$T/ (parity_${T}_forward/ with GRADS=), audit_{varlen,flex}_{512,4096}/,
 # cuda_tests.log, train_gpu.json, train_phases_gpu.json; each step fits one 10-minute call. Copied back, they are
 # kept under results/gpu/ (parity reports in results/gpu/parity/, after tools/merge_parity.py --slim) and
-# benchmarks/results/ (train_gpu_<gpu>.json).
+# results/gpu/ (train_gpu_<gpu>.json).
 set -o pipefail
 OUT=${1:?usage: gpu_parity.sh OUT [join|seed|smoke|parity|audit|diag|tests|train|phases|paper|bg STEP|wait]}
 STEP=${2:-parity}

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import html
 import json
 import math
 import re
@@ -48,16 +49,16 @@ AUDIT = "results/audit_smollm2_cpu.json"
 BENCH_CPU = "results/bench_cpu.json"
 BENCH_H100 = "results/gpu/bench_h100.json"
 BENCH_H100_FLEX = "results/gpu/bench_h100_flex.json"
-TRAIN_GPU = "benchmarks/results/train_gpu_h100.json"
-TRAIN_OVERHEAD = "benchmarks/results/train_overhead_cpu.json"
-AUDIT_SPEED = ("benchmarks/results/audit_speed_cpu.json", "benchmarks/results/audit_speed_cpu_avx2.json",
-               "benchmarks/results/audit_speed_cpu_xeon.json")
-DATA = "benchmarks/results/data_cpu.json"
-ORACLE_FORWARD = "benchmarks/results/oracle_forward_cpu.json"
-MEMORY = "benchmarks/results/memory_cpu.json"
-MEMORY_ESTIMATES = "benchmarks/results/memory_estimates_cpu.json"
-STEP_MEMORY = "benchmarks/results/step_memory_cpu.json"
-ORACLE_GRAD_MEMORY = "benchmarks/results/oracle_grad_memory_cpu.json"
+TRAIN_GPU = "results/gpu/train_gpu_h100.json"
+TRAIN_OVERHEAD = "results/speed/train_overhead_cpu.json"
+AUDIT_SPEED = ("results/audit/audit_speed_cpu.json", "results/audit/audit_speed_cpu_avx2.json",
+               "results/audit/audit_speed_cpu_xeon.json")
+DATA = "results/data/data_cpu.json"
+ORACLE_FORWARD = "results/speed/oracle_forward_cpu.json"
+MEMORY = "results/memory/memory_cpu.json"
+MEMORY_ESTIMATES = "results/memory/memory_estimates_cpu.json"
+STEP_MEMORY = "results/memory/step_memory_cpu.json"
+ORACLE_GRAD_MEMORY = "results/memory/oracle_grad_memory_cpu.json"
 GPU_PARITY = ("results/gpu/parity/parity_T1025_h200.json", "results/gpu/parity/parity_T1025_h100.json",
               "results/gpu/parity/smoke_T97_h100.json")
 DEMO = "results/demo_cpu.json"
@@ -66,7 +67,7 @@ HF_STACK = ("experiments/hf_stack/results/hf_stack_random_llama_T97_cpu.json",
             "experiments/hf_stack/results/hf_stack_smollm2_T97_cpu.json",
             "experiments/hf_stack/results/hf_stack_smollm2_T515_cpu.json")
 # where every record lives: the index page lists them all
-RECORD_DIRS = ("benchmarks/results", "results", "experiments")
+RECORD_DIRS = ("results", "experiments")
 
 # `anchor bench`'s step rows keep every step in `step_s_all` and do not say how many were warm-up: the
 # bench leaves the first one out (anchor/bench/step.py, `time_steps`: `times[1:]`), and so does this.
@@ -880,6 +881,11 @@ def evaluation_page(records: Records) -> str:
 
 # ---- the index and README's table -------------------------------------------------------------------
 
+def path_cell(rel: str) -> str:
+    """A record's path for a table cell that may wrap only after a folder's slash (HTML code, `<wbr>`)."""
+    return "<code>" + "/<wbr>".join(html.escape(part) for part in rel.split("/")) + "</code>"
+
+
 def all_records(records: Records) -> list[str]:
     files = sorted(p for d in RECORD_DIRS for p in (records.root / d).rglob("*.json")
                    if "/.venv/" not in str(p) and ".parts" not in p.parts[-2])
@@ -889,7 +895,7 @@ def all_records(records: Records) -> list[str]:
         try:
             rec = json.loads(p.read_text(encoding="utf-8"))
         except ValueError:
-            rows.append([f"`{rel}`", "**not valid JSON**", "", "", ""])
+            rows.append([path_cell(rel), "**not valid JSON**", "", "", ""])
             continue
         if not isinstance(rec, dict):
             continue
@@ -897,15 +903,16 @@ def all_records(records: Records) -> list[str]:
             "transformers under the oracle" or ("anchor parity" if "cases" in rec else "") or \
             ("anchor audit" if "policies" in rec else "")
         date, commit = provenance(rec)
-        rows.append([f"`{rel}`", str(what).split(". ")[0][:90], machine_label(rec), date, f"`{commit}`"])
+        rows.append([path_cell(rel), str(what).split(". ")[0][:90], machine_label(rec), date, f"`{commit}`"])
     return table(["record", "what", "machine", "date", "commit"], rows)
 
 
 def index_page(records: Records) -> str:
     out = ["# Results", "", GENERATED, "",
            "Every figure on these pages is computed from a JSON record in the repository, which names the machine "
-           "it came from; the date and commit are the record's own. Speed and memory come from `benchmarks/`, "
-           "one-off investigations from `experiments/`, the product's own runs from `results/`.", "",
+           "it came from; the date and commit are the record's own. The product's records live under `results/` by "
+           "topic (`results/gpu/` holds every GPU record), written by `benchmarks/` and the product's own runs; "
+           "one-off investigations keep theirs in `experiments/<topic>/results/`.", "",
            "- [Precision](precision.md): what bf16 does to RoPE, measured by the audit",
            "- [Speed](speed.md): anchor against full attention, the trainer against a plain loop",
            "- [Memory](memory.md): peaks against the estimates that refuse a run",

@@ -129,7 +129,7 @@ def dense_attention_bytes(engine: str, *, seq_len: int, batch: int, layers: int,
              the backward
       eager  1 + 4·N·(L + 2): per layer the fp32 probabilities [B,N,T,T] kept for the backward, and at
              the peak two more (the layer's scores and their gradient)
-    On the trainer (benchmarks/results/memory_cpu.json) this plus the default engine's peak is within
+    On the trainer (results/memory/memory_cpu.json) this plus the default engine's peak is within
     5% of the measured peak of sdpa and eager at T = 4K-32K. On CUDA the same model is assumed (not
     measured there).
     Args:

@@ -20,7 +20,7 @@ The parts, per process:
   dense        the engine's T x T tensors (`torchtrain.engines.dense_attention_bytes`; 0 for the linear ones)
 
 Checked against measured peaks (peak RSS of a fresh `anchor train` process) in
-`benchmarks/bench_memory.py` (`benchmarks/results/memory_cpu.json`: estimate / peak per row).
+`benchmarks/bench_memory.py` (`results/memory/memory_cpu.json`: estimate / peak per row).
 """
 
 from __future__ import annotations
@@ -63,6 +63,8 @@ class StepMemory:
     dense: int
     procs: int
     states_are: str = "weights and optimizer"
+    # the activations by term, (name, bytes) in the order `describe` prints them; empty where not split
+    parts: tuple[tuple[str, int], ...] = ()
 
     @property
     def per_process(self) -> int:
@@ -72,17 +74,32 @@ class StepMemory:
     def total(self) -> int:
         return self.per_process * self.procs
 
+    def terms(self) -> dict[str, int]:
+        """Bytes per process by term: process, the states, the activations' parts, the dense T x T tensors."""
+        acts = dict(self.parts) or {"activations": self.activations}
+        return {"process": self.base, "states": self.states, **acts, "attention": self.dense}
+
     def describe(self) -> str:
         g = 2**30
+        acts = f"activations {self.activations / g:.2f}"
+        if self.parts:
+            acts += " (" + " + ".join(f"{name} {b / g:.2f}" for name, b in self.parts) + ")"
         return (f"{self.total / g:.1f} GiB ({self.procs} x [process {self.base / g:.2f} + {self.states_are} "
-                f"{self.states / g:.2f} + activations {self.activations / g:.2f} + dense T x T {self.dense / g:.2f}])")
+                f"{self.states / g:.2f} + {acts} + dense T x T {self.dense / g:.2f}])")
 
 
 def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch.dtype, engine: str,
                 zero_stage: int, procs: int, sequence_parallel: int = 1,
-                activation_checkpointing: bool = False) -> StepMemory:
+                activation_checkpointing: bool = False, tiled_mlp: bool = False) -> StepMemory:
     """The estimate of one training step's peak memory (module docstring); `procs` the processes that
-    share this memory (the local ones on a CPU, 1 on a CUDA device)."""
+    share this memory (the local ones on a CPU, 1 on a CUDA device). Its activations by term:
+      checkpoints  what the backward keeps of every layer: the layer inputs under activation
+                   checkpointing, else every layer's activations
+      recompute    one layer's activations while its backward runs (recomputed under checkpointing), and
+                   the backward's transients of one more layer; a tiled MLP keeps one tile of its
+                   intermediate instead of the window's (torchtrain.tiling)
+      loss         the logits at ZeRO-3 (the loss is not fused there), else nothing per slot (the fused
+                   loss holds one chunk of rows)"""
     P = parameters(spec)
     n = max(1, procs)
     bf16 = dtype == torch.bfloat16
@@ -98,18 +115,22 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
     states = int(P * (weights + grads + moments))
     elem = 2 if bf16 else 4
     slots = micro_batch * -(-seq_len // max(1, sequence_parallel))
-    kept = 1 if activation_checkpointing else spec.num_layers
-    per_slot = activation_bytes_per_slot(spec, elem, layers=kept + 1)
+    layer = activation_bytes_per_slot(spec, elem, layers=1)
+    if tiled_mlp:
+        layer -= elem * 4 * spec.intermediate_size
     if activation_checkpointing:
-        per_slot += elem * spec.hidden_size * spec.num_layers
-    if zero_stage >= 3:
-        per_slot += elem * spec.vocab_size
+        checkpoints, recompute = elem * spec.hidden_size * spec.num_layers, 2 * layer
+    else:
+        checkpoints, recompute = spec.num_layers * layer, layer
+    loss = elem * spec.vocab_size if zero_stage >= 3 else 0
     heads = -(-spec.num_heads // max(1, sequence_parallel))
     dense = engines.dense_attention_bytes(engine, seq_len=seq_len, batch=micro_batch,
                                           layers=1 if activation_checkpointing else spec.num_layers,
                                           heads=heads, dtype=dtype)
-    return StepMemory(base=BASE_PROCESS_BYTES, states=states, activations=int(per_slot * slots), dense=int(dense),
-                      procs=n)
+    parts = tuple((name, int(per_slot * slots)) for name, per_slot in
+                  (("checkpoints", checkpoints), ("recompute", recompute), ("loss", loss)))
+    return StepMemory(base=BASE_PROCESS_BYTES, states=states, activations=sum(b for _, b in parts),
+                      dense=int(dense), procs=n, parts=parts)
 
 
 def forward_memory(spec: ModelSpec, *, seq_len: int, batch: int, dtype: torch.dtype, engine: str) -> StepMemory:
@@ -131,3 +152,47 @@ def forward_memory(spec: ModelSpec, *, seq_len: int, batch: int, dtype: torch.dt
         dense = batch * seq_len * seq_len * (1 + 2 * 4 * spec.num_heads)
     return StepMemory(base=BASE_PROCESS_BYTES, states=int(parameters(spec) * elem), activations=int((kv + layer) * slots),
                       dense=int(dense), procs=1, states_are="weights")
+
+
+# Devices a plan can be made for without being on them: the memory one process may use, in bytes (the
+# capacity as sold; the CUDA context and allocator keep some of it, which the plan does not subtract).
+GPUS: dict[str, int] = {"a100-40gb": 40 * 10**9, "a100-80gb": 80 * 10**9, "h100": 80 * 10**9, "h200": 141 * 10**9,
+                        "b200": 180 * 10**9}
+
+# Published figures to set a plan beside: ALST (Bekman et al., "Arctic Long Sequence Training", arXiv:2506.13996),
+# Llama-3.1-8B in bf16 on H100s: the longest sequence trained, and the Hugging Face baseline's.
+ALST_LLAMA_8B: dict[int, int] = {1: 500_000, 8: 3_700_000, 32: 15_000_000}
+ALST_BASELINE = 32_000
+
+# Shapes a plan can be made for without their weights (Hugging Face config values).
+SHAPES: dict[str, ModelSpec] = {
+    "llama3.1-8b": ModelSpec(family="llama", vocab_size=128256, hidden_size=4096, num_layers=32, num_heads=32,
+                             num_kv_heads=8, head_dim=128, intermediate_size=14336, max_position=131072),
+}
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    seq_len: int
+    need: StepMemory
+    fits: bool
+
+
+def plan_windows(spec: ModelSpec, *, budget: int, start: int = 8192, stop: int = 1 << 24,
+                 **step: object) -> list[PlanRow]:
+    """`step_memory(spec, seq_len=T, **step)` for T = start, 2 start, ... up to the first length that does not
+    fit in `budget` bytes (included, so the reason is shown) or `stop`."""
+    rows: list[PlanRow] = []
+    T = start
+    while T <= stop:
+        need = step_memory(spec, seq_len=T, **step)  # type: ignore[arg-type]
+        rows.append(PlanRow(T, need, need.total <= budget))
+        if not rows[-1].fits:
+            break
+        T *= 2
+    return rows
+
+
+def largest_term(need: StepMemory) -> tuple[str, int]:
+    """The term of one process's estimate that weighs most (name, bytes)."""
+    return max(need.terms().items(), key=lambda kv: kv[1])

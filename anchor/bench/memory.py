@@ -31,7 +31,7 @@ T D (N + 2 K) e; the masks of every variant, built before timing (dense engines:
 and the dense engine's own T x T tensors of one layer; `ATTENTION_FIXED_BYTES` of workspace.
 
 Checked against measured peaks (the whole process's VmHWM) by `benchmarks/bench_step_memory.py`
-(`benchmarks/results/step_memory_cpu.json`: estimate / peak beside every measured peak).
+(`results/memory/step_memory_cpu.json`: estimate / peak beside every measured peak).
 """
 
 from __future__ import annotations
