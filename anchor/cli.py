@@ -12,9 +12,18 @@ One error path for every verb (`main`):
     `anchor VERB: error: ...` on stderr and exit 2;
   * a full or read-only disk met while writing prints one line naming the file and exits 2;
   * Ctrl-C (SIGINT) prints `anchor VERB: interrupted` and exits 130; SIGTERM (what `timeout` and
-    job schedulers send) the same line and exits 143. Both unwind the run like an exception, so
+    job schedulers send) the same line and exits 143. The interrupt unwinds the run like an exception, so
     staging folders are removed and locks released on the way out; the process then ends without the
     interpreter's shutdown (`_leave_interrupted`: native threads may still be computing).
+
+Where the interrupt is raised (`_Signals`): only in the run's own Python code. A signal's handler runs at
+the next bytecode of the main thread, which may belong to a module being imported or to a library that a
+native extension called back (JAX's MLIR bindings: an exception there aborts the process with
+"terminate called after throwing an instance of 'nanobind::python_error'"). There the handler only notes
+the signal, and the interrupt is raised in the run's frame that called into that code, at its next line,
+once the call has returned. The command's process takes the signals over before its first import of a
+library (`_COMMAND_SIGNALS`), so a signal that comes before the run or while its end is reported is not a
+traceback: it is reported as the interrupt; once the outcome is decided, a signal during the exit is ignored.
 """
 
 from __future__ import annotations
@@ -26,11 +35,180 @@ import pkgutil
 import signal
 import sys
 import threading
+from types import CodeType, FrameType
 
-import typer
+EXIT_INTERRUPTED = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
-from anchor_core.errors import InputError
-from anchor_core.extras import missing_extra
+# This distribution's packages (pyproject.toml) and the command-line layer between `main` and a verb's
+# function (click, typer: Python calling Python): code where an exception unwinds through Python alone.
+_OWN_PACKAGES = frozenset({"anchor", "anchor_core", "jaxref", "parity_tests", "torchtrain"})
+_CLI_PACKAGES = frozenset({"click", "typer"})
+_IMPORT_SYSTEM = frozenset({"importlib._bootstrap", "importlib._bootstrap_external", "_frozen_importlib",
+                            "_frozen_importlib_external"})
+_THIRD_PARTY_DIRS = tuple(f"{os.sep}{d}{os.sep}" for d in ("site-packages", "dist-packages"))
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM, raised where the main thread runs the run's own code, so `with` blocks clean up."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _foreign(frame: FrameType) -> bool:
+    """Code an exception must not be raised in: another package's module being imported (cut short, it would
+    stay half-made), and third-party libraries other than the command-line layer (their Python may run as a
+    native extension's callback, where an exception cannot pass)."""
+    g = frame.f_globals
+    name = g.get("__name__") or ""
+    top = name.partition(".")[0]
+    if top in _OWN_PACKAGES:
+        return False
+    if frame.f_code.co_name == "<module>":
+        return True
+    if top in _CLI_PACKAGES:
+        return False
+    path = g.get("__file__") or frame.f_code.co_filename
+    return any(d in path for d in _THIRD_PARTY_DIRS)
+
+
+def _importing(frame: FrameType) -> bool:
+    """A frame of the import system (between an `import` and the module it runs)."""
+    return (frame.f_globals.get("__name__") or "") in _IMPORT_SYSTEM
+
+
+def _untraced(frame: FrameType, event: str, arg: object) -> None:
+    """The thread's trace function while an interrupt waits for its frame: frames started meanwhile are not traced."""
+    return None
+
+
+class _Signals:
+    """SIGINT/SIGTERM -> `Interrupted`, raised in the run's own code (once; a repeat is ignored).
+
+    The run is the frame that runs `owner` (a code object: `main` gives `_run`'s), else the frame that entered
+    the `with`, and what it calls. The handler walks the stack from the frame it interrupted up to the run's:
+      * all of it the run's own code (this distribution, the standard library, the command-line layer, a
+        test's or script's code): it raises there;
+      * another package's import or a third-party library on the way (`_foreign`): it notes the signal and
+        sets a trace function on the run's frame that called (or imported) it; that frame raises `Interrupted`
+        at its next line (or as it returns), once the call or the import is done;
+      * the run's frame not on the stack (before the run, or while its end is reported): it notes the
+        signal; `main` reports it when the run returns.
+    A handler that still lands where Python cannot raise (a garbage collector's callback or a `__del__` of
+    the run's own code: Python prints the exception as "Exception ignored" and runs on) is caught by
+    `unraisable`: it takes the swallowed `Interrupted` back and sends the signal again 50 ms later, from a
+    helper thread, so the handler runs anew once the main thread is elsewhere."""
+
+    def __init__(self, owner: CodeType | None = None) -> None:
+        self.owner = owner
+        self.received: int | None = None
+        self.old: dict[int, object] = {}
+        self.old_hook = sys.unraisablehook
+        self.installed = False
+        self._entered = False
+        self._owner_frame: FrameType | None = None
+
+    def handler(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is not None:
+            return
+        self.received = signum
+        stack = self._run_stack(frame)
+        if stack is None:
+            return
+        foreign = [i for i, f in enumerate(stack[:-1]) if _foreign(f)]
+        if not foreign:
+            raise Interrupted(signum)
+        caller = max(foreign) + 1
+        while _importing(stack[caller]):  # the module that imports: the one whose import completed stays whole
+            caller += 1
+        _raise_at_next_line(stack[caller], signum)
+
+    def _run_stack(self, frame: FrameType | None) -> list[FrameType] | None:
+        """The frames from `frame` up to the run's (innermost first), or None where the run's is not among them."""
+        stack = []
+        while frame is not None:
+            stack.append(frame)
+            if frame is self._owner_frame or (self.owner is not None and frame.f_code is self.owner):
+                return stack
+            frame = frame.f_back
+        return None
+
+    def unraisable(self, info: object) -> None:
+        exc = getattr(info, "exc_value", None)
+        if not isinstance(exc, Interrupted):
+            self.old_hook(info)  # type: ignore[arg-type]
+            return
+        self.received = None
+        again = threading.Timer(0.05, os.kill, (os.getpid(), exc.signum))  # after this hook has returned
+        again.daemon = True
+        again.start()
+
+    def install(self) -> "_Signals":
+        """Take SIGINT and SIGTERM over (in the main thread; elsewhere signals cannot be handled)."""
+        if self.installed or threading.current_thread() is not threading.main_thread():
+            return self
+        for s in EXIT_INTERRUPTED:
+            try:
+                self.old[s] = signal.signal(s, self.handler)
+            except (ValueError, OSError):  # pragma: no cover
+                pass
+        self.old_hook = sys.unraisablehook
+        sys.unraisablehook = self.unraisable
+        self.installed = True
+        return self
+
+    def restore(self) -> None:
+        for s, h in self.old.items():
+            try:
+                signal.signal(s, h)  # type: ignore[arg-type]
+            except (ValueError, OSError, TypeError):  # pragma: no cover
+                pass
+        self.old = {}
+        if sys.unraisablehook == self.unraisable:
+            sys.unraisablehook = self.old_hook
+        self.installed = False
+
+    def __enter__(self) -> "_Signals":
+        if self.owner is None:
+            self._owner_frame = sys._getframe(1)
+        self._entered = not self.installed
+        return self.install()
+
+    def __exit__(self, *exc: object) -> None:
+        self._owner_frame = None
+        if self._entered:
+            self.restore()
+
+
+def _raise_at_next_line(frame: FrameType, signum: int) -> None:
+    """`Interrupted` raised in `frame` at its next line, or as it returns: a trace function on that frame
+    alone, with tracing on for this thread until then (Python turns it off when a trace function raises)."""
+
+    def at_next_line(f: FrameType, event: str, arg: object) -> object:
+        if event in ("line", "return", "exception"):
+            raise Interrupted(signum)
+        return at_next_line
+
+    frame.f_trace = at_next_line
+    frame.f_trace_lines = True
+    sys.settrace(_untraced)
+
+
+def _is_the_command() -> bool:
+    """Whether this process is the `anchor` command: the console script, or `python -m anchor`."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    return os.path.basename(argv0) == "anchor" or argv0.endswith(os.path.join("anchor", "__main__.py"))
+
+
+# The command's process takes the signals over here, before the imports below (typer, and the verbs' JAX and
+# torch later): a Ctrl-C from now on is reported as the interrupt, never as a traceback of an import.
+_COMMAND_SIGNALS = _Signals().install() if _is_the_command() else None
+
+import typer  # noqa: E402  (after the signals are taken over: see above)
+
+from anchor_core.errors import InputError  # noqa: E402
+from anchor_core.extras import missing_extra  # noqa: E402
 
 # typer >= 0.25 ships its own copy of click (`typer._click`) and raises that copy's exceptions;
 # older typers use the `click` package. Catch the classes of whichever is in use (and of the
@@ -62,8 +240,6 @@ _ABORT = tuple(dict.fromkeys((typer.Abort, *_classes("Abort"))))
 # errno values of a write that failed for a reason outside anchor: one line, exit 2
 _DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM}
 
-EXIT_INTERRUPTED = {signal.SIGINT: 130, signal.SIGTERM: 143}
-
 app = typer.Typer(
     name="anchor",
     help="Precision-aware long-context training: audit, data, training, parity, evaluation.",
@@ -71,14 +247,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM, raised where the main thread is, so `with` blocks clean up."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 def load_commands() -> None:
@@ -98,116 +266,89 @@ def one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
-class _Signals:
-    """SIGINT/SIGTERM -> `Interrupted` (once; a repeat while cleaning up is ignored).
-
-    Python runs a signal's handler at the next bytecode of the main thread, which may be a garbage
-    collector's callback (JAX's `_xla_gc_callback`) or a `__del__`: there an exception cannot propagate, and
-    Python prints it as "Exception ignored" and runs on. `unraisable` catches that case: it takes the
-    swallowed `Interrupted` back and sends the signal again, from a helper thread 50 ms later, so the handler
-    runs anew once the main thread is back in the run's own code (and so on, should it land in one again)."""
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self.old: dict[int, object] = {}
-        self.old_hook = sys.unraisablehook
-
-    def handler(self, signum: int, frame: object) -> None:
-        if self.received is not None:
-            return
-        self.received = signum
-        raise Interrupted(signum)
-
-    def unraisable(self, info: object) -> None:
-        exc = getattr(info, "exc_value", None)
-        if not isinstance(exc, Interrupted):
-            self.old_hook(info)  # type: ignore[arg-type]
-            return
-        self.received = None
-        again = threading.Timer(0.05, os.kill, (os.getpid(), exc.signum))  # after this hook has returned
-        again.daemon = True
-        again.start()
-
-    def __enter__(self) -> "_Signals":
-        if threading.current_thread() is threading.main_thread():
-            for s in EXIT_INTERRUPTED:
-                try:
-                    self.old[s] = signal.signal(s, self.handler)
-                except (ValueError, OSError):  # pragma: no cover
-                    pass
-            sys.unraisablehook = self.unraisable
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for s, h in self.old.items():
-            try:
-                signal.signal(s, h)  # type: ignore[arg-type]
-            except (ValueError, OSError, TypeError):  # pragma: no cover
-                pass
-        if sys.unraisablehook == self.unraisable:
-            sys.unraisablehook = self.old_hook
-
-
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs one verb and exits 0 (success), 1 (a verb's own failure,
     e.g. a parity FAIL), 2 (usage or input error), 130 (SIGINT) or 143 (SIGTERM)."""
     from anchor_core.outdir import set_current_verb
 
     args = list(sys.argv[1:] if argv is None else argv)
-    signals = _Signals()
-    verb = None
+    process = argv is None
+    signals = _COMMAND_SIGNALS if process and _COMMAND_SIGNALS is not None else _Signals()
+    signals.owner = _run.__code__  # raised in `_run` and below; here, the interrupt is reported
+    verb = args[0] if args and args[0] in _verb_modules() else None
+    code: object = 0
+    with signals:  # until the process leaves: a repeated signal while the run unwinds is ignored
+        try:
+            if signals.received is None:  # else a signal came before the run: nothing started
+                rv = _run(args)
+                code = rv if isinstance(rv, int) else 0
+        except SystemExit as e:  # a usage or input error (one line printed), or a verb's own exit status
+            code = e.code
+        except KeyboardInterrupt as e:
+            signals.received = getattr(e, "signum", signals.received or signal.SIGINT)
+        except Exception:
+            # raised while the interrupt unwound the run (e.g. a library whose import the signal cut short,
+            # used again on the way out): the run was interrupted all the same
+            if signals.received is None:
+                raise
+        finally:
+            set_current_verb(None)
+        if signals is _COMMAND_SIGNALS:
+            # The outcome is decided. Python gives a signal it handles back to the system's default while the
+            # interpreter shuts down, which would kill the process (exit -2, no line); ignored, it changes nothing.
+            for s in EXIT_INTERRUPTED:
+                signal.signal(s, signal.SIG_IGN)
+        if signals.received is not None:
+            print(f"{'anchor ' + verb if verb else 'anchor'}: interrupted", file=sys.stderr)
+            _leave_interrupted(EXIT_INTERRUPTED.get(signals.received, 130), process=process)
+    sys.exit(code)
+
+
+def _verb_modules() -> set[str]:
+    """The verbs' module names (`anchor.commands.*`), listed without importing them."""
+    import anchor.commands as commands
+
+    return {m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_")}
+
+
+def _run(args: list[str]) -> object:
+    """Load the verbs and run the one `args` names; its return value, or SystemExit (a usage or input error:
+    one line, exit 2). Interrupts are raised here and in what it calls (`_Signals`)."""
+    from anchor_core.outdir import set_current_verb
+
+    load_commands()
+    verb = args[0] if args and args[0] in _verbs() else None
+    set_current_verb(verb)
+    prefix = f"anchor {verb}" if verb else "anchor"
+    if not args:
+        _fail(prefix, f"no verb given (verbs: {', '.join(_verbs())}); see `anchor --help`")
     try:
-        with signals:
-            load_commands()
-            verb = args[0] if args and args[0] in _verbs() else None
-            set_current_verb(verb)
-            prefix = f"anchor {verb}" if verb else "anchor"
-            if not args:
-                _fail(prefix, f"no verb given (verbs: {', '.join(_verbs())}); see `anchor --help`")
-            try:
-                rv = app(args=args, prog_name="anchor", standalone_mode=False)
-            except InputError as e:
-                _fail(prefix, str(e))
-            except ModuleNotFoundError as e:  # a module of an extra not installed here: name the extra
-                line = missing_extra(e, f"`{prefix}`")
-                if line is None:
-                    raise
-                _fail(prefix, line)
-            except _NO_ARGS:
-                _fail(prefix, f"no verb given (verbs: {', '.join(_verbs())}); see `anchor --help`"
-                      if verb is None else f"nothing to do; see `{prefix} --help`")
-            except _USAGE as e:
-                ctx = getattr(e, "ctx", None)
-                where = getattr(ctx, "command_path", None) or prefix
-                _fail(prefix, f"{e.format_message()} (see `{where} --help`)")
-            except _CLICK_ERROR as e:
-                _fail(prefix, e.format_message())
-            except _EXIT as e:
-                sys.exit(getattr(e, "exit_code", 0))
-            except _ABORT:
-                raise Interrupted(signal.SIGINT) from None
-            except OSError as e:
-                if e.errno not in _DISK_ERRNOS:
-                    raise
-                where = f"{e.filename}: " if e.filename else ""
-                _fail(prefix, f"{where}{e.strerror or e}")
-    except KeyboardInterrupt as e:
-        signum = getattr(e, "signum", signals.received or signal.SIGINT)
-        print(f"{'anchor ' + verb if verb else 'anchor'}: interrupted", file=sys.stderr)
-        _leave_interrupted(EXIT_INTERRUPTED.get(signum, 130), process=argv is None)
-    except Exception:
-        if signals.received is None:
+        return app(args=args, prog_name="anchor", standalone_mode=False)
+    except InputError as e:
+        _fail(prefix, str(e))
+    except ModuleNotFoundError as e:  # a module of an extra not installed here: name the extra
+        line = missing_extra(e, f"`{prefix}`")
+        if line is None:
             raise
-        # raised while the interrupt unwound the run (e.g. a library whose import the signal cut short, used
-        # again on the way out): the run was interrupted all the same
-        print(f"{'anchor ' + verb if verb else 'anchor'}: interrupted", file=sys.stderr)
-        _leave_interrupted(EXIT_INTERRUPTED.get(signals.received, 130), process=argv is None)
-    finally:
-        set_current_verb(None)
-    if signals.received is not None:  # typer turned the interrupt into a return code
-        print(f"{'anchor ' + verb if verb else 'anchor'}: interrupted", file=sys.stderr)
-        _leave_interrupted(EXIT_INTERRUPTED.get(signals.received, 130), process=argv is None)
-    sys.exit(rv if isinstance(rv, int) else 0)
+        _fail(prefix, line)
+    except _NO_ARGS:
+        _fail(prefix, f"no verb given (verbs: {', '.join(_verbs())}); see `anchor --help`"
+              if verb is None else f"nothing to do; see `{prefix} --help`")
+    except _USAGE as e:
+        ctx = getattr(e, "ctx", None)
+        where = getattr(ctx, "command_path", None) or prefix
+        _fail(prefix, f"{e.format_message()} (see `{where} --help`)")
+    except _CLICK_ERROR as e:
+        _fail(prefix, e.format_message())
+    except _EXIT as e:
+        sys.exit(getattr(e, "exit_code", 0))
+    except _ABORT:
+        raise Interrupted(signal.SIGINT) from None
+    except OSError as e:
+        if e.errno not in _DISK_ERRNOS:
+            raise
+        where = f"{e.filename}: " if e.filename else ""
+        _fail(prefix, f"{where}{e.strerror or e}")
 
 
 def _leave_interrupted(code: int, *, process: bool) -> None:

@@ -8,17 +8,20 @@ A config is sectioned: `model`, `data`, `optim`, `schedule`, `parallel`, `checkp
 each a pydantic model whose fields are its keys. Every key is declared once, as a field: its type (the
 annotation: `Literal` choices, strict ints, finite numbers), its default (none: required), its range
 (`ge`, `gt`, `le`) and its one-line meaning (`description`). pydantic validates; this module turns its
-first error into one line (an InputError) naming the key's dotted path and the file or command-line
-override it came from. Everything else is derived from the fields: `KEYS` (every dotted key), the keys
-a resumed run may change (`RESUMABLE_CHANGES`), the `data.pack:` keys (`PACK_KEYS`), `to_dict` and the
-key list in `TrainConfig.__doc__` (`describe_keys`).
+first error into one line (an InputError) naming the key's dotted path and where its value came from: the
+command-line override (`command-line override optim.lr=abc`) or the file and the key's line
+(`tiny.yaml:23`); an error across keys names where each came from (`TrainConfig.where`). Everything else
+is derived from the fields: `KEYS` (every dotted key), the keys a resumed run may change
+(`RESUMABLE_CHANGES`), the `data.pack:` keys (`PACK_KEYS`), `to_dict` and the key list in
+`TrainConfig.__doc__` (`describe_keys`).
 
 A flat key of the pre-sectioned format (`lr: 1e-5`, `lr=1e-5`) is refused in one line naming its
 place in a section (`MOVED`: flat key -> dotted key, the one table); a run folder whose config.yaml
 is flat is translated through the same table (`from_flat`).
 
 Overrides are `key=value` with the dotted key (`optim.lr=1e-5`, `data.pack.budget=20000`); values are
-read as YAML (`true`, `0.1`, `[0.9, 0.95]`).
+read as YAML (`true`, `0.1`, `[0.9, 0.95]`). An override wins over the file; a key given twice, in the file
+or by two overrides, is refused in one line naming it, both values and where each came from.
 
 Batch arithmetic: `data.global_batch` windows per optimizer step = `data.micro_batch` windows per
 forward on each data-parallel rank × `grad_accum` micro-steps × `dp` data-parallel ranks, with
@@ -28,6 +31,7 @@ forward on each data-parallel rank × `grad_accum` micro-steps × `dp` data-para
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Optional, Sequence, get_args, get_origin
 
@@ -44,7 +48,7 @@ from anchor_core.limits import SEED_MAX
 from anchor_core.shipped import resolve
 from anchor_core.spec import RopeSpec
 from anchor_core.variants import Variant
-from anchor_core.yamlfile import read_yaml_mapping
+from anchor_core.yamlfile import read_yaml_mapping_lines
 
 Schedule = Literal["constant", "cosine", "linear"]
 Dtype = Literal["float32", "bfloat16"]
@@ -219,7 +223,8 @@ class EvalConfig(_Section):
 
 class TrainConfig(_Section):
     """A validated `anchor train` config: one field per section. `source` (not a key) is the file it came
-    from, named in errors. Keys, in the order errors list them and config.yaml is written:"""
+    from, and `where(*keys)` where given keys came from (the override, or the file and the line), named in
+    errors. Keys, in the order errors list them and config.yaml is written:"""
 
     model: ModelConfig
     data: DataConfig
@@ -230,10 +235,16 @@ class TrainConfig(_Section):
     logging: LoggingConfig = LoggingConfig()
     eval: EvalConfig = EvalConfig()
     _source: str = PrivateAttr("config")
+    _sources: "Sources" = PrivateAttr(None)
 
     @property
     def source(self) -> str:
         return self._source
+
+    def where(self, *keys: str) -> str:
+        """Where the values of these dotted keys came from, for an error about them: `command-line override
+        model.dtype=bfloat16`, `tiny.yaml:36`, several joined with "and"; the file when none was given."""
+        return (self._sources or Sources(self._source)).where(*keys)
 
     def __eq__(self, other: object) -> bool:  # the keys, not where they came from
         return isinstance(other, TrainConfig) and self.to_dict() == other.to_dict()
@@ -254,7 +265,8 @@ class TrainConfig(_Section):
         d = self.to_dict()
         for dotted, value in changes.items():
             _set_dotted(d, dotted, _plain(value))
-        return validate(d, source=self.source)
+        sources = (self._sources or Sources(self._source)).without(changes)
+        return validate(d, source=self.source, origins=sources.overrides, lines=sources.lines)
 
     def dp(self, world: int) -> int:
         """Data-parallel ranks of a world of `world` processes."""
@@ -425,6 +437,52 @@ check_declarations(TrainConfig)
 TrainConfig.__doc__ = f"{TrainConfig.__doc__}\n\n{describe_keys()}\n"
 
 # ---------------------------------------------------------------------------------------------
+# Where each key came from
+
+
+class Sources:
+    """Where each key of a config came from: the command-line overrides (dotted key -> `command-line override
+    optim.lr=abc`, for every key an override sets), else the file and the key's line in it, else nowhere (a
+    default). `file` alone is named where none of the keys an error is about was given."""
+
+    def __init__(self, file: str, lines: Mapping[str, int] | None = None,
+                 overrides: Mapping[str, str] | None = None):
+        self.file = str(file)
+        self.lines = dict(lines or {})
+        self.overrides = dict(overrides or {})
+
+    def places(self, dotted: str) -> list[str]:
+        """Where `dotted` came from: the override that set it (or a value above it), else its line in the file;
+        and the overrides that set keys below it (`model.rope` from `model.rope.scaling=yarn`)."""
+        parts = dotted.split(".")
+        above = [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+        out = [next((self.overrides[k] for k in above if k in self.overrides), None)]
+        if out[0] is None and dotted in self.lines:
+            out[0] = f"{self.file}:{self.lines[dotted]}"
+        out += [o for k, o in self.overrides.items() if k.startswith(dotted + ".")]
+        return list(dict.fromkeys(o for o in out if o is not None))
+
+    def where(self, *keys: str) -> str:
+        """The places of `keys` as the `path` of an InputError, joined with "and" where they are several (then a
+        line of the file names its key); the file where none of them was given."""
+        places: dict[str, str] = {}  # place -> the key it gave
+        for key in keys:
+            for place in self.places(key):
+                places.setdefault(place, key)
+        if len(places) <= 1:
+            return next(iter(places), self.file)
+        return " and ".join(f"{p} ({k})" if p.startswith(f"{self.file}:") else p for p, k in places.items())
+
+    def without(self, keys: Sequence[str]) -> "Sources":
+        """These sources with `keys` (and what lies below them) given by no one: changed by the program."""
+        def kept(k: str) -> bool:
+            return not any(k == c or k.startswith(c + ".") for c in keys)
+
+        return Sources(self.file, {k: v for k, v in self.lines.items() if kept(k)},
+                       {k: v for k, v in self.overrides.items() if kept(k)})
+
+
+# ---------------------------------------------------------------------------------------------
 # Validation
 
 
@@ -463,16 +521,7 @@ def _lookup(d: Any, path: Sequence[str]) -> Any:
     return d
 
 
-def _where(dotted: str, origins: Mapping[str, str], source: str) -> str:
-    """The override a key came from (or one that set a mapping above it), else the file."""
-    parts = dotted.split(".")
-    for i in range(len(parts), 0, -1):
-        if ".".join(parts[:i]) in origins:
-            return origins[".".join(parts[:i])]
-    return source
-
-
-def _one_line(err: ValidationError, d: dict[str, Any], source: str, origins: Mapping[str, str]) -> InputError:
+def _one_line(err: ValidationError, d: dict[str, Any], sources: Sources) -> InputError:
     """pydantic's first error as one line naming the dotted key and where it came from."""
     e = err.errors()[0]
     loc = [str(p) for p in e["loc"]]
@@ -481,55 +530,58 @@ def _one_line(err: ValidationError, d: dict[str, Any], source: str, origins: Map
         dotted, parent = ".".join(loc), ".".join(loc[:-1])
         known = SECTIONS if not parent else _base(_inner(_field_path(loc[:-1])[1].annotation)).model_fields
         return InputError(f"unknown key {dotted!r} (known{' in ' + parent if parent else ' sections'}: "
-                          f"{', '.join(known)})", path=_where(dotted, origins, source))
+                          f"{', '.join(known)})", path=sources.where(dotted))
     dotted = ".".join(path)
-    if e["type"] == "missing":
-        return InputError(f"missing required key {dotted!r} ({field.description})", path=source)
+    if e["type"] == "missing":  # named at its section, where the file gives one
+        return InputError(f"missing required key {dotted!r} ({field.description})", path=sources.where(path[0]))
     what = f" ({field.description})" if field is not None and field.description else ""
     return InputError(f"{dotted}: expected {expected(field) if field else 'a mapping'}{what}, got "
-                      f"{_lookup(d, path)!r}", path=_where(dotted, origins, source))
+                      f"{_lookup(d, path)!r}", path=sources.where(dotted))
 
 
-def validate(d: Any, *, source: str = "config", origins: Mapping[str, str] | None = None) -> TrainConfig:
+def validate(d: Any, *, source: str = "config", origins: Mapping[str, str] | None = None,
+             lines: Mapping[str, int] | None = None) -> TrainConfig:
     """Check a mapping against the declared keys and build a TrainConfig: every check of a config
     that needs neither the world size nor a model (`check_world` and the trainer do the rest).
 
     Args:
       d: the mapping, by section (YAML with overrides applied).
       source: the config file, named in errors.
-      origins: dotted key -> where its value came from (e.g. "command-line override optim.lr=abc").
+      origins: dotted key -> the override that set it (e.g. "command-line override optim.lr=abc").
+      lines: dotted key -> its line in the file (the keys no override set).
     """
-    origins = origins or {}
+    sources = Sources(source, lines, origins)
     if not isinstance(d, dict):
         raise InputError("a train config must be a mapping of sections to keys", path=source)
     for key, value in d.items():
         if _moved(key, value) is not None:
-            raise _moved_error(key, _where(key, origins, source))
+            raise _moved_error(key, sources.where(key))
     # every section present (an empty one, `optim:` alone, is None in YAML), so a missing required key is
     # named by its dotted path
     d = {**{s: {} for s in SECTIONS}, **{k: {} if k in SECTIONS and v is None else v for k, v in d.items()}}
     try:
         cfg = TrainConfig.model_validate(d)
     except ValidationError as e:
-        raise _one_line(e, d, source, origins) from None
+        raise _one_line(e, d, sources) from None
     cfg._source = source
-    _check_nested(cfg, source, origins)
+    cfg._sources = sources
+    _check_nested(cfg, sources)
     # across keys: the batch arithmetic that needs no world size (under torchrun the launcher's
     # world replaces `parallel.nproc`: check_world)
     if cfg.data.global_batch % cfg.data.micro_batch:
         raise InputError(f"data.global_batch {cfg.data.global_batch} is not a multiple of data.micro_batch "
-                         f"{cfg.data.micro_batch}", path=source)
+                         f"{cfg.data.micro_batch}", path=cfg.where("data.global_batch", "data.micro_batch"))
     return cfg
 
 
-def _check_nested(cfg: TrainConfig, source: str, origins: Mapping[str, str]) -> None:
+def _check_nested(cfg: TrainConfig, sources: Sources) -> None:
     """`model.rope` makes a RoPE; `data.pack` holds `anchor pack` options in their ranges."""
     rope = cfg.rope_overrides()
     if rope:
         try:  # the combination must make a RoPE (e.g. yarn needs original_max_position)
             RopeSpec(**{"base": 10000.0, **rope})
         except InputError as e:
-            raise InputError(f"model.rope: {e}", path=_where("model.rope", origins, source)) from None
+            raise InputError(f"model.rope: {e}", path=sources.where("model.rope")) from None
     pack = cfg.data.pack
     if not pack:
         return
@@ -537,20 +589,28 @@ def _check_nested(cfg: TrainConfig, source: str, origins: Mapping[str, str]) -> 
     if bad:
         hint = f"; give it as {PACK_OPTIONS[bad[0]]}" if bad[0] in PACK_OPTIONS else ""
         raise InputError(f"unknown key 'data.pack.{bad[0]}' (known: {', '.join(PACK_KEYS)}{hint})",
-                         path=_where(f"data.pack.{bad[0]}", origins, source))
+                         path=sources.where(f"data.pack.{bad[0]}"))
     for k, v in pack.items():  # types as `anchor pack` reads them
         try:
             validate_pack_config({k: v})
         except InputError:
-            raise InputError(f"data.pack.{k}: expected {PACK_SCHEMA[k][1]}, got {v!r}",
-                             path=_where(f"data.pack.{k}", origins, source)) from None
+            raise InputError(f"data.pack.{k}: expected {_pack_expected(k)}, got {v!r}",
+                             path=sources.where(f"data.pack.{k}")) from None
     try:  # ranges as `anchor pack` checks them, named as this config names them
         check_pack_options(pack, names={k: f"data.pack.{k}" for k in PACK_SCHEMA})
     except InputError as e:
         if e.path is not None:
             raise
-        given = sorted({origins[f"data.pack.{k}"] for k in pack if f"data.pack.{k}" in origins})
-        raise InputError(str(e), path=given[0] if len(given) == 1 else source) from None
+        named = [f"data.pack.{k}" for k in pack if re.search(rf"\b{k}\b", str(e))]
+        raise InputError(str(e), path=sources.where(*(named or ["data.pack"]))) from None
+
+
+def _pack_expected(key: str) -> str:
+    """What a `data.pack:` key accepts, in words: its types (anchor_core.data.config.PACK_SCHEMA) and meaning."""
+    types, doc = PACK_SCHEMA[key]
+    words = {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "null"}
+    kinds = [words[t] for t in types if not (t is int and float in types)]
+    return f"{' or '.join(kinds)} ({doc})"
 
 
 def check_world(cfg: TrainConfig, world: int) -> None:
@@ -558,13 +618,16 @@ def check_world(cfg: TrainConfig, world: int) -> None:
     sp, mb, gb = cfg.parallel.sequence_parallel, cfg.data.micro_batch, cfg.data.global_batch
     if world < sp:
         raise InputError(f"parallel.sequence_parallel {sp} needs at least {sp} processes, this run has {world} "
-                         f"(set parallel.nproc, or launch more ranks)", path=cfg.source)
+                         f"(set parallel.nproc, or launch more ranks)",
+                         path=cfg.where("parallel.sequence_parallel", "parallel.nproc"))
     if world % sp:
-        raise InputError(f"{world} processes do not split into sequence-parallel groups of {sp}", path=cfg.source)
+        raise InputError(f"{world} processes do not split into sequence-parallel groups of {sp}",
+                         path=cfg.where("parallel.nproc", "parallel.sequence_parallel"))
     dp = world // sp
     if gb % (mb * dp):
         raise InputError(f"data.global_batch {gb} does not split into data.micro_batch {mb} x {dp} data-parallel "
-                         f"ranks", path=cfg.source)
+                         f"ranks", path=cfg.where("data.global_batch", "data.micro_batch", "parallel.nproc",
+                                                   "parallel.sequence_parallel"))
 
 
 def from_flat(d: dict[str, Any], *, source: str = "config") -> dict[str, Any]:
@@ -585,9 +648,12 @@ def is_flat(d: Any) -> bool:
 
 
 def parse_overrides(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, str]]:
-    """`key=value` strings (dotted keys) as a nested mapping, and the origin of each dotted key for errors."""
+    """`key=value` strings (dotted keys) as a nested mapping, and the override each dotted key came from (every
+    key an override sets: `optim={lr: 1e-5}` sets `optim.lr`). A key two overrides set is an InputError naming
+    it, both values and both overrides."""
     updates: dict[str, Any] = {}
     origins: dict[str, str] = {}
+    given: dict[str, tuple[str, str]] = {}  # dotted key an override set -> (its value's text, the override)
     for item in items:
         key, sep, text = item.partition("=")
         key = key.strip()
@@ -605,9 +671,28 @@ def parse_overrides(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, str
         if parts[0] not in SECTIONS or len(parts) == 1 and not isinstance(value, dict) or "" in parts:
             raise InputError(f"override {item!r}: unknown key {key!r} (keys are dotted by section: "
                              f"{', '.join(f'{s}.<key>' for s in SECTIONS)})")
+        for dotted, shown in _leaves(key, value, text.strip()):
+            for other, (other_shown, other_origin) in given.items():
+                if dotted == other or dotted.startswith(other + ".") or other.startswith(dotted + "."):
+                    named = min(dotted, other, key=len)
+                    raise InputError(f"{named} is given twice: {other_shown} ({other_origin}) and {shown} "
+                                     f"({origin}); give each key once")
+            given[dotted] = (shown, origin)
+            origins[dotted] = origin
         _merge(updates, _nest(parts, value))
-        origins[key] = origin
     return updates, origins
+
+
+def _leaves(key: str, value: Any, text: str) -> list[tuple[str, str]]:
+    """The dotted keys an override `key=value` sets, each with its value as text: a mapping value merges into
+    the config key by key (`optim={lr: 1e-5}` sets `optim.lr`), any other value sets `key` itself."""
+    if not isinstance(value, dict):
+        return [(key, text or "null")]
+    out: list[tuple[str, str]] = []
+    for k, v in value.items():
+        shown = " ".join(yaml.safe_dump(v, default_flow_style=True).split()).removesuffix(" ...")  # a scalar's "..."
+        out += _leaves(f"{key}.{k}", v, shown)
+    return out
 
 
 def _nest(parts: Sequence[str], value: Any) -> dict[str, Any]:
@@ -628,14 +713,15 @@ def _merge(base: dict[str, Any], updates: Mapping[str, Any]) -> None:
 
 def load_train_config(path: str | Path | None, overrides: Sequence[str] = ()) -> TrainConfig:
     """Read `path` (YAML, or a shipped config's name: `tiny`, `paper/<name>`; None: only the overrides), apply
-    `key=value` overrides, validate."""
+    `key=value` overrides, validate. A key the file gives twice is an InputError naming it, both values and
+    their lines (anchor_core.yamlfile); so is a key two overrides set."""
     path = None if path is None else resolve("train", path)
-    base = {} if path is None else read_yaml_mapping(path, what="train config")
+    base, lines = ({}, {}) if path is None else read_yaml_mapping_lines(path, what="train config")
     source = "command line" if path is None else str(path)
     for key, value in base.items():  # a flat file: named before an override can mask it
         if _moved(key, value) is not None:
-            raise _moved_error(key, source)
+            raise _moved_error(key, f"{source}:{lines[key]}" if key in lines else source)
     updates, origins = parse_overrides(overrides)
     merged = dict(base)
     _merge(merged, updates)
-    return validate(merged, source=source, origins=origins)
+    return validate(merged, source=source, origins=origins, lines=lines)

@@ -71,15 +71,16 @@ def recognized_corpus_file(path: str | Path) -> bool:
 def _hint(kind: str, unit: str = "lines") -> str:
     """How the running verb lets the user get past a bad record: `kind` is "skip" or "field".
 
-    Only `anchor pack` has --skip-bad/--text-field, `anchor train` has the config keys; other verbs
-    (audit, demo) have neither, so their messages carry no hint.
+    Only `anchor pack` has --skip-bad/--text-field, `anchor train` has the config keys (data.pack.skip_bad,
+    data.pack.text_field); a library caller has the keyword arguments; other verbs (audit, demo) have
+    neither, so their messages carry no hint.
     """
     verb = current_verb()
     if verb == "pack":
         return f" (use --skip-bad to skip such {unit})" if kind == "skip" else " (use --text-field, or --skip-bad)"
-    if verb == "train":
-        return (f" (set skip_bad: true to skip such {unit})" if kind == "skip"
-                else " (set text_field, or skip_bad: true)")
+    if verb == "train":  # the keys as a train config or an override names them
+        return (f" (set data.pack.skip_bad: true to skip such {unit})" if kind == "skip"
+                else " (set data.pack.text_field, or data.pack.skip_bad: true)")
     if verb == "anchor":  # called as a library
         return f" (skip_bad=True skips such {unit})" if kind == "skip" else " (see text_field, skip_bad)"
     return ""
