@@ -147,6 +147,8 @@ class ModelConfig(_Section):
                                "a dense T x T mask")
     dtype: Dtype = _key("float32", "float32, or bfloat16 mixed precision (fp32 master weights)")
     activation_checkpointing: StrictBool = _key(False, "recompute layer activations in the backward")
+    tiled_mlp: StrictBool = _key(False, "compute each layer's MLP in tiles of hidden_size slots over the sequence "
+                                 "(torchtrain.tiling): its intermediate never held for the whole window")
     rope: RopeConfig = _key(RopeConfig(), "RoPE overrides: theta, scaling, factor, original_max_position, ...")
 
 
@@ -568,6 +570,11 @@ def validate(d: Any, *, source: str = "config", origins: Mapping[str, str] | Non
     _check_nested(cfg, sources)
     # across keys: the batch arithmetic that needs no world size (under torchrun the launcher's
     # world replaces `parallel.nproc`: check_world)
+    if cfg.model.tiled_mlp and cfg.parallel.zero_stage == 3:
+        # a tile's recomputation in the backward runs the MLP outside its module's call, where ZeRO-3 gathers
+        # the partitioned weights
+        raise InputError("model.tiled_mlp needs parallel.zero_stage 0 to 2 (ZeRO-3 partitions the MLP's weights "
+                         "outside its forward)", path=cfg.where("model.tiled_mlp", "parallel.zero_stage"))
     if cfg.data.global_batch % cfg.data.micro_batch:
         raise InputError(f"data.global_batch {cfg.data.global_batch} is not a multiple of data.micro_batch "
                          f"{cfg.data.micro_batch}", path=cfg.where("data.global_batch", "data.micro_batch"))

@@ -95,7 +95,7 @@ def check_engine(engine: object, dtype: torch.dtype | None = None) -> Engine:
         if flash_attn_kernel() is None:
             raise UnavailableError(
                 "engine 'flash_varlen' needs the flash-attn package (CUDA), which does not import here; "
-                "use engine='flash_varlen_emulated' (its pure-torch emulation) or 'sdpa'"
+                "use the engine flash_varlen_emulated (its pure-torch emulation) or sdpa"
             )
         if dtype == torch.float32:
             raise UnavailableError(
@@ -232,7 +232,7 @@ def _attend(engine: Engine, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m
         if q.device.type != "cuda":
             raise UnavailableError(
                 f"engine 'flash_varlen' runs on CUDA only (tensors are on {q.device.type}); "
-                "use engine='flash_varlen_emulated' or 'sdpa'"
+                "use the engine flash_varlen_emulated or sdpa"
             )
         return attn.varlen_attention(q, k, v, meta.segments, scale, flash_attn_kernel())
 

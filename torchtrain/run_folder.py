@@ -127,7 +127,7 @@ def model_spec(cfg: TrainConfig) -> ModelSpec:
         try:
             spec = spec.with_rope(**cfg.rope_overrides())
         except TypeError as e:
-            raise InputError(f"model.rope: {e}", path=cfg.source) from None
+            raise InputError(f"model.rope: {e}", path=cfg.where("model.rope")) from None
     return spec
 
 
@@ -154,18 +154,19 @@ def check_model(cfg: TrainConfig, spec: ModelSpec, seq_len: int, *, here: bool =
             raise InputError(
                 f"data.seq_len {seq_len} is beyond the model's {spec.max_position} positions; extend its RoPE for "
                 f"the longer context (e.g. model.rope.theta: the paper uses 1e6 at 32K, 5e6 at 64K, 1e7 at 128K, 5e7 at 256K)",
-                path=cfg.source)
+                path=cfg.where("data.seq_len", "model.name"))
         spec = spec.replace(max_position=seq_len)
     try:
         check_sequence_parallel(spec, seq_len, cfg.parallel.sequence_parallel)
     except InputError as e:
-        raise InputError(str(e), path=cfg.source) from None
+        raise InputError(str(e), path=cfg.where("parallel.sequence_parallel", "data.seq_len")) from None
     if cfg.model.dtype == "bfloat16" and cfg.parallel.zero_stage == 0:
         # DeepSpeed's stage-0 bf16 optimizer departs from the fp32 update (tiny.yaml, 5 steps: 4% in
         # the loss, where ZeRO 1-3 in bf16 stay within 1e-3 of fp32); ZeRO-1 on one process is the
         # same memory as stage 0.
         raise InputError("model.dtype bfloat16 needs parallel.zero_stage >= 1 (DeepSpeed's stage-0 bf16 optimizer drifts "
-                         "from the fp32 update; ZeRO-1 costs nothing extra on one process)", path=cfg.source)
+                         "from the fp32 update; ZeRO-1 costs nothing extra on one process)",
+                         path=cfg.where("model.dtype", "parallel.zero_stage"))
     if not here:
         return spec
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
@@ -173,7 +174,7 @@ def check_model(cfg: TrainConfig, spec: ModelSpec, seq_len: int, *, here: bool =
     check_engine(engine, dtype)
     if engine == "flex" and not torch.cuda.is_available():
         raise InputError("engine 'flex' has no backward on CPU (FlexAttention); train with varlen, sdpa, eager "
-                         "or flash_varlen_emulated on CPU", path=cfg.source)
+                         "or flash_varlen_emulated on CPU", path=cfg.where("model.engine"))
     if memory:
         check_step_memory(cfg, spec, seq_len, engine, dtype)
     return spec
@@ -192,7 +193,8 @@ def check_step_memory(cfg: TrainConfig, spec: ModelSpec, seq_len: int, engine: s
     need = step_memory(spec, seq_len=seq_len, micro_batch=cfg.data.micro_batch, dtype=dtype, engine=engine,
                        zero_stage=cfg.parallel.zero_stage, procs=procs,
                        sequence_parallel=cfg.parallel.sequence_parallel,
-                       activation_checkpointing=cfg.model.activation_checkpointing)
+                       activation_checkpointing=cfg.model.activation_checkpointing,
+                       tiled_mlp=cfg.model.tiled_mlp)
     free = engines.available_memory("cuda" if cuda else "cpu")
     if free is None or need.total <= free:
         return
@@ -202,17 +204,20 @@ def check_step_memory(cfg: TrainConfig, spec: ModelSpec, seq_len: int, engine: s
         hint = (f"most of it is the dense T x T {what}: use model.engine: auto ({linear}, linear in T) or a shorter "
                 "data.seq_len")
         key = f"model.engine {engine!r} at data.seq_len={seq_len} (data.micro_batch={cfg.data.micro_batch})"
+        keys = ("model.engine", "data.seq_len")
     elif procs > 1 and need.base * procs > need.per_process:
-        key, hint = f"parallel.nproc={procs}", "fewer processes"
+        key, hint, keys = f"parallel.nproc={procs}", "fewer processes", ("parallel.nproc",)
     elif need.activations >= need.states:
         key = f"data.seq_len={seq_len} (data.micro_batch={cfg.data.micro_batch})"
-        hint = ("a shorter data.seq_len, model.activation_checkpointing: true, or parallel.sequence_parallel over more "
-                "processes")
+        keys = ("data.seq_len",)
+        hint = ("a shorter data.seq_len, model.activation_checkpointing: true, model.tiled_mlp: true, or "
+                "parallel.sequence_parallel over more processes (anchor plan shows each term)")
     else:
         key, hint = ("the model's weights and optimizer",
                      "a higher parallel.zero_stage over more processes, or a smaller model")
+        keys = ("model.name",)
     raise InputError(f"{key} needs about {need.describe()} for one training step; {free / 2**30:.1f} GiB "
-                     f"available here: {hint}", path=cfg.source)
+                     f"available here: {hint}", path=cfg.where(*keys))
 
 
 def _resolve_data(cfg: TrainConfig, run: Path, progress: bool) -> Path:
@@ -232,7 +237,8 @@ def _resolve_data(cfg: TrainConfig, run: Path, progress: bool) -> Path:
         _check_tokenizer(cfg, packed.meta, data)
         return data
     if cfg.data.seq_len is None:
-        raise InputError("data.seq_len is required when data.path is a corpus packed on the fly", path=cfg.source)
+        raise InputError("data.seq_len is required when data.path is a corpus packed on the fly",
+                         path=cfg.where("data.path"))
     target = run / DATA_DIR
     if (target / "pack.json").is_file():
         if (_read_source(run) or {}).get("packed_with") == data_source(cfg)["packed_with"]:

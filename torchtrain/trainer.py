@@ -48,6 +48,7 @@ from torchtrain.model import build_model
 from torchtrain.optim import build_optimizer, deepspeed_config
 from torchtrain.run_folder import CONFIG_FILE, check_model, data_dir, load_run_config, model_spec, prepare_run, \
     resolved_engine
+from torchtrain.tiling import tile_mlps
 
 if TYPE_CHECKING:
     from anchor_core.data.batch import Batch
@@ -213,6 +214,8 @@ def _build_engine(cfg: TrainConfig, spec: ModelSpec, world: World) -> tuple[Any,
         sp.enable_sequence_parallel(model, sequence_parallel_group(world))
     if cfg.model.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.model.tiled_mlp:
+        tile_mlps(model)
     model.to(world.device)
     optimizer, scheduler = build_optimizer(model, cfg)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,

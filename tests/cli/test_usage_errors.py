@@ -38,6 +38,7 @@ BASE = {
     "pack": ["--model", "random:llama", "--data", "{corpus}", "--seq-len", "16", "--no-progress", "--out", "{out}"],
     "parity": ["--model", "random:llama", "--variants", "full", "--engines", "eager", "--policies", "fp32",
                "--no-progress", "--out", "{out}"],
+    "plan": ["--config", "tiny", "--device", "h100"],  # prints its plan: no --out
 }
 
 
@@ -61,7 +62,8 @@ def _cases() -> list:
         base = BASE.get(verb)
         out_args = base if base is not None else ["--out", "{out}"]
         cases.append((verb, "unknown-option", lambda f, v=verb, b=out_args: [v, *b, "--bogus", "1"], ["--bogus"]))
-        cases.append((verb, "option-without-value", lambda f, v=verb: [v, "--out"], ["--out", "requires an argument"]))
+        valued = "--out" if "--out" in _opts(verb) else "--config"  # an option that takes a value
+        cases.append((verb, "option-without-value", lambda f, v=verb, o=valued: [v, o], [valued, "requires an argument"]))
         if "--out" in _required(verb):
             cases.append((verb, "missing-out", lambda f, v=verb: [v], ["--out"]))
         if not _takes_arguments(verb):

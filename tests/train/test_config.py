@@ -134,7 +134,8 @@ BAD = [
     ("tiny", ["data.path=/nonexistent/data.jsonl"], ["/nonexistent/data.jsonl", "no such data"]),
     ("tiny", ["data.seq_len=5000"], ["data.seq_len 5000", "4096 positions", "model.rope.theta"]),
     ("tiny", ["parallel.sequence_parallel=2", "parallel.nproc=2", "data.seq_len=127"],
-     ["does not divide seq_len 127", "tiny.yaml"]),
+     ["does not divide seq_len 127", "command-line override parallel.sequence_parallel=2",
+      "command-line override data.seq_len=127"]),
     ("tiny", ["model.name=random:smollm2", "parallel.sequence_parallel=2", "parallel.nproc=2"],
      ["does not divide", "9 attention heads"]),
     ("tiny", ["parallel.sequence_parallel=2", "parallel.nproc=1"],
@@ -190,9 +191,14 @@ def test_bad_config_is_one_line_exit_2_nothing_written(tmp_path, capsys, text, o
     assert not out.exists(), "a refused run wrote its folder"
 
 
-def test_validation_errors_name_the_file():
-    with pytest.raises(InputError, match="tiny.yaml"):
+def test_validation_errors_name_where_each_value_came_from():
+    # data.micro_batch: 2 from the file, data.global_batch from the command line
+    with pytest.raises(InputError) as e:
+        load_train_config(TINY, ["data.global_batch=5"])
+    assert "command-line override data.global_batch=5" in str(e.value) and "tiny.yaml" in str(e.value)
+    with pytest.raises(InputError) as e:
         load_train_config(TINY, ["data.global_batch=5", "data.micro_batch=2"])
+    assert "tiny.yaml" not in str(e.value) and "command-line override data.micro_batch=2" in str(e.value)
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[str(p.relative_to(ROOT / "configs" / "train")) for p in CONFIGS])

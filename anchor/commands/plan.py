@@ -1,0 +1,103 @@
+"""`anchor plan`: the longest window a run config trains on a device, predicted term by term before any work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from anchor.cli import app
+
+
+SUMMARY = "The longest window a run config fits on a device, term by term."
+
+
+@app.command(short_help=SUMMARY)
+def plan(
+    config: Annotated[Optional[Path], typer.Option(
+        "--config", help="YAML run config, or a shipped one by name (tiny, smollm2_2k, paper/<name>); key=value "
+                         "arguments override it, as for anchor train.")] = None,
+    overrides: Annotated[Optional[list[str]], typer.Argument(
+        help="section.key=value overrides (model.activation_checkpointing=true, model.tiled_mlp=true, "
+             "parallel.zero_stage=3, parallel.sequence_parallel=8).", show_default=False)] = None,
+    device: Annotated[str, typer.Option(
+        "--device", help="here (this machine's available memory: the CUDA device where torch sees one, else "
+                         "the host's), or a GPU by name: a100-40gb, a100-80gb, h100, h200, b200.")] = "here",
+    shape: Annotated[Optional[str], typer.Option(
+        "--shape", help="Plan a model of this shape instead of model.name, without its weights: llama3.1-8b.")] = None,
+    start: Annotated[int, typer.Option("--start", help="The first window length; each next one doubles it.")] = 8192,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+) -> None:
+    """Predict one training step's peak memory (torchtrain.memory.step_memory, the model `anchor train` refuses
+    a run by) term by term, for window lengths doubling from --start, and name the longest that fits the device
+    and the term that stops the next. On the CPU the config's local processes share the host's memory; on a
+    GPU each process has its own device."""
+    import torch
+
+    from anchor_core.errors import InputError
+    from anchor_core.limits import check_int
+    from anchor_core.weights import load_spec
+    from torchtrain import engines
+    from torchtrain.config import load_train_config
+    from torchtrain.memory import GPUS, SHAPES, largest_term, plan_windows
+
+    check_int(start, "--start", lo=1)
+    cfg = load_train_config(config, overrides or [])
+    if shape is not None and shape not in SHAPES:
+        raise InputError(f"--shape: unknown shape {shape!r} (known: {', '.join(SHAPES)})")
+    if device != "here" and device not in GPUS:
+        raise InputError(f"--device: unknown device {device!r} (here, or one of {', '.join(GPUS)})")
+    spec = SHAPES[shape] if shape else load_spec(cfg.model.name)
+    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+    on_gpu = device != "here" or torch.cuda.is_available()
+    if device == "here":
+        where = "cuda" if torch.cuda.is_available() else "cpu"
+        budget = engines.available_memory(where)
+        if budget is None:
+            raise InputError("--device here: this machine's available memory cannot be read; name a --device")
+        device_name = f"this machine's {'GPU' if where == 'cuda' else 'memory'}"
+    else:
+        budget, device_name = GPUS[device], device
+    engine = cfg.model.engine if cfg.model.engine != "auto" else "varlen"  # auto runs a linear-memory engine
+    procs = 1 if on_gpu else cfg.parallel.nproc
+    rows = plan_windows(spec, budget=budget, start=start, micro_batch=cfg.data.micro_batch, dtype=dtype,
+                        engine=engine, zero_stage=cfg.parallel.zero_stage, procs=procs,
+                        sequence_parallel=cfg.parallel.sequence_parallel,
+                        activation_checkpointing=cfg.model.activation_checkpointing,
+                        tiled_mlp=cfg.model.tiled_mlp)
+    fitting = [r for r in rows if r.fits]
+    longest = fitting[-1].seq_len if fitting else None
+    stopped = rows[-1] if not rows[-1].fits else None
+    model = shape or cfg.model.name
+    if as_json:
+        typer.echo(json.dumps({
+            "model": model, "device": device, "budget_bytes": budget, "dtype": cfg.model.dtype, "engine": engine,
+            "activation_checkpointing": cfg.model.activation_checkpointing, "tiled_mlp": cfg.model.tiled_mlp,
+            "zero_stage": cfg.parallel.zero_stage, "sequence_parallel": cfg.parallel.sequence_parallel,
+            "procs": procs, "micro_batch": cfg.data.micro_batch, "longest": longest,
+            "rows": [{"seq_len": r.seq_len, "fits": r.fits, "total_bytes": r.need.total, "procs": r.need.procs,
+                      "terms_bytes": r.need.terms()} for r in rows]}, indent=1))
+        return
+    g = 2**30
+    typer.echo(f"{model}: {cfg.model.variant}, {engine}, {cfg.model.dtype}, activation checkpointing "
+               f"{'on' if cfg.model.activation_checkpointing else 'off'}, tiled MLP "
+               f"{'on' if cfg.model.tiled_mlp else 'off'}, ZeRO-{cfg.parallel.zero_stage}, sequence parallel "
+               f"{cfg.parallel.sequence_parallel}, {procs} process(es) per device, micro-batch "
+               f"{cfg.data.micro_batch}")
+    typer.echo(f"device: {device_name}, {budget / g:.1f} GiB; GiB per process:")
+    names = list(rows[0].need.terms())
+    typer.echo("  " + f"{'window':>9}  " + "  ".join(f"{n:>11}" for n in names) + f"  {'total':>8}  fits")
+    for r in rows:
+        terms = r.need.terms()
+        typer.echo("  " + f"{r.seq_len:>9}  " + "  ".join(f"{terms[n] / g:>11.2f}" for n in names)
+                   + f"  {r.need.total / g:>8.2f}  {'yes' if r.fits else 'no'}")
+    if longest is not None:
+        typer.echo(f"longest window that fits: {longest} ({fitting[-1].need.total / g:.1f} of {budget / g:.1f} GiB)")
+    else:
+        typer.echo(f"no window from {start} fits")
+    if stopped is not None:
+        name, size = largest_term(stopped.need)
+        typer.echo(f"{stopped.seq_len} does not fit: {stopped.need.total / g:.1f} GiB, {name} the largest term "
+                   f"({size / g:.1f} GiB per process)")

@@ -1,0 +1,97 @@
+"""`anchor plan`: the predicted peak per term for doubling window lengths, the longest that fits, the term that
+stops the next; the same estimate `anchor train` refuses a run by; a tiled MLP's saving is exactly its
+intermediate; bad options are one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from anchor_core.errors import InputError
+from anchor_core.weights import load_spec
+from tests.cli.helpers import assert_usage_error, run_cli
+from torchtrain import engines, run_folder
+from torchtrain.config import load_train_config
+from torchtrain.memory import GPUS, SHAPES, step_memory
+
+GiB = 2**30
+
+
+def _plan(capsys, *args: str) -> dict:
+    code, out, err = run_cli(["plan", "--json", *args], capsys)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_the_plan_doubles_until_a_window_does_not_fit_and_names_the_longest(capsys):
+    plan = _plan(capsys, "--config", "smollm2_2k", "--device", "h100", "--start", "4097",
+                 "model.activation_checkpointing=true", "model.tiled_mlp=true")
+    rows = plan["rows"]
+    assert [r["seq_len"] for r in rows] == [4097 * 2**k for k in range(len(rows))]
+    assert all(r["fits"] for r in rows[:-1]) and not rows[-1]["fits"]
+    assert plan["longest"] == rows[-2]["seq_len"]
+    assert rows[-2]["total_bytes"] <= GPUS["h100"] < rows[-1]["total_bytes"]
+    for r in rows:  # the terms are the estimate, nothing else
+        assert sum(r["terms_bytes"].values()) * r["procs"] == r["total_bytes"]
+
+
+def test_the_text_names_the_longest_window_and_the_term_that_stops_the_next(capsys):
+    code, out, err = run_cli(["plan", "--config", "smollm2_2k", "--device", "a100-40gb",
+                              "model.activation_checkpointing=true"], capsys)
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    plan = _plan(capsys, "--config", "smollm2_2k", "--device", "a100-40gb", "model.activation_checkpointing=true")
+    assert lines[-2].startswith(f"longest window that fits: {plan['longest']} ")
+    stop = plan["rows"][-1]
+    largest = max(stop["terms_bytes"], key=stop["terms_bytes"].get)
+    assert lines[-1].startswith(f"{stop['seq_len']} does not fit: ") and f"{largest} the largest term" in lines[-1]
+
+
+def test_the_plan_and_anchor_trains_refusal_agree(monkeypatch):
+    """At this machine's memory (a fixed budget here), train's check passes exactly at the lengths the plan
+    says fit."""
+    budget = 6 * GiB
+    monkeypatch.setattr(engines, "available_memory", lambda device="cpu": budget)
+    spec = load_spec("random:llama")
+    for T in (2**16, 2**18, 2**20, 2**22, 2**24):
+        cfg = load_train_config("tiny", [f"data.seq_len={T}", "model.activation_checkpointing=true",
+                                         "model.tiled_mlp=true", "model.engine=varlen"])
+        need = step_memory(spec, seq_len=T, micro_batch=cfg.data.micro_batch, dtype=torch.float32, engine="varlen",
+                           zero_stage=0, procs=1, activation_checkpointing=True, tiled_mlp=True)
+        if need.total <= budget:
+            run_folder.check_step_memory(cfg, spec, T, "varlen", torch.float32)
+        else:
+            with pytest.raises(InputError, match="needs about"):
+                run_folder.check_step_memory(cfg, spec, T, "varlen", torch.float32)
+
+
+def test_a_tiled_mlp_saves_its_intermediate_exactly():
+    spec = load_spec("default")
+    kw = dict(seq_len=65537, micro_batch=1, dtype=torch.float32, engine="varlen", zero_stage=0, procs=1,
+              activation_checkpointing=True)
+    plain, tiled = step_memory(spec, **kw), step_memory(spec, tiled_mlp=True, **kw)
+    # one layer's recomputation and the backward's transients of one more: 2 layers x 4 i values per slot
+    assert plain.total - tiled.total == 2 * 4 * 4 * spec.intermediate_size * 65537
+    assert dict(plain.parts)["checkpoints"] == dict(tiled.parts)["checkpoints"]
+
+
+def test_a_shape_plans_without_weights(capsys):
+    plan = _plan(capsys, "--config", "tiny", "--shape", "llama3.1-8b", "--device", "h100", "model.dtype=bfloat16",
+                 "model.activation_checkpointing=true", "model.tiled_mlp=true")
+    assert plan["model"] == "llama3.1-8b"
+    states = plan["rows"][0]["terms_bytes"]["states"]
+    assert states == int(8_030_261_248 * (6 + 2 + 8))  # bf16: weights with the fp32 master, grads, moments
+    assert SHAPES["llama3.1-8b"].num_layers == 32
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--device", "tpu"], "--device: unknown device 'tpu'"),
+    (["--shape", "gpt5"], "--shape: unknown shape 'gpt5'"),
+    (["--start", "0"], "--start"),
+    (["model.tiled_mlpp=true"], "tiled_mlpp"),
+])
+def test_bad_options_are_one_line_exit_2(args, message, capsys):
+    code, _, err = run_cli(["plan", "--config", "tiny", *args], capsys)
+    assert_usage_error(code, err, "plan", message)
