@@ -90,9 +90,11 @@ class StepMemory:
 
 def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch.dtype, engine: str,
                 zero_stage: int, procs: int, sequence_parallel: int = 1,
-                activation_checkpointing: bool = False, tiled_mlp: bool = False) -> StepMemory:
+                activation_checkpointing: bool = False, tiled_mlp: bool = False,
+                world: int | None = None) -> StepMemory:
     """The estimate of one training step's peak memory (module docstring); `procs` the processes that
-    share this memory (the local ones on a CPU, 1 on a CUDA device). Its activations by term:
+    share this memory (the local ones on a CPU, 1 on a CUDA device), `world` the processes ZeRO shards over
+    (default `procs`: every process on this machine). Its activations by term:
       checkpoints  what the backward keeps of every layer: the layer inputs under activation
                    checkpointing, else every layer's activations
       recompute    one layer's activations while its backward runs (recomputed under checkpointing), and
@@ -102,16 +104,17 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
                    loss holds one chunk of rows)"""
     P = parameters(spec)
     n = max(1, procs)
+    shards = max(1, world if world is not None else procs)
     bf16 = dtype == torch.bfloat16
     weights, grads, moments = (2 + 4, 2, 8) if bf16 else (4, 4, 8)  # bf16: the fp32 master with the weights
     if zero_stage >= 1:
-        moments /= n
+        moments /= shards
         if bf16:
-            weights -= 4 - 4 / n
+            weights -= 4 - 4 / shards
     if zero_stage >= 2:
-        grads /= n
+        grads /= shards
     if zero_stage >= 3:
-        weights /= n
+        weights /= shards
     states = int(P * (weights + grads + moments))
     elem = 2 if bf16 else 4
     slots = micro_batch * -(-seq_len // max(1, sequence_parallel))

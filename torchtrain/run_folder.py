@@ -190,11 +190,12 @@ def check_step_memory(cfg: TrainConfig, spec: ModelSpec, seq_len: int, engine: s
 
     cuda = torch.cuda.is_available()
     procs = 1 if cuda else int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if launched_externally() else cfg.parallel.nproc
+    world = int(os.environ.get("WORLD_SIZE", "1")) if launched_externally() else cfg.parallel.nproc
     need = step_memory(spec, seq_len=seq_len, micro_batch=cfg.data.micro_batch, dtype=dtype, engine=engine,
                        zero_stage=cfg.parallel.zero_stage, procs=procs,
                        sequence_parallel=cfg.parallel.sequence_parallel,
                        activation_checkpointing=cfg.model.activation_checkpointing,
-                       tiled_mlp=cfg.model.tiled_mlp)
+                       tiled_mlp=cfg.model.tiled_mlp, world=world)
     free = engines.available_memory("cuda" if cuda else "cpu")
     if free is None or need.total <= free:
         return

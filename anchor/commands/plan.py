@@ -66,7 +66,7 @@ def plan(
                         engine=engine, zero_stage=cfg.parallel.zero_stage, procs=procs,
                         sequence_parallel=cfg.parallel.sequence_parallel,
                         activation_checkpointing=cfg.model.activation_checkpointing,
-                        tiled_mlp=cfg.model.tiled_mlp)
+                        tiled_mlp=cfg.model.tiled_mlp, world=cfg.parallel.nproc)
     fitting = [r for r in rows if r.fits]
     longest = fitting[-1].seq_len if fitting else None
     stopped = rows[-1] if not rows[-1].fits else None
@@ -76,7 +76,7 @@ def plan(
             "model": model, "device": device, "budget_bytes": budget, "dtype": cfg.model.dtype, "engine": engine,
             "activation_checkpointing": cfg.model.activation_checkpointing, "tiled_mlp": cfg.model.tiled_mlp,
             "zero_stage": cfg.parallel.zero_stage, "sequence_parallel": cfg.parallel.sequence_parallel,
-            "procs": procs, "micro_batch": cfg.data.micro_batch, "longest": longest,
+            "procs": procs, "world": cfg.parallel.nproc, "micro_batch": cfg.data.micro_batch, "longest": longest,
             "rows": [{"seq_len": r.seq_len, "fits": r.fits, "total_bytes": r.need.total, "procs": r.need.procs,
                       "terms_bytes": r.need.terms()} for r in rows]}, indent=1))
         return
@@ -84,7 +84,7 @@ def plan(
     typer.echo(f"{model}: {cfg.model.variant}, {engine}, {cfg.model.dtype}, activation checkpointing "
                f"{'on' if cfg.model.activation_checkpointing else 'off'}, tiled MLP "
                f"{'on' if cfg.model.tiled_mlp else 'off'}, ZeRO-{cfg.parallel.zero_stage}, sequence parallel "
-               f"{cfg.parallel.sequence_parallel}, {procs} process(es) per device, micro-batch "
+               f"{cfg.parallel.sequence_parallel}, {cfg.parallel.nproc} process(es), {procs} per device, micro-batch "
                f"{cfg.data.micro_batch}")
     typer.echo(f"device: {device_name}, {budget / g:.1f} GiB; GiB per process:")
     names = list(rows[0].need.terms())

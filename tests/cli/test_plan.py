@@ -95,3 +95,18 @@ def test_a_shape_plans_without_weights(capsys):
 def test_bad_options_are_one_line_exit_2(args, message, capsys):
     code, _, err = run_cli(["plan", "--config", "tiny", *args], capsys)
     assert_usage_error(code, err, "plan", message)
+
+
+def test_zero_shards_over_every_gpu_while_each_gpu_holds_one_process(capsys):
+    """Eight GPUs: each device holds one process, ZeRO-2 shards the moments, the fp32 master and the gradients
+    over all eight, and Ulysses splits each window over them."""
+    one = _plan(capsys, "--config", "tiny", "--shape", "llama3.1-8b", "--device", "h100", "model.dtype=bfloat16",
+                "parallel.zero_stage=2", "model.activation_checkpointing=true")
+    eight = _plan(capsys, "--config", "tiny", "--shape", "llama3.1-8b", "--device", "h100", "model.dtype=bfloat16",
+                  "parallel.zero_stage=2", "parallel.nproc=8", "parallel.sequence_parallel=8", "data.global_batch=1",
+                  "data.micro_batch=1", "model.activation_checkpointing=true")
+    P = 8_030_261_248
+    assert one["rows"][0]["terms_bytes"]["states"] == int(P * (6 + 2 + 8))  # one process: nothing to shard
+    assert eight["rows"][0]["terms_bytes"]["states"] == int(P * (2 + 4 / 8 + 2 / 8 + 8 / 8))
+    assert all(r["procs"] == 1 for r in eight["rows"]) and eight["world"] == 8
+    assert eight["longest"] is not None and (one["longest"] or 0) < eight["longest"]
