@@ -149,6 +149,8 @@ class ModelConfig(_Section):
     activation_checkpointing: StrictBool = _key(False, "recompute layer activations in the backward")
     tiled_mlp: StrictBool = _key(False, "compute each layer's MLP in tiles of hidden_size slots over the sequence "
                                  "(torchtrain.tiling): its intermediate never held for the whole window")
+    offload_checkpoints: StrictBool = _key(False, "CUDA, with activation_checkpointing: keep the layer inputs in "
+                                           "pinned host memory between the forward and the backward")
     rope: RopeConfig = _key(RopeConfig(), "RoPE overrides: theta, scaling, factor, original_max_position, ...")
 
 
@@ -337,7 +339,7 @@ PACK_KEYS: tuple[str, ...] = tuple(k for k in PACK_SCHEMA if k not in PACK_OPTIO
 MOVED: dict[str, str] = {
     "model": "model.name", "variant": "model.variant", "mask_cross_doc_loss": "model.mask_cross_doc_loss",
     "engine": "model.engine", "dtype": "model.dtype", "activation_checkpointing": "model.activation_checkpointing",
-    "rope": "model.rope",
+    "tiled_mlp": "model.tiled_mlp", "offload_checkpoints": "model.offload_checkpoints", "rope": "model.rope",
     "data": "data.path", "seq_len": "data.seq_len", "tags": "data.tags", "interleave": "data.interleave",
     "pack": "data.pack", "global_batch": "data.global_batch", "micro_batch": "data.micro_batch", "seed": "data.seed",
     "lr": "optim.lr", "weight_decay": "optim.weight_decay", "no_decay": "optim.no_decay", "betas": "optim.betas",
@@ -575,6 +577,10 @@ def validate(d: Any, *, source: str = "config", origins: Mapping[str, str] | Non
         # the partitioned weights
         raise InputError("model.tiled_mlp needs parallel.zero_stage 0 to 2 (ZeRO-3 partitions the MLP's weights "
                          "outside its forward)", path=cfg.where("model.tiled_mlp", "parallel.zero_stage"))
+    if cfg.model.offload_checkpoints and not cfg.model.activation_checkpointing:
+        raise InputError("model.offload_checkpoints needs model.activation_checkpointing: true (it moves the "
+                         "checkpoints, the layer inputs, to host memory)",
+                         path=cfg.where("model.offload_checkpoints", "model.activation_checkpointing"))
     if cfg.data.global_batch % cfg.data.micro_batch:
         raise InputError(f"data.global_batch {cfg.data.global_batch} is not a multiple of data.micro_batch "
                          f"{cfg.data.micro_batch}", path=cfg.where("data.global_batch", "data.micro_batch"))

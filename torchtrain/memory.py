@@ -65,6 +65,7 @@ class StepMemory:
     states_are: str = "weights and optimizer"
     # the activations by term, (name, bytes) in the order `describe` prints them; empty where not split
     parts: tuple[tuple[str, int], ...] = ()
+    host: int = 0  # offloaded checkpoints: in host memory, not counted in `total` (a GPU's)
 
     @property
     def per_process(self) -> int:
@@ -91,7 +92,7 @@ class StepMemory:
 def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch.dtype, engine: str,
                 zero_stage: int, procs: int, sequence_parallel: int = 1,
                 activation_checkpointing: bool = False, tiled_mlp: bool = False,
-                world: int | None = None) -> StepMemory:
+                world: int | None = None, offload_checkpoints: bool = False) -> StepMemory:
     """The estimate of one training step's peak memory (module docstring); `procs` the processes that
     share this memory (the local ones on a CPU, 1 on a CUDA device), `world` the processes ZeRO shards over
     (default `procs`: every process on this machine). Its activations by term:
@@ -101,7 +102,8 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
                    the backward's transients of one more layer; a tiled MLP keeps one tile of its
                    intermediate instead of the window's (torchtrain.tiling)
       loss         the logits at ZeRO-3 (the loss is not fused there), else nothing per slot (the fused
-                   loss holds one chunk of rows)"""
+                   loss holds one chunk of rows)
+    `offload_checkpoints` (CUDA) moves the checkpoints to host memory: `host`, not on the device."""
     P = parameters(spec)
     n = max(1, procs)
     shards = max(1, world if world is not None else procs)
@@ -130,10 +132,13 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
     dense = engines.dense_attention_bytes(engine, seq_len=seq_len, batch=micro_batch,
                                           layers=1 if activation_checkpointing else spec.num_layers,
                                           heads=heads, dtype=dtype)
+    host = 0
+    if offload_checkpoints:
+        host, checkpoints = int(checkpoints * slots), 0
     parts = tuple((name, int(per_slot * slots)) for name, per_slot in
                   (("checkpoints", checkpoints), ("recompute", recompute), ("loss", loss)))
     return StepMemory(base=BASE_PROCESS_BYTES, states=states, activations=sum(b for _, b in parts),
-                      dense=int(dense), procs=n, parts=parts)
+                      dense=int(dense), procs=n, parts=parts, host=host)
 
 
 def forward_memory(spec: ModelSpec, *, seq_len: int, batch: int, dtype: torch.dtype, engine: str) -> StepMemory:

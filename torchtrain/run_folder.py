@@ -172,6 +172,9 @@ def check_model(cfg: TrainConfig, spec: ModelSpec, seq_len: int, *, here: bool =
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     engine = resolved_engine(cfg)
     check_engine(engine, dtype)
+    if cfg.model.offload_checkpoints and not torch.cuda.is_available():
+        raise InputError("model.offload_checkpoints moves the checkpoints from a GPU to host memory; this machine "
+                         "trains on the CPU, where they already are", path=cfg.where("model.offload_checkpoints"))
     if engine == "flex" and not torch.cuda.is_available():
         raise InputError("engine 'flex' has no backward on CPU (FlexAttention); train with varlen, sdpa, eager "
                          "or flash_varlen_emulated on CPU", path=cfg.where("model.engine"))
@@ -195,7 +198,8 @@ def check_step_memory(cfg: TrainConfig, spec: ModelSpec, seq_len: int, engine: s
                        zero_stage=cfg.parallel.zero_stage, procs=procs,
                        sequence_parallel=cfg.parallel.sequence_parallel,
                        activation_checkpointing=cfg.model.activation_checkpointing,
-                       tiled_mlp=cfg.model.tiled_mlp, world=world)
+                       tiled_mlp=cfg.model.tiled_mlp, world=world,
+                       offload_checkpoints=cfg.model.offload_checkpoints)
     free = engines.available_memory("cuda" if cuda else "cpu")
     if free is None or need.total <= free:
         return

@@ -25,6 +25,7 @@ loader's position and every rank's RNG states; metrics.jsonl is cut back to that
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from pathlib import Path
@@ -275,11 +276,16 @@ def _micro_batch_loss(cfg: TrainConfig, world: World, engine: Any, batch: Batch,
     # the lm-head weight outside its module's forward, and GatheredParameters around the fused loss
     # would not route its gradient back to the partitions: stage 3 keeps the logits path, and with
     # it the logits' memory at long context.
-    if cfg.parallel.zero_stage != 3:
-        states, head = final_hidden_states(engine, engine.module, **inputs), engine.module.get_output_embeddings()
-    else:
-        states, head = engine(**inputs).logits, None
-    local, _ = sp.next_token_loss_shard(states, tokens[rows], mask[rows], world.sp_rank, world.sp, lm_head=head)
+    # Offloaded checkpoints: every tensor the forward saves for the backward (under activation checkpointing the
+    # layer inputs, and the fused loss's hidden states) waits in pinned host memory; the arithmetic is unchanged.
+    saved = (torch.autograd.graph.save_on_cpu(pin_memory=True) if cfg.model.offload_checkpoints
+             else contextlib.nullcontext())
+    with saved:
+        if cfg.parallel.zero_stage != 3:
+            states, head = final_hidden_states(engine, engine.module, **inputs), engine.module.get_output_embeddings()
+        else:
+            states, head = engine(**inputs).logits, None
+        local, _ = sp.next_token_loss_shard(states, tokens[rows], mask[rows], world.sp_rank, world.sp, lm_head=head)
     return local
 
 

@@ -66,7 +66,8 @@ def plan(
                         engine=engine, zero_stage=cfg.parallel.zero_stage, procs=procs,
                         sequence_parallel=cfg.parallel.sequence_parallel,
                         activation_checkpointing=cfg.model.activation_checkpointing,
-                        tiled_mlp=cfg.model.tiled_mlp, world=cfg.parallel.nproc)
+                        tiled_mlp=cfg.model.tiled_mlp, world=cfg.parallel.nproc,
+                        offload_checkpoints=cfg.model.offload_checkpoints and on_gpu)
     fitting = [r for r in rows if r.fits]
     longest = fitting[-1].seq_len if fitting else None
     stopped = rows[-1] if not rows[-1].fits else None
@@ -77,8 +78,9 @@ def plan(
             "activation_checkpointing": cfg.model.activation_checkpointing, "tiled_mlp": cfg.model.tiled_mlp,
             "zero_stage": cfg.parallel.zero_stage, "sequence_parallel": cfg.parallel.sequence_parallel,
             "procs": procs, "world": cfg.parallel.nproc, "micro_batch": cfg.data.micro_batch, "longest": longest,
+            "offload_checkpoints": cfg.model.offload_checkpoints and on_gpu,
             "rows": [{"seq_len": r.seq_len, "fits": r.fits, "total_bytes": r.need.total, "procs": r.need.procs,
-                      "terms_bytes": r.need.terms()} for r in rows]}, indent=1))
+                      "terms_bytes": r.need.terms(), "host_bytes": r.need.host} for r in rows]}, indent=1))
         return
     g = 2**30
     typer.echo(f"{model}: {cfg.model.variant}, {engine}, {cfg.model.dtype}, activation checkpointing "

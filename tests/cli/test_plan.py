@@ -110,3 +110,26 @@ def test_zero_shards_over_every_gpu_while_each_gpu_holds_one_process(capsys):
     assert eight["rows"][0]["terms_bytes"]["states"] == int(P * (2 + 4 / 8 + 2 / 8 + 8 / 8))
     assert all(r["procs"] == 1 for r in eight["rows"]) and eight["world"] == 8
     assert eight["longest"] is not None and (one["longest"] or 0) < eight["longest"]
+
+
+def test_offloaded_checkpoints_leave_the_device_exactly():
+    spec = load_spec("default")
+    kw = dict(seq_len=131071, micro_batch=1, dtype=torch.bfloat16, engine="varlen", zero_stage=1, procs=1,
+              activation_checkpointing=True, tiled_mlp=True)
+    kept, offloaded = step_memory(spec, **kw), step_memory(spec, offload_checkpoints=True, **kw)
+    assert offloaded.host == dict(kept.parts)["checkpoints"] == 2 * spec.hidden_size * spec.num_layers * 131071
+    assert kept.total - offloaded.total == offloaded.host and dict(offloaded.parts)["checkpoints"] == 0
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.offload_checkpoints=true"], "model.offload_checkpoints needs model.activation_checkpointing: true"),
+    (["model.offload_checkpoints=true", "model.activation_checkpointing=true"],
+     "model.offload_checkpoints moves the checkpoints from a GPU to host memory"),
+])
+def test_offloading_is_refused_where_it_cannot_serve(overrides, message, tmp_path, capsys):
+    if torch.cuda.is_available() and "GPU" in message:
+        pytest.skip("this machine trains on a GPU")
+    code, _, err = run_cli(["train", "--config", "tiny", "--out", tmp_path / "run", "--no-progress", *overrides],
+                           capsys)
+    assert_usage_error(code, err, "train", message)
+    assert not (tmp_path / "run").exists()

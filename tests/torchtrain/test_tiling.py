@@ -12,6 +12,7 @@ switched off, breaks the comparison.
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -132,3 +133,41 @@ def test_anchor_train_tiles_the_mlp_when_asked(tmp_path, monkeypatch):
     assert abs(rows[True]["loss"] - rows[False]["loss"]) <= ulps * rows[False]["loss"]
     assert abs(rows[True]["grad_norm"] - rows[False]["grad_norm"]) <= ulps * rows[False]["grad_norm"]
     assert calls and set(calls) == {84}  # tiny's hidden size: the rows per tile
+
+
+def test_checkpoints_in_host_memory_leave_the_step_unchanged():
+    """`model.offload_checkpoints` runs the forward under torch.autograd.graph.save_on_cpu: the saved tensors are
+    copied out and back, the arithmetic is the same, so the loss and every gradient are equal bit for bit (here
+    on the CPU, where the copies are host to host; the trainer refuses the option without CUDA)."""
+    def step(offload: bool):
+        model = _model(torch.float32)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        tiling.tile_mlps(model, 64)
+        tokens = torch.randint(0, V, (1, T), generator=torch.Generator().manual_seed(1))
+        saved = torch.autograd.graph.save_on_cpu() if offload else contextlib.nullcontext()
+        with saved:
+            loss = model(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+    (loss, grads), (loss0, grads0) = step(True), step(False)
+    assert torch.equal(loss, loss0) and all(torch.equal(g, grads0[n]) for n, g in grads.items())
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_anchor_train_offloads_checkpoints_on_cuda(tmp_path):
+    """On CUDA, the trainer's step with offloaded checkpoints is the step without, bit for bit."""
+    from torchtrain.config import load_train_config
+    from torchtrain.trainer import train
+
+    rows = {}
+    for offload in (False, True):
+        cfg = load_train_config("tiny", ["schedule.steps=2", "checkpoint.save_every=0", "data.seq_len=131",
+                                         "model.activation_checkpointing=true",
+                                         f"model.offload_checkpoints={str(offload).lower()}"])
+        train(cfg, tmp_path / f"run-{offload}", progress=False)
+        rows[offload] = [json.loads(line) for line in (tmp_path / f"run-{offload}" / "metrics.jsonl").read_text()
+                         .splitlines()]
+    assert [(r["loss"], r["grad_norm"]) for r in rows[True]] == [(r["loss"], r["grad_norm"]) for r in rows[False]]
