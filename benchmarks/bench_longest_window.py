@@ -64,7 +64,7 @@ def pack(corpus: Path, T: int, out: Path) -> Path:
 def train_step(T: int, data: Path, run: Path) -> dict:
     cmd = anchor("train", "--config", CONFIG, "--out", str(run), "--no-progress", f"data.path={data}",
                  f"data.seq_len={T}", *RUN)
-    print(f"training one step at T={T} ...", flush=True)
+    print(f"training two steps at T={T} ...", flush=True)
     t0 = time.perf_counter()
     done = subprocess.run([TIME, "-v", *cmd], capture_output=True, text=True, cwd=ROOT, check=False)
     seconds = time.perf_counter() - t0
