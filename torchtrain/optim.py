@@ -2,6 +2,7 @@
 schedule, and the DeepSpeed config that carries both into the engine.
 
     optimizer, scheduler = build_optimizer(model, cfg)      # AdamW over param_groups, LambdaLR of lr_factor
+    allocate_state(optimizer)                               # ZeRO-0: the moments held from the start
     deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                          config=deepspeed_config(cfg, world_size), ...)
 """
@@ -54,6 +55,41 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> tuple[torch.optim.Opt
     optimizer = torch.optim.AdamW(param_groups(model, cfg.optim), lr=cfg.optim.lr, betas=cfg.optim.betas,
                                   eps=cfg.optim.eps)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(cfg, s))
+
+
+def allocate_state(optimizer: torch.optim.Optimizer) -> None:
+    """The optimizer's state allocated now, as its first step would allocate it (AdamW: both moments zero,
+    the step count 0), so that the first step's peak memory is every step's: a window that cannot fit fails
+    in its first step, not after it, and `torchtrain.memory.step_memory` (which counts the moments) is
+    the peak of a run of any length. Allocated by the optimizer itself: one step at learning rate 0 on zero
+    gradients (AdamW's decay multiplies the weights by exactly 1, its update is exactly 0), after which the
+    learning rates and gradients are put back and every state tensor is zeroed, so the run's arithmetic is
+    unchanged bit for bit; it holds no more memory than any later step. Nothing is done when a state exists
+    (a resumed run's is loaded over it). For a torch optimizer over the model's own parameters (ZeRO-0):
+    DeepSpeed's ZeRO optimizers keep their own partitions."""
+    import torch
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if any(optimizer.state.get(p) for p in params):
+        return
+    lrs = [group["lr"] for group in optimizer.param_groups]
+    grads = [p.grad for p in params]
+    with torch.no_grad():
+        try:
+            for group in optimizer.param_groups:
+                group["lr"] = 0.0
+            for p in params:
+                p.grad = torch.zeros_like(p)
+            optimizer.step()
+        finally:
+            for group, lr in zip(optimizer.param_groups, lrs):
+                group["lr"] = lr
+            for p, grad in zip(params, grads):
+                p.grad = grad
+        for p in params:
+            for value in optimizer.state[p].values():
+                if torch.is_tensor(value):
+                    value.zero_()
 
 
 def deepspeed_config(cfg: TrainConfig, world: int) -> dict[str, Any]:

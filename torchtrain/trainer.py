@@ -46,7 +46,7 @@ from torchtrain.distributed import ParallelGroups, World, init_world, launch_loc
 from torchtrain.loss import final_hidden_states
 from torchtrain.metrics import MetricsLog, dump_grads, grad_norm
 from torchtrain.model import build_model
-from torchtrain.optim import build_optimizer, deepspeed_config
+from torchtrain.optim import allocate_state, build_optimizer, deepspeed_config
 from torchtrain.run_folder import CONFIG_FILE, check_model, data_dir, load_run_config, model_spec, prepare_run, \
     resolved_engine
 from torchtrain.tiling import tile_mlps
@@ -219,6 +219,8 @@ def _build_engine(cfg: TrainConfig, spec: ModelSpec, world: World) -> tuple[Any,
         tile_mlps(model)
     model.to(world.device)
     optimizer, scheduler = build_optimizer(model, cfg)
+    if cfg.parallel.zero_stage == 0:  # the first step's peak is every step's (allocate_state)
+        allocate_state(optimizer)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                    config=deepspeed_config(cfg, world.size), mpu=ParallelGroups(world))
     return engine, scheduler, rope_buffers

@@ -339,21 +339,30 @@ class _Calls(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q_r, k_r, v_r, p: VarlenPlan, scale: float):  # type: ignore[override]
         qg, kg, vg = (x.index_select(0, p.rows) for x in (q_r, k_r, v_r))
-        out, ctx.per_call = _forward(p, qg, kg, vg, scale, graph=True)
+        out, per_call = _forward(p, qg, kg, vg, scale, graph=True)
         ctx.plan, ctx.scale = p, scale
-        ctx.save_for_backward(qg, kg, vg)
+        if _use_cpu_kernel(qg):
+            # The kernel's (out, log-sum-exp) of every call go through save_for_backward, not a ctx attribute:
+            # activation checkpointing then drops them with the rest of the layer and recomputes them (kept
+            # as an attribute, every checkpointed layer would hold its attention output until its backward).
+            ctx.per_call = None
+            ctx.save_for_backward(qg, kg, vg, *(t for pair in per_call for t in pair))
+        else:  # the autograd graphs of F.scaled_dot_product_attention, which the backward differentiates
+            ctx.per_call = per_call
+            ctx.save_for_backward(qg, kg, vg)
         return out
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
         p: VarlenPlan = ctx.plan
-        qg, kg, vg = ctx.saved_tensors
+        qg, kg, vg, *kernel_saved = ctx.saved_tensors
+        per_call = ctx.per_call if ctx.per_call is not None else list(zip(kernel_saved[0::2], kernel_saved[1::2]))
         BT, N, D = grad.shape
         grad = torch.cat([grad, grad.new_zeros(1, N, D)])  # dropped rows get no gradient
         dq = grad.new_empty(grad.shape)  # every slot is one call's query row exactly once
         dk, dv = torch.zeros_like(kg), torch.zeros_like(vg)  # key rows are shared by chunks
         cpu = _use_cpu_kernel(qg)
-        for c, dst, saved in zip(p.calls, p.dst, ctx.per_call):
+        for c, dst, saved in zip(p.calls, p.dst, per_call):
             g = grad.index_select(0, dst).view(c.n, c.lq, N, D).transpose(1, 2)
             if cpu:
                 gq, gk, gv = _cpu_kernel()[1](

@@ -209,3 +209,40 @@ def test_gather_rows_backward_equals_index_select():
     a, = torch.autograd.grad(varlen_sdpa._GatherRows.apply(x, p), x, g)
     b, = torch.autograd.grad(x.index_select(0, p.square_rows), x, g)
     torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("checkpointed", (True, False))
+def test_activation_checkpointing_drops_the_kernels_outputs(monkeypatch, checkpointed):
+    """Under activation checkpointing the CPU kernel's per-call outputs (attention output, log-sum-exp) are
+    dropped with the rest of the layer after its forward and recomputed in the backward, as every saved
+    tensor is; without checkpointing they are kept for the backward. The gradients are the same either way."""
+    if varlen_sdpa._cpu_kernel() is None:
+        pytest.skip("this torch has no CPU flash-attention kernel: the per-call autograd path runs")
+    import weakref
+
+    from torch.utils.checkpoint import checkpoint
+
+    made = []
+    forward, backward = varlen_sdpa._cpu_kernel()
+
+    def tracked(*a, **kw):
+        out = forward(*a, **kw)
+        made.extend(weakref.ref(t) for t in out[:2])
+        return out
+
+    monkeypatch.setattr(varlen_sdpa, "_cpu_kernel", lambda: (tracked, backward))
+    batch = packed_batch("anchor", 515, layouts=LAYOUTS, seed=5)
+    q, k, v = _qkv(batch.doc_ids.shape[0], 515, 5)
+    p = plan(varlen_segments(batch.doc_ids, "anchor"))
+
+    def layer(q, k, v):
+        return varlen_sdpa_attention(q, k, v, p, SCALE) * 1.5
+
+    out = checkpoint(layer, q, k, v, use_reentrant=False) if checkpointed else layer(q, k, v)
+    first = list(made)
+    assert first and all((r() is None) == checkpointed for r in first)
+    go = torch.randn(out.shape, generator=torch.Generator().manual_seed(6))
+    grads = torch.autograd.grad(out, (q, k, v), go)
+    made.clear()
+    want = torch.autograd.grad(layer(q, k, v), (q, k, v), go)
+    assert all(torch.equal(a, b) for a, b in zip(grads, want))
