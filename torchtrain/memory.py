@@ -26,11 +26,15 @@ Checked against measured peaks (peak RSS of a fresh `anchor train` process) in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from anchor_core.spec import ModelSpec
 from torchtrain import engines
+
+if TYPE_CHECKING:
+    from torchtrain.config import TrainConfig
 
 BASE_PROCESS_BYTES = int(0.45 * 2**30)  # peak RSS of a training process at T -> 0 (tiny.yaml, CPU, fp32)
 
@@ -139,6 +143,18 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
                   (("checkpoints", checkpoints), ("recompute", recompute), ("loss", loss)))
     return StepMemory(base=BASE_PROCESS_BYTES, states=states, activations=sum(b for _, b in parts),
                       dense=int(dense), procs=n, parts=parts, host=host)
+
+
+def step_of(cfg: TrainConfig, *, engine: str, dtype: torch.dtype, procs: int, world: int,
+            on_gpu: bool) -> dict[str, Any]:
+    """The keywords of `step_memory` (all but `seq_len`) for a run config: the one mapping from the config's
+    keys to the estimate, shared by `anchor train`'s refusal and `anchor plan`. `procs` the processes that
+    share the memory planned for (the local ones on a CPU, 1 on a GPU), `world` those ZeRO shards over;
+    the checkpoints are offloaded only where there is a GPU to offload them from."""
+    return dict(micro_batch=cfg.data.micro_batch, dtype=dtype, engine=engine, zero_stage=cfg.parallel.zero_stage,
+                procs=procs, world=world, sequence_parallel=cfg.parallel.sequence_parallel,
+                activation_checkpointing=cfg.model.activation_checkpointing, tiled_mlp=cfg.model.tiled_mlp,
+                offload_checkpoints=cfg.model.offload_checkpoints and on_gpu)
 
 
 def forward_memory(spec: ModelSpec, *, seq_len: int, batch: int, dtype: torch.dtype, engine: str) -> StepMemory:

@@ -39,7 +39,7 @@ from torchtrain import engines
 from torchtrain.config import RESUMABLE_CHANGES, TrainConfig, check_world, from_flat, is_flat, validate
 from torchtrain.distributed import launched_externally
 from torchtrain.engines import check_engine, resolve_engine
-from torchtrain.memory import step_memory
+from torchtrain.memory import step_memory, step_of
 from torchtrain.optim import deepspeed_config
 from torchtrain.sequence_parallel import check_sequence_parallel
 
@@ -194,12 +194,8 @@ def check_step_memory(cfg: TrainConfig, spec: ModelSpec, seq_len: int, engine: s
     cuda = torch.cuda.is_available()
     procs = 1 if cuda else int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if launched_externally() else cfg.parallel.nproc
     world = int(os.environ.get("WORLD_SIZE", "1")) if launched_externally() else cfg.parallel.nproc
-    need = step_memory(spec, seq_len=seq_len, micro_batch=cfg.data.micro_batch, dtype=dtype, engine=engine,
-                       zero_stage=cfg.parallel.zero_stage, procs=procs,
-                       sequence_parallel=cfg.parallel.sequence_parallel,
-                       activation_checkpointing=cfg.model.activation_checkpointing,
-                       tiled_mlp=cfg.model.tiled_mlp, world=world,
-                       offload_checkpoints=cfg.model.offload_checkpoints)
+    need = step_memory(spec, seq_len=seq_len, **step_of(cfg, engine=engine, dtype=dtype, procs=procs, world=world,
+                                                        on_gpu=cuda))
     free = engines.available_memory("cuda" if cuda else "cpu")
     if free is None or need.total <= free:
         return

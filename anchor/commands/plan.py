@@ -41,7 +41,8 @@ def plan(
     from anchor_core.weights import load_spec
     from torchtrain import engines
     from torchtrain.config import load_train_config
-    from torchtrain.memory import GPUS, SHAPES, largest_term, plan_windows
+    from torchtrain.memory import GPUS, SHAPES, largest_term, plan_windows, step_of
+    from torchtrain.sequence_parallel import check_sequence_parallel
 
     check_int(start, "--start", lo=1)
     cfg = load_train_config(config, overrides or [])
@@ -50,6 +51,7 @@ def plan(
     if device != "here" and device not in GPUS:
         raise InputError(f"--device: unknown device {device!r} (here, or one of {', '.join(GPUS)})")
     spec = SHAPES[shape] if shape else load_spec(cfg.model.name)
+    check_sequence_parallel(spec, start, cfg.parallel.sequence_parallel)  # every doubling of start then divides too
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     on_gpu = device != "here" or torch.cuda.is_available()
     if device == "here":
@@ -62,12 +64,8 @@ def plan(
         budget, device_name = GPUS[device], device
     engine = cfg.model.engine if cfg.model.engine != "auto" else "varlen"  # auto runs a linear-memory engine
     procs = 1 if on_gpu else cfg.parallel.nproc
-    rows = plan_windows(spec, budget=budget, start=start, micro_batch=cfg.data.micro_batch, dtype=dtype,
-                        engine=engine, zero_stage=cfg.parallel.zero_stage, procs=procs,
-                        sequence_parallel=cfg.parallel.sequence_parallel,
-                        activation_checkpointing=cfg.model.activation_checkpointing,
-                        tiled_mlp=cfg.model.tiled_mlp, world=cfg.parallel.nproc,
-                        offload_checkpoints=cfg.model.offload_checkpoints and on_gpu)
+    rows = plan_windows(spec, budget=budget, start=start,
+                        **step_of(cfg, engine=engine, dtype=dtype, procs=procs, world=cfg.parallel.nproc, on_gpu=on_gpu))
     fitting = [r for r in rows if r.fits]
     longest = fitting[-1].seq_len if fitting else None
     stopped = rows[-1] if not rows[-1].fits else None

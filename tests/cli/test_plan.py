@@ -91,6 +91,11 @@ def test_a_shape_plans_without_weights(capsys):
     (["--shape", "gpt5"], "--shape: unknown shape 'gpt5'"),
     (["--start", "0"], "--start"),
     (["model.tiled_mlpp=true"], "tiled_mlpp"),
+    # tiny's random:llama has 6 heads: Ulysses cannot split them 8 ways, nor a window of 4097 3 ways
+    (["parallel.nproc=8", "parallel.sequence_parallel=8"], "sequence_parallel 8 does not divide the model's 6 "
+                                                            "attention heads"),
+    (["parallel.nproc=3", "parallel.sequence_parallel=3", "--start", "4097"], "sequence_parallel 3 does not divide "
+                                                                                  "seq_len 4097"),
 ])
 def test_bad_options_are_one_line_exit_2(args, message, capsys):
     code, _, err = run_cli(["plan", "--config", "tiny", *args], capsys)
