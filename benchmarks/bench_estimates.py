@@ -21,28 +21,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-TIME = "/usr/bin/time"
-GiB = 2**30
+from _peak_rss import GiB, ROOT, measure, pack as pack_corpus
 
 
 def measured(cmd: list[str]) -> dict:
-    t0 = time.perf_counter()
-    done = subprocess.run([TIME, "-v", sys.executable, "-m", "anchor", *cmd], capture_output=True, text=True,
-                          check=False, cwd=ROOT)
-    seconds = round(time.perf_counter() - t0, 1)
-    if done.returncode != 0:
-        tail = [l for l in done.stderr.splitlines() if l.strip() and not l.startswith("\t")][-2:]
-        return {"failed": f"exit {done.returncode}: {tail}", "seconds": seconds}
-    kib = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1))
-    return {"peak_gib": round(kib * 1024 / GiB, 3), "seconds": seconds}
+    row = measure(cmd)
+    if "peak_rss_bytes" in row:
+        return {"peak_gib": round(row.pop("peak_rss_bytes") / GiB, 3), **row}
+    return row
 
 
 def train_case(config: str, T: int, engine: str, data: Path, tmp: Path) -> dict:
@@ -93,10 +82,7 @@ def eval_case(model: str, T: int, engine: str, tmp: Path) -> dict:
 
 
 def pack(model: str, T: int, corpus: Path, out: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "anchor", "pack", "--model", model, "--data", str(corpus), "--seq-len",
-                    str(T), "--budget", str(max(60000, 2 * T)), "--out", str(out), "--no-progress"], check=True,
-                   cwd=ROOT, capture_output=True)
-    return out
+    return pack_corpus(corpus, T, out, model=model)
 
 
 def main() -> None:

@@ -1,14 +1,14 @@
-"""The longest window SmolLM2-135M trains on this machine: two optimizer steps per length, peak RSS against the plan.
+"""The longest window SmolLM2-135M trains on this machine: one optimizer step per length, peak RSS against the plan.
 
     nice -n 5 .venv/bin/python benchmarks/bench_longest_window.py [--start 8192] [--lens 8192,16384,...]
 
 The plan (`anchor plan --json`, torchtrain.memory.step_memory) is asked first for this machine's available memory:
 it names the longest window that fits. Then one case per length, doubling from --start up to that window, is one
-fresh process of two steps (the first step's backward runs before AdamW allocates its moments; from the second on,
-the backward holds them too: the peak of any longer run, which the plan predicts)
+fresh process of one optimizer step (AdamW's moments are allocated before it, torchtrain.optim.allocate_state, so
+its peak is the peak of any longer run, which the plan predicts)
 
     anchor train --config smollm2_2k --out TMP data.path=PACK data.seq_len=T data.global_batch=1
-        data.micro_batch=1 model.activation_checkpointing=true model.tiled_mlp=true schedule.steps=2
+        data.micro_batch=1 model.activation_checkpointing=true model.tiled_mlp=true schedule.steps=1
         checkpoint.save_every=0
 
 (the embedded SmolLM2-135M-Instruct, variant anchor, fp32, the varlen engine, the default corpus packed into
@@ -24,57 +24,108 @@ import argparse
 import json
 import math
 import os
-import re
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-GiB = 2**30
-TIME = "/usr/bin/time"
+from _peak_rss import GiB, ROOT, anchor_cmd, measure, pack, require_time
+
 RUN = ["data.global_batch=1", "data.micro_batch=1", "model.activation_checkpointing=true", "model.tiled_mlp=true",
-       "schedule.steps=2", "checkpoint.save_every=0"]
+       "schedule.steps=1", "checkpoint.save_every=0"]
 CONFIG = "smollm2_2k"
 
 
-def anchor(*args: str) -> list[str]:
-    return [sys.executable, "-m", "anchor", *args]
+# The GPU plans set beside ALST's published figures (torchtrain.memory.ALST_LLAMA_8B): ALST's recipe as far as
+# the trainer has it: bf16, activation checkpoints offloaded to host memory, the MLP tiled, and on eight GPUs
+# ZeRO-2 (the fused loss needs ZeRO 0-2: ZeRO-3 would hold the logits) with Ulysses over all eight where the
+# heads split (Llama-3.1-8B's 32 do; SmolLM2's 9 do not, so each of its GPUs trains windows of its own).
+# ALST also offloads the optimizer states to host memory, which the trainer does not: one GPU holds Llama-8B's
+# states in full.
+GPU_RECIPE = ["model.dtype=bfloat16", "model.activation_checkpointing=true", "model.tiled_mlp=true",
+              "model.offload_checkpoints=true", "data.micro_batch=1"]
+GPU_CASES = [  # (model, --shape or None, GPUs, sequence-parallel degree)
+    ("SmolLM2-135M", None, 1, 1), ("SmolLM2-135M", None, 8, 1),
+    ("Llama-3.1-8B", "llama3.1-8b", 1, 1), ("Llama-3.1-8B", "llama3.1-8b", 8, 8),
+]
+GPU_DEVICE = "h100"
+GPU_START = 131072
 
 
-def the_plan(start: int, seq_overrides: list[str]) -> dict:
-    done = subprocess.run(anchor("plan", "--config", CONFIG, "--start", str(start), "--json", *RUN, *seq_overrides),
+def the_plan(start: int, overrides: list[str], *options: str) -> dict:
+    done = subprocess.run(anchor_cmd("plan", "--config", CONFIG, "--start", str(start), "--json", *options, *overrides),
                           capture_output=True, text=True, cwd=ROOT, check=False)
     if done.returncode != 0:
         raise SystemExit(f"anchor plan failed: {done.stderr.strip()}")
     return json.loads(done.stdout)
 
 
-def pack(corpus: Path, T: int, out: Path) -> Path:
-    """The default corpus packed into windows of T slots for SmolLM2 (not measured)."""
-    cmd = anchor("pack", "--model", "default", "--data", str(corpus), "--seq-len", str(T), "--budget",
-                 str(max(200000, 2 * T)), "--out", str(out), "--no-progress")
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"packing at T={T} failed: {done.stderr.strip().splitlines()[-1:]}")
+def gpu_plans() -> list[dict]:
+    """`anchor plan` on GPU_DEVICE for each of GPU_CASES (nothing runs on a GPU)."""
+    out = []
+    for model, shape, gpus, sp in GPU_CASES:
+        overrides = [*GPU_RECIPE, f"parallel.nproc={gpus}", f"parallel.sequence_parallel={sp}",
+                     f"parallel.zero_stage={2 if gpus > 1 else 0}", f"data.global_batch={gpus // sp}"]
+        options = ["--device", GPU_DEVICE, *(["--shape", shape] if shape else [])]
+        out.append({"model": model, "gpus": gpus, "device": GPU_DEVICE, "overrides": overrides, "options": options,
+                    "plan": the_plan(GPU_START, overrides, *options)})
     return out
 
 
 def train_step(T: int, data: Path, run: Path) -> dict:
-    cmd = anchor("train", "--config", CONFIG, "--out", str(run), "--no-progress", f"data.path={data}",
-                 f"data.seq_len={T}", *RUN)
-    print(f"training two steps at T={T} ...", flush=True)
-    t0 = time.perf_counter()
-    done = subprocess.run([TIME, "-v", *cmd], capture_output=True, text=True, cwd=ROOT, check=False)
-    seconds = time.perf_counter() - t0
-    if done.returncode != 0:
-        tail = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("\t")][-2:]
-        return {"failed": f"exit {done.returncode}: {tail}", "seconds": round(seconds, 1)}
-    peak = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1)) * 1024
+    print(f"training one step at T={T} ...", flush=True)
+    row = measure(["train", "--config", CONFIG, "--out", str(run), "--no-progress", f"data.path={data}",
+                   f"data.seq_len={T}", *RUN])
+    if "failed" in row:
+        return row
     loss = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["loss"]
-    print(f"  T={T}: peak RSS {peak / GiB:.2f} GiB, loss {loss:.4f}, {seconds:.0f} s", flush=True)
-    return {"peak_rss_bytes": peak, "seconds": round(seconds, 1), "loss": loss, "loss_finite": math.isfinite(loss)}
+    print(f"  T={T}: peak RSS {row['peak_rss_bytes'] / GiB:.2f} GiB, loss {loss:.4f}, {row['seconds']:.0f} s",
+          flush=True)
+    return {**row, "loss": loss, "loss_finite": math.isfinite(loss)}
+
+
+def with_plan(result: dict, start: int) -> dict:
+    """`result` with the plan's side: this machine's plan from `start`, each measured row's prediction and
+    ratio, the GPU plans beside ALST's figures, the summary. The plan is arithmetic on the sizes
+    (torchtrain.memory), so `--replan` can set the current one beside measurements already taken."""
+    from anchor_core.machine import machine
+    from torchtrain.memory import ALST_BASELINE, ALST_LLAMA_8B
+
+    plan = the_plan(start, RUN)
+    predicted = {r["seq_len"]: r for r in plan["rows"]}
+    refused = next((r for r in plan["rows"] if not r["fits"]), None)
+    for row in result["rows"]:
+        p = predicted.get(row["seq_len"]) or the_plan(row["seq_len"], RUN)["rows"][0]
+        row.update(predicted_bytes=p["total_bytes"], predicted_terms_bytes=p["terms_bytes"])
+        if "peak_rss_bytes" in row:
+            row["predicted_over_measured"] = round(row["predicted_bytes"] / row["peak_rss_bytes"], 3)
+    measured = [r for r in result["rows"] if "peak_rss_bytes" in r]
+    result.update({
+        "plan": {k: v for k, v in plan.items() if k != "rows"},
+        "plan_rows": plan["rows"],
+        "longest_planned": plan["longest"],
+        "refused_next": None if refused is None else {"seq_len": refused["seq_len"],
+                                                      "total_bytes": refused["total_bytes"]},
+        "gpu_plans": gpu_plans(),
+        "alst": {"source": "Bekman et al., Arctic Long Sequence Training (arXiv:2506.13996): Llama-3.1-8B, bf16, "
+                           "H100 80GB; the longest sequence trained per GPU count, and the Hugging Face baseline's",
+                 "llama3.1-8b_longest_by_gpus": {str(k): v for k, v in ALST_LLAMA_8B.items()},
+                 "baseline_longest": ALST_BASELINE},
+        "summary": {
+            "lengths_measured": len(measured),
+            "longest_trained": max((r["seq_len"] for r in measured if r["loss_finite"]), default=None),
+            "worst_predicted_over_measured": max((abs(r["predicted_over_measured"] - 1) for r in measured),
+                                                 default=None),
+        },
+        "planned_by": machine()["commit"],  # the plan's code (the measurements' is the machine's commit)
+    })
+    return result
+
+
+def write(result: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp_path = path.with_suffix(".json.tmp")
+    tmp_path.write_text(json.dumps(result, indent=1))
+    os.replace(tmp_path, path)
 
 
 def main() -> None:
@@ -82,60 +133,42 @@ def main() -> None:
     ap.add_argument("--start", type=int, default=8192)
     ap.add_argument("--lens", default=None, help="Comma-separated lengths instead of the plan's doubling series.")
     ap.add_argument("--out", default=str(ROOT / "results" / "memory"))
+    ap.add_argument("--replan", metavar="RECORD", default=None,
+                    help="Measure nothing: set the current plan beside RECORD's measurements, written to --out.")
     args = ap.parse_args()
-    if not Path(TIME).is_file():
-        raise SystemExit(f"{TIME} is missing (GNU time: apt-get install time)")
+    path = Path(args.out) / "longest_window_cpu.json"
+    if args.replan:
+        result = json.loads(Path(args.replan).read_text())
+        write(with_plan(result, args.start), path)
+        print(json.dumps(result["summary"], indent=1))
+        print(f"wrote {path}")
+        return
+    require_time()
 
     from anchor_core.data.corpus import CORPUS_FILE, write_default_corpus
     from anchor_core.machine import machine
 
-    plan = the_plan(args.start, [])
     lens = ([int(x) for x in args.lens.split(",")] if args.lens else
-            [r["seq_len"] for r in plan["rows"] if r["fits"]])
-    refused = next((r for r in plan["rows"] if not r["fits"]), None)
-    predicted = {r["seq_len"]: r for r in plan["rows"]}
-    rows = []
+            [r["seq_len"] for r in the_plan(args.start, RUN)["rows"] if r["fits"]])
+    result = {
+        "benchmark": "one `anchor train` step per window length: peak RSS against the plan (anchor plan)",
+        "command": f"anchor train --config {CONFIG} --out RUN data.path=PACK data.seq_len=T " + " ".join(RUN),
+        "model": "default (SmolLM2-135M-Instruct)", "variant": "anchor", "dtype": "float32", "engine": "varlen",
+        "method": "fresh process per length under /usr/bin/time -v (Maximum resident set size); the default corpus "
+                  "packed beforehand in another process",
+        "rows": [],
+    }
     with tempfile.TemporaryDirectory(prefix="bench-longest-") as tmp:
         tmp = Path(tmp)
         write_default_corpus(tmp / "corpus", progress=False)
         corpus = tmp / "corpus" / CORPUS_FILE
         for T in lens:
-            data = pack(corpus, T, tmp / f"pack-{T}")
-            row = {"seq_len": T}
-            p = predicted.get(T) or the_plan(T, [])["rows"][0]
-            row.update(predicted_bytes=p["total_bytes"], predicted_terms_bytes=p["terms_bytes"])
-            row.update(train_step(T, data, tmp / f"run-{T}"))
-            if "peak_rss_bytes" in row:
-                row["predicted_over_measured"] = round(row["predicted_bytes"] / row["peak_rss_bytes"], 3)
-            rows.append(row)
+            data = pack(corpus, T, tmp / f"pack-{T}", model="default", budget=max(200000, 2 * T))
+            result["rows"].append({"seq_len": T, **train_step(T, data, tmp / f"run-{T}")})
             subprocess.run(["rm", "-rf", str(tmp / f"run-{T}"), str(data)], check=False)
-    measured = [r for r in rows if "peak_rss_bytes" in r]
-    result = {
-        "benchmark": "two `anchor train` steps per window length: peak RSS against the plan (anchor plan)",
-        "command": f"anchor train --config {CONFIG} --out RUN data.path=PACK data.seq_len=T " + " ".join(RUN),
-        "model": "default (SmolLM2-135M-Instruct)", "variant": "anchor", "dtype": "float32", "engine": "varlen",
-        "method": "fresh process per length under /usr/bin/time -v (Maximum resident set size); the default corpus "
-                  "packed beforehand in another process",
-        "plan": {k: v for k, v in plan.items() if k != "rows"},
-        "plan_rows": plan["rows"],
-        "longest_planned": plan["longest"],
-        "refused_next": None if refused is None else {"seq_len": refused["seq_len"],
-                                                      "total_bytes": refused["total_bytes"]},
-        "rows": rows,
-        "summary": {
-            "lengths_measured": len(measured),
-            "longest_trained": max((r["seq_len"] for r in measured if r["loss_finite"]), default=None),
-            "worst_predicted_over_measured": max((abs(r["predicted_over_measured"] - 1) for r in measured),
-                                                 default=None),
-        },
-        "machine": machine(),
-    }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "longest_window_cpu.json"
-    tmp_path = path.with_suffix(".json.tmp")
-    tmp_path.write_text(json.dumps(result, indent=1))
-    os.replace(tmp_path, path)
+            write({**result, "machine": machine(), "unfinished": True}, path)  # a killed run keeps its lengths
+    result["machine"] = machine()
+    write(with_plan(result, args.start), path)
     print(json.dumps(result["summary"], indent=1))
     print(f"wrote {path}")
 

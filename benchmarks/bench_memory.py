@@ -29,17 +29,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _peak_rss import GiB, ROOT, measure, pack as pack_corpus, require_time
+
 TINY = ROOT / "configs" / "train" / "tiny.yaml"
-GiB = 2**30
-TIME = "/usr/bin/time"
 
 
 def mem_available() -> int:
@@ -48,20 +44,11 @@ def mem_available() -> int:
     return available_memory("cpu") or 0
 
 
-def anchor_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "anchor", *args]
-
-
 def pack(corpus: Path, T: int, out: Path) -> Path:
     """The corpus packed for random:llama at T (not measured)."""
-    budget = max(60000, 2 * T)
-    cmd = anchor_cmd("pack", "--model", "random:llama", "--data", str(corpus), "--seq-len", str(T),
-                     "--budget", str(budget), "--out", str(out), "--no-progress")
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
-    if done.returncode != 0:
-        raise SystemExit(f"packing at T={T} failed: {done.stderr.strip().splitlines()[-1:]}")
+    pack_corpus(corpus, T, out, model="random:llama")
     windows = json.loads((out / "pack.json").read_text())["num_windows"]
-    print(f"packed T={T}: {windows} windows from {budget} tokens", flush=True)
+    print(f"packed T={T}: {windows} windows from {max(60000, 2 * T)} tokens", flush=True)
     return out
 
 
@@ -69,22 +56,18 @@ def train_step(engine: str, T: int, data: Path, run: Path) -> dict:
     """One step in a fresh process under /usr/bin/time -v: peak RSS and wall seconds."""
     import yaml
 
-    cmd = anchor_cmd("train", "--config", str(TINY), "--out", str(run), "--no-progress", f"data.path={data}",
-                     f"data.seq_len={T}", "data.global_batch=1", "data.micro_batch=1", "model.rope.theta=1e6",
-                     f"model.engine={engine}", "schedule.steps=1", "checkpoint.save_every=0")
     print(f"running {engine} at T={T} ...", flush=True)
-    t0 = time.perf_counter()
-    done = subprocess.run([TIME, "-v", *cmd], capture_output=True, text=True, check=False, cwd=ROOT)
-    seconds = time.perf_counter() - t0
-    if done.returncode != 0:
-        tail = [l for l in done.stderr.splitlines() if l.strip() and not l.startswith("\t")][-1:]
-        return {"failed": f"exit {done.returncode}: {tail}", "seconds": round(seconds, 1)}
-    kib = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1))
+    row = measure(["train", "--config", str(TINY), "--out", str(run), "--no-progress", f"data.path={data}",
+                   f"data.seq_len={T}", "data.global_batch=1", "data.micro_batch=1", "model.rope.theta=1e6",
+                   f"model.engine={engine}", "schedule.steps=1", "checkpoint.save_every=0"])
+    if "failed" in row:
+        return row
     ran = yaml.safe_load((run / "config.yaml").read_text())["model"]["engine"]  # the engine that ran (auto resolved)
     loss = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["loss"]
-    print(f"  {engine} ({ran}) T={T}: peak RSS {kib * 1024 / GiB:.2f} GiB, {seconds:.0f} s", flush=True)
-    return {"resolved_engine": ran, "peak_rss_bytes": kib * 1024, "peak_rss_gib": round(kib * 1024 / GiB, 3),
-            "seconds": round(seconds, 1), "loss": loss}
+    peak = row["peak_rss_bytes"]
+    print(f"  {engine} ({ran}) T={T}: peak RSS {peak / GiB:.2f} GiB, {row['seconds']:.0f} s", flush=True)
+    return {"resolved_engine": ran, "peak_rss_bytes": peak, "peak_rss_gib": round(peak / GiB, 3),
+            "seconds": row["seconds"], "loss": loss}
 
 
 def main() -> None:
@@ -94,8 +77,7 @@ def main() -> None:
     ap.add_argument("--margin-gib", type=float, default=4.0)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "memory"))
     args = ap.parse_args()
-    if not Path(TIME).is_file():
-        raise SystemExit(f"{TIME} is missing (GNU time: apt-get install time)")
+    require_time()
 
     import numpy as np
 

@@ -109,12 +109,22 @@ def _calls(tree: ast.AST, names: set[str]) -> list[ast.Call]:
 
 def not_benchmarks(root: Path = ROOT) -> list[str]:
     """Each *.py or *.sh directly under benchmarks/ that is not a benchmark: a benchmark is bench_*.py and
-    writes JSON (json.dump/json.dumps) with its machine (a call of anchor_core.machine.machine, imported by name)."""
+    writes JSON (json.dump/json.dumps) with its machine (a call of anchor_core.machine.machine, imported by name).
+    A module the benchmarks share is _*.py, imported by one of them, and runs nothing of its own (no
+    `if __name__ == "__main__"`)."""
     found = []
+    benches = [p.read_text() for p in sorted((root / "benchmarks").glob("bench_*.py"))]
     for path in sorted((root / "benchmarks").glob("*")):
         if path.suffix not in (".py", ".sh") or not path.is_file():
             continue
         name = path.relative_to(root)
+        if path.suffix == ".py" and path.name.startswith("_"):
+            text = path.read_text()
+            if "__main__" in text:
+                found.append(f"{name}: a shared module runs nothing of its own (a benchmark is bench_*.py)")
+            if not any(re.search(rf"^\s*(from {path.stem} import|import {path.stem}\b)", b, re.M) for b in benches):
+                found.append(f"{name}: a shared module no benchmark imports")
+            continue
         if path.suffix != ".py" or not path.name.startswith("bench_"):
             found.append(f"{name}: not bench_*.py (an experiment goes to experiments/, a tool to tools/)")
             continue
@@ -199,7 +209,8 @@ def test_neither_the_library_nor_the_tests_read_experiments():
 
 def test_a_planted_non_benchmark_is_found(tmp_path):
     """The check can fail: a script that is not bench_*.py, a shell script, a bench_*.py without the
-    machine, and one whose machine() is some other function are each reported; a real benchmark is not."""
+    machine, one whose machine() is some other function, a shared _*.py no benchmark imports and one that
+    runs as a script are each reported; a real benchmark, and a shared module one imports, are not."""
     bench = ("import json\nfrom anchor_core.machine import machine\n\n"
              "def main(out):\n    out.write_text(json.dumps({'machine': machine(), 'seconds': 1.0}))\n")
     _tree(tmp_path, {
@@ -212,8 +223,15 @@ def test_a_planted_non_benchmark_is_found(tmp_path):
         "benchmarks/bench_other_machine.py": bench.replace("from anchor_core.machine import machine", "from os import uname as machine"),
         "benchmarks/bench_no_json.py": bench.replace("json.dumps(", "str("),
         "benchmarks/results/notes.py": "x = 1\n",  # not directly under benchmarks/
+        "benchmarks/_shared.py": "def f():\n    return 1\n",
+        "benchmarks/bench_uses_shared.py": "from _shared import f\n" + bench,
+        "benchmarks/_orphan.py": "def g():\n    return 2\n",
+        "benchmarks/_script.py": "import _shared\nif __name__ == '__main__':\n    print(1)\n",
     })
     assert not_benchmarks(tmp_path) == [
+        "benchmarks/_orphan.py: a shared module no benchmark imports",
+        "benchmarks/_script.py: a shared module runs nothing of its own (a benchmark is bench_*.py)",
+        "benchmarks/_script.py: a shared module no benchmark imports",
         "benchmarks/bench_no_json.py: writes no JSON (json.dump or json.dumps)",
         "benchmarks/bench_no_machine.py: records no machine (from anchor_core.machine import machine; machine(...))",
         "benchmarks/bench_other_machine.py: records no machine (from anchor_core.machine import machine; machine(...))",
