@@ -9,10 +9,11 @@ its peak is the peak of any longer run, which the plan predicts)
 
     anchor train --config smollm2_2k --out TMP data.path=PACK data.seq_len=T data.global_batch=1
         data.micro_batch=1 model.activation_checkpointing=true model.tiled_mlp=true schedule.steps=1
-        checkpoint.save_every=0
+        checkpoint.save_every=0 [model.rope.theta=THETA]
 
 (the embedded SmolLM2-135M-Instruct, variant anchor, fp32, the varlen engine, the default corpus packed into
-windows of T slots beforehand in another process) under `/usr/bin/time -v`, whose "Maximum resident set size" is
+windows of T slots beforehand in another process; beyond the model's 8192 positions the paper's RoPE base for the
+context length that holds T) under `/usr/bin/time -v`, whose "Maximum resident set size" is
 the peak RSS of the whole process. Each row records the plan's prediction of that step (total and per term), the
 measured peak, their ratio and the step's loss (finite), and the record the plan's line for the next doubling.
 Writes results/memory/longest_window_cpu.json.
@@ -71,10 +72,23 @@ def gpu_plans() -> list[dict]:
     return out
 
 
+def rope_theta(T: int) -> float | None:
+    """The paper's RoPE base for the shortest of its context lengths that holds T (anchor_core.spec.PAPER_ROPE_BASE);
+    None within the model's own positions."""
+    from anchor_core.spec import PAPER_ROPE_BASE
+    from anchor_core.weights import load_spec
+
+    if T <= load_spec("default").max_position:
+        return None
+    return PAPER_ROPE_BASE[min(n for n in PAPER_ROPE_BASE if n >= T)]
+
+
 def train_step(T: int, data: Path, run: Path) -> dict:
     print(f"training one step at T={T} ...", flush=True)
+    theta = rope_theta(T)
     row = measure(["train", "--config", CONFIG, "--out", str(run), "--no-progress", f"data.path={data}",
-                   f"data.seq_len={T}", *RUN])
+                   f"data.seq_len={T}", *RUN, *([f"model.rope.theta={theta:g}"] if theta else [])])
+    row["rope_theta"] = theta
     if "failed" in row:
         return row
     loss = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["loss"]
