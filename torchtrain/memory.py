@@ -11,7 +11,10 @@ The parts, per process:
   base         the process itself (Python, torch, transformers, DeepSpeed): `BASE_PROCESS_BYTES`, measured
   states       weights, gradients and AdamW's two moments: fp32 4 + 4 + 8 bytes per parameter; bf16 under
                DeepSpeed 2 + 2 (+ 4 fp32 master) + 8; ZeRO-1 shards the moments (and the master), ZeRO-2 the
-               gradients too, ZeRO-3 the weights too, over the processes
+               gradients too, ZeRO-3 the weights too, over the processes. The gradients are those held at
+               the peak: the backward's start holds the head's and one layer's beside every layer's
+               checkpoint, its end every gradient beside the first layer's checkpoint; the larger is the peak
+               (the moments exist from the start: torchtrain.optim.allocate_state)
   activations  B T / sp slots, each keeping per layer what the backward reads:
                e (7 h + 4 i + (3 N + 4 K) D) (the norms' inputs and outputs, q/k/v before and after RoPE, the
                attention output, o_proj and the residual; gate, up, act(gate), their product), for every
@@ -39,17 +42,22 @@ if TYPE_CHECKING:
 BASE_PROCESS_BYTES = int(0.45 * 2**30)  # peak RSS of a training process at T -> 0 (tiny.yaml, CPU, fp32)
 
 
-def parameters(spec: ModelSpec) -> int:
-    """P of a Llama-family decoder (embedding, layers, final norm, the head when not tied)."""
+def layer_parameters(spec: ModelSpec) -> int:
+    """The parameters of one decoder layer (attention, MLP, its two norms)."""
     h, d = spec.hidden_size, spec.head_dim
     attn = h * (spec.num_heads + 2 * spec.num_kv_heads) * d + spec.num_heads * d * h
     if spec.qkv_bias:
         attn += (spec.num_heads + 2 * spec.num_kv_heads) * d
     if spec.qk_norm:
         attn += 2 * d  # Qwen3's q and k RMSNorm weights
-    layer = attn + 3 * h * spec.intermediate_size + 2 * h
+    return attn + 3 * h * spec.intermediate_size + 2 * h
+
+
+def parameters(spec: ModelSpec) -> int:
+    """P of a Llama-family decoder (embedding, layers, final norm, the head when not tied)."""
+    h = spec.hidden_size
     head = 0 if spec.tie_embeddings else spec.vocab_size * h
-    return spec.vocab_size * h + spec.num_layers * layer + h + head
+    return spec.vocab_size * h + spec.num_layers * layer_parameters(spec) + h + head
 
 
 def activation_bytes_per_slot(spec: ModelSpec, elem: int, *, layers: int) -> int:
@@ -101,7 +109,8 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
     share this memory (the local ones on a CPU, 1 on a CUDA device), `world` the processes ZeRO shards over
     (default `procs`: every process on this machine). Its activations by term:
       checkpoints  what the backward keeps of every layer: the layer inputs under activation
-                   checkpointing, else every layer's activations
+                   checkpointing, else every layer's activations; all of them at the backward's start, the
+                   first layer's at its end (whichever end is the peak, with the gradients held there)
       recompute    one layer's activations while its backward runs (recomputed under checkpointing), and
                    the backward's transients of one more layer; a tiled MLP keeps one tile of its
                    intermediate instead of the window's (torchtrain.tiling)
@@ -121,16 +130,15 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
         grads /= shards
     if zero_stage >= 3:
         weights /= shards
-    states = int(P * (weights + grads + moments))
     elem = 2 if bf16 else 4
     slots = micro_batch * -(-seq_len // max(1, sequence_parallel))
     layer = activation_bytes_per_slot(spec, elem, layers=1)
     if tiled_mlp:
         layer -= elem * 4 * spec.intermediate_size
     if activation_checkpointing:
-        checkpoints, recompute = elem * spec.hidden_size * spec.num_layers, 2 * layer
+        kept, recompute = elem * spec.hidden_size, 2 * layer  # per layer: its input
     else:
-        checkpoints, recompute = spec.num_layers * layer, layer
+        kept, recompute = layer, layer
     loss = elem * spec.vocab_size if zero_stage >= 3 else 0
     heads = -(-spec.num_heads // max(1, sequence_parallel))
     dense = engines.dense_attention_bytes(engine, seq_len=seq_len, batch=micro_batch,
@@ -138,9 +146,17 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
                                           heads=heads, dtype=dtype)
     host = 0
     if offload_checkpoints:
-        host, checkpoints = int(checkpoints * slots), 0
-    parts = tuple((name, int(per_slot * slots)) for name, per_slot in
-                  (("checkpoints", checkpoints), ("recompute", recompute), ("loss", loss)))
+        host, kept = int(kept * slots * spec.num_layers), 0
+    # The backward runs from the last layer to the first: the gradients grow from the head's and one layer's
+    # while the checkpoints shrink from every layer's to the first's. Their sum is linear in between, so the
+    # peak is at one end: the backward's start or its end.
+    early = spec.vocab_size * spec.hidden_size + layer_parameters(spec)  # the head's (tied: the embedding's)
+    start = early * grads + kept * slots * spec.num_layers
+    end = P * grads + kept * slots
+    held_grads, held_kept = (early * grads, spec.num_layers) if start >= end else (P * grads, 1)
+    states = int(P * (weights + moments) + held_grads)
+    parts = (("checkpoints", int(kept * slots * held_kept)), ("recompute", int(recompute * slots)),
+             ("loss", int(loss * slots)))
     return StepMemory(base=BASE_PROCESS_BYTES, states=states, activations=sum(b for _, b in parts),
                       dense=int(dense), procs=n, parts=parts, host=host)
 

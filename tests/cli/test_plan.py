@@ -123,7 +123,29 @@ def test_offloaded_checkpoints_leave_the_device_exactly():
               activation_checkpointing=True, tiled_mlp=True)
     kept, offloaded = step_memory(spec, **kw), step_memory(spec, offload_checkpoints=True, **kw)
     assert offloaded.host == dict(kept.parts)["checkpoints"] == 2 * spec.hidden_size * spec.num_layers * 131071
-    assert kept.total - offloaded.total == offloaded.host and dict(offloaded.parts)["checkpoints"] == 0
+    assert dict(offloaded.parts)["checkpoints"] == 0
+    # with no checkpoints on the device its peak is the backward's end, where every gradient is held
+    full = step_memory(spec, **{**kw, "seq_len": 1})
+    assert offloaded.states == full.states
+    assert kept.total - offloaded.total == offloaded.host - (offloaded.states - kept.states)
+
+
+def test_the_peak_is_the_backwards_start_or_its_end():
+    """Short windows peak at the backward's end (every gradient, the first layer's checkpoint), long ones at
+    its start (the head's and the last layer's gradients, every layer's checkpoint); the switch is where the
+    two are equal, and the moments and weights are held throughout."""
+    from torchtrain.memory import layer_parameters, parameters
+
+    spec = load_spec("default")
+    kw = dict(micro_batch=1, dtype=torch.float32, engine="varlen", zero_stage=0, procs=1,
+              activation_checkpointing=True, tiled_mlp=True)
+    P, early, L = parameters(spec), spec.vocab_size * spec.hidden_size + layer_parameters(spec), spec.num_layers
+    per_layer = 4 * spec.hidden_size  # fp32 bytes of one layer's checkpoint per slot
+    switch = 4 * (P - early) / (per_layer * (L - 1))  # slots where start and end hold the same
+    short, long = step_memory(spec, seq_len=int(switch) - 1, **kw), step_memory(spec, seq_len=int(switch) + 2, **kw)
+    assert short.states == P * (4 + 8) + P * 4 and dict(short.parts)["checkpoints"] == per_layer * (int(switch) - 1)
+    assert long.states == P * (4 + 8) + early * 4
+    assert dict(long.parts)["checkpoints"] == per_layer * L * (int(switch) + 2)
 
 
 @pytest.mark.parametrize("overrides, message", [
