@@ -37,8 +37,8 @@ CONFIG = "smollm2_2k"
 
 
 # The GPU plans set beside ALST's published figures (torchtrain.memory.ALST_LLAMA_8B): ALST's recipe as far as
-# the trainer has it: bf16, activation checkpoints offloaded to host memory, the MLP tiled, and on eight GPUs
-# ZeRO-2 (the fused loss needs ZeRO 0-2: ZeRO-3 would hold the logits) with Ulysses over all eight where the
+# the trainer has it: bf16 (DeepSpeed's optimizer: ZeRO-1 on one GPU), activation checkpoints offloaded to host
+# memory, the MLP tiled, and on eight GPUs ZeRO-2 (the fused loss needs ZeRO 0-2: ZeRO-3 would hold the logits) with Ulysses over all eight where the
 # heads split (Llama-3.1-8B's 32 do; SmolLM2's 9 do not, so each of its GPUs trains windows of its own).
 # ALST also offloads the optimizer states to host memory, which the trainer does not: one GPU holds Llama-8B's
 # states in full.
@@ -65,7 +65,7 @@ def gpu_plans() -> list[dict]:
     out = []
     for model, shape, gpus, sp in GPU_CASES:
         overrides = [*GPU_RECIPE, f"parallel.nproc={gpus}", f"parallel.sequence_parallel={sp}",
-                     f"parallel.zero_stage={2 if gpus > 1 else 0}", f"data.global_batch={gpus // sp}"]
+                     f"parallel.zero_stage={2 if gpus > 1 else 1}", f"data.global_batch={gpus // sp}"]
         options = ["--device", GPU_DEVICE, *(["--shape", shape] if shape else [])]
         out.append({"model": model, "gpus": gpus, "device": GPU_DEVICE, "overrides": overrides, "options": options,
                     "plan": the_plan(GPU_START, overrides, *options)})
@@ -114,14 +114,15 @@ def with_plan(result: dict, start: int) -> dict:
             row["predicted_over_measured"] = round(row["predicted_bytes"] / row["peak_rss_bytes"], 3)
     measured = [r for r in result["rows"] if "peak_rss_bytes" in r]
     result.update({
+        "plan_args": ["--config", CONFIG, "--start", str(start), *RUN],
         "plan": {k: v for k, v in plan.items() if k != "rows"},
         "plan_rows": plan["rows"],
         "longest_planned": plan["longest"],
         "refused_next": None if refused is None else {"seq_len": refused["seq_len"],
                                                       "total_bytes": refused["total_bytes"]},
         "gpu_plans": gpu_plans(),
-        "alst": {"source": "Bekman et al., Arctic Long Sequence Training (arXiv:2506.13996): Llama-3.1-8B, bf16, "
-                           "H100 80GB; the longest sequence trained per GPU count, and the Hugging Face baseline's",
+        "alst": {"source": "Bekman et al., Arctic Long Sequence Training (arXiv:2506.13996): Llama-3.1-8B in bf16 "
+                           "on H100 80GB GPUs, the longest sequence trained per GPU count",
                  "llama3.1-8b_longest_by_gpus": {str(k): v for k, v in ALST_LLAMA_8B.items()},
                  "baseline_longest": ALST_BASELINE},
         "summary": {

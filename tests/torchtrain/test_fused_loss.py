@@ -99,6 +99,28 @@ def test_chunks_are_equal_and_cover_the_rows(n, rows, monkeypatch):
     assert not sizes or max(sizes) - min(sizes) <= 1  # 515 by 257 is 172+172+171, never 257+257+1
 
 
+@pytest.mark.parametrize("shift", [-1, 1], ids=["overlap", "gap"])
+def test_a_planted_chunk_overlap_or_gap_is_caught(shift, monkeypatch):
+    """The loss is computed in tiles (chunks) over the sequence; a chunk that starts one row early (that row
+    twice: its weight gradient counted twice) or one row late (a row never computed) fails the rule of
+    test_fp32_matches_unfused."""
+    monkeypatch.setattr(L, "_CHUNK_ELEMENTS", 97 * V)
+    chunks = L._chunks
+
+    def planted(n, v):
+        out = chunks(n, v)
+        s, e = out[1]
+        out[1] = (s + shift, e)
+        return out
+
+    monkeypatch.setattr(L, "_chunks", planted)
+    got, want = _run(True, *_inputs(torch.float32, False)), _run(False, *_inputs(torch.float32, False))
+    errs = [max_rel(a, b) for a, b in zip(got[:3], want[:3])]
+    print(f"planted {'overlap' if shift < 0 else 'gap'}: loss {errs[0]:.2e}, grad hidden {errs[1]:.2e}, "
+          f"grad weight {errs[2]:.2e}")
+    assert errs[2] > GRAD_TOL  # the weight gradient sums every row's contribution once
+
+
 def test_rows_do_not_depend_on_their_chunk(monkeypatch):
     """A row's loss and hidden gradient are its own (rows never mix, chunks are never small): chunkings
     of at most 20, 97 and 257 rows give the one-chunk results, bitwise where the BLAS multiplies
