@@ -39,7 +39,7 @@ from torchtrain import engines
 from torchtrain.config import RESUMABLE_CHANGES, TrainConfig, check_world, from_flat, is_flat, validate
 from torchtrain.distributed import launched_externally
 from torchtrain.engines import check_engine, resolve_engine
-from torchtrain.memory import step_memory, step_of
+from torchtrain.memory import largest_term, step_memory, step_of
 from torchtrain.optim import deepspeed_config
 from torchtrain.sequence_parallel import check_sequence_parallel
 
@@ -211,8 +211,13 @@ def check_step_memory(cfg: TrainConfig, spec: ModelSpec, seq_len: int, engine: s
     elif need.activations >= need.states:
         key = f"data.seq_len={seq_len} (data.micro_batch={cfg.data.micro_batch})"
         keys = ("data.seq_len",)
-        hint = ("a shorter data.seq_len, model.activation_checkpointing: true, model.tiled_mlp: true, or "
-                "parallel.sequence_parallel over more processes (anchor plan shows each term)")
+        levers = ["a shorter data.seq_len"]
+        levers += [f"{k}: true" for k, on in (("model.activation_checkpointing", cfg.model.activation_checkpointing),
+                                                ("model.tiled_mlp", cfg.model.tiled_mlp)) if not on]
+        levers.append("parallel.sequence_parallel over more processes")
+        name, _ = largest_term(need)
+        hint = (f"{name} the largest term; " + ", ".join(levers[:-1]) + f" or {levers[-1]}"
+                + " (anchor plan shows each term)")
     else:
         key, hint = ("the model's weights and optimizer",
                      "a higher parallel.zero_stage over more processes, or a smaller model")

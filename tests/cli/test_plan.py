@@ -14,7 +14,7 @@ from anchor_core.weights import load_spec
 from tests.cli.helpers import assert_usage_error, run_cli
 from torchtrain import engines, run_folder
 from torchtrain.config import load_train_config
-from torchtrain.memory import GPUS, SHAPES, step_memory
+from torchtrain.memory import GPUS, SHAPES, largest_term, step_memory
 
 GiB = 2**30
 
@@ -63,8 +63,11 @@ def test_the_plan_and_anchor_trains_refusal_agree(monkeypatch):
         if need.total <= budget:
             run_folder.check_step_memory(cfg, spec, T, "varlen", torch.float32)
         else:
-            with pytest.raises(InputError, match="needs about"):
+            with pytest.raises(InputError, match="needs about") as refused:
                 run_folder.check_step_memory(cfg, spec, T, "varlen", torch.float32)
+            line = str(refused.value)
+            assert "\n" not in line and f"{largest_term(need)[0]} the largest term" in line
+            assert "tiled_mlp: true" not in line and "activation_checkpointing: true" not in line  # already on
 
 
 def test_a_tiled_mlp_saves_its_intermediate_exactly():
