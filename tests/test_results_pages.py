@@ -79,3 +79,26 @@ def test_a_new_record_is_listed_on_the_index(copy_of_the_records: Path):
     assert results_pages.stale(root) == ["docs/results/index.md"]
     index = results_pages.render_all(root)["docs/results/index.md"]
     assert "| <code>results/<wbr>speed/<wbr>new_cpu.json</code> | a new measurement | Test CPU, 3 cores | " + day + " | `0123456789ab` |" in index
+
+
+def test_the_longest_window_page_is_checked_against_its_rows(copy_of_the_records: Path):
+    """The memory page's longest-window table recomputes each ratio from the predicted and measured bytes: a
+    measured peak changed under a stored ratio stops the render naming the row, and the stored summary is
+    held to the rows."""
+    root = copy_of_the_records
+    path = root / results_pages.LONGEST_WINDOW
+
+    def bigger_peak(data):
+        data["rows"][0]["peak_rss_bytes"] += 2**30
+
+    _edit(path, bigger_peak)
+    with pytest.raises(results_pages.Refused, match=r"longest_window_cpu\.json: rows\[0\]\.predicted_over_measured"):
+        results_pages.render_all(root)
+
+    def consistent_but_wrong_summary(data):
+        data["rows"][0]["peak_rss_bytes"] -= 2**30  # the row as measured again
+        data["summary"]["longest_trained"] = 1
+
+    _edit(path, consistent_but_wrong_summary)
+    with pytest.raises(results_pages.Refused, match=r"summary\.longest_trained"):
+        results_pages.render_all(root)

@@ -58,6 +58,7 @@ ORACLE_FORWARD = "results/speed/oracle_forward_cpu.json"
 MEMORY = "results/memory/memory_cpu.json"
 MEMORY_ESTIMATES = "results/memory/memory_estimates_cpu.json"
 STEP_MEMORY = "results/memory/step_memory_cpu.json"
+LONGEST_WINDOW = "results/memory/longest_window_cpu.json"
 ORACLE_GRAD_MEMORY = "results/memory/oracle_grad_memory_cpu.json"
 GPU_PARITY = ("results/gpu/parity/parity_T1025_h200.json", "results/gpu/parity/parity_T1025_h100.json",
               "results/gpu/parity/smoke_T97_h100.json")
@@ -615,9 +616,85 @@ def memory_page(records: Records) -> str:
                          num(b["output"]), num(total)])
         return table(["T", "policy", "temporaries, GiB", "arguments, GiB", "outputs, GiB", "total, GiB"], rows)
 
+    def longest(rel, rec):
+        rows, ratios = [], []
+        for i, r in enumerate(need(rel, rec, "rows")):
+            terms = r.get("predicted_terms_bytes") or refuse(rel, f"rows[{i}].predicted_terms_bytes", "missing")
+            agree(rel, f"rows[{i}].predicted_bytes", r.get("predicted_bytes"), sum(terms.values()))
+            cells = [num(r["seq_len"]), num(r.get("rope_theta")) if r.get("rope_theta") else "the model's",
+                     " + ".join(num(terms[k] / GIB) for k in ("process", "states", "checkpoints", "recompute")),
+                     num(r["predicted_bytes"] / GIB)]
+            if "peak_rss_bytes" not in r:
+                rows.append(cells + [f"failed: {r.get('failed', 'not measured')}", "—", "—", "—"])
+                continue
+            ratio = r["predicted_bytes"] / r["peak_rss_bytes"]
+            agree(rel, f"rows[{i}].predicted_over_measured", r.get("predicted_over_measured"), ratio, abs_tol=6e-4)
+            agree(rel, f"rows[{i}].loss_finite", r.get("loss_finite"), math.isfinite(r["loss"]))
+            ratios.append((r["seq_len"], ratio, math.isfinite(r["loss"])))
+            rows.append(cells + [num(r["peak_rss_bytes"] / GIB), num(ratio), num(r["loss"], 4), num(r.get("seconds"))])
+        summary = rec.get("summary") or {}
+        agree(rel, "summary.lengths_measured", summary.get("lengths_measured"), len(ratios))
+        agree(rel, "summary.worst_predicted_over_measured", summary.get("worst_predicted_over_measured"),
+              max((abs(x - 1) for _, x, _ in ratios), default=None), abs_tol=6e-4)
+        agree(rel, "summary.longest_trained", summary.get("longest_trained"),
+              max((t for t, _, ok in ratios if ok), default=None))
+        plan = need(rel, rec, "plan")
+        out = [f"`anchor plan {' '.join(rec.get('plan_args', []))}` predicts one step's peak term by term "
+               f"(`torchtrain.memory.step_memory`, which `anchor train` refuses a run by); each length ran as "
+               f"`{rec.get('command')}` in a fresh process, its peak RSS read by `/usr/bin/time -v`.", "",
+               *table(["T", "RoPE base", "predicted: process + states + checkpoints + recompute, GiB",
+                       "predicted, GiB", "measured peak, GiB", "predicted ÷ measured", "loss", "seconds"], rows), ""]
+        if ratios:
+            out.append(f"Every prediction within {num(100 * max(abs(x - 1) for _, x, _ in ratios), 2)}% of the "
+                       f"measured peak over {len(ratios)} lengths; the longest trained with a finite loss: "
+                       f"{num(max((t for t, _, ok in ratios if ok), default=None))}.")
+        budget = need(rel, plan, "budget_bytes")
+        longest_row = next((r for r in rec.get("plan_rows", []) if r["seq_len"] == rec.get("longest_planned")), None)
+        agree(rel, "longest_planned", rec.get("longest_planned"),
+              max((r["seq_len"] for r in rec.get("plan_rows", []) if r["fits"]), default=None))
+        stop = next((r for r in rec.get("plan_rows", []) if not r["fits"]), None)
+        if longest_row:
+            out.append(f"The plan's longest window on this machine ({num(budget / GIB)} GiB available when it ran): "
+                       f"{num(longest_row['seq_len'])}, {num(longest_row['total_bytes'] / GIB)} GiB.")
+        if stop:
+            name, size = max(stop["terms_bytes"].items(), key=lambda kv: kv[1])
+            out.append(f"It refuses the next doubling, {num(stop['seq_len'])}: {num(stop['total_bytes'] / GIB)} GiB, "
+                       f"{name} the largest term ({num(size / GIB)} GiB).")
+        out.append("")
+        alst = need(rel, rec, "alst")
+        published = {int(k): v for k, v in alst["llama3.1-8b_longest_by_gpus"].items()}
+        gpu_rows = []
+        for g in rec.get("gpu_plans", []):
+            gp = g["plan"]
+            fits = [r for r in gp["rows"] if r["fits"]]
+            agree(rel, f"gpu_plans[{g['model']}, {g['gpus']}].longest", gp.get("longest"),
+                  fits[-1]["seq_len"] if fits else None)
+            stop = next((r for r in gp["rows"] if not r["fits"]), None)
+            why = "—"
+            if stop:
+                name, size = max(stop["terms_bytes"].items(), key=lambda kv: kv[1])
+                why = f"{num(stop['seq_len'])}: {num(stop['total_bytes'] / GIB)} GiB, {name} {num(size / GIB)} GiB"
+            recipe = (f"{gp['dtype']}, ZeRO-{gp['zero_stage']}, sequence parallel {gp['sequence_parallel']}, "
+                      f"checkpoints {'offloaded' if gp.get('offload_checkpoints') else 'on the GPU'}, "
+                      f"tiled MLP {'on' if gp.get('tiled_mlp') else 'off'}")
+            alst_cell = num(published.get(g["gpus"])) if g["model"].startswith("Llama-3.1-8B") else "—"
+            gpu_rows.append([g["model"], num(g["gpus"]), recipe, num(gp.get("longest")) if gp.get("longest")
+                             else "none fits", why, alst_cell])
+        out += [f"The plan for {rec.get('gpu_plans', [{}])[0].get('device', 'GPU').upper()}s (80 GB each; "
+                f"nothing ran on a GPU), beside ALST's published figures ({alst['source']}; its Hugging Face "
+                f"baseline: {num(alst['baseline_longest'])}). SmolLM2's 9 heads do not split over 8 GPUs, so each of "
+                "its GPUs trains windows of its own. ALST also offloads the optimizer states to host memory, which "
+                "this trainer does not: one GPU holds Llama-3.1-8B's states in full.", "",
+                *table(["model", "GPUs", "recipe", "plan's longest window", "the next doubling: need, largest term",
+                        "ALST, published"], gpu_rows), ""]
+        return out
+
     out = ["# Memory", "", GENERATED, "",
            "Peaks are measured per process (VmHWM), one run per case; every size option is checked against an "
            "estimate before any work starts, and these tables hold the estimates against the peaks.", ""]
+    out += section(records, LONGEST_WINDOW, "The longest window this machine trains, planned and measured",
+                   "SmolLM2-135M, variant anchor, fp32, activation checkpointing and the tiled MLP, one optimizer step "
+                   "per length.", longest)
     out += section(records, MEMORY, "One training step per engine", "The default engine grows linearly in T; "
                    "sdpa and eager hold a dense T × T mask.", per_engine)
     out += section(records, MEMORY_ESTIMATES, "The estimates that refuse a run, against measured peaks",
@@ -1028,7 +1105,8 @@ def write_all(root: Path = ROOT) -> list[str]:
 def cited() -> list[str]:
     """Every record a page or README's table reads."""
     return [AUDIT, BENCH_CPU, BENCH_H100, BENCH_H100_FLEX, TRAIN_GPU, TRAIN_OVERHEAD, *AUDIT_SPEED, DATA,
-            ORACLE_FORWARD, MEMORY, MEMORY_ESTIMATES, STEP_MEMORY, ORACLE_GRAD_MEMORY, *GPU_PARITY, DEMO,
+            ORACLE_FORWARD, MEMORY, MEMORY_ESTIMATES, STEP_MEMORY, LONGEST_WINDOW, ORACLE_GRAD_MEMORY, *GPU_PARITY,
+            DEMO,
             PAPER_SMALL, *HF_STACK]
 
 
