@@ -97,14 +97,19 @@ def train_step(T: int, data: Path, run: Path) -> dict:
     return {**row, "loss": loss, "loss_finite": math.isfinite(loss)}
 
 
-def with_plan(result: dict, start: int) -> dict:
-    """`result` with the plan's side: this machine's plan from `start`, each measured row's prediction and
+def with_plan(result: dict, start: int, memory_gib: float | None = None) -> dict:
+    """`result` with the plan's side: this machine's plan from `start` for `memory_gib` (default: the memory
+    available when the measurements started, `mem_available_bytes_at_start`), each measured row's prediction and
     ratio, the GPU plans beside ALST's figures, the summary. The plan is arithmetic on the sizes
     (torchtrain.memory), so `--replan` can set the current one beside measurements already taken."""
     from anchor_core.machine import machine
     from torchtrain.memory import ALST_BASELINE, ALST_LLAMA_8B
 
-    plan = the_plan(start, RUN)
+    result["plan_memory_from"] = "--memory-gib" if memory_gib is not None else "mem_available_bytes_at_start"
+    if memory_gib is None:
+        memory_gib = round(result["mem_available_bytes_at_start"] / GiB, 2)
+    result["plan_memory_gib"] = memory_gib
+    plan = the_plan(start, RUN, "--memory", f"{memory_gib:g}")
     predicted = {r["seq_len"]: r for r in plan["rows"]}
     refused = next((r for r in plan["rows"] if not r["fits"]), None)
     for row in result["rows"]:
@@ -114,7 +119,7 @@ def with_plan(result: dict, start: int) -> dict:
             row["predicted_over_measured"] = round(row["predicted_bytes"] / row["peak_rss_bytes"], 3)
     measured = [r for r in result["rows"] if "peak_rss_bytes" in r]
     result.update({
-        "plan_args": ["--config", CONFIG, "--start", str(start), *RUN],
+        "plan_args": ["--config", CONFIG, "--start", str(start), "--memory", f"{memory_gib:g}", *RUN],
         "plan": {k: v for k, v in plan.items() if k != "rows"},
         "plan_rows": plan["rows"],
         "longest_planned": plan["longest"],
@@ -150,11 +155,17 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "results" / "memory"))
     ap.add_argument("--replan", metavar="RECORD", default=None,
                     help="Measure nothing: set the current plan beside RECORD's measurements, written to --out.")
+    ap.add_argument("--complete", action="store_true",
+                    help="With --replan: RECORD's lengths are all there are (rows merged from runs of other lengths).")
+    ap.add_argument("--memory-gib", type=float, default=None,
+                    help="Plan this machine for this much memory (default: what was available when measuring began).")
     args = ap.parse_args()
     path = Path(args.out) / "longest_window_cpu.json"
     if args.replan:
         result = json.loads(Path(args.replan).read_text())
-        write(with_plan(result, args.start), path)
+        if args.complete:
+            result.pop("unfinished", None)
+        write(with_plan(result, args.start, args.memory_gib), path)
         print(json.dumps(result["summary"], indent=1))
         print(f"wrote {path}")
         return
@@ -162,9 +173,11 @@ def main() -> None:
 
     from anchor_core.data.corpus import CORPUS_FILE, write_default_corpus
     from anchor_core.machine import machine
+    from torchtrain.engines import available_memory
 
     lens = ([int(x) for x in args.lens.split(",")] if args.lens else
-            [r["seq_len"] for r in the_plan(args.start, RUN)["rows"] if r["fits"]])
+            [r["seq_len"] for r in the_plan(args.start, RUN, *(["--memory", f"{args.memory_gib:g}"]
+                                                                if args.memory_gib else []))["rows"] if r["fits"]])
     result = {
         "benchmark": "one `anchor train` step per window length: peak RSS against the plan (anchor plan)",
         "command": f"anchor train --config {CONFIG} --out RUN data.path=PACK data.seq_len=T " + " ".join(RUN),
@@ -172,6 +185,7 @@ def main() -> None:
         "method": "fresh process per length under /usr/bin/time -v (Maximum resident set size); the default corpus "
                   "packed beforehand in another process",
         "rows": [],
+        "mem_available_bytes_at_start": available_memory("cpu"),
     }
     with tempfile.TemporaryDirectory(prefix="bench-longest-") as tmp:
         tmp = Path(tmp)
@@ -183,7 +197,7 @@ def main() -> None:
             subprocess.run(["rm", "-rf", str(tmp / f"run-{T}"), str(data)], check=False)
             write({**result, "machine": machine(), "unfinished": True}, path)  # a killed run keeps its lengths
     result["machine"] = machine()
-    write(with_plan(result, args.start), path)
+    write(with_plan(result, args.start, args.memory_gib), path)
     print(json.dumps(result["summary"], indent=1))
     print(f"wrote {path}")
 

@@ -644,6 +644,8 @@ def memory_page(records: Records) -> str:
                f"`{rec.get('command')}` in a fresh process, its peak RSS read by `/usr/bin/time -v`.", "",
                *table(["T", "RoPE base", "predicted: process + states + checkpoints + recompute, GiB",
                        "predicted, GiB", "measured peak, GiB", "predicted ÷ measured", "loss", "seconds"], rows), ""]
+        if rec.get("unfinished"):
+            out.append("The run was stopped before its last length: these are the lengths it measured.")
         if ratios:
             out.append(f"Every prediction within {num(100 * max(abs(x - 1) for _, x, _ in ratios), 2)}% of the "
                        f"measured peak over {len(ratios)} lengths; the longest trained with a finite loss: "
@@ -654,8 +656,9 @@ def memory_page(records: Records) -> str:
               max((r["seq_len"] for r in rec.get("plan_rows", []) if r["fits"]), default=None))
         stop = next((r for r in rec.get("plan_rows", []) if not r["fits"]), None)
         if longest_row:
-            out.append(f"The plan's longest window on this machine ({num(budget / GIB)} GiB available when it ran): "
-                       f"{num(longest_row['seq_len'])}, {num(longest_row['total_bytes'] / GIB)} GiB.")
+            out.append(f"The plan's longest window on this machine, for the {num(budget / GIB)} GiB available when "
+                       f"the measurements began: {num(longest_row['seq_len'])}, "
+                       f"{num(longest_row['total_bytes'] / GIB)} GiB.")
         if stop:
             name, size = max(stop["terms_bytes"].items(), key=lambda kv: kv[1])
             out.append(f"It refuses the next doubling, {num(stop['seq_len'])}: {num(stop['total_bytes'] / GIB)} GiB, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -27,6 +28,9 @@ def plan(
                          "the host's), or a GPU by name: a100-40gb, a100-80gb, h100, h200, b200.")] = "here",
     shape: Annotated[Optional[str], typer.Option(
         "--shape", help="Plan a model of this shape instead of model.name, without its weights: llama3.1-8b.")] = None,
+    memory: Annotated[Optional[float], typer.Option(
+        "--memory", help="Plan for this many GiB per device instead of what --device has (another machine, or "
+                         "this one as it is when nothing else runs).", show_default=False)] = None,
     start: Annotated[int, typer.Option("--start", help="The first window length; each next one doubles it.")] = 8192,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
@@ -54,7 +58,11 @@ def plan(
     check_sequence_parallel(spec, start, cfg.parallel.sequence_parallel)  # every doubling of start then divides too
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     on_gpu = device != "here" or torch.cuda.is_available()
-    if device == "here":
+    if memory is not None and not (math.isfinite(memory) and memory > 0):
+        raise InputError(f"--memory: {memory} is not a positive number of GiB")
+    if memory is not None:
+        budget, device_name = int(memory * 2**30), f"{memory:g} GiB given (--memory)"
+    elif device == "here":
         where = "cuda" if torch.cuda.is_available() else "cpu"
         budget = engines.available_memory(where)
         if budget is None:

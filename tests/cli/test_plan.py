@@ -94,6 +94,8 @@ def test_a_shape_plans_without_weights(capsys):
     (["--shape", "gpt5"], "--shape: unknown shape 'gpt5'"),
     (["--start", "0"], "--start"),
     (["model.tiled_mlpp=true"], "tiled_mlpp"),
+    (["--memory", "0"], "--memory: 0.0 is not a positive number of GiB"),
+    (["--memory", "nan"], "--memory: nan is not a positive number of GiB"),
     # tiny's random:llama has 6 heads: Ulysses cannot split them 8 ways, nor a window of 4097 3 ways
     (["parallel.nproc=8", "parallel.sequence_parallel=8"], "sequence_parallel 8 does not divide the model's 6 "
                                                             "attention heads"),
@@ -163,3 +165,11 @@ def test_offloading_is_refused_where_it_cannot_serve(overrides, message, tmp_pat
                            capsys)
     assert_usage_error(code, err, "train", message)
     assert not (tmp_path / "run").exists()
+
+
+def test_memory_given_replaces_the_devices(capsys):
+    """--memory plans for that many GiB whatever the device: the longest window is the last whose total fits."""
+    plan = _plan(capsys, "--config", "smollm2_2k", "--memory", "7.5", "model.activation_checkpointing=true")
+    assert plan["budget_bytes"] == int(7.5 * GiB)
+    fits = [r for r in plan["rows"] if r["total_bytes"] <= int(7.5 * GiB)]
+    assert plan["longest"] == fits[-1]["seq_len"] and not plan["rows"][-1]["fits"]
