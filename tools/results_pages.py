@@ -622,7 +622,7 @@ def memory_page(records: Records) -> str:
             terms = r.get("predicted_terms_bytes") or refuse(rel, f"rows[{i}].predicted_terms_bytes", "missing")
             agree(rel, f"rows[{i}].predicted_bytes", r.get("predicted_bytes"), sum(terms.values()))
             cells = [num(r["seq_len"]), num(r.get("rope_theta")) if r.get("rope_theta") else "the model's",
-                     " + ".join(num(terms[k] / GIB) for k in ("process", "states", "checkpoints", "recompute")),
+                     " + ".join(num(terms[k] / GIB) for k in ("process", "states", "checkpoints", "recompute", "loss")),
                      num(r["predicted_bytes"] / GIB)]
             if "peak_rss_bytes" not in r:
                 rows.append(cells + [f"failed: {r.get('failed', 'not measured')}", "—", "—", "—"])
@@ -642,7 +642,7 @@ def memory_page(records: Records) -> str:
         out = [f"`anchor plan {' '.join(rec.get('plan_args', []))}` predicts one step's peak term by term "
                f"(`torchtrain.memory.step_memory`, which `anchor train` refuses a run by); each length ran as "
                f"`{rec.get('command')}` in a fresh process, its peak RSS read by `/usr/bin/time -v`.", "",
-               *table(["T", "RoPE base", "predicted: process + states + checkpoints + recompute, GiB",
+               *table(["T", "RoPE base", "predicted: process + states + checkpoints + recompute + loss, GiB",
                        "predicted, GiB", "measured peak, GiB", "predicted ÷ measured", "loss", "seconds"], rows), ""]
         if rec.get("unfinished"):
             out.append("The run was stopped before its last length: these are the lengths it measured.")

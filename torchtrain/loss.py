@@ -96,6 +96,14 @@ def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor, loss_mask: torch
 # The lm-head fused with the cross-entropy: logits [N, V] are never materialised.
 
 
+def chunk_working_bytes(rows: int, vocab: int, logit_bytes: int, *, cpu: bool = True) -> int:
+    """The most the fused loss's backward over `rows` rows holds at once for one chunk (`linear_cross_entropy`):
+    the chunk's logits (`logit_bytes` per value), their copy in the accumulation dtype and the difference from
+    the log-sum-exp, while the softmax replaces it (float64 on the CPU, float32 elsewhere)."""
+    acc = 8 if cpu else 4
+    return min(rows, _rows_per_chunk(vocab)) * vocab * (logit_bytes + 2 * acc)
+
+
 def _rows_per_chunk(V: int) -> int:
     """Rows of a chunk at most: a chunk's logits hold about `_CHUNK_ELEMENTS` values, whatever the vocabulary."""
     return max(1, _CHUNK_ELEMENTS // max(V, 1))

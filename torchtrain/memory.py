@@ -19,11 +19,14 @@ The parts, per process:
                e (7 h + 4 i + (3 N + 4 K) D) (the norms' inputs and outputs, q/k/v before and after RoPE, the
                attention output, o_proj and the residual; gate, up, act(gate), their product), for every
                layer (for one, plus the layer inputs, under activation checkpointing), one more layer for
-               the backward's transients, and at ZeRO-3 (the loss is not fused there) the logits' V e
+               the backward's transients without checkpointing; at ZeRO-3 (the loss is not fused there) the
+               logits' V e, else the fused loss's one chunk where it outweighs the layer
   dense        the engine's T x T tensors (`torchtrain.engines.dense_attention_bytes`; 0 for the linear ones)
 
 Checked against measured peaks (peak RSS of a fresh `anchor train` process) in
-`benchmarks/bench_memory.py` (`results/memory/memory_cpu.json`: estimate / peak per row).
+`benchmarks/bench_memory.py` (`results/memory/memory_cpu.json`: estimate / peak per row) and, for SmolLM2-135M
+from 8K to the longest window this machine trains, `benchmarks/bench_longest_window.py`
+(`results/memory/longest_window_cpu.json`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import torch
 
 from anchor_core.spec import ModelSpec
 from torchtrain import engines
+from torchtrain.loss import chunk_working_bytes
 
 if TYPE_CHECKING:
     from torchtrain.config import TrainConfig
@@ -111,11 +115,12 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
       checkpoints  what the backward keeps of every layer: the layer inputs under activation
                    checkpointing, else every layer's activations; all of them at the backward's start, the
                    first layer's at its end (whichever end is the peak, with the gradients held there)
-      recompute    one layer's activations while its backward runs (recomputed under checkpointing), and
-                   the backward's transients of one more layer; a tiled MLP keeps one tile of its
-                   intermediate instead of the window's (torchtrain.tiling)
-      loss         the logits at ZeRO-3 (the loss is not fused there), else nothing per slot (the fused
-                   loss holds one chunk of rows)
+      recompute    one layer's activations while its backward runs (recomputed under checkpointing: its
+                   backward frees them as it goes); a tiled MLP keeps one tile of its intermediate
+                   instead of the window's (torchtrain.tiling)
+      loss         the logits at ZeRO-3 (the loss is not fused there); else the fused loss's one chunk
+                   (`torchtrain.loss.chunk_working_bytes`), which its backward holds at the backward's
+                   start before the last layer is recomputed: the larger of the two is the peak's
     `offload_checkpoints` (CUDA) moves the checkpoints to host memory: `host`, not on the device."""
     P = parameters(spec)
     n = max(1, procs)
@@ -135,11 +140,7 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
     layer = activation_bytes_per_slot(spec, elem, layers=1)
     if tiled_mlp:
         layer -= elem * 4 * spec.intermediate_size
-    if activation_checkpointing:
-        kept, recompute = elem * spec.hidden_size, 2 * layer  # per layer: its input
-    else:
-        kept, recompute = layer, layer
-    loss = elem * spec.vocab_size if zero_stage >= 3 else 0
+    kept = elem * spec.hidden_size if activation_checkpointing else layer  # per layer: its input, or everything
     heads = -(-spec.num_heads // max(1, sequence_parallel))
     dense = engines.dense_attention_bytes(engine, seq_len=seq_len, batch=micro_batch,
                                           layers=1 if activation_checkpointing else spec.num_layers,
@@ -150,13 +151,25 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
     # The backward runs from the last layer to the first: the gradients grow from the head's and one layer's
     # while the checkpoints shrink from every layer's to the first's. Their sum is linear in between, so the
     # peak is at one end: the backward's start or its end.
+    # At the start the loss's backward runs first, then the last layer's: the fused loss's chunk and the
+    # recomputed layer do not coexist; the unfused logits (ZeRO-3) are held beside the layer.
     early = spec.vocab_size * spec.hidden_size + layer_parameters(spec)  # the head's (tied: the embedding's)
-    start = early * grads + kept * slots * spec.num_layers
-    end = P * grads + kept * slots
-    held_grads, held_kept = (early * grads, spec.num_layers) if start >= end else (P * grads, 1)
+    recompute = layer * slots
+    if zero_stage >= 3:
+        loss = elem * spec.vocab_size * slots
+        first = recompute + loss
+    else:
+        loss = chunk_working_bytes(slots, spec.vocab_size, elem)
+        first = max(recompute, loss)
+        recompute, loss = (recompute, 0) if recompute >= loss else (0, loss)
+    start = early * grads + kept * slots * spec.num_layers + first
+    end = P * grads + kept * slots + layer * slots
+    if start >= end:
+        held_grads, held_kept = early * grads, spec.num_layers
+    else:
+        held_grads, held_kept, recompute, loss = P * grads, 1, layer * slots, 0
     states = int(P * (weights + moments) + held_grads)
-    parts = (("checkpoints", int(kept * slots * held_kept)), ("recompute", int(recompute * slots)),
-             ("loss", int(loss * slots)))
+    parts = (("checkpoints", int(kept * slots * held_kept)), ("recompute", int(recompute)), ("loss", int(loss)))
     return StepMemory(base=BASE_PROCESS_BYTES, states=states, activations=sum(b for _, b in parts),
                       dense=int(dense), procs=n, parts=parts, host=host)
 

@@ -75,8 +75,8 @@ def test_a_tiled_mlp_saves_its_intermediate_exactly():
     kw = dict(seq_len=65537, micro_batch=1, dtype=torch.float32, engine="varlen", zero_stage=0, procs=1,
               activation_checkpointing=True)
     plain, tiled = step_memory(spec, **kw), step_memory(spec, tiled_mlp=True, **kw)
-    # one layer's recomputation and the backward's transients of one more: 2 layers x 4 i values per slot
-    assert plain.total - tiled.total == 2 * 4 * 4 * spec.intermediate_size * 65537
+    # one layer's recomputation: its 4 i values per slot
+    assert plain.total - tiled.total == 4 * 4 * spec.intermediate_size * 65537
     assert dict(plain.parts)["checkpoints"] == dict(tiled.parts)["checkpoints"]
 
 
@@ -136,21 +136,30 @@ def test_offloaded_checkpoints_leave_the_device_exactly():
 
 
 def test_the_peak_is_the_backwards_start_or_its_end():
-    """Short windows peak at the backward's end (every gradient, the first layer's checkpoint), long ones at
-    its start (the head's and the last layer's gradients, every layer's checkpoint); the switch is where the
-    two are equal, and the moments and weights are held throughout."""
-    from torchtrain.memory import layer_parameters, parameters
+    """The estimate is the larger of the backward's two ends, each held term by term: at its start every layer's
+    checkpoint, the head's and one layer's gradients, and the larger of the fused loss's chunk and the last
+    layer's recomputation; at its end every gradient, the first layer's checkpoint and its recomputation.
+    Short windows peak at the end, long ones at the start."""
+    from torchtrain.loss import chunk_working_bytes
+    from torchtrain.memory import activation_bytes_per_slot, layer_parameters, parameters
 
     spec = load_spec("default")
     kw = dict(micro_batch=1, dtype=torch.float32, engine="varlen", zero_stage=0, procs=1,
               activation_checkpointing=True, tiled_mlp=True)
     P, early, L = parameters(spec), spec.vocab_size * spec.hidden_size + layer_parameters(spec), spec.num_layers
-    per_layer = 4 * spec.hidden_size  # fp32 bytes of one layer's checkpoint per slot
-    switch = 4 * (P - early) / (per_layer * (L - 1))  # slots where start and end hold the same
-    short, long = step_memory(spec, seq_len=int(switch) - 1, **kw), step_memory(spec, seq_len=int(switch) + 2, **kw)
-    assert short.states == P * (4 + 8) + P * 4 and dict(short.parts)["checkpoints"] == per_layer * (int(switch) - 1)
-    assert long.states == P * (4 + 8) + early * 4
-    assert dict(long.parts)["checkpoints"] == per_layer * L * (int(switch) + 2)
+    kept = 4 * spec.hidden_size  # fp32 bytes of one layer's checkpoint per slot
+    layer = activation_bytes_per_slot(spec, 4, layers=1) - 4 * 4 * spec.intermediate_size  # the tiled MLP's
+    ends = []
+    for T in (97, 1025, 4097, 8193, 65537, 131071):
+        need = step_memory(spec, seq_len=T, **kw)
+        start = early * 4 + kept * L * T + max(layer * T, chunk_working_bytes(T, spec.vocab_size, 4))
+        end = P * 4 + kept * T + layer * T
+        assert need.total == need.base + P * (4 + 8) + max(start, end)
+        held = dict(need.parts)
+        ends.append("start" if start >= end else "end")
+        assert held["checkpoints"] == kept * T * (L if start >= end else 1)
+        assert need.states == P * (4 + 8) + (early if start >= end else P) * 4
+    assert ends[0] == "end" and ends[-1] == "start"
 
 
 @pytest.mark.parametrize("overrides, message", [
