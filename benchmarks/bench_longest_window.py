@@ -155,6 +155,12 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "results" / "memory"))
     ap.add_argument("--replan", metavar="RECORD", default=None,
                     help="Measure nothing: set the current plan beside RECORD's measurements, written to --out.")
+    ap.add_argument("--max-doc-chars", type=int, default=None,
+                    help="Pack only the default corpus's documents of at most this many characters: the step's "
+                         "memory does not depend on document lengths (the varlen engine), its time grows with "
+                         "their squares (the corpus holds a document of about 190K tokens).")
+    ap.add_argument("--rows-from", metavar="RECORD", default=None,
+                    help="Begin the record with RECORD's measured rows (lengths measured by an earlier run).")
     ap.add_argument("--complete", action="store_true",
                     help="With --replan: RECORD's lengths are all there are (rows merged from runs of other lengths).")
     ap.add_argument("--memory-gib", type=float, default=None,
@@ -187,13 +193,26 @@ def main() -> None:
         "rows": [],
         "mem_available_bytes_at_start": available_memory("cpu"),
     }
+    if args.rows_from:
+        earlier = json.loads(Path(args.rows_from).read_text())
+        result["rows"] = [{k: v for k, v in r.items() if not k.startswith("predicted")} for r in earlier["rows"]
+                          if "peak_rss_bytes" in r]
+        result["earlier_machine"] = earlier["machine"]
     with tempfile.TemporaryDirectory(prefix="bench-longest-") as tmp:
         tmp = Path(tmp)
         write_default_corpus(tmp / "corpus", progress=False)
         corpus = tmp / "corpus" / CORPUS_FILE
+        windows = "the default corpus"
+        if args.max_doc_chars:
+            short = tmp / "short.jsonl"
+            with open(corpus, encoding="utf-8") as src, open(short, "w", encoding="utf-8") as dst:
+                dst.writelines(line for line in src if len(json.loads(line)["text"]) <= args.max_doc_chars)
+            corpus, windows = short, f"the default corpus's documents of at most {args.max_doc_chars} characters"
         for T in lens:
             data = pack(corpus, T, tmp / f"pack-{T}", model="default", budget=max(200000, 2 * T))
-            result["rows"].append({"seq_len": T, **train_step(T, data, tmp / f"run-{T}")})
+            result["rows"].append({"seq_len": T, "windows": windows, "commit": machine()["commit"],
+                                   **train_step(T, data, tmp / f"run-{T}")})
+            result["rows"].sort(key=lambda r: (r["seq_len"], r.get("windows", "")))
             subprocess.run(["rm", "-rf", str(tmp / f"run-{T}"), str(data)], check=False)
             write({**result, "machine": machine(), "unfinished": True}, path)  # a killed run keeps its lengths
     result["machine"] = machine()
