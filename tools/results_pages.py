@@ -621,7 +621,8 @@ def memory_page(records: Records) -> str:
         for i, r in enumerate(need(rel, rec, "rows")):
             terms = r.get("predicted_terms_bytes") or refuse(rel, f"rows[{i}].predicted_terms_bytes", "missing")
             agree(rel, f"rows[{i}].predicted_bytes", r.get("predicted_bytes"), sum(terms.values()))
-            cells = [num(r["seq_len"]), num(r.get("rope_theta")) if r.get("rope_theta") else "the model's",
+            cells = [num(r["seq_len"]), r.get("windows", "—"),
+                     num(r.get("rope_theta")) if r.get("rope_theta") else "the model's",
                      " + ".join(num(terms[k] / GIB) for k in ("process", "states", "checkpoints", "recompute", "loss")),
                      num(r["predicted_bytes"] / GIB)]
             if "peak_rss_bytes" not in r:
@@ -642,8 +643,12 @@ def memory_page(records: Records) -> str:
         out = [f"`anchor plan {' '.join(rec.get('plan_args', []))}` predicts one step's peak term by term "
                f"(`torchtrain.memory.step_memory`, which `anchor train` refuses a run by); each length ran as "
                f"`{rec.get('command')}` in a fresh process, its peak RSS read by `/usr/bin/time -v`.", "",
-               *table(["T", "RoPE base", "predicted: process + states + checkpoints + recompute + loss, GiB",
-                       "predicted, GiB", "measured peak, GiB", "predicted ÷ measured", "loss", "seconds"], rows), ""]
+               *table(["T", "windows of", "RoPE base", "predicted: process + states + checkpoints + recompute + loss, GiB",
+                       "predicted, GiB", "measured peak, GiB", "predicted ÷ measured", "loss", "seconds (one run)"], rows), ""]
+        if len({r.get("windows") for r in rec["rows"]}) > 1:
+            out.append("The step's memory does not depend on the lengths of the window's documents (the varlen "
+                       "engine keeps per-document offsets), its time grows with their squares: the longer windows "
+                       "were packed from the corpus's shorter documents, as the windows column says.")
         if rec.get("unfinished"):
             out.append("The run was stopped before its last length: these are the lengths it measured.")
         if ratios:
