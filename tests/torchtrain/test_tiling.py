@@ -171,3 +171,28 @@ def test_anchor_train_offloads_checkpoints_on_cuda(tmp_path):
         rows[offload] = [json.loads(line) for line in (tmp_path / f"run-{offload}" / "metrics.jsonl").read_text()
                          .splitlines()]
     assert [(r["loss"], r["grad_norm"]) for r in rows[True]] == [(r["loss"], r["grad_norm"]) for r in rows[False]]
+
+
+def test_checkpoints_are_kept_in_the_compute_dtype():
+    """In bf16 what activation checkpointing keeps of each layer, its input, is bf16 (2 bytes a value: the plan's
+    e = 2), not an fp32 copy, and the checkpointed step is the plain one bit for bit (the recomputed forward is
+    the same arithmetic)."""
+    def step(checkpointing: bool):
+        model = _model(torch.bfloat16)
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        kept = []
+        hooks = [layer.register_forward_pre_hook(lambda m, args, kwargs: kept.append(
+            (kwargs.get("hidden_states", args[0] if args else None)).dtype), with_kwargs=True)
+            for layer in model.model.layers]
+        tokens = torch.randint(0, V, (1, T), generator=torch.Generator().manual_seed(1))
+        loss = model(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        for h in hooks:
+            h.remove()
+        return loss.detach(), {n: p.grad for n, p in model.named_parameters()}, kept
+
+    (loss, grads, kept), (loss0, grads0, _) = step(True), step(False)
+    assert len(kept) >= 2 and set(kept) == {torch.bfloat16}
+    assert torch.equal(loss, loss0) and all(torch.equal(g, grads0[n]) for n, g in grads.items())
