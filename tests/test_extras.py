@@ -11,16 +11,12 @@ The real installs, each in its own venv from the built wheel, are the install te
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 from anchor_core.extras import EXTRAS
-
-# the environment torchtrain.distributed gives an in-process run (a launched rank's variables)
-WORLD_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-              "ANCHOR_SOLO_MASTER_PORT")
+from torchtrain.distributed import environ_for_child
 
 ROOT = Path(__file__).resolve().parent.parent
 ORACLE = [m for m, e in EXTRAS.items() if e == "oracle"]
@@ -29,11 +25,10 @@ NOT_BASE = [m for m, e in EXTRAS.items() if e in ("oracle", "eval", "hf")] + ["d
 
 def run_without(modules: list[str], code: str, cwd: Path) -> subprocess.CompletedProcess:
     head = f"import sys\nfor m in {modules!r}: sys.modules[m] = None\nsys.path.insert(0, {str(ROOT)!r})\n"
-    # not the world of a run this pytest worker trained in-process (torchtrain.distributed sets MASTER_PORT and
-    # RANK in os.environ): a child that inherited them would take itself for a launched rank on a bound port
-    env = {k: v for k, v in os.environ.items() if k not in WORLD_VARS}
+    # not the world of a run this pytest worker trained in-process: a child that inherited it would take itself
+    # for a launched rank on a bound port
     return subprocess.run([sys.executable, "-c", head + code], capture_output=True, text=True, cwd=cwd, timeout=600,
-                          env=env)
+                          env=environ_for_child())
 
 
 def test_base_install_trains_in_the_trainer_example(tmp_path):

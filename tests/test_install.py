@@ -33,12 +33,11 @@ from pathlib import Path
 import pytest
 import tomllib
 
+from torchtrain.distributed import environ_for_child
+
 ROOT = Path(__file__).resolve().parent.parent
 CONSTRAINTS = ROOT / "constraints.txt"
 EXAMPLE = ROOT / "examples" / "hf_trainer" / "hf_trainer_anchor.py"
-# the environment torchtrain.distributed gives an in-process run (a launched rank's variables)
-WORLD_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-              "ANCHOR_SOLO_MASTER_PORT")
 PACKAGES = ("anchor_core", "anchor", "jaxref", "torchtrain", "parity_tests")  # pyproject's packages.find
 REQUIRES = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
 # pip's own cache, kept across runs (the commands below move XDG_CACHE_HOME into the test's folder)
@@ -54,10 +53,9 @@ def oldest(package: str) -> str:
 def run(cmd: list[str], cwd: Path, timeout: int = 1200, env: dict | None = None) -> subprocess.CompletedProcess:
     # no checkout variables: the install finds its configs, model and cache by itself (the user cache folder
     # inside the test's own folder)
-    # nor the world of a run this pytest worker trained in-process (torchtrain.distributed sets MASTER_PORT and RANK
-    # in os.environ): a child that inherited them would take itself for a launched rank on a bound port
-    base = {k: v for k, v in os.environ.items()
-            if k not in ("ANCHOR_CACHE", "PYTHONPATH", "VIRTUAL_ENV", *WORLD_VARS)}
+    # nor the world of a run this pytest worker trained in-process: a child that inherited it would take itself
+    # for a launched rank on a bound port
+    base = {k: v for k, v in environ_for_child().items() if k not in ("ANCHOR_CACHE", "PYTHONPATH", "VIRTUAL_ENV")}
     done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env={**base, "OMP_NUM_THREADS": "1", "XDG_CACHE_HOME": str(cwd / ".xdg-cache"),
                                "TORCH_EXTENSIONS_DIR": str(cwd / ".xdg-cache" / "torch_extensions"), **(env or {})})
