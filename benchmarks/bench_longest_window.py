@@ -38,8 +38,9 @@ CONFIG = "smollm2_2k"
 
 # The GPU plans set beside ALST's published figures (torchtrain.memory.ALST_LLAMA_8B): ALST's recipe as far as
 # the trainer has it: bf16 (DeepSpeed's optimizer: ZeRO-1 on one GPU), activation checkpoints offloaded to host
-# memory, the MLP tiled, and on eight GPUs ZeRO-2 (the fused loss needs ZeRO 0-2: ZeRO-3 would hold the logits) with Ulysses over all eight where the
-# heads split (Llama-3.1-8B's 32 do; SmolLM2's 9 do not, so each of its GPUs trains windows of its own).
+# memory, the MLP tiled, and on eight GPUs ZeRO-2 (the fused loss needs ZeRO 0-2: ZeRO-3 would hold the logits)
+# with Ulysses over all eight where the heads split (Llama-3.1-8B's 32 do; SmolLM2's 9 do not, so each of its
+# GPUs trains windows of its own).
 # ALST also offloads the optimizer states to host memory, which the trainer does not: one GPU holds Llama-8B's
 # states in full.
 GPU_RECIPE = ["model.dtype=bfloat16", "model.activation_checkpointing=true", "model.tiled_mlp=true",

@@ -46,9 +46,10 @@ def mem_available() -> int:
 
 def pack(corpus: Path, T: int, out: Path) -> Path:
     """The corpus packed for random:llama at T (not measured)."""
-    pack_corpus(corpus, T, out, model="random:llama")
+    budget = max(60000, 2 * T)
+    pack_corpus(corpus, T, out, model="random:llama", budget=budget)
     windows = json.loads((out / "pack.json").read_text())["num_windows"]
-    print(f"packed T={T}: {windows} windows from {max(60000, 2 * T)} tokens", flush=True)
+    print(f"packed T={T}: {windows} windows from {budget} tokens", flush=True)
     return out
 
 

@@ -616,6 +616,10 @@ def memory_page(records: Records) -> str:
                          num(b["output"]), num(total)])
         return table(["T", "policy", "temporaries, GiB", "arguments, GiB", "outputs, GiB", "total, GiB"], rows)
 
+    def largest(terms):
+        """The term that weighs most in a plan row's `terms_bytes` (as torchtrain.memory.largest_term)."""
+        return max(terms.items(), key=lambda kv: kv[1])
+
     def longest(rel, rec):
         rows, ratios = [], []
         for i, r in enumerate(need(rel, rec, "rows")):
@@ -665,7 +669,7 @@ def memory_page(records: Records) -> str:
                        f"the measurements began: {num(longest_row['seq_len'])}, "
                        f"{num(longest_row['total_bytes'] / GIB)} GiB.")
         if stop:
-            name, size = max(stop["terms_bytes"].items(), key=lambda kv: kv[1])
+            name, size = largest(stop["terms_bytes"])
             out.append(f"It refuses the next doubling, {num(stop['seq_len'])}: {num(stop['total_bytes'] / GIB)} GiB, "
                        f"{name} the largest term ({num(size / GIB)} GiB).")
         out.append("")
@@ -680,7 +684,7 @@ def memory_page(records: Records) -> str:
             stop = next((r for r in gp["rows"] if not r["fits"]), None)
             why = "—"
             if stop:
-                name, size = max(stop["terms_bytes"].items(), key=lambda kv: kv[1])
+                name, size = largest(stop["terms_bytes"])
                 why = f"{num(stop['seq_len'])}: {num(stop['total_bytes'] / GIB)} GiB, {name} {num(size / GIB)} GiB"
             recipe = (f"{gp['dtype']}, ZeRO-{gp['zero_stage']}, sequence parallel {gp['sequence_parallel']}, "
                       f"checkpoints {'offloaded' if gp.get('offload_checkpoints') else 'on the GPU'}, "

@@ -157,12 +157,10 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
     recompute = layer * slots
     if zero_stage >= 3:
         loss = elem * spec.vocab_size * slots
-        first = recompute + loss
-    else:
+    else:  # the larger of the two, the other not held at the same time
         loss = chunk_working_bytes(slots, spec.vocab_size, elem)
-        first = max(recompute, loss)
         recompute, loss = (recompute, 0) if recompute >= loss else (0, loss)
-    start = early * grads + kept * slots * spec.num_layers + first
+    start = early * grads + kept * slots * spec.num_layers + recompute + loss
     end = P * grads + kept * slots + layer * slots
     if start >= end:
         held_grads, held_kept = early * grads, spec.num_layers

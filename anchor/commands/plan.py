@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -41,7 +40,7 @@ def plan(
     import torch
 
     from anchor_core.errors import InputError
-    from anchor_core.limits import check_int
+    from anchor_core.limits import check_float, check_int
     from anchor_core.weights import load_spec
     from torchtrain import engines
     from torchtrain.config import load_train_config
@@ -58,9 +57,8 @@ def plan(
     check_sequence_parallel(spec, start, cfg.parallel.sequence_parallel)  # every doubling of start then divides too
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     on_gpu = device != "here" or torch.cuda.is_available()
-    if memory is not None and not (math.isfinite(memory) and memory > 0):
-        raise InputError(f"--memory: {memory} is not a positive number of GiB")
     if memory is not None:
+        check_float(memory, "--memory", lo=0.001)
         budget, device_name = int(memory * 2**30), f"{memory:g} GiB given (--memory)"
     elif device == "here":
         where = "cuda" if torch.cuda.is_available() else "cpu"

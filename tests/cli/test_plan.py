@@ -94,8 +94,8 @@ def test_a_shape_plans_without_weights(capsys):
     (["--shape", "gpt5"], "--shape: unknown shape 'gpt5'"),
     (["--start", "0"], "--start"),
     (["model.tiled_mlpp=true"], "tiled_mlpp"),
-    (["--memory", "0"], "--memory: 0.0 is not a positive number of GiB"),
-    (["--memory", "nan"], "--memory: nan is not a positive number of GiB"),
+    (["--memory", "0"], "--memory must be at least 0.001, got 0.0"),
+    (["--memory", "nan"], "--memory must be a finite number, got nan"),
     # tiny's random:llama has 6 heads: Ulysses cannot split them 8 ways, nor a window of 4097 3 ways
     (["parallel.nproc=8", "parallel.sequence_parallel=8"], "sequence_parallel 8 does not divide the model's 6 "
                                                             "attention heads"),
