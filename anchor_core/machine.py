@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -112,11 +113,14 @@ def _version(pkg: str) -> str | None:
 
 @functools.cache
 def commit() -> str | None:
-    """The checkout's commit (12 hex digits, `+dirty` when tracked files differ from it), or None outside a
-    git checkout: a recorded result names the code that produced it (the results pages show it)."""
+    """The checkout's commit (12 hex digits, `+dirty` when tracked files differ from it): a recorded result names
+    the code that produced it (the results pages show it). Outside a git checkout (a copy of the tree on a GPU
+    host, which travels without .git), `ANCHOR_COMMIT` where it holds such a name (tools/gpu_parity.sh's session
+    sets it from the checkout it copied), else None."""
     root = Path(__file__).resolve().parents[1]
     if not (root / ".git").exists():
-        return None
+        given = os.environ.get("ANCHOR_COMMIT", "")
+        return given if re.fullmatch(r"[0-9a-f]{7,40}(\+dirty)?", given) else None
     try:
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
                               text=True, timeout=10, check=True).stdout.strip()

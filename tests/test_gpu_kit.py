@@ -93,11 +93,15 @@ def test_the_kits_calls_are_measured_with_the_tree_and_one_over_a_transfer_is_na
     assert abs(gk.travelling_tree_bytes(root) / 2**20 - 3) < 0.01  # .whl, .devkit ignored: they go as carry
     plan = gk.carry_plan(root, ["w.part-000", "w.part-001"])
     mib = {call.split(":")[0]: c["mib_with_tree"] for call, c in plan["calls"].items()}
-    assert mib == {"1": 60.5, "2 (parity)": 43.0, "2 (paper-gpu)": 49.0}
+    assert mib == {"1": 12.5, "2": 51.0, "3 (parity)": 43.0, "3 (paper-gpu)": 49.0}
     for c in plan["calls"].values():  # every carried path exists (the device tool drops a missing one)
         assert all((root / p).exists() for p in c["carry"]) and len(c["carry"]) <= 8
-    _sized(root / ".whl" / "b-1-py3-none-any.whl", 4)  # 64.5 MiB: over the transfer
-    with pytest.raises(InputError, match=r"call 1: .* 64.5 MiB .*--part-mib"):
+    _sized(root / ".devkit" / "parts" / "w.part-000", 61.5)  # 64.5 MiB: over the transfer
+    with pytest.raises(InputError, match=r"call 2: .* 64.5 MiB .*--part-mib"):
+        gk.carry_plan(root, ["w.part-000", "w.part-001"])
+    _sized(root / ".devkit" / "parts" / "w.part-000", 48)
+    _sized(root / ".whl" / "b-1-py3-none-any.whl", 52)  # the wheels' call over it
+    with pytest.raises(InputError, match=r"call 1: .* 64.5 MiB .*fewer wheels"):
         gk.carry_plan(root, ["w.part-000", "w.part-001"])
 
 
@@ -116,7 +120,7 @@ def test_the_held_out_documents_are_jsonl_that_anchor_reads(tmp_path):
     from anchor.eval.perplexity import heldout_files
 
     gk = _kit_module()
-    out = tmp_path / "heldout.jsonl"
+    out = tmp_path / ".devkit" / "heldout.jsonl"  # a fresh checkout has no .devkit yet
     n = gk.kit_heldout(out, min_bytes=50_000)
     texts = [d.text for d in iter_documents(out)]
     big = [p for p in heldout_files() if p.stat().st_size > 50_000]

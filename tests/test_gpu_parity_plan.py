@@ -1,6 +1,8 @@
-"""tools/gpu_parity.sh's `plan` (a GPU session's calls 2 and 3), dry-run here with stand-ins for python3, taskset
-and nvidia-smi that log their arguments: what it starts in a first call, and that the same plan in the next
-call skips each step whose report is written and goes on to the audits."""
+"""tools/gpu_parity.sh's `start` (a GPU session's first call) and `plan` (its calls 3 and 4), dry-run here with
+stand-ins for python3, taskset and nvidia-smi that log their arguments: the CUDA tests start first, in the
+background, their log naming the commit; what the plan starts in a first call, that it leaves the tests' cores
+to them until they end, and that the same plan in the next call skips each step whose report is written and
+goes on to the audits."""
 
 from __future__ import annotations
 
@@ -16,13 +18,16 @@ PYTHON3 = """#!/bin/bash
 echo "python3 $*" >> "$CALLS"
 o=$(echo "$*" | sed -n 's/.*--out \\([^ ]*\\).*/\\1/p')
 case "$*" in *"anchor parity"*) [ -n "$FINISH" ] && { mkdir -p "$o"; echo '{}' > "$o/parity.json"; } ;; esac
+case "$*" in *"-m pytest"*) sleep "${TESTS_SECONDS:-0}"; echo "pytest ended" >> "$CALLS" ;; esac
 exit 0
 """
 
 
-def _plan(tmp_path: Path, finish: bool) -> tuple[list[str], str]:
-    """(the stand-ins' calls, the plan's output) of one `plan` in R = tmp_path/res; `finish`: each parity run
-    writes its report (else it stops unfinished)."""
+def _plan(tmp_path: Path, finish: bool, step: str = "plan", keep_log: bool = False,
+          **env_extra: str) -> tuple[list[str], str]:
+    """(the stand-ins' calls, the step's output) of one `step` (`plan`) in R = tmp_path/res; `finish`: each parity
+    run writes its report (else it stops unfinished); `keep_log`: the calls logged before it are kept (and
+    returned)."""
     repo, bin_, calls = tmp_path / "repo", tmp_path / "bin", tmp_path / "calls.log"
     if not (repo / "tools" / "gpu_parity.sh").exists():
         (repo / "tools").mkdir(parents=True, exist_ok=True)
@@ -30,14 +35,15 @@ def _plan(tmp_path: Path, finish: bool) -> tuple[list[str], str]:
         shutil.copy(ROOT / "tools" / "gpu_parity.sh", repo / "tools")
         (repo / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"weights")
         bin_.mkdir()
-        for name, body in (("python3", PYTHON3), ("taskset", '#!/bin/bash\nshift 2; exec "$@"\n'),
+        for name, body in (("python3", PYTHON3), ("taskset", '#!/bin/bash\necho "taskset $2 ${*: -2}" >> "$CALLS"; shift 2; exec "$@"\n'),
                            ("nvidia-smi", "#!/bin/bash\necho 'NVIDIA stand-in'\n")):
             (bin_ / name).write_text(body)
             (bin_ / name).chmod(0o755)
-    calls.unlink(missing_ok=True)
+    if not keep_log:
+        calls.unlink(missing_ok=True)
     env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "CALLS": str(calls), "BUDGET": "300",
-           "FINISH": "1" if finish else ""}
-    p = subprocess.run(["bash", "tools/gpu_parity.sh", str(tmp_path / "res"), "plan"], cwd=repo, env=env,
+           "FINISH": "1" if finish else "", **env_extra}
+    p = subprocess.run(["bash", "tools/gpu_parity.sh", str(tmp_path / "res"), step], cwd=repo, env=env,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     time.sleep(0.5)  # the background steps' stand-ins (diag) log as they start
@@ -99,3 +105,20 @@ def test_the_plan_first_unpacks_the_parts_an_earlier_session_on_this_gpu_kept(tm
 def test_an_unfinished_8192_leaves_the_audits_for_a_later_call(tmp_path):
     calls, _ = _plan(tmp_path, finish=False)
     assert [c for c in calls if "--seq-len 8192" in c] and not [c for c in calls if "anchor audit" in c]
+
+
+def test_the_first_call_starts_the_cuda_tests_and_the_plan_leaves_their_cores_until_they_end(tmp_path):
+    """`start`: pytest -m cuda in the background on cores 12-15, once a session, its log headed by the commit
+    given; the plan runs T=1025 beside it, T=8192 (cores 12-15) only after the tests have ended."""
+    calls, out = _plan(tmp_path, finish=True, step="start", ANCHOR_COMMIT="0123456789ab", TESTS_SECONDS="3")
+    assert "tests: started" in out
+    assert "taskset 12-15 bg tests" in calls
+    calls, _ = _plan(tmp_path, finish=True, keep_log=True)  # call 3 follows at once, the tests still running
+    tests = [c for c in calls if "-m pytest" in c]
+    assert len(tests) == 1 and "-m cuda tests" in tests[0]
+    log = (tmp_path / "res" / "cuda_tests.log").read_text()
+    assert log.splitlines()[0] == "commit: 0123456789ab" and "NVIDIA stand-in" in log
+    ended, long = calls.index("pytest ended"), next(i for i, c in enumerate(calls) if "--seq-len 8192" in c)
+    assert ended < long and any("--seq-len 1025" in c for c in calls[:ended])
+    _, out = _plan(tmp_path, finish=True, step="start")
+    assert "started already" in out

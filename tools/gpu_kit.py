@@ -30,7 +30,7 @@ checkout starts without it, and the GPU's short jobs are too scarce to spend on 
             .whl/        the wheels the GPU image lacks or holds at another version (WHEELS), at the
                          versions of this venv, for the image's Python (3.12, manylinux x86_64);
                          deepspeed built here (PyPI has its source only; pure Python, no ops compiled)
-            .devkit/parts/            the GGUF in two parts (calls 1 and 2 left the same room) and manifest.json
+            .devkit/parts/            the GGUF in two parts (calls 2 and 3 left the same room) and manifest.json
             .devkit/heldout.jsonl     held-out long documents (the image's Python has no test suite)
             .devkit/attn_grad_inputs.npz   experiments/attn_grad_diag's captured inputs (only with
                                       --attention-inputs)
@@ -153,9 +153,6 @@ def join(parts_dir: Path, stash: Path, into: Path) -> Path | None:
 
 TRANSFER_MIB = 64  # the device tool's limit on what travels in one call, the working tree included
 
-# Not carried: transformers. The image holds an older release than the project's pin, on which parity, the
-# trainer and the audit run; its wheel (13 MiB) does not fit call 1 beside the wheels and a 45 MiB part of
-# the weights (CALLS; the weights need two parts and call 2 is full too).
 WHEELS = {  # distribution: why the GPU image ('cuda', KINDS.md of the device tool) needs it carried
     "typer": "the CLI catches its bundled click's exceptions: the project's version range",
     "gguf": "absent there: the embedded SmolLM2 is a GGUF",
@@ -166,6 +163,11 @@ WHEELS = {  # distribution: why the GPU image ('cuda', KINDS.md of the device to
     "pydantic_core": "pydantic's, absent there",
     "annotated-types": "pydantic's, absent there",
     "typing-inspection": "pydantic's, absent there",
+    "transformers": "the image holds an older release than the project's lower end (pyproject.toml)",
+    "trl": "absent there: the CUDA tests train TRL's SFTTrainer with its default SFTConfig",
+    "datasets": "TRL's dependency (and the Trainer tests' datasets), absent there",
+    "dill": "datasets' dependency, absent there",
+    "multiprocess": "datasets' dependency, absent there",
 }
 BUILT_HERE = {"deepspeed"}  # source-only on PyPI: built into a wheel here (pure Python: no ops compiled)
 GPU_PYTHON = ("3.12", "cp312", ["manylinux_2_17_x86_64", "manylinux2014_x86_64", "any"])
@@ -173,10 +175,12 @@ GPU_PYTHON = ("3.12", "cp312", ["manylinux_2_17_x86_64", "manylinux2014_x86_64",
 GGUF = Path(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 PARTS_ARCHIVES = Path("results/gpu/parity")  # parts_<gpu>.tgz: `keep` writes them, gpu_parity.sh `seed` reads them
 DEVKIT = Path(".devkit")
-CALLS = {  # tools/gpu_parity.sh's session plan: what each call carries beside the working tree
-    "1: wheels, weights part 1": [".whl", "parts/manifest.json", "parts/{part0}"],
-    "2 (parity): weights part 2": ["parts/manifest.json", "parts/{part1}"],
-    "2 (paper-gpu): weights part 2, held-out documents": ["parts/manifest.json", "parts/{part1}", "heldout.jsonl"],
+CALLS = {  # tools/gpu_parity.sh's session plan: what each call carries beside the working tree. The wheels (25 MiB
+    # with transformers) travel alone: the CUDA tests need no weights and start with them; the weights follow.
+    "1: wheels": [".whl"],
+    "2: weights part 1": ["parts/manifest.json", "parts/{part0}"],
+    "3 (parity): weights part 2": ["parts/manifest.json", "parts/{part1}"],
+    "3 (paper-gpu): weights part 2, held-out documents": ["parts/manifest.json", "parts/{part1}", "heldout.jsonl"],
 }
 # attn_grad_inputs.npz (the inputs of experiments/attn_grad_diag, 10 MiB) is in no planned call: `kit
 # --attention-inputs` captures it for a session that carries it by hand, and gpu_parity.sh's plan runs
@@ -235,6 +239,7 @@ def kit_heldout(out: Path, min_bytes: int = 100_000) -> int:
     files = [p for p in heldout_files() if p.stat().st_size > min_bytes]
     if not files:
         raise InputError("this Python has no test suite to hold out (anchor.eval.perplexity.heldout_files)")
+    out.parent.mkdir(parents=True, exist_ok=True)  # a fresh checkout has no .devkit yet
     write_text_atomic(out, "".join(json.dumps({"text": p.read_text(errors="replace")}) + "\n" for p in files))
     return len(files)
 
@@ -270,14 +275,16 @@ def carry_plan(root: Path, parts: list[str]) -> dict:
         mib = (tree + sum(_bytes(root / p) for p in paths)) / 2**20
         calls[call] = {"carry": paths, "mib_with_tree": round(mib, 1)}
         if mib > TRANSFER_MIB:
+            fix = "make the parts smaller (--part-mib)" if any(i.startswith("parts/") for i in items) else \
+                "carry fewer wheels (WHEELS)"
             raise InputError(f"call {call} carries {mib:.1f} MiB with the working tree, over the "
-                             f"{TRANSFER_MIB} MiB a transfer takes: make the parts smaller (--part-mib)")
+                             f"{TRANSFER_MIB} MiB a transfer takes: {fix}")
     return {"tree_mib": round(tree / 2**20, 1), "calls": calls}
 
 
 def kit(root: Path, part_mib: float | None = None, capture_attention: bool = False) -> dict:
     """Make the kit under `root` (module docstring) and return kit.json's content. `part_mib` None: the
-    weights in two parts sized so that the fullest call with part 1 (call 1, with the wheels) and the fullest
+    weights in two parts sized so that the fullest call with part 1 (call 2) and the fullest
     with part 2 (paper-gpu's, with the held-out documents) leave the same room for the working tree (which
     holds the parity parts carried between sessions, results/gpu/parity/parts_*.tgz)."""
     import math
@@ -406,7 +413,7 @@ def main() -> int:
     j.add_argument("--into", type=Path, required=True)
     k = sub.add_parser("kit", help="everything a GPU session carries (.whl, .devkit), its calls checked to fit")
     k.add_argument("--part-mib", type=float, default=None,
-                   help="parts of this size (default: two, balanced between calls 1 and 2)")
+                   help="parts of this size (default: two, balanced between calls 2 and 3)")
     k.add_argument("--attention-inputs", action="store_true",
                    help="also capture experiments/attn_grad_diag's inputs (about 30 s; carried by hand: CALLS)")
     kp = sub.add_parser("keep", help="a GPU session's parity parts (R, gpu_parity.sh's OUT) into the tracked "

@@ -3,13 +3,18 @@
 # against the oracle with SmolLM2's real weights (parity, the torch-stack audit), the CUDA tests, the trainer's
 # throughput against a plain transformers loop, and the paper-gpu profile in parts.
 # Here, once a checkout, before the first device call (a session's checkout starts without it; under a minute):
-#   make gpu-kit    (tools/gpu_kit.py kit: .whl, the wheels the image lacks; .devkit/parts, the GGUF in two
-#                   parts sized so calls 1 and 2 leave the tree the same room; .devkit/heldout.jsonl;
-#                   .devkit/kit.json, each call's carry below measured with the working tree, refused over 64 MiB)
-# There, one device call per part while the machine is held (carry .devkit/parts/manifest.json and one
-# .devkit/parts/*.part-NNN each, plus .whl in the first call):
+#   make gpu-kit    (tools/gpu_kit.py kit: .whl, the wheels the image lacks or holds at another version;
+#                   .devkit/parts, the GGUF in two parts sized so calls 2 and 3 leave the tree the same room;
+#                   .devkit/heldout.jsonl; .devkit/kit.json, each call's carry below measured with the working
+#                   tree, refused over 64 MiB)
+# There, the wheels in the first call (every step installs them where /tmp/site is missing):
+#   bash tools/gpu_parity.sh OUT start
+# then one device call per part while the machine is held (carry .devkit/parts/manifest.json and one
+# .devkit/parts/*.part-NNN each):
 #   bash tools/gpu_parity.sh OUT join
 # then (carry nothing more): bash tools/gpu_parity.sh OUT STEP, STEP one of
+#   start    the CUDA tests (`tests`) in the background on cores 12-15, once a session: they need no weights, so
+#            they run while the weights travel
 #   seed     once per session, before any parity step: the parts an earlier session on this GPU kept
 #            (results/gpu/parity/parts_<gpu>.tgz, tracked: `gpu_kit.py keep R` here after the session)
 #            unpacked into OUT. Parity runs with --keep-parts, whose keys hold the code, the library versions and
@@ -23,7 +28,7 @@
 #            several minutes an engine on the CPU, so ORACLE=cuda there
 #   fanout   the parity cases at T=$T (1025) with the oracle on the CPU, a process per variant on $CORES (3) cores
 #            each, in the background (then `wait`, and `merge` joins their reports as OUT/parity_${T}_cpu_oracle)
-#   tests    pytest -m cuda
+#   tests    pytest -m cuda, its log (OUT/cuda_tests.log) headed by the commit ($ANCHOR_COMMIT), GPU and versions
 #   train    benchmarks/bench_train_gpu.py (alone on the machine: it times steps)
 #   phases   where anchor train's steps spend their time (bench_train_gpu.py --phases, each part synchronized,
 #            intra_doc/varlen at 16K, 10 steps): to find why a run's last steps can take several times its median
@@ -34,31 +39,37 @@
 #   diag     experiments/attn_grad_diag/attn_grad_diag.py: one attention layer's backward on the varlen and flex
 #            kernels against fp64 and the emulations (inputs captured here: .devkit/attn_grad_inputs.npz, 10 MB,
 #            carried)
-#   plan     a 15-minute session's calls 2 and 3 within $BUDGET s each: seed; diag (where its inputs are carried:
-#            `gpu_kit.py kit --attention-inputs`, 10 MiB more in call 2); the T=1025 fanout (CPU oracle) on
-#            cores 0-11 and T=8192 with the oracle on CUDA on cores 12-15, side by side, then (8192 done) the
-#            audits at L=4096 with the oracle on CUDA; merge. Run again, it
+#   plan     a 15-minute session's calls 3 and 4 within $BUDGET s each: seed; diag (where its inputs are carried:
+#            `gpu_kit.py kit --attention-inputs`, 10 MiB more in call 3); the T=1025 fanout (CPU oracle) on
+#            cores 0-11 and, once `start`'s tests have ended, T=8192 with the oracle on CUDA on cores 12-15, side
+#            by side, then (8192 done) the audits at L=4096 with the oracle on CUDA; merge. Run again, it
 #            continues: a step whose report is written is skipped, a stopped one resumes from its kept cases
 #   bg STEP  STEP in the background, outliving the call (the machine stays held while calls follow within 30 s)
 #   wait     until the background steps have ended (at most $LIMIT s)
 # A session's calls, each begun within 30 s of the last one's end (else the machine goes back, bare, and /tmp
 # with it), R=/tmp/res, every call ending with `tar czf $OUT/r.tgz -C /tmp/res .` (what comes back; at most
-# 16 MiB a file). With 15 minutes of device time (the GGUF in two parts, 45 and 49 MiB, the first travelling
-# with the wheels; .devkit/kit.json has each call's MiB with the tree, about 60 at most):
-#   1 (carry .whl, manifest, part-000; timeout_s 120)   gpu_parity.sh R join
-#   2 (carry manifest, part-001; timeout_s 590)
+# 16 MiB a file). With 15 minutes of device time (the wheels alone in call 1, the GGUF in two parts of about
+# 47 MiB after them; .devkit/kit.json has each call's MiB with the tree, about 60 at most), the CUDA tests first:
+#   1 (carry .whl; timeout_s 120)       ANCHOR_COMMIT=<the checkout's commit> bash tools/gpu_parity.sh R start
+#                                       (the wheels installed, `pytest -m cuda` started in the background on
+#                                       cores 12-15: it outlives the call; the commit heads its log, since the
+#                                       tree there has no .git)
+#   2 AT ONCE (carry manifest, part-000; timeout_s 60)    gpu_parity.sh R join; tar ...
+#   3 AT ONCE (carry manifest, part-001; timeout_s 590)
 #                                       gpu_parity.sh R join && BUDGET=540 gpu_parity.sh R plan; tar ...
-#   3 AT ONCE, not after reading call 2's results (the machine goes back 30 s after a call ends, and a call
+#     (the plan waits for the tests before it gives cores 12-15 to T=8192)
+#   4 AT ONCE, not after reading call 3's results (the machine goes back 30 s after a call ends, and a call
 #     begun later finds a bare one), carrying nothing, timeout_s = what is left less 20:
 #                                       BUDGET=<left less 40> gpu_parity.sh R plan; tar ...
 #   after, here: the results unpacked into R, `python tools/gpu_kit.py keep R` (this GPU's parts, for the next
-#   session: commit results/gpu/parity/parts_<gpu>.tgz) and tools/merge_parity.py (the report)
+#   session: commit results/gpu/parity/parts_<gpu>.tgz), tools/merge_parity.py (the report) and R/cuda_tests.log
+#   kept as results/gpu/cuda_tests_<gpu>.log
 # The smoke (the oracle on JAX's CUDA backend, random:llama T=97) is not a step of the plan: T=8192 needs the
 # call's time more.
-# A paper-gpu session: call 1 as above; call 2 (carry manifest, part-001, .devkit/heldout.jsonl; 60 MiB)
+# A paper-gpu session: calls 1 and 2 as above; call 3 (carry manifest, part-001, .devkit/heldout.jsonl; 60 MiB)
 # `gpu_parity.sh R join && RUNS=full HELDOUT=.devkit/heldout.jsonl LIMIT=560 gpu_parity.sh R paper`; if it
 # stopped at its limit, the same again at once (the demo resumes while the machine is held).
-# With 30 minutes, also `tests`, `train` and `phases`.
+# With 30 minutes, also `train` and `phases`.
 # The oracle on the CPU at T=8192 (SmolLM2, 2 cores; experiments/oracle_cost): a forward with taps 67 s in
 # fp64, 42 s in fa2_bf16 (a variant's forward cases: fp64 and 4 summation orders, ~4 minutes; on the 16 cores
 # there, well under one call for the four); one fp64 gradient takes over 15 minutes (memory-bound on
@@ -79,7 +90,7 @@
 # kept under results/gpu/ (parity reports in results/gpu/parity/, after tools/merge_parity.py --slim) and
 # results/gpu/ (train_gpu_<gpu>.json).
 set -o pipefail
-OUT=${1:?usage: gpu_parity.sh OUT [join|seed|smoke|parity|audit|diag|tests|train|phases|paper|bg STEP|wait]}
+OUT=${1:?usage: gpu_parity.sh OUT [start|join|seed|smoke|parity|audit|diag|tests|train|phases|paper|bg STEP|wait|plan]}
 STEP=${2:-parity}
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
 export JAX_DEFAULT_MATMUL_PRECISION=highest  # no TF32 for the oracle's fp32 products on the GPU
@@ -159,8 +170,16 @@ audit)
 diag)  # the kernels' attention backward in isolation: OUT/attn_grad_diag.json
   JAX_PLATFORMS=cpu timeout ${LIMIT:-150} python3 experiments/attn_grad_diag/attn_grad_diag.py run .devkit/attn_grad_inputs.npz \
     --out "$OUT/attn_grad_diag.json" 2>&1 | grep -v Warning | tail -8 ;;
-tests)
-  JAX_PLATFORMS=cpu timeout 400 python3 -m pytest -q -p no:cacheprovider -m cuda tests -rs 2>&1 | tee "$OUT/cuda_tests.log" | tail -30 ;;
+start)  # a session's first call: the wheels (installed above), then the CUDA tests in the background on cores 12-15
+  [ -f "$OUT/tests.pid" ] || [ -f "$OUT/cuda_tests.log" ] && { echo "tests: started already"; exit 0; }
+  taskset -c 12-15 bash "$0" "$OUT" bg tests
+  echo "tests: started (pid $(cat "$OUT/tests.pid")), log $OUT/cuda_tests.log" ;;
+tests)  # the log names the commit (ANCHOR_COMMIT: the tree here has no .git) and what it ran on
+  { echo "commit: ${ANCHOR_COMMIT:-unknown (ANCHOR_COMMIT unset)}"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+    JAX_PLATFORMS=cpu timeout ${LIMIT:-480} python3 -m pytest -q -p no:cacheprovider -m cuda tests -rs --durations=15
+  } 2>&1 | tee "$OUT/cuda_tests.log" | tail -30 ;;
 train)
   weights
   JAX_PLATFORMS=cpu timeout ${LIMIT:-560} python3 benchmarks/bench_train_gpu.py --out "$OUT/train_gpu.json" ${TRAIN_ARGS:-} 2>&1 | tail -40 ;;
@@ -191,14 +210,16 @@ wait)  # until every step started with bg (or fanout; WAIT_FOR: a glob of their 
     while kill -0 "$(cat "$f")" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 2; done
     kill -0 "$(cat "$f")" 2>/dev/null && echo "$(basename "$f" .pid) still running" || rm -f "$f"
   done ;;
-plan)  # a session's calls 2 and 3 (header), within $BUDGET (540) s: seed, diag (where carried), then side by side the T=1025 cases
-       # with the CPU oracle (fanout, 3 cores a variant: cores 0-11, in the background) and the T=8192 cases with
-       # the oracle on CUDA (cores 12-15); then the fanout's report merged. Again in the next call, it continues
+plan)  # a session's calls 3 and 4 (header), within $BUDGET (540) s: seed, diag (where carried), then side by side the T=1025 cases
+       # with the CPU oracle (fanout, 3 cores a variant: cores 0-11, in the background) and, once the tests started
+       # by `start` have ended, the T=8192 cases with the oracle on CUDA (cores 12-15); then the fanout's report
+       # merged. Again in the next call, it continues
   B=${BUDGET:-540}; S=$SECONDS
   left() { echo $((B - (SECONDS - S) - ${1:-0})); }
   bash "$0" "$OUT" seed
   [ -f .devkit/attn_grad_inputs.npz ] && [ ! -f "$OUT/attn_grad_diag.json" ] && bash "$0" "$OUT" bg diag
   CORES=3 LIMIT=$(left 30) bash "$0" "$OUT" fanout
+  [ -f "$OUT/tests.pid" ] && WAIT_FOR=tests LIMIT=$(left 100) bash "$0" "$OUT" wait  # cores 12-15 are the tests'
   [ "$(left 40)" -gt 60 ] && T=8192 ORACLE=cuda LIMIT=$(left 40) taskset -c 12-15 bash "$0" "$OUT" parity
   [ -f "$OUT/parity_8192/parity.json" ] && [ "$(left 40)" -gt 90 ] && \
     LENGTHS=4096 ORACLE=cuda LIMIT=$(( $(left 40) / 2 )) taskset -c 12-15 bash "$0" "$OUT" audit
