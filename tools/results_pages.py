@@ -690,15 +690,20 @@ def memory_page(records: Records) -> str:
                       f"checkpoints {'offloaded' if gp.get('offload_checkpoints') else 'on the GPU'}, "
                       f"tiled MLP {'on' if gp.get('tiled_mlp') else 'off'}")
             alst_cell = num(published.get(g["gpus"])) if g["model"].startswith("Llama-3.1-8B") else "—"
+            host = fits[-1].get("host_total_bytes") if fits and gp.get("offload_checkpoints") else None
             gpu_rows.append([g["model"], num(g["gpus"]), recipe, num(gp.get("longest")) if gp.get("longest")
-                             else "none fits", why, alst_cell])
+                             else "none fits", "—" if host is None else num(host / GIB), why, alst_cell])
         out += [f"The plan for {rec.get('gpu_plans', [{}])[0].get('device', 'GPU').upper()}s (80 GB each; "
                 f"nothing ran on a GPU), beside ALST's published figures ({alst['source']}; its Hugging Face "
                 f"baseline: {num(alst['baseline_longest'])}). SmolLM2's 9 heads do not split over 8 GPUs, so each of "
                 "its GPUs trains windows of its own. ALST also offloads the optimizer states to host memory, which "
                 "this trainer does not: one GPU holds Llama-3.1-8B's states in full.", "",
-                *table(["model", "GPUs", "recipe", "plan's longest window", "the next doubling: need, largest term",
-                        "ALST, published"], gpu_rows), ""]
+                *table(["model", "GPUs", "recipe", "plan's longest window",
+                        "host memory its offloaded checkpoints need, GiB (all GPUs)",
+                        "the next doubling: need, largest term", "ALST, published"], gpu_rows),
+                "", "The GPU plans check each GPU's memory; the offloaded checkpoints of all of a node's GPUs share its "
+                "host memory, which the plan checks where it is given (`anchor plan --host-memory GIB`), and "
+                "which these plans leave unchecked: the column says what the host must hold.", ""]
         return out
 
     out = ["# Memory", "", GENERATED, "",

@@ -226,18 +226,23 @@ SHAPES: dict[str, ModelSpec] = {
 class PlanRow:
     seq_len: int
     need: StepMemory
-    fits: bool
+    fits: bool  # on the device and, where a host budget is given, in the host's memory
+    host_total: int = 0  # the offloaded checkpoints of every process on the host
+    host_fits: bool | None = None  # None: no host budget given (not checked)
 
 
 def plan_windows(spec: ModelSpec, *, budget: int, start: int = 8192, stop: int = 1 << 24,
-                 **step: object) -> list[PlanRow]:
+                 host_budget: int | None = None, host_procs: int = 1, **step: object) -> list[PlanRow]:
     """`step_memory(spec, seq_len=T, **step)` for T = start, 2 start, ... up to the first length that does not
-    fit in `budget` bytes (included, so the reason is shown) or `stop`."""
+    fit (included, so the reason is shown) or `stop`: `budget` bytes per device, and where given `host_budget`
+    bytes of host memory for the offloaded checkpoints of the `host_procs` processes that share the host."""
     rows: list[PlanRow] = []
     T = start
     while T <= stop:
         need = step_memory(spec, seq_len=T, **step)  # type: ignore[arg-type]
-        rows.append(PlanRow(T, need, need.total <= budget))
+        host = need.host * host_procs
+        host_fits = None if host_budget is None else host <= host_budget
+        rows.append(PlanRow(T, need, need.total <= budget and host_fits is not False, host, host_fits))
         if not rows[-1].fits:
             break
         T *= 2

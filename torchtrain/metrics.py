@@ -2,7 +2,8 @@
 
     RUN/metrics.jsonl                 one JSON line per optimizer step (rank 0, flushed and fsynced):
                                       step, loss (mean over the counted targets of the global batch),
-                                      tokens (their number), lr, grad_norm, tokens_per_s, elapsed_s
+                                      tokens (their number), lr, grad_norm, tokens_per_s, elapsed_s,
+                                      peak_memory_gib (`peak_memory`: the most rank 0 has held so far)
     RUN/tensorboard/                  loss, lr, grad_norm and tokens_per_s, when TensorBoard is installed
     RUN/grads/step-<N>.safetensors    the averaged gradient of step N, for the steps in `dump_grads`
 
@@ -13,8 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from anchor_core.atomic import write_text_atomic
 from anchor_core.weights import readable_by_umask
@@ -24,6 +28,19 @@ if TYPE_CHECKING:
 
 METRICS_FILE = "metrics.jsonl"
 GRADS_DIR = "grads"
+
+
+def peak_memory(device: torch.device) -> dict[str, float]:
+    """The most memory this process has held so far, in GiB, what `anchor plan` predicts a step's peak against:
+    on CUDA the caching allocator's peak of live tensors (`peak_memory_gib`, torch.cuda.max_memory_allocated)
+    and of what it took from the device (`peak_reserved_gib`, which also holds its free blocks; the CUDA context
+    is in neither); elsewhere the process's peak resident set (`peak_memory_gib`: Python, the libraries, the
+    model and the work, as `/usr/bin/time -v` reads it)."""
+    if device.type == "cuda":
+        return {"peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 4),
+                "peak_reserved_gib": round(torch.cuda.max_memory_reserved(device) / 2**30, 4)}
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return {"peak_memory_gib": round(kib / 2**20, 4)}
 
 
 def read_metrics(run: str | Path) -> list[dict[str, Any]]:

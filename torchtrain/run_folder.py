@@ -196,6 +196,15 @@ def check_step_memory(cfg: TrainConfig, spec: ModelSpec, seq_len: int, engine: s
     world = int(os.environ.get("WORLD_SIZE", "1")) if launched_externally() else cfg.parallel.nproc
     need = step_memory(spec, seq_len=seq_len, **step_of(cfg, engine=engine, dtype=dtype, procs=procs, world=world,
                                                         on_gpu=cuda))
+    if need.host:  # offloaded checkpoints (CUDA): every local process's in this host's memory
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if launched_externally() else cfg.parallel.nproc
+        host_free = engines.available_memory("cpu")
+        if host_free is not None and need.host * local > host_free:
+            raise InputError(f"model.offload_checkpoints at data.seq_len={seq_len} needs about "
+                             f"{need.host * local / 2**30:.1f} GiB of host memory for the checkpoints of {local} "
+                             f"process(es); {host_free / 2**30:.1f} GiB available here: a shorter data.seq_len, or "
+                             "more hosts (anchor plan --host-memory shows where it stops)",
+                             path=cfg.where("model.offload_checkpoints", "data.seq_len"))
     free = engines.available_memory("cuda" if cuda else "cpu")
     if free is None or need.total <= free:
         return

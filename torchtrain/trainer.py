@@ -44,7 +44,7 @@ from torchtrain.config import TrainConfig, check_world
 from torchtrain.distributed import ParallelGroups, World, init_world, launch_local, launched_externally, \
     sequence_parallel_group
 from torchtrain.loss import final_hidden_states
-from torchtrain.metrics import MetricsLog, dump_grads, grad_norm
+from torchtrain.metrics import MetricsLog, dump_grads, grad_norm, peak_memory
 from torchtrain.model import build_model
 from torchtrain.optim import allocate_state, build_optimizer, deepspeed_config
 from torchtrain.run_folder import CONFIG_FILE, check_model, data_dir, load_run_config, model_spec, prepare_run, \
@@ -161,7 +161,8 @@ def worker(run_str: str, progress: bool = True) -> int:
             loss, count, norm = _train_step(cfg, world, engine, next(loader), step, run)
             dt = time.perf_counter() - t0
             row = {"step": step, "loss": loss, "tokens": count, "lr": lr_now, "grad_norm": norm,
-                   "tokens_per_s": cfg.data.global_batch * data.seq_len / dt, "elapsed_s": time.perf_counter() - t_start}
+                   "tokens_per_s": cfg.data.global_batch * data.seq_len / dt, "elapsed_s": time.perf_counter() - t_start,
+                   **peak_memory(world.device)}
             metrics.write(row)
             if cfg.logging.every and step % cfg.logging.every == 0:
                 eta = (cfg.schedule.steps - step) * (row["elapsed_s"] - elapsed0) / max(1, step - start)

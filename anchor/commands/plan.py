@@ -30,6 +30,10 @@ def plan(
     memory: Annotated[Optional[float], typer.Option(
         "--memory", help="Plan for this many GiB per device instead of what --device has (another machine, or "
                          "this one as it is when nothing else runs).", show_default=False)] = None,
+    host_memory: Annotated[Optional[float], typer.Option(
+        "--host-memory", help="With model.offload_checkpoints on a GPU: the host's GiB the processes' offloaded "
+                              "checkpoints share (default: this machine's available memory where it has the GPU; "
+                              "for a named --device, unchecked).", show_default=False)] = None,
     start: Annotated[int, typer.Option("--start", help="The first window length; each next one doubles it.")] = 8192,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
@@ -44,7 +48,7 @@ def plan(
     from anchor_core.weights import load_spec
     from torchtrain import engines
     from torchtrain.config import load_train_config
-    from torchtrain.memory import GPUS, SHAPES, largest_term, plan_windows, step_of
+    from torchtrain.memory import GPUS, SHAPES, plan_windows, step_of
     from torchtrain.sequence_parallel import check_sequence_parallel
 
     check_int(start, "--start", lo=1)
@@ -70,7 +74,9 @@ def plan(
         budget, device_name = GPUS[device], device
     engine = cfg.model.engine if cfg.model.engine != "auto" else "varlen"  # auto runs a linear-memory engine
     procs = 1 if on_gpu else cfg.parallel.nproc
-    rows = plan_windows(spec, budget=budget, start=start,
+    offload = cfg.model.offload_checkpoints and on_gpu
+    host_budget = _host_budget(host_memory, offload, device)
+    rows = plan_windows(spec, budget=budget, start=start, host_budget=host_budget, host_procs=cfg.parallel.nproc,
                         **step_of(cfg, engine=engine, dtype=dtype, procs=procs, world=cfg.parallel.nproc, on_gpu=on_gpu))
     fitting = [r for r in rows if r.fits]
     longest = fitting[-1].seq_len if fitting else None
@@ -82,9 +88,10 @@ def plan(
             "activation_checkpointing": cfg.model.activation_checkpointing, "tiled_mlp": cfg.model.tiled_mlp,
             "zero_stage": cfg.parallel.zero_stage, "sequence_parallel": cfg.parallel.sequence_parallel,
             "procs": procs, "world": cfg.parallel.nproc, "micro_batch": cfg.data.micro_batch, "longest": longest,
-            "offload_checkpoints": cfg.model.offload_checkpoints and on_gpu,
+            "offload_checkpoints": offload, "host_budget_bytes": host_budget,
             "rows": [{"seq_len": r.seq_len, "fits": r.fits, "total_bytes": r.need.total, "procs": r.need.procs,
-                      "terms_bytes": r.need.terms(), "host_bytes": r.need.host} for r in rows]}, indent=1))
+                      "terms_bytes": r.need.terms(), "host_bytes": r.need.host, "host_total_bytes": r.host_total,
+                      "host_fits": r.host_fits} for r in rows]}, indent=1))
         return
     g = 2**30
     typer.echo(f"{model}: {cfg.model.variant}, {engine}, {cfg.model.dtype}, activation checkpointing "
@@ -93,17 +100,53 @@ def plan(
                f"{cfg.parallel.sequence_parallel}, {cfg.parallel.nproc} process(es), {procs} per device, micro-batch "
                f"{cfg.data.micro_batch}")
     typer.echo(f"device: {device_name}, {budget / g:.1f} GiB; GiB per process:")
-    names = list(rows[0].need.terms())
-    typer.echo("  " + f"{'window':>9}  " + "  ".join(f"{n:>11}" for n in names) + f"  {'total':>8}  fits")
-    for r in rows:
-        terms = r.need.terms()
-        typer.echo("  " + f"{r.seq_len:>9}  " + "  ".join(f"{terms[n] / g:>11.2f}" for n in names)
-                   + f"  {r.need.total / g:>8.2f}  {'yes' if r.fits else 'no'}")
+    _echo_table(rows, offload)
+    if offload:
+        against = (f"against {host_budget / g:.1f} GiB of host memory" if host_budget is not None
+                   else "not checked: give --host-memory GIB")
+        typer.echo(f"host: the offloaded checkpoints of {cfg.parallel.nproc} process(es), {against}")
     if longest is not None:
         typer.echo(f"longest window that fits: {longest} ({fitting[-1].need.total / g:.1f} of {budget / g:.1f} GiB)")
     else:
         typer.echo(f"no window from {start} fits")
     if stopped is not None:
-        name, size = largest_term(stopped.need)
-        typer.echo(f"{stopped.seq_len} does not fit: {stopped.need.total / g:.1f} GiB, {name} the largest term "
-                   f"({size / g:.1f} GiB per process)")
+        typer.echo(_why_not(stopped, budget, host_budget, cfg.parallel.nproc))
+
+
+def _echo_table(rows: list, offload: bool) -> None:
+    """The plan's rows, GiB per process by term, the total, the host's share where checkpoints are offloaded."""
+    g = 2**30
+    names = list(rows[0].need.terms())
+    host_head = f"  {'host':>8}" if offload else ""
+    typer.echo("  " + f"{'window':>9}  " + "  ".join(f"{n:>11}" for n in names) + f"  {'total':>8}{host_head}  fits")
+    for r in rows:
+        terms = r.need.terms()
+        host_cell = f"  {r.host_total / g:>8.2f}" if offload else ""
+        typer.echo("  " + f"{r.seq_len:>9}  " + "  ".join(f"{terms[n] / g:>11.2f}" for n in names)
+                   + f"  {r.need.total / g:>8.2f}{host_cell}  {'yes' if r.fits else 'no'}")
+
+
+def _why_not(stopped, budget: int, host_budget: int | None, nproc: int) -> str:
+    """Why the first window that does not fit does not: the host's memory where only it is short, else the
+    device's, with the term that weighs most."""
+    from torchtrain.memory import largest_term
+
+    g = 2**30
+    if stopped.host_fits is False and stopped.need.total <= budget:
+        return (f"{stopped.seq_len} does not fit: its offloaded checkpoints need {stopped.host_total / g:.1f} GiB "
+                f"of host memory ({nproc} process(es)), {host_budget / g:.1f} GiB there")
+    name, size = largest_term(stopped.need)
+    return (f"{stopped.seq_len} does not fit: {stopped.need.total / g:.1f} GiB, {name} the largest term "
+            f"({size / g:.1f} GiB per process)")
+
+
+def _host_budget(host_memory: float | None, offload: bool, device: str) -> int | None:
+    """The host memory the offloaded checkpoints of every process share: `--host-memory`, else this machine's
+    available memory where the plan is for the GPU it is on; None where nothing is offloaded or it is unknown."""
+    from anchor_core.limits import check_float
+    from torchtrain import engines
+
+    if host_memory is not None:
+        check_float(host_memory, "--host-memory", lo=0.001)
+        return int(host_memory * 2**30) if offload else None
+    return engines.available_memory("cpu") if offload and device == "here" else None

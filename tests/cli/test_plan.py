@@ -96,6 +96,7 @@ def test_a_shape_plans_without_weights(capsys):
     (["model.tiled_mlpp=true"], "tiled_mlpp"),
     (["--memory", "0"], "--memory must be at least 0.001, got 0.0"),
     (["--memory", "nan"], "--memory must be a finite number, got nan"),
+    (["--host-memory", "0"], "--host-memory must be at least 0.001, got 0.0"),
     # tiny's random:llama has 6 heads: Ulysses cannot split them 8 ways, nor a window of 4097 3 ways
     (["parallel.nproc=8", "parallel.sequence_parallel=8"], "sequence_parallel 8 does not divide the model's 6 "
                                                             "attention heads"),
@@ -182,3 +183,50 @@ def test_memory_given_replaces_the_devices(capsys):
     assert plan["budget_bytes"] == int(7.5 * GiB)
     fits = [r for r in plan["rows"] if r["total_bytes"] <= int(7.5 * GiB)]
     assert plan["longest"] == fits[-1]["seq_len"] and not plan["rows"][-1]["fits"]
+
+
+OFFLOAD = ["model.dtype=bfloat16", "model.activation_checkpointing=true", "model.tiled_mlp=true",
+           "model.offload_checkpoints=true", "data.micro_batch=1", "data.global_batch=1", "parallel.zero_stage=1"]
+
+
+def test_offloaded_checkpoints_are_planned_against_the_hosts_memory(capsys):
+    """On a GPU the offloaded checkpoints leave the device for the host: the plan counts every process's on the
+    host (`--host-memory`) and stops where the host is full even where the device is not."""
+    free = _plan(capsys, "--config", "smollm2_2k", "--device", "h100", "--start", "524288", *OFFLOAD)
+    assert free["host_budget_bytes"] is None and all(r["host_fits"] is None for r in free["rows"])
+    host = {r["seq_len"]: r["host_total_bytes"] for r in free["rows"]}
+    spec = load_spec("default")
+    assert host[524288] == 2 * spec.hidden_size * spec.num_layers * 524288  # bf16 layer inputs, every layer
+    device_longest = free["longest"]
+    assert host[device_longest] > 100 * GiB  # what the device-only plan would need of the host
+    bounded = _plan(capsys, "--config", "smollm2_2k", "--device", "h100", "--start", "524288", "--host-memory", "100",
+                    *OFFLOAD)
+    rows = bounded["rows"]
+    assert bounded["longest"] < device_longest and rows[-1]["total_bytes"] <= GPUS["h100"]  # the host stops it
+    assert rows[-1]["host_fits"] is False and rows[-2]["host_total_bytes"] <= 100 * GiB < rows[-1]["host_total_bytes"]
+    two = _plan(capsys, "--config", "smollm2_2k", "--device", "h100", "--start", "524288", "--host-memory", "100",
+                *[o for o in OFFLOAD if not o.startswith("data.global_batch")], "parallel.nproc=2",
+                "data.global_batch=2")
+    assert two["rows"][0]["host_total_bytes"] == 2 * rows[0]["host_total_bytes"]  # two processes, one host
+    code, out, err = run_cli(["plan", "--config", "smollm2_2k", "--device", "h100", "--start", "524288",
+                              "--host-memory", "100", *OFFLOAD], capsys)
+    assert code == 0, err
+    last = out.strip().splitlines()[-1]
+    assert last.startswith(f"{rows[-1]['seq_len']} does not fit: its offloaded checkpoints need ") and "host" in last
+
+
+def test_train_refuses_offloaded_checkpoints_the_host_cannot_hold(monkeypatch):
+    """`anchor train` on a GPU refuses, in one line naming model.offload_checkpoints, a window whose offloaded
+    checkpoints exceed the host's available memory; the device's own memory is ample."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(engines, "available_memory", lambda device="cpu": 80 * GiB if str(device) == "cuda" else 20 * GiB)
+    spec = load_spec("default")
+    for T, fits in ((2**18, True), (2**20, False)):  # 8.4 and 33.8 GiB of bf16 layer inputs
+        cfg = load_train_config("smollm2_2k", [f"data.seq_len={T}", *OFFLOAD])
+        if fits:
+            run_folder.check_step_memory(cfg, spec, T, "varlen", torch.bfloat16)
+            continue
+        with pytest.raises(InputError, match="model.offload_checkpoints at data.seq_len=1048576 needs about 33.8 GiB "
+                                             "of host memory") as refused:
+            run_folder.check_step_memory(cfg, spec, T, "varlen", torch.bfloat16)
+        assert "\n" not in str(refused.value)
