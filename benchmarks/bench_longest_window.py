@@ -17,6 +17,17 @@ context length that holds T) under `/usr/bin/time -v`, whose "Maximum resident s
 the peak RSS of the whole process. Each row records the plan's prediction of that step (total and per term), the
 measured peak, their ratio and the step's loss (finite), and the record the plan's line for the next doubling.
 Writes results/memory/longest_window_cpu.json.
+
+On a GPU (`--device cuda`) the same series runs in bf16 under DeepSpeed (ZeRO-1: the fp32 master beside the
+bf16 weights), as GPU users train, and the peak is the step's own record in metrics.jsonl: the caching
+allocator's peak reservation from the device (`peak_reserved_gib`, beside `peak_memory_gib`, the peak of live
+tensors; torchtrain.metrics.peak_memory). The plan is for the device memory free when the series began
+(`--device` named by the GPU, `--memory` that much); with `--offload` the checkpoints go to host memory and
+the plan holds them against the host's (`--host-memory`). Lengths double from --start up to the plan's longest;
+the next doubling is recorded as what `anchor train` says of it (its refusal, or its step where it runs); the
+series ends at the first length that fails.
+The corpus is packed whole (documents of every length: a GPU's attention is fast enough for the long one).
+Writes results/gpu/longest_window_<gpu>.json (`--out` folder: longest_window_<gpu>.json in it).
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ from _peak_rss import GiB, ROOT, anchor_cmd, measure, pack, require_time
 
 RUN = ["data.global_batch=1", "data.micro_batch=1", "model.activation_checkpointing=true", "model.tiled_mlp=true",
        "schedule.steps=1", "checkpoint.save_every=0"]
+GPU_RUN = ["model.dtype=bfloat16", "parallel.zero_stage=1", *RUN]  # what a GPU user trains in: bf16 under DeepSpeed
 CONFIG = "smollm2_2k"
 
 
@@ -53,8 +65,8 @@ GPU_DEVICE = "h100"
 GPU_START = 131072
 
 
-def the_plan(start: int, overrides: list[str], *options: str) -> dict:
-    done = subprocess.run(anchor_cmd("plan", "--config", CONFIG, "--start", str(start), "--json", *options, *overrides),
+def the_plan(start: int, overrides: list[str], *options: str, config: str = CONFIG) -> dict:
+    done = subprocess.run(anchor_cmd("plan", "--config", config, "--start", str(start), "--json", *options, *overrides),
                           capture_output=True, text=True, cwd=ROOT, check=False)
     if done.returncode != 0:
         raise SystemExit(f"anchor plan failed: {done.stderr.strip()}")
@@ -84,6 +96,44 @@ def rope_theta(T: int) -> float | None:
     return PAPER_ROPE_BASE[min(n for n in PAPER_ROPE_BASE if n >= T)]
 
 
+def gpu_word(name: str) -> str:
+    """A GPU's name as the plan's --device (torchtrain.memory.GPUS) where one matches ("NVIDIA H100 80GB HBM3" ->
+    h100), else as a file-name word."""
+    import re
+
+    from torchtrain.memory import GPUS
+
+    low = name.lower()
+    return next((k for k in sorted(GPUS, key=len, reverse=True) if k.split("-")[0] in low),
+                re.sub(r"[^a-z0-9]+", "-", low).strip("-"))
+
+
+def metrics_step(T: int, data: Path, run: Path, overrides: list[str], config: str = CONFIG) -> dict:
+    """One `anchor train` step at T in a fresh process on the GPU: its seconds, its loss, and the peaks it recorded
+    (metrics.jsonl: torchtrain.metrics.peak_memory), or why it failed (the last two lines of its stderr)."""
+    import time
+
+    print(f"training one step at T={T} ...", flush=True)
+    theta = rope_theta(T) if config == CONFIG else None
+    t0 = time.perf_counter()
+    done = subprocess.run(anchor_cmd("train", "--config", config, "--out", str(run), "--no-progress",
+                                     f"data.path={data}", f"data.seq_len={T}", *overrides,
+                                     *([f"model.rope.theta={theta:g}"] if theta else [])),
+                          capture_output=True, text=True, check=False, cwd=ROOT)
+    row: dict = {"seconds": round(time.perf_counter() - t0, 1), "rope_theta": theta}
+    if done.returncode != 0:
+        tail = [line for line in done.stderr.splitlines() if line.strip()][-2:]
+        return {**row, "failed": f"exit {done.returncode}: {tail}"}
+    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    row.update(peak_allocated_bytes=int(last["peak_memory_gib"] * GiB),
+               peak_reserved_bytes=int(last.get("peak_reserved_gib", last["peak_memory_gib"]) * GiB),
+               loss=last["loss"], loss_finite=math.isfinite(last["loss"]))
+    print(f"  T={T}: peak {row['peak_reserved_bytes'] / GiB:.2f} GiB reserved "
+          f"({row['peak_allocated_bytes'] / GiB:.2f} allocated), loss {row['loss']:.4f}, {row['seconds']:.0f} s",
+          flush=True)
+    return row
+
+
 def train_step(T: int, data: Path, run: Path) -> dict:
     print(f"training one step at T={T} ...", flush=True)
     theta = rope_theta(T)
@@ -101,36 +151,36 @@ def train_step(T: int, data: Path, run: Path) -> dict:
 def with_plan(result: dict, start: int, memory_gib: float | None = None) -> dict:
     """`result` with the plan's side: this machine's plan from `start` for `memory_gib` (default: the memory
     available when the measurements started, `mem_available_bytes_at_start`), each measured row's prediction and
-    ratio, the GPU plans beside ALST's figures, the summary. The plan is arithmetic on the sizes
-    (torchtrain.memory), so `--replan` can set the current one beside measurements already taken."""
+    ratio, on a CPU the GPU plans beside ALST's figures, the summary. The plan is arithmetic on the sizes
+    (torchtrain.memory), so `--replan` can set the current one beside measurements already taken. A GPU record
+    names its run overrides (`run`), the plan's other options (`plan_options`: the GPU, the host's memory) and the
+    row key of its measured peak (`measured`)."""
     from anchor_core.machine import machine
     from torchtrain.memory import ALST_BASELINE, ALST_LLAMA_8B
 
+    run, options, config = result.get("run", RUN), result.get("plan_options", []), result.get("config", CONFIG)
+    measured_key = result.get("measured", "peak_rss_bytes")
     result["plan_memory_from"] = "--memory-gib" if memory_gib is not None else "mem_available_bytes_at_start"
     if memory_gib is None:
         memory_gib = round(result["mem_available_bytes_at_start"] / GiB, 2)
     result["plan_memory_gib"] = memory_gib
-    plan = the_plan(start, RUN, "--memory", f"{memory_gib:g}")
+    plan = the_plan(start, run, "--memory", f"{memory_gib:g}", *options, config=config)
     predicted = {r["seq_len"]: r for r in plan["rows"]}
     refused = next((r for r in plan["rows"] if not r["fits"]), None)
     for row in result["rows"]:
-        p = predicted.get(row["seq_len"]) or the_plan(row["seq_len"], RUN)["rows"][0]
+        p = predicted.get(row["seq_len"]) or the_plan(row["seq_len"], run, *options, config=config)["rows"][0]
         row.update(predicted_bytes=p["total_bytes"], predicted_terms_bytes=p["terms_bytes"])
-        if "peak_rss_bytes" in row:
-            row["predicted_over_measured"] = round(row["predicted_bytes"] / row["peak_rss_bytes"], 3)
-    measured = [r for r in result["rows"] if "peak_rss_bytes" in r]
+        if measured_key in row:
+            row["predicted_over_measured"] = round(row["predicted_bytes"] / row[measured_key], 3)
+    measured = [r for r in result["rows"] if measured_key in r]
     result.update({
-        "plan_args": ["--config", CONFIG, "--start", str(start), "--memory", f"{memory_gib:g}", *RUN],
+        "plan_args": ["--config", config, "--start", str(start), "--memory", f"{memory_gib:g}", *options, *run],
         "plan": {k: v for k, v in plan.items() if k != "rows"},
         "plan_rows": plan["rows"],
         "longest_planned": plan["longest"],
         "refused_next": None if refused is None else {"seq_len": refused["seq_len"],
-                                                      "total_bytes": refused["total_bytes"]},
-        "gpu_plans": gpu_plans(),
-        "alst": {"source": "Bekman et al., Arctic Long Sequence Training (arXiv:2506.13996): Llama-3.1-8B in bf16 "
-                           "on H100 80GB GPUs, the longest sequence trained per GPU count",
-                 "llama3.1-8b_longest_by_gpus": {str(k): v for k, v in ALST_LLAMA_8B.items()},
-                 "baseline_longest": ALST_BASELINE},
+                                                      "total_bytes": refused["total_bytes"],
+                                                      "host_total_bytes": refused.get("host_total_bytes")},
         "summary": {
             "lengths_measured": len(measured),
             "longest_trained": max((r["seq_len"] for r in measured if r["loss_finite"]), default=None),
@@ -139,6 +189,14 @@ def with_plan(result: dict, start: int, memory_gib: float | None = None) -> dict
         },
         "planned_by": machine()["commit"],  # the plan's code (the measurements' is the machine's commit)
     })
+    if "plan_options" not in result:  # the CPU record: the GPU plans beside ALST's figures
+        result.update({
+            "gpu_plans": gpu_plans(),
+            "alst": {"source": "Bekman et al., Arctic Long Sequence Training (arXiv:2506.13996): Llama-3.1-8B in "
+                               "bf16 on H100 80GB GPUs, the longest sequence trained per GPU count",
+                     "llama3.1-8b_longest_by_gpus": {str(k): v for k, v in ALST_LLAMA_8B.items()},
+                     "baseline_longest": ALST_BASELINE},
+        })
     return result
 
 
@@ -147,6 +205,60 @@ def write(result: dict, path: Path) -> None:
     tmp_path = path.with_suffix(".json.tmp")
     tmp_path.write_text(json.dumps(result, indent=1))
     os.replace(tmp_path, path)
+
+
+def gpu_series(args) -> None:
+    """The series on this machine's GPU (module docstring): planned for the device memory free at the start,
+    one fresh `anchor train` step per length, the record rewritten after each (a stopped series keeps its
+    lengths), the next doubling past the plan's longest asked of `anchor train` too."""
+    import torch
+
+    from anchor_core.data.corpus import CORPUS_FILE, write_default_corpus
+    from anchor_core.machine import machine
+    from torchtrain.engines import available_memory
+    from torchtrain.memory import GPUS
+
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.dry_run:
+        raise SystemExit("--device cuda: torch sees no CUDA device here (--dry-run runs the series on the CPU)")
+    word = gpu_word(torch.cuda.get_device_name()) if cuda else "cpu-dry-run"
+    out = Path(args.out) if args.out != str(ROOT / "results" / "memory") else ROOT / "results" / "gpu"
+    path = out / f"longest_window_{word}.json"
+    run = [*GPU_RUN, *(["model.offload_checkpoints=true"] if args.offload else [])]
+    free, host = available_memory("cuda" if cuda else "cpu"), available_memory("cpu")
+    if args.memory_gib:  # a dry run's stand-in for the device's memory
+        free = int(args.memory_gib * GiB)
+    options = ["--device", word if word in GPUS else "h100"]  # named: planned as a GPU, each process its device
+    if args.offload:
+        options += ["--host-memory", f"{host / GiB:.2f}"]
+    plan = the_plan(args.start, run, "--memory", f"{free / GiB:.2f}", *options, config=args.config)
+    lens = ([int(x) for x in args.lens.split(",")] if args.lens else
+            [r["seq_len"] for r in plan["rows"] if r["fits"]] + [r["seq_len"] for r in plan["rows"] if not r["fits"]])
+    result = {
+        "benchmark": "one `anchor train` step per window length on a GPU: the allocator's peak against the plan",
+        "command": f"anchor train --config {args.config} --out RUN data.path=PACK data.seq_len=T " + " ".join(run),
+        "config": args.config, "variant": "anchor", "dtype": "bfloat16", "engine": "varlen", "run": run,
+        "plan_options": options, "measured": "peak_reserved_bytes",
+        "method": "fresh process per length; the peaks of its one step from its metrics.jsonl (torch.cuda."
+                  "max_memory_reserved and max_memory_allocated); the default corpus packed whole beforehand",
+        "rows": [], "mem_available_bytes_at_start": free, "host_available_bytes_at_start": host,
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-longest-") as tmp:
+        tmp = Path(tmp)
+        write_default_corpus(tmp / "corpus", progress=False)
+        model = "default" if args.config == CONFIG else "random:llama"
+        for T in lens:
+            data = pack(tmp / "corpus" / CORPUS_FILE, T, tmp / f"pack-{T}", model=model, budget=max(200000, T))
+            row = metrics_step(T, data, tmp / f"run-{T}", run, args.config)
+            result["rows"].append({"seq_len": T, "windows": "the default corpus", "commit": machine()["commit"], **row})
+            subprocess.run(["rm", "-rf", str(tmp / f"run-{T}"), str(data)], check=False)
+            write({**result, "machine": machine(), "unfinished": True}, path)
+            if "failed" in row:  # a longer window fails too: the series ends at the first that does
+                break
+    result["machine"] = machine()
+    write(with_plan(result, args.start), path)
+    print(json.dumps(result["summary"], indent=1))
+    print(f"wrote {path}")
 
 
 def main() -> None:
@@ -166,7 +278,18 @@ def main() -> None:
                     help="With --replan: RECORD's lengths are all there are (rows merged from runs of other lengths).")
     ap.add_argument("--memory-gib", type=float, default=None,
                     help="Plan this machine for this much memory (default: what was available when measuring began).")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: the series on this machine's GPU, in bf16 under DeepSpeed ZeRO-1 (module docstring).")
+    ap.add_argument("--offload", action="store_true",
+                    help="With --device cuda: the checkpoints in host memory (model.offload_checkpoints=true).")
+    ap.add_argument("--config", default=CONFIG, help="The run config (the series' model); tiny for a dry run.")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="With --device cuda on a machine without one: the GPU series' code on the CPU (with "
+                         "--config tiny, --memory-gib and --out: nothing here is a GPU's measurement).")
     args = ap.parse_args()
+    if args.device == "cuda":
+        gpu_series(args)
+        return
     path = Path(args.out) / "longest_window_cpu.json"
     if args.replan:
         result = json.loads(Path(args.replan).read_text())

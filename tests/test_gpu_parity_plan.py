@@ -122,3 +122,11 @@ def test_the_first_call_starts_the_cuda_tests_and_the_plan_leaves_their_cores_un
     assert ended < long and any("--seq-len 1025" in c for c in calls[:ended])
     _, out = _plan(tmp_path, finish=True, step="start")
     assert "started already" in out
+
+
+def test_the_longest_window_step_runs_the_gpu_series_of_the_memory_benchmark(tmp_path):
+    calls, _ = _plan(tmp_path, finish=True, step="longest", OFFLOAD="1")
+    bench = [c for c in calls if "bench_longest_window.py" in c]
+    assert len(bench) == 1 and "--device cuda --start 65536 --offload --out" in bench[0]
+    calls, _ = _plan(tmp_path, finish=True, step="train")
+    assert any("bench_train_gpu.py --steps 22 --warmup 2" in c for c in calls)  # 20 timed steps a configuration

@@ -29,7 +29,11 @@
 #   fanout   the parity cases at T=$T (1025) with the oracle on the CPU, a process per variant on $CORES (3) cores
 #            each, in the background (then `wait`, and `merge` joins their reports as OUT/parity_${T}_cpu_oracle)
 #   tests    pytest -m cuda, its log (OUT/cuda_tests.log) headed by the commit ($ANCHOR_COMMIT), GPU and versions
-#   train    benchmarks/bench_train_gpu.py (alone on the machine: it times steps)
+#   train    benchmarks/bench_train_gpu.py (alone on the machine: it times steps), $STEPS (22) steps a configuration,
+#            the first 2 left out: 20 timed
+#   longest  benchmarks/bench_longest_window.py --device cuda: one step per doubling window from $START (65536) up
+#            to the plan's longest and the next, each peak (metrics.jsonl) beside the plan's prediction ($OFFLOAD=1:
+#            checkpoints offloaded to host memory)
 #   phases   where anchor train's steps spend their time (bench_train_gpu.py --phases, each part synchronized,
 #            intra_doc/varlen at 16K, 10 steps): to find why a run's last steps can take several times its median
 #   paper    `make paper-gpu` in parts, one a session: RUNS=full, then anchor, intra_doc, intra_doc_reset, then
@@ -69,7 +73,7 @@
 # A paper-gpu session: calls 1 and 2 as above; call 3 (carry manifest, part-001, .devkit/heldout.jsonl; 60 MiB)
 # `gpu_parity.sh R join && RUNS=full HELDOUT=.devkit/heldout.jsonl LIMIT=560 gpu_parity.sh R paper`; if it
 # stopped at its limit, the same again at once (the demo resumes while the machine is held).
-# With 30 minutes, also `train` and `phases`.
+# With 30 minutes, also `train`, `longest` and `phases` (a session after the parity's: the issue's third point).
 # The oracle on the CPU at T=8192 (SmolLM2, 2 cores; experiments/oracle_cost): a forward with taps 67 s in
 # fp64, 42 s in fa2_bf16 (a variant's forward cases: fp64 and 4 summation orders, ~4 minutes; on the 16 cores
 # there, well under one call for the four); one fp64 gradient takes over 15 minutes (memory-bound on
@@ -90,7 +94,7 @@
 # kept under results/gpu/ (parity reports in results/gpu/parity/, after tools/merge_parity.py --slim) and
 # results/gpu/ (train_gpu_<gpu>.json).
 set -o pipefail
-OUT=${1:?usage: gpu_parity.sh OUT [start|join|seed|smoke|parity|audit|diag|tests|train|phases|paper|bg STEP|wait|plan]}
+OUT=${1:?usage: gpu_parity.sh OUT [start|join|seed|smoke|parity|audit|diag|tests|train|longest|phases|paper|bg STEP|wait|plan]}
 STEP=${2:-parity}
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
 export JAX_DEFAULT_MATMUL_PRECISION=highest  # no TF32 for the oracle's fp32 products on the GPU
@@ -182,7 +186,14 @@ tests)  # the log names the commit (ANCHOR_COMMIT: the tree here has no .git) an
   } 2>&1 | tee "$OUT/cuda_tests.log" | tail -30 ;;
 train)
   weights
-  JAX_PLATFORMS=cpu timeout ${LIMIT:-560} python3 benchmarks/bench_train_gpu.py --out "$OUT/train_gpu.json" ${TRAIN_ARGS:-} 2>&1 | tail -40 ;;
+  JAX_PLATFORMS=cpu timeout ${LIMIT:-560} python3 benchmarks/bench_train_gpu.py --steps ${STEPS:-22} --warmup 2 \
+    --out "$OUT/train_gpu.json" ${TRAIN_ARGS:-} 2>&1 | tail -40 ;;
+longest)  # the longest window SmolLM2-135M trains on this GPU, one fresh step per doubling from $START (65536), each
+         # peak beside the memory plan's prediction (benchmarks/bench_longest_window.py --device cuda; OFFLOAD=1: the
+         # checkpoints in host memory): OUT/longest_window_<gpu>.json, rewritten after each length
+  weights
+  JAX_PLATFORMS=cpu timeout ${LIMIT:-560} python3 benchmarks/bench_longest_window.py --device cuda --start ${START:-65536} \
+    ${OFFLOAD:+--offload} --out "$OUT" 2>&1 | tail -20 ;;
 phases)
   weights
   JAX_PLATFORMS=cpu timeout ${LIMIT:-300} python3 benchmarks/bench_train_gpu.py --seq-len 16384 --steps 10 --plain sdpa \
