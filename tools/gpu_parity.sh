@@ -37,9 +37,10 @@
 #   phases   where anchor train's steps spend their time (bench_train_gpu.py --phases, each part synchronized,
 #            intra_doc/varlen at 16K, 10 steps): to find why a run's last steps can take several times its median
 #   paper    `make paper-gpu` in parts, one a session: RUNS=full, then anchor, intra_doc, intra_doc_reset, then
-#            intra_doc@fp32,intra_doc_reset@fp32 (HELDOUT=.devkit/heldout.jsonl, carried: the image's Python has no
-#            test suite); OUT/paper_<runs>/ joined here by `make paper-gpu-merge PARTS=...`. Needs deepspeed and
-#            hjson among the wheels (ZeRO-1)
+#            intra_doc@fp32,intra_doc_reset@fp32 (HELDOUT=.devkit/heldout.jsonl, carried: the image's Python has
+#            no test suite); OUT/paper_<runs>/ joined here by `make paper-gpu-merge PARTS=...`; or
+#            PROFILE=paper-gpu-short, the four bf16 runs in one sitting. Needs deepspeed and hjson among the
+#            wheels (ZeRO-1)
 #   diag     experiments/attn_grad_diag/attn_grad_diag.py: one attention layer's backward on the varlen and flex
 #            kernels against fp64 and the emulations (inputs captured here: .devkit/attn_grad_inputs.npz, 10 MB,
 #            carried)
@@ -200,16 +201,19 @@ phases)
     --runs intra_doc/varlen --phases --out "$OUT/train_phases_gpu.json" 2>&1 | tail -12 ;;
 paper)  # `make paper-gpu` in parts: the runs $RUNS (e.g. full,anchor) of `make paper-gpu` (README: paper-gpu, "In parts")
         # within $LIMIT (560) s, resumed where the last call stopped (the demo's own resume); HELDOUT=FILE where that
-        # Python has no test suite. What comes back, no checkpoint: OUT/paper_<runs>/ (demo.json, paper_gpu.json,
+        # Python has no test suite. PROFILE=paper-gpu-short: that profile whole, in one sitting (RUNS not needed).
+        # What comes back, no checkpoint: OUT/paper_<profile and runs>/ (demo.json, the summary JSON and its .md,
         # eval/*/eval.json, train/*/metrics.jsonl and config.yaml, the page and figures), for `make paper-gpu-merge`
   weights
-  D=runs/paper-gpu-$(echo "${RUNS:?paper needs RUNS, e.g. RUNS=full,anchor}" | tr ',@' '--')
-  JAX_PLATFORMS=cpu timeout -k 30 ${LIMIT:-560} python3 -m anchor demo --profile paper-gpu --runs "$RUNS" --out "$D" \
+  P=${PROFILE:-paper-gpu}
+  [ "$P" = paper-gpu ] && : "${RUNS:?paper needs RUNS, e.g. RUNS=full,anchor (or PROFILE=paper-gpu-short)}"
+  D=runs/$P${RUNS:+-$(echo "$RUNS" | tr ',@' '--')}
+  JAX_PLATFORMS=cpu timeout -k 30 ${LIMIT:-560} python3 -m anchor demo --profile "$P" ${RUNS:+--runs "$RUNS"} --out "$D" \
     ${HELDOUT:+--heldout "$HELDOUT"} --no-progress 2>&1 | tail -20
   mkdir -p "$OUT/paper_${D#runs/}"
-  (cd "$D" && find . -path './train/*/checkpoints' -prune -o -type f \( -name demo.json -o -name paper_gpu.json \
-    -o -name eval.json -o -name metrics.jsonl -o -name config.yaml -o -name index.html -o -name '*.png' \) -print0 \
-    | xargs -0 -r cp --parents -t "$OUT/paper_${D#runs/}") ;;
+  (cd "$D" && find . -path './train/*/checkpoints' -prune -o -type f \( -name demo.json -o -name 'paper_gpu*.json' \
+    -o -name 'paper_gpu*.md' -o -name eval.json -o -name metrics.jsonl -o -name config.yaml -o -name index.html \
+    -o -name '*.png' \) -print0 | xargs -0 -r cp --parents -t "$OUT/paper_${D#runs/}") ;;
 bg)  # gpu_parity.sh OUT bg STEP: STEP in its own session (it outlives the device call), its pid in OUT/STEP.pid
   setsid nohup bash "$0" "$OUT" "${3:?bg needs a step}" > "$OUT/$3.out" 2>&1 < /dev/null &
   echo $! > "$OUT/$3.pid" ;;

@@ -20,12 +20,14 @@ def demo(
     model: Annotated[str, typer.Option("--model", help="HF folder, .gguf file, 'default' or random:<preset>.")] = "default",
     steps: Annotated[Optional[str], typer.Option(
         "--steps", help="Comma-separated stages: top5,corpus,pack,audit,train,parity,eval,bench (the stages they "
-                        "need come along; default: the profile's, every stage but for paper-gpu)."),
+                        "need come along; default: the profile's, every stage but for the paper-gpu ones)."),
     ] = None,
     profile: Annotated[str, typer.Option(
         "--profile", help="Settings: demo (minutes on a CPU), paper-small (the paper's four variants, RULER "
-                          "1K-4K over five checkpoints; hours on a CPU) or paper-gpu (SmolLM2 at 16K in bf16, "
-                          "the four variants and two fp32 runs, RULER 4K-16K; made for one GPU).")] = "demo",
+                          "1K-4K over five checkpoints; hours on a CPU), paper-gpu (SmolLM2 at 16K in bf16, "
+                          "the four variants and two fp32 runs, RULER 4K-16K; made for one GPU) or paper-gpu-short "
+                          "(paper-gpu's four bf16 runs, 100 steps each, evaluated at their last checkpoint; sized "
+                          "for one sitting of a GPU lent in short sessions).")] = "demo",
     fresh: Annotated[bool, typer.Option("--fresh", help="Redo every selected stage instead of reusing it.")] = False,
     prompt: Annotated[str, typer.Option("--prompt", help="Prompt for the next-token comparison.")] = "",
     policy: Annotated[str, typer.Option("--policy", help="Oracle dtype policy of top5: preset name or YAML file.")] = "fp32",

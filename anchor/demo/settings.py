@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from anchor_core.errors import InputError
@@ -164,4 +164,14 @@ PROFILES = {
         perplexity_bucket=2048, timing_steps=20, stages=("corpus", "pack", "train", "eval"),
         summary_json="paper_gpu.json"),
 }
+# `paper-gpu-short`: paper-gpu in one sitting of a GPU host lent in short sessions, whose checkpoints do not outlive
+# the session (a device call runs at most 10 minutes, a limit of the device tool): the four variants in bf16 on
+# paper-gpu's windows (the same corpus, budget and seed: its first 100), 100 steps each, RULER 4K-16K with
+# paper-gpu's samples (the same standard-error bound) and the held-out loss by position on the last checkpoint
+# alone; the fp32 pair is left for later. Sized by estimate: the steps take 4 x 100 x 0.33 s = 132 s on an H100
+# (anchor/varlen's median step at 16K, results/gpu/train_gpu_h100.json); each run's start, its checkpoint and
+# the evaluation are not measured on a GPU yet (the summary records every stage's seconds).
+PROFILES["paper-gpu-short"] = replace(
+    PROFILES["paper-gpu"], train_steps=100, eval_window=1, fp32_variants=(), fp32_steps=0, timing_steps=0,
+    summary_json="paper_gpu_short.json")
 
