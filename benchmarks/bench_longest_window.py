@@ -104,7 +104,7 @@ def gpu_word(name: str) -> str:
     from torchtrain.memory import GPUS
 
     low = name.lower()
-    return next((k for k in sorted(GPUS, key=len, reverse=True) if k.split("-")[0] in low),
+    return next((k for k in GPUS if all(part in low for part in k.split("-"))),
                 re.sub(r"[^a-z0-9]+", "-", low).strip("-"))
 
 
@@ -267,7 +267,8 @@ def main() -> None:
     ap.add_argument("--lens", default=None, help="Comma-separated lengths instead of the plan's doubling series.")
     ap.add_argument("--out", default=str(ROOT / "results" / "memory"))
     ap.add_argument("--replan", metavar="RECORD", default=None,
-                    help="Measure nothing: set the current plan beside RECORD's measurements, written to --out.")
+                    help="Measure nothing: set the current plan beside RECORD's measurements, written to --out under "
+                         "RECORD's name.")
     ap.add_argument("--max-doc-chars", type=int, default=None,
                     help="Pack only the default corpus's documents of at most this many characters: the step's "
                          "memory does not depend on document lengths (the varlen engine), its time grows with "
@@ -290,7 +291,7 @@ def main() -> None:
     if args.device == "cuda":
         gpu_series(args)
         return
-    path = Path(args.out) / "longest_window_cpu.json"
+    path = Path(args.out) / (Path(args.replan).name if args.replan else "longest_window_cpu.json")
     if args.replan:
         result = json.loads(Path(args.replan).read_text())
         if args.complete:

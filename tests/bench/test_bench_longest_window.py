@@ -30,3 +30,19 @@ def test_the_gpu_series_reads_each_steps_peak_and_ends_at_the_first_failure(tmp_
     assert record["summary"] == {"lengths_measured": 1, "longest_trained": 97,
                                  "worst_predicted_over_measured": abs(ok["predicted_over_measured"] - 1)}
     assert "unfinished" not in record and record["machine"]["commit"]
+    # --replan sets the plan beside the measurements again from the record alone (no GPU needed), under its name
+    again = subprocess.run([sys.executable, "benchmarks/bench_longest_window.py", "--replan",
+                            str(tmp_path / "longest_window_cpu-dry-run.json"), "--out", str(tmp_path / "replanned")],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    replanned = json.loads((tmp_path / "replanned" / "longest_window_cpu-dry-run.json").read_text())
+    assert replanned["rows"] == rows and replanned["plan_args"] == record["plan_args"]
+
+
+def test_a_gpus_name_is_the_plans_device_where_one_matches():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_longest_window import gpu_word
+
+    assert gpu_word("NVIDIA H100 80GB HBM3") == "h100" and gpu_word("NVIDIA H200") == "h200"
+    assert gpu_word("NVIDIA A100-SXM4-80GB") == "a100-80gb" and gpu_word("NVIDIA A100-PCIE-40GB") == "a100-40gb"
+    assert gpu_word("NVIDIA L40S") == "nvidia-l40s"
