@@ -181,3 +181,24 @@ def test_keep_adds_a_sessions_parity_parts_to_its_gpus_archive(tmp_path):
     (nxt / "weights.txt").write_text("sha only\n")
     with pytest.raises(InputError, match="no GPU named"):
         gk.keep(nxt, into)
+
+
+def test_each_calls_command_is_ready_to_issue():
+    """kit.json's commands (gpu_kit.COMMANDS): each fits the device tool (2,000 characters, timeout_s at most 600),
+    names the checkout's commit for the records, runs steps gpu_parity.sh has and brings R back; every carrying
+    call has a command."""
+    import re
+
+    gk = _kit_module()
+    steps = set(re.findall(r"^([a-z]+)\)", (ROOT / "tools" / "gpu_parity.sh").read_text(), re.M))
+    commands = gk.session_commands("0123456789ab")
+    assert set(gk.CALLS) <= set(commands)
+    for call, c in commands.items():
+        cmd = c["command"]
+        assert len(cmd) <= 2000 and 0 <= c["timeout_s"] <= 600, call
+        assert cmd.startswith("export ANCHOR_COMMIT=0123456789ab;") and cmd.endswith("tar czf $OUT/r.tgz -C /tmp/res .")
+        used = re.findall(r"\$G (\w+)", cmd)
+        assert used and set(used) <= steps, (call, used)
+        assert ("{budget}" in cmd) == (c["timeout_s"] == 0), call  # filled when the call is made
+    assert "$G start" in commands["1: wheels"]["command"]  # the CUDA tests first
+    assert "PROFILE=paper-gpu-short" in commands["3 (paper-gpu): weights part 2, held-out documents"]["command"]

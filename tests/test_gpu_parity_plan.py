@@ -130,3 +130,24 @@ def test_the_longest_window_step_runs_the_gpu_series_of_the_memory_benchmark(tmp
     assert len(bench) == 1 and "--device cuda --start 65536 --offload --out" in bench[0]
     calls, _ = _plan(tmp_path, finish=True, step="train")
     assert any("bench_train_gpu.py --steps 22 --warmup 2" in c for c in calls)  # 20 timed steps a configuration
+
+
+def test_the_kits_first_command_starts_the_tests_and_brings_r_back(tmp_path):
+    """gpu_kit.COMMANDS' first call, as the device tool runs it (bash -c, $OUT set), with the stand-ins."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    from gpu_kit import session_commands
+
+    _plan(tmp_path, finish=True, step="seed")  # the stand-in repository and tools
+    res, out = tmp_path / "res", tmp_path / "out"
+    out.mkdir()
+    cmd = session_commands("0123456789ab")["1: wheels"]["command"].replace("/tmp/res", str(res))
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls.log"),
+           "OUT": str(out), "TESTS_SECONDS": "0"}
+    done = subprocess.run(["bash", "-c", cmd], cwd=tmp_path / "repo", env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "tests: started" in done.stdout and (out / "r.tgz").is_file()
+    time.sleep(1)
+    assert (res / "cuda_tests.log").read_text().startswith("commit: 0123456789ab\n")

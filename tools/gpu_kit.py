@@ -182,6 +182,21 @@ CALLS = {  # tools/gpu_parity.sh's session plan: what each call carries beside t
     "3 (parity): weights part 2": ["parts/manifest.json", "parts/{part1}"],
     "3 (paper-gpu): weights part 2, held-out documents": ["parts/manifest.json", "parts/{part1}", "heldout.jsonl"],
 }
+# Each call's command and timeout_s as the device tool takes them (kit.json holds them with the checkout's commit,
+# so a session issues each call at once: a machine goes back 30 s after a call ends). R=/tmp/res lives while the
+# machine is held; each call brings back all of it as $OUT/r.tgz. A paper-gpu session's first call installs the
+# wheels without starting the tests (they would share the GPU with the timed runs); call 2 is the same in both.
+GPU = "export ANCHOR_COMMIT={commit}; G='bash tools/gpu_parity.sh /tmp/res'; "
+BACK = "; tar czf $OUT/r.tgz -C /tmp/res ."
+COMMANDS = {
+    "1: wheels": (GPU + "$G start" + BACK, 120),
+    "1 (paper-gpu): wheels": (GPU + "$G seed" + BACK, 120),
+    "2: weights part 1": (GPU + "$G join" + BACK, 60),
+    "3 (parity): weights part 2": (GPU + "$G join && BUDGET=540 $G plan" + BACK, 590),
+    "4 (parity): the plan again, at once": (GPU + "BUDGET={budget} $G plan" + BACK, 0),
+    "3 (paper-gpu): weights part 2, held-out documents":
+        (GPU + "$G join && PROFILE=paper-gpu-short HELDOUT=.devkit/heldout.jsonl LIMIT=560 $G paper" + BACK, 590),
+}
 # attn_grad_inputs.npz (the inputs of experiments/attn_grad_diag, 10 MiB) is in no planned call: `kit
 # --attention-inputs` captures it for a session that carries it by hand, and gpu_parity.sh's plan runs
 # diag where it is carried.
@@ -282,6 +297,16 @@ def carry_plan(root: Path, parts: list[str]) -> dict:
     return {"tree_mib": round(tree / 2**20, 1), "calls": calls}
 
 
+def session_commands(commit: str | None = None) -> dict[str, dict]:
+    """COMMANDS with the checkout's commit (anchor_core.machine.commit, `+dirty` where tracked files differ from it)
+    for ANCHOR_COMMIT: each call's command and timeout_s. timeout_s 0: what is left of the session's device time
+    less 20 s, with `{budget}` in the command to be filled with that less 20 more (known only then)."""
+    from anchor_core.machine import commit as checkout_commit
+
+    named = commit or checkout_commit() or "unknown"
+    return {call: {"command": cmd.replace("{commit}", named), "timeout_s": t} for call, (cmd, t) in COMMANDS.items()}
+
+
 def kit(root: Path, part_mib: float | None = None, capture_attention: bool = False) -> dict:
     """Make the kit under `root` (module docstring) and return kit.json's content. `part_mib` None: the
     weights in two parts sized so that the fullest call with part 1 (call 2) and the fullest
@@ -324,10 +349,12 @@ def kit(root: Path, part_mib: float | None = None, capture_attention: bool = Fal
                         for f in files},
               "wheels": {w.name: WHEELS[next(n for n in WHEELS if w.name.lower().startswith(
                   n.lower().replace("-", "_") + "-"))] for w in wheels},
-              **carry_plan(root, [p["file"] for p in manifest["parts"]])}
+              **carry_plan(root, [p["file"] for p in manifest["parts"]]),
+              "commands": session_commands()}
     write_text_atomic(devkit / "kit.json", json.dumps(record, indent=1) + "\n")
     for call, c in record["calls"].items():
         print(f"call {call}: {c['mib_with_tree']} MiB with the tree; carry {json.dumps(c['carry'])}")
+    print(f"each call's command and timeout_s: {DEVKIT / 'kit.json'} (commands)")
     return record
 
 

@@ -54,7 +54,8 @@
 # A session's calls, each begun within 30 s of the last one's end (else the machine goes back, bare, and /tmp
 # with it), R=/tmp/res, every call ending with `tar czf $OUT/r.tgz -C /tmp/res .` (what comes back; at most
 # 16 MiB a file). With 15 minutes of device time (the wheels alone in call 1, the GGUF in two parts of about
-# 47 MiB after them; .devkit/kit.json has each call's MiB with the tree, about 60 at most), the CUDA tests first:
+# 47 MiB after them; .devkit/kit.json has each call's MiB with the tree, about 60 at most, and under "commands"
+# each call's command and timeout_s as the device tool takes them, the commit filled in), the CUDA tests first:
 #   1 (carry .whl; timeout_s 120)       ANCHOR_COMMIT=<the checkout's commit> bash tools/gpu_parity.sh R start
 #                                       (the wheels installed, `pytest -m cuda` started in the background on
 #                                       cores 12-15: it outlives the call; the commit heads its log, since the
