@@ -105,6 +105,8 @@ def plan(
         against = (f"against {host_budget / g:.1f} GiB of host memory" if host_budget is not None
                    else "not checked: give --host-memory GIB")
         typer.echo(f"host: the offloaded checkpoints of {cfg.parallel.nproc} process(es), {against}")
+    elif host_memory is not None:
+        typer.echo("host: nothing offloaded (model.offload_checkpoints on a GPU), --host-memory not used")
     if longest is not None:
         typer.echo(f"longest window that fits: {longest} ({fitting[-1].need.total / g:.1f} of {budget / g:.1f} GiB)")
     else:

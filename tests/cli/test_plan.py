@@ -213,6 +213,8 @@ def test_offloaded_checkpoints_are_planned_against_the_hosts_memory(capsys):
     assert code == 0, err
     last = out.strip().splitlines()[-1]
     assert last.startswith(f"{rows[-1]['seq_len']} does not fit: its offloaded checkpoints need ") and "host" in last
+    code, out, err = run_cli(["plan", "--config", "smollm2_2k", "--device", "h100", "--host-memory", "100"], capsys)
+    assert code == 0 and "host: nothing offloaded (model.offload_checkpoints on a GPU), --host-memory not used" in out
 
 
 def test_train_refuses_offloaded_checkpoints_the_host_cannot_hold(monkeypatch):
