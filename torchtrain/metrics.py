@@ -35,11 +35,16 @@ def peak_memory(device: torch.device) -> dict[str, float]:
     on CUDA the caching allocator's peak of live tensors (`peak_memory_gib`, torch.cuda.max_memory_allocated)
     and of what it took from the device (`peak_reserved_gib`, which also holds its free blocks; the CUDA context
     is in neither); elsewhere the process's peak resident set (`peak_memory_gib`: Python, the libraries, the
-    model and the work, as `/usr/bin/time -v` reads it)."""
+    model and the work): VmHWM of /proc/self/status, which starts anew with the process's program. (getrusage's
+    ru_maxrss survives exec: a trainer started by a larger process would report its parent's peak.)"""
     if device.type == "cuda":
         return {"peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 4),
                 "peak_reserved_gib": round(torch.cuda.max_memory_reserved(device) / 2**30, 4)}
-    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    try:
+        with open("/proc/self/status") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):  # no procfs: the rusage peak, which may hold a parent's
+        kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     return {"peak_memory_gib": round(kib / 2**20, 4)}
 
 
