@@ -91,6 +91,20 @@ def available_memory() -> int:
     return max(0, int(avail))
 
 
+def peak_rss() -> int | None:
+    """This process's resident high-water mark in bytes (VmHWM of /proc/self/status), or None without procfs. It
+    starts anew with the process's program (getrusage's ru_maxrss survives exec: a process started by a larger
+    one would report its parent's peak), and `echo 5 > /proc/self/clear_refs` resets it to the current RSS."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def check_memory(need: float, what: str) -> None:
     """InputError when `need` bytes exceed 90% of the memory available now."""
     avail = available_memory()

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from anchor_core.atomic import write_text_atomic
+from anchor_core.limits import peak_rss
 from anchor_core.weights import readable_by_umask
 
 if TYPE_CHECKING:
@@ -30,22 +30,17 @@ METRICS_FILE = "metrics.jsonl"
 GRADS_DIR = "grads"
 
 
-def peak_memory(device: torch.device) -> dict[str, float]:
+def peak_memory(device: torch.device) -> dict[str, float | None]:
     """The most memory this process has held so far, in GiB, what `anchor plan` predicts a step's peak against:
     on CUDA the caching allocator's peak of live tensors (`peak_memory_gib`, torch.cuda.max_memory_allocated)
     and of what it took from the device (`peak_reserved_gib`, which also holds its free blocks; the CUDA context
     is in neither); elsewhere the process's peak resident set (`peak_memory_gib`: Python, the libraries, the
-    model and the work): VmHWM of /proc/self/status, which starts anew with the process's program. (getrusage's
-    ru_maxrss survives exec: a trainer started by a larger process would report its parent's peak.)"""
+    model and the work: anchor_core.limits.peak_rss; None without procfs)."""
     if device.type == "cuda":
         return {"peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 4),
                 "peak_reserved_gib": round(torch.cuda.max_memory_reserved(device) / 2**30, 4)}
-    try:
-        with open("/proc/self/status") as f:
-            kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
-    except (OSError, StopIteration):  # no procfs: the rusage peak, which may hold a parent's
-        kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    return {"peak_memory_gib": round(kib / 2**20, 4)}
+    rss = peak_rss()
+    return {"peak_memory_gib": None if rss is None else round(rss / 2**30, 4)}
 
 
 def read_metrics(run: str | Path) -> list[dict[str, Any]]:

@@ -21,20 +21,10 @@ import numpy as np
 
 from anchor_core.data.batch import make_batch
 from anchor_core.errors import InputError, UnavailableError
+from anchor_core.limits import peak_rss
 from torchtrain.engines import attend, check_engine, prepare_meta
 
 _CLEAR_REFS = Path("/proc/self/clear_refs")
-_STATUS = Path("/proc/self/status")
-
-
-def _vm_hwm_bytes() -> int | None:
-    try:
-        for line in _STATUS.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 @contextlib.contextmanager
@@ -57,7 +47,7 @@ def peak_memory(device: str) -> Iterator[dict[str, Any]]:
     except OSError:
         ok = False
     yield out
-    hwm = _vm_hwm_bytes()
+    hwm = peak_rss()
     out["peak_rss_gib"] = round(hwm / 2**30, 3) if ok and hwm is not None else None
 
 
