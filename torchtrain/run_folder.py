@@ -192,12 +192,12 @@ def check_step_memory(cfg: TrainConfig, spec: ModelSpec, seq_len: int, engine: s
 
 
     cuda = torch.cuda.is_available()
-    procs = 1 if cuda else int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if launched_externally() else cfg.parallel.nproc
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if launched_externally() else cfg.parallel.nproc
+    procs = 1 if cuda else local  # the processes that share this memory: on CUDA each has its device
     world = int(os.environ.get("WORLD_SIZE", "1")) if launched_externally() else cfg.parallel.nproc
     need = step_memory(spec, seq_len=seq_len, **step_of(cfg, engine=engine, dtype=dtype, procs=procs, world=world,
                                                         on_gpu=cuda))
     if need.host:  # offloaded checkpoints (CUDA): every local process's in this host's memory
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if launched_externally() else cfg.parallel.nproc
         host_free = engines.available_memory("cpu")
         if host_free is not None and need.host * local > host_free:
             raise InputError(f"model.offload_checkpoints at data.seq_len={seq_len} needs about "
