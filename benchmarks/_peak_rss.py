@@ -39,10 +39,16 @@ def measure(args: list[str]) -> dict:
     done = subprocess.run([TIME, "-v", *anchor_cmd(*args)], capture_output=True, text=True, check=False, cwd=ROOT)
     seconds = round(time.perf_counter() - t0, 1)
     if done.returncode != 0:
-        tail = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("\t")][-2:]
-        return {"failed": f"exit {done.returncode}: {tail}", "seconds": seconds}
+        return {"failed": failure(done), "seconds": seconds}
     kib = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1))
     return {"peak_rss_bytes": kib * 1024, "seconds": seconds}
+
+
+def failure(done: subprocess.CompletedProcess) -> str:
+    """Why a process failed: its exit code and the last two lines of its own stderr (GNU time's report, indented
+    by a tab, left out)."""
+    tail = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("\t")][-2:]
+    return f"exit {done.returncode}: {tail}"
 
 
 def pack(corpus: Path, T: int, out: Path, *, model: str, budget: int | None = None) -> Path:

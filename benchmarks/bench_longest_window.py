@@ -40,7 +40,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from _peak_rss import GiB, ROOT, anchor_cmd, measure, pack, require_time
+from _peak_rss import GiB, ROOT, anchor_cmd, failure, measure, pack, require_time
 
 RUN = ["data.global_batch=1", "data.micro_batch=1", "model.activation_checkpointing=true", "model.tiled_mlp=true",
        "schedule.steps=1", "checkpoint.save_every=0"]
@@ -122,8 +122,7 @@ def metrics_step(T: int, data: Path, run: Path, overrides: list[str], config: st
                           capture_output=True, text=True, check=False, cwd=ROOT)
     row: dict = {"seconds": round(time.perf_counter() - t0, 1), "rope_theta": theta}
     if done.returncode != 0:
-        tail = [line for line in done.stderr.splitlines() if line.strip()][-2:]
-        return {**row, "failed": f"exit {done.returncode}: {tail}"}
+        return {**row, "failed": failure(done)}
     last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     row.update(peak_allocated_bytes=int(last["peak_memory_gib"] * GiB),
                peak_reserved_bytes=int(last.get("peak_reserved_gib", last["peak_memory_gib"]) * GiB),
@@ -216,6 +215,7 @@ def gpu_series(args) -> None:
     from anchor_core.data.corpus import CORPUS_FILE, write_default_corpus
     from anchor_core.machine import machine
     from torchtrain.engines import available_memory
+    from torchtrain.config import load_train_config
     from torchtrain.memory import GPUS
 
     cuda = torch.cuda.is_available()
@@ -246,7 +246,7 @@ def gpu_series(args) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-longest-") as tmp:
         tmp = Path(tmp)
         write_default_corpus(tmp / "corpus", progress=False)
-        model = "default" if args.config == CONFIG else "random:llama"
+        model = load_train_config(args.config).model.name  # the windows packed for the config's own model
         for T in lens:
             data = pack(tmp / "corpus" / CORPUS_FILE, T, tmp / f"pack-{T}", model=model, budget=max(200000, T))
             row = metrics_step(T, data, tmp / f"run-{T}", run, args.config)
