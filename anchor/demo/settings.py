@@ -168,8 +168,9 @@ PROFILES = {
 # the machine (tools/gpu_parity.sh; a job's limit is 10 minutes): the four variants in bf16 on
 # paper-gpu's windows (the same corpus, budget and seed: its first 100), 100 steps each, RULER 4K-16K with
 # paper-gpu's samples (the same standard-error bound) and the held-out loss by position on the last checkpoint
-# alone; the fp32 pair is left for later. Sized by estimate: the steps take 4 x 100 x 0.33 s = 132 s on an H100
-# (anchor/varlen's median step at 16K, results/gpu/train_gpu_h100.json); each run's start, its checkpoint and
+# alone; the fp32 pair is left for later. Sized by estimate: the steps take 4 x 100 x 0.317 s = 127 s on an H100 by
+# anchor/varlen's median step at 16K, 197 s by its mean of 0.492 s (4 timed steps, the last 3x the median;
+# results/gpu/train_gpu_h100.json); each run's start, its checkpoint and
 # the evaluation are not measured on a GPU yet (the summary records every stage's seconds).
 PROFILES["paper-gpu-short"] = replace(
     PROFILES["paper-gpu"], train_steps=100, eval_window=1, fp32_variants=(), fp32_steps=0, timing_steps=0,
