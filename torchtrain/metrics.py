@@ -29,18 +29,28 @@ if TYPE_CHECKING:
 METRICS_FILE = "metrics.jsonl"
 GRADS_DIR = "grads"
 
+# The largest VmHWM read in this process (pid, bytes): the kernel computes VmHWM from approximate RSS counters
+# (per-CPU batches), so a later reading can come out a few hundred KiB below an earlier one.
+_cpu_peak: tuple[int, int] = (-1, 0)
+
 
 def peak_memory(device: torch.device) -> dict[str, float | None]:
     """The most memory this process has held so far, in GiB, what `anchor plan` predicts a step's peak against:
     on CUDA the caching allocator's peak of live tensors (`peak_memory_gib`, torch.cuda.max_memory_allocated)
     and of what it took from the device (`peak_reserved_gib`, which also holds its free blocks; the CUDA context
     is in neither); elsewhere the process's peak resident set (`peak_memory_gib`: Python, the libraries, the
-    model and the work: anchor_core.limits.peak_rss; None without procfs)."""
+    model and the work: the largest anchor_core.limits.peak_rss read so far, so that the logged peaks never
+    decrease; None without procfs)."""
+    global _cpu_peak
     if device.type == "cuda":
         return {"peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 4),
                 "peak_reserved_gib": round(torch.cuda.max_memory_reserved(device) / 2**30, 4)}
     rss = peak_rss()
-    return {"peak_memory_gib": None if rss is None else round(rss / 2**30, 4)}
+    if rss is None:
+        return {"peak_memory_gib": None}
+    pid, most = _cpu_peak
+    _cpu_peak = (os.getpid(), max(rss, most if pid == os.getpid() else 0))  # a forked child starts its own
+    return {"peak_memory_gib": round(_cpu_peak[1] / 2**30, 4)}
 
 
 def read_metrics(run: str | Path) -> list[dict[str, Any]]:
