@@ -1,4 +1,5 @@
-"""One JAX compilation cache for the whole test run (every xdist worker, every test).
+"""One JAX compilation cache for the whole test run (every xdist worker, every test), and each test module's
+memory given back when it ends.
 
 The tests compile many identical XLA programs: the same decoder at the same sizes in several tests, and each
 xdist worker compiling what the other already did. JAX's persistent cache (keyed by the program, the XLA
@@ -9,14 +10,33 @@ under 0.2 s are not kept (JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS; the audit,
 for a user, keeps these too in the tests: its numbers do not depend on it). ANCHOR_TEST_NO_JAX_CACHE=1
 turns it off (to time the tests without it: the jaxref subset of tests/jaxref/test_{invariance,decoder_parity,
 attention_blocks,train}.py took 345 s without and 279 s with it on 2 cores).
+
+An xdist worker runs a few hundred test modules in one process, and two limits bind it. Memory: modules keep
+models, logits and oracle taps in their own functools caches, and JAX keeps every program it compiled; kept
+for a worker's life they reach about 11 GiB per worker over `make test`, on a machine of 24 GiB that two
+workers share. Memory maps: XLA's CPU backend maps each compiled object's code, constants and data apart
+(six maps for a small jitted function; a T=97 parity case adds about 300), and a process may hold vm.max_map_count of them (65,530 by
+default); at the limit XLA's next mapping fails ("allocateMappedMemory failed with error: Cannot allocate
+memory") and the worker dies. The whole parity matrix in one process reaches it. So `_release_module_memory`
+drops what a module cached when it ends: its own functools caches (not the shared ones it imports), JAX's
+in-memory caches (programs come back from the persistent cache above; releasing a program unmaps it), then
+the garbage and glibc's free pages; and `_keep_maps_below_the_limit` drops JAX's caches after any test that
+leaves the process past half its map limit.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+import gc
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
+
+import pytest
 
 _OWNED = "ANCHOR_TEST_JAX_CACHE_OWNER"
 _PREFIX = "anchor-test-jax-"
@@ -54,3 +74,56 @@ def pytest_unconfigure(config):
     if os.environ.get(_OWNED) == str(os.getpid()):
         shutil.rmtree(os.environ.pop("JAX_COMPILATION_CACHE_DIR"), ignore_errors=True)
         os.environ.pop(_OWNED)
+
+
+def module_caches(module) -> list[functools._lru_cache_wrapper]:
+    """The functools caches a test module defines (those it imports from a conftest or the library are shared
+    with other modules and keep their own bounds)."""
+    return [v for v in vars(module).values()
+            if isinstance(v, functools._lru_cache_wrapper) and getattr(v, "__module__", None) == module.__name__]
+
+
+def _malloc_trim() -> None:
+    """glibc keeps freed small blocks in its arenas; malloc_trim(0) returns their whole pages to the system."""
+    name = ctypes.util.find_library("c")
+    if name and sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(name).malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc
+            pass
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_module_memory(request):
+    yield
+    for cache in module_caches(request.module):
+        cache.cache_clear()
+    if "jax" in sys.modules:
+        sys.modules["jax"].clear_caches()
+    gc.collect()
+    _malloc_trim()
+
+
+def map_count() -> int | None:
+    """The number of memory maps this process holds (lines of /proc/self/maps), None without procfs."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return f.read().count(b"\n")
+    except OSError:
+        return None
+
+
+def max_map_count() -> int:
+    try:
+        return int(Path("/proc/sys/vm/max_map_count").read_text())
+    except (OSError, ValueError):
+        return 65530  # the kernel's default
+
+
+@pytest.fixture(autouse=True)
+def _keep_maps_below_the_limit():
+    yield
+    maps = map_count()
+    if maps is not None and maps > max_map_count() // 2 and "jax" in sys.modules:
+        sys.modules["jax"].clear_caches()
+        gc.collect()

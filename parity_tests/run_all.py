@@ -5,7 +5,8 @@
 Pass 1 runs `pytest -n WORKERS --dist loadgroup -m "parity_full and not serial" parity_tests -v`
 and reads its verbose lines as they come: the node ids reported PASSED (or SKIPPED) are done; then
 the cases marked `serial` (two SmolLM2 gradient cases of 12.5 GB each) run in one process. A worker that dies
-(the OOM killer, or a segfault inside XLA's compiler in a long-lived worker) takes its running case
+(the OOM killer; or XLA, unable to map a compiled program past vm.max_map_count in a long-lived worker,
+which the root conftest.py keeps below half that limit) takes its running case
 with it, and xdist can then hang on the crashed worker's group (its workers idle, no line for many
 minutes); pass 1 is therefore stopped when it has printed
 nothing for `--idle-s`, or at `--limit-s`. Pass 2 runs every collected case not
