@@ -12,16 +12,16 @@ turns it off (to time the tests without it: the jaxref subset of tests/jaxref/te
 attention_blocks,train}.py took 345 s without and 279 s with it on 2 cores).
 
 An xdist worker runs a few hundred test modules in one process, and two limits bind it. Memory: modules keep
-models, logits and oracle taps in their own functools caches, and JAX keeps every program it compiled; kept
-for a worker's life they reach about 11 GiB per worker over `make test`, on a machine of 24 GiB that two
-workers share. Memory maps: XLA's CPU backend maps each compiled object's code, constants and data apart
-(six maps for a small jitted function; a T=97 parity case adds about 300), and a process may hold vm.max_map_count of them (65,530 by
-default); at the limit XLA's next mapping fails ("allocateMappedMemory failed with error: Cannot allocate
-memory") and the worker dies. The whole parity matrix in one process reaches it. So `_release_module_memory`
-drops what a module cached when it ends: its own functools caches (not the shared ones it imports), JAX's
-in-memory caches (programs come back from the persistent cache above; releasing a program unmaps it), then
-the garbage and glibc's free pages; and `_keep_maps_below_the_limit` drops JAX's caches after any test that
-leaves the process past half its map limit.
+models, logits and oracle taps in their own functools caches, and JAX keeps every program it compiled; kept for a
+worker's life they reach about 11 GiB per worker over `make test`, on a machine of 24 GiB that two workers share.
+Memory maps: XLA's CPU backend maps each compiled object's code, constants and data apart (six maps for a small
+jitted function; a T=97 parity case adds about 300), and a process may hold vm.max_map_count of them (65,530 by
+default); at the limit XLA's next mapping fails ("allocateMappedMemory failed with error: Cannot allocate memory")
+and the worker dies. The whole parity matrix in one process reaches it. So `_release_module_memory` drops what a
+module cached when it ends: its own functools caches (not the shared ones it imports), JAX's in-memory caches
+(programs come back from the persistent cache above; releasing a program unmaps it), then the garbage and glibc's
+free pages; and `_keep_maps_below_the_limit` drops JAX's caches after any test that leaves the process past half
+its map limit.
 """
 
 from __future__ import annotations
