@@ -27,7 +27,6 @@ its map limit.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import gc
 import os
@@ -83,14 +82,9 @@ def module_caches(module) -> list[functools._lru_cache_wrapper]:
             if isinstance(v, functools._lru_cache_wrapper) and getattr(v, "__module__", None) == module.__name__]
 
 
-def _malloc_trim() -> None:
-    """glibc keeps freed small blocks in its arenas; malloc_trim(0) returns their whole pages to the system."""
-    name = ctypes.util.find_library("c")
-    if name and sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(name).malloc_trim(0)
-        except (OSError, AttributeError):  # not glibc
-            pass
+# glibc keeps freed small blocks in its arenas; malloc_trim(0) returns their whole pages to the system (None where
+# the C library has no such call).
+_MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -101,7 +95,8 @@ def _release_module_memory(request):
     if "jax" in sys.modules:
         sys.modules["jax"].clear_caches()
     gc.collect()
-    _malloc_trim()
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def map_count() -> int | None:
@@ -120,10 +115,15 @@ def max_map_count() -> int:
         return 65530  # the kernel's default
 
 
+_MAX_MAPS = max_map_count()
+
+
 @pytest.fixture(autouse=True)
 def _keep_maps_below_the_limit():
     yield
+    if "jax" not in sys.modules:  # nothing compiled: no maps to count
+        return
     maps = map_count()
-    if maps is not None and maps > max_map_count() // 2 and "jax" in sys.modules:
+    if maps is not None and maps > _MAX_MAPS // 2:
         sys.modules["jax"].clear_caches()
         gc.collect()
