@@ -1,75 +1,17 @@
-"""The step you run, checked as a black box: your own transformers model on one batch of your own collator.
+"""The training step you run, checked as a black box: your transformers model on one batch of your collator.
+
+    from parity_tests.blackbox import check_step               # also `anchor.check_step`
+    report = check_step(model, batch)                           # runs model(**batch) as your loop does
+    report["computes"], report["probe"]["moved"], report["message"]
+
+`check_step` says which attention variant of docs/DESIGN.md §1-§2 that forward computes, held against the
+oracle (jaxref, fp64) on the same tokens and weights; where the model runs in bfloat16, whether it passes the
+bf16 rule; and which documents see each other (a perturbation probe that needs no oracle). Its docstring says
+how each is judged; docs/guides/hf-trainer.md is the user's guide. `probe_documents` is the probe alone,
+`step_message` the report's one paragraph, with which the pytest fixture `anchor_check_step`
+(anchor/pytest_plugin.py) fails a test. The helpers follow them, in the order check_step calls them.
 
 Legend: B rows, T slots, V vocabulary, L layers.
-
-`check_step(model, batch)` runs `model(**batch)` on the batch exactly as your loop passes it (the same
-keys and values, nothing added, one dtype cast: see below; `use_cache` stays whatever the model's config
-and the batch say) and says which attention variant of docs/DESIGN.md §1-§2 that forward computes, held
-against the oracle (jaxref, fp64) on the same tokens and the same weights:
-
-  documents   where the documents of the batch are (parity_tests.batch_documents, the first that applies):
-                1. `doc_ids=` given by you: int [B, T] (or [T] for one row), equal ids = one document,
-                   -1 padding;
-                2. the batch's own `doc_ids` key (torchtrain.hf.PackingCollator's: 0 the anchor slot,
-                   documents 1, 2, …, -1 padding);
-                3. `cu_seq_lens_q`, else `cu_seq_lens_k` (DataCollatorWithFlattening(
-                   return_flash_attn_kwargs=True), what flash_attention_2 reads): one row, a document per
-                   interval;
-                4. a 4-D `attention_mask` [B, 1|H, T, T] (bool / 0-1: True attends; float: additive, 0
-                   attends): a new document wherever the earliest key a slot sees (slot 0 left out: the
-                   anchor mask lets every slot see it) differs from the previous slot's; a slot that sees
-                   nothing, and the run at a row's end that sees only itself (§2's padding), is padding;
-                5. `position_ids` that restart: a new document wherever a position is not the previous
-                   one + 1 (the rule of transformers' masking_utils.find_packed_sequence_indices);
-                6. otherwise one document per row.
-              The order follows what is most explicit: ids, offsets and a mask say where documents are, a
-              restart of position_ids only implies it (transformers reads it that way only where
-              past_key_values is None: with use_cache on, a flattened batch attends across documents).
-              A 2-D `attention_mask` marks padding (0) in every case. Where two sources in the batch
-              put the boundaries in different places the report says so (`documents["disagree"]`).
-              The `anchor` variant's anchor is slot 0 of each row (the first token the collator put
-              there), counted with the document slot 1 opens: the oracle's anchor rule lets every slot
-              see slot 0, whichever document it opens.
-  computes    the forward's float32 taps (a float32 copy, its rotary tables rebuilt from the config;
-              embeddings, q and k as the attention function gets them, attention and MLP outputs,
-              hidden states, logits) against the oracle's fp64 taps of each
-              variant (each at its own positions, §2), by the fp32 rule (parity_tests.core.RULE): the
-              variants within it are `matches`, `computes` is the one asked with the smallest error
-              (else the closest match). Where none is within, the oracle is also run with each mask
-              (full, per document, anchor) at the batch's own position_ids, which names what a
-              mixed stack computes (`reading`: e.g. full attention at restarting positions, what
-              transformers' sdpa computes on a flattened batch while it builds a cache). Where it does not
-              compute the variant asked, the documents whose tapped quantity at the first diverging tap is
-              over the tolerance against the asked variant's oracle are named with their first slots
-              (`fp32["documents"]`).
-  bf16        where the model runs in bfloat16 (its own dtype, or dtype="bfloat16"), its bfloat16
-              taps against the fp64 truth of the variant it computes, by the suite's bf16 rule
-              (2 x the emulation's error + the floor; the emulation of its attention implementation,
-              parity_tests.emulations.HF_EMULATIONS, or `emulation=`).
-  probe       no oracle: change the tokens of one document (all but slot 0 of its row, the anchor the
-              anchor variant shares) and list every other document whose logits moved, relative to
-              its logits, by more than 2 x the run-to-run noise of the same forward (measured: the
-              batch run twice) + the fp32 tolerance. Documents that move are documents that see each
-              other. It runs in the dtype the model runs in. Where the step does not compute the variant
-              asked, it changes each document another follows in turn (up to PROBE_SWEEP), so the report
-              says which document moves which (`probe["moved_by"]`).
-  pass        it computes one of `variants`, passes the bf16 rule where it runs in bfloat16, and (unless
-              `full` is asked) the probe moved no other document.
-
-The forwards run on copies of the model (eval mode, no gradient): your model, its mode and its dtype
-are left as they are. The one change made to the batch: a floating (additive) 4-D attention_mask in the
-model's own dtype is given to each copy in that copy's dtype (a bfloat16 loop builds its mask in bfloat16,
-and torch's sdpa refuses a mask in another dtype than the query's: the float32 copy would fail a step the
-model runs). A mask in another dtype than the model's, and bool and integer masks, go as they are, so the
-copies run what the model runs, an error included. `check_step` returns a report whose
-`message` is one paragraph (what was asked, what it computes, the first diverging layer and quantity with
-its error and the documents over the tolerance there, what the probe saw); the pytest fixture
-`anchor_check_step` (anchor/pytest_plugin.py) fails a test with it.
-
-    from transformers import DataCollatorWithFlattening
-    batch = DataCollatorWithFlattening(return_tensors="pt")(features)
-    report = check_step(model, batch)
-    report["computes"], report["probe"]["moved"], report["message"]
 """
 
 from __future__ import annotations
@@ -88,7 +30,7 @@ from parity_tests.cases import CaseInputs
 from parity_tests.core import EMBED, HEAD, RULE, Rule, tap_errors
 from parity_tests.core import hold as judged
 from parity_tests.emulations import HF_EMULATIONS
-from parity_tests.hf_stack import IDENTIFYING, TRUTH, _error, bf16_verdict, identify, module_subject, only, where
+from parity_tests.hf_stack import IDENTIFYING, TRUTH, bf16_verdict, error_line, identify, module_subject, only, where
 from parity_tests.runners import Taps, as_arrays, oracle
 from torchtrain.taps import capture_taps
 
@@ -104,8 +46,247 @@ _MASK_WORDS = {"full": "full attention (across documents)", "intra_doc": "attent
 _PER_DOCUMENT = ("intra_doc", "intra_doc_reset", "anchor")
 
 
+def check_step(model: Any, batch: Any, *, variants: Any = "all", dtype: str | None = None, doc_ids: Any = None,
+               probe: bool = True, probe_document: int | None = None, emulation: str | None = None,
+               rule: Rule = RULE) -> dict[str, Any]:
+    """Run model(**batch) on copies of `model` and say which variant the step computes.
+
+    How it judges (your model, its mode and dtype are left as they are; the copies run in eval mode without
+    gradient):
+      documents  read from the batch (parity_tests.batch_documents: `doc_ids=`, the batch's doc_ids,
+                 cu_seq_lens, a 4-D mask, restarting position_ids, else one per row; a 2-D mask marks padding).
+      computes   a float32 copy's taps (its rotary tables rebuilt from the config) against the oracle's fp64
+                 taps of each variant, by the fp32 rule: `matches` are within it, `computes` is the one asked
+                 with the smallest error. Where none matches, each mask at the batch's own position_ids
+                 (`reading`: e.g. full attention at restarting positions); where it does not compute the
+                 variant asked, the documents over the tolerance at the first diverging tap.
+      bf16       where the model runs in bfloat16: its taps against the fp64 truth of what it computes, by
+                 the suite's bf16 rule (2 x the emulation's error + the floor).
+      probe      one document's tokens changed (slot 0 kept); the other documents whose logits moved by more
+                 than 2 x the run-to-run noise + the fp32 tolerance see it. Each in turn (up to PROBE_SWEEP)
+                 where the step does not compute the variant asked.
+      pass       it computes one of `variants`, passes the bf16 rule where it applies, and (unless "full" is
+                 asked) the probe moved no other document.
+    The batch runs as given (`use_cache` stays what the config and the batch say), with one change: a floating
+    4-D attention_mask in the model's dtype is given to each copy in that copy's dtype (torch's sdpa refuses a
+    mask in another dtype than the query's).
+
+    Args:
+      model: your transformers causal LM of a supported family (llama, mistral, qwen2, qwen3), as built.
+      batch: the dict your loop passes to model(**batch) (input_ids required; run as given, a floating 4-D
+        attention_mask in the model's dtype in each copy's).
+      variants: "all", one variant or a list: the variants the step may compute to pass.
+      dtype: None (the model's own dtype), "float32" (identify only) or "bfloat16" (also the bf16 rule).
+      doc_ids: the documents, where the batch does not say them (int [B, T], -1 padding).
+      probe: also run the perturbation probe; probe_document: the document it changes (default the first
+        one another document follows; each in turn where the step does not compute the variant asked).
+      emulation: the oracle bf16 preset of the bf16 rule (default: the model's attention implementation's).
+    Returns:
+      {"pass", "message", "asked", "computes", "matches", "closest", "reading" ({"mask", "positions"} where
+       no variant matches and the batch's positions explain it), "attends_across_documents", "documents",
+       "attn_implementation", "use_cache", "candidates" (per variant: pass, worst_margin,
+       first_divergence), "fp32" (first_divergence against the asked variant nearest, and the
+       "documents" over the tolerance there: row, document, first_slot, rel_l2), "bf16" (policy, pass,
+       first_divergence, summary) or None, "probe"}.
+    """
+    asked = _variants(variants)
+    run_dtype = _check_args(model, dtype, probe, emulation)
+    docs = infer_documents(batch, doc_ids=doc_ids)
+    tokens, doc = batch_tokens(batch), docs["doc_ids"]
+    own = _model_dtype(model)
+    run_dtype = run_dtype or own
+    subject = module_subject(model)
+    if int(tokens.max()) >= subject.spec.vocab_size or int(tokens.min()) < 0:
+        raise InputError(f"batch['input_ids']: token ids {int(tokens.min())}..{int(tokens.max())} outside the "
+                         f"model's vocabulary of {subject.spec.vocab_size}")
+    inputs = _inputs(tokens, doc)
+    impl = getattr(model.config, "_attn_implementation", None) or "eager"
+    f32 = _copy(model, "float32", rebuild_rope=True)
+    report: dict[str, Any] = {
+        "asked": asked, "computes": None, "matches": [], "closest": None, "reading": None,
+        "documents": _describe_docs(docs), "attn_implementation": impl,
+        "use_cache": batch.get("use_cache", getattr(model.config, "use_cache", None)), "dtype": run_dtype,
+        "candidates": None, "fp32": None, "bf16": None, "probe": None,
+        "attends_across_documents": None, "error": None, "pass": False,
+    }
+    try:
+        test = _tapped(f32, _as_run(batch, "float32", own), doc)
+    except Exception as e:  # whatever the user's forward raises is the finding
+        report.update(error=error_line(e))
+        report["message"] = step_message(report, model)
+        return report
+    found = identify(test, subject, inputs, asked[0], rule)
+    cands = found["candidates"]
+    matches = [v for v in VARIANTS if cands[v]["pass"]]
+    within = sorted(matches, key=lambda v: (v not in asked, cands[v]["worst_margin"]))
+    computes = within[0] if within else None
+    nearest = min(asked, key=lambda v: cands[v]["worst_margin"])
+    first = cands[nearest]["first_divergence"]
+    report.update(computes=computes, matches=matches, closest=found["closest"], candidates=cands,
+                  reading=None if matches else _read_positions(test, subject, inputs, batch, rule),
+                  fp32={"against": nearest, "first_divergence": first, "worst_margin": cands[nearest]["worst_margin"],
+                        "documents": [] if computes in asked else _documents_off(test, subject, inputs, nearest,
+                                                                                first, rule)})
+    runs = f32 if run_dtype == "float32" else _copy(model, "bfloat16")
+    if computes in asked and run_dtype == "bfloat16":
+        preset = emulation or HF_EMULATIONS.get(impl, "fa2_bf16")
+        try:
+            test16 = _tapped(runs, _as_run(batch, "bfloat16", own), doc)
+        except Exception as e:  # a step that runs in float32 may still fail in bfloat16
+            report.update(error=f"in bfloat16: {error_line(e)}")
+            report["message"] = step_message(report, model)
+            return report
+        v = bf16_verdict(test16, subject, inputs, computes, preset, rule)
+        report["bf16"] = {k: v[k] for k in ("policy", "pass", "first_divergence", "worst_margin", "summary")}
+    if probe:
+        report["probe"] = _probe(runs, _as_run(batch, run_dtype, own), doc, probe_document, rule,
+                                 sweep=computes not in asked)
+    report["attends_across_documents"] = _across(report)
+    report["pass"] = bool(computes in asked and (report["bf16"] is None or report["bf16"]["pass"])
+                          and not (report["probe"] and report["probe"]["moved"] and "full" not in asked))
+    report["message"] = step_message(report, model)
+    return report
+
+
+def probe_documents(model: Any, batch: Any, *, doc_ids: Any = None, probe_document: int | None = None,
+                    dtype: str | None = None, rule: Rule = RULE) -> dict[str, Any]:
+    """The perturbation probe alone (no oracle), in the model's own dtype (or `dtype`): change document
+    `probe_document` (default: the first one another document follows) and report {"ran", "document",
+    "moved": [(row, document)], "first_slots": {"row:doc": its first slot}, "change": {"row:doc": relative
+    change of its logits}, "noise", "threshold", "documents"}."""
+    batch_tokens(batch)
+    run = _check_dtype(dtype) or _model_dtype(model)
+    docs = infer_documents(batch, doc_ids=doc_ids)
+    return {**_probe(_copy(model, run), _as_run(batch, run, _model_dtype(model)), docs["doc_ids"], probe_document,
+                     rule),
+            "documents": _describe_docs(docs)}
+
+
+def step_message(report: dict[str, Any], model: Any = None) -> str:
+    """One paragraph: what was asked, what it computes, the first diverging layer and quantity (and the
+    documents over the tolerance there), the probe."""
+    name = type(model).__name__ if model is not None else "the model"
+    asked, rows = report["asked"], len(report["documents"]["counts"])
+    head = (f"anchor check_step: {name} ({report['attn_implementation']}, use_cache={report['use_cache']}, "
+            f"{report['dtype']}) on {_docs_text(report)}, asked for "
+            + ("any of the four variants" if len(asked) == len(VARIANTS) else " or ".join(asked)))
+    if report.get("error"):
+        return f"{head}: model(**batch) raised {report['error']}."
+    computes, fp32 = report["computes"], report["fp32"]
+    against = (f"against {fp32['against']} it first diverges at {_divergence(fp32['first_divergence'])}"
+               f"{_off_text(fp32['documents'], rows)}")
+    if computes is None:
+        reading = report["reading"]
+        what = (f"it computes none of the variants: {_MASK_WORDS[reading['mask']]} at {reading['positions']}"
+                if reading else f"it computes none of the variants (closest: {report['closest']})")
+        text = f"{head}: {what}; {against}."
+    elif computes not in asked:
+        text = f"{head}: it computes {computes} instead; {against}."
+    elif report["bf16"] is not None and not report["bf16"]["pass"]:
+        b = report["bf16"]
+        text = (f"{head}: it computes {computes}, but fails the bf16 rule (2 x the {b['policy']} emulation's "
+                f"error + floor) first at {_divergence(b['first_divergence'])}.")
+    else:
+        bf = "" if report["bf16"] is None else " and passes the bf16 rule"
+        text = f"{head}: it computes {computes}{bf}."
+    return text + _probe_text(report["probe"], rows)
+
+
 # ---------------------------------------------------------------------------------------------
-# The batch
+# The check's parts
+
+
+def _check_args(model: Any, dtype: str | None, probe: Any, emulation: str | None) -> str | None:
+    """check_step's options, each an InputError naming it; returns the dtype asked (None: the model's)."""
+    run_dtype = _check_dtype(dtype)
+    if not isinstance(probe, bool):
+        raise InputError(f"probe: expected True or False, got {probe!r}")
+    if emulation is not None:
+        try:
+            jaxref.get_policy(emulation)
+        except (InputError, KeyError, ValueError) as e:
+            raise InputError(f"emulation: {e}") from None
+    if not hasattr(model, "config") or not hasattr(model, "parameters") or not callable(model):
+        raise InputError(f"model: expected your transformers causal LM (a torch module with a .config), got "
+                         f"{type(model).__name__}")
+    return run_dtype
+
+
+def _check_dtype(dtype: str | None) -> str | None:
+    if dtype is not None and dtype not in DTYPES:
+        raise InputError(f"dtype: expected None (the model's own), {' or '.join(DTYPES)}, got {dtype!r}")
+    return dtype
+
+
+def _variants(variants: Any) -> list[str]:
+    asked = list(VARIANTS) if variants == "all" else [variants] if isinstance(variants, str) else variants
+    try:
+        asked = list(asked)
+    except TypeError:
+        asked = [asked]
+    bad = [v for v in asked if v not in VARIANTS]
+    if bad or not asked:
+        raise InputError(f"variants: unknown variant {bad[0] if bad else None!r} (known: all, {', '.join(VARIANTS)})")
+    return asked
+
+
+def _describe_docs(docs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in docs.items() if k != "doc_ids"}
+
+
+def _documents_off(test: Taps, subject, inputs: CaseInputs, variant: str, first: dict[str, Any] | None,
+                   rule: Rule) -> list[dict[str, Any]]:
+    """The documents over the fp32 tolerance at the first diverging tap (else the logits) against the
+    variant's oracle: [{"row", "document", "first_slot", "rel_l2"}] in order of row and document."""
+    truth = oracle(subject, inputs, variant, TRUTH)  # cached: the run identify held the taps against
+    name, label = (first["tap"], first["layer"]) if first else ("logits", HEAD)
+    i = 0 if label in (EMBED, HEAD) else int(label)
+    out = []
+    for r, row in enumerate(inputs.doc_ids):
+        for d in range(1, int(row.max(initial=0)) + 1):
+            err = tap_errors(test[name][i][r], truth[name][i][r], row == d)["rel_l2"]
+            if err > rule.fp32_tol:
+                out.append({"row": r, "document": d, "first_slot": int(np.argmax(row == d)), "rel_l2": err})
+    return out
+
+
+def _read_positions(test: Taps, subject, inputs: CaseInputs, batch: Mapping, rule: Rule) -> dict[str, Any] | None:
+    """Where no variant matches: each mask at the batch's own position_ids; the first within the fp32 rule."""
+    B, T = inputs.shape
+    pos = batch_positions(batch, B, T)
+    if pos is None:
+        return None
+    for mask in MASKS:
+        own = [v for v in VARIANTS if (v == mask or (mask == "intra_doc" and v == "intra_doc_reset"))]
+        if any(np.array_equal(pos, jaxref.positions(inputs.doc_ids, v)) for v in own):
+            continue  # that is a variant, already held
+        reading = only(oracle(subject, inputs, mask, TRUTH, positions=pos), IDENTIFYING)  # the mask at those positions
+        v = judged(test, reading, inputs, bf16=False, rule=rule)
+        if v["pass"]:
+            return {"mask": mask, "positions": "the batch's position_ids", "worst_margin": v["worst_margin"]}
+    return None
+
+
+def _across(report: dict[str, Any]) -> bool | None:
+    """Whether documents see each other: from what it computes, else the reading, else the probe."""
+    if report["computes"] is not None:
+        return report["computes"] == "full" and max(report["documents"]["counts"], default=0) > 1
+    if report["reading"] is not None:
+        return report["reading"]["mask"] == "full"
+    if report["probe"] and report["probe"]["ran"]:
+        return bool(report["probe"]["moved"])
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The batch and the forwards
+
+
+def _model_dtype(model: Any) -> str:
+    import torch
+
+    p = next(iter(model.parameters()), None)
+    return "bfloat16" if p is not None and p.dtype == torch.bfloat16 else "float32"
 
 
 def _as_run(batch: Mapping, dtype: str, own: str) -> Mapping:
@@ -121,29 +302,6 @@ def _as_run(batch: Mapping, dtype: str, own: str) -> Mapping:
         return batch
     info, out = torch.finfo(want), mask.to(want)
     return {**batch, "attention_mask": torch.where(torch.isfinite(mask), out.clamp(info.min, info.max), out)}
-
-
-# ---------------------------------------------------------------------------------------------
-# Forwards
-
-
-def _variants(variants: Any) -> list[str]:
-    asked = list(VARIANTS) if variants == "all" else [variants] if isinstance(variants, str) else variants
-    try:
-        asked = list(asked)
-    except TypeError:
-        asked = [asked]
-    bad = [v for v in asked if v not in VARIANTS]
-    if bad or not asked:
-        raise InputError(f"variants: unknown variant {bad[0] if bad else None!r} (known: all, {', '.join(VARIANTS)})")
-    return asked
-
-
-def _model_dtype(model: Any) -> str:
-    import torch
-
-    p = next(iter(model.parameters()), None)
-    return "bfloat16" if p is not None and p.dtype == torch.bfloat16 else "float32"
 
 
 def _copy(model: Any, dtype: str, *, rebuild_rope: bool = False):
@@ -267,174 +425,8 @@ def _changed(batch: Mapping, slots: np.ndarray, vocab: int) -> dict[str, Any]:
     return {**batch, "input_ids": new}
 
 
-def probe_documents(model: Any, batch: Any, *, doc_ids: Any = None, probe_document: int | None = None,
-                    dtype: str | None = None, rule: Rule = RULE) -> dict[str, Any]:
-    """The perturbation probe alone (no oracle), in the model's own dtype (or `dtype`): change document
-    `probe_document` (default: the first one another document follows) and report {"ran", "document",
-    "moved": [(row, document)], "first_slots": {"row:doc": its first slot}, "change": {"row:doc": relative
-    change of its logits}, "noise", "threshold", "documents"}."""
-    batch_tokens(batch)
-    run = _check_dtype(dtype) or _model_dtype(model)
-    docs = infer_documents(batch, doc_ids=doc_ids)
-    return {**_probe(_copy(model, run), _as_run(batch, run, _model_dtype(model)), docs["doc_ids"], probe_document,
-                     rule),
-            "documents": _describe_docs(docs)}
-
-
 # ---------------------------------------------------------------------------------------------
-# The check
-
-
-def _check_dtype(dtype: str | None) -> str | None:
-    if dtype is not None and dtype not in DTYPES:
-        raise InputError(f"dtype: expected None (the model's own), {' or '.join(DTYPES)}, got {dtype!r}")
-    return dtype
-
-
-def _describe_docs(docs: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in docs.items() if k != "doc_ids"}
-
-
-def check_step(model: Any, batch: Any, *, variants: Any = "all", dtype: str | None = None, doc_ids: Any = None,
-               probe: bool = True, probe_document: int | None = None, emulation: str | None = None,
-               rule: Rule = RULE) -> dict[str, Any]:
-    """Run model(**batch) as given and say which variant it computes (see the module docstring).
-
-    Args:
-      model: your transformers causal LM of a supported family (llama, mistral, qwen2, qwen3), as built.
-      batch: the dict your loop passes to model(**batch) (input_ids required; run as given, a floating 4-D
-        attention_mask in the model's dtype in each copy's).
-      variants: "all", one variant or a list: the variants the step may compute to pass.
-      dtype: None (the model's own dtype), "float32" (identify only) or "bfloat16" (also the bf16 rule).
-      doc_ids: the documents, where the batch does not say them (int [B, T], -1 padding).
-      probe: also run the perturbation probe; probe_document: the document it changes (default the first
-        one another document follows; each in turn where the step does not compute the variant asked).
-      emulation: the oracle bf16 preset of the bf16 rule (default: the model's attention implementation's).
-    Returns:
-      {"pass", "message", "asked", "computes", "matches", "closest", "reading" ({"mask", "positions"} where
-       no variant matches and the batch's positions explain it), "attends_across_documents", "documents",
-       "attn_implementation", "use_cache", "candidates" (per variant: pass, worst_margin,
-       first_divergence), "fp32" (first_divergence against the asked variant nearest, and the
-       "documents" over the tolerance there: row, document, first_slot, rel_l2), "bf16" (policy, pass,
-       first_divergence, summary) or None, "probe"}.
-    """
-    asked = _variants(variants)
-    run_dtype = _check_args(model, dtype, probe, emulation)
-    docs = infer_documents(batch, doc_ids=doc_ids)
-    tokens, doc = batch_tokens(batch), docs["doc_ids"]
-    own = _model_dtype(model)
-    run_dtype = run_dtype or own
-    subject = module_subject(model)
-    if int(tokens.max()) >= subject.spec.vocab_size or int(tokens.min()) < 0:
-        raise InputError(f"batch['input_ids']: token ids {int(tokens.min())}..{int(tokens.max())} outside the "
-                         f"model's vocabulary of {subject.spec.vocab_size}")
-    inputs = _inputs(tokens, doc)
-    impl = getattr(model.config, "_attn_implementation", None) or "eager"
-    f32 = _copy(model, "float32", rebuild_rope=True)
-    report: dict[str, Any] = {
-        "asked": asked, "computes": None, "matches": [], "closest": None, "reading": None,
-        "documents": _describe_docs(docs), "attn_implementation": impl,
-        "use_cache": batch.get("use_cache", getattr(model.config, "use_cache", None)), "dtype": run_dtype,
-        "candidates": None, "fp32": None, "bf16": None, "probe": None,
-        "attends_across_documents": None, "error": None, "pass": False,
-    }
-    try:
-        test = _tapped(f32, _as_run(batch, "float32", own), doc)
-    except Exception as e:  # whatever the user's forward raises is the finding
-        report.update(error=_error(e))
-        report["message"] = step_message(report, model)
-        return report
-    found = identify(test, subject, inputs, asked[0], rule)
-    cands = found["candidates"]
-    matches = [v for v in VARIANTS if cands[v]["pass"]]
-    within = sorted(matches, key=lambda v: (v not in asked, cands[v]["worst_margin"]))
-    computes = within[0] if within else None
-    nearest = min(asked, key=lambda v: cands[v]["worst_margin"])
-    first = cands[nearest]["first_divergence"]
-    report.update(computes=computes, matches=matches, closest=found["closest"], candidates=cands,
-                  reading=None if matches else _read_positions(test, subject, inputs, batch, rule),
-                  fp32={"against": nearest, "first_divergence": first, "worst_margin": cands[nearest]["worst_margin"],
-                        "documents": [] if computes in asked else _documents_off(test, subject, inputs, nearest,
-                                                                                first, rule)})
-    runs = f32 if run_dtype == "float32" else _copy(model, "bfloat16")
-    if computes in asked and run_dtype == "bfloat16":
-        preset = emulation or HF_EMULATIONS.get(impl, "fa2_bf16")
-        try:
-            test16 = _tapped(runs, _as_run(batch, "bfloat16", own), doc)
-        except Exception as e:  # a step that runs in float32 may still fail in bfloat16
-            report.update(error=f"in bfloat16: {_error(e)}")
-            report["message"] = step_message(report, model)
-            return report
-        v = bf16_verdict(test16, subject, inputs, computes, preset, rule)
-        report["bf16"] = {k: v[k] for k in ("policy", "pass", "first_divergence", "worst_margin", "summary")}
-    if probe:
-        report["probe"] = _probe(runs, _as_run(batch, run_dtype, own), doc, probe_document, rule,
-                                 sweep=computes not in asked)
-    report["attends_across_documents"] = _across(report)
-    report["pass"] = bool(computes in asked and (report["bf16"] is None or report["bf16"]["pass"])
-                          and not (report["probe"] and report["probe"]["moved"] and "full" not in asked))
-    report["message"] = step_message(report, model)
-    return report
-
-
-def _check_args(model: Any, dtype: str | None, probe: Any, emulation: str | None) -> str | None:
-    """check_step's options, each an InputError naming it; returns the dtype asked (None: the model's)."""
-    run_dtype = _check_dtype(dtype)
-    if not isinstance(probe, bool):
-        raise InputError(f"probe: expected True or False, got {probe!r}")
-    if emulation is not None:
-        try:
-            jaxref.get_policy(emulation)
-        except (InputError, KeyError, ValueError) as e:
-            raise InputError(f"emulation: {e}") from None
-    if not hasattr(model, "config") or not hasattr(model, "parameters") or not callable(model):
-        raise InputError(f"model: expected your transformers causal LM (a torch module with a .config), got "
-                         f"{type(model).__name__}")
-    return run_dtype
-
-
-def _documents_off(test: Taps, subject, inputs: CaseInputs, variant: str, first: dict[str, Any] | None,
-                   rule: Rule) -> list[dict[str, Any]]:
-    """The documents over the fp32 tolerance at the first diverging tap (else the logits) against the
-    variant's oracle: [{"row", "document", "first_slot", "rel_l2"}] in order of row and document."""
-    truth = oracle(subject, inputs, variant, TRUTH)  # cached: the run identify held the taps against
-    name, label = (first["tap"], first["layer"]) if first else ("logits", HEAD)
-    i = 0 if label in (EMBED, HEAD) else int(label)
-    out = []
-    for r, row in enumerate(inputs.doc_ids):
-        for d in range(1, int(row.max(initial=0)) + 1):
-            err = tap_errors(test[name][i][r], truth[name][i][r], row == d)["rel_l2"]
-            if err > rule.fp32_tol:
-                out.append({"row": r, "document": d, "first_slot": int(np.argmax(row == d)), "rel_l2": err})
-    return out
-
-
-def _read_positions(test: Taps, subject, inputs: CaseInputs, batch: Mapping, rule: Rule) -> dict[str, Any] | None:
-    """Where no variant matches: each mask at the batch's own position_ids; the first within the fp32 rule."""
-    B, T = inputs.shape
-    pos = batch_positions(batch, B, T)
-    if pos is None:
-        return None
-    for mask in MASKS:
-        own = [v for v in VARIANTS if (v == mask or (mask == "intra_doc" and v == "intra_doc_reset"))]
-        if any(np.array_equal(pos, jaxref.positions(inputs.doc_ids, v)) for v in own):
-            continue  # that is a variant, already held
-        reading = only(oracle(subject, inputs, mask, TRUTH, positions=pos), IDENTIFYING)  # the mask at those positions
-        v = judged(test, reading, inputs, bf16=False, rule=rule)
-        if v["pass"]:
-            return {"mask": mask, "positions": "the batch's position_ids", "worst_margin": v["worst_margin"]}
-    return None
-
-
-def _across(report: dict[str, Any]) -> bool | None:
-    """Whether documents see each other: from what it computes, else the reading, else the probe."""
-    if report["computes"] is not None:
-        return report["computes"] == "full" and max(report["documents"]["counts"], default=0) > 1
-    if report["reading"] is not None:
-        return report["reading"]["mask"] == "full"
-    if report["probe"] and report["probe"]["ran"]:
-        return bool(report["probe"]["moved"])
-    return None
+# The message
 
 
 def _divergence(first: dict[str, Any] | None) -> str:
@@ -487,33 +479,3 @@ def _probe_text(probe: dict[str, Any] | None, rows: int) -> str:
     return (f" The perturbation probe changed {what} and {noun}{', '.join(name(r, d) for r, d in moved)} "
             f"moved (first slot{'s' if len(moved) > 1 else ''} {slots}; largest relative change of their logits "
             f"{probe['largest']:.3g} > {probe['threshold']:.3g}): {sweep}documents see each other.")
-
-
-def step_message(report: dict[str, Any], model: Any = None) -> str:
-    """One paragraph: what was asked, what it computes, the first diverging layer and quantity (and the
-    documents over the tolerance there), the probe."""
-    name = type(model).__name__ if model is not None else "the model"
-    asked, rows = report["asked"], len(report["documents"]["counts"])
-    head = (f"anchor check_step: {name} ({report['attn_implementation']}, use_cache={report['use_cache']}, "
-            f"{report['dtype']}) on {_docs_text(report)}, asked for "
-            + ("any of the four variants" if len(asked) == len(VARIANTS) else " or ".join(asked)))
-    if report.get("error"):
-        return f"{head}: model(**batch) raised {report['error']}."
-    computes, fp32 = report["computes"], report["fp32"]
-    against = (f"against {fp32['against']} it first diverges at {_divergence(fp32['first_divergence'])}"
-               f"{_off_text(fp32['documents'], rows)}")
-    if computes is None:
-        reading = report["reading"]
-        what = (f"it computes none of the variants: {_MASK_WORDS[reading['mask']]} at {reading['positions']}"
-                if reading else f"it computes none of the variants (closest: {report['closest']})")
-        text = f"{head}: {what}; {against}."
-    elif computes not in asked:
-        text = f"{head}: it computes {computes} instead; {against}."
-    elif report["bf16"] is not None and not report["bf16"]["pass"]:
-        b = report["bf16"]
-        text = (f"{head}: it computes {computes}, but fails the bf16 rule (2 x the {b['policy']} emulation's "
-                f"error + floor) first at {_divergence(b['first_divergence'])}.")
-    else:
-        bf = "" if report["bf16"] is None else " and passes the bf16 rule"
-        text = f"{head}: it computes {computes}{bf}."
-    return text + _probe_text(report["probe"], rows)

@@ -6,9 +6,9 @@ Modules, each named for its concern (the names other code uses are also importab
 `from parity_tests.hf_stack import hold`):
   stacks     what runs: `Stack`, `stock`, `user_stack`, `input_styles`, the names (IMPLEMENTATIONS,
              INPUT_STYLES, DEFAULT_INPUTS, USER_NAME, ...) and a user's function's contract
-             (`check_signature`, `check_output`, `load_function`); `not_run_reason`
+             (`check_signature`, `check_output`, `load_function`); `not_run_reason`; `error_line`
   subjects   the model under test: `Subject`, `named_subject`, `module_subject`, `subject_inputs`,
-             `stock_model`, `subject_model`
+             `stock_model`, `subject_model` (cached; `clear_models`), `torch_dtype`
   inputs     the input styles: `feed`, `collate`, `sequences`, `packed_positions`, `mask4d`, `feed_description`
   runner     `run_stack`, `run_here` and `StackRunner`, the runner `hf:IMPLEMENTATION@STYLE` of the suite's
              registry (`stack_runner` builds it from its name)
@@ -103,24 +103,24 @@ from parity_tests.hf_stack.stacks import (
     IMPLEMENTATIONS,
     INPUT_STYLES,
     Stack,
-    _error,
     check_output,
+    error_line,
     input_styles,
     not_run_reason,
     stock,
     user_stack,
 )
-from parity_tests.hf_stack.subjects import _MODELS, module_subject, named_subject, stock_model, subject_inputs
+from parity_tests.hf_stack.subjects import clear_models, module_subject, named_subject, stock_model, subject_inputs
 from parity_tests.runners import clear_oracle_cache, registered
 from parity_tests.suite import where
 
 # The entry point, and the names other code imports from here (parity_tests.blackbox takes `where`, the
-# suite's, and `_error` from here too).
+# suite's, and `error_line` from here too).
 __all__ = [
     "run_hf_stack",
     "DTYPES", "FUNCTION_INPUTS", "IDENTIFYING", "IMPLEMENTATIONS", "INPUT_STYLES", "TRUTH",
     "Isolated", "Stack", "StackRunner",
-    "_error", "asked_margin", "bf16_verdict", "check_output", "closest_margin", "collate", "describe_row", "feed",
+    "asked_margin", "bf16_verdict", "check_output", "closest_margin", "collate", "describe_row", "error_line", "feed",
     "feed_description", "hold", "identify", "input_styles", "mask4d", "module_subject", "named_subject",
     "not_run_reason", "only", "packed_positions", "passed", "run_here", "run_stack", "sequences", "stock",
     "stock_model", "subject_inputs", "user_stack", "where",
@@ -210,7 +210,7 @@ def run_hf_stack(model: Any = "default", *, implementations: Sequence[str] | Non
             if child is not None:
                 child.close()
         clear_oracle_cache()
-        _MODELS.clear()
+        clear_models()
     order = {(s.name, FUNCTION_INPUTS if s.user else s.inputs): i for i, s in enumerate(stacks)}
     rows.sort(key=lambda r: (order[r["implementation"], r["inputs"]], VARIANTS.index(r["variant"])))
 

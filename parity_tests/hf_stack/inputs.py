@@ -16,7 +16,7 @@ import numpy as np
 from anchor_core.errors import InputError
 from parity_tests.cases import CaseInputs
 from parity_tests.hf_stack.stacks import INPUT_STYLES, Stack
-from parity_tests.hf_stack.subjects import _torch_dtype
+from parity_tests.hf_stack.subjects import torch_dtype
 from torchtrain.variants import dense_mask
 
 
@@ -82,8 +82,8 @@ def mask4d(doc_ids: np.ndarray, variant: str, kind: Literal["bool", "float"], dt
     allowed = dense_mask(torch.from_numpy(np.asarray(doc_ids)), variant)[:, None]
     if kind == "bool":
         return allowed
-    torch_dtype = _torch_dtype(dtype)
-    return torch.zeros(allowed.shape, dtype=torch_dtype).masked_fill(~allowed, torch.finfo(torch_dtype).min)
+    want = torch_dtype(dtype)
+    return torch.zeros(allowed.shape, dtype=want).masked_fill(~allowed, torch.finfo(want).min)
 
 
 def feed(stack: Stack, inputs: CaseInputs, variant: str, dtype: str = "float32") -> dict[str, Any]:

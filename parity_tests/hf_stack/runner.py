@@ -12,7 +12,8 @@ from typing import Any
 
 from parity_tests.cases import Case, CaseInputs
 from parity_tests.hf_stack.inputs import feed
-from parity_tests.hf_stack.stacks import DEFAULT_INPUTS, USER_NAME, Stack, _error, check_output, not_run_reason, stock
+from parity_tests.hf_stack.stacks import (DEFAULT_INPUTS, USER_NAME, Stack, check_output, error_line, not_run_reason,
+                                          stock)
 from parity_tests.hf_stack.subjects import Subject, named_subject, subject_model
 from parity_tests.runners import Runner, Taps, as_arrays, register_family
 from torchtrain.taps import capture_taps
@@ -94,7 +95,7 @@ def run_here(subject: Subject, stack: Stack, inputs: CaseInputs, variant: str, d
     try:
         return "ok", run_stack(subject, stack, inputs, variant, dtype)
     except Exception as e:  # whatever the stack raises is the finding
-        return "error", _error(e)
+        return "error", error_line(e)
 
 
 RUNNER_PREFIX = "hf:"

@@ -185,5 +185,6 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else ""
 
 
-def _error(e: BaseException) -> str:
+def error_line(e: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message (a row's or a report's error)."""
     return f"{type(e).__name__}: {_first_line(e)}"

@@ -83,7 +83,8 @@ def subject_inputs(subject: Subject, variant: str, seq_len: int, seed: int = 0) 
     return inputs
 
 
-def _torch_dtype(dtype: str):
+def torch_dtype(dtype: str):
+    """The torch dtype of "float32" or "bfloat16"."""
     import torch
 
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
@@ -105,7 +106,7 @@ def stock_model(spec: ModelSpec, state: dict[str, np.ndarray], dtype: str, attn_
     config = AutoConfig.for_model(**to_hf_config(spec))
     if use_cache is not None:
         config.use_cache = use_cache
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=_torch_dtype(dtype))
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=torch_dtype(dtype))
     tensors = {k: torch.tensor(v) for k, v in state.items() if not (spec.tie_embeddings and k == "lm_head.weight")}
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     if sorted(missing) != (["lm_head.weight"] if spec.tie_embeddings else []) or unexpected:
@@ -128,6 +129,11 @@ def subject_model(subject: Subject, dtype: str):
         else:
             model = copy.deepcopy(subject.module).eval()
             for p in model.parameters():
-                p.data = p.data.to(_torch_dtype(dtype))
+                p.data = p.data.to(torch_dtype(dtype))
         _MODELS[key] = model
     return _MODELS[key]
+
+
+def clear_models() -> None:
+    """Drop the cached torch models (`subject_model`'s): a finished report keeps none alive."""
+    _MODELS.clear()
