@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/: the package 
 from results_render import ROOT  # noqa: E402,F401
 from results_render.evaluation import evaluation_page, hf_rows, ruler_scores  # noqa: E402,F401
 from results_render.gpu import current_rule, gpu_page, not_todays, parity_counts, parity_verdicts  # noqa: E402,F401
-from results_render.index import all_records, index_page, readme_table  # noqa: E402,F401
+from results_render.index import all_records, index_page  # noqa: E402,F401
+from results_render.readme import attention_rows, readme_table, step_rows  # noqa: E402,F401
 from results_render.memory import memory_page  # noqa: E402,F401
 from results_render.precision import audit_findings, precision_page, shift_curves  # noqa: E402,F401
 from results_render.prose import DURATION, LABELLED, prose, unlabelled_durations  # noqa: E402,F401

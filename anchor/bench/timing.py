@@ -5,7 +5,8 @@ cost), window by window (B = 1), through `torchtrain.engines` exactly as a model
 the mask metadata is built once per window (`prepare_meta`, timed apart: a model builds it once per
 step for all its layers) and `attend` runs forward, then backward from a random output gradient.
 The variants of one length are timed in alternation, repeat by repeat, so slow drift of a shared
-machine hits all of them alike; the time of a window is the median over repeats after one warm-up.
+machine hits all of them alike; the time of a window is the median over repeats after one warm-up, and
+every repeat is kept beside it (`ms_repeats`), so a reader can compute any other statistic.
 """
 
 from __future__ import annotations
@@ -69,14 +70,16 @@ def time_variants(engine: str, variants: list[str], seg: np.ndarray, shape: Head
                   backward: bool = True, repeats: int = 3, seed: int = 0) -> dict[str, dict[str, Any]]:
     """Time `engine` on every variant over the windows `seg` int [n, T]; -> variant -> row fields.
 
-    Row fields: ms (sum over windows of each window's median), ms_windows, meta_ms (summed),
-    peak memory, and `error` instead where the engine cannot run (unavailable here, out of memory).
+    Row fields: ms (sum over windows of each window's median), ms_windows, ms_repeats (every timed
+    repeat, window by window), meta_ms (summed), peak memory, and `error` instead where the engine
+    cannot run (unavailable here, out of memory).
     """
     import torch
 
 
     tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-    rows: dict[str, dict[str, Any]] = {v: {"ms_windows": [], "meta_ms": 0.0} for v in variants}
+    rows: dict[str, dict[str, Any]] = {v: {"ms_windows": [], "ms_repeats": [], "meta_ms": 0.0}
+                                          for v in variants}
     try:
         check_engine(engine, tdtype)
         if engine == "flex" and backward and device != "cuda":
@@ -137,6 +140,7 @@ def time_variants(engine: str, variants: list[str], seg: np.ndarray, shape: Head
                     times[var].append(t)
         for var, ts in times.items():
             rows[var]["ms_windows"].append(round(statistics.median(ts), 3))
+            rows[var]["ms_repeats"].append([round(t, 3) for t in ts])
     for var, row in rows.items():
         if "error" not in row:
             row["ms"] = round(sum(row["ms_windows"]), 3)

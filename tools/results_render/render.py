@@ -10,7 +10,8 @@ from typing import Callable
 from . import ROOT, __doc__ as DOC
 from .evaluation import evaluation_page
 from .gpu import gpu_page
-from .index import index_page, readme_table
+from .index import index_page
+from .readme import readme_table
 from .memory import memory_page
 from .precision import precision_page
 from .prose import prose, unlabelled_durations

@@ -10,7 +10,7 @@ from typing import Any
 from .records import (AUDIT_SPEED, BENCH_CPU, BENCH_H100, BENCH_H100_FLEX, BENCH_STEP_WARMUP, DATA, GENERATED,
                       ORACLE_FORWARD, TRAIN_GPU, TRAIN_OVERHEAD, Records, agree, machine_label, model_label, need,
                       provenance, refuse, section)
-from .stats import Stats, num, ratio_cells, spread, steps_word, table
+from .stats import Stats, num, ratio_cells, ratio_spread, steps_word, table
 
 
 def bench_attention(rel: str, rec: dict[str, Any], variant: str = "anchor") -> list[list[Any]]:
@@ -25,6 +25,8 @@ def bench_attention(rel: str, rec: dict[str, Any], variant: str = "anchor") -> l
         where = f"attention[{a.get('variant')}, {a.get('engine')}, {a.get('distribution')}, T={a.get('seq_len')}]"
         w = a["ms_windows"]
         agree(rel, f"{where}.ms", a.get("ms"), sum(w), abs_tol=2e-3)
+        for i, reps in enumerate(a.get("ms_repeats") or []):
+            agree(rel, f"{where}.ms_windows[{i}]", w[i], statistics.median(reps), abs_tol=6e-4)
         f = full.get((a.get("distribution"), a.get("engine"), a.get("seq_len")))
         if f is None:
             continue
@@ -39,33 +41,60 @@ def bench_attention(rel: str, rec: dict[str, Any], variant: str = "anchor") -> l
         per_window = [x / y for x, y in zip(w, f["ms_windows"])]
         mine, theirs = Stats.of(w), Stats.of(f["ms_windows"])
         rows.append([a.get("distribution"), a.get("engine"), num(a.get("seq_len")), num(mine.n), num(flop_ratio),
-                     *ratio_cells(mine, theirs), spread(min(per_window), max(per_window)),
+                     *ratio_cells(mine, theirs), ratio_spread(min(per_window), max(per_window)),
                      num(time_ratio / flop_ratio)])
     return rows
 
 
-def bench_steps(rel: str, rec: dict[str, Any]) -> list[list[Any]]:
-    """`anchor bench`'s training-step rows: the steps after the warm-up, and time and FLOPs over full's."""
-    steps = {}
+def window_repeats(rec: dict[str, Any]) -> str:
+    """How a window's time in an `anchor bench` record was taken, and whether the record keeps the repeats."""
+    repeats = rec.get("settings", {}).get("repeats")
+    rows = [a for a in rec.get("attention", []) if "error" not in a]
+    if rows and all(a.get("ms_repeats") for a in rows):
+        return (f"each window's time is the median of its {repeats} repeats after a warm-up round, and the "
+                "record keeps every repeat (`ms_repeats`)")
+    return (f"each window's time is the median of its {repeats} repeats after a warm-up round; the record "
+            "keeps those medians, not the repeats")
+
+
+def windows_note(rec: dict[str, Any]) -> str:
+    """Says so where a row's ratios are over two windows or fewer: the mean and the median then coincide."""
+    ns = sorted({len(a["ms_windows"]) for a in rec.get("attention", []) if "error" not in a})
+    if ns and max(ns) <= 2:
+        many = "window" if ns == [1] else "windows"
+        return (f" With {' or '.join(map(str, ns))} {many} per row the mean of a row's windows is their median, "
+                "so the two ratios are the same number.")
+    return ""
+
+
+def bench_step_stats(rel: str, rec: dict[str, Any]) -> dict[tuple[str, int], dict[str, tuple[dict[str, Any], Stats]]]:
+    """`anchor bench`'s training-step rows by (engine, T) and variant: each row with its steps after the warm-up,
+    the median it stores checked against them."""
+    out: dict[tuple[str, int], dict[str, tuple[dict[str, Any], Stats]]] = {}
     for s in rec.get("step", []):
         where = f"step[{s.get('variant')}, {s.get('engine')}]"
-        timed = s["step_s_all"][BENCH_STEP_WARMUP:]
-        st = Stats.of(timed)
+        st = Stats.of(s["step_s_all"][BENCH_STEP_WARMUP:])
         agree(rel, f"{where}.step_s", s.get("step_s"), st.median, abs_tol=6e-4)
-        steps[s.get("variant")] = (s, st)
+        out.setdefault((s.get("engine"), s.get("seq_len")), {})[s.get("variant")] = (s, st)
+    return out
+
+
+def bench_steps(rel: str, rec: dict[str, Any]) -> list[list[Any]]:
+    """`anchor bench`'s training-step rows: the steps after the warm-up, and time and FLOPs over full's."""
     rows = []
-    full = steps.get("full")
-    for variant, (s, st) in steps.items():
-        ratios = ["—", "—", "—"]
-        if full:
-            flop_ratio = s["flops"] / full[0]["flops"]
-            agree(rel, f"step[{variant}].flop_ratio", s.get("flop_ratio"), flop_ratio, abs_tol=6e-5)
-            # anchor/bench/run.py divides the step times as it stores them, rounded to 3 decimals
-            agree(rel, f"step[{variant}].time_ratio", s.get("time_ratio"),
-                  round(st.median, 3) / round(full[1].median, 3), abs_tol=6e-5)
-            ratios = [num(flop_ratio), *ratio_cells(st, full[1])]
-        rows.append([variant, s.get("engine"), num(s.get("seq_len")), s.get("layers"), s.get("dtype"), *st.cells(),
-                     *ratios])
+    for steps in bench_step_stats(rel, rec).values():
+        full = steps.get("full")
+        for variant, (s, st) in steps.items():
+            ratios = ["—", "—", "—"]
+            if full:
+                flop_ratio = s["flops"] / full[0]["flops"]
+                agree(rel, f"step[{variant}].flop_ratio", s.get("flop_ratio"), flop_ratio, abs_tol=6e-5)
+                # anchor/bench/run.py divides the step times as it stores them, rounded to 3 decimals
+                agree(rel, f"step[{variant}].time_ratio", s.get("time_ratio"),
+                      round(st.median, 3) / round(full[1].median, 3), abs_tol=6e-5)
+                ratios = [num(flop_ratio), *ratio_cells(st, full[1])]
+            rows.append([variant, s.get("engine"), num(s.get("seq_len")), s.get("layers"), s.get("dtype"),
+                         *st.cells(), *ratios])
     return rows
 
 
@@ -132,13 +161,12 @@ def train_gpu_ratios(rel: str, rec: dict[str, Any], length: str, stats: dict[str
 
 def speed_page(records: Records) -> str:
     def attention(rel, rec):
-        s = rec.get("settings", {})
         return table(["windows", "engine", "T", "timed windows", "FLOPs, anchor ÷ full", "time, anchor ÷ full: "
                       "by mean", "by median", "per-window range", "time ratio ÷ FLOP ratio (by mean)"],
                      bench_attention(rel, rec)) + [
-            "", f"A window's time is the median of its {s.get('repeats')} repeats after a warm-up round "
-            "(anchor/bench/timing.py); the record keeps those per-window times, and the ratios are of their "
-            "means (the summed times) and of their medians."]
+            "", f"Each row sets anchor's windows against full's: {window_repeats(rec)} "
+            "(anchor/bench/timing.py). The ratios are of the windows' means (the summed times) and of their "
+            "medians; the per-window range is of each window's anchor ÷ full." + windows_note(rec)]
 
     def step(rel, rec):
         return table(["variant", "engine", "T", "layers", "dtype", "timed steps", "step, s: mean", "median", "min–max",

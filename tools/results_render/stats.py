@@ -40,13 +40,61 @@ def spread(lo: float, hi: float) -> str:
 
 def ratio_cells(top: Stats, bottom: Stats) -> list[str]:
     """`top` over `bottom` by mean and by median."""
-    return [num(top.mean / bottom.mean), num(top.median / bottom.median)]
+    return [ratio(top.mean / bottom.mean), ratio(top.median / bottom.median)]
+
+
+def ratio(x: float | None, digits: int = 3) -> str:
+    """A ratio as `num` writes it, with more digits where rounding would carry it to the other side of 1 or
+    onto it (1.004 is "1.004", not "1"): a ratio written as 1 is one."""
+    text = num(x, digits)
+    if x is None or not isinstance(x, float) or x == 1 or math.isnan(x):
+        return text
+    while (float(text.replace(",", "")) >= 1) != (x >= 1) or float(text.replace(",", "")) == 1:
+        digits += 1
+        if digits > 9:
+            break
+        text = num(x, digits)
+    return text
+
+
+def ratio_spread(lo: float, hi: float) -> str:
+    """The range of a set of ratios, each end written by `ratio`."""
+    return f"{ratio(lo)}–{ratio(hi)}"
+
+
+def two_samples(n: int) -> str:
+    """What a ratio over `n` samples per side must say when the mean and the median of each side coincide."""
+    return (f"over {n} samples each, where the mean and the median are the same number" if n <= 2
+            else f"over {n} samples each")
 
 
 # ---- formatting -------------------------------------------------------------------------------------
 
+# Every figure `num` writes, while a test collects them (`collect`): what a page shows and no record gives
+# must be one of these, computed, never a number typed into the page's prose.
+_WRITTEN: list[set[str]] = []
+
+
+class collect:
+    """`with collect() as figures:` every figure `num` writes in the block is added to `figures`."""
+
+    def __enter__(self) -> set[str]:
+        _WRITTEN.append(set())
+        return _WRITTEN[-1]
+
+    def __exit__(self, *exc: object) -> None:
+        _WRITTEN.pop()
+
+
 def num(x: Any, digits: int = 3) -> str:
     """A number with `digits` significant digits (no exponent between 1e-3 and 1e6); '—' for none."""
+    text = _num(x, digits)
+    if _WRITTEN:
+        _WRITTEN[-1].add(text)
+    return text
+
+
+def _num(x: Any, digits: int) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "—"
     if isinstance(x, bool):
