@@ -2,10 +2,13 @@
 
 The base install serves a Trainer/TRL user (the collator, the attention functions, the typed config); the
 oracle, `anchor train`'s DeepSpeed and data readers, evaluation and TRL come with extras (pyproject.toml). A
-command that imports a module of a missing extra fails with `missing_extra`'s line, naming the pip command.
+command that imports a module of a missing extra fails with `missing_extra`'s line, naming the pip command; an
+entry point that needs an extra checks it first (`require`, `missing_line`), so that nothing is done before.
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 DISTRIBUTION = "anchor-toolkit"
 
@@ -36,3 +39,39 @@ def missing_extra(error: BaseException, feature: str) -> str | None:
     module = str(getattr(error, "name", "")).split(".")[0]
     return (f"{feature} needs the {extra} extra ({module} is not installed): "
             f'pip install "{DISTRIBUTION}[{extra}]"')
+
+
+def modules_of(extra: str) -> list[str]:
+    """The top-level modules `extra` installs that EXTRAS lists under it."""
+    return [module for module, owner in EXTRAS.items() if owner == extra]
+
+
+def missing_module(extra: str) -> str | None:
+    """The first module of `extra` not installed here, or None. Looked up, not imported: importing DeepSpeed or
+    JAX takes seconds, and a check made before any work must not cost that."""
+    for module in modules_of(extra):
+        try:
+            if importlib.util.find_spec(module) is None:
+                return module
+        except ValueError:  # in sys.modules without a spec: loaded, so present
+            continue
+    return None
+
+
+def require(extra: str) -> None:
+    """Raise ModuleNotFoundError (named after the missing module) where `extra` is not installed: called at an
+    entry point's start, before it reads or writes anything; the command line turns it into `missing_extra`'s
+    line (exit 2)."""
+    module = missing_module(extra)
+    if module is not None:
+        raise ModuleNotFoundError(f"No module named {module!r}", name=module)
+
+
+def missing_line(extra: str, feature: str) -> str | None:
+    """`missing_extra`'s line where `extra` is not installed here, else None (for an entry point that is not a
+    command: the pytest plugin's fixtures)."""
+    try:
+        require(extra)
+    except ModuleNotFoundError as e:
+        return missing_extra(e, feature)
+    return None

@@ -5,7 +5,9 @@ as for a package that is not there, so transformers' availability checks see it 
 - the base install (no oracle, DeepSpeed, GGUF, figures, evaluation, TRL): `import anchor`, the Trainer example
   with anchor_varlen trains;
 - the train extra without the oracle's: `anchor train --config tiny` trains, `anchor parity` and
-  `anchor.check_step` say in one line which extra to install (exit 2 for the command).
+  `anchor.check_step` say in one line which extra to install (exit 2 for the command);
+- the oracle without the train extra: `anchor train` says so in one line before it packs anything into --out;
+- the pytest plugin's fixtures without the oracle: each fails its test with the same line, before any work.
 The real installs, each in its own venv from the built wheel, are the install test's.
 """
 
@@ -15,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from anchor_core import extras
 from anchor_core.extras import EXTRAS
 from torchtrain.distributed import environ_for_child
 
@@ -62,3 +65,25 @@ def test_the_api_names_the_extra(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == ('anchor.check_step needs the oracle extra (jax is not installed): '
                                    'pip install "anchor-toolkit[oracle]"')
+
+
+def test_without_the_train_extra_train_says_so_before_any_work(tmp_path):
+    """DeepSpeed is imported only where the engine starts: the corpus would be built, tokenized and packed into
+    --out before that (63 MB for `tiny`). The verb names the extra first and writes nothing."""
+    done = run_without(["deepspeed"], "from anchor.cli import main\n"
+                       "main(['train', '--config', 'tiny', '--out', 'run', '--no-progress'])\n", tmp_path)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        'anchor train: error: `anchor train` needs the train extra (deepspeed is not installed): '
+        'pip install "anchor-toolkit[train]"'], done.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "nothing is written"
+
+
+def test_extras_require_names_the_first_missing_module():
+    assert extras.missing_module("train") is None and extras.missing_line("oracle", "x") is None  # this venv has all
+    code = ("from anchor_core import extras\n"
+            "print(extras.missing_module('train'), '|', extras.missing_line('train', 'the thing'))\n")
+    done = run_without(["gguf"], code, ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == ('gguf | the thing needs the train extra (gguf is not installed): '
+                                   'pip install "anchor-toolkit[train]"')

@@ -27,6 +27,9 @@ def train(
 ) -> None:
     """Train (or resume) a run: checkpoints under RUN/checkpoints/step-N (with a Hugging Face hf/ folder),
     metrics.jsonl, config.yaml and the generated DeepSpeed JSON in RUN."""
+    from anchor_core.extras import require
+
+    require("train")  # DeepSpeed, the data readers, GGUF, figures: named before the corpus is packed into --out
     from torchtrain.config import load_train_config
     from torchtrain.trainer import train as run_training
 
