@@ -46,10 +46,13 @@ def modules_of(extra: str) -> list[str]:
     return [module for module, owner in EXTRAS.items() if owner == extra]
 
 
-def missing_module(extra: str) -> str | None:
-    """The first module of `extra` not installed here, or None. Looked up, not imported: importing DeepSpeed or
-    JAX takes seconds, and a check made before any work must not cost that."""
-    for module in modules_of(extra):
+def missing_module(extra: str, *modules: str) -> str | None:
+    """The first of `modules` (default: every module of `extra`) not installed here, or None. Looked up, not
+    imported: importing DeepSpeed or JAX takes seconds, and a check made before any work must not cost that."""
+    unknown = [m for m in modules if EXTRAS.get(m) != extra]
+    if unknown:
+        raise ValueError(f"{unknown[0]} is not a module of the {extra} extra (EXTRAS)")
+    for module in modules or modules_of(extra):
         try:
             if importlib.util.find_spec(module) is None:
                 return module
@@ -58,20 +61,20 @@ def missing_module(extra: str) -> str | None:
     return None
 
 
-def require(extra: str) -> None:
-    """Raise ModuleNotFoundError (named after the missing module) where `extra` is not installed: called at an
-    entry point's start, before it reads or writes anything; the command line turns it into `missing_extra`'s
-    line (exit 2)."""
-    module = missing_module(extra)
+def require(extra: str, *modules: str) -> None:
+    """Raise ModuleNotFoundError (named after the missing module) where one of `modules` of `extra` (default: all)
+    is not installed: called at an entry point's start, with the modules it always imports, before it reads or
+    writes anything; the command line turns it into `missing_extra`'s line (exit 2)."""
+    module = missing_module(extra, *modules)
     if module is not None:
         raise ModuleNotFoundError(f"No module named {module!r}", name=module)
 
 
-def missing_line(extra: str, feature: str) -> str | None:
-    """`missing_extra`'s line where `extra` is not installed here, else None (for an entry point that is not a
-    command: the pytest plugin's fixtures)."""
+def missing_line(extra: str, feature: str, *modules: str) -> str | None:
+    """`missing_extra`'s line where one of `modules` of `extra` (default: all) is not installed here, else None
+    (for an entry point that is not a command: the pytest plugin's fixtures)."""
     try:
-        require(extra)
+        require(extra, *modules)
     except ModuleNotFoundError as e:
         return missing_extra(e, feature)
     return None

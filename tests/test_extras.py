@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from anchor_core import extras
 from anchor_core.extras import EXTRAS
 from torchtrain.distributed import environ_for_child
@@ -82,8 +84,11 @@ def test_without_the_train_extra_train_says_so_before_any_work(tmp_path):
 def test_extras_require_names_the_first_missing_module():
     assert extras.missing_module("train") is None and extras.missing_line("oracle", "x") is None  # this venv has all
     code = ("from anchor_core import extras\n"
-            "print(extras.missing_module('train'), '|', extras.missing_line('train', 'the thing'))\n")
+            "print(extras.missing_module('train'), extras.missing_module('train', 'deepspeed'), '|',\n"
+            "      extras.missing_line('train', 'the thing'))\n")
     done = run_without(["gguf"], code, ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == ('gguf | the thing needs the train extra (gguf is not installed): '
+    assert done.stdout.strip() == ('gguf None | the thing needs the train extra (gguf is not installed): '
                                    'pip install "anchor-toolkit[train]"')
+    with pytest.raises(ValueError, match="jax is not a module of the train extra"):
+        extras.require("train", "jax")

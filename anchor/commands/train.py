@@ -29,7 +29,7 @@ def train(
     metrics.jsonl, config.yaml and the generated DeepSpeed JSON in RUN."""
     from anchor_core.extras import require
 
-    require("train")  # DeepSpeed, the data readers, GGUF, figures: named before the corpus is packed into --out
+    require("train", "deepspeed", "matplotlib")  # the engine and the pack's figure, before --out is packed into
     from torchtrain.config import load_train_config
     from torchtrain.trainer import train as run_training
 
