@@ -21,6 +21,10 @@ its error and tolerance; it returns the report. `anchor_audit` runs the quick au
 exceeds `max_D`. `anchor_check_step` runs `parity_tests.blackbox.check_step`: `model(**batch)` exactly as your
 loop calls it, which variant that computes against the oracle, and which documents see each other
 (docs/guides/hf-trainer.md). Nothing heavy is imported until a fixture is used.
+
+The fixtures need the `oracle` extra (JAX); without it each fails its test at set-up with one line naming the
+pip command, before any work (the plugin itself loads in every pytest session of an environment that has the
+package, so it imports nothing of the extra).
 """
 
 from __future__ import annotations
@@ -28,6 +32,17 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import pytest
+
+from anchor_core import extras
+
+ORACLE_MODULES = ("jax", "flax", "optax")  # what the fixtures import of the oracle extra (jaxref)
+
+
+def require_oracle(fixture: str) -> None:
+    """Fail the test with one line where the oracle extra is not installed (parity_tests imports JAX)."""
+    line = extras.missing_line("oracle", f"the {fixture} fixture", *ORACLE_MODULES)
+    if line is not None:
+        pytest.fail(line, pytrace=False)
 
 
 def _where(first: dict[str, Any] | None) -> str:
@@ -62,6 +77,7 @@ def anchor_parity() -> Callable[..., dict[str, Any]]:
     """`anchor_parity(model, *, attention=None, implementations=None, variants=("intra_doc",), seq_len=97,
     rope_in="model", dtypes=("float32", "bfloat16"), **kw)`: hold the stack against the oracle; a failure
     names the first diverging layer and quantity. Returns the report (`run_hf_stack`'s dict)."""
+    require_oracle("anchor_parity")
 
     def check(model: Any = "random:llama", *, attention: Any = None, implementations: Sequence[str] | None = None,
               variants: Sequence[str] = ("intra_doc",), seq_len: int = 97, rope_in: str = "model",
@@ -83,6 +99,7 @@ def anchor_parity() -> Callable[..., dict[str, Any]]:
 def anchor_audit() -> Callable[..., dict[str, Any]]:
     """`anchor_audit(model, *, policy="paper_bf16", max_D, **settings)`: the quick precision audit of one
     dtype policy; fails where the mean attention drift D at any shift exceeds `max_D`. Returns the audit."""
+    require_oracle("anchor_audit")
 
     def check(model: str = "random:llama", *, policy: str = "paper_bf16", max_D: float, **settings: Any) -> dict[str, Any]:
         from parity_tests.audit.runner import run_audit
@@ -135,4 +152,5 @@ def anchor_check_step() -> Callable[..., dict[str, Any]]:
     does (model(**batch)) and fail unless it computes one of `variants` against the oracle (and, in bfloat16,
     passes the bf16 rule; and the perturbation probe moves no other document unless "full" is asked).
     Returns the report (parity_tests.blackbox.check_step's dict)."""
+    require_oracle("anchor_check_step")
     return check_step_or_fail
