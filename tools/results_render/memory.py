@@ -28,12 +28,13 @@ def memory_page(records: Records) -> str:
             ratio = r["estimate_gib"] / r["peak_gib"]
             agree(rel, f"rows[{i}].ratio", r.get("ratio"), ratio, abs_tol=6e-3)
             ratios.append(ratio)
-            rows.append([r.get("verb"), r.get("config", ""), num(r.get("seq_len")), r.get("engine", ""),
+            what = f"`{r['config']}`" if r.get("config") else f"model `{r['model']}`" if r.get("model") else "—"
+            rows.append([r.get("verb"), what, num(r.get("seq_len")), r.get("engine", ""),
                          num(r.get("estimate_gib")), num(r.get("peak_gib")), num(ratio)])
         if ratios:
             agree(rel, "ratio_min", rec.get("ratio_min"), min(ratios), abs_tol=6e-3)
             agree(rel, "ratio_max", rec.get("ratio_max"), max(ratios), abs_tol=6e-3)
-        return table(["verb", "config", "T", "engine", "estimate, GiB", "measured peak, GiB", "estimate ÷ peak"], rows)
+        return table(["verb", "config (or the model)", "T", "engine", "estimate, GiB", "measured peak, GiB", "estimate ÷ peak"], rows)
 
     def step(rel, rec):
         rows = []
@@ -72,14 +73,17 @@ def memory_page(records: Records) -> str:
                      num(r.get("rope_theta")) if r.get("rope_theta") else "the model's",
                      " + ".join(num(terms[k] / GIB) for k in ("process", "states", "checkpoints", "recompute", "loss")),
                      num(r["predicted_bytes"] / GIB)]
+            commit = f"`{str(r['commit'])[:12]}{'+dirty' if str(r['commit']).endswith('+dirty') else ''}`" \
+                if r.get("commit") else "—"
             if "peak_rss_bytes" not in r:
-                rows.append(cells + [f"failed: {r.get('failed', 'not measured')}", "—", "—", "—"])
+                rows.append(cells + [f"failed: {r.get('failed', 'not measured')}", "—", "—", "—", commit])
                 continue
             ratio = r["predicted_bytes"] / r["peak_rss_bytes"]
             agree(rel, f"rows[{i}].predicted_over_measured", r.get("predicted_over_measured"), ratio, abs_tol=6e-4)
             agree(rel, f"rows[{i}].loss_finite", r.get("loss_finite"), math.isfinite(r["loss"]))
             ratios.append((r["seq_len"], ratio, math.isfinite(r["loss"])))
-            rows.append(cells + [num(r["peak_rss_bytes"] / GIB), num(ratio), num(r["loss"], 4), num(r.get("seconds"))])
+            rows.append(cells + [num(r["peak_rss_bytes"] / GIB), num(ratio), num(r["loss"], 4), num(r.get("seconds")),
+                                 commit])
         summary = rec.get("summary") or {}
         agree(rel, "summary.lengths_measured", summary.get("lengths_measured"), len(ratios))
         agree(rel, "summary.worst_predicted_over_measured", summary.get("worst_predicted_over_measured"),
@@ -91,7 +95,8 @@ def memory_page(records: Records) -> str:
                f"(`torchtrain.memory.step_memory`, which `anchor train` refuses a run by); each length ran as "
                f"`{rec.get('command')}` in a fresh process, its peak RSS read by `/usr/bin/time -v`.", "",
                *table(["T", "windows of", "RoPE base", "predicted: process + states + checkpoints + recompute + loss, GiB",
-                       "predicted, GiB", "measured peak, GiB", "predicted ÷ measured", "loss", "seconds (one run)"], rows), ""]
+                       "predicted, GiB", "measured peak, GiB", "predicted ÷ measured", "loss", "seconds (one run)",
+                       "measured at commit"], rows), ""]
         if len({r.get("windows") for r in rec["rows"]}) > 1:
             out.append("The step's memory does not depend on the lengths of the window's documents (the varlen "
                        "engine keeps per-document offsets), its time grows with their squares: the longer windows "
@@ -108,9 +113,14 @@ def memory_page(records: Records) -> str:
               max((r["seq_len"] for r in rec.get("plan_rows", []) if r["fits"]), default=None))
         stop = next((r for r in rec.get("plan_rows", []) if not r["fits"]), None)
         if longest_row:
-            out.append(f"The plan's longest window on this machine, for the {num(budget / GIB)} GiB available when "
-                       f"the measurements began: {num(longest_row['seq_len'])}, "
-                       f"{num(longest_row['total_bytes'] / GIB)} GiB.")
+            given = (f"the {num(budget / GIB)} GiB it was given (`{rec['plan_memory_from']}`)"
+                     if rec.get("plan_memory_from") else f"a budget of {num(budget / GIB)} GiB")
+            at_start = (f"; {num(rec['mem_available_bytes_at_start'] / GIB, 4)} GiB were available when the "
+                        "measurements began" if rec.get("mem_available_bytes_at_start") else "")
+            agree(rel, "plan_memory_gib", rec.get("plan_memory_gib"), budget / GIB, abs_tol=6e-3)
+            planned = f" (planned at commit `{rec['planned_by']}`)" if rec.get("planned_by") else ""
+            out.append(f"The plan's longest window on this machine{planned}, for {given}{at_start}: "
+                       f"{num(longest_row['seq_len'])}, {num(longest_row['total_bytes'] / GIB)} GiB.")
         if stop:
             name, size = largest(stop["terms_bytes"])
             out.append(f"It refuses the next doubling, {num(stop['seq_len'])}: {num(stop['total_bytes'] / GIB)} GiB, "
@@ -136,11 +146,17 @@ def memory_page(records: Records) -> str:
             host = fits[-1].get("host_total_bytes") if fits and gp.get("offload_checkpoints") else None
             gpu_rows.append([g["model"], num(g["gpus"]), recipe, num(gp.get("longest")) if gp.get("longest")
                              else "none fits", "—" if host is None else num(host / GIB), why, alst_cell])
-        out += [f"The plan for {rec.get('gpu_plans', [{}])[0].get('device', 'GPU').upper()}s (80 GB each; "
-                f"nothing ran on a GPU), beside ALST's published figures ({alst['source']}; its Hugging Face "
-                f"baseline: {num(alst['baseline_longest'])}). SmolLM2's 9 heads do not split over 8 GPUs, so each of "
-                "its GPUs trains windows of its own. ALST also offloads the optimizer states to host memory, which "
-                "this trainer does not: one GPU holds Llama-3.1-8B's states in full.", "",
+        plans = rec.get("gpu_plans", [])
+        sizes = sorted({g["plan"]["budget_bytes"] for g in plans})
+        own_windows = sorted({g["model"] for g in plans if g["gpus"] > 1 and g["plan"]["sequence_parallel"] == 1})
+        single = sorted({g["model"] for g in plans if g["gpus"] == 1})
+        out += [f"The plan for {plans[0].get('device', 'GPU').upper() if plans else 'GPU'}s "
+                f"({' or '.join(num(b / 1e9) for b in sizes)} GB each; nothing ran on a GPU), beside ALST's "
+                f"published figures ({alst['source']}; its Hugging Face baseline: {num(alst['baseline_longest'])})."
+                + (f" Where a plan's sequence parallel is 1 on several GPUs ({', '.join(own_windows)}: its heads do "
+                   "not split over them), each GPU trains windows of its own." if own_windows else "")
+                + " ALST also offloads the optimizer states to host memory, which this trainer does not: on one "
+                f"GPU ({', '.join(single)}) the GPU holds the model's states in full.", "",
                 *table(["model", "GPUs", "recipe", "plan's longest window",
                         "host memory its offloaded checkpoints need, GiB (all GPUs)",
                         "the next doubling: need, largest term", "ALST, published"], gpu_rows),
@@ -152,9 +168,13 @@ def memory_page(records: Records) -> str:
     out = ["# Memory", "", GENERATED, "",
            "Peaks are measured per process (VmHWM), one run per case; every size option is checked against an "
            "estimate before any work starts, and these tables hold the estimates against the peaks.", ""]
-    out += section(records, LONGEST_WINDOW, "The longest window this machine trains, planned and measured",
-                   "SmolLM2-135M, variant anchor, fp32, activation checkpointing and the tiled MLP, one optimizer step "
-                   "per length.", longest)
+    what = ""
+    if records.exists(LONGEST_WINDOW):
+        lw = records.load(LONGEST_WINDOW)
+        what = (f"Model `{lw.get('model')}`, variant {lw.get('variant')}, {lw.get('dtype')}, engine "
+                f"{lw.get('engine')}, activation checkpointing and the tiled MLP, one optimizer step per length.")
+    out += section(records, LONGEST_WINDOW, "The longest window this machine trains, planned and measured", what,
+                   longest)
     out += section(records, MEMORY, "One training step per engine", "The default engine grows linearly in T; "
                    "sdpa and eager hold a dense T × T mask.", per_engine)
     out += section(records, MEMORY_ESTIMATES, "The estimates that refuse a run, against measured peaks",

@@ -11,7 +11,7 @@ from .evaluation import ruler_scores
 from .gpu import not_todays, parity_counts
 from .precision import shift_curves
 from .records import (AUDIT, BENCH_H100, BENCH_STEP_WARMUP, GPU_PARITY, PAPER_SMALL, TRAIN_GPU, Records,
-                      machine_label, model_label, need, provenance)
+                      machine_label, model_label, need, provenance_cells)
 from .speed import bench_attention, bench_step_stats, train_gpu_rows, window_repeats
 from .stats import Stats, num, ratio, ratio_cells, spread, steps_word, table
 
@@ -122,6 +122,7 @@ def readme_table(records: Records) -> list[str]:
             rows.append(["RULER by length, paper-small profile (" + " / ".join(f"{l // 1024}K" for l in lengths)
                          + f"), mean over {', '.join(map(str, n))} checkpoints", "; ".join(cells), PAPER_SMALL, rec])
     out = table(["what", "measured", "record (machine, date, commit)"],
-                [[w, m, f"`{rel}` ({machine_label(rec)}, {provenance(rec)[0]}, `{provenance(rec)[1]}`)"]
+                [[w, m, f"`{rel}` ({machine_label(rec)}, {', '.join(provenance_cells(rec))})"]
                  for w, m, rel, rec in rows])
-    return out + ["", "All results, each with its record: [docs/results](docs/results/index.md)."]
+    return out + ["", "A date or commit marked (from git) was filled in later from git history, not written by the run. "
+                  "All results, each with its record: [docs/results](docs/results/index.md)."]

@@ -34,11 +34,11 @@ GPU_PARITY = ("results/gpu/parity/parity_T1025_h200.json", "results/gpu/parity/p
               "results/gpu/parity/smoke_T97_h100.json")
 DEMO = "results/demo_cpu.json"
 PAPER_SMALL = "results/paper_small_cpu.json"
-HF_STACK = ("experiments/hf_stack/results/hf_stack_random_llama_T97_cpu.json",
-            "experiments/hf_stack/results/hf_stack_smollm2_T97_cpu.json",
-            "experiments/hf_stack/results/hf_stack_smollm2_T515_cpu.json")
+HF_STACK = ("results/hf_stack/hf_stack_random_llama_T97_cpu.json",
+            "results/hf_stack/hf_stack_smollm2_T97_cpu.json",
+            "results/hf_stack/hf_stack_smollm2_T515_cpu.json")
 # where every record lives: the index page lists them all
-RECORD_DIRS = ("results", "experiments")
+RECORD_DIRS = ("results",)
 
 # `anchor bench`'s step rows keep every step in `step_s_all` and do not say how many were warm-up: the
 # bench leaves the first one out (anchor/bench/step.py, `time_steps`: `times[1:]`), and so does this.
@@ -140,8 +140,36 @@ def provenance(rec: dict[str, Any]) -> tuple[str, str]:
     return (str(date)[:10] or "—"), ((commit[:12] + ("+dirty" if commit.endswith("+dirty") else "")) or "—")
 
 
+def filled_in(rec: dict[str, Any]) -> tuple[str, ...]:
+    """Which of ("date", "commit") `provenance` took from the `record` entry: filled in later from the
+    repository's history (the commit that last changed the record), not written by the run itself."""
+    m = rec.get("machine") if isinstance(rec.get("machine"), dict) else {}
+    r = rec.get("record") if isinstance(rec.get("record"), dict) else {}
+    top = any(isinstance(rec.get(k), str) and rec[k][:2] == "20" for k in ("date_utc", "date"))
+    out = []
+    if not (m.get("date_utc") or top) and r.get("date"):
+        out.append("date")
+    if not m.get("commit") and r.get("commit"):
+        out.append("commit")
+    return tuple(out)
+
+
+def provenance_cells(rec: dict[str, Any]) -> tuple[str, str]:
+    """(date, commit) for a table: each marked "(from git)" where it was filled in later from git history."""
+    date, commit = provenance(rec)
+    later = filled_in(rec)
+    return (date + (" (from git)" if "date" in later else ""),
+            f"`{commit}`" + (" (from git)" if "commit" in later else ""))
+
+
 def source(rel: str, rec: dict[str, Any]) -> str:
     date, commit = provenance(rec)
+    later = filled_in(rec)
+    if later:
+        own = [w for w in ("date", "commit") if w not in later]
+        how = (f"{' and '.join(later)} filled in later from git history (the commit that last changed the record)"
+               + (f"; its {own[0]} its own" if own else ""))
+        return (f"*Record: `{rel}` · machine: {machine_label(rec)} · {date} at commit `{commit}`: {how}*")
     return f"*Record: `{rel}` · machine: {machine_label(rec)} · recorded {date} at commit `{commit}`*"
 
 

@@ -291,6 +291,10 @@ def speed_page(records: Records) -> str:
             "Wall time of the whole command on SmolLM2 with every option at its default, per machine.", ""]
     out += audit_speed(AUDIT_SPEED) + [""]
     out += section(records, DATA, "The data pipeline", "Tokenization against raw `tokenizers`, and packing.", data)
+    oracle_what = ""
+    if records.exists(ORACLE_FORWARD):
+        o = records.load(ORACLE_FORWARD)
+        oracle_what = f"The {o.get('variant')} variant, batch {o.get('batch')}, several rounds each."
     out += section(records, ORACLE_FORWARD, "The oracle's fp32 forward against transformers'",
-                   "The full variant, batch 1, several rounds each.", oracle)
+                   oracle_what, oracle)
     return "\n".join(out)
