@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -31,6 +33,7 @@ from anchor_core.data.mixture import MixtureSpec
 from anchor_core.data.packed import PackedData
 from anchor_core.data.pipeline import PackConfig, pack_corpus
 from anchor_core.data.store import TokenStore
+from anchor_core.outdir import rmtree, staging_prefix
 
 # A section heading in reStructuredText: a line of text, then a line of one of these characters at least
 # as long as three (pydoc's topics underline with `*` and `=`, READMEs with `=` and `-`).
@@ -162,7 +165,7 @@ def pack_windows(folder: Path) -> dict[str, Any]:
     return {"docs_per_window": spread(np.concatenate(docs)), "keys_differ_share": differ / real if real else 0.0}
 
 
-PIECES_FILE = "pieces.jsonl"  # beside the corpus it is cut from: it is redone whenever the corpus is
+PIECES_FILE = "pieces.jsonl"  # in the pack stage's folder, beside the windows packed from it
 # Pieces longer than this many characters per window slot (about four and a half windows of tokens at the
 # default tokenizer's 3.5 characters a token) are left out: data tables (encodings' charmaps, HTML entities,
 # pydoc's topics module), some 30 of about 19,000 pieces holding an eighth of the corpus's text, each of which
@@ -172,13 +175,22 @@ MAX_CHARS_PER_SLOT = 16
 
 def pack_pieces(model: str, corpus: Path, out: Path, seq_len: int, budget: int, *,
                 progress: bool = False) -> dict[str, Any]:
-    """The pack stage on pieces: `corpus/corpus.jsonl` cut (`cut_corpus`) into `corpus/pieces.jsonl`, the
-    first `budget` tokens of them in each domain's share (the `original` mixture: upsampling long pieces
-    would undo the cut) packed into windows of `seq_len` in `out`. Returns the stage's summary: the
-    windows, the pieces (counts, tokens per piece) and `pack_windows`."""
-    cut = cut_corpus(corpus / "corpus.jsonl", corpus / PIECES_FILE, max_chars=MAX_CHARS_PER_SLOT * seq_len)
-    cfg = PackConfig(seq_len=seq_len, mixture=MixtureSpec(kind="original", budget=budget))
-    stats = pack_corpus(model, corpus / PIECES_FILE, out, cfg, progress=progress)
+    """The pack stage on pieces: `corpus/corpus.jsonl` cut (`cut_corpus`) into pieces, the first `budget`
+    tokens of them in each domain's share (the `original` mixture: upsampling long pieces would undo the cut)
+    packed into windows of `seq_len` in `out`, and the pieces kept as `out/pieces.jsonl`. Returns the stage's
+    summary: the windows, the pieces (counts, tokens per piece) and `pack_windows`.
+
+    The pieces are written beside `out` while it is packed and moved into it after: the corpus stage's folder
+    holds what that stage wrote and nothing a later stage cut from it (the demo reuses a stage only while its
+    folder is unchanged)."""
+    work = Path(tempfile.mkdtemp(prefix=staging_prefix(out), dir=out.parent))
+    try:
+        cut = cut_corpus(corpus / "corpus.jsonl", work / PIECES_FILE, max_chars=MAX_CHARS_PER_SLOT * seq_len)
+        cfg = PackConfig(seq_len=seq_len, mixture=MixtureSpec(kind="original", budget=budget))
+        stats = pack_corpus(model, work / PIECES_FILE, out, cfg, progress=progress, data_name=str(out / PIECES_FILE))
+        os.replace(work / PIECES_FILE, out / PIECES_FILE)
+    finally:
+        rmtree(work)
     length = TokenStore.open(out / "store").length
     cut.update(tokens_per_piece={**spread(length), "p90": float(np.percentile(length, 90))},
                selected=stats["mixture"]["selected_docs"], mixture="original")

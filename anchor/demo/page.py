@@ -309,7 +309,7 @@ def _section_pack(p: _Page, s: dict[str, Any]) -> None:
     if isinstance(docs, dict) and "pieces" in docs:
         t = docs.get("tokens_per_piece") or {}
         p.add(f"<p>The corpus's {docs['documents']:,} files are cut where they divide themselves: modules at each "
-              f"function, class and method, texts at each section heading ({p.link('corpus/pieces.jsonl', 'pieces.jsonl')}); "
+              f"function, class and method, texts at each section heading ({p.link('pack/pieces.jsonl', 'pieces.jsonl')}); "
               f"{docs['pieces']:,} pieces of a median {num(t.get('median'), '.0f')} tokens (quartiles "
               f"{num(t.get('q1'), '.0f')}–{num(t.get('q3'), '.0f')}, 90th percentile {num(t.get('p90'), '.0f')}, "
               f"longest {num(t.get('max'), ',')}): most pieces short, a few long, so windows hold several documents "

@@ -1,12 +1,15 @@
 """Planning, fingerprints and stage reuse: which stages run, which are reused, and the record (demo.json).
 
 Every stage is recorded in `demo.json` with a fingerprint of its settings, its inputs' fingerprints and
-anchor's version, the content of its folder when it finished (`stage_content`), an id of that execution
-(`ran_id`) and the ids of the stages it read (`read`). A stage is reused where its fingerprint still matches,
-its folder still holds what it wrote, and the stages it reads have not run since it read them: a stage
-folder another verb replaced (`anchor corpus --out DEMO/corpus`) or whose files changed runs again, and so
-does every stage that reads it, in this demo or the next that selects it. `train` and `eval` resume where a
-killed demo left them (`RESUMABLE`) when the stages they read have not run since.
+anchor's version, the content of its folder when it finished (`stage_content`) and the files it wrote
+(`files`), an id of that execution (`ran_id`) and the ids of the stages it read (`read`). A stage writes into
+its own folder alone. A stage is reused where its fingerprint still matches, its folder still holds what it
+wrote (files added since are kept), and the stages it reads have not run since it read them: a stage folder
+another verb replaced (`anchor corpus --out DEMO/corpus`) or whose files changed runs again, and so does
+every stage that reads it, in this demo or the next that selects it. A stage is redone only where that
+removes nothing the demo did not write (`anchor train --out DEMO/train/anchor` adding a checkpoint): such
+files are named and the demo stops before any work, unless `--fresh` asks for the stage anew. `train` and
+`eval` resume where a killed demo left them (`RESUMABLE`) when the stages they read have not run since.
 """
 
 from __future__ import annotations
@@ -161,41 +164,111 @@ def stage_content(folder: Path) -> str | None:
     """sha256 (16 hex) of what a stage folder holds: each file's path in it, its size and, up to
     `_HASHED_BYTES`, its bytes (the marker's among them), each link's target; None where the folder is missing
     or cannot be read (it then matches no record)."""
+    scan = scan_stage(folder)
+    return None if scan is None else scan[0]
+
+
+def scan_stage(folder: Path) -> tuple[str, dict[str, str]] | None:
+    """`stage_content` and the file list it is computed from: each file's path in the folder (posix, relative)
+    with `<size>:<sha256 16 hex>` (`<size>` alone above `_HASHED_BYTES`, `link:<target>` for a link); None where
+    the folder is missing or cannot be read."""
     if not folder.is_dir() or folder.is_symlink():
         return None
     h = hashlib.sha256()
+    files: dict[str, str] = {}
     try:
-        for root, dirs, files in os.walk(folder, onerror=_raise):
+        for root, dirs, names in os.walk(folder, onerror=_raise):
             dirs.sort()
-            for name in sorted(files + [d for d in dirs if os.path.islink(os.path.join(root, d))]):
+            for name in sorted(names + [d for d in dirs if os.path.islink(os.path.join(root, d))]):
                 p = Path(root) / name
                 rel = p.relative_to(folder).as_posix()
                 if p.is_symlink():
                     h.update(json.dumps([rel, "link", os.readlink(p)]).encode())
+                    files[rel] = f"link:{os.readlink(p)}"
                     continue
                 size = p.stat().st_size
                 h.update(json.dumps([rel, size]).encode())
+                files[rel] = str(size)
                 if size <= _HASHED_BYTES:
-                    h.update(hashlib.sha256(p.read_bytes()).digest())
+                    digest = hashlib.sha256(p.read_bytes()).digest()
+                    h.update(digest)
+                    files[rel] += f":{digest.hex()[:16]}"
     except OSError:
         return None
-    return h.hexdigest()[:16]
+    return h.hexdigest()[:16], files
 
 
 def _raise(e: OSError) -> None:
     raise e
 
 
-def _changed(out: Path, stage: str, rec: dict[str, Any], read: dict[str, str | None]) -> str | None:
+def added_files(out: Path, stage: str, rec: dict[str, Any] | None) -> list[str] | None:
+    """What is in the stage folder that the stage's recorded execution did not write: each added folder once
+    (`stage/<path>/`: no file the stage wrote lies under it) and each added file in a folder the stage wrote
+    (`stage/<path>`), sorted; [] where there is none or the folder is gone; None where the record has no file
+    list (a demo folder written before stages recorded theirs: which files are whose is not known)."""
+    had = (rec or {}).get("files")
+    if not isinstance(had, dict):
+        return None
+    scan = scan_stage(out / stage)
+    if scan is None:
+        return []
+    written_dirs = {"/".join(k.split("/")[:i]) for k in had for i in range(1, k.count("/") + 1)}
+    items = set()
+    for rel in set(scan[1]) - set(had):
+        parts = rel.split("/")
+        top = next((i for i in range(1, len(parts)) if "/".join(parts[:i]) not in written_dirs), None)
+        items.add(rel if top is None else "/".join(parts[:top]) + "/")
+    return [f"{stage}/{x}" for x in sorted(items)]
+
+
+def _extended(out: Path, stage: str, rec: dict[str, Any]) -> list[str] | None:
+    """The files added to a finished stage's folder since it was written, where every file it wrote is still
+    there unchanged (the stage can be reused as it is: what was added is kept); None where a file it wrote
+    is gone or changed, or the record has no file list."""
+    had = rec.get("files")
+    scan = scan_stage(out / stage)
+    if not isinstance(had, dict) or scan is None or any(scan[1].get(k) != v for k, v in had.items()):
+        return None
+    return [f"{stage}/{rel}" for rel in sorted(set(scan[1]) - set(had))]
+
+
+def _changed(out: Path, stage: str, rec: dict[str, Any], read: dict[str, str | None]) -> tuple[str | None, list[str]]:
     """Why the finished stage `rec` cannot be reused though its settings are unchanged (a stage it reads ran
-    again since it read it, or its folder no longer holds what it wrote); None where it can."""
+    again since it read it, or its folder no longer holds what it wrote), or None where it can; and the files
+    added to its folder since, where it is reused with them (every file it wrote still there unchanged)."""
     had = rec.get("read") or {}
     moved = [n for n in read if had.get(n) != read[n]]
     if moved:
-        return f"the {moved[0]} stage it reads was run again since"
-    if rec.get("content") is None or stage_content(out / stage) != rec["content"]:
-        return f"{stage}/ no longer holds what this stage wrote (replaced, or its files changed)"
-    return None
+        return f"the {moved[0]} stage it reads was run again since", []
+    if rec.get("content") is not None and stage_content(out / stage) == rec["content"]:
+        return None, []
+    added = _extended(out, stage, rec) if rec.get("content") is not None else None
+    if added:
+        return None, added
+    return f"{stage}/ no longer holds what this stage wrote: replaced, or its files changed", []
+
+
+def _name_files(files: list[str]) -> str:
+    """At most three of `files` and how many more."""
+    more = f" and {len(files) - 3} more" if len(files) > 3 else ""
+    return ", ".join(files[:3]) + more
+
+
+def _check_nothing_added(out: Path, stage: str, rec: dict[str, Any] | None, why: str | None, fresh: bool,
+                         say: Callable[[str], None]) -> None:
+    """Before a finished stage's folder is redone (`why`: the reason it is not reused; None: its settings
+    changed): what was added to it since the stage wrote it (a checkpoint `anchor train --out` added to a demo
+    run, a user's notes) is never removed silently: an InputError naming it, unless `--fresh` asked for the
+    stage anew (then a line names what goes)."""
+    added = added_files(out, stage, rec) if (out / stage).exists() else []
+    if not added:
+        return
+    if not fresh:
+        raise InputError(f"the {stage} stage must run again ({why or 'its settings changed'}); redoing it would "
+                         f"remove what the demo did not write: {_name_files(added)}; move that away, or pass --fresh "
+                         "to redo the stage anyway", path=out / stage)
+    say(f"    --fresh: removing what the demo did not write: {_name_files(added)}")
 
 
 def _clear(out: Path, stage: str) -> None:
@@ -382,22 +455,22 @@ def _run_stages(out: Path, s: DemoSettings, steps: tuple[str, ...], todo: tuple[
         record["dtype_choice"] = dtype_choice
         say(f"dtype: {dtype_choice['dtype']} ({dtype_choice['reason']})")
     ctx = StageContext(out, s, progress, say, record["stages"])
+    _preflight(out, todo, record["stages"], fps, fresh)
     for i, stage in enumerate(todo, 1):
         rec = record["stages"].get(stage)
         # the executions of the stages this one reads (earlier in `todo`: run or reused by now)
         read = {n: (record["stages"].get(n) or {}).get("ran_id") for n in NEEDS.get(stage, ())}
-        changed = None
-        if not fresh and _stage_done(out, stage, rec, fps[stage]):
-            changed = _changed(out, stage, rec, read)
-            if changed is None:
-                say(f"[{i}/{len(todo)}] {stage}: reused (finished {rec['finished']}, settings unchanged)")
-                record["reused"].append(stage)
-                continue
+        action, changed, added = _decide(out, stage, rec, fps[stage], read, fresh)
+        if action == "reuse":
+            kept = f"; kept what was added since: {_name_files(added)}" if added else ""
+            say(f"[{i}/{len(todo)}] {stage}: reused (finished {rec['finished']}, settings unchanged{kept})")
+            record["reused"].append(stage)
+            continue
+        if changed is not None:
             say(f"[{i}/{len(todo)}] {stage}: not reused: {changed}")
-        # a stopped stage continues only on the same settings and the same executions of what it reads
-        resumable = (stage in RESUMABLE and not fresh and changed is None and rec is not None
-                     and rec.get("fingerprint") == fps[stage] and rec.get("read") == read)
+        resumable = action == "resume"
         if not resumable:
+            _check_nothing_added(out, stage, rec, changed, fresh, say)
             _clear(out, stage)
         say(f"[{i}/{len(todo)}] {stage}: {TITLES[stage]}")
         # the seconds of the attempts a signal stopped (SIGTERM, Ctrl-C: they unwind) that this one resumes
@@ -413,10 +486,11 @@ def _run_stages(out: Path, s: DemoSettings, steps: tuple[str, ...], todo: tuple[
             _write_record(out, record, t0)
             raise
         seconds = round(time.time() - t, 1)
+        content, files = scan_stage(out / stage) or (None, None)
         record["stages"][stage] = {"fingerprint": fps[stage], "done": True, "started": record["stages"][stage]["started"],
                                    "finished": _now(), "seconds": seconds, "stopped_attempts_s": earlier,
                                    "seconds_all_attempts": round(seconds + sum(earlier), 1), "summary": summary,
-                                   "read": read, "content": stage_content(out / stage),
+                                   "read": read, "content": content, "files": files,
                                    "ran_id": secrets.token_hex(8)}
         record["ran"].append(stage)
         _write_record(out, record, t0)
@@ -429,6 +503,36 @@ def _run_stages(out: Path, s: DemoSettings, steps: tuple[str, ...], todo: tuple[
         _write_record(out, record, t0)
     index_page(out, record, fps)
     return record
+
+
+def _decide(out: Path, stage: str, rec: dict[str, Any] | None, fp: str, read: dict[str, str | None],
+            fresh: bool) -> tuple[str, str | None, list[str]]:
+    """What becomes of a stage: `reuse` (finished, same settings and inputs, its folder as it left it or only
+    added to), `resume` (a stopped `RESUMABLE` stage on the same settings and inputs) or `redo`; why a finished
+    stage is not reused (None where that is not the reason); the files added to a reused stage's folder."""
+    changed = None
+    if not fresh and _stage_done(out, stage, rec, fp):
+        changed, added = _changed(out, stage, rec, read)
+        if changed is None:
+            return "reuse", None, added
+    # a stopped stage continues only on the same settings and the same executions of what it reads
+    resumable = (stage in RESUMABLE and not fresh and changed is None and rec is not None
+                 and rec.get("fingerprint") == fp and rec.get("read") == read)
+    return ("resume" if resumable else "redo"), changed, []
+
+
+def _preflight(out: Path, todo: tuple[str, ...], stages: dict[str, Any], fps: dict[str, str], fresh: bool) -> None:
+    """Before any stage runs: every stage that will be redone, decided as the loop will (a stage redone gives
+    the stages reading it a new input), is checked for files added to its folder since the demo wrote it, so
+    a refusal comes before any work."""
+    ran_ids = {n: (r or {}).get("ran_id") for n, r in stages.items()}
+    for stage in todo:
+        read = {n: ran_ids.get(n) for n in NEEDS.get(stage, ())}
+        action, changed, _ = _decide(out, stage, stages.get(stage), fps[stage], read, fresh)
+        if action != "reuse":
+            ran_ids[stage] = f"to run: {stage}"
+        if action == "redo" and not fresh:
+            _check_nothing_added(out, stage, stages.get(stage), changed, fresh, lambda _: None)
 
 
 def _now() -> str:

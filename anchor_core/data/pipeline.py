@@ -45,14 +45,15 @@ class PackConfig:
 
 def pack_corpus(model: str, data: str | Path, out: str | Path, cfg: PackConfig, *, progress: bool = False,
                 tok: Tok | None = None, shard_slots: int = SHARD_SLOTS,
-                names: dict[str, str] | None = None) -> dict[str, Any]:
+                names: dict[str, str] | None = None, data_name: str | None = None) -> dict[str, Any]:
     """Build the packed folder `out` from a corpus (or a token store) `data`; returns stats.json's dict.
 
     Steps: the token store (`_store_for`), the checks against the model's vocabulary and the disk,
     the mixture's selection, the windows written shard by shard (`_write_windows`), then pack.json
     (`_pack_meta`), stats.json (`_pack_stats`), stats.md and the figure. `shard_slots` bounds the
     slots per shard file. `names`: how errors name the options (default `anchor pack`'s flags; a train
-    config passes its keys, `seq_len` and `pack.budget`).
+    config passes its keys, `seq_len` and `pack.budget`). `data_name`: how stats.json names the data (default
+    `data` itself; a caller that moves its input file after packing names where it will be).
     """
     names = {"seq_len": "--seq-len", "budget": "--budget", **(names or {})}
     t0 = time.perf_counter()
@@ -80,7 +81,7 @@ def pack_corpus(model: str, data: str | Path, out: str | Path, cfg: PackConfig, 
         tally.chunks = packer.chunks.to_dict(cfg.layout) if cfg.layout.interleave else None
         t_pack = time.perf_counter()
         meta = _pack_meta(cfg, packer.num_windows, writer.shards, store, tok)
-        stats = _pack_stats(model, data, cfg, meta, counts_dict, store, selection, tally,
+        stats = _pack_stats(model, data if data_name is None else data_name, cfg, meta, counts_dict, store, selection, tally,
                             {"tokenize": round(t_tok - t0, 3), "pack": round(t_pack - t_tok, 3)})
         (work / "pack.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
         (work / "stats.json").write_text(json.dumps(stats, indent=1), encoding="utf-8")
