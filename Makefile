@@ -58,7 +58,7 @@ paper-small: install
 # Python where there is one, else python3 (CUDA torch and the project importable, the model under .cache/models:
 # tools/gpu_kit.py).
 # HELDOUT=FILE: held-out documents where this Python has no test suite. The summary goes to results/gpu/.
-# RUNS=full,anchor: a part of the runs into runs/paper-gpu-<runs> (for a GPU host reached in short jobs:
+# RUNS=full,anchor: a part of the runs into runs/paper-gpu-<runs> (for a GPU host whose commands are time-limited:
 # docs/verbs/demo.md, "In parts"); `make paper-gpu-merge PARTS="runs/pg-1 runs/pg-2 ..."` joins the parts into
 # runs/paper-gpu (a new folder, or an earlier merge: a merge never replaces a finished run).
 GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)

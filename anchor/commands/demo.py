@@ -27,7 +27,7 @@ def demo(
                           "1K-4K over five checkpoints; hours on a CPU), paper-gpu (SmolLM2 at 16K in bf16, "
                           "the four variants and two fp32 runs, RULER 4K-16K; made for one GPU) or paper-gpu-short "
                           "(paper-gpu's four bf16 runs, 100 steps each, evaluated at their last checkpoint; sized "
-                          "by estimate for one job of a GPU host reached in short jobs).")] = "demo",
+                          "by estimate to finish within 10 minutes on one H100).")] = "demo",
     fresh: Annotated[bool, typer.Option("--fresh", help="Redo every selected stage instead of reusing it.")] = False,
     prompt: Annotated[str, typer.Option("--prompt", help="Prompt for the next-token comparison.")] = "",
     policy: Annotated[str, typer.Option("--policy", help="Oracle dtype policy of top5: preset name or YAML file.")] = "fp32",

@@ -164,8 +164,8 @@ PROFILES = {
         perplexity_bucket=2048, timing_steps=20, stages=("corpus", "pack", "train", "eval"),
         summary_json="paper_gpu.json"),
 }
-# `paper-gpu-short`: paper-gpu in one sitting on a GPU host reached in short jobs whose checkpoints do not outlive
-# the machine (tools/gpu_parity.sh; a job's limit is 10 minutes): the four variants in bf16 on
+# `paper-gpu-short`: paper-gpu in one command of at most 10 minutes, for a GPU host whose checkpoints do not
+# outlive the command (tools/gpu_parity.sh): the four variants in bf16 on
 # paper-gpu's windows (the same corpus, budget and seed: its first 100), 100 steps each, RULER 4K-16K with
 # paper-gpu's samples (the same standard-error bound) and the held-out loss by position on the last checkpoint
 # alone; the fp32 pair is left for later. Sized by estimate: the steps take 4 x 100 x 0.317 s = 127 s on an H100 by
