@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
+import statistics
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,3 +107,154 @@ def test_the_longest_window_page_is_checked_against_its_rows(copy_of_the_records
     _edit(path, consistent_but_wrong_summary)
     with pytest.raises(results_pages.Refused, match=r"summary\.longest_trained"):
         results_pages.render_all(root)
+
+
+# ---- every figure from its record ------------------------------------------------------------------------
+
+_tools = str(ROOT / "tools")
+if _tools not in sys.path:
+    sys.path.insert(0, _tools)
+from results_render import stats as _stats  # noqa: E402  (the package results_pages.py re-exports)
+
+# A figure in prose: a number standing alone ("0.845", "16,384", "22.16"), not part of a name ("fp32", "H100",
+# "SmolLM2-135M", "Llama-3.1-8B"), a path, a date or a paper's section ("§2").
+FIGURE = re.compile(r"(?<![\w.\-/§])\d+(?:,\d{3})*(?:\.\d+)?(?:e[+-]\d+)?(?![\w\-/])")
+RECORD_NAMED = re.compile(r"(?:`|<code>)((?:results|experiments)/[^`<]+\.json)(?:`|</code>)")
+
+
+def figures(text: str) -> set[str]:
+    return {m.group(0) for m in FIGURE.finditer(re.sub(r"`[^`]*`|<code>.*?</code>", "", text))}
+
+
+def record_figures(rec: Any) -> set[str]:
+    """Every figure a record gives: its numbers as written and with thousands separators, and the figures in
+    its strings and keys."""
+    out: set[str] = set()
+    if isinstance(rec, dict):
+        for k, v in rec.items():
+            out |= figures(str(k)) | record_figures(v)
+    elif isinstance(rec, list):
+        for v in rec:
+            out |= record_figures(v)
+    elif isinstance(rec, (int, float)) and not isinstance(rec, bool):
+        out |= {str(rec), f"{rec:,}"}
+    elif isinstance(rec, str):
+        out |= figures(rec)
+    return out
+
+
+def foreign_figures(text: str, computed: set[str], root: Path = ROOT, split: str = r"\n(?=## )") -> list[str]:
+    """The figures of a rendered page that neither its render computed (`num`) nor the records named in their
+    part of it (a section; a row of README's table, `split` at each row) give: a number typed into the page."""
+    out = []
+    parts = re.split(split, text)
+    for part in parts:
+        named = RECORD_NAMED.findall(part.replace("<wbr>", ""))
+        given: set[str] = set()
+        for rel in named:
+            if (root / rel).is_file():
+                given |= record_figures(json.loads((root / rel).read_text()))
+        out += [f"{f!r} in: {part.strip()[:160]}" for f in sorted(figures(part) - computed - given)]
+    return out
+
+
+def test_every_figure_on_a_page_is_computed_or_given_by_its_record():
+    for rel, fn in results_pages.PAGES.items():
+        with _stats.collect() as computed:
+            text = fn(results_pages.Records(ROOT))
+        assert foreign_figures(text, computed) == [], rel
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split(results_pages.README_START)[1].split(results_pages.README_END)[0]
+    with _stats.collect() as computed:
+        results_pages.readme_table(results_pages.Records(ROOT))
+    assert foreign_figures(block, computed, split=r"\n(?=\| )") == []
+
+
+def test_a_typed_figure_is_caught():
+    rel = results_pages.LONGEST_WINDOW
+    page = f"## Memory\n\n*Record: `{rel}` · machine: x*\n\nThe plan for H100s (80 GB each; nothing ran on a GPU)."
+    with _stats.collect() as computed:
+        _stats.num(13.7)
+    assert [f.split(" in: ")[0] for f in foreign_figures(page, computed)] == ["'80'"]
+    assert foreign_figures(page.replace("80 GB", f"{_stats.num(80.0)} GB"), computed | {"80"}) == []
+
+
+def _prose_figures_in_the_render_code() -> list[str]:
+    """Figures typed into the prose strings of the page modules (docstrings and comments aside): a figure on a
+    page is computed from its record, never typed. References to the paper ("Figure 1") are not figures."""
+    import ast
+
+    out = []
+    for path in sorted((ROOT / "tools" / "results_render").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef))
+                and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+                text = re.sub(r"Figure \d+|utf-8|\b20\b", "", node.value)
+                out += [f"{path.name}:{node.lineno}: {f!r} in {node.value[:80]!r}" for f in sorted(figures(text))]
+    return out
+
+
+def test_no_figure_is_typed_into_the_pages_prose():
+    assert _prose_figures_in_the_render_code() == []
+
+
+def test_the_memory_page_reads_the_memory_available_at_the_start_from_its_record():
+    rec = json.loads((ROOT / results_pages.LONGEST_WINDOW).read_text())
+    page = results_pages.render_all(ROOT)["docs/results/memory.md"]
+    at_start = results_pages.num(rec["mem_available_bytes_at_start"] / 2**30, 4)
+    assert f"{at_start} GiB were available when the measurements began" in page
+    given = results_pages.num(rec["plan"]["budget_bytes"] / 2**30)
+    assert f"the {given} GiB it was given (`{rec['plan_memory_from']}`)" in page
+    for row in rec["rows"]:  # every length with the commit it was measured at
+        assert f"`{row['commit'][:12]}" in page
+
+
+def test_the_readme_speed_headline_is_the_whole_step_and_attention_a_row_of_its_own():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split(results_pages.README_START)[1].split(results_pages.README_END)[0]
+    rows = [line for line in block.splitlines() if "÷ full" in line]
+    assert "whole training step" in rows[0]
+    rec = json.loads((ROOT / results_pages.TRAIN_GPU).read_text())
+    warmup = rec["warmup"]
+    for length, block_ in rec["lengths"].items():
+        steps = {r["config"]: [t for t in r["step_s"][warmup:]] for r in block_["rows"] if r.get("step_s")}
+        a, f = steps["train/anchor/varlen"], steps["train/full/varlen"]
+        mean = results_pages.ratio(statistics.fmean(a) / statistics.fmean(f))
+        median = results_pages.ratio(statistics.median(a) / statistics.median(f))
+        assert (f"T={int(length):,}: by mean {mean}, by median {median}, over {len(a)} steps each (min–max, s: "
+                f"anchor {results_pages.num(min(a))}–{results_pages.num(max(a))}, full "
+                f"{results_pages.num(min(f))}–{results_pages.num(max(f))})") in rows[0]
+    attention = next(r for r in rows if "Attention alone" in r)
+    assert "not a training step" in attention and "the same number" in attention  # two windows: mean is median
+    assert "the record keeps those medians, not the repeats" in attention
+
+
+def test_a_ratio_is_never_written_as_one_when_it_is_not():
+    assert results_pages.ratio(1.004) == "1.004" and results_pages.ratio(0.9996) == "0.9996"
+    assert results_pages.ratio(1.0) == "1" and results_pages.ratio(0.761) == "0.761"
+    assert results_pages.ratio_spread(0.76, 1.004) == "0.76–1.004"
+    page = results_pages.render_all(ROOT)["docs/results/speed.md"]
+    assert "–1 |" not in page
+
+
+def test_a_date_filled_in_from_git_is_marked_so(copy_of_the_records: Path):
+    root = copy_of_the_records
+    rec = {"benchmark": "an old measurement", "machine": {"cpu": "Test CPU", "cpu_count": 3},
+           "record": {"date": "-".join(("2030", "01", "02")), "commit": "0123456789ab", "from": "git log"}}
+    (root / "results/speed/old_cpu.json").write_text(json.dumps(rec))
+    index = results_pages.render_all(root)["docs/results/index.md"]
+    day = rec["record"]["date"]
+    assert f"| an old measurement | Test CPU, 3 cores | {day} (from git) | `0123456789ab` (from git) |" in index
+
+
+def test_make_demos_disk_use_is_the_estimate_checkpoint_bytes_gives():
+    from anchor.demo.planning import checkpoint_bytes
+    from anchor.demo.settings import PROFILES
+
+    gb = f"{checkpoint_bytes(PROFILES['demo']) / 1e9:.1f} GB"
+    readme = (ROOT / "README.md").read_text()
+    demo = (ROOT / "docs" / "verbs" / "demo.md").read_text()
+    assert f"`make demo`\nwrites an estimated {gb}" in readme and "checkpoint_bytes" in readme
+    assert f"Disk: an estimated {gb}" in demo

@@ -6,7 +6,7 @@ import html
 import json
 
 from .records import GENERATED, RECORD_DIRS, Records, filled_in, machine_label, provenance_cells
-from .stats import table
+from .stats import num, table
 
 
 def path_cell(rel: str) -> str:
@@ -57,7 +57,7 @@ def index_page(records: Records) -> str:
     own, total = provenance_counts(records)
     out = ["# Results", "", GENERATED, "",
            "Every figure on these pages is computed from a JSON record in the repository, which names the machine "
-           f"it came from. {own} of the {total} records below carry the date and commit their run wrote; in the "
+           f"it came from. {num(own)} of the {num(total)} records below carry the date and commit their run wrote; in the "
            "others, a date or commit marked *(from git)* was filled in later from git history: the commit that last "
            "changed the record, which may be later than the run. The records live under `results/` by topic "
            "(`results/gpu/` holds every GPU record), written by `benchmarks/` and the product's own runs.", "",

@@ -153,8 +153,8 @@ def memory_page(records: Records) -> str:
         out += [f"The plan for {plans[0].get('device', 'GPU').upper() if plans else 'GPU'}s "
                 f"({' or '.join(num(b / 1e9) for b in sizes)} GB each; nothing ran on a GPU), beside ALST's "
                 f"published figures ({alst['source']}; its Hugging Face baseline: {num(alst['baseline_longest'])})."
-                + (f" Where a plan's sequence parallel is 1 on several GPUs ({', '.join(own_windows)}: its heads do "
-                   "not split over them), each GPU trains windows of its own." if own_windows else "")
+                + (f" Where a plan on several GPUs does not split the sequence over them ({', '.join(own_windows)}: "
+                   "its heads do not split), each GPU trains windows of its own." if own_windows else "")
                 + " ALST also offloads the optimizer states to host memory, which this trainer does not: on one "
                 f"GPU ({', '.join(single)}) the GPU holds the model's states in full.", "",
                 *table(["model", "GPUs", "recipe", "plan's longest window",

@@ -20,7 +20,7 @@ Row = list[Any]  # what, measured, the record's path, the record
 
 def _step_cell(T: int, anchor: Stats, full: Stats, flop_ratio: float) -> str:
     by_mean, by_median = ratio_cells(anchor, full)
-    n = f"{anchor.n} steps each" if anchor.n == full.n else f"{anchor.n} steps of anchor, {full.n} of full"
+    n = f"{num(anchor.n)} steps each" if anchor.n == full.n else f"{num(anchor.n)} steps of anchor, {num(full.n)} of full"
     return (f"T={T:,}: by mean {by_mean}, by median {by_median}, over {n} (min–max, s: anchor "
             f"{spread(anchor.lo, anchor.hi)}, full {spread(full.lo, full.hi)}); FLOPs {ratio(flop_ratio)}")
 
@@ -56,7 +56,7 @@ def step_rows(records: Records) -> list[Row]:
                 cells.append(f"`{engine}` " + _step_cell(T, a, f, a_row["flops"] / f_row["flops"]))
         if cells:
             rows.append([f"A whole training step of the model cut to its first "
-                         f"{' or '.join(map(str, sorted(layers)))} layers (`anchor bench`), AnchorAttention ÷ full, "
+                         f"{' or '.join(map(num, sorted(layers)))} layers (`anchor bench`), AnchorAttention ÷ full, "
                          f"one GPU, each run's first {steps_word(BENCH_STEP_WARMUP)} left out", "; ".join(cells),
                          BENCH_H100, rec])
     return rows
@@ -78,8 +78,8 @@ def attention_rows(records: Records) -> list[Row]:
     mine, theirs = Stats.of(longest["ms_windows"]), Stats.of(full["ms_windows"])
     by_mean, by_median = ratio_cells(mine, theirs)
     n = mine.n
-    same = (f"over {n} windows each, so by mean and by median are the same number" if n <= 2
-            else f"over {n} windows each")
+    same = (f"over {num(n)} windows each, so by mean and by median are the same number" if n <= 2
+            else f"over {num(n)} windows each")
     return [[f"Attention alone (one layer's forward and backward, not a training step), AnchorAttention ÷ full "
              f"at T={longest['seq_len']:,}, engine `{longest['engine']}`, one GPU",
              f"by mean {by_mean}, by median {by_median}, {same}; {window_repeats(rec)} (FLOPs "
@@ -96,7 +96,7 @@ def readme_table(records: Records) -> list[str]:
             fp32 = curves["fp32"]
             worst = max((p for p in curves if p != "fp32"), key=lambda p: curves[p].mean)
             rows.append([f"bf16 moves a pretrained model's attention when positions shift (model "
-                         f"{model_label(rec.get('model'))})", f"D over {fp32.n} shifts, by mean: fp32 {num(fp32.mean)}, "
+                         f"{model_label(rec.get('model'))})", f"D over {num(fp32.n)} shifts, by mean: fp32 {num(fp32.mean)}, "
                          f"`{worst}` {num(curves[worst].mean)}; "
                          f"by median: {num(fp32.median)}, {num(curves[worst].median)}", AUDIT, rec])
     rows += step_rows(records) + attention_rows(records)
@@ -120,7 +120,7 @@ def readme_table(records: Records) -> list[str]:
             lengths = sorted(scores.get("anchor") or next(iter(scores.values())))
             n = sorted({s.n for v in scores.values() for s in v.values()})
             rows.append(["RULER by length, paper-small profile (" + " / ".join(f"{l // 1024}K" for l in lengths)
-                         + f"), mean over {', '.join(map(str, n))} checkpoints", "; ".join(cells), PAPER_SMALL, rec])
+                         + f"), mean over {', '.join(map(num, n))} checkpoints", "; ".join(cells), PAPER_SMALL, rec])
     out = table(["what", "measured", "record (machine, date, commit)"],
                 [[w, m, f"`{rel}` ({machine_label(rec)}, {', '.join(provenance_cells(rec))})"]
                  for w, m, rel, rec in rows])

@@ -80,7 +80,7 @@ def cited() -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=DOC.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="only say which pages are stale and which durations in "
-                    "docs and README.md are unlabelled (exit 1 if any)")
+                    "docs and README.md are unlabelled (a non-zero exit if any)")
     args = ap.parse_args(argv)
     if args.check:
         bad = stale()

@@ -192,7 +192,7 @@ def speed_page(records: Records) -> str:
         rounds, per_run = need(rel, rec, "rounds"), need(rel, rec, "steps_per_run")
         # benchmarks/bench_train.py keeps each run's steps after its first (the warm-up): runs x (steps - 1)
         for field, xs in (("plain_step_s", p), ("anchor_step_s", a)):
-            agree(rel, f"{field} (count: rounds x (steps_per_run - 1 warm-up))", len(xs), rounds * (per_run - 1))
+            agree(rel, f"{field} (count: rounds x steps_per_run, less a warm-up step per run)", len(xs), rounds * (per_run - 1))
         ps, as_ = Stats.of(p), Stats.of(a)
         tokens = rec.get("seq_len", 0) * rec.get("global_batch", 1)
         agree(rel, "plain_median_s", rec.get("plain_median_s"), ps.median)

@@ -31,7 +31,7 @@ STATS_HEAD = ["mean", "median", "min–max"]
 
 
 def steps_word(n: int) -> str:
-    return "step" if n == 1 else f"{n} steps"
+    return "step" if n == 1 else f"{num(n)} steps"
 
 
 def spread(lo: float, hi: float) -> str:
@@ -60,12 +60,6 @@ def ratio(x: float | None, digits: int = 3) -> str:
 def ratio_spread(lo: float, hi: float) -> str:
     """The range of a set of ratios, each end written by `ratio`."""
     return f"{ratio(lo)}–{ratio(hi)}"
-
-
-def two_samples(n: int) -> str:
-    """What a ratio over `n` samples per side must say when the mean and the median of each side coincide."""
-    return (f"over {n} samples each, where the mean and the median are the same number" if n <= 2
-            else f"over {n} samples each")
 
 
 # ---- formatting -------------------------------------------------------------------------------------
