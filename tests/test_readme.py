@@ -1,5 +1,6 @@
-"""README.md is the landing page: short, the two set-up commands on its first screen, and every link in it
-resolves to a file of the repository (and, for a Markdown file, to one of its headings)."""
+"""README.md is the landing page: short, the two set-up commands on its first screen, a pip user's install and
+Trainer snippet on its first page (tests/test_readme_api.py runs the snippet), and every link in it resolves to a
+file of the repository (and, for a Markdown file, to one of its headings)."""
 
 from __future__ import annotations
 
@@ -66,3 +67,45 @@ def test_a_broken_link_is_reported(tmp_path):
         "https://example.org: not a file of the repository",
         "../x.md: no such file in the repository",
     ]
+
+
+FIRST_PAGE = 60  # the pip user's install and Trainer snippet stand within these lines
+
+
+def first_page_blocks(text: str) -> dict[str, list[str]]:
+    """The fenced code blocks of the README's first FIRST_PAGE lines, by language."""
+    first = "\n".join(text.splitlines()[:FIRST_PAGE])
+    blocks: dict[str, list[str]] = {}
+    for m in re.finditer(r"^```(\w+)\n(.*?)^```", first, re.M | re.S):
+        blocks.setdefault(m.group(1), []).append(m.group(2))
+    return blocks
+
+
+def trainer_snippet(text: str) -> str:
+    """The first page's Python block that trains in transformers' Trainer (tests/test_readme_api.py runs it)."""
+    found = [b for b in first_page_blocks(text).get("python", []) if "Trainer(" in b and "PackingCollator" in b]
+    assert found, f"README.md: no ```python block with Trainer( and PackingCollator in its first {FIRST_PAGE} lines"
+    return found[0]
+
+
+def test_the_first_page_shows_the_pip_install_and_a_trainer_snippet():
+    text = README.read_text(encoding="utf-8")
+    pip = [line for b in first_page_blocks(text).get("bash", []) for line in b.splitlines()
+           if line.startswith("pip install ")]
+    assert pip, f"README.md: no ```bash block with `pip install` in its first {FIRST_PAGE} lines"
+    extras = set(re.findall(r'anchor-toolkit\[([\w,]+)\]', " ".join(pip))[0].split(",")) if "[" in pip[0] else set()
+    snippet = trainer_snippet(text)
+    if "check_step" in snippet:  # parity_tests.blackbox imports JAX: the oracle extra
+        assert extras & {"oracle", "all", "demo"}, f"the snippet calls check_step; {pip[0]!r} lacks the oracle extra"
+    compile(snippet, "README.md:trainer", "exec")
+
+
+def test_a_missing_trainer_snippet_is_found():
+    page = "# x\n\n```bash\nmake demo\n```\n" + "\n" * 70 + "```python\nTrainer(data_collator=PackingCollator())\n```\n"
+    assert "bash" in first_page_blocks(page) and "python" not in first_page_blocks(page)
+    try:
+        trainer_snippet(page)
+    except AssertionError as e:
+        assert "no ```python block" in str(e)
+    else:
+        raise AssertionError("a snippet past the first page was taken")
