@@ -11,7 +11,7 @@ calls apart, in one process, on SmolLM2 with the audit's own windows and program
                  RoPE, MLP and the policy's roundings; no q·kᵀ, softmax, p·v or probe);
   length call    one window of 1024 under two shifts, first-key logits only (per policy);
   error budget   its 33 policies' calls (one window of 128 under two shifts each), compiled and run as
-                 one program per policy and as the groups that share a program (runner.budget_groups);
+                 one program per policy and as the groups that share a program (parity_tests.audit.budget.budget_groups);
   floor          each call's matrix products (bench_audit_speed.audit_forward_flop) at the best rate
                  measured here at the call's MLP shape, of XLA's jitted matmul and numpy's BLAS
                  (`floor_s`, as bench_audit_speed's floor), and at XLA's (`floor_s_xla`); fp32, fp64
@@ -86,18 +86,18 @@ def _timed(fn, repeats: int) -> tuple[float, list[float]]:
 
 
 def budget_programs(MapsRunner, params, spec, policies, w, ref: int) -> dict:
-    """The error budget's calls compiled and run as one program per policy and as `runner.budget_groups`
+    """The error budget's calls compiled and run as one program per policy and as `budget_groups`
     (several policies per program), each from nothing; whether every policy's outputs are equal."""
     import numpy as np
 
-    from parity_tests.audit import runner
+    from parity_tests.audit.budget import budget_groups
     from parity_tests.audit.maps import batch_inputs
 
     n, T = w.shape
     _, positions, _ = batch_inputs(w, np.asarray([ref, 0]))
     out, results = {}, {}
     for label, groups in (("one program per policy", [(p,) for p in policies]),
-                          ("grouped (runner.budget_groups)", runner.budget_groups(spec, policies, T, n))):
+                          ("grouped (budget_groups)", budget_groups(spec, policies, T, n))):
         maps = MapsRunner(params, spec, background=False)
         t0 = time.perf_counter()
         for g in groups:
@@ -132,6 +132,7 @@ def main() -> None:
     from anchor_core.machine import machine
     from anchor_core.weights import load_weights
     from parity_tests.audit import runner
+    from parity_tests.audit.budget import budget_plan, budget_runs
     from parity_tests.audit.maps import MapsRunner, batch_inputs
     from jaxref import kernels
     from jaxref.reference import params_from_state
@@ -194,7 +195,7 @@ def main() -> None:
         pol = get_policy(name)
         rows.append(one("shift", pol, remap(windows.shift[:1]), shift_deltas, False, True))
         rows.append(one("length", pol, remap(windows.length[:1]), [ref, 0], True, False))
-    budget = runner.budget_runs(runner.budget_plan(get_policy(settings.budget_policy or "hf_bf16")))
+    budget = budget_runs(budget_plan(get_policy(settings.budget_policy or "hf_bf16")))
     record_budget = budget_programs(MapsRunner, params, spec, budget, remap(windows.budget), ref)
     record = {
         "benchmark": __doc__.splitlines()[0],

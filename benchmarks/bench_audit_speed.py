@@ -145,7 +145,7 @@ def mean_rates(a: dict, b: dict) -> dict[str, dict[str, float]]:
 def audit_flop(audit: dict) -> tuple[dict[str, float], float]:
     """The audit's matrix-product FLOPs per part ({"shift curves", "length curves", "error budget"}) and
     how many of them run in fp64."""
-    from parity_tests.audit.runner import budget_plan, budget_runs
+    from parity_tests.audit.budget import budget_plan, budget_runs
     from jaxref.policy import get_policy
 
     spec, st = audit["spec"], audit["settings"]
@@ -201,7 +201,8 @@ def audit_calls(audit: dict) -> dict[tuple[int, int, str, str], int]:
     from types import SimpleNamespace
 
     from jaxref import kernels
-    from parity_tests.audit.runner import budget_groups, budget_plan, budget_runs, shifts_per_call
+    from parity_tests.audit.budget import budget_groups, budget_plan, budget_runs
+    from parity_tests.audit.runner import shifts_per_call
     from jaxref.executor import blas_share_key
     from jaxref.policy import get_policy
 

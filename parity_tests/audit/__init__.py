@@ -9,6 +9,7 @@ Metric functions (numpy, on attention maps or on the column sums the audit's pro
 `parity_tests.audit.metrics`; PyTorch's default init in numpy in `parity_tests.audit.random_init`.
 """
 
+from parity_tests.audit.budget import budget_plan, error_budget
 from parity_tests.audit.metrics import (
     angle_error, attention_difference, column_norm, d_from_colsums, d_logit_from_rows, logit_difference,
     per_token_difference, per_token_from_colsums,
@@ -16,7 +17,7 @@ from parity_tests.audit.metrics import (
 from parity_tests.audit.random_init import torch_default_state
 from parity_tests.audit.report import findings, render_report, write_audit
 from parity_tests.audit.runner import (
-    DEFAULT_POLICIES, PAPER_LENGTHS, PAPER_SHIFTS, REF_SHIFT, AuditSettings, budget_plan, error_budget, run_audit,
+    DEFAULT_POLICIES, PAPER_LENGTHS, PAPER_SHIFTS, REF_SHIFT, AuditSettings, run_audit,
 )
 
 __all__ = [

@@ -53,6 +53,13 @@ from jaxref.executor import decoder_layer, layer_steps, layers_in_step
 from jaxref.policy import STAGES, DtypePolicy
 from jaxref.reference import Params
 
+# Working memory one forward call may take for its attention maps and probe (batch sizing).
+MEM_BYTES_PER_MAP_ENTRY = 40
+"""Bytes per attention-map entry (per head, query row and key) one forward call may take: sizes the
+shifts per call, the length curve's longest T, the error budget's groups and the up-front memory checks."""
+MAP_MEMORY_BUDGET = 1.5e9
+"""Bytes of attention maps one forward call may hold (the shifts or budget policies it takes at once)."""
+
 
 @lru_cache(maxsize=None)
 def group_probe(group: int, first_only: bool = False) -> Callable[[jax.Array, jax.Array], dict[str, jax.Array]]:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import jaxref
-from parity_tests.audit import runner
+from parity_tests.audit import budget, runner
 from parity_tests.audit.maps import MapsRunner
 
 SHIFTS = [0, 2, 15, 17, 100, 2000]
@@ -105,21 +105,21 @@ def test_budget_groups_are_the_programs_prefetched_and_run(model, monkeypatch):
     (`budget_groups`), and run_audit prefetches exactly those programs: nothing compiled twice."""
     params, spec, toks = model
     seen = []
-    real = runner.d_pairs
+    real = budget.d_pairs
 
     def record(params, spec, windows, policies, delta1, delta2, *, maps=None):
-        seen.append(tuple(runner._key(p) for p in policies))
+        seen.append(tuple(budget.policy_key(p) for p in policies))
         return real(params, spec, windows, policies, delta1, delta2, maps=maps)
 
-    monkeypatch.setattr(runner, "d_pairs", record)
+    monkeypatch.setattr(budget, "d_pairs", record)
     base = jaxref.get_policy("hf_bf16")
     stages = ("act", "rope_apply", "logits")
-    runs = runner.budget_runs(runner.budget_plan(base, stages))
+    runs = budget.budget_runs(budget.budget_plan(base, stages))
     maps = MapsRunner(params, spec, background=False)
-    runner.error_budget(params, spec, toks[:1, :41], base, 0, REF, stages=stages, maps=maps)
-    assert [k for group in seen for k in group] == [runner._key(p) for p in runs]
-    groups = runner.budget_groups(spec, runs, 41, 1)
-    assert len(seen) == len(groups) == -(-len(runs) // runner.BUDGET_POLICIES_PER_CALL) and len(groups) > 1
+    budget.error_budget(params, spec, toks[:1, :41], base, 0, REF, stages=stages, maps=maps)
+    assert [k for group in seen for k in group] == [budget.policy_key(p) for p in runs]
+    groups = budget.budget_groups(spec, runs, 41, 1)
+    assert len(seen) == len(groups) == -(-len(runs) // budget.BUDGET_POLICIES_PER_CALL) and len(groups) > 1
     ran = set(maps._programs)
     ahead = MapsRunner(params, spec)  # what run_audit's prefetch compiles for the same budget
     settings = runner.AuditSettings(budget_seq_len=41, budget_seqs=1, shifts=(0,), max_len=41, seq_len=41)
@@ -131,17 +131,17 @@ def test_budget_groups_are_the_programs_prefetched_and_run(model, monkeypatch):
 def test_budget_groups_fit_the_memory_budget(model):
     """Long budget windows share programs only as far as their maps fit (one policy per call at worst)."""
     _, spec, _ = model
-    runs = runner.budget_runs(runner.budget_plan(jaxref.get_policy("hf_bf16")))
-    assert max(map(len, runner.budget_groups(spec, runs, 128, 1))) == runner.BUDGET_POLICIES_PER_CALL
-    assert max(map(len, runner.budget_groups(spec, runs, 4096, 1))) == 1
-    assert [p for g in runner.budget_groups(spec, runs, 1024, 2) for p in g] == runs
+    runs = budget.budget_runs(budget.budget_plan(jaxref.get_policy("hf_bf16")))
+    assert max(map(len, budget.budget_groups(spec, runs, 128, 1))) == budget.BUDGET_POLICIES_PER_CALL
+    assert max(map(len, budget.budget_groups(spec, runs, 4096, 1))) == 1
+    assert [p for g in budget.budget_groups(spec, runs, 1024, 2) for p in g] == runs
 
 
 @pytest.mark.parametrize("stages", [("act", "rope_apply", "logits", "softmax")])
 def test_policies_sharing_a_program_give_their_own_numbers(model, stages):
     """run_many (one program for several policies) equals run (one program each), bitwise, per policy."""
     params, spec, toks = model
-    runs = runner.budget_runs(runner.budget_plan(jaxref.get_policy("fa2_bf16"), stages))
+    runs = budget.budget_runs(budget.budget_plan(jaxref.get_policy("fa2_bf16"), stages))
     maps = MapsRunner(params, spec, background=False)
     together = maps.run_many(toks[:1], [REF, 0, 2000], tuple(runs))
     assert len(together) == len(runs) > 4

@@ -7,7 +7,7 @@ import pytest
 
 import jaxref
 from parity_tests.audit import budget_plan, error_budget
-from parity_tests.audit.runner import BUDGET_STAGES
+from parity_tests.audit.budget import BUDGET_STAGES
 
 
 def test_budget_plan_shapes():

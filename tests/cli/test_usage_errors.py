@@ -157,7 +157,7 @@ def test_attention_sized_seq_len_refused_by_the_memory_estimate(corpus, tmp_path
     monkeypatch.setattr(anchor_core.limits, "available_memory", lambda: 64 << 30)  # the same sizes fit in 64 GiB
     from anchor_core.limits import check_memory
     from anchor_core.spec import random_preset
-    from parity_tests.audit.runner import MEM_BYTES_PER_MAP_ENTRY
+    from parity_tests.audit.maps import MEM_BYTES_PER_MAP_ENTRY
 
     check_memory(2 * MEM_BYTES_PER_MAP_ENTRY * random_preset("llama").num_heads * 4096 ** 2, "audit T=4096")
 
