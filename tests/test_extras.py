@@ -92,3 +92,15 @@ def test_extras_require_names_the_first_missing_module():
                                    'pip install "anchor-toolkit[train]"')
     with pytest.raises(ValueError, match="jax is not a module of the train extra"):
         extras.require("train", "jax")
+
+
+def test_without_the_eval_extra_the_demo_says_so_before_any_work(tmp_path):
+    """The demo's evaluation comes after its training: without lm-eval it would fail minutes in. The verb
+    names the missing extra first and writes nothing."""
+    done = run_without(["lm_eval"], "from anchor.cli import main\n"
+                       "main(['demo', '--model', 'random:llama', '--out', 'd', '--no-progress'])\n", tmp_path)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        'anchor demo: error: `anchor demo` needs the eval extra (lm_eval is not installed): '
+        'pip install "anchor-toolkit[eval]"'], done.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "nothing is written"
