@@ -1,6 +1,6 @@
 """Days per 1B training tokens for a model, context length, GPU count and variant.
 
-    est = estimate(LLAMA2_7B, seq_len=65536, gpus=8, pairs_per_window=..., gpu=A100)
+    est = estimate(SHAPES["llama2-7b"], seq_len=65536, gpus=8, pairs_per_window=..., gpu=GPUS["a100-80gb"])
 
 The model. A step of one window of T tokens on G GPUs (Ulysses over all G: each holds T / G slots
 and, inside attention, N / G heads of the whole window) costs
@@ -17,67 +17,32 @@ Calibration. Where steps were measured (`calibrate`: the same model at one lengt
 the two rates solve t = dense / R_dense + attention / R_attention; the estimate for that machine then
 uses the measured rates (`mfu_*` = "measured"), and its prediction for each measured step is printed
 beside the measurement. The GPU estimate uses the assumed MFUs below unless rates measured on that
-GPU are given; every assumption is returned with the numbers.
+GPU are given; every assumption is returned with the numbers. The shapes and GPUs are the registry's
+(anchor_core.hardware), which `anchor plan` reads too.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
 from anchor.bench.flops import BWD_FACTOR, matmul_params  # noqa: F401 (BWD_FACTOR re-exported)
+from anchor_core.hardware import GPUS, SHAPES, Gpu, Shape  # noqa: F401 (the registry, re-exported)
+from anchor_core.spec import ModelSpec
 
 
-@dataclass(frozen=True)
-class Shape:
-    """The sizes the FLOP model needs (a subset of anchor_core.spec.ModelSpec's fields)."""
-
-    name: str
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-
-
-LLAMA2_7B = Shape("Llama-2-7B", 4096, 32, 32, 32, 128, 11008, 32000)
-MODELS = {"llama2-7b": LLAMA2_7B,
-          "llama3-8b": Shape("Llama-3-8B", 4096, 32, 32, 8, 128, 14336, 128256),
-          "mistral-7b": Shape("Mistral-7B-v0.1", 4096, 32, 32, 8, 128, 14336, 32000),
-          "qwen2-7b": Shape("Qwen2-7B", 3584, 28, 28, 4, 128, 18944, 152064)}
-
-
-@dataclass(frozen=True)
-class Gpu:
-    name: str
-    peak_tflops: float  # dense bf16
-    mfu_dense: float
-    mfu_attention: float
-    all_to_all_gbps: float  # per GPU, GB/s
-    source: str
-
-
-# Assumed, not measured: A100 SXM's bf16 peak; the fraction of it that Megatron-style dense layers
-# and FlashAttention-2's forward + backward reach at these sizes (FA-2 paper: 50-70% for the kernel
-# alone, less within a model); NVLink-3 all-to-all at a third of its 300 GB/s per direction.
-A100 = Gpu("A100-SXM4-80GB", 312.0, 0.45, 0.45, 100.0, "assumed")
-H100 = Gpu("H100-SXM5-80GB", 989.0, 0.40, 0.40, 150.0, "assumed")
-GPUS = {"a100": A100, "h100": H100}
-
-
-def shape_of(spec: Any, name: str | None = None) -> Shape:
-    return Shape(name or getattr(spec, "family", "model"), spec.hidden_size, spec.num_layers, spec.num_heads,
-                 spec.num_kv_heads, spec.head_dim, spec.intermediate_size, spec.vocab_size)
+def shape_of(spec: ModelSpec, name: str | None = None) -> Shape:
+    """A loaded model's sizes as an estimate's shape, named `name` (default: its family)."""
+    return Shape(name or spec.family, spec)
 
 
 def step_cost(shape: Shape, seq_len: int, pairs_per_window: float) -> dict[str, float]:
     """FLOPs of one window's training step and Ulysses' bytes per GPU-count-free unit."""
-    dense = 6.0 * matmul_params(shape) * seq_len
-    attention = shape.num_layers * BWD_FACTOR * 4.0 * pairs_per_window * shape.num_heads * shape.head_dim
+    m = shape.spec
+    dense = 6.0 * matmul_params(m) * seq_len
+    attention = m.num_layers * BWD_FACTOR * 4.0 * pairs_per_window * m.num_heads * m.head_dim
     return {"dense_flops": dense, "attention_flops": attention}
 
 
@@ -92,8 +57,9 @@ def estimate(shape: Shape, seq_len: int, gpus: int, pairs_per_window: float, gpu
     else:
         peak = gpu.peak_tflops * 1e12 * gpus
         compute_s = c["dense_flops"] / (peak * gpu.mfu_dense) + c["attention_flops"] / (peak * gpu.mfu_attention)
-        values = (seq_len / gpus) * (2 * shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim
-        bytes_per_gpu = 2 * shape.num_layers * (gpus - 1) / gpus * values * 2  # fwd + bwd, bf16
+        m = shape.spec
+        values = (seq_len / gpus) * (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim
+        bytes_per_gpu = 2 * m.num_layers * (gpus - 1) / gpus * values * 2  # fwd + bwd, bf16
         comms_s = bytes_per_gpu / (gpu.all_to_all_gbps * 1e9) if gpus > 1 else 0.0
     step_s = compute_s + comms_s
     return {"model": shape.name, "seq_len": seq_len, "gpus": gpus, "gpu": gpu.name if rates is None else "measured",

@@ -79,8 +79,8 @@ def check_options(*, seq_lens: list[int], variants: list[str], engines: list[str
                     ("--step-steps", step_steps), ("--gpus", gpus)):
         if v < 1:
             raise InputError(f"{flag} must be >= 1, got {v}")
-    if estimate_model not in est.MODELS:
-        raise InputError(f"--estimate-model: unknown model {estimate_model!r} (known: {', '.join(est.MODELS)})")
+    if estimate_model not in est.SHAPES:
+        raise InputError(f"--estimate-model: unknown model {estimate_model!r} (known: {', '.join(est.SHAPES)})")
     if gpu not in est.GPUS:
         raise InputError(f"--gpu: unknown GPU {gpu!r} (known: {', '.join(est.GPUS)})")
 
@@ -139,7 +139,7 @@ def run_bench(*, model: str = "default", seq_lens: list[int] = (2048, 4096, 8192
               distributions: list[str] = DISTRIBUTIONS, data: str | None = None, windows: int = 2, repeats: int = 2,
               attention: bool = True, step: bool = True, step_seq_len: int | None = None, step_layers: int = 2,
               step_steps: int = 3, step_variants: list[str] | None = None, estimate_model: str = "llama2-7b",
-              estimate_lengths: list[int] = (65536, 131072), gpus: int = 8, gpu: str = "a100",
+              estimate_lengths: list[int] = (65536, 131072), gpus: int = 8, gpu: str = "a100-80gb",
               device: str | None = None, dtype: str | None = None, seed: int = 0, progress: bool = True,
               work_dir: str | Path | None = None) -> dict[str, Any]:
     """The whole benchmark, as `anchor bench` runs it: attention alone (`_bench_attention`), training steps of
@@ -180,7 +180,7 @@ def run_bench(*, model: str = "default", seq_lens: list[int] = (2048, 4096, 8192
                          ["full", *(step_variants or [v for v in variants if v in ("anchor",)])])),
                      engine="varlen" if "varlen" in engines else engines[0], step_layers=step_layers,
                      step_steps=step_steps, device=device, dtype=dtype, progress=progress, work_dir=work_dir)
-    _paper_estimate(result, est.MODELS[estimate_model], est.GPUS[gpu], estimate_lengths, variants, gpus, seed)
+    _paper_estimate(result, est.SHAPES[estimate_model], est.GPUS[gpu], estimate_lengths, variants, gpus, seed)
     result["runtime_s"] = round(time.perf_counter() - t_start, 1)
     return result
 
@@ -269,7 +269,7 @@ def _calibrated_estimate(result: dict[str, Any], cut, T: int, model: str, step_l
     for r in result["step"]:
         if r.get("step_s"):
             e = est.estimate(here, T, 1, r["attention_flops"] / (
-                est.BWD_FACTOR * 4 * here.num_layers * here.num_heads * here.head_dim), est.A100,
+                est.BWD_FACTOR * 4 * cut.num_layers * cut.num_heads * cut.head_dim), est.GPUS["a100-80gb"],
                 rates=cal["rates_flops_per_s"])
             e.update(variant=r["variant"], distribution="corpus", measured_step_s=r["step_s"])
             result["estimate"].append(e)

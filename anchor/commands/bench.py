@@ -65,11 +65,13 @@ def bench(
     step_variants: Annotated[Optional[str], typer.Option(
         "--step-variants", help="Variants of the step rows (full is always run; default: anchor).")] = None,
     estimate_model: Annotated[str, typer.Option(
-        "--estimate-model", help="Model of the estimate: llama2-7b, llama3-8b, mistral-7b, qwen2-7b.")] = "llama2-7b",
+        "--estimate-model", help="Model of the estimate: llama2-7b, llama3-8b, llama3.1-8b, llama3.1-70b, mistral-7b, "
+                                 "qwen2-7b.")] = "llama2-7b",
     estimate_seq_len: Annotated[str, typer.Option(
         "--estimate-seq-len", help="Context lengths of the estimate.")] = "65536,131072",
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs of the estimate (Ulysses over all).")] = 8,
-    gpu: Annotated[str, typer.Option("--gpu", help="GPU of the estimate: a100 or h100 (assumed rates).")] = "a100",
+    gpu: Annotated[str, typer.Option("--gpu", help="GPU of the estimate: a100-40gb, a100-80gb, h100, h200 or b200 "
+                                                "(assumed rates).")] = "a100-80gb",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the synthetic layouts and the random q, k, v.")] = 0,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
 ) -> None:

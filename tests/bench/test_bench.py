@@ -68,13 +68,13 @@ def test_step_flops():
 
 
 def test_estimate_arithmetic():
-    full = est.estimate(est.LLAMA2_7B, 65536, 8, full_pairs(65536), est.A100)
-    half = est.estimate(est.LLAMA2_7B, 65536, 8, full_pairs(65536) / 2, est.A100)
+    full = est.estimate(est.SHAPES["llama2-7b"], 65536, 8, full_pairs(65536), est.GPUS["a100-80gb"])
+    half = est.estimate(est.SHAPES["llama2-7b"], 65536, 8, full_pairs(65536) / 2, est.GPUS["a100-80gb"])
     assert half["attention_flops"] == pytest.approx(full["attention_flops"] / 2)
     assert half["days_per_1b_tokens"] < full["days_per_1b_tokens"]
     # days per 1B tokens = 1e9 tokens / (T tokens per step time) in days
     assert full["days_per_1b_tokens"] == pytest.approx(1e9 * full["step_s"] / 65536 / 86400)
-    one = est.estimate(est.LLAMA2_7B, 65536, 1, full_pairs(65536), est.A100)
+    one = est.estimate(est.SHAPES["llama2-7b"], 65536, 1, full_pairs(65536), est.GPUS["a100-80gb"])
     assert one["comms_s"] == 0.0 and full["comms_s"] > 0.0
 
 
