@@ -10,7 +10,8 @@ One error path for every verb (`main`):
   * a usage error (no verb, an unknown verb or option, a missing or malformed option, an extra
     argument) and an `InputError` (bad file, option value, model, config key) print one line
     `anchor VERB: error: ...` on stderr and exit 2;
-  * a full or read-only disk met while writing prints one line naming the file and exits 2;
+  * a full or read-only disk met while writing prints one line naming the file and exits 2, and so does a
+    path with a name longer than the file system holds (an excerpt of it: no message echoes an over-long name);
   * Ctrl-C (SIGINT) prints `anchor VERB: interrupted` and exits 130; SIGTERM (what `timeout` and
     job schedulers send) the same line and exits 143. The interrupt unwinds the run like an exception, so
     staging folders are removed and locks released on the way out; the process then ends without the
@@ -207,7 +208,7 @@ _COMMAND_SIGNALS = _Signals().install() if _is_the_command() else None
 
 import typer  # noqa: E402  (after the signals are taken over: see above)
 
-from anchor_core.errors import InputError  # noqa: E402
+from anchor_core.errors import InputError, bound_names  # noqa: E402
 from anchor_core.extras import missing_extra  # noqa: E402
 
 # typer >= 0.25 ships its own copy of click (`typer._click`) and raises that copy's exceptions;
@@ -345,10 +346,24 @@ def _run(args: list[str]) -> object:
     except _ABORT:
         raise Interrupted(signal.SIGINT) from None
     except OSError as e:
+        if e.errno == errno.ENAMETOOLONG:  # a path no check before it caught: named, never a traceback
+            _fail(prefix, _too_long(e))
         if e.errno not in _DISK_ERRNOS:
             raise
         where = f"{e.filename}: " if e.filename else ""
         _fail(prefix, f"{where}{e.strerror or e}")
+
+
+def _too_long(e: OSError) -> str:
+    """The line for ENAMETOOLONG: an excerpt of the path and what in it is too long (anchor_core.paths)."""
+    from anchor_core.paths import excerpt, path_length_problem
+
+    for name in (e.filename, e.filename2):
+        if name is not None:
+            name = os.fsdecode(name) if isinstance(name, (bytes, os.PathLike)) else str(name)
+            problem = path_length_problem(name) or "a name in it is longer than the file system allows"
+            return f"{excerpt(name)}: {problem}"
+    return f"a path is longer than the file system allows ({e.strerror or e})"
 
 
 def _leave_interrupted(code: int, *, process: bool) -> None:
@@ -376,7 +391,7 @@ def _leave_interrupted(code: int, *, process: bool) -> None:
 
 
 def _fail(prefix: str, message: str) -> None:
-    print(f"{prefix}: error: {one_line(message)}", file=sys.stderr)
+    print(f"{prefix}: error: {bound_names(one_line(message))}", file=sys.stderr)
     sys.exit(2)
 
 

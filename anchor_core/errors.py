@@ -2,6 +2,23 @@
 
 from __future__ import annotations
 
+import re
+
+# A run of more characters than any file name may have (255 bytes), between spaces, slashes or quotes: an
+# over-long path component, shown as its start and its length so that the line stays short.
+_OVERLONG = re.compile(r"[^\s/'\"]{256,}")
+
+
+def bound_names(text: str) -> str:
+    """`text` with every over-long name (`_OVERLONG`) cut to its first 24 characters, an ellipsis and its length
+    in bytes (punctuation that ends the run, as in `NAME: message`, stays after it)."""
+
+    def cut(m: re.Match[str]) -> str:
+        name = m.group().rstrip(":,;.)")
+        size = len(name.encode("utf-8", "surrogateescape"))
+        return m.group() if size < 256 else f"{name[:24]}… ({size} bytes){m.group()[len(name):]}"
+    return _OVERLONG.sub(cut, text)
+
 
 class InputError(Exception):
     """Bad user input: a file, a config key, a model, an option.
@@ -13,7 +30,7 @@ class InputError(Exception):
     def __init__(self, message: str, *, path: object | None = None):
         self.path = None if path is None else str(path)
         text = f"{self.path}: {message}" if self.path else message
-        super().__init__(" ".join(text.split()))
+        super().__init__(bound_names(" ".join(text.split())))
 
 
 class UnavailableError(InputError):

