@@ -24,7 +24,8 @@ save, the newest `keep_last` checkpoints stay whole; older regular ones are dele
 ones keep only their weights (hf/, trainer.json): nothing resumes from them (`prune`). Checkpoints of
 higher steps than the one a run resumed from (corrupt, or weights only) are an earlier attempt's: named
 in one line at the resume, not counted by `prune`, replaced when the run writes their steps again.
-metrics.jsonl is no part of a checkpoint: a resumed run cuts it back to its step (torchtrain.metrics).
+metrics.jsonl is no part of a checkpoint: a resumed run cuts it back to its step (torchtrain.metrics), and
+resumes only from a checkpoint whose steps metrics.jsonl logs whole (`newest_valid`'s `upto`).
 """
 
 from __future__ import annotations
@@ -106,18 +107,24 @@ def list_steps(run: Path) -> list[int]:
     return sorted(steps, reverse=True)
 
 
-def newest_valid(run: Path, log=print) -> int | None:
+def newest_valid(run: Path, log=print, upto: int | None = None) -> int | None:
     """The newest checkpoint whose manifest verifies and that holds DeepSpeed's state (one kept for its
-    weights only, `keep_weights_only`, is nothing to resume from); None when there is none.
+    weights only, `keep_weights_only`, is nothing to resume from) and, with `upto` (the last step metrics.jsonl
+    logs whole: torchtrain.metrics.read_log), whose step is no later than it, so that the resumed run's log has
+    no gap; None when there is none.
 
     Where newer checkpoints cannot be used, one line through `log` names each and why, and says what the
     run does: resume from the older one or start from scratch. Those checkpoints are left as they are: an
     earlier attempt's, they are not counted as newer than what this run writes (`prune` counts only the
     steps up to the one just written), and the run replaces each when it writes that step again."""
     unusable: list[str] = []
+    past: list[str] = []  # newer than the log: the newest, so named first
     found = None
     for step in list_steps(run):
         folder = step_dir(run, step)
+        if upto is not None and step > upto:
+            past.append(f"step-{step}")
+            continue
         if is_weights_only(folder):
             unusable.append(f"step-{step} holds weights only")
             continue
@@ -126,6 +133,9 @@ def newest_valid(run: Path, log=print) -> int | None:
             found = step
             break
         unusable.append(f"step-{step} is corrupt ({problem})")
+    if past:
+        unusable.insert(0, f"{', '.join(past)} {'is' if len(past) == 1 else 'are'} past step {upto}, the last one "
+                           "metrics.jsonl logs whole (resuming there would leave the steps in between unlogged)")
     if unusable:
         outcome = f"resuming from step-{found}" if found is not None else "none can be resumed, starting from scratch"
         log(f"checkpoint {', '.join(unusable)}: {outcome} (the unusable ones stay until this run writes their "
@@ -349,14 +359,15 @@ class Checkpointer:
     loader: Loader
     config_file: str
 
-    def resume(self) -> tuple[int, float]:
+    def resume(self, upto: int | None = None) -> tuple[int, float]:
         """Load the newest checkpoint whose manifest verifies (each rank checks it before DeepSpeed
-        unpickles anything); returns its step and elapsed seconds, (0, 0.0) when there is none."""
+        unpickles anything) and, with `upto`, whose step is no later than it (`newest_valid`); returns its
+        step and elapsed seconds, (0, 0.0) when there is none."""
         import torch.distributed as dist
 
         start, elapsed = 0, 0.0
         logs: list[str] = []
-        found = newest_valid(self.run, log=logs.append)
+        found = newest_valid(self.run, log=logs.append, upto=upto)
         if self.world.is_main:
             for line in logs:
                 print(line, file=sys.stderr, flush=True)

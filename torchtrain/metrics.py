@@ -7,19 +7,26 @@
     RUN/tensorboard/                  loss, lr, grad_norm and tokens_per_s, when TensorBoard is installed
     RUN/grads/step-<N>.safetensors    the averaged gradient of step N, for the steps in `dump_grads`
 
-On resume metrics.jsonl is cut back to the checkpoint's step: a killed run may have logged past it.
+On resume metrics.jsonl is read strictly (`read_log`): a line that is not UTF-8, not JSON (but for a last line
+cut mid-write by a kill, dropped) or whose `step` is not the integer that follows the line before is refused in
+one line naming the file and the line, before the run folder changes. The run resumes from a checkpoint no later
+than the last step logged whole (torchtrain.checkpoint.newest_valid's `upto`), so the file never has a gap, and
+the lines it drops (a cut one, the steps logged past that checkpoint) are named on stderr (`MetricsLog`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from anchor_core.atomic import write_text_atomic
+from anchor_core.errors import InputError
 from anchor_core.limits import peak_rss
 from anchor_core.weights import readable_by_umask
 
@@ -54,40 +61,111 @@ def peak_memory(device: torch.device) -> dict[str, float | None]:
 
 
 def read_metrics(run: str | Path) -> list[dict[str, Any]]:
-    """RUN/metrics.jsonl as one dict per logged step (docs/DESIGN.md §8)."""
-    text = (Path(run) / METRICS_FILE).read_text(encoding="utf-8")
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    """RUN/metrics.jsonl as one dict per logged step (docs/DESIGN.md §8); a line that is not one (not UTF-8, not
+    a JSON object with an integer `step`, cut) is an InputError naming the file and the line."""
+    path = Path(run) / METRICS_FILE
+    return [row for _, _, row in _rows(path, _read_bytes(path), cut_ok=False)]
 
 
-def _logged_lines(run: Path, upto: int) -> list[str]:
-    """metrics.jsonl lines of steps 1..upto (a killed run may have logged steps past its checkpoint)."""
-    path = run / METRICS_FILE
-    if not path.is_file():
-        return []
-    lines = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+@dataclass(frozen=True)
+class Logged:
+    """What a resumed run finds in metrics.jsonl (`read_log`): the whole lines of steps 1..`last`, in order, and
+    the number of a last line cut mid-write (None when there is none)."""
+
+    lines: list[str] = field(default_factory=list)
+    cut: int | None = None
+
+    @property
+    def last(self) -> int:
+        """The last step logged whole (0: none)."""
+        return len(self.lines)
+
+
+def read_log(run: str | Path) -> Logged:
+    """RUN/metrics.jsonl as a resume reads it: steps 1, 2, 3, ... one per line. A last line that is not JSON is
+    a write a kill cut short: left out (`Logged.cut`). Anything else that is not a logged step (bytes that are not
+    UTF-8, a line that is not JSON before the last, a `step` that is not an integer, a step out of order) is an
+    InputError naming the file and the line: resuming over it would lose or mix up lines without a word."""
+    path = Path(run) / METRICS_FILE
+    if not (path.exists() or path.is_symlink()):
+        return Logged()
+    lines: list[str] = []
+    cut = None
+    for number, text, row in _rows(path, _read_bytes(path), cut_ok=True):
+        if row is None:
+            cut = number
+            break
+        if row["step"] != len(lines) + 1:
+            want = len(lines) + 1
+            raise InputError(f"line {number}: step {row['step']} where step {want} belongs (metrics.jsonl logs steps "
+                             f"1, 2, 3, ... in order); fix the line or choose another --out", path=path)
+        lines.append(text)  # written back as it was
+    return Logged(lines, cut)
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise InputError(f"cannot read: {e.strerror or e}", path=path) from None
+
+
+def _rows(path: Path, raw: bytes, *, cut_ok: bool):
+    """(line number, text, row) for each non-blank line of `raw`; with `cut_ok`, a last line that is not JSON
+    comes as (its number, its text, None)."""
+    entries = [(i + 1, part) for i, part in enumerate(raw.split(b"\n")) if part.strip()]
+    for k, (number, part) in enumerate(entries):
         try:
-            step = json.loads(line)["step"]
-        except (ValueError, KeyError, TypeError):
-            continue  # a line cut by the kill
-        if step <= upto:
-            lines.append(line)
-    return lines
+            text = part.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(f"line {number}: byte 0x{part[e.start]:02x} at column {e.start + 1} is not UTF-8 text "
+                             "(anchor writes JSON lines); fix the line or choose another --out", path=path) from None
+        try:
+            row = json.loads(text)
+        except ValueError as e:
+            if cut_ok and k == len(entries) - 1:
+                yield number, text, None
+                return
+            where = f" at column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+            what = "the last line, cut mid-write" if k == len(entries) - 1 else "not a JSON line"
+            raise InputError(f"line {number}: {what} ({getattr(e, 'msg', e)}{where}); fix the line or choose "
+                             "another --out", path=path) from None
+        step = row.get("step") if isinstance(row, dict) else None
+        if not isinstance(row, dict) or not isinstance(step, int) or isinstance(step, bool) or step < 1:
+            shown = "no 'step'" if not isinstance(row, dict) or "step" not in row else \
+                f"'step' is {json.dumps(step)[:40]} ({type(step).__name__})"
+            raise InputError(f"line {number}: {shown}, not a step number (an integer from 1); fix the line or "
+                             "choose another --out", path=path)
+        yield number, text, row
+
+
+def _span(first: int, last: int) -> str:
+    return f"{first}" if first == last else f"{first}-{last}"
 
 
 class MetricsLog:
     """metrics.jsonl (rank 0): one flushed line per step; TensorBoard beside it when installed.
 
-    Opened at step `start` (0 for a fresh run): the lines of later steps are dropped first.
+    Opened at step `start` (0 for a fresh run) over what the file held (`logged`, read_log's; read here when
+    None): the lines of steps 1..start are kept, the rest dropped, and what is dropped (a cut last line, the
+    steps logged past `start`) is named in one line on stderr. `start` is never past `logged.last` (the run
+    resumes from a checkpoint no later than it: torchtrain.checkpoint.newest_valid's `upto`), so no step is missing.
     """
 
-    def __init__(self, run: Path, start: int, enabled: bool, tensorboard: bool):
+    def __init__(self, run: Path, start: int, enabled: bool, tensorboard: bool, logged: Logged | None = None):
         self.enabled = enabled
         self.tb = None
         if not enabled:
             return
-        lines = _logged_lines(run, start)
-        write_text_atomic(run / METRICS_FILE, "".join(line + "\n" for line in lines))
+        logged = read_log(run) if logged is None else logged
+        if start > logged.last:  # the resume's checkpoint must be no later than the log (newest_valid's upto)
+            raise InputError(f"the run resumes after step {start} but metrics.jsonl holds steps up to {logged.last} "
+                             "only", path=run / METRICS_FILE)
+        dropped = dropped_lines(logged, start)
+        if dropped:
+            print(f"{run / METRICS_FILE}: dropping {dropped}; steps {start + 1} on are logged anew",
+                  file=sys.stderr, flush=True)
+        write_text_atomic(run / METRICS_FILE, "".join(line + "\n" for line in logged.lines[:start]))
         self.file = open(run / METRICS_FILE, "a", encoding="utf-8")
         if tensorboard:
             try:
@@ -113,6 +191,18 @@ class MetricsLog:
             self.file.close()
             if self.tb is not None:
                 self.tb.close()
+
+
+def dropped_lines(logged: Logged, start: int) -> str:
+    """What a resume from step `start` drops of `logged`, in words ("" when nothing): the steps logged past it and
+    a cut last line."""
+    parts = []
+    if logged.last > start:
+        why = f"logged past step {start}, where this run resumes" if start else "this run starts from scratch"
+        parts.append(f"step{'s' if logged.last > start + 1 else ''} {_span(start + 1, logged.last)} ({why})")
+    if logged.cut is not None:
+        parts.append(f"line {logged.cut} (cut mid-write: a run killed while logging)")
+    return " and ".join(parts)
 
 
 def grad_norm(engine: Any) -> float | None:

@@ -40,6 +40,7 @@ from torchtrain.config import RESUMABLE_CHANGES, TrainConfig, check_world, from_
 from torchtrain.distributed import launched_externally
 from torchtrain.engines import check_engine, resolve_engine
 from torchtrain.memory import largest_term, step_memory, step_of
+from torchtrain.metrics import read_log
 from torchtrain.optim import deepspeed_config
 from torchtrain.sequence_parallel import check_sequence_parallel
 
@@ -308,6 +309,7 @@ def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, 
     saved = saved_config(run)
     if saved is not None:
         _check_resume_config(cfg, saved, run, asked_engine=asked)
+    read_log(run)  # a metrics.jsonl a resume cannot read whole is refused here, the run folder untouched
     run.mkdir(parents=True, exist_ok=True)
     _fill_run(cfg, run, spec, seq_len, saved, world, progress)
 

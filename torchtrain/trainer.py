@@ -19,8 +19,9 @@ One optimizer step (every rank):
      is the gradient of the mean over all counted targets: never a mean of per-rank means);
   4. DeepSpeed's step (clipping, AdamW, ZeRO), the learning rate schedule, metrics, checkpoint.
 
-Resume: the newest checkpoint whose manifest verifies restores model, optimizer, scheduler, the
-loader's position and every rank's RNG states; metrics.jsonl is cut back to that step.
+Resume: the newest checkpoint whose manifest verifies, and whose steps metrics.jsonl logs whole, restores model,
+optimizer, scheduler, the loader's position and every rank's RNG states; metrics.jsonl is cut back to that step
+(what it drops named on stderr), so it holds steps 1, 2, 3, ... with no gap (torchtrain.metrics).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from torchtrain.config import TrainConfig, check_world
 from torchtrain.distributed import ParallelGroups, World, init_world, launch_local, launched_externally, \
     sequence_parallel_group
 from torchtrain.loss import final_hidden_states
-from torchtrain.metrics import MetricsLog, dump_grads, grad_norm, peak_memory
+from torchtrain.metrics import Logged, MetricsLog, dump_grads, grad_norm, peak_memory, read_log
 from torchtrain.model import build_model
 from torchtrain.optim import allocate_state, build_optimizer, deepspeed_config
 from torchtrain.run_folder import CONFIG_FILE, check_model, data_dir, load_run_config, model_spec, prepare_run, \
@@ -145,10 +146,11 @@ def worker(run_str: str, progress: bool = True) -> int:
                     seed=cfg.data.seed, rank=world.dp_rank, world_size=world.dp,
                     mask_cross_doc_loss=cfg.model.mask_cross_doc_loss)
     checkpointer = ckpt.Checkpointer(run, cfg, spec, engine, world, loader, config_file=CONFIG_FILE)
-    start, elapsed0 = checkpointer.resume()
+    logged, upto = _read_logged(run, world)
+    start, elapsed0 = checkpointer.resume(upto=upto)  # no later than the log: it never has a gap
     _restore_rope_buffers(engine.module, rope_buffers)  # after DeepSpeed's initialize and a checkpoint's load
 
-    metrics = MetricsLog(run, start, world.is_main, cfg.logging.tensorboard)
+    metrics = MetricsLog(run, start, world.is_main, cfg.logging.tensorboard, logged=logged)
     bar = ProgressBar("train", cfg.schedule.steps, progress and world.is_main, unit="steps")
     if start:
         bar.advance(start)
@@ -176,6 +178,23 @@ def worker(run_str: str, progress: bool = True) -> int:
         bar.close()
         metrics.close()
     return step
+
+
+def _read_logged(run: Path, world: World) -> tuple[Logged | None, int]:
+    """metrics.jsonl as rank 0 reads it (`read_log`: prepare_run refused an unreadable one; None on the other
+    ranks, which write no log) and the last step it logs whole, the same on every rank: every rank must resume
+    from the same checkpoint."""
+    logged, box = None, [None]
+    if world.is_main:
+        try:
+            logged = read_log(run)
+            box[0] = logged.last
+        except InputError as e:  # changed since prepare_run read it: every rank stops with the same line
+            box[0] = str(e)
+    dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], str):
+        raise InputError(box[0])
+    return logged, int(box[0])
 
 
 def _start_rank(cfg: TrainConfig) -> World:
