@@ -17,14 +17,7 @@ One error path for every verb (`main`):
     staging folders are removed and locks released on the way out; the process then ends without the
     interpreter's shutdown (`_leave_interrupted`: native threads may still be computing).
 
-Where the interrupt is raised (`_Signals`): only in the run's own Python code. A signal's handler runs at
-the next bytecode of the main thread, which may belong to a module being imported or to a library that a
-native extension called back (JAX's MLIR bindings: an exception there aborts the process with
-"terminate called after throwing an instance of 'nanobind::python_error'"). There the handler only notes
-the signal, and the interrupt is raised in the run's frame that called into that code, at its next line,
-once the call has returned. The command's process takes the signals over before its first import of a
-library (`_COMMAND_SIGNALS`), so a signal that comes before the run or while its end is reported is not a
-traceback: it is reported as the interrupt; once the outcome is decided, a signal during the exit is ignored.
+The interrupt's delivery is `anchor.interrupts` (why it is not Python's own KeyboardInterrupt: there).
 """
 
 from __future__ import annotations
@@ -35,165 +28,8 @@ import os
 import pkgutil
 import signal
 import sys
-import threading
-from types import CodeType, FrameType
 
-EXIT_INTERRUPTED = {signal.SIGINT: 130, signal.SIGTERM: 143}
-
-# This distribution's packages (pyproject.toml) and the command-line layer between `main` and a verb's
-# function (click, typer: Python calling Python): code where an exception unwinds through Python alone.
-_OWN_PACKAGES = frozenset({"anchor", "anchor_core", "jaxref", "parity_tests", "torchtrain"})
-_CLI_PACKAGES = frozenset({"click", "typer"})
-_IMPORT_SYSTEM = frozenset({"importlib._bootstrap", "importlib._bootstrap_external", "_frozen_importlib",
-                            "_frozen_importlib_external"})
-_THIRD_PARTY_DIRS = tuple(f"{os.sep}{d}{os.sep}" for d in ("site-packages", "dist-packages"))
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM, raised where the main thread runs the run's own code, so `with` blocks clean up."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _foreign(frame: FrameType) -> bool:
-    """Code an exception must not be raised in: another package's module being imported (cut short, it would
-    stay half-made), and third-party libraries other than the command-line layer (their Python may run as a
-    native extension's callback, where an exception cannot pass)."""
-    g = frame.f_globals
-    name = g.get("__name__") or ""
-    top = name.partition(".")[0]
-    if top in _OWN_PACKAGES:
-        return False
-    if frame.f_code.co_name == "<module>":
-        return True
-    if top in _CLI_PACKAGES:
-        return False
-    path = g.get("__file__") or frame.f_code.co_filename
-    return any(d in path for d in _THIRD_PARTY_DIRS)
-
-
-def _importing(frame: FrameType) -> bool:
-    """A frame of the import system (between an `import` and the module it runs)."""
-    return (frame.f_globals.get("__name__") or "") in _IMPORT_SYSTEM
-
-
-def _untraced(frame: FrameType, event: str, arg: object) -> None:
-    """The thread's trace function while an interrupt waits for its frame: frames started meanwhile are not traced."""
-    return None
-
-
-class _Signals:
-    """SIGINT/SIGTERM -> `Interrupted`, raised in the run's own code (once; a repeat is ignored).
-
-    The run is the frame that runs `owner` (a code object: `main` gives `_run`'s), else the frame that entered
-    the `with`, and what it calls. The handler walks the stack from the frame it interrupted up to the run's:
-      * all of it the run's own code (this distribution, the standard library, the command-line layer, a
-        test's or script's code): it raises there;
-      * another package's import or a third-party library on the way (`_foreign`): it notes the signal and
-        sets a trace function on the run's frame that called (or imported) it; that frame raises `Interrupted`
-        at its next line (or as it returns), once the call or the import is done;
-      * the run's frame not on the stack (before the run, or while its end is reported): it notes the
-        signal; `main` reports it when the run returns.
-    A handler that still lands where Python cannot raise (a garbage collector's callback or a `__del__` of
-    the run's own code: Python prints the exception as "Exception ignored" and runs on) is caught by
-    `unraisable`: it takes the swallowed `Interrupted` back and sends the signal again 50 ms later, from a
-    helper thread, so the handler runs anew once the main thread is elsewhere."""
-
-    def __init__(self, owner: CodeType | None = None) -> None:
-        self.owner = owner
-        self.received: int | None = None
-        self.old: dict[int, object] = {}
-        self.old_hook = sys.unraisablehook
-        self.installed = False
-        self._entered = False
-        self._owner_frame: FrameType | None = None
-
-    def handler(self, signum: int, frame: FrameType | None) -> None:
-        if self.received is not None:
-            return
-        self.received = signum
-        stack = self._run_stack(frame)
-        if stack is None:
-            return
-        foreign = [i for i, f in enumerate(stack[:-1]) if _foreign(f)]
-        if not foreign:
-            raise Interrupted(signum)
-        caller = max(foreign) + 1
-        while _importing(stack[caller]):  # the module that imports: the one whose import completed stays whole
-            caller += 1
-        _raise_at_next_line(stack[caller], signum)
-
-    def _run_stack(self, frame: FrameType | None) -> list[FrameType] | None:
-        """The frames from `frame` up to the run's (innermost first), or None where the run's is not among them."""
-        stack = []
-        while frame is not None:
-            stack.append(frame)
-            if frame is self._owner_frame or (self.owner is not None and frame.f_code is self.owner):
-                return stack
-            frame = frame.f_back
-        return None
-
-    def unraisable(self, info: object) -> None:
-        exc = getattr(info, "exc_value", None)
-        if not isinstance(exc, Interrupted):
-            self.old_hook(info)  # type: ignore[arg-type]
-            return
-        self.received = None
-        again = threading.Timer(0.05, os.kill, (os.getpid(), exc.signum))  # after this hook has returned
-        again.daemon = True
-        again.start()
-
-    def install(self) -> "_Signals":
-        """Take SIGINT and SIGTERM over (in the main thread; elsewhere signals cannot be handled)."""
-        if self.installed or threading.current_thread() is not threading.main_thread():
-            return self
-        for s in EXIT_INTERRUPTED:
-            try:
-                self.old[s] = signal.signal(s, self.handler)
-            except (ValueError, OSError):  # pragma: no cover
-                pass
-        self.old_hook = sys.unraisablehook
-        sys.unraisablehook = self.unraisable
-        self.installed = True
-        return self
-
-    def restore(self) -> None:
-        for s, h in self.old.items():
-            try:
-                signal.signal(s, h)  # type: ignore[arg-type]
-            except (ValueError, OSError, TypeError):  # pragma: no cover
-                pass
-        self.old = {}
-        if sys.unraisablehook == self.unraisable:
-            sys.unraisablehook = self.old_hook
-        self.installed = False
-
-    def __enter__(self) -> "_Signals":
-        if self.owner is None:
-            self._owner_frame = sys._getframe(1)
-        self._entered = not self.installed
-        return self.install()
-
-    def __exit__(self, *exc: object) -> None:
-        self._owner_frame = None
-        if self._entered:
-            self.restore()
-
-
-def _raise_at_next_line(frame: FrameType, signum: int) -> None:
-    """`Interrupted` raised in `frame` at its next line, or as it returns: a trace function on that frame
-    alone, with tracing on for this thread until then (Python turns it off when a trace function raises)."""
-
-    def at_next_line(f: FrameType, event: str, arg: object) -> object:
-        if event in ("line", "return", "exception"):
-            raise Interrupted(signum)
-        return at_next_line
-
-    frame.f_trace = at_next_line
-    frame.f_trace_lines = True
-    sys.settrace(_untraced)
+from anchor.interrupts import EXIT_INTERRUPTED, Interrupted, Signals
 
 
 def _is_the_command() -> bool:
@@ -204,42 +40,12 @@ def _is_the_command() -> bool:
 
 # The command's process takes the signals over here, before the imports below (typer, and the verbs' JAX and
 # torch later): a Ctrl-C from now on is reported as the interrupt, never as a traceback of an import.
-_COMMAND_SIGNALS = _Signals().install() if _is_the_command() else None
+_COMMAND_SIGNALS = Signals().install() if _is_the_command() else None
 
 import typer  # noqa: E402  (after the signals are taken over: see above)
 
 from anchor_core.errors import InputError, bound_names  # noqa: E402
 from anchor_core.extras import missing_extra  # noqa: E402
-
-# typer >= 0.25 ships its own copy of click (`typer._click`) and raises that copy's exceptions;
-# older typers use the `click` package. Catch the classes of whichever is in use (and of the
-# `click` package too, should anything raise those).
-_CLICKS = [m for m in (getattr(typer, "_click", None),) if m is not None]
-try:
-    import click as _click_pkg
-
-    _CLICKS.append(_click_pkg)
-except ImportError:  # pragma: no cover - typer without click installed
-    pass
-
-
-def _classes(name: str) -> tuple[type[BaseException], ...]:
-    out = []
-    for mod in _CLICKS:
-        cls = getattr(getattr(mod, "exceptions", mod), name, None) or getattr(mod, name, None)
-        if isinstance(cls, type) and cls not in out:
-            out.append(cls)
-    return tuple(out)
-
-
-_NO_ARGS = _classes("NoArgsIsHelpError")
-_USAGE = _classes("UsageError")
-_CLICK_ERROR = _classes("ClickException")
-_EXIT = tuple(dict.fromkeys((typer.Exit, *_classes("Exit"))))
-_ABORT = tuple(dict.fromkeys((typer.Abort, *_classes("Abort"))))
-
-# errno values of a write that failed for a reason outside anchor: one line, exit 2
-_DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM}
 
 app = typer.Typer(
     name="anchor",
@@ -250,23 +56,6 @@ app = typer.Typer(
 )
 
 
-def load_commands() -> None:
-    """Import every module of `anchor.commands`: each registers its verb on `app` when imported."""
-    import anchor.commands as commands
-
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"anchor.commands.{info.name}")
-
-
-def _verbs() -> list[str]:
-    return sorted(c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands)
-
-
-def one_line(text: object) -> str:
-    return " ".join(str(text).split())
-
-
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs one verb and exits 0 (success), 1 (a verb's own failure,
     e.g. a parity FAIL), 2 (usage or input error), 130 (SIGINT) or 143 (SIGTERM)."""
@@ -274,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args = list(sys.argv[1:] if argv is None else argv)
     process = argv is None
-    signals = _COMMAND_SIGNALS if process and _COMMAND_SIGNALS is not None else _Signals()
+    signals = _COMMAND_SIGNALS if process and _COMMAND_SIGNALS is not None else Signals()
     signals.owner = _run.__code__  # raised in `_run` and below; here, the interrupt is reported
     verb = args[0] if args and args[0] in _verb_modules() else None
     code: object = 0
@@ -305,16 +94,9 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(code)
 
 
-def _verb_modules() -> set[str]:
-    """The verbs' module names (`anchor.commands.*`), listed without importing them."""
-    import anchor.commands as commands
-
-    return {m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_")}
-
-
 def _run(args: list[str]) -> object:
     """Load the verbs and run the one `args` names; its return value, or SystemExit (a usage or input error:
-    one line, exit 2). Interrupts are raised here and in what it calls (`_Signals`)."""
+    one line, exit 2). Interrupts are raised here and in what it calls (`Signals`)."""
     from anchor_core.outdir import set_current_verb
 
     load_commands()
@@ -352,6 +134,62 @@ def _run(args: list[str]) -> object:
             raise
         where = f"{e.filename}: " if e.filename else ""
         _fail(prefix, f"{where}{e.strerror or e}")
+
+
+
+# typer >= 0.25 ships its own copy of click (`typer._click`) and raises that copy's exceptions;
+# older typers use the `click` package. Catch the classes of whichever is in use (and of the
+# `click` package too, should anything raise those).
+_CLICKS = [m for m in (getattr(typer, "_click", None),) if m is not None]
+try:
+    import click as _click_pkg
+
+    _CLICKS.append(_click_pkg)
+except ImportError:  # pragma: no cover - typer without click installed
+    pass
+
+
+def _classes(name: str) -> tuple[type[BaseException], ...]:
+    out = []
+    for mod in _CLICKS:
+        cls = getattr(getattr(mod, "exceptions", mod), name, None) or getattr(mod, name, None)
+        if isinstance(cls, type) and cls not in out:
+            out.append(cls)
+    return tuple(out)
+
+
+_NO_ARGS = _classes("NoArgsIsHelpError")
+_USAGE = _classes("UsageError")
+_CLICK_ERROR = _classes("ClickException")
+_EXIT = tuple(dict.fromkeys((typer.Exit, *_classes("Exit"))))
+_ABORT = tuple(dict.fromkeys((typer.Abort, *_classes("Abort"))))
+
+# errno values of a write that failed for a reason outside anchor: one line, exit 2
+_DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM}
+
+
+def load_commands() -> None:
+    """Import every module of `anchor.commands`: each registers its verb on `app` when imported."""
+    import anchor.commands as commands
+
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"anchor.commands.{info.name}")
+
+
+def _verbs() -> list[str]:
+    return sorted(c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands)
+
+
+def one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def _verb_modules() -> set[str]:
+    """The verbs' module names (`anchor.commands.*`), listed without importing them."""
+    import anchor.commands as commands
+
+    return {m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_")}
 
 
 def _too_long(e: OSError) -> str:

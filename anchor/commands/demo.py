@@ -51,7 +51,6 @@ def demo(
     anchor and full attention, parity of the trained checkpoint, RULER averaged over checkpoints, speed; writes
     index.html and summary.png under --out. A second run reuses every stage whose settings did not change."""
     from anchor_core.extras import require
-
     for extra in ("train", "oracle", "eval"):  # every stage's, before anything is read or written
         require(extra)
     from anchor.demo import DEFAULT_PROMPT, PROFILES, check_steps, run_demo

@@ -3,7 +3,7 @@
 A signal's handler runs at the next bytecode of the main thread: inside a module being imported, or inside a
 third-party library that a native extension called back, where an exception cannot pass (JAX's MLIR bindings
 abort the process: "terminate called after throwing an instance of 'nanobind::python_error'"). There the
-command's handler (anchor.cli._Signals) only notes the signal, and the interrupt is raised in the run's own
+command's handler (anchor.interrupts.Signals) only notes the signal, and the interrupt is raised in the run's own
 frame once the import or the call is done. The command takes the signals over before its first import of a
 library and keeps them until it exits, so a signal early in the run, or repeated every 10 ms, is the interrupt
 too. Here: both places simulated in this process, and `anchor audit` / `anchor parity` as the command, with
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from anchor import cli
+from anchor import interrupts
 from anchor_core.outdir import MARKER, read_marker
 from tests.cli.helpers import leftovers
 
@@ -47,7 +47,7 @@ def test_an_interrupt_during_an_import_waits_for_the_import(tmp_path, monkeypatc
     monkeypatch.syspath_prepend(str(tmp_path))
     after = []
     try:
-        with pytest.raises(cli.Interrupted) as caught, cli._Signals() as signals:
+        with pytest.raises(interrupts.Interrupted) as caught, interrupts.Signals() as signals:
             importlib.import_module(name)
             after.append("the line after the import ran")
         module = sys.modules.get(name)
@@ -81,12 +81,12 @@ def test_an_interrupt_inside_a_library_callback_waits_for_the_library(tmp_path, 
         return 0
 
     try:
-        with pytest.raises(cli.Interrupted), cli._Signals():
+        with pytest.raises(interrupts.Interrupted), interrupts.Signals():
             seen.append(f"library returned {foreign.call_back(callback)}")
             seen.append("the line after the call ran")
         print("seen:", seen)
         assert seen == ["callback finished", "library returned 1001"]
-        assert sys.gettrace() is not cli._untraced  # the trace that waited for the frame is gone
+        assert sys.gettrace() is not interrupts._untraced  # the trace that waited for the frame is gone
     finally:
         sys.modules.pop("anchor_test_foreign", None)
 

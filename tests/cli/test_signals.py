@@ -1,4 +1,4 @@
-"""The `anchor` command's interrupt (anchor.cli._Signals): a SIGINT whose handler runs where Python cannot
+"""The `anchor` command's interrupt (anchor.interrupts.Signals): a SIGINT whose handler runs where Python cannot
 raise (a garbage collector's callback, as JAX's `_xla_gc_callback`) is neither printed as "Exception
 ignored" nor lost: it is raised again once the main thread is back in ordinary code."""
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from anchor import cli
+from anchor import interrupts
 
 
 def test_an_interrupt_swallowed_by_a_gc_callback_is_raised_again(capsys):
@@ -24,7 +24,7 @@ def test_an_interrupt_swallowed_by_a_gc_callback_is_raised_again(capsys):
 
     gc.callbacks.append(callback)
     try:
-        with pytest.raises(cli.Interrupted) as caught, cli._Signals() as signals:
+        with pytest.raises(interrupts.Interrupted) as caught, interrupts.Signals() as signals:
             gc.collect()
             assert fired
             deadline = time.monotonic() + 10
