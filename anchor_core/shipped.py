@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from anchor_core.errors import InputError
+from anchor_core.paths import check_path_length
 
 Kind = Literal["train", "data", "policies", "eval"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
@@ -27,9 +28,11 @@ WHAT: dict[Kind, str] = {"train": "train config", "data": "data config", "polici
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
-def resolve(kind: Kind, name_or_path: str | Path) -> Path:
+def resolve(kind: Kind, name_or_path: str | Path, option: str = "--config") -> Path:
     """The file a `--config`-like value names: an existing path, a path-like value as given, else the shipped
-    config of that name; an unknown name is an InputError naming the value and listing `names(kind)`."""
+    config of that name; an unknown name is an InputError naming the value and listing `names(kind)`, and so is a
+    path no file system could hold (naming `option`)."""
+    check_path_length(name_or_path, option)
     path = Path(name_or_path)
     if path.exists() or path.suffix in YAML_SUFFIXES:
         return path

