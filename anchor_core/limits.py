@@ -4,6 +4,7 @@
     check_int(seq_len, "--seq-len", lo=2)
     check_memory(100 * seq_len, "--seq-len 1000000000")         # InputError if it cannot fit
     check_disk(bytes_needed, out_parent, "the packed windows")
+    raise InputError(f"got {excerpt(value)}")                   # a value echoed in at most 80 characters
 
 `name` is what the message calls the value: a flag (`--seq-len`) or, for a value read from a
 config file, `FILE: key` (see `option_name`).
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import reprlib
 import shutil
 from pathlib import Path
 
@@ -27,27 +29,72 @@ def option_name(key: str, flag: str, config: str | Path | None = None) -> str:
     return f"{config}: {key}" if config is not None else flag
 
 
+EXCERPT = 80  # characters of a value an error message echoes at most
+
+
+class _Repr(reprlib.Repr):
+    """reprlib's bounded repr (a few items of each container, a few levels deep), and an integer too long for
+    Python's str() (more than 4300 digits) by its size."""
+
+    def repr_int(self, x: int, level: int) -> str:
+        try:
+            return super().repr_int(x, level)
+        except ValueError:
+            return f"<an integer of {x.bit_length()} bits>"
+
+
+_REPR = _Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, EXCERPT, EXCERPT
+
+
+def excerpt(value: object, limit: int = EXCERPT) -> str:
+    """repr(value) in at most `limit` characters, cut with "..." where longer: what an error message echoes of
+    a value a user gave, however large (a long string, a list of a million items, a huge integer), so that
+    the message stays one short line. Made without the whole repr: its cost does not grow with the value."""
+    if isinstance(value, str):
+        text = repr(value[:limit])  # the repr of a prefix: a huge string is not copied whole
+        whole = len(value) <= limit
+    else:
+        text, whole = _REPR.repr(value), True
+    if whole and len(text) <= limit:
+        return text
+    return text[:max(0, limit - 3)] + "..."
+
+
+def _bound(x: float) -> str:
+    """A range's bound as a message shows it: 1000, 0.001, 1e+20."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
+
+
 def check_int(value: object, name: str, *, lo: int | None = None, hi: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InputError(f"{name} must be an integer, got {value!r}")
+        raise InputError(f"{name} must be an integer, got {excerpt(value)}")
     if lo is not None and value < lo:
-        raise InputError(f"{name} must be at least {lo}, got {value}")
+        raise InputError(f"{name} must be at least {lo}, got {excerpt(value)}")
     hi = INT_MAX if hi is None else hi
     if value > hi:
-        raise InputError(f"{name} must be at most {hi}, got {value}")
+        raise InputError(f"{name} must be at most {hi}, got {excerpt(value)}")
     return value
 
 
 def check_float(value: object, name: str, *, lo: float | None = None, hi: float | None = None) -> float:
+    """`value` as a finite float within [lo, hi]; an integer too large for a float is refused as beyond `hi`
+    (or as not finite where there is no `hi`), not an OverflowError."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InputError(f"{name} must be a number, got {value!r}")
-    v = float(value)
-    if not math.isfinite(v):
-        raise InputError(f"{name} must be a finite number, got {value!r}")
+        raise InputError(f"{name} must be a number, got {excerpt(value)}")
+    try:
+        v = float(value)
+    except OverflowError:  # an int beyond 1.8e308: beyond any bound
+        v = math.inf if value > 0 else -math.inf  # type: ignore[operator]
+    else:
+        if not math.isfinite(v):
+            raise InputError(f"{name} must be a finite number, got {excerpt(value)}")
     if lo is not None and v < lo:
-        raise InputError(f"{name} must be at least {lo:g}, got {value!r}")
+        raise InputError(f"{name} must be at least {_bound(lo)}, got {excerpt(value)}")
     if hi is not None and v > hi:
-        raise InputError(f"{name} must be at most {hi:g}, got {value!r}")
+        raise InputError(f"{name} must be at most {_bound(hi)}, got {excerpt(value)}")
+    if not math.isfinite(v):
+        raise InputError(f"{name} must be a finite number, got {excerpt(value)}")
     return v
 
 

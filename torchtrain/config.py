@@ -20,8 +20,10 @@ place in a section (`MOVED`: flat key -> dotted key, the one table); a run folde
 is flat is translated through the same table (`from_flat`).
 
 Overrides are `key=value` with the dotted key (`optim.lr=1e-5`, `data.pack.budget=20000`); values are
-read as YAML (`true`, `0.1`, `[0.9, 0.95]`). An override wins over the file; a key given twice, in the file
-or by two overrides, is refused in one line naming it, both values and where each came from.
+read as YAML, bounded as a file is (anchor_core.yamlfile: `true`, `0.1`, `[0.9, 0.95]`; `yes` is a string). An
+override wins over the file; a key given twice, in the file or by two overrides, is refused in one line naming
+it, both values and where each came from. An error echoes at most an excerpt of a value
+(anchor_core.limits.excerpt).
 
 Batch arithmetic: `data.global_batch` windows per optimizer step = `data.micro_batch` windows per
 forward on each data-parallel rank × `grad_accum` micro-steps × `dp` data-parallel ranks, with
@@ -44,11 +46,11 @@ from pydantic.fields import FieldInfo
 from anchor_core.data.config import PACK_SCHEMA, check_pack_options, validate_pack_config
 from anchor_core.engines import TRAIN_ENGINES
 from anchor_core.errors import InputError
-from anchor_core.limits import SEED_MAX
+from anchor_core.limits import EXCERPT, SEED_MAX, excerpt
 from anchor_core.shipped import resolve
 from anchor_core.spec import RopeSpec
 from anchor_core.variants import Variant
-from anchor_core.yamlfile import read_yaml_mapping_lines
+from anchor_core.yamlfile import parse_yaml, read_yaml_mapping_lines
 
 Schedule = Literal["constant", "cosine", "linear"]
 Dtype = Literal["float32", "bfloat16"]
@@ -501,8 +503,8 @@ def _moved(key: str, value: Any) -> str | None:
 def _moved_error(key: str, where: str) -> InputError:
     """`key` (flat, or dotted below a flat mapping: `pack.budget`) is a key of the pre-sectioned format."""
     head, dot, rest = key.partition(".")
-    return InputError(f"{key}: moved to {MOVED[head]}{dot}{rest} (a flat key of the pre-sectioned format; keys are "
-                      f"grouped by section: {', '.join(SECTIONS)})", path=where)
+    return InputError(f"{_cut(key)}: moved to {_cut(MOVED[head] + dot + rest)} (a flat key of the pre-sectioned "
+                      f"format; keys are grouped by section: {', '.join(SECTIONS)})", path=where)
 
 
 def _field_path(loc: Sequence[Any]) -> tuple[list[str], FieldInfo | None]:
@@ -533,14 +535,18 @@ def _one_line(err: ValidationError, d: dict[str, Any], sources: Sources) -> Inpu
     if e["type"] == "extra_forbidden":
         dotted, parent = ".".join(loc), ".".join(loc[:-1])
         known = SECTIONS if not parent else _base(_inner(_field_path(loc[:-1])[1].annotation)).model_fields
-        return InputError(f"unknown key {dotted!r} (known{' in ' + parent if parent else ' sections'}: "
+        return InputError(f"unknown key {excerpt(dotted)} (known{' in ' + parent if parent else ' sections'}: "
                           f"{', '.join(known)})", path=sources.where(dotted))
     dotted = ".".join(path)
     if e["type"] == "missing":  # named at its section, where the file gives one
         return InputError(f"missing required key {dotted!r} ({field.description})", path=sources.where(path[0]))
     what = f" ({field.description})" if field is not None and field.description else ""
+    got = _lookup(d, path)
+    yaml11 = isinstance(got, str) and got.lower() in ("yes", "no", "on", "off")  # read as strings: anchor_core.yamlfile
+    hint = " (YAML 1.1's yes/no/on/off are strings here)" if yaml11 and field is not None and \
+        expected(field) == "true or false" else ""
     return InputError(f"{dotted}: expected {expected(field) if field else 'a mapping'}{what}, got "
-                      f"{_lookup(d, path)!r}", path=sources.where(dotted))
+                      f"{excerpt(got)}{hint}", path=sources.where(dotted))
 
 
 def validate(d: Any, *, source: str = "config", origins: Mapping[str, str] | None = None,
@@ -607,7 +613,7 @@ def _check_nested(cfg: TrainConfig, sources: Sources) -> None:
         try:
             validate_pack_config({k: v})
         except InputError:
-            raise InputError(f"data.pack.{k}: expected {_pack_expected(k)}, got {v!r}",
+            raise InputError(f"data.pack.{k}: expected {_pack_expected(k)}, got {excerpt(v)}",
                              path=sources.where(f"data.pack.{k}")) from None
     try:  # ranges as `anchor pack` checks them, named as this config names them
         check_pack_options(pack, names={k: f"data.pack.{k}" for k in PACK_SCHEMA})
@@ -649,7 +655,7 @@ def from_flat(d: dict[str, Any], *, source: str = "config") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in d.items():
         if key not in MOVED:
-            raise InputError(f"unknown key {key!r} in a config of the pre-sectioned format (known: "
+            raise InputError(f"unknown key {excerpt(key)} in a config of the pre-sectioned format (known: "
                              f"{', '.join(MOVED)})", path=source)
         _set_dotted(out, MOVED[key], value)
     return out
@@ -671,18 +677,16 @@ def parse_overrides(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, str
         key, sep, text = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise InputError(f"override {item!r} is not key=value")
-        try:
-            value = yaml.safe_load(text) if text.strip() else None
-        except yaml.YAMLError:
-            value = text
-        origin = f"command-line override {item}"
+            raise InputError(f"override {excerpt(item)} is not key=value")
+        origin = f"command-line override {_cut(item)}"
+        # read as a file is (anchor_core.yamlfile: bounded, YAML 1.2's booleans); not YAML: the text itself
+        value = parse_yaml(text, where=origin, text_if_invalid=True) if text.strip() else None
         parts = key.split(".")
         if len(parts) == 1 and _moved(key, value) is not None or len(parts) > 1 and parts[0] in MOVED \
                 and parts[0] not in SECTIONS:
             raise _moved_error(key, origin)
         if parts[0] not in SECTIONS or len(parts) == 1 and not isinstance(value, dict) or "" in parts:
-            raise InputError(f"override {item!r}: unknown key {key!r} (keys are dotted by section: "
+            raise InputError(f"override {excerpt(item)}: unknown key {excerpt(key)} (keys are dotted by section: "
                              f"{', '.join(f'{s}.<key>' for s in SECTIONS)})")
         for dotted, shown in _leaves(key, value, text.strip()):
             for other, (other_shown, other_origin) in given.items():
@@ -700,12 +704,17 @@ def _leaves(key: str, value: Any, text: str) -> list[tuple[str, str]]:
     """The dotted keys an override `key=value` sets, each with its value as text: a mapping value merges into
     the config key by key (`optim={lr: 1e-5}` sets `optim.lr`), any other value sets `key` itself."""
     if not isinstance(value, dict):
-        return [(key, text or "null")]
+        return [(key, _cut(text) or "null")]
     out: list[tuple[str, str]] = []
     for k, v in value.items():
         shown = " ".join(yaml.safe_dump(v, default_flow_style=True).split()).removesuffix(" ...")  # a scalar's "..."
-        out += _leaves(f"{key}.{k}", v, shown)
+        out += _leaves(f"{key}.{k}", v, _cut(shown))
     return out
+
+
+def _cut(text: str) -> str:
+    """Text of the command line as an error names it: at most EXCERPT characters (anchor_core.limits.excerpt)."""
+    return text if len(text) <= EXCERPT else text[:EXCERPT - 3] + "..."
 
 
 def _nest(parts: Sequence[str], value: Any) -> dict[str, Any]:
