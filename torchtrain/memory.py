@@ -3,6 +3,7 @@
     need = step_memory(spec, seq_len=65536, micro_batch=1, dtype=torch.float32, engine="varlen",
                        zero_stage=0, procs=1, sequence_parallel=1, activation_checkpointing=False)
     need.total          # bytes on this machine (all local processes on the CPU; one device on CUDA)
+    engine = check_device(cfg, "cpu")   # what the config asks of the device, before its memory (below)
 
 Legend: P parameters, T slots per window, B windows per micro-batch, h hidden size, i MLP size, N query
 heads, K kv heads, D head dim, V vocabulary, L layers, e bytes per activation element (4 fp32, 2 bf16).
@@ -23,6 +24,11 @@ The parts, per process:
                logits' V e, else the fused loss's one chunk where it outweighs the layer
   dense        the engine's T x T tensors (`torchtrain.engines.dense_attention_bytes`; 0 for the linear ones)
 
+What a config asks of the device besides memory (`check_device`: bf16 under ZeRO-0, an engine the device or
+this machine lacks, checkpoints offloaded from a CPU) is one function, which `anchor train`
+(torchtrain.run_folder.check_model) and `anchor plan` both call: a plan never says "fits" for a config the
+trainer refuses, and refuses it in the same words.
+
 Checked against measured peaks (peak RSS of a fresh `anchor train` process) in
 `benchmarks/bench_memory.py` (`results/memory/memory_cpu.json`: estimate / peak per row) and, for SmolLM2-135M
 from 8K to the longest window this machine trains, `benchmarks/bench_longest_window.py`
@@ -36,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from anchor_core.errors import InputError, UnavailableError
 from anchor_core.spec import ModelSpec
 from torchtrain import engines
 from torchtrain.loss import chunk_working_bytes
@@ -44,6 +51,42 @@ if TYPE_CHECKING:
     from torchtrain.config import TrainConfig
 
 BASE_PROCESS_BYTES = int(0.45 * 2**30)  # peak RSS of a training process at T -> 0 (tiny.yaml, CPU, fp32)
+PLAN_STOP = 1 << 24  # the longest window a plan tries (16M slots): `plan_windows` stops there
+
+
+def check_device(cfg: TrainConfig, device: str | None, *, here: bool = True) -> str:
+    """What the run config `cfg` asks of the device it trains on, beyond memory; an InputError naming the keys
+    where the device cannot serve it. The one check of these that `anchor train` (torchtrain.run_folder.
+    check_model, on the machine that trains) and `anchor plan` (for the device it plans) make.
+
+    device: "cuda" or "cpu", the kind of device the run trains on; None: any (only the rules of every device).
+    here: the device is this machine's, whose installed packages decide the engines (flash-attn); a plan for
+      a named GPU checks only what any GPU would refuse.
+    Returns the engine that runs: `model.engine`, `auto` resolved for this machine (torchtrain.engines.
+    resolve_engine; for another, varlen: auto is linear in T either way)."""
+    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+    if cfg.model.dtype == "bfloat16" and cfg.parallel.zero_stage == 0:
+        # DeepSpeed's stage-0 bf16 optimizer departs from the fp32 update (tiny.yaml, 5 steps: 4% in
+        # the loss, where ZeRO 1-3 in bf16 stay within 1e-3 of fp32); ZeRO-1 on one process is the
+        # same memory as stage 0.
+        raise InputError("model.dtype bfloat16 needs parallel.zero_stage >= 1 (DeepSpeed's stage-0 bf16 optimizer "
+                         "drifts from the fp32 update; ZeRO-1 costs nothing extra on one process)",
+                         path=cfg.where("model.dtype", "parallel.zero_stage"))
+    engine = engines.resolve_engine(cfg.model.engine, device if here and device else "cpu", dtype)
+    if device is None:
+        return engine
+    if here:
+        engines.check_engine(engine, dtype)
+    elif engine == "flash_varlen" and dtype == torch.float32:  # any GPU: flash-attn has no fp32 kernel
+        raise UnavailableError("engine 'flash_varlen' runs in bfloat16/float16 only (FlashAttention has no float32 "
+                               "kernel); use dtype='bfloat16', or engine 'sdpa' / 'flash_varlen_emulated' in float32")
+    if device == "cpu" and cfg.model.offload_checkpoints:
+        raise InputError("model.offload_checkpoints moves the checkpoints from a GPU to host memory; this machine "
+                         "trains on the CPU, where they already are", path=cfg.where("model.offload_checkpoints"))
+    if device == "cpu" and engine == "flex":
+        raise InputError("engine 'flex' has no backward on CPU (FlexAttention); train with varlen, sdpa, eager "
+                         "or flash_varlen_emulated on CPU", path=cfg.where("model.engine"))
+    return engine
 
 
 def layer_parameters(spec: ModelSpec) -> int:
@@ -231,7 +274,7 @@ class PlanRow:
     host_fits: bool | None = None  # None: no host budget given (not checked)
 
 
-def plan_windows(spec: ModelSpec, *, budget: int, start: int = 8192, stop: int = 1 << 24,
+def plan_windows(spec: ModelSpec, *, budget: int, start: int = 8192, stop: int = PLAN_STOP,
                  host_budget: int | None = None, host_procs: int = 1, **step: object) -> list[PlanRow]:
     """`step_memory(spec, seq_len=T, **step)` for T = start, 2 start, ... up to the first length that does not
     fit (included, so the reason is shown) or `stop`: `budget` bytes per device, and where given `host_budget`

@@ -38,8 +38,8 @@ from torchtrain import checkpoint as ckpt
 from torchtrain import engines
 from torchtrain.config import RESUMABLE_CHANGES, TrainConfig, check_world, from_flat, is_flat, validate
 from torchtrain.distributed import launched_externally
-from torchtrain.engines import check_engine, resolve_engine
-from torchtrain.memory import largest_term, step_memory, step_of
+from torchtrain.engines import resolve_engine
+from torchtrain.memory import check_device, largest_term, step_memory, step_of
 from torchtrain.metrics import read_log
 from torchtrain.optim import deepspeed_config
 from torchtrain.sequence_parallel import check_sequence_parallel
@@ -161,25 +161,10 @@ def check_model(cfg: TrainConfig, spec: ModelSpec, seq_len: int, *, here: bool =
         check_sequence_parallel(spec, seq_len, cfg.parallel.sequence_parallel)
     except InputError as e:
         raise InputError(str(e), path=cfg.where("parallel.sequence_parallel", "data.seq_len")) from None
-    if cfg.model.dtype == "bfloat16" and cfg.parallel.zero_stage == 0:
-        # DeepSpeed's stage-0 bf16 optimizer departs from the fp32 update (tiny.yaml, 5 steps: 4% in
-        # the loss, where ZeRO 1-3 in bf16 stay within 1e-3 of fp32); ZeRO-1 on one process is the
-        # same memory as stage 0.
-        raise InputError("model.dtype bfloat16 needs parallel.zero_stage >= 1 (DeepSpeed's stage-0 bf16 optimizer drifts "
-                         "from the fp32 update; ZeRO-1 costs nothing extra on one process)",
-                         path=cfg.where("model.dtype", "parallel.zero_stage"))
-    if not here:
-        return spec
-    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
-    engine = resolved_engine(cfg)
-    check_engine(engine, dtype)
-    if cfg.model.offload_checkpoints and not torch.cuda.is_available():
-        raise InputError("model.offload_checkpoints moves the checkpoints from a GPU to host memory; this machine "
-                         "trains on the CPU, where they already are", path=cfg.where("model.offload_checkpoints"))
-    if engine == "flex" and not torch.cuda.is_available():
-        raise InputError("engine 'flex' has no backward on CPU (FlexAttention); train with varlen, sdpa, eager "
-                         "or flash_varlen_emulated on CPU", path=cfg.where("model.engine"))
-    if memory:
+    # dtype, engine and offloading against the device: the one check anchor plan makes too
+    engine = check_device(cfg, ("cuda" if torch.cuda.is_available() else "cpu") if here else None)
+    if here and memory:
+        dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
         check_step_memory(cfg, spec, seq_len, engine, dtype)
     return spec
 

@@ -12,6 +12,7 @@ from anchor.cli import app
 
 
 SUMMARY = "The longest window a run config fits on a device, term by term."
+MAX_GIB = 1e6  # --memory and --host-memory: a million GiB is beyond any machine
 
 
 @app.command(short_help=SUMMARY)
@@ -29,58 +30,56 @@ def plan(
         "--shape", help="Plan a model of this shape instead of model.name, without its weights: llama3.1-8b.")] = None,
     memory: Annotated[Optional[float], typer.Option(
         "--memory", help="Plan for this many GiB per device instead of what --device has (another machine, or "
-                         "this one as it is when nothing else runs).", show_default=False)] = None,
+                         "this one as it is when nothing else runs); at most 1000000.", show_default=False)] = None,
     host_memory: Annotated[Optional[float], typer.Option(
         "--host-memory", help="With model.offload_checkpoints on a GPU: the host's GiB the processes' offloaded "
                               "checkpoints share (default: this machine's available memory where it has the GPU; "
-                              "for a named --device, unchecked).", show_default=False)] = None,
-    start: Annotated[int, typer.Option("--start", help="The first window length; each next one doubles it.")] = 8192,
+                              "for a named --device, unchecked); at most 1000000.", show_default=False)] = None,
+    start: Annotated[int, typer.Option("--start", help="The first window length; each next one doubles it, up to "
+                                                       "16777216 (2^24) slots, where the plan stops.")] = 8192,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Predict one training step's peak memory (torchtrain.memory.step_memory, the model `anchor train` refuses
     a run by) term by term, for window lengths doubling from --start, and name the longest that fits the device
-    and the term that stops the next. On the CPU the config's local processes share the host's memory; on a
-    GPU each process has its own device."""
+    and the term that stops the next; the plan stops at 2^24 slots. On the CPU the config's local processes share
+    the host's memory; on a GPU each process has its own device. A config `anchor train` refuses on that device
+    (bf16 at ZeRO-0, an engine it lacks, checkpoints offloaded from a CPU) is refused in the same words."""
     import torch
 
     from anchor_core.errors import InputError
-    from anchor_core.limits import check_float, check_int
+    from anchor_core.limits import check_float, check_int, excerpt
     from anchor_core.weights import load_spec
-    from torchtrain import engines
-    from torchtrain.config import load_train_config
-    from torchtrain.memory import GPUS, SHAPES, plan_windows, step_of
+    from torchtrain.config import check_world, load_train_config
+    from torchtrain.memory import GPUS, PLAN_STOP, SHAPES, check_device, plan_windows, step_of
     from torchtrain.sequence_parallel import check_sequence_parallel
 
-    check_int(start, "--start", lo=1)
-    cfg = load_train_config(config, overrides or [])
+    check_int(start, "--start", lo=1, hi=PLAN_STOP)
+    if memory is not None:
+        check_float(memory, "--memory", lo=0.001, hi=MAX_GIB)
+    if host_memory is not None:
+        check_float(host_memory, "--host-memory", lo=0.001, hi=MAX_GIB)
     if shape is not None and shape not in SHAPES:
-        raise InputError(f"--shape: unknown shape {shape!r} (known: {', '.join(SHAPES)})")
+        raise InputError(f"--shape: unknown shape {excerpt(shape)} (known: {', '.join(SHAPES)})")
     if device != "here" and device not in GPUS:
-        raise InputError(f"--device: unknown device {device!r} (here, or one of {', '.join(GPUS)})")
+        raise InputError(f"--device: unknown device {excerpt(device)} (here, or one of {', '.join(GPUS)})")
+    cfg = load_train_config(config, overrides or [])
+    check_world(cfg, cfg.parallel.nproc)
     spec = SHAPES[shape] if shape else load_spec(cfg.model.name)
     check_sequence_parallel(spec, start, cfg.parallel.sequence_parallel)  # every doubling of start then divides too
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     on_gpu = device != "here" or torch.cuda.is_available()
-    if memory is not None:
-        check_float(memory, "--memory", lo=0.001)
-        budget, device_name = int(memory * 2**30), f"{memory:g} GiB given (--memory)"
-    elif device == "here":
-        where = "cuda" if torch.cuda.is_available() else "cpu"
-        budget = engines.available_memory(where)
-        if budget is None:
-            raise InputError("--device here: this machine's available memory cannot be read; name a --device")
-        device_name = f"this machine's {'GPU' if where == 'cuda' else 'memory'}"
-    else:
-        budget, device_name = GPUS[device], device
-    engine = cfg.model.engine if cfg.model.engine != "auto" else "varlen"  # auto runs a linear-memory engine
+    # what anchor train refuses on this device (dtype, engine, offloading), refused by the same check
+    engine = check_device(cfg, "cuda" if on_gpu else "cpu", here=device == "here")
+    budget, device_name = _budget(memory, device)
     procs = 1 if on_gpu else cfg.parallel.nproc
-    offload = cfg.model.offload_checkpoints and on_gpu
+    offload = cfg.model.offload_checkpoints  # on a GPU: on the CPU check_device refused it
     host_budget = _host_budget(host_memory, offload, device)
     rows = plan_windows(spec, budget=budget, start=start, host_budget=host_budget, host_procs=cfg.parallel.nproc,
                         **step_of(cfg, engine=engine, dtype=dtype, procs=procs, world=cfg.parallel.nproc, on_gpu=on_gpu))
     fitting = [r for r in rows if r.fits]
     longest = fitting[-1].seq_len if fitting else None
     stopped = rows[-1] if not rows[-1].fits else None
+    capped = stopped is None and rows[-1].seq_len * 2 > PLAN_STOP  # every window fits up to the plan's limit
     model = shape or cfg.model.name
     if as_json:
         typer.echo(json.dumps({
@@ -88,7 +87,7 @@ def plan(
             "activation_checkpointing": cfg.model.activation_checkpointing, "tiled_mlp": cfg.model.tiled_mlp,
             "zero_stage": cfg.parallel.zero_stage, "sequence_parallel": cfg.parallel.sequence_parallel,
             "procs": procs, "world": cfg.parallel.nproc, "micro_batch": cfg.data.micro_batch, "longest": longest,
-            "offload_checkpoints": offload, "host_budget_bytes": host_budget,
+            "offload_checkpoints": offload, "host_budget_bytes": host_budget, "stop": PLAN_STOP, "capped": capped,
             "rows": [{"seq_len": r.seq_len, "fits": r.fits, "total_bytes": r.need.total, "procs": r.need.procs,
                       "terms_bytes": r.need.terms(), "host_bytes": r.need.host, "host_total_bytes": r.host_total,
                       "host_fits": r.host_fits} for r in rows]}, indent=1))
@@ -99,7 +98,9 @@ def plan(
                f"{'on' if cfg.model.tiled_mlp else 'off'}, ZeRO-{cfg.parallel.zero_stage}, sequence parallel "
                f"{cfg.parallel.sequence_parallel}, {cfg.parallel.nproc} process(es), {procs} per device, micro-batch "
                f"{cfg.data.micro_batch}")
-    typer.echo(f"device: {device_name}, {budget / g:.1f} GiB; GiB per process:")
+    typer.echo(f"device: {device_name}, {budget / g:.1f} GiB")
+    typer.echo(f"GiB per process, term by term; total: the device's, all {procs} process(es) on it"
+               + (f"; host: the offloaded checkpoints of all {cfg.parallel.nproc} process(es)" if offload else ""))
     _echo_table(rows, offload)
     if offload:
         against = (f"against {host_budget / g:.1f} GiB of host memory" if host_budget is not None
@@ -113,10 +114,32 @@ def plan(
         typer.echo(f"no window from {start} fits")
     if stopped is not None:
         typer.echo(_why_not(stopped, budget, host_budget, cfg.parallel.nproc))
+    elif capped:
+        typer.echo(f"the plan stops at {PLAN_STOP} (2^24) slots: longer windows are not planned")
+
+
+def _budget(memory: float | None, device: str) -> tuple[int, str]:
+    """The bytes a process may use on the device planned for, and how the plan names where they come from."""
+    import torch
+
+    from anchor_core.errors import InputError
+    from torchtrain import engines
+    from torchtrain.memory import GPUS
+
+    if memory is not None:
+        return int(memory * 2**30), f"{memory:g} GiB given (--memory)"
+    if device != "here":
+        return GPUS[device], device
+    where = "cuda" if torch.cuda.is_available() else "cpu"
+    budget = engines.available_memory(where)
+    if budget is None:
+        raise InputError("--device here: this machine's available memory cannot be read; name a --device")
+    return budget, f"this machine's {'GPU' if where == 'cuda' else 'memory'}"
 
 
 def _echo_table(rows: list, offload: bool) -> None:
-    """The plan's rows, GiB per process by term, the total, the host's share where checkpoints are offloaded."""
+    """The plan's rows: GiB per process by term, the total of the processes on the device, every process's
+    offloaded checkpoints on the host where they are offloaded."""
     g = 2**30
     names = list(rows[0].need.terms())
     host_head = f"  {'host':>8}" if offload else ""
@@ -145,10 +168,8 @@ def _why_not(stopped, budget: int, host_budget: int | None, nproc: int) -> str:
 def _host_budget(host_memory: float | None, offload: bool, device: str) -> int | None:
     """The host memory the offloaded checkpoints of every process share: `--host-memory`, else this machine's
     available memory where the plan is for the GPU it is on; None where nothing is offloaded or it is unknown."""
-    from anchor_core.limits import check_float
     from torchtrain import engines
 
     if host_memory is not None:
-        check_float(host_memory, "--host-memory", lo=0.001)
         return int(host_memory * 2**30) if offload else None
     return engines.available_memory("cpu") if offload and device == "here" else None

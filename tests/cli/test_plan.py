@@ -82,10 +82,11 @@ def test_a_tiled_mlp_saves_its_intermediate_exactly():
 
 def test_a_shape_plans_without_weights(capsys):
     plan = _plan(capsys, "--config", "tiny", "--shape", "llama3.1-8b", "--device", "h100", "model.dtype=bfloat16",
-                 "model.activation_checkpointing=true", "model.tiled_mlp=true")
+                 "parallel.zero_stage=1", "model.activation_checkpointing=true", "model.tiled_mlp=true")
     assert plan["model"] == "llama3.1-8b"
     states = plan["rows"][0]["terms_bytes"]["states"]
-    assert states == int(8_030_261_248 * (6 + 2 + 8))  # bf16: weights with the fp32 master, grads, moments
+    # bf16: weights with the fp32 master, grads, moments (ZeRO-1 over one process shards nothing)
+    assert states == int(8_030_261_248 * (6 + 2 + 8))
     assert SHAPES["llama3.1-8b"].num_layers == 32
 
 
@@ -97,6 +98,12 @@ def test_a_shape_plans_without_weights(capsys):
     (["--memory", "0"], "--memory must be at least 0.001, got 0.0"),
     (["--memory", "nan"], "--memory must be a finite number, got nan"),
     (["--host-memory", "0"], "--host-memory must be at least 0.001, got 0.0"),
+    # beyond the plan's last window, and memory no machine has (an IndexError and OverflowErrors before)
+    (["--start", "16777217"], "--start must be at most 16777216, got 16777217"),
+    (["--start", str(2**70)], "--start must be at most 16777216"),
+    (["--memory", "1e300"], "--memory must be at most 1000000, got 1e+300"),
+    (["--host-memory", "1e300"], "--host-memory must be at most 1000000, got 1e+300"),
+    (["--memory", "inf"], "--memory must be a finite number, got inf"),
     # tiny's random:llama has 6 heads: Ulysses cannot split them 8 ways, nor a window of 4097 3 ways
     (["parallel.nproc=8", "parallel.sequence_parallel=8"], "sequence_parallel 8 does not divide the model's 6 "
                                                             "attention heads"),
@@ -232,3 +239,21 @@ def test_train_refuses_offloaded_checkpoints_the_host_cannot_hold(monkeypatch):
                                              "of host memory") as refused:
             run_folder.check_step_memory(cfg, spec, T, "varlen", torch.bfloat16)
         assert "\n" not in str(refused.value)
+
+
+def test_the_plan_says_where_it_stops_and_what_each_column_counts(capsys):
+    """The doubling stops at 2^24 slots: where every window fits up to there the plan says so (and --help says it);
+    the table's header says the terms are per process and the total is every process on the device."""
+    code, out, err = run_cli(["plan", "--config", "tiny", "--start", "4194304", "--memory", "100000",
+                              "model.activation_checkpointing=true", "parallel.nproc=2"], capsys)
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    assert lines[-1] == "the plan stops at 16777216 (2^24) slots: longer windows are not planned"
+    assert lines[-2].startswith("longest window that fits: 16777216 ")
+    assert "GiB per process, term by term; total: the device's, all 2 process(es) on it" in lines
+    plan = _plan(capsys, "--config", "tiny", "--start", "16777216", "--memory", "100000",
+                 "model.activation_checkpointing=true")
+    assert plan["capped"] is True and plan["stop"] == 2**24 and [r["seq_len"] for r in plan["rows"]] == [2**24]
+    assert _plan(capsys, "--config", "tiny", "--memory", "1")["capped"] is False
+    code, out, _ = run_cli(["plan", "--help"], capsys)
+    assert code == 0 and "16777216 (2^24)" in " ".join(out.replace("│", " ").split())
