@@ -35,16 +35,16 @@ from dataclasses import MISSING, asdict, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import yaml
-
 from anchor.demo.page import index_page, summary_figure
 from anchor.demo.settings import DEMO_JSON, PROFILES, DemoSettings, all_run_names, parse_run
 from anchor.demo.stages import _run_scores, eval_figures, step_time_ratios, train_figures
 from anchor.demo.summary import reset_effect, stage_seconds_all_attempts, write_summary
 from anchor_core.atomic import publish, staging_dir
 from anchor_core.errors import InputError
+from anchor_core.limits import excerpt
 from anchor_core.outdir import write_marker
 from anchor_core.variants import VARIANTS
+from anchor_core.yamlfile import parse_yaml
 
 # The verb in a merge's marker: a merge replaces only a merge (never a demo that ran its stages, nor another
 # verb's folder), and `anchor demo` never runs its stages over a merge
@@ -220,8 +220,10 @@ def _check_part_file(path: Path, name: str) -> bytes | None:
         if name == "metrics.jsonl":
             ok = all(isinstance(json.loads(line), dict) for line in text.splitlines() if line.strip())
         else:
-            ok = isinstance(yaml.safe_load(text), dict)
-    except Exception as e:  # UnicodeDecodeError, ValueError (JSON), yaml.YAMLError
+            ok = isinstance(parse_yaml(text, where=str(path)), dict)  # bounded: aliases cannot expand it
+    except InputError:
+        raise
+    except Exception as e:  # UnicodeDecodeError, ValueError (JSON)
         raise InputError(f"unreadable ({type(e).__name__})", path=path) from None
     if not ok:
         raise InputError(f"not the {name} a training run writes", path=path)
@@ -303,8 +305,6 @@ def _check_run_files_agree(p: dict[str, Any], v: str) -> None:
     """Run `v`'s metrics.jsonl and config.yaml (where the part has them) hold the run its demo.json records: the
     same steps and losses, the same variant, dtype, steps and window. The merge copies these files beside the
     record, so a part whose records disagree (a file cut short, or another run's) is refused."""
-    import yaml
-
     part, s = p["dir"], p["settings"]
     run = p["record"]["stages"]["train"]["summary"]["runs"][v]
 
@@ -324,13 +324,13 @@ def _check_run_files_agree(p: dict[str, Any], v: str) -> None:
             raise disagree(f"train/{v}/metrics.jsonl holds other losses than demo.json")
     config = p["files"][(v, "config.yaml")]
     if config is not None:
-        c = yaml.safe_load(config.decode("utf-8"))
+        c = parse_yaml(config.decode("utf-8"), where=f"{part}/train/{v}/config.yaml")
         got = {"variant": _dig(c, "model", "variant"), "dtype": _dig(c, "model", "dtype"),
                "steps": _dig(c, "schedule", "steps"), "seq_len": _dig(c, "data", "seq_len")}
         want = {"variant": run["variant"], "dtype": run["dtype"], "steps": run["steps"], "seq_len": s.seq_len}
         for k in want:
             if got[k] != want[k]:
-                raise disagree(f"train/{v}/config.yaml has {k} {got[k]!r}, demo.json {want[k]!r}")
+                raise disagree(f"train/{v}/config.yaml has {k} {excerpt(got[k])}, demo.json {excerpt(want[k])}")
 
 
 def _dig(d: Any, *keys: str) -> Any:
