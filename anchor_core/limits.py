@@ -47,6 +47,11 @@ _REPR = _Repr()
 _REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, EXCERPT, EXCERPT
 
 
+def clip(text: str, limit: int = EXCERPT) -> str:
+    """`text` as an error names a piece of the command line: at most `limit` characters, cut with "..."."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def excerpt(value: object, limit: int = EXCERPT) -> str:
     """repr(value) in at most `limit` characters, cut with "..." where longer: what an error message echoes of
     a value a user gave, however large (a long string, a list of a million items, a huge integer), so that

@@ -92,19 +92,19 @@ def main() -> None:
 
     from anchor_core.data.packed import PackedData
     from anchor_core.machine import machine
-    from torchtrain.config import load_train_config
+    from torchtrain.config import load_train_config, with_changes
     from torchtrain.run_folder import prepare_run, resolved_engine
 
     cfg = load_train_config(args.config, [*args.overrides, f"schedule.steps={args.steps}", "checkpoint.save_every=0",
                                           "eval.window=0", "logging.every=1000", "logging.tensorboard=false"])
-    cfg = cfg.replace({"model.engine": resolved_engine(cfg)})  # the plain loop builds its model with the engine the trainer runs
+    cfg = with_changes(cfg, {"model.engine": resolved_engine(cfg)})  # the plain loop builds its model with the engine the trainer runs
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         first = Path(tmp) / "run-0"
         prepare_run(cfg, first, progress=False)  # packs the data once; later runs reuse it
         data_dir = first / "data" if (first / "data" / "pack.json").is_file() else Path(cfg.data.path)
-        cfg = cfg.replace({"data.path": str(data_dir)})
+        cfg = with_changes(cfg, {"data.path": str(data_dir)})
         data = PackedData.open(data_dir)
-        cfg = cfg.replace({"data.seq_len": data.seq_len})
+        cfg = with_changes(cfg, {"data.seq_len": data.seq_len})
         plain, anchor = [], []
         for r in range(args.rounds):
             p = plain_steps(cfg, data, args.steps)

@@ -318,7 +318,7 @@ def main() -> None:
     from anchor_core.machine import machine
     from anchor_core.weights import load_weights
     from anchor.bench.flops import step_flops
-    from torchtrain.config import load_train_config
+    from torchtrain.config import load_train_config, with_changes
     from torchtrain.run_folder import check_model, model_spec, prepare_run
 
     cuda = torch.cuda.is_available()
@@ -348,10 +348,10 @@ def main() -> None:
                     "logging.every=1000", "logging.tensorboard=false"]
             cfg = load_train_config(args.config, base)
             first = Path(tmp) / "pack"
-            prepare_run(cfg.replace({"model.engine": "varlen", "model.variant": "intra_doc"}), first, progress=False)
+            prepare_run(with_changes(cfg, {"model.engine": "varlen", "model.variant": "intra_doc"}), first, progress=False)
             data_dir = first / "data"
             data = PackedData.open(data_dir)
-            cfg = cfg.replace({"data.path": str(data_dir), "data.seq_len": data.seq_len})
+            cfg = with_changes(cfg, {"data.path": str(data_dir), "data.seq_len": data.seq_len})
             spec = check_model(cfg, model_spec(cfg), T, memory=False)  # RoPE raised, max_position = T
             flops = {v: [step_flops(spec, n, T)["total"] for n in window_pairs(data, cfg, args.steps, v)]
                      for v in ("full", "intra_doc", "anchor")}
@@ -369,7 +369,7 @@ def main() -> None:
                 if engine == "flex" and not cuda:
                     rows.append({"config": label, "skipped": "FlexAttention has no CPU backward"})
                     continue
-                run_cfg = cfg.replace({"model.variant": variant, "model.engine": engine})
+                run_cfg = with_changes(cfg, {"model.variant": variant, "model.engine": engine})
 
                 def run(r, k=k, run_cfg=run_cfg, label=label):
                     timing = contextlib.nullcontext()

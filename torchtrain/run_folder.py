@@ -36,7 +36,7 @@ from anchor_core.weights import load_spec
 from anchor_core.yamlfile import read_yaml
 from torchtrain import checkpoint as ckpt
 from torchtrain import engines
-from torchtrain.config import RESUMABLE_CHANGES, TrainConfig, check_world, from_flat, is_flat, validate
+from torchtrain.config import RESUMABLE_CHANGES, TrainConfig, check_world, from_flat, is_flat, validate, with_changes
 from torchtrain.distributed import launched_externally
 from torchtrain.engines import resolve_engine
 from torchtrain.memory import check_device, largest_term, step_memory, step_of
@@ -279,7 +279,7 @@ def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, 
     run = Path(run)
     check_world(cfg, world if world is not None else cfg.parallel.nproc)
     asked = cfg.model.engine
-    cfg = cfg.replace({"model.engine": resolved_engine(cfg)})  # `auto` resolved: config.yaml records what runs
+    cfg = with_changes(cfg, {"model.engine": resolved_engine(cfg)})  # `auto` resolved: config.yaml records what runs
     spec = model_spec(cfg)
     data_path = Path(cfg.data.path)
     seq_len = cfg.data.seq_len
@@ -320,7 +320,7 @@ def _fill_run(cfg: TrainConfig, run: Path, spec: ModelSpec, seq_len: int | None,
 
     packed = PackedData.open(data)
     if cfg.data.seq_len is None:
-        cfg = cfg.replace({"data.seq_len": packed.seq_len})
+        cfg = with_changes(cfg, {"data.seq_len": packed.seq_len})
     spec = check_model(cfg, spec, packed.seq_len, memory=seq_len is None)
     vocab = (packed.meta.get("tokenizer") or {}).get("vocab_size")
     if vocab is not None and vocab > spec.vocab_size:

@@ -13,7 +13,7 @@ import pytest
 from anchor_core.errors import InputError
 from anchor_core.spec import ModelSpec, RopeSpec
 from tests.train.conftest import ROOT, TINY
-from torchtrain.config import load_train_config
+from torchtrain.config import load_train_config, with_changes
 from torchtrain.optim import deepspeed_config
 from torchtrain.run_folder import check_model
 
@@ -303,7 +303,7 @@ def test_engine_defaults_to_auto_and_resolves_to_a_linear_one_here():
     cfg = validate({"model": {"name": "random:llama"}, "data": {"path": "corpus"}, "schedule": {"steps": 1}})
     assert cfg.model.engine == "auto"
     assert resolved_engine(cfg) in ("varlen", "flash_varlen")
-    assert resolved_engine(cfg.replace({"model.engine": "sdpa"})) == "sdpa"
+    assert resolved_engine(with_changes(cfg, {"model.engine": "sdpa"})) == "sdpa"
 
 
 @pytest.mark.parametrize("engine", ["sdpa", "eager"])

@@ -8,7 +8,7 @@ import pytest
 
 from tests.train.conftest import TINY
 from torchtrain import checkpoint as ckpt
-from torchtrain.config import load_train_config
+from torchtrain.config import load_train_config, with_changes
 from torchtrain.optim import lr_factor, param_groups
 
 
@@ -17,13 +17,13 @@ def test_lr_schedules():
     warm = [lr_factor(cfg, s) for s in range(3)]
     assert warm == [1 / 3, 2 / 3, 1.0]
     for schedule in ("constant", "cosine", "linear"):
-        c = cfg.replace({"schedule.kind": schedule})
+        c = with_changes(cfg, {"schedule.kind": schedule})
         f = [lr_factor(c, s) for s in range(3, 11)]
         print(schedule, [round(x, 4) for x in f])
         assert f[0] == 1.0
         assert f[-1] == (1.0 if schedule == "constant" else pytest.approx(0.1))
         assert all(a >= b for a, b in zip(f, f[1:]))
-    mid = lr_factor(cfg.replace({"schedule.kind": "cosine"}), 3 + 7 // 2 + 0)
+    mid = lr_factor(with_changes(cfg, {"schedule.kind": "cosine"}), 3 + 7 // 2 + 0)
     assert mid == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 3 / 7)))
 
 
@@ -105,7 +105,7 @@ def test_no_decay_on_norms_and_biases():
     assert off and all("norm" in n or n.endswith(".bias") for n in off)
     assert all("norm" not in names[id(p)] and not names[id(p)].endswith(".bias") for p in decay["params"])
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
-    everything = param_groups(model, cfg.replace({"optim.no_decay": ()}).optim)
+    everything = param_groups(model, with_changes(cfg, {"optim.no_decay": ()}).optim)
     assert len(everything) == 1 and isinstance(everything[0]["params"][0], torch.nn.Parameter)
 
 

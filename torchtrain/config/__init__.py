@@ -1,0 +1,60 @@
+"""The typed config of `anchor train` (docs/DESIGN.md §8): YAML is data, this package is the schema.
+
+    cfg = load_train_config("configs/train/tiny.yaml", ["schedule.steps=4", "model.rope.theta=5e6"])
+    cfg = load_train_config("tiny")   # the same file by its shipped name (anchor_core.shipped)
+    cfg.schedule.steps, cfg.model.variant, cfg.optim.lr, cfg.grad_accum(world=2)
+    with_changes(cfg, {"model.engine": "varlen"})   # a changed copy, validated
+
+A config is sectioned: `model`, `data`, `optim`, `schedule`, `parallel`, `checkpoint`, `logging`, `eval`, each a
+pydantic model whose fields are its keys. One module per concern:
+  schema      the sections and their keys, each declared once: type, default, range, one-line meaning
+  keys        what the declarations give: every dotted key, those a resume may change, what each accepts in words
+  origins     where each key's value came from (an override, a file's line), named in every error
+  migration   the pre-sectioned format (flat keys): refused in one line naming its place, read in old run folders
+  overrides   reading a file and the `key=value` overrides over it
+  validation  pydantic's first error as one line; the nested mappings; the checks across keys; the world size
+
+pydantic validates; an error is one line (an InputError) naming the key's dotted path and where its value came
+from: the command-line override (`command-line override optim.lr=abc`) or the file and the key's line
+(`tiny.yaml:23`); an error across keys names where each came from (`TrainConfig.where`). An error echoes at most
+an excerpt of a value (anchor_core.limits.excerpt).
+
+Batch arithmetic: `data.global_batch` windows per optimizer step = `data.micro_batch` windows per forward on each
+data-parallel rank x `grad_accum` micro-steps x `dp` data-parallel ranks, with
+`dp = world / parallel.sequence_parallel`.
+"""
+
+from torchtrain.config.keys import (
+    KEYS,
+    NESTED,
+    PACK_KEYS,
+    PACK_OPTIONS,
+    RESUMABLE_CHANGES,
+    check_declarations,
+    describe_keys,
+    expected,
+)
+from torchtrain.config.migration import MOVED, from_flat, is_flat
+from torchtrain.config.origins import Sources
+from torchtrain.config.overrides import load_train_config, parse_overrides
+from torchtrain.config.schema import (
+    SECTIONS,
+    CheckpointConfig,
+    DataConfig,
+    EvalConfig,
+    LoggingConfig,
+    ModelConfig,
+    OptimConfig,
+    ParallelConfig,
+    RopeConfig,
+    ScheduleConfig,
+    TrainConfig,
+)
+from torchtrain.config.validation import check_world, validate, with_changes
+
+__all__ = [
+    "KEYS", "MOVED", "NESTED", "PACK_KEYS", "PACK_OPTIONS", "RESUMABLE_CHANGES", "SECTIONS", "CheckpointConfig",
+    "DataConfig", "EvalConfig", "LoggingConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "RopeConfig",
+    "ScheduleConfig", "Sources", "TrainConfig", "check_declarations", "check_world", "describe_keys", "expected",
+    "from_flat", "is_flat", "load_train_config", "parse_overrides", "validate", "with_changes",
+]

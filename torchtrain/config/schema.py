@@ -1,0 +1,289 @@
+"""The keys of an `anchor train` config (docs/DESIGN.md §8): one pydantic model per section, one field per key.
+
+    cfg.schedule.steps, cfg.model.variant, cfg.optim.lr, cfg.grad_accum(world=2)
+
+Every key is declared once (`_key`): its type (the annotation: `Literal` choices, strict ints, finite
+numbers), its default (none: required), its range (`ge`, `gt`, `le`) and its one-line meaning (`description`).
+The rest of the package derives from these declarations: the dotted keys and what each accepts
+(`torchtrain.config.keys`), where a value came from (`origins`), the pre-sectioned format (`migration`), reading
+files and overrides (`overrides`) and the checks across keys (`validation`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictBool, StrictInt
+
+from anchor_core.engines import TRAIN_ENGINES
+from anchor_core.limits import SEED_MAX
+from anchor_core.variants import Variant
+from torchtrain.config.origins import Sources
+
+Schedule = Literal["constant", "cosine", "linear"]
+Dtype = Literal["float32", "bfloat16"]
+TrainEngine = Literal[TRAIN_ENGINES]  # type: ignore[valid-type]  # auto, or an engine of anchor_core.engines
+RopeScaling = Literal["default", "linear", "dynamic", "yarn", "llama3", "ntk"]
+
+# Value types: what a key accepts beyond pydantic's own strict types
+
+
+def _yaml_number(x: Any) -> float:
+    """A finite YAML number, also `5e6` (PyYAML reads exponents without a dot as strings); never a bool."""
+    if isinstance(x, bool):
+        raise ValueError("a bool is not a number")
+    if isinstance(x, str):
+        try:
+            x = float(x)
+        except ValueError:
+            raise ValueError("not a number") from None
+    if not isinstance(x, (int, float)) or not math.isfinite(x):
+        raise ValueError("not a finite number")
+    return float(x)
+
+
+def _beta(x: Any) -> float:
+    v = _yaml_number(x)
+    if not 0.0 <= v < 1.0:
+        raise ValueError("a beta is in [0, 1)")
+    return v
+
+
+Number = Annotated[float, BeforeValidator(_yaml_number)]
+Name = Annotated[str, Field(strict=True, min_length=1)]
+Betas = tuple[Annotated[float, BeforeValidator(_beta)], Annotated[float, BeforeValidator(_beta)]]
+Steps = tuple[Annotated[StrictInt, Field(ge=1)], ...]
+
+# What errors and the documentation say a type accepts, where the annotation alone does not tell.
+EXPECTED_BY_TYPE: dict[Any, str] = {
+    Betas: "two numbers [beta1, beta2] in [0, 1)",
+    tuple[Name, ...]: "a list of non-empty strings",
+    Steps: "a list of step numbers >= 1",
+}
+
+
+def _key(default: Any, doc: str, *, resumable: bool = False, pack_option: str | None = None,
+         **constraints: Any) -> Any:
+    """A key's field: its default (`...`: required; a dict is copied per config), its one-line meaning and its
+    range (`ge`, `gt`, `le`).
+
+    resumable: a resumed run may change it (the other keys must equal the run's config.yaml).
+    pack_option: the `anchor pack` option it also is (anchor_core.data.config.PACK_SCHEMA), so `data.pack:`
+      does not take that option.
+    """
+    extra = {"resumable": resumable, "pack_option": pack_option}
+    if isinstance(default, dict):
+        return Field(default_factory=lambda: dict(default), description=doc, json_schema_extra=extra, **constraints)
+    return Field(default, description=doc, json_schema_extra=extra, **constraints)
+
+
+class _Section(BaseModel):
+    """A section of keys: frozen, every key declared (`_key`), none other accepted."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+
+# ---------------------------------------------------------------------------------------------
+# The sections
+
+class RopeConfig(_Section):
+    """`model.rope:` overrides of the model's RoPE (docs/DESIGN.md §3); names as in anchor_core.spec.RopeSpec,
+    with the contract's spellings `theta` (= base) and `scaling` (= kind). Omitted: the model's."""
+
+    theta: Optional[Number] = _key(None, "RoPE base (the paper: 1e6 at 32K, 5e6 at 64K, 1e7 at 128K, 5e7 at 256K)",
+                                   gt=1.0)
+    scaling: Optional[RopeScaling] = _key(None, "scaling kind")
+    factor: Optional[Number] = _key(None, "scaling factor", ge=1.0)
+    original_max_position: Optional[StrictInt] = _key(None, "pre-training length (dynamic, yarn, llama3)", ge=1)
+    low_freq_factor: Optional[Number] = _key(None, "llama3", gt=0.0)
+    high_freq_factor: Optional[Number] = _key(None, "llama3", gt=0.0)
+    beta_fast: Optional[Number] = _key(None, "yarn", gt=0.0)
+    beta_slow: Optional[Number] = _key(None, "yarn", gt=0.0)
+    attention_factor: Optional[Number] = _key(None, "yarn: overrides 0.1 ln(factor) + 1", gt=0.0)
+
+    def given(self) -> dict[str, Any]:
+        """The overrides the config gives, as it names them."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+class ModelConfig(_Section):
+    """What is trained and how its attention runs."""
+
+    name: Name = _key(..., "HF folder, .gguf file, default, or random:<preset>", pack_option="model")
+    variant: Variant = _key("anchor", "attention variant (docs/DESIGN.md §2)")
+    mask_cross_doc_loss: StrictBool = _key(False, "full: also mask cross-document predictions")
+    engine: TrainEngine = _key("auto", "attention engine; auto: flash_varlen on CUDA with flash-attn (bf16), else "
+                               "varlen (memory linear in T; RUN/config.yaml records which ran). eager and sdpa hold "
+                               "a dense T x T mask")
+    dtype: Dtype = _key("float32", "float32, or bfloat16 mixed precision (fp32 master weights)")
+    activation_checkpointing: StrictBool = _key(False, "recompute layer activations in the backward")
+    tiled_mlp: StrictBool = _key(False, "compute each layer's MLP in tiles of hidden_size slots over the sequence "
+                                 "(torchtrain.tiling): its intermediate never held for the whole window")
+    offload_checkpoints: StrictBool = _key(False, "CUDA, with activation_checkpointing: keep the layer inputs in "
+                                           "pinned host memory between the forward and the backward")
+    rope: RopeConfig = _key(RopeConfig(), "RoPE overrides: theta, scaling, factor, original_max_position, ...")
+
+
+class DataConfig(_Section):
+    """What the run trains on, in which windows and batches."""
+
+    path: Name = _key(..., "an `anchor pack` output folder, a corpus (file or folder) packed on the fly, or `corpus` "
+                      "(the embedded default corpus)", pack_option="data")
+    seq_len: Optional[StrictInt] = _key(None, "slots per window T (taken from a pack output when omitted)", ge=2,
+                                        pack_option="seq_len")
+    tags: StrictBool = _key(False, "domain tags before each document (packing on the fly)", pack_option="tags")
+    interleave: StrictBool = _key(False, "interleaved document chunks (packing on the fly)", pack_option="interleave")
+    pack: dict[str, Any] = _key({}, "packing options for a corpus packed on the fly (the `anchor pack` options "
+                                "not given above: mixture, budget, ...)")
+    global_batch: StrictInt = _key(8, "windows per optimizer step", ge=1)
+    micro_batch: StrictInt = _key(1, "windows per forward on one data-parallel rank", ge=1)
+    seed: StrictInt = _key(0, "seed of the data order and of random:<preset> weights", ge=0, le=SEED_MAX)
+
+
+class OptimConfig(_Section):
+    """AdamW and its gradient clipping."""
+
+    lr: Number = _key(2e-5, "peak learning rate", gt=0.0)
+    weight_decay: Number = _key(0.1, "AdamW decoupled weight decay", ge=0.0)
+    no_decay: tuple[Name, ...] = _key(("bias", "norm"), "parameters whose name contains one of these get no "
+                                      "weight decay")
+    betas: Betas = _key((0.9, 0.95), "AdamW betas")
+    eps: Number = _key(1e-8, "AdamW eps", gt=0.0)
+    grad_clip: Number = _key(1.0, "clip the global gradient norm to this (0 = off)", ge=0.0)
+
+
+class ScheduleConfig(_Section):
+    """How long the run trains and the learning rate over its steps."""
+
+    steps: StrictInt = _key(..., "optimizer steps", ge=1, resumable=True)
+    warmup_steps: StrictInt = _key(0, "linear warmup steps (from lr/warmup_steps)", ge=0)
+    kind: Schedule = _key("constant", "after warmup: constant, cosine or linear decay")
+    min_lr_ratio: Number = _key(0.0, "cosine/linear: the final learning rate as a fraction of optim.lr", ge=0.0, le=1.0)
+
+
+class ParallelConfig(_Section):
+    """Processes and how the model and the batch are split over them."""
+
+    nproc: StrictInt = _key(1, "processes started on this machine (1 = this process)", ge=1, resumable=True)
+    sequence_parallel: StrictInt = _key(1, "Ulysses sequence-parallel degree", ge=1)
+    zero_stage: StrictInt = _key(0, "DeepSpeed ZeRO stage", ge=0, le=3)
+
+
+class CheckpointConfig(_Section):
+    """Regular checkpoints (the evaluation ones: `eval`)."""
+
+    save_every: StrictInt = _key(0, "checkpoint every this many steps (0: only the final and the evaluation ones)",
+                                 ge=0, resumable=True)
+    keep_last: StrictInt = _key(2, "the newest checkpoints kept whole, to resume from (0: all); older regular ones are "
+                                "deleted, older evaluation ones keep only their weights (hf/)", ge=0, resumable=True)
+
+
+class LoggingConfig(_Section):
+    """What the run reports besides RUN/metrics.jsonl."""
+
+    every: StrictInt = _key(1, "print a progress line every this many steps", ge=1, resumable=True)
+    tensorboard: StrictBool = _key(True, "write TensorBoard events under RUN/tensorboard when installed",
+                                   resumable=True)
+    dump_grads: Steps = _key((), "steps whose whole averaged gradient (before clipping) is written to "
+                             "RUN/grads/step-N.safetensors", resumable=True)
+
+
+class EvalConfig(_Section):
+    """The evaluation checkpoints (the paper: every 10 steps over the last 50)."""
+
+    every: StrictInt = _key(10, "evaluation checkpoints: every this many steps ...", ge=1)
+    window: StrictInt = _key(50, "... over the last this many steps (the paper: every 10 over the last 50)", ge=0)
+
+
+class TrainConfig(_Section):
+    """A validated `anchor train` config: one field per section. `source` (not a key) is the file it came
+    from, and `where(*keys)` where given keys came from (the override, or the file and the line), named in
+    errors; `torchtrain.config.with_changes` makes a changed copy, validated. Keys, in the order errors list them
+    and config.yaml is written:"""
+
+    model: ModelConfig
+    data: DataConfig
+    optim: OptimConfig = OptimConfig()
+    schedule: ScheduleConfig
+    parallel: ParallelConfig = ParallelConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    logging: LoggingConfig = LoggingConfig()
+    eval: EvalConfig = EvalConfig()
+    _source: str = PrivateAttr("config")
+    _sources: "Sources" = PrivateAttr(None)
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    def where(self, *keys: str) -> str:
+        """Where the values of these dotted keys came from, for an error about them: `command-line override
+        model.dtype=bfloat16`, `tiny.yaml:36`, several joined with "and"; the file when none was given."""
+        return (self._sources or Sources(self._source)).where(*keys)
+
+    def __eq__(self, other: object) -> bool:  # the keys, not where they came from
+        return isinstance(other, TrainConfig) and self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]  # `data.pack` is a dict
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain YAML-able data (the run's config.yaml): every key by section, tuples as
+        lists, `model.rope` with only the overrides given."""
+        out: dict[str, Any] = {}
+        for section in SECTIONS:
+            values = getattr(self, section)
+            out[section] = {k: plain(getattr(values, k)) for k in type(values).model_fields}
+        return out
+
+    def dp(self, world: int) -> int:
+        """Data-parallel ranks of a world of `world` processes."""
+        return world // self.parallel.sequence_parallel
+
+    def grad_accum(self, world: int) -> int:
+        """Micro-steps per optimizer step on each rank."""
+        return self.data.global_batch // (self.data.micro_batch * self.dp(world))
+
+    def rope_overrides(self) -> dict[str, Any]:
+        """`model.rope:` as RopeSpec field names (empty: the model's RoPE)."""
+        return {ROPE_FIELD.get(k, k): v for k, v in self.model.rope.given().items()}
+
+    def is_checkpoint_step(self, step: int) -> bool:
+        """Steps that write a checkpoint: every `checkpoint.save_every`, the last, and the evaluation schedule."""
+        every = self.checkpoint.save_every
+        return step == self.schedule.steps or (every > 0 and step % every == 0) or self.is_eval_step(step)
+
+    def is_eval_step(self, step: int) -> bool:
+        """The paper's evaluation schedule: every `eval.every` steps counted back from the last step,
+        within the last `eval.window` steps (every 10 over the last 50: five checkpoints)."""
+        steps, left = self.schedule.steps, self.schedule.steps - step
+        return 0 < step <= steps and left < self.eval.window and left % self.eval.every == 0
+
+
+ROPE_FIELD = {"theta": "base", "scaling": "kind"}  # `model.rope:` names -> anchor_core.spec.RopeSpec fields
+
+
+def plain(v: Any) -> Any:
+    """A key's value as YAML-able data: `model.rope` as the overrides it gives, tuples as lists."""
+    if isinstance(v, RopeConfig):
+        return v.given()
+    if isinstance(v, tuple):
+        return [plain(x) for x in v]
+    if isinstance(v, dict):
+        return dict(v)
+    return v
+
+
+def set_dotted(d: dict[str, Any], dotted: str, value: Any) -> None:
+    """d[a][b][c] = value for `a.b.c`, making the mappings on the way."""
+    *parents, last = dotted.split(".")
+    for p in parents:
+        if not isinstance(d.get(p), dict):
+            d[p] = {}
+        d = d[p]
+    d[last] = value
+
+
+# section name -> its model, in the order errors list the keys and config.yaml is written
+SECTIONS: dict[str, type[_Section]] = {name: f.annotation for name, f in TrainConfig.model_fields.items()}

@@ -1,0 +1,172 @@
+"""A mapping checked against the declared keys and built into a `TrainConfig` (`validate`): pydantic's first error
+as one line naming the dotted key and where its value came from; the nested mappings (`model.rope`, `data.pack`);
+the checks across keys that need neither the world size nor a model; then, with the world size, `check_world`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping, Sequence
+
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
+
+from anchor_core.data.config import PACK_SCHEMA, check_pack_options, validate_pack_config
+from anchor_core.errors import InputError
+from anchor_core.limits import excerpt
+from anchor_core.spec import RopeSpec
+from torchtrain.config.keys import PACK_KEYS, PACK_OPTIONS, base_type, expected, optional_inner
+from torchtrain.config.migration import moved_error, moved_to
+from torchtrain.config.origins import Sources
+from torchtrain.config.schema import SECTIONS, TrainConfig, plain, set_dotted
+
+def validate(d: Any, *, source: str = "config", origins: Mapping[str, str] | None = None,
+             lines: Mapping[str, int] | None = None) -> TrainConfig:
+    """Check a mapping against the declared keys and build a TrainConfig: every check of a config
+    that needs neither the world size nor a model (`check_world` and the trainer do the rest).
+
+    Args:
+      d: the mapping, by section (YAML with overrides applied).
+      source: the config file, named in errors.
+      origins: dotted key -> the override that set it (e.g. "command-line override optim.lr=abc").
+      lines: dotted key -> its line in the file (the keys no override set).
+    """
+    sources = Sources(source, lines, origins)
+    if not isinstance(d, dict):
+        raise InputError("a train config must be a mapping of sections to keys", path=source)
+    for key, value in d.items():
+        if moved_to(key, value) is not None:
+            raise moved_error(key, sources.where(key))
+    # every section present (an empty one, `optim:` alone, is None in YAML), so a missing required key is
+    # named by its dotted path
+    d = {**{s: {} for s in SECTIONS}, **{k: {} if k in SECTIONS and v is None else v for k, v in d.items()}}
+    try:
+        cfg = TrainConfig.model_validate(d)
+    except ValidationError as e:
+        raise _one_line(e, d, sources) from None
+    cfg._source = source
+    cfg._sources = sources
+    _check_nested(cfg, sources)
+    # across keys: the batch arithmetic that needs no world size (under torchrun the launcher's
+    # world replaces `parallel.nproc`: check_world)
+    if cfg.model.tiled_mlp and cfg.parallel.zero_stage == 3:
+        # a tile's recomputation in the backward runs the MLP outside its module's call, where ZeRO-3 gathers
+        # the partitioned weights
+        raise InputError("model.tiled_mlp needs parallel.zero_stage 0 to 2 (ZeRO-3 partitions the MLP's weights "
+                         "outside its forward)", path=cfg.where("model.tiled_mlp", "parallel.zero_stage"))
+    if cfg.model.offload_checkpoints and not cfg.model.activation_checkpointing:
+        raise InputError("model.offload_checkpoints needs model.activation_checkpointing: true (it moves the "
+                         "checkpoints, the layer inputs, to host memory)",
+                         path=cfg.where("model.offload_checkpoints", "model.activation_checkpointing"))
+    if cfg.data.global_batch % cfg.data.micro_batch:
+        raise InputError(f"data.global_batch {cfg.data.global_batch} is not a multiple of data.micro_batch "
+                         f"{cfg.data.micro_batch}", path=cfg.where("data.global_batch", "data.micro_batch"))
+    return cfg
+
+
+def _check_nested(cfg: TrainConfig, sources: Sources) -> None:
+    """`model.rope` makes a RoPE; `data.pack` holds `anchor pack` options in their ranges."""
+    rope = cfg.rope_overrides()
+    if rope:
+        try:  # the combination must make a RoPE (e.g. yarn needs original_max_position)
+            RopeSpec(**{"base": 10000.0, **rope})
+        except InputError as e:
+            raise InputError(f"model.rope: {e}", path=sources.where("model.rope")) from None
+    pack = cfg.data.pack
+    if not pack:
+        return
+    bad = [k for k in pack if k not in PACK_KEYS]
+    if bad:
+        hint = f"; give it as {PACK_OPTIONS[bad[0]]}" if bad[0] in PACK_OPTIONS else ""
+        raise InputError(f"unknown key 'data.pack.{bad[0]}' (known: {', '.join(PACK_KEYS)}{hint})",
+                         path=sources.where(f"data.pack.{bad[0]}"))
+    for k, v in pack.items():  # types as `anchor pack` reads them
+        try:
+            validate_pack_config({k: v})
+        except InputError:
+            raise InputError(f"data.pack.{k}: expected {_pack_expected(k)}, got {excerpt(v)}",
+                             path=sources.where(f"data.pack.{k}")) from None
+    try:  # ranges as `anchor pack` checks them, named as this config names them
+        check_pack_options(pack, names={k: f"data.pack.{k}" for k in PACK_SCHEMA})
+    except InputError as e:
+        if e.path is not None:
+            raise
+        named = [f"data.pack.{k}" for k in pack if re.search(rf"\b{k}\b", str(e))]
+        raise InputError(str(e), path=sources.where(*(named or ["data.pack"]))) from None
+
+
+def _pack_expected(key: str) -> str:
+    """What a `data.pack:` key accepts, in words: its types (anchor_core.data.config.PACK_SCHEMA) and meaning."""
+    types, doc = PACK_SCHEMA[key]
+    words = {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "null"}
+    kinds = [words[t] for t in types if not (t is int and float in types)]
+    return f"{' or '.join(kinds)} ({doc})"
+
+
+def check_world(cfg: TrainConfig, world: int) -> None:
+    """The config fits a world of `world` processes: SP divides it, the global batch splits over it."""
+    sp, mb, gb = cfg.parallel.sequence_parallel, cfg.data.micro_batch, cfg.data.global_batch
+    if world < sp:
+        raise InputError(f"parallel.sequence_parallel {sp} needs at least {sp} processes, this run has {world} "
+                         f"(set parallel.nproc, or launch more ranks)",
+                         path=cfg.where("parallel.sequence_parallel", "parallel.nproc"))
+    if world % sp:
+        raise InputError(f"{world} processes do not split into sequence-parallel groups of {sp}",
+                         path=cfg.where("parallel.nproc", "parallel.sequence_parallel"))
+    dp = world // sp
+    if gb % (mb * dp):
+        raise InputError(f"data.global_batch {gb} does not split into data.micro_batch {mb} x {dp} data-parallel "
+                         f"ranks", path=cfg.where("data.global_batch", "data.micro_batch", "parallel.nproc",
+                                                   "parallel.sequence_parallel"))
+
+
+def _field_path(loc: Sequence[Any]) -> tuple[list[str], FieldInfo | None]:
+    """The longest prefix of a pydantic error location that names a key (or a section), and its field."""
+    cls: Any = TrainConfig
+    path: list[str] = []
+    field = None
+    for part in loc:
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or part not in cls.model_fields:
+            break
+        path.append(str(part))
+        field = cls.model_fields[part]
+        cls = base_type(optional_inner(field.annotation))
+    return path, field
+
+
+def _lookup(d: Any, path: Sequence[str]) -> Any:
+    for p in path:
+        d = d.get(p) if isinstance(d, dict) else None
+    return d
+
+
+def _one_line(err: ValidationError, d: dict[str, Any], sources: Sources) -> InputError:
+    """pydantic's first error as one line naming the dotted key and where it came from."""
+    e = err.errors()[0]
+    loc = [str(p) for p in e["loc"]]
+    path, field = _field_path(loc)
+    if e["type"] == "extra_forbidden":
+        dotted, parent = ".".join(loc), ".".join(loc[:-1])
+        known = SECTIONS if not parent else base_type(optional_inner(_field_path(loc[:-1])[1].annotation)).model_fields
+        return InputError(f"unknown key {excerpt(dotted)} (known{' in ' + parent if parent else ' sections'}: "
+                          f"{', '.join(known)})", path=sources.where(dotted))
+    dotted = ".".join(path)
+    if e["type"] == "missing":  # named at its section, where the file gives one
+        return InputError(f"missing required key {dotted!r} ({field.description})", path=sources.where(path[0]))
+    what = f" ({field.description})" if field is not None and field.description else ""
+    got = _lookup(d, path)
+    yaml11 = isinstance(got, str) and got.lower() in ("yes", "no", "on", "off")  # read as strings: anchor_core.yamlfile
+    hint = " (YAML 1.1's yes/no/on/off are strings here)" if yaml11 and field is not None and \
+        expected(field) == "true or false" else ""
+    return InputError(f"{dotted}: expected {expected(field) if field else 'a mapping'}{what}, got "
+                      f"{excerpt(got)}{hint}", path=sources.where(dotted))
+
+
+def with_changes(cfg: TrainConfig, changes: Mapping[str, Any]) -> TrainConfig:
+    """`cfg` with `changes` (dotted key -> value, e.g. {"model.engine": "varlen"}), validated; the changed keys are
+    named in errors as given by no one (the program changed them)."""
+    d = cfg.to_dict()
+    for dotted, value in changes.items():
+        set_dotted(d, dotted, plain(value))
+    sources = (cfg._sources or Sources(cfg.source)).without(changes)
+    return validate(d, source=cfg.source, origins=sources.overrides, lines=sources.lines)
