@@ -55,7 +55,8 @@ class Gpu:
     """A GPU as a plan and an estimate see it."""
 
     name: str
-    memory_bytes: int        # nominal: what a step's peak is held against
+    memory_bytes: int        # as sold: what one process's step is held against (the CUDA context and the
+                             # allocator keep some of it, which a plan does not subtract)
     peak_tflops: float       # dense bf16, as the vendor states it
     mfu_dense: float         # assumed fraction of the peak that dense layers reach
     mfu_attention: float     # ... and FlashAttention-2's forward + backward

@@ -97,11 +97,11 @@ def rope_theta(T: int) -> float | None:
 
 
 def gpu_word(name: str) -> str:
-    """A GPU's name as the plan's --device (torchtrain.memory.GPUS) where one matches ("NVIDIA H100 80GB HBM3" ->
+    """A GPU's name as the plan's --device (anchor_core.hardware.GPUS) where one matches ("NVIDIA H100 80GB HBM3" ->
     h100), else as a file-name word."""
     import re
 
-    from torchtrain.memory import GPUS
+    from anchor_core.hardware import GPUS
 
     low = name.lower()
     return next((k for k in GPUS if all(part in low for part in k.split("-"))),
@@ -216,7 +216,7 @@ def gpu_series(args) -> None:
     from anchor_core.machine import machine
     from torchtrain.engines import available_memory
     from torchtrain.config import load_train_config
-    from torchtrain.memory import GPUS
+    from anchor_core.hardware import GPUS
 
     cuda = torch.cuda.is_available()
     if not cuda and not args.dry_run:

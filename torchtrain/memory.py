@@ -248,22 +248,10 @@ def forward_memory(spec: ModelSpec, *, seq_len: int, batch: int, dtype: torch.dt
                       dense=int(dense), procs=1, states_are="weights")
 
 
-# Devices a plan can be made for without being on them: the memory one process may use, in bytes (the
-# capacity as sold; the CUDA context and allocator keep some of it, which the plan does not subtract).
-GPUS: dict[str, int] = {"a100-40gb": 40 * 10**9, "a100-80gb": 80 * 10**9, "h100": 80 * 10**9, "h200": 141 * 10**9,
-                        "b200": 180 * 10**9}
-
 # Published figures to set a plan beside: ALST (Bekman et al., "Arctic Long Sequence Training", arXiv:2506.13996),
 # Llama-3.1-8B in bf16 on H100s: the longest sequence trained, and the Hugging Face baseline's.
 ALST_LLAMA_8B: dict[int, int] = {1: 500_000, 8: 3_700_000, 32: 15_000_000}
 ALST_BASELINE = 32_000
-
-# Shapes a plan can be made for without their weights (Hugging Face config values).
-SHAPES: dict[str, ModelSpec] = {
-    "llama3.1-8b": ModelSpec(family="llama", vocab_size=128256, hidden_size=4096, num_layers=32, num_heads=32,
-                             num_kv_heads=8, head_dim=128, intermediate_size=14336, max_position=131072),
-}
-
 
 @dataclass(frozen=True)
 class PlanRow:

@@ -27,7 +27,8 @@ def plan(
         "--device", help="here (this machine's available memory: the CUDA device where torch sees one, else "
                          "the host's), or a GPU by name: a100-40gb, a100-80gb, h100, h200, b200.")] = "here",
     shape: Annotated[Optional[str], typer.Option(
-        "--shape", help="Plan a model of this shape instead of model.name, without its weights: llama3.1-8b.")] = None,
+        "--shape", help="Plan a model of this shape instead of model.name, without its weights: llama2-7b, "
+                        "llama3-8b, llama3.1-8b, llama3.1-70b, mistral-7b, qwen2-7b (anchor_core.hardware).")] = None,
     memory: Annotated[Optional[float], typer.Option(
         "--memory", help="Plan for this many GiB per device instead of what --device has (another machine, or "
                          "this one as it is when nothing else runs); at most 1000000.", show_default=False)] = None,
@@ -50,7 +51,8 @@ def plan(
     from anchor_core.limits import check_float, check_int, excerpt
     from anchor_core.weights import load_spec
     from torchtrain.config import check_world, load_train_config
-    from torchtrain.memory import GPUS, PLAN_STOP, SHAPES, check_device, plan_windows, step_of
+    from anchor_core.hardware import GPUS, SHAPES
+    from torchtrain.memory import PLAN_STOP, check_device, plan_windows, step_of
     from torchtrain.sequence_parallel import check_sequence_parallel
 
     check_int(start, "--start", lo=1, hi=PLAN_STOP)
@@ -64,7 +66,7 @@ def plan(
         raise InputError(f"--device: unknown device {excerpt(device)} (here, or one of {', '.join(GPUS)})")
     cfg = load_train_config(config, overrides or [])
     check_world(cfg, cfg.parallel.nproc)
-    spec = SHAPES[shape] if shape else load_spec(cfg.model.name)
+    spec = SHAPES[shape].spec if shape else load_spec(cfg.model.name)
     check_sequence_parallel(spec, start, cfg.parallel.sequence_parallel)  # every doubling of start then divides too
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     on_gpu = device != "here" or torch.cuda.is_available()
@@ -124,12 +126,12 @@ def _budget(memory: float | None, device: str) -> tuple[int, str]:
 
     from anchor_core.errors import InputError
     from torchtrain import engines
-    from torchtrain.memory import GPUS
+    from anchor_core.hardware import GPUS
 
     if memory is not None:
         return int(memory * 2**30), f"{memory:g} GiB given (--memory)"
     if device != "here":
-        return GPUS[device], device
+        return GPUS[device].memory_bytes, device
     where = "cuda" if torch.cuda.is_available() else "cpu"
     budget = engines.available_memory(where)
     if budget is None:

@@ -14,7 +14,8 @@ from anchor_core.weights import load_spec
 from tests.cli.helpers import assert_usage_error, run_cli
 from torchtrain import engines, run_folder
 from torchtrain.config import load_train_config
-from torchtrain.memory import GPUS, SHAPES, largest_term, step_memory
+from anchor_core.hardware import GPUS, SHAPES
+from torchtrain.memory import largest_term, step_memory
 
 GiB = 2**30
 
@@ -32,7 +33,7 @@ def test_the_plan_doubles_until_a_window_does_not_fit_and_names_the_longest(caps
     assert [r["seq_len"] for r in rows] == [4097 * 2**k for k in range(len(rows))]
     assert all(r["fits"] for r in rows[:-1]) and not rows[-1]["fits"]
     assert plan["longest"] == rows[-2]["seq_len"]
-    assert rows[-2]["total_bytes"] <= GPUS["h100"] < rows[-1]["total_bytes"]
+    assert rows[-2]["total_bytes"] <= GPUS["h100"].memory_bytes < rows[-1]["total_bytes"]
     for r in rows:  # the terms are the estimate, nothing else
         assert sum(r["terms_bytes"].values()) * r["procs"] == r["total_bytes"]
 
@@ -87,7 +88,7 @@ def test_a_shape_plans_without_weights(capsys):
     states = plan["rows"][0]["terms_bytes"]["states"]
     # bf16: weights with the fp32 master, grads, moments (ZeRO-1 over one process shards nothing)
     assert states == int(8_030_261_248 * (6 + 2 + 8))
-    assert SHAPES["llama3.1-8b"].num_layers == 32
+    assert SHAPES["llama3.1-8b"].spec.num_layers == 32
 
 
 @pytest.mark.parametrize("args, message", [
@@ -209,7 +210,7 @@ def test_offloaded_checkpoints_are_planned_against_the_hosts_memory(capsys):
     bounded = _plan(capsys, "--config", "smollm2_2k", "--device", "h100", "--start", "524288", "--host-memory", "100",
                     *OFFLOAD)
     rows = bounded["rows"]
-    assert bounded["longest"] < device_longest and rows[-1]["total_bytes"] <= GPUS["h100"]  # the host stops it
+    assert bounded["longest"] < device_longest and rows[-1]["total_bytes"] <= GPUS["h100"].memory_bytes  # the host stops it
     assert rows[-1]["host_fits"] is False and rows[-2]["host_total_bytes"] <= 100 * GiB < rows[-1]["host_total_bytes"]
     two = _plan(capsys, "--config", "smollm2_2k", "--device", "h100", "--start", "524288", "--host-memory", "100",
                 *[o for o in OFFLOAD if not o.startswith("data.global_batch")], "parallel.nproc=2",
