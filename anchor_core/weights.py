@@ -17,6 +17,7 @@ import json
 import os
 import struct
 import sys
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,9 @@ from anchor_core.spec import ModelSpec, RopeSpec, from_hf_config, random_preset,
 
 StateDict = dict[str, np.ndarray]
 
+# A Hugging Face folder's weights (transformers' names): one file, or shards named by an index.
+SAFE_WEIGHTS_NAME = "model.safetensors"
+SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 _SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": "bfloat16"}
 
 
@@ -170,12 +174,22 @@ def safetensors_header(path: Path) -> tuple[dict[str, dict[str, Any]], int]:
     return header, start
 
 
-def read_safetensors(path: Path) -> StateDict:
-    """Read a `.safetensors` file into float32 numpy arrays; a truncated or corrupt file is an InputError."""
+def read_safetensors(path: Path, names: Collection[str] | None = None) -> StateDict:
+    """Read a `.safetensors` file (`names`: only those tensors, each of which it must hold) into float32 numpy
+    arrays; a truncated or corrupt file is an InputError. Only the tensors read are copied out of the
+    file's memory map."""
     header, start = safetensors_header(path)
+    if names is not None:
+        absent = sorted(set(names) - set(header))
+        if absent:
+            more = f" (nor {len(absent) - 1} more the index puts there)" if len(absent) > 1 else ""
+            raise InputError(f"{SAFE_WEIGHTS_INDEX_NAME} puts {absent[0]} in {path.name}, which does not hold "
+                             f"it{more}", path=path.parent)
     data = np.memmap(path, dtype=np.uint8, mode="r") if header else np.zeros(0, np.uint8)
     out: StateDict = {}
     for name, info in header.items():
+        if names is not None and name not in names:
+            continue
         b, e = info["data_offsets"]
         kind = _SAFETENSORS_DTYPES[info["dtype"]]
         if kind == "bfloat16":
@@ -187,6 +201,44 @@ def read_safetensors(path: Path) -> StateDict:
     return out
 
 
+def safetensors_index(path: Path) -> dict[str, str]:
+    """The weight map of a sharded Hugging Face folder's `model.safetensors.index.json`: tensor name -> the
+    shard holding it, checked: a JSON object with a non-empty `weight_map` object whose values name
+    `.safetensors` files in the folder (a bare file name, no other folder); else an InputError naming the
+    index and the problem."""
+    where = path / SAFE_WEIGHTS_INDEX_NAME
+    index = read_json_object(where)
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        got = {None: "none", dict: "an empty object"}.get(weight_map if weight_map is None else type(weight_map),
+                                                          f"a {type(weight_map).__name__}")
+        raise InputError(f"a sharded model's index needs a non-empty weight_map object (tensor name -> file), got "
+                         f"{got}", path=where)
+    for name, file in weight_map.items():
+        if (not isinstance(file, str) or not file.endswith(".safetensors") or Path(file).name != file
+                or file in (".", "..")):
+            raise InputError(f"weight_map: {name} is in {repr(file)[:80]}, not a .safetensors file of this folder",
+                             path=where)
+        if not (path / file).is_file():
+            raise InputError(f"weight_map: {name} is in {file}, which is missing", path=where)
+    return weight_map
+
+
+def weight_files(path: Path) -> dict[Path, set[str] | None]:
+    """The safetensors files of a Hugging Face folder, chosen as transformers' `from_pretrained` chooses:
+    `model.safetensors` where there is one; else the shards of `model.safetensors.index.json`, each with the
+    tensors the index puts in it; else (a folder of neither, read as this toolkit always has) every
+    `*.safetensors`. None: every tensor of the file."""
+    if (path / SAFE_WEIGHTS_NAME).is_file():
+        return {path / SAFE_WEIGHTS_NAME: None}
+    if (path / SAFE_WEIGHTS_INDEX_NAME).is_file():
+        files: dict[Path, set[str] | None] = {}
+        for name, file in safetensors_index(path).items():
+            files.setdefault(path / file, set()).add(name)  # type: ignore[union-attr]
+        return files
+    return {f: None for f in sorted(path.glob("*.safetensors"))}
+
+
 def read_hf_config(path: Path) -> ModelSpec:
     """The spec in a Hugging Face model folder's `config.json`."""
     cfg = path / "config.json"
@@ -196,14 +248,15 @@ def read_hf_config(path: Path) -> ModelSpec:
 
 
 def read_hf_dir(path: Path) -> tuple[ModelSpec, StateDict]:
-    """A local Hugging Face model folder: `config.json` and one or more `*.safetensors`."""
+    """A local Hugging Face model folder: `config.json` and its safetensors (`weight_files`: one file, or
+    the shards of an index)."""
     spec = read_hf_config(path)
-    files = sorted(path.glob("*.safetensors"))
+    files = weight_files(path)
     if not files:
         raise InputError("no *.safetensors weight files in the model folder", path=path)
     state: StateDict = {}
-    for f in files:
-        state.update(read_safetensors(f))
+    for f, names in files.items():
+        state.update(read_safetensors(f, names))
     check_state(spec, state, path)
     return spec, state
 

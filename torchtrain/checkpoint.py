@@ -5,7 +5,9 @@ resuming and the RNG states they carry.
       manifest.json        {"step": N, "files": {relative path: sha256}, "config": "config.yaml"}; written last
       trainer.json         step, loader position, RNG states of every rank (JSON), elapsed seconds, world size
       ds/state/...         DeepSpeed's own files (model, optimizer, LR scheduler, ZeRO partitions): pickles
-      hf/                  config.json, model.safetensors, tokenizer: a Hugging Face folder
+      hf/                  a Hugging Face folder as transformers' save_pretrained writes it: config.json,
+                           generation_config.json, model.safetensors (or model-0000i-of-0000N.safetensors
+                           and model.safetensors.index.json past max_shard_size), the tokenizer (`export_model`)
 
 A checkpoint is built in `RUN/checkpoints/.step-<N>.tmp` by all ranks and renamed into place by
 rank 0 after the manifest is written, so `step-<N>` exists only complete. A checkpoint is loaded only
@@ -49,7 +51,15 @@ import numpy as np
 
 from anchor_core.atomic import sha256_file, write_text_atomic
 from anchor_core.errors import InputError
-from anchor_core.export import export_hf
+from anchor_core.export import (
+    DEFAULT_MAX_SHARD_SIZE,
+    ShardWriter,
+    TensorInfo,
+    resolve_export_dtype,
+    shard_size_bytes,
+    write_tokenizer,
+)
+from anchor_core.spec import from_hf_config, to_hf_config
 from anchor_core.weights import MANIFEST, MANIFEST_ERRORS, read_manifest, verify
 
 if TYPE_CHECKING:
@@ -348,7 +358,8 @@ class Checkpointer:
     run: the run folder; cfg: its config (model, keep_last, the evaluation steps kept from pruning);
     spec: the model as trained (RoPE overrides applied), hf/'s config; engine: the DeepSpeed engine
     (model, optimizer, LR scheduler); world: this rank's place; loader: the batches' position;
-    config_file: the run's config file, named in every manifest.
+    config_file: the run's config file, named in every manifest; max_shard_size, export_dtype: hf/'s
+    shards and dtype (`export_model`).
     """
 
     run: Path
@@ -358,6 +369,8 @@ class Checkpointer:
     world: World
     loader: Loader
     config_file: str
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE
+    export_dtype: str = "auto"
 
     def resume(self, upto: int | None = None) -> tuple[int, float]:
         """Load the newest checkpoint whose manifest verifies (each rank checks it before DeepSpeed
@@ -415,12 +428,14 @@ class Checkpointer:
         self.engine.save_checkpoint(str(staging / "ds"), tag="state", save_latest=False)
         rngs: list[Any] = [None] * world.size
         dist.all_gather_object(rngs, _rng_state())
-        state = _full_state(self.engine, world)
+        export_model(self.engine.module, self.spec, staging / "hf" if world.is_main else None,
+                     zero3=self.engine.zero_optimization_stage() == 3, tokenizer_of=self.cfg.model.name,
+                     train_dtype=self.cfg.model.dtype, export_dtype=self.export_dtype,
+                     max_shard_size=self.max_shard_size)
         if world.is_main:
             trainer = {"step": step, "loader": self.loader.state_dict(), "rng": rngs, "elapsed_s": elapsed_s,
                        "world": world.size}
             (staging / TRAINER_STATE).write_text(json.dumps(trainer), encoding="utf-8")
-            export_hf(self.spec, state, staging / "hf", tokenizer_of=self.cfg.model.name)
         dist.barrier()
         if world.is_main:
             write_manifest(staging, step, {"config": self.config_file})
@@ -429,21 +444,105 @@ class Checkpointer:
         dist.barrier()
 
 
-def _full_state(engine: Any, world: World) -> dict[str, np.ndarray] | None:
-    """Every parameter as float32 numpy (Hugging Face names) on rank 0, gathered under ZeRO-3."""
+# ---------------------------------------------------------------------------------------------
+# hf/: the model as transformers writes it, gathered one layer at a time
+
+_LAYER = re.compile(r"^(.*\.layers\.\d+)\.")
+
+
+def gather_groups(named: list[tuple[str, Any]]) -> list[list[tuple[str, Any]]]:
+    """The model's parameters (`named_parameters()`, in order) in the groups the export gathers together:
+    each decoder layer's (`...layers.<i>.`) as one group, every other parameter (embeddings, final norm,
+    lm_head) alone."""
+    groups: list[list[tuple[str, Any]]] = []
+    last = None
+    for name, p in named:
+        m = _LAYER.match(name)
+        key = m.group(1) if m else name
+        if groups and key == last:
+            groups[-1].append((name, p))
+        else:
+            groups.append([(name, p)])
+        last = key
+    return groups
+
+
+def _full_shape(p: Any) -> tuple[int, ...]:
+    """A parameter's whole shape, also while ZeRO-3 holds only this rank's partition of it."""
+    return tuple(int(s) for s in getattr(p, "ds_shape", p.shape))
+
+
+def export_model(module: Any, spec: ModelSpec, folder: Path | None, *, zero3: bool, tokenizer_of: str,
+                 train_dtype: str, export_dtype: str = "auto",
+                 max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> None:
+    """Write the transformers model `module` (DeepSpeed's engine.module) as a Hugging Face folder, as
+    transformers' `save_pretrained` writes it; every rank calls it, rank 0 with the `folder` to write
+    (the others with None).
+
+    Weights: the model's parameters (what transformers saves: tied weights once, no RoPE `inv_freq`, a
+    non-persistent buffer) in `export_dtype` ("auto": `train_dtype`; a float32 export of a bf16 run holds the
+    bf16 weights widened), split at `max_shard_size` (transformers' notation; default transformers' own).
+    Under ZeRO-3 (`zero3`) each group of `gather_groups` (a decoder layer, the embeddings, the final norm,
+    lm_head) is gathered on its own (`deepspeed.zero.GatheredParameters`, modifier_rank None: nothing is
+    written back) and rank 0 writes its tensors into their shard before the next is gathered (`ShardWriter`),
+    so no rank holds more than one layer beyond its own partition, and rank 0 no shard.
+    Config: the model's own (`config.to_dict()`), with the spec as trained (RoPE, max_position), the export
+    dtype, and `use_cache` as transformers' default (training turns the cache off); its generation config;
+    the tokenizer of the model `tokenizer_of`."""
     import deepspeed
     import torch
 
-    params = list(engine.module.named_parameters())
-    gather = engine.zero_optimization_stage() == 3
-    ctx = deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=None) if gather else None
-    if ctx is not None:
-        ctx.__enter__()
+    dtype = resolve_export_dtype(export_dtype, train_dtype)
+    limit = shard_size_bytes(max_shard_size)
+    tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    kind = "F32" if dtype == "float32" else "BF16"
+    named = list(module.named_parameters())
+    writer = None
+    if folder is not None:
+        writer = ShardWriter(folder, [TensorInfo(n, _full_shape(p), kind) for n, p in named], limit)
     try:
-        if not world.is_main:
-            return None
-        with torch.no_grad():
-            return {name: p.detach().float().cpu().numpy().copy() for name, p in params}
-    finally:
-        if ctx is not None:
-            ctx.__exit__(None, None, None)
+        for group in gather_groups(named):
+            gathered = (deepspeed.zero.GatheredParameters([p for _, p in group], modifier_rank=None) if zero3
+                        else contextlib.nullcontext())
+            with gathered, torch.no_grad():
+                if writer is not None:
+                    for name, p in group:
+                        writer.add(name, _as_numpy(p.detach().to(device="cpu", dtype=tdtype)))
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    if folder is None or writer is None:
+        return
+    writer.close()
+    _write_configs(module, spec, folder, dtype)
+    write_tokenizer(tokenizer_of, spec, folder)
+
+
+def _as_numpy(t: Any) -> np.ndarray:
+    """A CPU float32 or bfloat16 tensor as numpy (bfloat16: ml_dtypes', the same bytes)."""
+    import torch
+
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.contiguous().numpy()
+
+
+def _write_configs(module: Any, spec: ModelSpec, folder: Path, dtype: str) -> None:
+    """config.json from the model's own config (`config.to_dict()`, the spec's values over it), written by
+    transformers (`save_pretrained`), and generation_config.json where the model generates. It must read back
+    as the spec (every reader of hf/ reads it through anchor_core.spec.from_hf_config)."""
+    config = type(module.config).from_dict({**module.config.to_dict(), **to_hf_config(spec), "dtype": dtype,
+                                            "use_cache": True})
+    config.save_pretrained(folder)
+    back = from_hf_config(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+    if back != spec:
+        raise AssertionError(f"hf/config.json reads back as {back}, not the model trained {spec}")
+    if module.can_generate() and getattr(module, "generation_config", None) is not None:
+        from transformers import GenerationConfig
+
+        generation = GenerationConfig.from_dict(module.generation_config.to_dict())
+        generation.use_cache = True
+        generation.save_pretrained(folder)
