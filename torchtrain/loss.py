@@ -224,17 +224,44 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     return _LinearCrossEntropy.apply(hidden, weight, bias, targets)
 
 
+def lm_head_cross_entropy(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """`linear_cross_entropy` of hidden [N, H] with the weight (and bias) of the lm-head module `head`, tied to
+    the input embedding or not: fp32 [N].
+
+    Under DeepSpeed ZeRO-3 (the weight partitioned, marked with `ds_id`) the weight is whole only inside the
+    module's call, where ZeRO-3's hooks gather it, and in the module's backward, where they gather it again.
+    There the fused loss runs as the call of `head` itself (its `forward` replaced for that call): the
+    pre-forward hook gathers the weight, the output's backward hook gathers it again before
+    `_LinearCrossEntropy.backward` reads it, and the weight's gradient, returned through autograd with the
+    weight's whole shape, is accumulated in `weight.grad` where ZeRO-3's reduction hook partitions it. (The
+    weight gathered with `deepspeed.zero.GatheredParameters` around the loss instead would be released
+    before the backward, which needs it whole. DeepSpeed's `TiledFusedLogitsLoss` runs its backward inside
+    its forward with an incoming gradient of 1, so the weight's gradient would miss the factor the trainer
+    multiplies the loss by, `world / global count`.) The arithmetic is the same at every stage.
+    """
+    bias = getattr(head, "bias", None)
+    if not hasattr(head.weight, "ds_id"):
+        return linear_cross_entropy(hidden, head.weight, targets, bias)
+    saved = head.__dict__.get("forward")
+    head.forward = lambda h: linear_cross_entropy(h, head.weight, targets, bias)
+    try:
+        return head(hidden)
+    finally:
+        if saved is None:
+            del head.forward
+        else:
+            head.forward = saved
+
+
 def head_cross_entropy(model: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Per-slot cross-entropy through the model's lm-head: hidden [B, T, H], targets int [B, T] -> fp32 [B, T].
 
-    `linear_cross_entropy` with the weight (and bias) of `model.get_output_embeddings()`, tied to
-    the input embedding or not. The weight must be whole here: not under ZeRO-3, which partitions
-    it outside its module's forward.
+    `lm_head_cross_entropy` with `model.get_output_embeddings()`, tied to the input embedding or not, at
+    any ZeRO stage.
     """
     head = model.get_output_embeddings()
     B, T, H = hidden.shape
-    return linear_cross_entropy(hidden.reshape(B * T, H), head.weight, targets.reshape(B * T),
-                                getattr(head, "bias", None)).view(B, T)
+    return lm_head_cross_entropy(head, hidden.reshape(B * T, H), targets.reshape(B * T)).view(B, T)
 
 
 def final_hidden_states(forward: Callable[..., Any], model: nn.Module, **inputs: Any) -> torch.Tensor:

@@ -20,8 +20,8 @@ The parts, per process:
                e (7 h + 4 i + (3 N + 4 K) D) (the norms' inputs and outputs, q/k/v before and after RoPE, the
                attention output, o_proj and the residual; gate, up, act(gate), their product), for every
                layer (for one, plus the layer inputs, under activation checkpointing), one more layer for
-               the backward's transients without checkpointing; at ZeRO-3 (the loss is not fused there) the
-               logits' V e, else the fused loss's one chunk where it outweighs the layer
+               the backward's transients without checkpointing; the fused loss's one chunk where it outweighs
+               the layer (at every ZeRO stage)
   dense        the engine's T x T tensors (`torchtrain.engines.dense_attention_bytes`; 0 for the linear ones)
 
 What a config asks of the device besides memory (`check_device`: bf16 under ZeRO-0, an engine the device or
@@ -161,9 +161,9 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
       recompute    one layer's activations while its backward runs (recomputed under checkpointing: its
                    backward frees them as it goes); a tiled MLP keeps one tile of its intermediate
                    instead of the window's (torchtrain.tiling)
-      loss         the logits at ZeRO-3 (the loss is not fused there); else the fused loss's one chunk
-                   (`torchtrain.loss.chunk_working_bytes`), which its backward holds at the backward's
-                   start before the last layer is recomputed: the larger of the two is the peak's
+      loss         the fused loss's one chunk (`torchtrain.loss.chunk_working_bytes`; fused at every ZeRO
+                   stage), which its backward holds at the backward's start before the last layer is
+                   recomputed: the larger of the two is the peak's
     `offload_checkpoints` (CUDA) moves the checkpoints to host memory: `host`, not on the device."""
     P = parameters(spec)
     n = max(1, procs)
@@ -195,14 +195,11 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
     # while the checkpoints shrink from every layer's to the first's. Their sum is linear in between, so the
     # peak is at one end: the backward's start or its end.
     # At the start the loss's backward runs first, then the last layer's: the fused loss's chunk and the
-    # recomputed layer do not coexist; the unfused logits (ZeRO-3) are held beside the layer.
+    # recomputed layer do not coexist.
     early = spec.vocab_size * spec.hidden_size + layer_parameters(spec)  # the head's (tied: the embedding's)
     recompute = layer * slots
-    if zero_stage >= 3:
-        loss = elem * spec.vocab_size * slots
-    else:  # the larger of the two, the other not held at the same time
-        loss = chunk_working_bytes(slots, spec.vocab_size, elem)
-        recompute, loss = (recompute, 0) if recompute >= loss else (0, loss)
+    loss = chunk_working_bytes(slots, spec.vocab_size, elem)  # the larger of the two, the other not held then
+    recompute, loss = (recompute, 0) if recompute >= loss else (0, loss)
     start = early * grads + kept * slots * spec.num_layers + recompute + loss
     end = P * grads + kept * slots + layer * slots
     if start >= end:

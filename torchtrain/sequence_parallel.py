@@ -60,7 +60,7 @@ from torch import nn
 from anchor_core.errors import InputError
 from torchtrain import engines
 from torchtrain.attention import expand_kv
-from torchtrain.loss import linear_cross_entropy, token_cross_entropy
+from torchtrain.loss import lm_head_cross_entropy, token_cross_entropy
 
 Impl = Literal["auto", "deepspeed", "torch"]
 
@@ -156,8 +156,7 @@ def next_token_loss_shard(
         ce = token_cross_entropy(states, mine_targets)  # [B, s], the same rows as the whole window's
     else:
         B, s, H = states.shape
-        ce = linear_cross_entropy(states.reshape(B * s, H), lm_head.weight, mine_targets.reshape(B * s),
-                                  getattr(lm_head, "bias", None)).view(B, s)
+        ce = lm_head_cross_entropy(lm_head, states.reshape(B * s, H), mine_targets.reshape(B * s)).view(B, s)
     return (ce * mine).sum(), count
 
 

@@ -12,10 +12,18 @@ gradient is the sum of the tiles' contributions, a different order of the same s
 tests/torchtrain/test_tiling.py). The gradients of the MLP's weights are returned through autograd like any
 other, so DeepSpeed's reduction hooks fire once per step.
 
-DeepSpeed ships the same algorithm (`deepspeed.runtime.sequence_parallel.ulysses_sp.TiledMLP`, from ALST);
-it accumulates into `param.grad` from inside the backward and needs DeepSpeed's own flags to keep ZeRO's
-hooks from firing per tile, and it is not part of the base install. This one returns the gradients, names
-its tiles explicitly (`tile_ranges`, checked to cover the rows once) and needs torch only.
+Under ZeRO-3 (parameters partitioned by DeepSpeed, `ds_id` on each) the weights exist whole only inside their
+module's call, where ZeRO-3's hooks gather them, and again in that module's backward: a tile computed
+outside it would see empty tensors, and gradients returned for a partitioned parameter do not have its shape.
+There `_TiledMLPZero3` runs every tile, forward and recomputation alike, through the MLP's own submodule
+calls (so each gathers and releases its weights as in an untiled step) and runs each tile's backward with
+`torch.autograd.backward`, which accumulates the weights' gradients into `param.grad` where ZeRO-3's
+reduction hooks take them; `ds_grad_is_ready` (read by those hooks) holds the reduction back until the last
+tile, so a weight's gradient is reduced once, the sum of its tiles' in the same order as `_TiledMLP`'s. This
+is the algorithm of DeepSpeed's own `deepspeed.runtime.sequence_parallel.ulysses_sp.TiledMLP` (ALST); it is
+written here rather than called so that every ZeRO stage cuts the same tiles (`tile_ranges`, rows per tile,
+checked to cover the rows once: DeepSpeed's cuts a given number of chunks with `torch.chunk`), and ZeRO 0-2
+keep `_TiledMLP`, which needs no DeepSpeed flags.
 """
 
 from __future__ import annotations
@@ -84,10 +92,59 @@ class _TiledMLP(torch.autograd.Function):
         return (None if grad_x is None else grad_x.reshape(x.shape), None, None, *param_grads)
 
 
+class _TiledMLPZero3(torch.autograd.Function):
+    """fn(x) row-tile by row-tile for an MLP whose weights ZeRO-3 partitions (module docstring): `fn` calls the
+    MLP's submodules, whose hooks gather their weights; the backward recomputes each tile with gradients and
+    runs its backward, the weights' gradients accumulating in `param.grad` and reduced after the last tile."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, fn: Any, tile: int, params: tuple[torch.Tensor, ...]) -> torch.Tensor:  # type: ignore[override]
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        ranges = tile_ranges(flat.shape[0], tile)
+        _check_cover(ranges, flat.shape[0])
+        with torch.no_grad():
+            out = torch.cat([fn(flat[s:e]) for s, e in ranges], dim=0)
+        ctx.save_for_backward(x)
+        ctx.fn, ctx.ranges, ctx.params = fn, ranges, [p for p in params if p.requires_grad]
+        return out.reshape(*shape[:-1], out.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
+        (x,) = ctx.saved_tensors
+        flat = x.detach().reshape(-1, x.shape[-1])
+        g = grad_out.reshape(-1, grad_out.shape[-1])
+        want_x = ctx.needs_input_grad[0]
+        grad_x = torch.empty_like(flat) if want_x else None
+        last = len(ctx.ranges) - 1
+        try:
+            for k, (s, e) in enumerate(ctx.ranges):
+                for p in ctx.params:  # ZeRO-3's hook reduces a gradient only once it is ready: after the last tile
+                    p.ds_grad_is_ready = k == last
+                piece = flat[s:e].detach().requires_grad_(want_x)
+                with torch.enable_grad():
+                    out = ctx.fn(piece)
+                if out.requires_grad:
+                    torch.autograd.backward(out, g[s:e])
+                if grad_x is not None:
+                    grad_x[s:e] = piece.grad
+        finally:
+            for p in ctx.params:
+                p.ds_grad_is_ready = True
+        return (None if grad_x is None else grad_x.reshape(x.shape), None, None, None)
+
+
+def _zero3_partitioned(params: tuple[torch.Tensor, ...]) -> bool:
+    """Whether DeepSpeed ZeRO-3 partitions these parameters (it marks each with `ds_id`)."""
+    return any(hasattr(p, "ds_id") for p in params)
+
+
 def _tiled_forward(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
     params = tuple(mlp.parameters())
     if not torch.is_grad_enabled() or not (x.requires_grad or any(p.requires_grad for p in params)):
         return mlp._untiled_forward(x)
+    if _zero3_partitioned(params):
+        return _TiledMLPZero3.apply(x, mlp._untiled_forward, mlp._tile_rows, params)
     return _TiledMLP.apply(x, mlp._untiled_forward, mlp._tile_rows, *params)
 
 

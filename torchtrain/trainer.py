@@ -286,24 +286,23 @@ def _train_step(cfg: TrainConfig, world: World, engine: Any, batch: Batch, step:
 
 
 def _micro_batch_loss(cfg: TrainConfig, world: World, engine: Any, batch: Batch, tokens: torch.Tensor,
-                      mask: torch.Tensor, rows: slice) -> torch.Tensor:
+                      mask: torch.Tensor, rows: slice, *, fused: bool = True) -> torch.Tensor:
     """The cross-entropy summed over the counted targets of this rank's slice of the windows `rows`
-    (`next_token_loss_shard`: the targets are the whole windows' tokens shifted by one, then sharded)."""
+    (`next_token_loss_shard`: the targets are the whole windows' tokens shifted by one, then sharded).
+    `fused=False` (tests only: the reference the fused loss is held to) computes it from the whole logits."""
     inputs = {"input_ids": sp.shard(tokens[rows], world.sp_rank, world.sp).to(world.device),
               "position_ids": torch.as_tensor(sp.shard(batch.positions[rows], world.sp_rank, world.sp),
                                               dtype=torch.long).to(world.device),
               "doc_ids": torch.as_tensor(batch.doc_ids[rows], dtype=torch.long).to(world.device),
               "variant": cfg.model.variant}
-    # The lm-head fused with the loss: no [B, T, V] logits (or their gradient). ZeRO-3 partitions
-    # the lm-head weight outside its module's forward, and GatheredParameters around the fused loss
-    # would not route its gradient back to the partitions: stage 3 keeps the logits path, and with
-    # it the logits' memory at long context.
+    # The lm-head fused with the loss: no [B, T, V] logits (or their gradient), at every ZeRO stage (under
+    # ZeRO-3 the fused loss runs as the lm-head's own call, where the weight is gathered: lm_head_cross_entropy).
     # Offloaded checkpoints: every tensor the forward saves for the backward (under activation checkpointing the
     # layer inputs, and the fused loss's hidden states) waits in pinned host memory; the arithmetic is unchanged.
     saved = (torch.autograd.graph.save_on_cpu(pin_memory=True) if cfg.model.offload_checkpoints
              else contextlib.nullcontext())
     with saved:
-        if cfg.parallel.zero_stage != 3:
+        if fused:
             states, head = final_hidden_states(engine, engine.module, **inputs), engine.module.get_output_embeddings()
         else:
             states, head = engine(**inputs).logits, None

@@ -49,11 +49,6 @@ def validate(d: Any, *, source: str = "config", origins: Mapping[str, str] | Non
     _check_nested(cfg, sources)
     # across keys: the batch arithmetic that needs no world size (under torchrun the launcher's
     # world replaces `parallel.nproc`: check_world)
-    if cfg.model.tiled_mlp and cfg.parallel.zero_stage == 3:
-        # a tile's recomputation in the backward runs the MLP outside its module's call, where ZeRO-3 gathers
-        # the partitioned weights
-        raise InputError("model.tiled_mlp needs parallel.zero_stage 0 to 2 (ZeRO-3 partitions the MLP's weights "
-                         "outside its forward)", path=cfg.where("model.tiled_mlp", "parallel.zero_stage"))
     if cfg.model.offload_checkpoints and not cfg.model.activation_checkpointing:
         raise InputError("model.offload_checkpoints needs model.activation_checkpointing: true (it moves the "
                          "checkpoints, the layer inputs, to host memory)",
