@@ -52,6 +52,11 @@ if TYPE_CHECKING:
 
 BASE_PROCESS_BYTES = int(0.45 * 2**30)  # peak RSS of a training process at T -> 0 (tiny.yaml, CPU, fp32)
 PLAN_STOP = 1 << 24  # the longest window a plan tries (16M slots): `plan_windows` stops there
+# What a process holds beyond its tensors (the allocator's caching and fragmentation, freed buffers not given back
+# to the system), as a share of the tensors' bytes. The longest-window record measured peaks 1.8-4.2% above the
+# tensors counted (results/memory/longest_window_cpu.json, SmolLM2-135M from 8K to 128K): a plan counts 5%, so
+# that it errs on the safe side; a window is accepted only with this margin inside the budget.
+ALLOCATOR_MARGIN = 0.05
 
 
 def check_device(cfg: TrainConfig, device: str | None, *, here: bool = True) -> str:
@@ -151,7 +156,8 @@ class StepMemory:
 def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch.dtype, engine: str,
                 zero_stage: int, procs: int, sequence_parallel: int = 1,
                 activation_checkpointing: bool = False, tiled_mlp: bool = False,
-                world: int | None = None, offload_checkpoints: bool = False) -> StepMemory:
+                world: int | None = None, offload_checkpoints: bool = False, offload_optimizer: bool = False,
+                offload_params: bool = False) -> StepMemory:
     """The estimate of one training step's peak memory (module docstring); `procs` the processes that
     share this memory (the local ones on a CPU, 1 on a CUDA device), `world` the processes ZeRO shards over
     (default `procs`: every process on this machine). Its activations by term:
@@ -164,21 +170,37 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
       loss         the fused loss's one chunk (`torchtrain.loss.chunk_working_bytes`; fused at every ZeRO
                    stage), which its backward holds at the backward's start before the last layer is
                    recomputed: the larger of the two is the peak's
-    `offload_checkpoints` (CUDA) moves the checkpoints to host memory: `host`, not on the device."""
+    `offload_checkpoints` (CUDA) moves the checkpoints to host memory: `host`, not on the device; so do
+    `offload_optimizer` (the fp32 master weights, AdamW's moments and the fp32 gradients the CPU optimizer steps
+    with) and `offload_params` (ZeRO-3's parameter partitions; the device then holds the layers it gathers).
+
+    The states per parameter, each byte divided once by the processes that shard it: the module's weights
+    (e: 4 fp32, 2 bf16; ZeRO-3 shards them), the fp32 master copy (4, where ZeRO >= 1 keeps one: DeepSpeed's
+    partition of the flat groups, a copy in fp32 too; sharded), AdamW's moments (8; ZeRO >= 1 shards them) and
+    the gradients held at the peak (e; ZeRO >= 2 shards them). A bf16 ZeRO-3 run on N processes: (2 + 4 + 8 + 2)
+    / N bytes. At ZeRO-3 the device also holds the layers it has gathered, two at a time (the one computing and
+    the one prefetched): `gathered`. Every term but the process's is raised by `ALLOCATOR_MARGIN`."""
     P = parameters(spec)
     n = max(1, procs)
     shards = max(1, world if world is not None else procs)
     bf16 = dtype == torch.bfloat16
-    weights, grads, moments = (2 + 4, 2, 8) if bf16 else (4, 4, 8)  # bf16: the fp32 master with the weights
+    elem = 2 if bf16 else 4
+    module, master, moments, grads = elem, (4 if zero_stage >= 1 else 0), 8, elem  # bytes per parameter
     if zero_stage >= 1:
-        moments /= shards
-        if bf16:
-            weights -= 4 - 4 / shards
+        master, moments = master / shards, moments / shards
     if zero_stage >= 2:
         grads /= shards
     if zero_stage >= 3:
-        weights /= shards
-    elem = 2 if bf16 else 4
+        module /= shards
+    host_states = 0.0
+    if offload_optimizer:  # the CPU optimizer's: master, moments and its fp32 copy of the gradients
+        host_states += master + moments + 4 / (shards if zero_stage >= 1 else 1)
+        master = moments = 0
+    if offload_params and zero_stage >= 3:
+        host_states += module
+        module = 0
+    gathered = 2 * layer_parameters(spec) * elem if zero_stage >= 3 else 0
+    weights = module + master
     slots = micro_batch * -(-seq_len // max(1, sequence_parallel))
     layer = activation_bytes_per_slot(spec, elem, layers=1)
     if tiled_mlp:
@@ -208,8 +230,13 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
         held_grads, held_kept, recompute, loss = P * grads, 1, layer * slots, 0
     states = int(P * (weights + moments) + held_grads)
     parts = (("checkpoints", int(kept * slots * held_kept)), ("recompute", int(recompute)), ("loss", int(loss)))
-    return StepMemory(base=BASE_PROCESS_BYTES, states=states, activations=sum(b for _, b in parts),
-                      dense=int(dense), procs=n, parts=parts, host=host)
+    if gathered:
+        parts += (("gathered", int(gathered)),)
+    activations = sum(b for _, b in parts)
+    margin = int(ALLOCATOR_MARGIN * (states + activations + dense))
+    parts += (("allocator", margin),)
+    return StepMemory(base=BASE_PROCESS_BYTES, states=states, activations=activations + margin,
+                      dense=int(dense), procs=n, parts=parts, host=host + int(P * host_states))
 
 
 def step_of(cfg: TrainConfig, *, engine: str, dtype: torch.dtype, procs: int, world: int,
@@ -263,7 +290,7 @@ def plan_windows(spec: ModelSpec, *, budget: int, start: int = 8192, stop: int =
                  host_budget: int | None = None, host_procs: int = 1, **step: object) -> list[PlanRow]:
     """`step_memory(spec, seq_len=T, **step)` for T = start, 2 start, ... up to the first length that does not
     fit (included, so the reason is shown) or `stop`: `budget` bytes per device, and where given `host_budget`
-    bytes of host memory for the offloaded checkpoints of the `host_procs` processes that share the host."""
+    bytes of host memory for what the `host_procs` processes that share the host offload (checkpoints, states)."""
     rows: list[PlanRow] = []
     T = start
     while T <= stop:

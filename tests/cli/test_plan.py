@@ -15,7 +15,7 @@ from tests.cli.helpers import assert_usage_error, run_cli
 from torchtrain import engines, run_folder
 from torchtrain.config import load_train_config
 from anchor_core.hardware import GPUS, SHAPES
-from torchtrain.memory import largest_term, step_memory
+from torchtrain.memory import ALLOCATOR_MARGIN, largest_term, step_memory
 
 GiB = 2**30
 
@@ -77,8 +77,11 @@ def test_a_tiled_mlp_saves_its_intermediate_exactly():
               activation_checkpointing=True)
     plain, tiled = step_memory(spec, **kw), step_memory(spec, tiled_mlp=True, **kw)
     # one layer's recomputation: its 4 i values per slot
-    assert plain.total - tiled.total == 4 * 4 * spec.intermediate_size * 65537
+    assert dict(plain.parts)["recompute"] - dict(tiled.parts)["recompute"] == 4 * 4 * spec.intermediate_size * 65537
     assert dict(plain.parts)["checkpoints"] == dict(tiled.parts)["checkpoints"]
+    for need in (plain, tiled):  # the allocator's margin on every tensor counted
+        tensors = need.states + need.dense + sum(b for k, b in need.parts if k != "allocator")
+        assert dict(need.parts)["allocator"] == int(ALLOCATOR_MARGIN * tensors)
 
 
 def test_a_shape_plans_without_weights(capsys):
@@ -141,7 +144,8 @@ def test_offloaded_checkpoints_leave_the_device_exactly():
     # with no checkpoints on the device its peak is the backward's end, where every gradient is held
     full = step_memory(spec, **{**kw, "seq_len": 1})
     assert offloaded.states == full.states
-    assert kept.total - offloaded.total == offloaded.host - (offloaded.states - kept.states)
+    tensors = [need.states + sum(b for k, b in need.parts if k != "allocator") for need in (kept, offloaded)]
+    assert tensors[0] - tensors[1] == offloaded.host - (offloaded.states - kept.states)
 
 
 def test_the_peak_is_the_backwards_start_or_its_end():
@@ -163,7 +167,8 @@ def test_the_peak_is_the_backwards_start_or_its_end():
         need = step_memory(spec, seq_len=T, **kw)
         start = early * 4 + kept * L * T + max(layer * T, chunk_working_bytes(T, spec.vocab_size, 4))
         end = P * 4 + kept * T + layer * T
-        assert need.total == need.base + P * (4 + 8) + max(start, end)
+        tensors = P * (4 + 8) + max(start, end)
+        assert need.total == need.base + tensors + int(ALLOCATOR_MARGIN * tensors)
         held = dict(need.parts)
         ends.append("start" if start >= end else "end")
         assert held["checkpoints"] == kept * T * (L if start >= end else 1)
@@ -258,3 +263,23 @@ def test_the_plan_says_where_it_stops_and_what_each_column_counts(capsys):
     assert _plan(capsys, "--config", "tiny", "--memory", "1")["capped"] is False
     code, out, _ = run_cli(["plan", "--help"], capsys)
     assert code == 0 and "16777216 (2^24)" in " ".join(out.replace("│", " ").split())
+
+
+def test_a_bf16_zero3_runs_states_are_each_byte_divided_once():
+    """Llama-3.1-8B in bf16 at ZeRO-3 on 8 processes, computed by hand: 2 bytes of bf16 weights, 2 of gradients
+    and 12 of fp32 master weights and AdamW's moments per parameter, divided by 8 (a short window: the backward's
+    end, every gradient held, is the peak). The optimizer offloaded: the master, the moments and the CPU
+    optimizer's fp32 gradients in host memory; the parameters offloaded too: the weights."""
+    from torchtrain.memory import parameters
+
+    spec = SHAPES["llama3.1-8b"].spec
+    P = parameters(spec)
+    kw = dict(seq_len=97, micro_batch=1, dtype=torch.bfloat16, engine="varlen", zero_stage=3, procs=1, world=8,
+              activation_checkpointing=True, tiled_mlp=True)
+    need = step_memory(spec, **kw)
+    print(f"P = {P:,}: states {need.states:,} bytes, by hand {P * (2 + 2 + 4 + 8) // 8:,}")
+    assert need.states == P * (2 + 2 + 4 + 8) // 8 == 2 * P
+    optimizer = step_memory(spec, offload_optimizer=True, **kw)
+    assert optimizer.states == P * (2 + 2) // 8 and optimizer.host == P * (4 + 8 + 4) // 8
+    both = step_memory(spec, offload_optimizer=True, offload_params=True, **kw)
+    assert both.states == P * 2 // 8 and both.host == P * (2 + 4 + 8 + 4) // 8

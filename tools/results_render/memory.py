@@ -66,12 +66,13 @@ def memory_page(records: Records) -> str:
 
     def longest(rel, rec):
         rows, ratios = [], []
+        names = [k for k in (need(rel, rec, "rows")[0].get("predicted_terms_bytes") or {}) if k != "attention"]
         for i, r in enumerate(need(rel, rec, "rows")):
             terms = r.get("predicted_terms_bytes") or refuse(rel, f"rows[{i}].predicted_terms_bytes", "missing")
             agree(rel, f"rows[{i}].predicted_bytes", r.get("predicted_bytes"), sum(terms.values()))
             cells = [num(r["seq_len"]), r.get("windows", "—"),
                      num(r.get("rope_theta")) if r.get("rope_theta") else "the model's",
-                     " + ".join(num(terms[k] / GIB) for k in ("process", "states", "checkpoints", "recompute", "loss")),
+                     " + ".join(num(terms[k] / GIB) for k in names),
                      num(r["predicted_bytes"] / GIB)]
             commit = f"`{str(r['commit'])[:12]}{'+dirty' if str(r['commit']).endswith('+dirty') else ''}`" \
                 if r.get("commit") else "—"
@@ -94,7 +95,7 @@ def memory_page(records: Records) -> str:
         out = [f"`anchor plan {' '.join(rec.get('plan_args', []))}` predicts one step's peak term by term "
                f"(`torchtrain.memory.step_memory`, which `anchor train` refuses a run by); each length ran as "
                f"`{rec.get('command')}` in a fresh process, its peak RSS read by `/usr/bin/time -v`.", "",
-               *table(["T", "windows of", "RoPE base", "predicted: process + states + checkpoints + recompute + loss, GiB",
+               *table(["T", "windows of", "RoPE base", f"predicted: {' + '.join(names)}, GiB",
                        "predicted, GiB", "measured peak, GiB", "predicted ÷ measured", "loss", "seconds (one run)",
                        "measured at commit"], rows), ""]
         if len({r.get("windows") for r in rec["rows"]}) > 1:
