@@ -97,6 +97,16 @@ def _rank(rank: int, port: int, jobs: list[tuple[str, str]], errors: str) -> Non
     from torchtrain import checkpoint, trainer
 
     checkpoint.Checkpointer.save = lambda self, step, elapsed_s: None
+    generated = trainer.deepspeed_config
+
+    def every_weight_partitioned(cfg, world):
+        """DeepSpeed keeps a parameter of at most 1e5 values whole on every rank by default (all of random:llama's):
+        here every one is partitioned and gathered around each call that uses it, as a 7B model's are."""
+        config = generated(cfg, world)
+        config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+        return config
+
+    trainer.deepspeed_config = every_weight_partitioned
     code = 0
     for variant, run in jobs:
         undo = _patch(VARIANTS[variant][2])
