@@ -95,7 +95,9 @@ class _TiledMLP(torch.autograd.Function):
 class _TiledMLPZero3(torch.autograd.Function):
     """fn(x) row-tile by row-tile for an MLP whose weights ZeRO-3 partitions (module docstring): `fn` calls the
     MLP's submodules, whose hooks gather their weights; the backward recomputes each tile with gradients and
-    runs its backward, the weights' gradients accumulating in `param.grad` and reduced after the last tile."""
+    runs its backward, the weights' gradients accumulating in `param.grad` and reduced after the last tile.
+    Each tile's gathers are collectives over the ranks, so every rank must cut as many tiles: the trainer's ranks
+    hold the same rows (micro_batch windows of T / sequence_parallel slots)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, fn: Any, tile: int, params: tuple[torch.Tensor, ...]) -> torch.Tensor:  # type: ignore[override]
