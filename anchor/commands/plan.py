@@ -27,8 +27,7 @@ def plan(
         "--device", help="here (this machine's available memory: the CUDA device where torch sees one, else "
                          "the host's), or a GPU by name: a100-40gb, a100-80gb, h100, h200, b200.")] = "here",
     shape: Annotated[Optional[str], typer.Option(
-        "--shape", help="Plan a model of this shape instead of model.name, without its weights: llama2-7b, "
-                        "llama3-8b, llama3.1-8b, llama3.1-70b, mistral-7b, qwen2-7b (anchor_core.hardware).")] = None,
+        "--shape", help="Plan this shape instead of model.name, without weights (anchor_core.hardware.SHAPES).")] = None,
     memory: Annotated[Optional[float], typer.Option(
         "--memory", help="Plan for this many GiB per device instead of what --device has (another machine, or "
                          "this one as it is when nothing else runs); at most 1000000.", show_default=False)] = None,
@@ -47,23 +46,13 @@ def plan(
     (bf16 at ZeRO-0, an engine it lacks, checkpoints offloaded from a CPU) is refused in the same words."""
     import torch
 
-    from anchor_core.errors import InputError
-    from anchor_core.limits import check_float, check_int, excerpt
+    from anchor_core.hardware import SHAPES
     from anchor_core.weights import load_spec
     from torchtrain.config import check_world, load_train_config
-    from anchor_core.hardware import GPUS, SHAPES
     from torchtrain.memory import PLAN_STOP, check_device, plan_windows, step_of
     from torchtrain.sequence_parallel import check_sequence_parallel
 
-    check_int(start, "--start", lo=1, hi=PLAN_STOP)
-    if memory is not None:
-        check_float(memory, "--memory", lo=0.001, hi=MAX_GIB)
-    if host_memory is not None:
-        check_float(host_memory, "--host-memory", lo=0.001, hi=MAX_GIB)
-    if shape is not None and shape not in SHAPES:
-        raise InputError(f"--shape: unknown shape {excerpt(shape)} (known: {', '.join(SHAPES)})")
-    if device != "here" and device not in GPUS:
-        raise InputError(f"--device: unknown device {excerpt(device)} (here, or one of {', '.join(GPUS)})")
+    _check_options(start, memory, host_memory, shape, device)
     cfg = load_train_config(config, overrides or [])
     check_world(cfg, cfg.parallel.nproc)
     spec = SHAPES[shape].spec if shape else load_spec(cfg.model.name)
@@ -118,6 +107,25 @@ def plan(
         typer.echo(_why_not(stopped, budget, host_budget, cfg.parallel.nproc))
     elif capped:
         typer.echo(f"the plan stops at {PLAN_STOP} (2^24) slots: longer windows are not planned")
+
+
+def _check_options(start: int, memory: float | None, host_memory: float | None, shape: str | None,
+                   device: str) -> None:
+    """The options' values in their ranges and among the known shapes and devices, before any work."""
+    from anchor_core.errors import InputError
+    from anchor_core.hardware import GPUS, SHAPES
+    from anchor_core.limits import check_float, check_int, excerpt
+    from torchtrain.memory import PLAN_STOP
+
+    check_int(start, "--start", lo=1, hi=PLAN_STOP)
+    if memory is not None:
+        check_float(memory, "--memory", lo=0.001, hi=MAX_GIB)
+    if host_memory is not None:
+        check_float(host_memory, "--host-memory", lo=0.001, hi=MAX_GIB)
+    if shape is not None and shape not in SHAPES:
+        raise InputError(f"--shape: unknown shape {excerpt(shape)} (known: {', '.join(SHAPES)})")
+    if device != "here" and device not in GPUS:
+        raise InputError(f"--device: unknown device {excerpt(device)} (here, or one of {', '.join(GPUS)})")
 
 
 def _budget(memory: float | None, device: str) -> tuple[int, str]:

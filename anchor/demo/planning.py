@@ -394,9 +394,11 @@ def feasible(s: DemoSettings, todo: tuple[str, ...]) -> tuple[DemoSettings, list
 
 def bytes_per_param(dtype: str, zero_stage: int) -> int:
     """A checkpoint's bytes per parameter: DeepSpeed's module (4 in fp32, 2 in bf16), AdamW's two moments (8),
-    ZeRO >= 1's fp32 copy of the parameters (4), and hf/ in fp32 (4). 16 in fp32 under ZeRO-0: SmolLM2-135M's
-    measured 2.1 GB is 15.6."""
-    return (4 if dtype == "float32" else 2) + 8 + (4 if zero_stage >= 1 else 0) + 4
+    ZeRO >= 1's fp32 copy of the parameters (4), and hf/ in the training dtype (4 in fp32, 2 in bf16). 16 in fp32
+    under ZeRO-0: SmolLM2-135M's measured 2.1 GB is 15.6. `auto` counts fp32's (16 either way: bf16 trains under
+    ZeRO-1)."""
+    elem = 2 if dtype == "bfloat16" else 4
+    return elem + 8 + (4 if zero_stage >= 1 else 0) + elem
 
 
 def checkpoint_bytes(s: DemoSettings) -> int:
