@@ -2,6 +2,7 @@
 schedule, and the DeepSpeed config that carries both into the engine.
 
     optimizer, scheduler = build_optimizer(model, cfg)      # AdamW over param_groups, LambdaLR of lr_factor
+                                                            # (parallel.offload_optimizer: DeepSpeed's CPU Adam)
     allocate_state(optimizer)                               # ZeRO-0: the moments held from the start
     deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                          config=deepspeed_config(cfg, world_size), ...)
@@ -10,7 +11,13 @@ schedule, and the DeepSpeed config that carries both into the engine.
 from __future__ import annotations
 
 import math
+import os
+import sys
 from typing import TYPE_CHECKING, Any
+
+from anchor_core.errors import UnavailableError
+from anchor_core.limits import clip
+from torchtrain.config.deepspeed_json import deepspeed_config as config_deepspeed_json
 
 if TYPE_CHECKING:
     import torch
@@ -52,9 +59,42 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> tuple[torch.optim.Opt
     step s (0-based) is `lr * lr_factor(cfg, s)`."""
     import torch
 
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.optim), lr=cfg.optim.lr, betas=cfg.optim.betas,
-                                  eps=cfg.optim.eps)
+    if cfg.parallel.offload_optimizer:  # the states live in host memory: DeepSpeed's CPU Adam steps them there
+        from deepspeed.ops.adam import DeepSpeedCPUAdam  # it loads its op (train() made sure it builds)
+
+        optimizer = DeepSpeedCPUAdam(param_groups(model, cfg.optim), lr=cfg.optim.lr, betas=cfg.optim.betas,
+                                     eps=cfg.optim.eps, adamw_mode=True)
+    else:
+        optimizer = torch.optim.AdamW(param_groups(model, cfg.optim), lr=cfg.optim.lr, betas=cfg.optim.betas,
+                                      eps=cfg.optim.eps)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(cfg, s))
+
+
+def load_cpu_adam() -> None:
+    """DeepSpeed's CPU Adam op (`parallel.offload_optimizer`) loaded in this process: compiled from C++ on first
+    use (once per TORCH_EXTENSIONS_DIR, about 2-3 minutes on 2 cores), then read from there. A machine that cannot
+    build it (no C++ compiler, no ninja, a CPU DeepSpeed does not support) gets a one-line UnavailableError: the
+    trainer calls this before the run folder is touched."""
+    if "deepspeed" not in sys.modules and not _cuda():  # as torchtrain.distributed.quiet_deepspeed_import
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    try:
+        from deepspeed.ops.op_builder import CPUAdamBuilder
+
+        builder = CPUAdamBuilder()
+        if not builder.is_compatible(verbose=False):
+            raise RuntimeError("DeepSpeed says it is not compatible with this machine")
+        builder.load(verbose=False)
+    except Exception as e:  # the build's own error, whatever DeepSpeed or torch's cpp_extension raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(": [1/", 1)[0]  # not ninja's log
+        raise UnavailableError(f"parallel.offload_optimizer needs DeepSpeed's CPU Adam, which cannot be built here "
+                               f"({clip(first, 200)}); a C++ compiler and ninja build it, or set "
+                               "parallel.offload_optimizer: false") from None
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def allocate_state(optimizer: torch.optim.Optimizer) -> None:
@@ -93,24 +133,7 @@ def allocate_state(optimizer: torch.optim.Optimizer) -> None:
 
 
 def deepspeed_config(cfg: TrainConfig, world: int) -> dict[str, Any]:
-    """The DeepSpeed JSON of a run of `world` processes.
-
-    DeepSpeed's data-parallel world is every rank (see torchtrain.distributed), so its batch is
-    counted in per-rank slices: `train_batch_size = micro_batch * grad_accum * world`. Clipping is
-    always explicit (DeepSpeed's default is 1.0, not off).
-    """
-    zero: dict[str, Any] = {"stage": cfg.parallel.zero_stage}
-    if cfg.parallel.zero_stage == 3:
-        zero["stage3_gather_16bit_weights_on_model_save"] = False
-    return {
-        "train_batch_size": cfg.data.micro_batch * cfg.grad_accum(world) * world,
-        "train_micro_batch_size_per_gpu": cfg.data.micro_batch,
-        "gradient_accumulation_steps": cfg.grad_accum(world),
-        "gradient_clipping": cfg.optim.grad_clip,
-        "zero_optimization": zero,
-        "bf16": {"enabled": cfg.model.dtype == "bfloat16"},
-        "fp16": {"enabled": False},
-        "zero_allow_untested_optimizer": True,
-        "steps_per_print": 2**62,
-        "wall_clock_breakdown": False,
-    }
+    """The DeepSpeed JSON of a run of `world` processes: the keys the trainer sets (batch sizes, clipping, ZeRO
+    stage, offload, precision: torchtrain.config.deepspeed_json.generated) with the config's `deepspeed:`
+    section deep-merged over them (checked when the config was validated)."""
+    return config_deepspeed_json(cfg, world)

@@ -47,7 +47,7 @@ from torchtrain.distributed import ParallelGroups, World, init_world, launch_loc
 from torchtrain.loss import final_hidden_states
 from torchtrain.metrics import Logged, MetricsLog, dump_grads, grad_norm, peak_memory, read_log
 from torchtrain.model import build_model
-from torchtrain.optim import allocate_state, build_optimizer, deepspeed_config
+from torchtrain.optim import allocate_state, build_optimizer, deepspeed_config, load_cpu_adam
 from torchtrain.run_folder import CONFIG_FILE, check_model, data_dir, load_run_config, model_spec, prepare_run, \
     resolved_engine
 from torchtrain.tiling import tile_mlps
@@ -65,6 +65,8 @@ def train(cfg: TrainConfig, run: str | Path, *, progress: bool = True) -> int:
     """`anchor train`: prepare the run, then train in `parallel.nproc` local processes (or this one).
     Returns the last step trained."""
     run = Path(run).resolve()
+    if cfg.parallel.offload_optimizer:  # built (or found) before any work: where it cannot be, one line
+        load_cpu_adam()
     if launched_externally():  # torchrun / deepspeed launcher: every rank runs this
         return _train_external(cfg, run, progress)
     from torch.distributed.elastic.multiprocessing.api import SignalException

@@ -240,7 +240,7 @@ def test_a_flat_override_is_one_line_exit_2_naming_its_place(tmp_path, capsys):
     print(err)
     assert e.value.code == 2 and err == ["anchor train: error: command-line override lr=1e-5: lr: moved to optim.lr "
                                          "(a flat key of the pre-sectioned format; keys are grouped by section: "
-                                         "model, data, optim, schedule, parallel, checkpoint, logging, eval)"]
+                                         "model, data, optim, schedule, parallel, checkpoint, logging, eval, deepspeed)"]
     assert not (tmp_path / "run").exists()
 
 

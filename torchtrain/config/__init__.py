@@ -6,13 +6,14 @@
     with_changes(cfg, {"model.engine": "varlen"})   # a changed copy, validated
 
 A config is sectioned: `model`, `data`, `optim`, `schedule`, `parallel`, `checkpoint`, `logging`, `eval`, each a
-pydantic model whose fields are its keys. One module per concern:
+pydantic model whose fields are its keys, and `deepspeed`, further DeepSpeed keys. One module per concern:
   schema      the sections and their keys, each declared once: type, default, range, one-line meaning
   keys        what the declarations give: every dotted key, those a resume may change, what each accepts in words
   origins     where each key's value came from (an override, a file's line), named in every error
   migration   the pre-sectioned format (flat keys): refused in one line naming its place, read in old run folders
   overrides   reading a file and the `key=value` overrides over it
   validation  pydantic's first error as one line; the nested mappings; the checks across keys; the world size
+  deepspeed_json  the DeepSpeed config a run gets: the trainer's keys, the `deepspeed:` section merged and checked
 
 pydantic validates; an error is one line (an InputError) naming the key's dotted path and where its value came
 from: the command-line override (`command-line override optim.lr=abc`) or the file and the key's line

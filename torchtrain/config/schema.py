@@ -11,10 +11,12 @@ files and overrides (`overrides`) and the checks across keys (`validation`).
 
 from __future__ import annotations
 
+import copy
 import math
+import re
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictBool, StrictInt
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictBool, StrictInt, model_validator
 
 from anchor_core.engines import TRAIN_ENGINES
 from anchor_core.limits import SEED_MAX
@@ -169,6 +171,10 @@ class ParallelConfig(_Section):
     nproc: StrictInt = _key(1, "processes started on this machine (1 = this process)", ge=1, resumable=True)
     sequence_parallel: StrictInt = _key(1, "Ulysses sequence-parallel degree", ge=1)
     zero_stage: StrictInt = _key(0, "DeepSpeed ZeRO stage", ge=0, le=3)
+    offload_optimizer: StrictBool = _key(False, "ZeRO 1-3: the optimizer states and fp32 master weights in host "
+                                         "memory, stepped there by DeepSpeed's CPU Adam (built once, C++)")
+    offload_params: StrictBool = _key(False, "ZeRO-3: the parameters in host memory, brought to the device as "
+                                      "each layer runs")
 
 
 class CheckpointConfig(_Section):
@@ -197,11 +203,45 @@ class EvalConfig(_Section):
     window: StrictInt = _key(50, "... over the last this many steps (the paper: every 10 over the last 50)", ge=0)
 
 
+def _yaml_numbers(x: Any) -> Any:
+    """`x` with every string that is a number in exponent form (`1e7`, `5e-3`: PyYAML reads those without a dot
+    as strings) read as the number, an integer where it is whole; mappings and lists walked."""
+    if isinstance(x, dict):
+        return {k: _yaml_numbers(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_yaml_numbers(v) for v in x]
+    if isinstance(x, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", x.strip()):
+        v = float(x)
+        return int(v) if v.is_integer() and math.isfinite(v) else v
+    return x
+
+
+class DeepSpeedSection(_Section):
+    """`deepspeed:` further DeepSpeed config keys, deep-merged over the config the trainer generates
+    (torchtrain.config.deepspeed_json): any key of DeepSpeed's JSON but those the trainer sets from the keys above."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", validate_default=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers(cls, d: Any) -> Any:
+        return _yaml_numbers(d) if isinstance(d, dict) else d
+
+    def given(self) -> dict[str, Any]:
+        """The section's DeepSpeed keys, as given (a copy)."""
+        return copy.deepcopy(dict(self.model_extra or {}))
+
+
+EXPECTED_BY_TYPE[DeepSpeedSection] = "a mapping of DeepSpeed config keys"
+
+
 class TrainConfig(_Section):
     """A validated `anchor train` config: one field per section. `source` (not a key) is the file it came
     from, and `where(*keys)` where given keys came from (the override, or the file and the line), named in
-    errors; `torchtrain.config.with_changes` makes a changed copy, validated. Keys, in the order errors list them
-    and config.yaml is written:"""
+    errors; `torchtrain.config.with_changes` makes a changed copy, validated. The last section, `deepspeed:` (default
+    empty), holds further DeepSpeed config keys merged into the generated one (`deepspeed: {zero_optimization:
+    {stage3_prefetch_bucket_size: 1e7}}`); a key the trainer sets is refused naming the key below that sets it, an
+    unknown one by DeepSpeed's own validation. Keys, in the order errors list them and config.yaml is written:"""
 
     model: ModelConfig
     data: DataConfig
@@ -211,6 +251,7 @@ class TrainConfig(_Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     logging: LoggingConfig = LoggingConfig()
     eval: EvalConfig = EvalConfig()
+    deepspeed: DeepSpeedSection = DeepSpeedSection()
     _source: str = PrivateAttr("config")
     _sources: "Sources" = PrivateAttr(None)
 
@@ -234,7 +275,8 @@ class TrainConfig(_Section):
         out: dict[str, Any] = {}
         for section in SECTIONS:
             values = getattr(self, section)
-            out[section] = {k: plain(getattr(values, k)) for k in type(values).model_fields}
+            out[section] = values.given() if isinstance(values, DeepSpeedSection) else \
+                {k: plain(getattr(values, k)) for k in type(values).model_fields}
         return out
 
     def dp(self, world: int) -> int:

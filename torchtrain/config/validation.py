@@ -15,6 +15,7 @@ from anchor_core.data.config import PACK_SCHEMA, check_pack_options, validate_pa
 from anchor_core.errors import InputError
 from anchor_core.limits import excerpt
 from anchor_core.spec import RopeSpec
+from torchtrain.config.deepspeed_json import check_section as check_deepspeed_section
 from torchtrain.config.keys import PACK_KEYS, PACK_OPTIONS, base_type, expected, optional_inner
 from torchtrain.config.migration import moved_error, moved_to
 from torchtrain.config.origins import Sources
@@ -56,6 +57,14 @@ def validate(d: Any, *, source: str = "config", origins: Mapping[str, str] | Non
     if cfg.data.global_batch % cfg.data.micro_batch:
         raise InputError(f"data.global_batch {cfg.data.global_batch} is not a multiple of data.micro_batch "
                          f"{cfg.data.micro_batch}", path=cfg.where("data.global_batch", "data.micro_batch"))
+    if cfg.parallel.offload_optimizer and cfg.parallel.zero_stage < 1:
+        raise InputError("parallel.offload_optimizer needs parallel.zero_stage 1 to 3 (the ZeRO optimizer holds the "
+                         "states it moves to host memory)",
+                         path=cfg.where("parallel.offload_optimizer", "parallel.zero_stage"))
+    if cfg.parallel.offload_params and cfg.parallel.zero_stage != 3:
+        raise InputError("parallel.offload_params needs parallel.zero_stage 3 (only ZeRO-3 partitions the parameters "
+                         "it moves to host memory)", path=cfg.where("parallel.offload_params", "parallel.zero_stage"))
+    check_deepspeed_section(cfg)  # last: it imports DeepSpeed when the section is given
     return cfg
 
 
