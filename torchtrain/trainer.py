@@ -147,7 +147,9 @@ def worker(run_str: str, progress: bool = True) -> int:
     loader = Loader(data, batch_size=cfg.data.micro_batch * cfg.grad_accum(world.size), variant=cfg.model.variant,
                     seed=cfg.data.seed, rank=world.dp_rank, world_size=world.dp,
                     mask_cross_doc_loss=cfg.model.mask_cross_doc_loss)
-    checkpointer = ckpt.Checkpointer(run, cfg, spec, engine, world, loader, config_file=CONFIG_FILE)
+    checkpointer = ckpt.Checkpointer(run, cfg, spec, engine, world, loader, config_file=CONFIG_FILE,
+                                     max_shard_size=cfg.checkpoint.max_shard_size,
+                                     export_dtype=cfg.checkpoint.export_dtype)
     logged, upto = _read_logged(run, world)
     start, elapsed0 = checkpointer.resume(upto=upto)  # no later than the log: it never has a gap
     _restore_rope_buffers(engine.module, rope_buffers)  # after DeepSpeed's initialize and a checkpoint's load

@@ -3,9 +3,9 @@
 layer at a time, loaded by transformers' own `from_pretrained` (no custom code) with the logits of the
 trainer's forward, every shard under the checkpoint's manifest.
 
-The runs start with tests/train/export_probe/sitecustomize.py on PYTHONPATH: it sets the shard size the
-export is called with (300KB: random:llama's 0.86 MB of float32 parameters make three shards, its bf16
-ones two) and records every gather the export opens."""
+The runs set `checkpoint.max_shard_size=300KB` (random:llama's 0.86 MB of float32 parameters make three shards,
+its bf16 ones two) and start with tests/train/export_probe/sitecustomize.py on PYTHONPATH, which records every
+gather the export opens."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from tests.train.conftest import ENV, run_train
 PROBE = Path(__file__).parent / "export_probe"
 STEPS = 2
 SHARD = "300KB"
-COMMON = (f"schedule.steps={STEPS}", "data.global_batch=4", "data.micro_batch=1", "eval.window=0",
+COMMON = (f"schedule.steps={STEPS}", f"checkpoint.max_shard_size={SHARD}", "data.global_batch=4", "data.micro_batch=1", "eval.window=0",
           "checkpoint.save_every=0", "parallel.nproc=2", "parallel.zero_stage=3", "logging.tensorboard=false")
 # The project's fp32 rule (parity_tests.core.Rule.fp32_tol): logits within 1e-5 relative L2.
 FP32_TOL = 1e-5
@@ -33,7 +33,7 @@ def _run(packed: Path, out: Path, *overrides: str) -> tuple[Path, list[list[dict
     """A ZeRO-3 run of random:llama on 2 processes, probed; its last checkpoint and each rank's gathers."""
     log = out.parent / f"{out.name}-gathers"
     log.mkdir(parents=True)
-    env = {**ENV, "ANCHOR_TEST_MAX_SHARD_SIZE": SHARD, "ANCHOR_TEST_GATHER_LOG": str(log),
+    env = {**ENV, "ANCHOR_TEST_GATHER_LOG": str(log),
            "PYTHONPATH": os.pathsep.join([str(PROBE), ENV.get("PYTHONPATH", "")])}
     run_train(out, *COMMON, f"data.path={packed}", *overrides, env=env)
     gathers = [[json.loads(line) for line in (log / f"rank-{r}.jsonl").read_text().splitlines()] for r in (0, 1)]

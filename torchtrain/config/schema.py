@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import math
 import re
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictBool, StrictInt, model_validator
 
@@ -58,8 +58,10 @@ Betas = tuple[Annotated[float, BeforeValidator(_beta)], Annotated[float, BeforeV
 Steps = tuple[Annotated[StrictInt, Field(ge=1)], ...]
 
 # What errors and the documentation say a type accepts, where the annotation alone does not tell.
+ShardSize = Union[StrictInt, Name]
 EXPECTED_BY_TYPE: dict[Any, str] = {
     Betas: "two numbers [beta1, beta2] in [0, 1)",
+    ShardSize: 'a size as transformers writes it ("5GB", "500MB", "2GiB") or a number of bytes',
     tuple[Name, ...]: "a list of non-empty strings",
     Steps: "a list of step numbers >= 1",
 }
@@ -184,6 +186,10 @@ class CheckpointConfig(_Section):
                                  ge=0, resumable=True)
     keep_last: StrictInt = _key(2, "the newest checkpoints kept whole, to resume from (0: all); older regular ones are "
                                 "deleted, older evaluation ones keep only their weights (hf/)", ge=0, resumable=True)
+    max_shard_size: ShardSize = _key("50GB", "hf/'s largest safetensors file; past it the weights are sharded with an "
+                                     "index, as transformers' save_pretrained (its default)", resumable=True)
+    export_dtype: Literal["auto", "float32", "bfloat16"] = _key("auto", "hf/'s weights: auto (the training dtype), "
+                                                                "float32 or bfloat16", resumable=True)
 
 
 class LoggingConfig(_Section):

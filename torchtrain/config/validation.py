@@ -13,6 +13,7 @@ from pydantic.fields import FieldInfo
 
 from anchor_core.data.config import PACK_SCHEMA, check_pack_options, validate_pack_config
 from anchor_core.errors import InputError
+from anchor_core.export import shard_size_bytes
 from anchor_core.limits import excerpt
 from anchor_core.spec import RopeSpec
 from torchtrain.config.deepspeed_json import check_section as check_deepspeed_section
@@ -64,6 +65,10 @@ def validate(d: Any, *, source: str = "config", origins: Mapping[str, str] | Non
     if cfg.parallel.offload_params and cfg.parallel.zero_stage != 3:
         raise InputError("parallel.offload_params needs parallel.zero_stage 3 (only ZeRO-3 partitions the parameters "
                          "it moves to host memory)", path=cfg.where("parallel.offload_params", "parallel.zero_stage"))
+    try:  # transformers' notation, read as transformers reads it
+        shard_size_bytes(cfg.checkpoint.max_shard_size, option="checkpoint.max_shard_size")
+    except InputError as e:
+        raise InputError(str(e), path=cfg.where("checkpoint.max_shard_size")) from None
     check_deepspeed_section(cfg)  # last: it imports DeepSpeed when the section is given
     return cfg
 
