@@ -48,18 +48,17 @@ GPU_RUN = ["model.dtype=bfloat16", "parallel.zero_stage=1", *RUN]  # what a GPU 
 CONFIG = "smollm2_2k"
 
 
-# The GPU plans set beside ALST's published figures (torchtrain.memory.ALST_LLAMA_8B): ALST's recipe as far as
-# the trainer has it: bf16 (DeepSpeed's optimizer: ZeRO-1 on one GPU), activation checkpoints offloaded to host
-# memory, the MLP tiled, and on eight GPUs ZeRO-2 (the fused loss needs ZeRO 0-2: ZeRO-3 would hold the logits)
-# with Ulysses over all eight where the heads split (Llama-3.1-8B's 32 do; SmolLM2's 9 do not, so each of its
-# GPUs trains windows of its own).
-# ALST also offloads the optimizer states to host memory, which the trainer does not: one GPU holds Llama-8B's
-# states in full.
+# The GPU plans set beside ALST's published figures (torchtrain.memory.ALST_LLAMA_8B): ALST's recipe: bf16 under
+# ZeRO-3 with the optimizer states offloaded to host memory, activation checkpoints offloaded too, the MLP tiled,
+# the loss fused with the lm-head, and Ulysses over all the GPUs where the heads split (Llama-3.1-8B's 32 do;
+# SmolLM2's 9 do not, so each of its GPUs trains windows of its own).
 GPU_RECIPE = ["model.dtype=bfloat16", "model.activation_checkpointing=true", "model.tiled_mlp=true",
-              "model.offload_checkpoints=true", "data.micro_batch=1"]
-GPU_CASES = [  # (model, --shape or None, GPUs, sequence-parallel degree)
-    ("SmolLM2-135M", None, 1, 1), ("SmolLM2-135M", None, 8, 1),
-    ("Llama-3.1-8B", "llama3.1-8b", 1, 1), ("Llama-3.1-8B", "llama3.1-8b", 8, 8),
+              "model.offload_checkpoints=true", "data.micro_batch=1", "parallel.zero_stage=3",
+              "parallel.offload_optimizer=true"]
+GPU_CASES = [  # (model, --shape or None, GPUs, sequence-parallel degree, further overrides)
+    ("SmolLM2-135M", None, 1, 1, []), ("SmolLM2-135M", None, 8, 1, []),
+    # one GPU holds Llama-8B's bf16 weights and gradients (32 GB) unless ZeRO-3 offloads the parameters too
+    ("Llama-3.1-8B", "llama3.1-8b", 1, 1, ["parallel.offload_params=true"]), ("Llama-3.1-8B", "llama3.1-8b", 8, 8, []),
 ]
 GPU_DEVICE = "h100"
 GPU_START = 131072
@@ -76,9 +75,9 @@ def the_plan(start: int, overrides: list[str], *options: str, config: str = CONF
 def gpu_plans() -> list[dict]:
     """`anchor plan` on GPU_DEVICE for each of GPU_CASES (nothing runs on a GPU)."""
     out = []
-    for model, shape, gpus, sp in GPU_CASES:
-        overrides = [*GPU_RECIPE, f"parallel.nproc={gpus}", f"parallel.sequence_parallel={sp}",
-                     f"parallel.zero_stage={2 if gpus > 1 else 1}", f"data.global_batch={gpus // sp}"]
+    for model, shape, gpus, sp, extra in GPU_CASES:
+        overrides = [*GPU_RECIPE, *extra, f"parallel.nproc={gpus}", f"parallel.sequence_parallel={sp}",
+                     f"data.global_batch={gpus // sp}"]
         options = ["--device", GPU_DEVICE, *(["--shape", shape] if shape else [])]
         out.append({"model": model, "gpus": gpus, "device": GPU_DEVICE, "overrides": overrides, "options": options,
                     "plan": the_plan(GPU_START, overrides, *options)})

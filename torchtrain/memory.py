@@ -244,11 +244,14 @@ def step_of(cfg: TrainConfig, *, engine: str, dtype: torch.dtype, procs: int, wo
     """The keywords of `step_memory` (all but `seq_len`) for a run config: the one mapping from the config's
     keys to the estimate, shared by `anchor train`'s refusal and `anchor plan`. `procs` the processes that
     share the memory planned for (the local ones on a CPU, 1 on a GPU), `world` those ZeRO shards over;
-    the checkpoints are offloaded only where there is a GPU to offload them from."""
+    the checkpoints, optimizer states and parameters are offloaded only where there is a GPU to offload them from
+    (on a CPU the host's memory is the one planned for: they stay counted in it)."""
     return dict(micro_batch=cfg.data.micro_batch, dtype=dtype, engine=engine, zero_stage=cfg.parallel.zero_stage,
                 procs=procs, world=world, sequence_parallel=cfg.parallel.sequence_parallel,
                 activation_checkpointing=cfg.model.activation_checkpointing, tiled_mlp=cfg.model.tiled_mlp,
-                offload_checkpoints=cfg.model.offload_checkpoints and on_gpu)
+                offload_checkpoints=cfg.model.offload_checkpoints and on_gpu,
+                offload_optimizer=cfg.parallel.offload_optimizer and on_gpu,
+                offload_params=cfg.parallel.offload_params and on_gpu)
 
 
 def forward_memory(spec: ModelSpec, *, seq_len: int, batch: int, dtype: torch.dtype, engine: str) -> StepMemory:

@@ -27,7 +27,8 @@ def plan(
         "--device", help="here (this machine's available memory: the CUDA device where torch sees one, else "
                          "the host's), or a GPU by name: a100-40gb, a100-80gb, h100, h200, b200.")] = "here",
     shape: Annotated[Optional[str], typer.Option(
-        "--shape", help="Plan this shape instead of model.name, without weights (anchor_core.hardware.SHAPES).")] = None,
+        "--shape", help="Plan this shape instead of model.name, without its weights (anchor_core.hardware)."
+    )] = None,
     memory: Annotated[Optional[float], typer.Option(
         "--memory", help="Plan for this many GiB per device instead of what --device has (another machine, or "
                          "this one as it is when nothing else runs); at most 1000000.", show_default=False)] = None,
@@ -63,7 +64,8 @@ def plan(
     engine = check_device(cfg, "cuda" if on_gpu else "cpu", here=device == "here")
     budget, device_name = _budget(memory, device)
     procs = 1 if on_gpu else cfg.parallel.nproc
-    offload = cfg.model.offload_checkpoints  # on a GPU: on the CPU check_device refused it
+    p = cfg.parallel  # offloading on a GPU: on the CPU the host's memory is the one planned for (step_of)
+    offload = on_gpu and (cfg.model.offload_checkpoints or p.offload_optimizer or p.offload_params)
     host_budget = _host_budget(host_memory, offload, device)
     rows = plan_windows(spec, budget=budget, start=start, host_budget=host_budget, host_procs=cfg.parallel.nproc,
                         **step_of(cfg, engine=engine, dtype=dtype, procs=procs, world=cfg.parallel.nproc, on_gpu=on_gpu))
@@ -78,7 +80,9 @@ def plan(
             "activation_checkpointing": cfg.model.activation_checkpointing, "tiled_mlp": cfg.model.tiled_mlp,
             "zero_stage": cfg.parallel.zero_stage, "sequence_parallel": cfg.parallel.sequence_parallel,
             "procs": procs, "world": cfg.parallel.nproc, "micro_batch": cfg.data.micro_batch, "longest": longest,
-            "offload_checkpoints": offload, "host_budget_bytes": host_budget, "stop": PLAN_STOP, "capped": capped,
+            "offload_checkpoints": cfg.model.offload_checkpoints, "offload_optimizer": cfg.parallel.offload_optimizer,
+            "offload_params": cfg.parallel.offload_params, "host_budget_bytes": host_budget, "stop": PLAN_STOP,
+            "capped": capped,
             "rows": [{"seq_len": r.seq_len, "fits": r.fits, "total_bytes": r.need.total, "procs": r.need.procs,
                       "terms_bytes": r.need.terms(), "host_bytes": r.need.host, "host_total_bytes": r.host_total,
                       "host_fits": r.host_fits} for r in rows]}, indent=1))
@@ -91,14 +95,15 @@ def plan(
                f"{cfg.data.micro_batch}")
     typer.echo(f"device: {device_name}, {budget / g:.1f} GiB")
     typer.echo(f"GiB per process, term by term; total: the device's, all {procs} process(es) on it"
-               + (f"; host: the offloaded checkpoints of all {cfg.parallel.nproc} process(es)" if offload else ""))
+               + (f"; host: what all {cfg.parallel.nproc} process(es) offload" if offload else ""))
     _echo_table(rows, offload)
     if offload:
         against = (f"against {host_budget / g:.1f} GiB of host memory" if host_budget is not None
                    else "not checked: give --host-memory GIB")
-        typer.echo(f"host: the offloaded checkpoints of {cfg.parallel.nproc} process(es), {against}")
+        typer.echo(f"host: what {cfg.parallel.nproc} process(es) offload, {against}")
     elif host_memory is not None:
-        typer.echo("host: nothing offloaded (model.offload_checkpoints on a GPU), --host-memory not used")
+        typer.echo("host: nothing offloaded (model.offload_checkpoints, parallel.offload_optimizer or "
+                   "parallel.offload_params on a GPU), --host-memory not used")
     if longest is not None:
         typer.echo(f"longest window that fits: {longest} ({fitting[-1].need.total / g:.1f} of {budget / g:.1f} GiB)")
     else:
@@ -168,7 +173,7 @@ def _why_not(stopped, budget: int, host_budget: int | None, nproc: int) -> str:
 
     g = 2**30
     if stopped.host_fits is False and stopped.need.total <= budget:
-        return (f"{stopped.seq_len} does not fit: its offloaded checkpoints need {stopped.host_total / g:.1f} GiB "
+        return (f"{stopped.seq_len} does not fit: what it offloads needs {stopped.host_total / g:.1f} GiB "
                 f"of host memory ({nproc} process(es)), {host_budget / g:.1f} GiB there")
     name, size = largest_term(stopped.need)
     return (f"{stopped.seq_len} does not fit: {stopped.need.total / g:.1f} GiB, {name} the largest term "
@@ -176,7 +181,7 @@ def _why_not(stopped, budget: int, host_budget: int | None, nproc: int) -> str:
 
 
 def _host_budget(host_memory: float | None, offload: bool, device: str) -> int | None:
-    """The host memory the offloaded checkpoints of every process share: `--host-memory`, else this machine's
+    """The host memory what every process offloads shares: `--host-memory`, else this machine's
     available memory where the plan is for the GPU it is on; None where nothing is offloaded or it is unknown."""
     from torchtrain import engines
 

@@ -225,9 +225,10 @@ def test_offloaded_checkpoints_are_planned_against_the_hosts_memory(capsys):
                               "--host-memory", "100", *OFFLOAD], capsys)
     assert code == 0, err
     last = out.strip().splitlines()[-1]
-    assert last.startswith(f"{rows[-1]['seq_len']} does not fit: its offloaded checkpoints need ") and "host" in last
+    assert last.startswith(f"{rows[-1]['seq_len']} does not fit: what it offloads needs ") and "host" in last
     code, out, err = run_cli(["plan", "--config", "smollm2_2k", "--device", "h100", "--host-memory", "100"], capsys)
-    assert code == 0 and "host: nothing offloaded (model.offload_checkpoints on a GPU), --host-memory not used" in out
+    assert code == 0 and ("host: nothing offloaded (model.offload_checkpoints, parallel.offload_optimizer or "
+                          "parallel.offload_params on a GPU), --host-memory not used") in out
 
 
 def test_train_refuses_offloaded_checkpoints_the_host_cannot_hold(monkeypatch):
@@ -283,3 +284,19 @@ def test_a_bf16_zero3_runs_states_are_each_byte_divided_once():
     assert optimizer.states == P * (2 + 2) // 8 and optimizer.host == P * (4 + 8 + 4) // 8
     both = step_memory(spec, offload_optimizer=True, offload_params=True, **kw)
     assert both.states == P * 2 // 8 and both.host == P * (2 + 4 + 8 + 4) // 8
+
+
+@pytest.mark.parametrize("gpus, extra, published", [(1, ["parallel.offload_params=true"], 500_000),
+                                                     (8, [], 3_700_000)])
+def test_llama_8b_with_offload_plans_alsts_windows(capsys, gpus, extra, published):
+    """ALST's recipe for Llama-3.1-8B on H100s (bf16, ZeRO-3, the optimizer states and the checkpoints in host
+    memory, the MLP tiled, the loss fused, Ulysses over all the GPUs): the plan's longest window is at least the
+    one ALST trained, and the next doubling is refused on the GPU's memory."""
+    plan = _plan(capsys, "--config", "smollm2_2k", "--shape", "llama3.1-8b", "--device", "h100", "--start", "131072",
+                 "model.dtype=bfloat16", "model.activation_checkpointing=true", "model.tiled_mlp=true",
+                 "model.offload_checkpoints=true", "parallel.zero_stage=3", "parallel.offload_optimizer=true",
+                 f"parallel.nproc={gpus}", f"parallel.sequence_parallel={gpus}", "data.micro_batch=1",
+                 "data.global_batch=1", *extra)
+    print({r["seq_len"]: round(r["total_bytes"] / 2**30, 1) for r in plan["rows"]})
+    assert plan["longest"] >= published
+    assert not plan["rows"][-1]["fits"] and plan["rows"][-1]["total_bytes"] > GPUS["h100"].memory_bytes

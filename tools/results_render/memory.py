@@ -140,11 +140,14 @@ def memory_page(records: Records) -> str:
             if stop:
                 name, size = largest(stop["terms_bytes"])
                 why = f"{num(stop['seq_len'])}: {num(stop['total_bytes'] / GIB)} GiB, {name} {num(size / GIB)} GiB"
+            offloaded = [what for what, key in (("checkpoints", "offload_checkpoints"),
+                                                ("optimizer states", "offload_optimizer"),
+                                                ("parameters", "offload_params")) if gp.get(key)]
             recipe = (f"{gp['dtype']}, ZeRO-{gp['zero_stage']}, sequence parallel {gp['sequence_parallel']}, "
-                      f"checkpoints {'offloaded' if gp.get('offload_checkpoints') else 'on the GPU'}, "
+                      f"offloaded: {', '.join(offloaded) or 'nothing'}, "
                       f"tiled MLP {'on' if gp.get('tiled_mlp') else 'off'}")
             alst_cell = num(published.get(g["gpus"])) if g["model"].startswith("Llama-3.1-8B") else "—"
-            host = fits[-1].get("host_total_bytes") if fits and gp.get("offload_checkpoints") else None
+            host = fits[-1].get("host_total_bytes") if fits and offloaded else None
             gpu_rows.append([g["model"], num(g["gpus"]), recipe, num(gp.get("longest")) if gp.get("longest")
                              else "none fits", "—" if host is None else num(host / GIB), why, alst_cell])
         plans = rec.get("gpu_plans", [])
@@ -156,12 +159,12 @@ def memory_page(records: Records) -> str:
                 f"published figures ({alst['source']}; its Hugging Face baseline: {num(alst['baseline_longest'])})."
                 + (f" Where a plan on several GPUs does not split the sequence over them ({', '.join(own_windows)}: "
                    "its heads do not split), each GPU trains windows of its own." if own_windows else "")
-                + " ALST also offloads the optimizer states to host memory, which this trainer does not: on one "
-                f"GPU ({', '.join(single)}) the GPU holds the model's states in full.", "",
+                + (f" On one GPU ({', '.join(single)}) the plans offload what the recipe column names." if single
+                   else ""), "",
                 *table(["model", "GPUs", "recipe", "plan's longest window",
-                        "host memory its offloaded checkpoints need, GiB (all GPUs)",
+                        "host memory what it offloads needs, GiB (all GPUs)",
                         "the next doubling: need, largest term", "ALST, published"], gpu_rows),
-                "", "The GPU plans check each GPU's memory; the offloaded checkpoints of all of a node's GPUs share its "
+                "", "The GPU plans check each GPU's memory; what all of a node's GPUs offload shares its "
                 "host memory, which the plan checks where it is given (`anchor plan --host-memory GIB`), and "
                 "which these plans leave unchecked: the column says what the host must hold.", ""]
         return out
