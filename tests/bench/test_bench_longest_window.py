@@ -10,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # minutes: a packed corpus and three training processes (make test-all)
 def test_the_gpu_series_reads_each_steps_peak_and_ends_at_the_first_failure(tmp_path):
     done = subprocess.run([sys.executable, "benchmarks/bench_longest_window.py", "--device", "cuda", "--dry-run",
                            "--config", "tiny", "--lens", "97,5001,193", "--memory-gib", "1", "--out", str(tmp_path)],
