@@ -12,8 +12,9 @@ PYTEST_ARGS ?=
 .PHONY: install demo test test-all test-browser docs results-pages parity-all paper-small paper-gpu paper-gpu-merge gpu-kit clean
 
 KERNELS := .cache/kernels/.built
+CPU_ADAM := .cache/torch_extensions/.cpu_adam
 
-install: $(VENV)/.installed $(MODEL) $(KERNELS)
+install: $(VENV)/.installed $(MODEL) $(KERNELS) $(CPU_ADAM)
 
 # torch first and pinned: it is a local CPU wheel; anything else pulls a CUDA build. pip compiles the modules
 # at install: with PYTHONDONTWRITEBYTECODE set (as on these machines) a --no-compile install would have every
@@ -39,6 +40,12 @@ $(MODEL): | $(VENV)/.installed
 # compiler; without one the oracle keeps its JAX path (and says so once).
 $(KERNELS): jaxref/kernels/attention_cpu.cc | $(VENV)/.installed
 	$(PY) -m jaxref.kernels || echo "note: jaxref's fused attention kernel was not built; the oracle uses its JAX path"
+	mkdir -p $(@D) && touch $@
+
+# DeepSpeed's CPU Adam (parallel.offload_optimizer), compiled ahead into TORCH_EXTENSIONS_DIR so that no run or
+# test compiles it; without a C++ compiler an offload run is refused in one line (and its test skipped).
+$(CPU_ADAM): | $(VENV)/.installed
+	$(PY) -c "from torchtrain.optim import load_cpu_adam; load_cpu_adam()" || echo "note: DeepSpeed's CPU Adam was not built; parallel.offload_optimizer is refused here"
 	mkdir -p $(@D) && touch $@
 
 # The paper's experiment end to end on the embedded default (results/demo_cpu.json records its wall time on a

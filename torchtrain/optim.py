@@ -10,6 +10,7 @@ schedule, and the DeepSpeed config that carries both into the engine.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -62,6 +63,7 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> tuple[torch.optim.Opt
     if cfg.parallel.offload_optimizer:  # the states live in host memory: DeepSpeed's CPU Adam steps them there
         from deepspeed.ops.adam import DeepSpeedCPUAdam  # it loads its op (train() made sure it builds)
 
+        _cpu_info_once()
         optimizer = DeepSpeedCPUAdam(param_groups(model, cfg.optim), lr=cfg.optim.lr, betas=cfg.optim.betas,
                                      eps=cfg.optim.eps, adamw_mode=True)
     else:
@@ -77,6 +79,7 @@ def load_cpu_adam() -> None:
     trainer calls this before the run folder is touched."""
     if "deepspeed" not in sys.modules and not _cuda():  # as torchtrain.distributed.quiet_deepspeed_import
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    _cpu_info_once()
     try:
         from deepspeed.ops.op_builder import CPUAdamBuilder
 
@@ -89,6 +92,17 @@ def load_cpu_adam() -> None:
         raise UnavailableError(f"parallel.offload_optimizer needs DeepSpeed's CPU Adam, which cannot be built here "
                                f"({clip(first, 200)}); a C++ compiler and ninja build it, or set "
                                "parallel.offload_optimizer: false") from None
+
+
+def _cpu_info_once() -> None:
+    """py-cpuinfo's `get_cpu_info` remembered in this process: DeepSpeed's op builder asks it for the compiler flags
+    on every load (three times per CPU Adam), each time a Python subprocess of 1-2 s (more on a busy machine)."""
+    try:
+        import cpuinfo
+    except ImportError:  # DeepSpeed then reads lscpu
+        return
+    if not hasattr(cpuinfo.get_cpu_info, "cache_info"):
+        cpuinfo.get_cpu_info = functools.cache(cpuinfo.get_cpu_info)
 
 
 def _cuda() -> bool:

@@ -6,7 +6,7 @@ config key that sets each (`SET_BY`), and the `deepspeed:` section deep-merged o
 
 A key of `deepspeed:` that the trainer sets (or an alias of one, or a mapping or value over one) is refused naming
 the config key that sets it. The rest is checked by DeepSpeed's own validation before any work: its pydantic
-models forbid unknown keys below `zero_optimization`, `bf16`, `comms_logger`, ...; a top-level key DeepSpeed never
+models forbid unknown keys below `zero_optimization`, `comms_logger`, ...; a top-level key DeepSpeed never
 reads (it would ignore it silently) is refused too, as is any other error DeepSpeed raises on the merged config.
 """
 
