@@ -36,7 +36,8 @@ from anchor_core.weights import load_spec
 from anchor_core.yamlfile import read_yaml
 from torchtrain import checkpoint as ckpt
 from torchtrain import engines
-from torchtrain.config import RESUMABLE_CHANGES, TrainConfig, check_world, from_flat, is_flat, validate, with_changes
+from torchtrain.config import KEYS, RESUMABLE_CHANGES, TrainConfig, check_world, from_flat, is_flat, validate, with_changes
+from torchtrain.config.schema import plain
 from torchtrain.distributed import launched_externally
 from torchtrain.engines import resolve_engine
 from torchtrain.memory import check_device, largest_term, step_memory, step_of
@@ -379,6 +380,9 @@ def _check_resume_config(cfg: TrainConfig, saved: dict[str, Any], run: Path, *, 
         if key in RESUMABLE_CHANGES or (key == "data.seq_len" and value is None):
             continue
         old = old_keys.get(key)
+        if key not in old_keys and key in KEYS and not KEYS[key].is_required():
+            # a key newer than the run: it was started with what the key's default does
+            old = plain(KEYS[key].get_default(call_default_factory=True))
         if key == "data.path" and isinstance(old, str):  # the same data by another name is the same data
             old, value = resolved_data(old), resolved_data(value)
         if isinstance(old, list):
