@@ -142,6 +142,8 @@ def test_the_trainer_keys_are_all_owned_and_the_rest_deep_merges():
     ("deepspeed.zero_optimization.stage3_prefetch_bucket_size=abc",
      "deepspeed.zero_optimization.stage3_prefetch_bucket_size: refused by DeepSpeed"),
     ("deepspeed.comms_logger={enabled: true, colour: 1}", "deepspeed.comms_logger.colour: refused by DeepSpeed"),
+    ("deepspeed.zero_optimization.offload_param.buffer_count=8",
+     "deepspeed.zero_optimization.offload_param needs parallel.offload_params: true"),
 ])
 def test_deepspeed_section_errors_name_the_key(override, message):
     with pytest.raises(InputError) as e:

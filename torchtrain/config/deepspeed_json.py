@@ -115,6 +115,12 @@ def check_section(cfg: TrainConfig) -> None:
             key, by = owner
             shown = f"deepspeed.{key}" + ("" if dotted == f"deepspeed.{key}" else f" (given as {dotted})")
             raise InputError(f"{shown}: set by {by}; give that key instead", path=cfg.where(dotted))
+    zero = given.get("zero_optimization", {})
+    offloads = (("offload_optimizer", "parallel.offload_optimizer"), ("offload_param", "parallel.offload_params"))
+    for ds_key, key in offloads:
+        if ds_key in zero and not getattr(cfg.parallel, key.split(".")[1]):  # it would tune an offload that is off
+            dotted = f"deepspeed.zero_optimization.{ds_key}"
+            raise InputError(f"{dotted} needs {key}: true (it tunes that offload)", path=cfg.where(dotted, key))
     base = generated(cfg, None)
     for key in given:  # one top-level key at a time: DeepSpeed's errors do not say under which key they arose
         read = _validate(merge(base, {key: given[key]}), f"deepspeed.{key}", cfg)
