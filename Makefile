@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 KERNELS := .cache/kernels/.built
 CPU_ADAM := .cache/torch_extensions/.cpu_adam
 
-install: $(VENV)/.installed $(MODEL) $(KERNELS) $(CPU_ADAM)
+install: $(VENV)/.installed $(MODEL) $(KERNELS)
 
 # torch first and pinned: it is a local CPU wheel; anything else pulls a CUDA build. pip compiles the modules
 # at install: with PYTHONDONTWRITEBYTECODE set (as on these machines) a --no-compile install would have every
@@ -42,8 +42,9 @@ $(KERNELS): jaxref/kernels/attention_cpu.cc | $(VENV)/.installed
 	$(PY) -m jaxref.kernels || echo "note: jaxref's fused attention kernel was not built; the oracle uses its JAX path"
 	mkdir -p $(@D) && touch $@
 
-# DeepSpeed's CPU Adam (parallel.offload_optimizer), compiled ahead into TORCH_EXTENSIONS_DIR so that no run or
-# test compiles it; without a C++ compiler an offload run is refused in one line (and its test skipped).
+# DeepSpeed's CPU Adam (parallel.offload_optimizer), compiled ahead into TORCH_EXTENSIONS_DIR for make test-all, whose
+# offload test steps with it (a run compiles it on first use otherwise: minutes); without a C++ compiler an offload
+# run is refused in one line (and the test skipped).
 $(CPU_ADAM): | $(VENV)/.installed
 	$(PY) -c "from torchtrain.optim import load_cpu_adam; load_cpu_adam()" || echo "note: DeepSpeed's CPU Adam was not built; parallel.offload_optimizer is refused here"
 	mkdir -p $(@D) && touch $@
@@ -119,7 +120,7 @@ results-pages: install
 test: install
 	$(PY) -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)
 
-test-all: install
+test-all: install $(CPU_ADAM)
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
 # The whole parity matrix: family x variant x layout x policy x engine at T = 97, 515, 1025, under

@@ -32,12 +32,13 @@ ZERO3_X2 = (f"schedule.steps={STEPS}", "schedule.warmup_steps=0", "data.global_b
 RTOL = 1e-6
 
 
+@pytest.mark.slow  # CPU Adam compiled on a fresh machine (minutes; make test-all builds it ahead)
 def test_optimizer_offload_gives_the_losses_of_the_run_without(packed, tmp_path):
     """ZeRO-3 on 2 processes, with and without `parallel.offload_optimizer` and nothing else different: each
     step's loss within the fp32 rule. Both record the passed-through DeepSpeed key, only one the offload. Skipped
     where CPU Adam cannot be built (no C++ compiler: the refusal is tested below)."""
     try:
-        load_cpu_adam()  # built once into TORCH_EXTENSIONS_DIR (`make install` builds it ahead)
+        load_cpu_adam()  # built once into TORCH_EXTENSIONS_DIR (`make test-all` builds it ahead)
     except UnavailableError as e:
         pytest.skip(str(e))
     runs = {name: tmp_path / name for name in ("plain", "offload")}
