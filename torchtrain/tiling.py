@@ -52,20 +52,27 @@ def _check_cover(ranges: list[tuple[int, int]], rows: int) -> None:
         raise AssertionError(f"tiles end at {end}, not at {rows}")
 
 
+def _forward_by_tiles(ctx: Any, x: torch.Tensor, fn: Any, tile: int) -> torch.Tensor:
+    """fn over x's rows, tile by tile, without gradients (the backward recomputes each tile); x kept for it and
+    `ctx.fn`, `ctx.ranges` set. x [..., h] -> [..., out]."""
+    shape = x.shape
+    flat = x.reshape(-1, shape[-1])
+    ranges = tile_ranges(flat.shape[0], tile)
+    _check_cover(ranges, flat.shape[0])
+    with torch.no_grad():
+        out = torch.cat([fn(flat[s:e]) for s, e in ranges], dim=0)
+    ctx.save_for_backward(x)
+    ctx.fn, ctx.ranges = fn, ranges
+    return out.reshape(*shape[:-1], out.shape[-1])
+
+
 class _TiledMLP(torch.autograd.Function):
     """fn(x) row-tile by row-tile; the backward recomputes each tile and returns the parameters' gradients."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, fn: Any, tile: int, *params: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        shape = x.shape
-        flat = x.reshape(-1, shape[-1])
-        ranges = tile_ranges(flat.shape[0], tile)
-        _check_cover(ranges, flat.shape[0])
-        with torch.no_grad():
-            out = torch.cat([fn(flat[s:e]) for s, e in ranges], dim=0)
-        ctx.save_for_backward(x)
-        ctx.fn, ctx.ranges, ctx.params = fn, ranges, params
-        return out.reshape(*shape[:-1], out.shape[-1])
+        ctx.params = params
+        return _forward_by_tiles(ctx, x, fn, tile)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
@@ -101,15 +108,8 @@ class _TiledMLPZero3(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, fn: Any, tile: int, params: tuple[torch.Tensor, ...]) -> torch.Tensor:  # type: ignore[override]
-        shape = x.shape
-        flat = x.reshape(-1, shape[-1])
-        ranges = tile_ranges(flat.shape[0], tile)
-        _check_cover(ranges, flat.shape[0])
-        with torch.no_grad():
-            out = torch.cat([fn(flat[s:e]) for s, e in ranges], dim=0)
-        ctx.save_for_backward(x)
-        ctx.fn, ctx.ranges, ctx.params = fn, ranges, [p for p in params if p.requires_grad]
-        return out.reshape(*shape[:-1], out.shape[-1])
+        ctx.params = [p for p in params if p.requires_grad]
+        return _forward_by_tiles(ctx, x, fn, tile)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
