@@ -202,15 +202,34 @@ def _raise(e: OSError) -> None:
     raise e
 
 
-def added_files(out: Path, stage: str, rec: dict[str, Any] | None) -> list[str] | None:
-    """What is in the stage folder that the stage's recorded execution did not write: each added folder once
-    (`stage/<path>/`: no file the stage wrote lies under it) and each added file in a folder the stage wrote
+Scan = tuple[str, dict[str, str]] | None  # scan_stage's: a stage folder's content and its file list
+
+
+class _Scans:
+    """Each stage folder scanned once in a demo run (`scan_stage` reads every file up to `_HASHED_BYTES`): the
+    reuse checks before any stage runs and those as each one comes read the same scan; a stage's is forgotten
+    when its folder is cleared or written."""
+
+    def __init__(self, out: Path):
+        self.out, self._scans = out, {}
+
+    def __call__(self, stage: str) -> Scan:
+        if stage not in self._scans:
+            self._scans[stage] = scan_stage(self.out / stage)
+        return self._scans[stage]
+
+    def forget(self, stage: str) -> None:
+        self._scans.pop(stage, None)
+
+
+def added_files(stage: str, rec: dict[str, Any] | None, scan: Scan) -> list[str] | None:
+    """What is in the stage folder (`scan`) that the stage's recorded execution did not write: each added folder
+    once (`stage/<path>/`: no file the stage wrote lies under it) and each added file in a folder the stage wrote
     (`stage/<path>`), sorted; [] where there is none or the folder is gone; None where the record has no file
     list (a demo folder written before stages recorded theirs: which files are whose is not known)."""
     had = (rec or {}).get("files")
     if not isinstance(had, dict):
         return None
-    scan = scan_stage(out / stage)
     if scan is None:
         return []
     written_dirs = {"/".join(k.split("/")[:i]) for k in had for i in range(1, k.count("/") + 1)}
@@ -222,30 +241,21 @@ def added_files(out: Path, stage: str, rec: dict[str, Any] | None) -> list[str] 
     return [f"{stage}/{x}" for x in sorted(items)]
 
 
-def _extended(out: Path, stage: str, rec: dict[str, Any]) -> list[str] | None:
-    """The files added to a finished stage's folder since it was written, where every file it wrote is still
-    there unchanged (the stage can be reused as it is: what was added is kept); None where a file it wrote
-    is gone or changed, or the record has no file list."""
-    had = rec.get("files")
-    scan = scan_stage(out / stage)
-    if not isinstance(had, dict) or scan is None or any(scan[1].get(k) != v for k, v in had.items()):
-        return None
-    return [f"{stage}/{rel}" for rel in sorted(set(scan[1]) - set(had))]
-
-
-def _changed(out: Path, stage: str, rec: dict[str, Any], read: dict[str, str | None]) -> tuple[str | None, list[str]]:
+def _changed(stage: str, rec: dict[str, Any], read: dict[str, str | None], scan: Scan) -> tuple[str | None, list[str]]:
     """Why the finished stage `rec` cannot be reused though its settings are unchanged (a stage it reads ran
-    again since it read it, or its folder no longer holds what it wrote), or None where it can; and the files
-    added to its folder since, where it is reused with them (every file it wrote still there unchanged)."""
+    again since it read it, or its folder, `scan`, no longer holds what it wrote), or None where it can; and
+    what was added to its folder since, where it is reused with that (every file it wrote still there
+    unchanged)."""
     had = rec.get("read") or {}
     moved = [n for n in read if had.get(n) != read[n]]
     if moved:
         return f"the {moved[0]} stage it reads was run again since", []
-    if rec.get("content") is not None and stage_content(out / stage) == rec["content"]:
+    if rec.get("content") is not None and scan is not None and scan[0] == rec["content"]:
         return None, []
-    added = _extended(out, stage, rec) if rec.get("content") is not None else None
-    if added:
-        return None, added
+    files = rec.get("files")
+    if rec.get("content") is not None and isinstance(files, dict) and scan is not None \
+            and all(scan[1].get(k) == v for k, v in files.items()):
+        return None, added_files(stage, rec, scan) or []
     return f"{stage}/ no longer holds what this stage wrote: replaced, or its files changed", []
 
 
@@ -256,12 +266,12 @@ def _name_files(files: list[str]) -> str:
 
 
 def _check_nothing_added(out: Path, stage: str, rec: dict[str, Any] | None, why: str | None, fresh: bool,
-                         say: Callable[[str], None]) -> None:
+                         say: Callable[[str], None], scan: Scan) -> None:
     """Before a finished stage's folder is redone (`why`: the reason it is not reused; None: its settings
     changed): what was added to it since the stage wrote it (a checkpoint `anchor train --out` added to a demo
     run, a user's notes) is never removed silently: an InputError naming it, unless `--fresh` asked for the
     stage anew (then a line names what goes)."""
-    added = added_files(out, stage, rec) if (out / stage).exists() else []
+    added = added_files(stage, rec, scan)
     if not added:
         return
     if not fresh:
@@ -457,12 +467,13 @@ def _run_stages(out: Path, s: DemoSettings, steps: tuple[str, ...], todo: tuple[
         record["dtype_choice"] = dtype_choice
         say(f"dtype: {dtype_choice['dtype']} ({dtype_choice['reason']})")
     ctx = StageContext(out, s, progress, say, record["stages"])
-    _preflight(out, todo, record["stages"], fps, fresh)
+    scans = _Scans(out)
+    _preflight(out, todo, record["stages"], fps, fresh, scans)
     for i, stage in enumerate(todo, 1):
         rec = record["stages"].get(stage)
         # the executions of the stages this one reads (earlier in `todo`: run or reused by now)
         read = {n: (record["stages"].get(n) or {}).get("ran_id") for n in NEEDS.get(stage, ())}
-        action, changed, added = _decide(out, stage, rec, fps[stage], read, fresh)
+        action, changed, added = _decide(out, stage, rec, fps[stage], read, fresh, scans)
         if action == "reuse":
             kept = f"; kept what was added since: {_name_files(added)}" if added else ""
             say(f"[{i}/{len(todo)}] {stage}: reused (finished {rec['finished']}, settings unchanged{kept})")
@@ -472,8 +483,9 @@ def _run_stages(out: Path, s: DemoSettings, steps: tuple[str, ...], todo: tuple[
             say(f"[{i}/{len(todo)}] {stage}: not reused: {changed}")
         resumable = action == "resume"
         if not resumable:
-            _check_nothing_added(out, stage, rec, changed, fresh, say)
+            _check_nothing_added(out, stage, rec, changed, fresh, say, scans(stage))
             _clear(out, stage)
+        scans.forget(stage)  # written from here on
         say(f"[{i}/{len(todo)}] {stage}: {TITLES[stage]}")
         # the seconds of the attempts a signal stopped (SIGTERM, Ctrl-C: they unwind) that this one resumes
         earlier = list(rec.get("stopped_attempts_s", [])) if resumable else []
@@ -488,7 +500,7 @@ def _run_stages(out: Path, s: DemoSettings, steps: tuple[str, ...], todo: tuple[
             _write_record(out, record, t0)
             raise
         seconds = round(time.time() - t, 1)
-        content, files = scan_stage(out / stage) or (None, None)
+        content, files = scans(stage) or (None, None)
         record["stages"][stage] = {"fingerprint": fps[stage], "done": True, "started": record["stages"][stage]["started"],
                                    "finished": _now(), "seconds": seconds, "stopped_attempts_s": earlier,
                                    "seconds_all_attempts": round(seconds + sum(earlier), 1), "summary": summary,
@@ -508,13 +520,13 @@ def _run_stages(out: Path, s: DemoSettings, steps: tuple[str, ...], todo: tuple[
 
 
 def _decide(out: Path, stage: str, rec: dict[str, Any] | None, fp: str, read: dict[str, str | None],
-            fresh: bool) -> tuple[str, str | None, list[str]]:
+            fresh: bool, scans: _Scans) -> tuple[str, str | None, list[str]]:
     """What becomes of a stage: `reuse` (finished, same settings and inputs, its folder as it left it or only
     added to), `resume` (a stopped `RESUMABLE` stage on the same settings and inputs) or `redo`; why a finished
     stage is not reused (None where that is not the reason); the files added to a reused stage's folder."""
     changed = None
     if not fresh and _stage_done(out, stage, rec, fp):
-        changed, added = _changed(out, stage, rec, read)
+        changed, added = _changed(stage, rec, read, scans(stage))
         if changed is None:
             return "reuse", None, added
     # a stopped stage continues only on the same settings and the same executions of what it reads
@@ -523,18 +535,19 @@ def _decide(out: Path, stage: str, rec: dict[str, Any] | None, fp: str, read: di
     return ("resume" if resumable else "redo"), changed, []
 
 
-def _preflight(out: Path, todo: tuple[str, ...], stages: dict[str, Any], fps: dict[str, str], fresh: bool) -> None:
+def _preflight(out: Path, todo: tuple[str, ...], stages: dict[str, Any], fps: dict[str, str], fresh: bool,
+               scans: _Scans) -> None:
     """Before any stage runs: every stage that will be redone, decided as the loop will (a stage redone gives
     the stages reading it a new input), is checked for files added to its folder since the demo wrote it, so
     a refusal comes before any work."""
     ran_ids = {n: (r or {}).get("ran_id") for n, r in stages.items()}
     for stage in todo:
         read = {n: ran_ids.get(n) for n in NEEDS.get(stage, ())}
-        action, changed, _ = _decide(out, stage, stages.get(stage), fps[stage], read, fresh)
+        action, changed, _ = _decide(out, stage, stages.get(stage), fps[stage], read, fresh, scans)
         if action != "reuse":
             ran_ids[stage] = f"to run: {stage}"
         if action == "redo" and not fresh:
-            _check_nothing_added(out, stage, stages.get(stage), changed, fresh, lambda _: None)
+            _check_nothing_added(out, stage, stages.get(stage), changed, fresh, lambda _: None, scans(stage))
 
 
 def _now() -> str:
