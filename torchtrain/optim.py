@@ -1,24 +1,22 @@
-"""The optimizer of a training run (docs/DESIGN.md §8): AdamW's parameter groups, the learning-rate
-schedule, and the DeepSpeed config that carries both into the engine.
+"""The optimizer of a training run (docs/DESIGN.md §8): AdamW's parameter groups and the learning-rate
+schedule, which the DeepSpeed config (torchtrain.config.deepspeed_json) carries into the engine.
 
     optimizer, scheduler = build_optimizer(model, cfg)      # AdamW over param_groups, LambdaLR of lr_factor
                                                             # (parallel.offload_optimizer: DeepSpeed's CPU Adam)
     allocate_state(optimizer)                               # ZeRO-0: the moments held from the start
     deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                         config=deepspeed_config(cfg, world_size), ...)
+                         config=deepspeed_config(cfg, world_size), ...)   # torchtrain.config.deepspeed_json
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import os
-import sys
 from typing import TYPE_CHECKING, Any
 
 from anchor_core.errors import UnavailableError
 from anchor_core.limits import clip
-from torchtrain.config.deepspeed_json import deepspeed_config as config_deepspeed_json
+from torchtrain.distributed import quiet_deepspeed_import
 
 if TYPE_CHECKING:
     import torch
@@ -77,8 +75,7 @@ def load_cpu_adam() -> None:
     use (once per TORCH_EXTENSIONS_DIR, about 2-3 minutes on 2 cores), then read from there. A machine that cannot
     build it (no C++ compiler, no ninja, a CPU DeepSpeed does not support) gets a one-line UnavailableError: the
     trainer calls this before the run folder is touched."""
-    if "deepspeed" not in sys.modules and not _cuda():  # as torchtrain.distributed.quiet_deepspeed_import
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    quiet_deepspeed_import()
     _cpu_info_once()
     try:
         from deepspeed.ops.op_builder import CPUAdamBuilder
@@ -103,12 +100,6 @@ def _cpu_info_once() -> None:
         return
     if not hasattr(cpuinfo.get_cpu_info, "cache_info"):
         cpuinfo.get_cpu_info = functools.cache(cpuinfo.get_cpu_info)
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def allocate_state(optimizer: torch.optim.Optimizer) -> None:
@@ -144,10 +135,3 @@ def allocate_state(optimizer: torch.optim.Optimizer) -> None:
             for value in optimizer.state[p].values():
                 if torch.is_tensor(value):
                     value.zero_()
-
-
-def deepspeed_config(cfg: TrainConfig, world: int) -> dict[str, Any]:
-    """The DeepSpeed JSON of a run of `world` processes: the keys the trainer sets (batch sizes, clipping, ZeRO
-    stage, offload, precision: torchtrain.config.deepspeed_json.generated) with the config's `deepspeed:`
-    section deep-merged over them (checked when the config was validated)."""
-    return config_deepspeed_json(cfg, world)

@@ -4,7 +4,7 @@
 
     RUN/config.yaml       the config as resolved (`auto` engine, seq_len): what every rank trains, and what
                           a rerun with the same --out must match (only RESUMABLE_CHANGES may differ)
-    RUN/deepspeed.json    the generated DeepSpeed config (torchtrain.optim.deepspeed_config)
+    RUN/deepspeed.json    the generated DeepSpeed config (torchtrain.config.deepspeed_json.deepspeed_config)
     RUN/data/             the corpus packed on the fly, when `data.path` is not an `anchor pack` output
     RUN/data_source.json  what the run trains on: `data.path` resolved, a fingerprint of its content, and the
                           settings RUN/data was packed with; RUN/data is reused only when they still
@@ -36,13 +36,14 @@ from anchor_core.weights import load_spec
 from anchor_core.yamlfile import read_yaml
 from torchtrain import checkpoint as ckpt
 from torchtrain import engines
-from torchtrain.config import KEYS, RESUMABLE_CHANGES, TrainConfig, check_world, from_flat, is_flat, validate, with_changes
+from torchtrain.config import KEYS, RESUMABLE_CHANGES, TrainConfig, check_world, from_flat, is_flat, validate, \
+    with_changes
+from torchtrain.config.deepspeed_json import deepspeed_config
 from torchtrain.config.schema import plain
 from torchtrain.distributed import launched_externally
 from torchtrain.engines import resolve_engine
 from torchtrain.memory import check_device, largest_term, step_memory, step_of
 from torchtrain.metrics import read_log
-from torchtrain.optim import deepspeed_config
 from torchtrain.sequence_parallel import check_sequence_parallel
 
 if TYPE_CHECKING:

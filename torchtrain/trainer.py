@@ -47,7 +47,8 @@ from torchtrain.distributed import ParallelGroups, World, init_world, launch_loc
 from torchtrain.loss import final_hidden_states
 from torchtrain.metrics import Logged, MetricsLog, dump_grads, grad_norm, peak_memory, read_log
 from torchtrain.model import build_model
-from torchtrain.optim import allocate_state, build_optimizer, deepspeed_config, load_cpu_adam
+from torchtrain.config.deepspeed_json import deepspeed_config
+from torchtrain.optim import allocate_state, build_optimizer, load_cpu_adam
 from torchtrain.run_folder import CONFIG_FILE, check_model, data_dir, load_run_config, model_spec, prepare_run, \
     resolved_engine
 from torchtrain.tiling import tile_mlps

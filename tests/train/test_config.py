@@ -14,7 +14,7 @@ from anchor_core.errors import InputError
 from anchor_core.spec import ModelSpec, RopeSpec
 from tests.train.conftest import ROOT, TINY
 from torchtrain.config import load_train_config, with_changes
-from torchtrain.optim import deepspeed_config
+from torchtrain.config.deepspeed_json import deepspeed_config
 from torchtrain.run_folder import check_model
 
 CONFIGS = sorted((ROOT / "configs" / "train").rglob("*.yaml"))

@@ -19,7 +19,8 @@ from tests.cli.helpers import assert_usage_error, run_cli
 from tests.train.conftest import TINY, metrics, run_train
 from torchtrain.config import load_train_config
 from torchtrain.config.deepspeed_json import SET_BY, generated
-from torchtrain.optim import deepspeed_config, load_cpu_adam
+from torchtrain.config.deepspeed_json import deepspeed_config
+from torchtrain.optim import load_cpu_adam
 
 STEPS = 4
 ZERO3_X2 = (f"schedule.steps={STEPS}", "schedule.warmup_steps=0", "data.global_batch=4", "data.micro_batch=1",

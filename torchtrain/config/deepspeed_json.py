@@ -16,12 +16,13 @@ import collections.abc
 import contextlib
 import copy
 import logging
-import os
-import sys
 from typing import TYPE_CHECKING, Any, Iterator
+
+import torch
 
 from anchor_core.errors import InputError
 from anchor_core.limits import clip, excerpt
+from torchtrain.distributed import quiet_deepspeed_import
 
 if TYPE_CHECKING:
     from torchtrain.config.schema import TrainConfig
@@ -71,9 +72,9 @@ def generated(cfg: TrainConfig, world: int | None) -> dict[str, Any]:
     if cfg.parallel.zero_stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = False
     if cfg.parallel.offload_optimizer:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": _cuda()}
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
     if cfg.parallel.offload_params:
-        zero["offload_param"] = {"device": "cpu", "pin_memory": _cuda()}
+        zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
     batch: dict[str, Any] = {} if world is None else {
         "train_batch_size": cfg.data.micro_batch * cfg.grad_accum(world) * world,
         "gradient_accumulation_steps": cfg.grad_accum(world)}
@@ -200,10 +201,7 @@ class _Reads(dict):
 
 
 def _deepspeed_config_class() -> Any:
-    # Named before DeepSpeed is imported, as torchtrain.distributed.quiet_deepspeed_import does: without CUDA its
-    # accelerator auto-detection (which picks `cpu`) prints a warning in every process.
-    if "deepspeed" not in sys.modules and not _cuda():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    quiet_deepspeed_import()
     from deepspeed.runtime.config import DeepSpeedConfig
 
     return DeepSpeedConfig
@@ -226,8 +224,3 @@ def _version() -> str:
 
     return deepspeed.__version__
 
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
