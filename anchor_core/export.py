@@ -294,10 +294,18 @@ def export_hf(spec: ModelSpec, state: StateDict, folder: str | Path, *, tokenize
     split by `max_shard_size`, with `spec`'s config and the tokenizer of the model `tokenizer_of` into
     `folder`. Returns the folder. (A training checkpoint's hf/ is written by torchtrain.checkpoint from the
     model itself, its config from the model's own.)"""
+    folder = write_model(spec, state, folder, max_shard_size=max_shard_size, dtype=dtype)
+    write_tokenizer(tokenizer_of, spec, folder)
+    return folder
+
+
+def write_model(spec: ModelSpec, state: StateDict, folder: str | Path, *,
+                max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE, dtype: str = "float32") -> Path:
+    """`spec`'s config.json and `state` (numpy, Hugging Face names) as safetensors in `folder`, without a
+    tokenizer: a model folder `from_pretrained` and `--model` read. Returns the folder."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     write_weights(state, folder, max_shard_size=max_shard_size, dtype=dtype)
     (folder / "config.json").write_text(json.dumps({**to_hf_config(spec), "dtype": dtype}, indent=2))
-    write_tokenizer(tokenizer_of, spec, folder)
     return folder
 

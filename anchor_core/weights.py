@@ -27,7 +27,7 @@ from anchor_core.atomic import sha256_file
 from anchor_core.errors import InputError, read_json_object
 from anchor_core.gguf_file import read_gguf_file
 from anchor_core.paths import resolve_model_name
-from anchor_core.spec import ModelSpec, RopeSpec, from_hf_config, random_preset, to_hf_config
+from anchor_core.spec import ModelSpec, RopeSpec, from_hf_config, random_preset
 
 StateDict = dict[str, np.ndarray]
 
@@ -259,18 +259,6 @@ def read_hf_dir(path: Path) -> tuple[ModelSpec, StateDict]:
         state.update(read_safetensors(f, names))
     check_state(spec, state, path)
     return spec, state
-
-
-def write_hf_dir(spec: ModelSpec, state: StateDict, path: Path) -> Path:
-    """Write `config.json` + `model.safetensors` (a folder transformers' `from_pretrained` reads)."""
-    from safetensors.numpy import save_file
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(to_hf_config(spec), indent=2))
-    save_file({k: np.ascontiguousarray(v) for k, v in state.items()}, str(path / "model.safetensors"))
-    readable_by_umask(path / "model.safetensors")
-    return path
 
 
 def readable_by_umask(path: Path) -> None:

@@ -77,10 +77,11 @@ def pack(model: str, out: Path) -> None:
 
 
 def weights(folder: Path, seed: int) -> None:
-    from anchor_core.weights import random_state, read_hf_config, write_hf_dir
+    from anchor_core.export import write_model
+    from anchor_core.weights import random_state, read_hf_config
 
     spec = read_hf_config(folder)
-    write_hf_dir(spec, random_state(spec, seed), folder)
+    write_model(spec, random_state(spec, seed), folder)
     print(f"wrote {folder / 'model.safetensors'} ({NOTE}, seed {seed})")
 
 

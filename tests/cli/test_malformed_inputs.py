@@ -38,10 +38,11 @@ def _tokenizer(words: list[str]):
 
 def make_model(folder: Path, words: list[str] = WORDS) -> Path:
     from anchor_core.spec import random_preset
-    from anchor_core.weights import random_state, write_hf_dir
+    from anchor_core.export import write_model
+    from anchor_core.weights import random_state
 
     spec = random_preset("llama")
-    write_hf_dir(spec, random_state(spec), folder)
+    write_model(spec, random_state(spec), folder)
     _tokenizer(words).save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
     return folder

@@ -13,7 +13,8 @@ import pytest
 from anchor.cli import main
 from anchor_core.paths import default_model_path
 from anchor_core.spec import random_preset
-from anchor_core.weights import random_state, write_hf_dir
+from anchor_core.export import write_model
+from anchor_core.weights import random_state
 
 
 def run_cli(args: list[str], capsys) -> tuple[int, str]:
@@ -35,7 +36,7 @@ def assert_one_line_error(code: int, err: str, *needles: str) -> None:
 @pytest.fixture
 def hf_dir(tmp_path: Path) -> Path:
     spec = random_preset("llama")
-    return write_hf_dir(spec, random_state(spec), tmp_path / "model")
+    return write_model(spec, random_state(spec), tmp_path / "model")
 
 
 def demo(model: str, out: Path, *extra: str) -> list[str]:

@@ -126,10 +126,11 @@ def test_unsafe_out_is_refused_before_work(verb, target, setup, needle, tmp_path
 @pytest.mark.parametrize("verb", ["audit", "parity", "demo", "pack", "train", "bench", "eval"])
 def test_out_holding_the_model_folder_is_refused(verb, tmp_path, capsys, no_work):
     from anchor_core.spec import random_preset
-    from anchor_core.weights import random_state, write_hf_dir
+    from anchor_core.export import write_model
+    from anchor_core.weights import random_state
 
     spec = random_preset("llama")
-    model = write_hf_dir(spec, random_state(spec), tmp_path / "models" / "m")
+    model = write_model(spec, random_state(spec), tmp_path / "models" / "m")
     corpus = write_corpus(tmp_path / "c.jsonl")
     patch, calls = no_work
     patch(verb)

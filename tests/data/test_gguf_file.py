@@ -97,12 +97,13 @@ def test_safetensors_are_written_with_the_umask_mode(tmp_path):
     import os
 
     from anchor_core.spec import random_preset
-    from anchor_core.weights import random_state, write_hf_dir
+    from anchor_core.export import write_model
+    from anchor_core.weights import random_state
 
     umask = os.umask(0o022)
     try:
         spec = random_preset("llama")
-        out = write_hf_dir(spec, random_state(spec), tmp_path / "hf")
+        out = write_model(spec, random_state(spec), tmp_path / "hf")
     finally:
         os.umask(umask)
     assert oct(os.stat(out / "model.safetensors").st_mode & 0o777) == oct(0o644)

@@ -25,7 +25,8 @@ from anchor.eval import perplexity as ppl
 from anchor.eval.generate import eval_model_source, greedy_generate, load_eval_model
 from anchor.eval.perplexity import heldout_files, heldout_windows, perplexity
 from anchor_core.tokenizer import load_tokenizer
-from anchor_core.weights import load_weights, write_hf_dir
+from anchor_core.export import write_model
+from anchor_core.weights import load_weights
 from tests.torchtrain.conftest import needs_smollm2
 from torchtrain.checkpoint import write_manifest
 from torchtrain.engines import attn_implementation, engine_of
@@ -131,7 +132,7 @@ def test_bad_generation_inputs():
 def test_checkpoint_folders(tmp_path):
     step = tmp_path / "checkpoints" / "step-3"
     spec, state = load_weights("random:llama")
-    write_hf_dir(spec, state, step / "hf")
+    write_model(spec, state, step / "hf")
     write_manifest(step, 3)  # a checkpoint is read only through its manifest
     assert eval_model_source(step) == str(step / "hf")
     model, tok = load_eval_model(step, dtype="float32"), load_tokenizer("random:llama")

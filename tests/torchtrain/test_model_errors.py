@@ -55,10 +55,10 @@ def test_rope_override_goes_through_the_spec():
 
 
 def test_local_hf_folder(tmp_path):
-    from anchor_core.weights import write_hf_dir
+    from anchor_core.export import write_model
 
     spec, state = load_weights("random:qwen2")
-    write_hf_dir(spec, state, tmp_path / "m")
+    write_model(spec, state, tmp_path / "m")
     a = torchtrain.build_model(str(tmp_path / "m"), engine="sdpa")
     b = torchtrain.build_model("random:qwen2", engine="sdpa")
     batch = packed_batch("intra_doc", 30)
