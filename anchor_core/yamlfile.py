@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from anchor_core.errors import InputError
-from anchor_core.limits import excerpt
 
 MAX_BYTES = 1 << 20  # of a file, and of the scalars of its document as the aliases expand it
 MAX_NODES = 10_000  # values (scalars, lists, mappings) of the document as the aliases expand it
@@ -47,8 +46,6 @@ def read_yaml(path: str | Path, *, what: str = "YAML file") -> Any:
 def read_yaml_lines(path: str | Path, *, what: str = "YAML file") -> tuple[Any, dict[str, int]]:
     """The data of the YAML file `path`, and the line (from 1) of each key of its mappings by dotted path
     (`optim.lr`; a mapping inside a list: `items[0].name`): where errors about a key's value point."""
-    import yaml
-
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -61,38 +58,36 @@ def read_yaml_lines(path: str | Path, *, what: str = "YAML file") -> tuple[Any, 
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise InputError(f"not UTF-8 text (invalid byte at offset {e.start})", path=path) from None
-    loader = _loader(text)
-    try:
-        node = loader.get_single_node()
-        lines: dict[str, int] = {}
-        if node is not None:
-            _check_size(node, path, loader.aliased)
-            _key_lines(node, "", loader, lines, set(), path)
-        return (None if node is None else loader.construct_document(node)), lines
-    except yaml.YAMLError as e:
-        raise InputError(f"invalid YAML{_problem(e)}", path=path) from None
-    except RecursionError:  # PyYAML composes nested lists and mappings by recursion
-        raise InputError(f"invalid YAML: lists and mappings nested more than {MAX_DEPTH} deep", path=path) from None
-    finally:
-        loader.dispose()
+    lines: dict[str, int] = {}
+    return _document(text, path, lines=lines), lines
 
 
 def parse_yaml(text: str, *, where: str, text_if_invalid: bool = False) -> Any:
     """The data of the YAML `text` (None where it holds nothing), read and bounded as a file is; `where` (a
     command-line override) is named in errors. `text_if_invalid`: text that is not valid YAML is the string
     itself (a command-line value), not an error."""
-    import yaml
-
     if len(text) > MAX_BYTES:
         raise InputError(f"larger than a value can be (more than {MAX_BYTES} characters)", path=where)
+    return _document(text, where, text_if_invalid=text_if_invalid)
+
+
+def _document(text: str, where: object, *, lines: dict[str, int] | None = None,
+              text_if_invalid: bool = False) -> Any:
+    """The one document of `text`, bounded (`_check_size`) before it is built, every failure an InputError naming
+    `where`; with `lines`, each key's line filled in (`_key_lines`); with `text_if_invalid`, invalid YAML is the
+    text itself."""
+    import yaml
+
     loader = _loader(text)
     try:
         node = loader.get_single_node()
         if node is None:
             return None
         _check_size(node, where, loader.aliased)
+        if lines is not None:
+            _key_lines(node, "", loader, lines, set(), where)
         return loader.construct_document(node)
-    except (yaml.YAMLError, RecursionError) as e:
+    except (yaml.YAMLError, RecursionError) as e:  # PyYAML composes nested lists and mappings by recursion
         if text_if_invalid:
             return text
         if isinstance(e, RecursionError):

@@ -81,7 +81,8 @@ def pack_corpus(model: str, data: str | Path, out: str | Path, cfg: PackConfig, 
         tally.chunks = packer.chunks.to_dict(cfg.layout) if cfg.layout.interleave else None
         t_pack = time.perf_counter()
         meta = _pack_meta(cfg, packer.num_windows, writer.shards, store, tok)
-        stats = _pack_stats(model, data if data_name is None else data_name, cfg, meta, counts_dict, store, selection, tally,
+        stats = _pack_stats(model, data if data_name is None else data_name, cfg, meta, counts_dict, store,
+                            selection, tally,
                             {"tokenize": round(t_tok - t0, 3), "pack": round(t_pack - t_tok, 3)})
         (work / "pack.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
         (work / "stats.json").write_text(json.dumps(stats, indent=1), encoding="utf-8")
