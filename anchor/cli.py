@@ -194,13 +194,13 @@ def _verb_modules() -> set[str]:
 
 def _too_long(e: OSError) -> str:
     """The line for ENAMETOOLONG: an excerpt of the path and what in it is too long (anchor_core.paths)."""
-    from anchor_core.paths import excerpt, path_length_problem
+    from anchor_core.paths import path_excerpt, path_length_problem
 
     for name in (e.filename, e.filename2):
         if name is not None:
             name = os.fsdecode(name) if isinstance(name, (bytes, os.PathLike)) else str(name)
             problem = path_length_problem(name) or "a name in it is longer than the file system allows"
-            return f"{excerpt(name)}: {problem}"
+            return f"{path_excerpt(name)}: {problem}"
     return f"a path is longer than the file system allows ({e.strerror or e})"
 
 

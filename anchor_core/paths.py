@@ -105,7 +105,7 @@ PATH_MAX = 4096  # bytes of a whole path passed to the kernel (Linux)
 EXCERPT = 60  # characters of an over-long path a message shows
 
 
-def excerpt(path: object, limit: int = EXCERPT) -> str:
+def path_excerpt(path: object, limit: int = EXCERPT) -> str:
     """`path` for a one-line message: whole when short, else its first `limit` characters, an ellipsis and its
     length in bytes (an over-long name is never echoed whole)."""
     text = os.fspath(path) if isinstance(path, os.PathLike) else str(path)
@@ -154,4 +154,4 @@ def check_path_length(path: str | os.PathLike[str] | None, what: str) -> None:
         return
     problem = path_length_problem(path)
     if problem is not None:
-        raise InputError(f"{what} {excerpt(path)}: {problem}")
+        raise InputError(f"{what} {path_excerpt(path)}: {problem}")
