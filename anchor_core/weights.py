@@ -17,7 +17,7 @@ import json
 import os
 import struct
 import sys
-from collections.abc import Collection
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -72,18 +72,23 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
 
 def check_state(spec: ModelSpec, state: StateDict, source: object) -> None:
     """Missing, unexpected or mis-shaped tensors are an InputError naming the first one."""
+    check_shapes(spec, {name: tuple(a.shape) for name, a in state.items()}, source)
+
+
+def check_shapes(spec: ModelSpec, shapes: Mapping[str, tuple[int, ...]], source: object) -> None:
+    """`check_state` on the tensors' shapes alone (name -> shape), read before their data."""
     want = expected_shapes(spec)
     # A tied model may still store lm_head (transformers writes it sometimes); it is ignored.
-    extra = sorted(set(state) - set(want) - ({"lm_head.weight"} if spec.tie_embeddings else set()))
-    missing = sorted(set(want) - set(state))
+    extra = sorted(set(shapes) - set(want) - ({"lm_head.weight"} if spec.tie_embeddings else set()))
+    missing = sorted(set(want) - set(shapes))
     if missing:
         raise InputError(f"weights lack {missing[0]} ({len(missing)} tensors missing)", path=source)
     if extra:
         raise InputError(f"weights hold an unexpected tensor {extra[0]} ({len(extra)} in all)", path=source)
     for name, shape in want.items():
-        if tuple(state[name].shape) != shape:
+        if tuple(shapes[name]) != shape:
             raise InputError(
-                f"config/weight shape mismatch: {name} has shape {tuple(state[name].shape)}, "
+                f"config/weight shape mismatch: {name} has shape {tuple(shapes[name])}, "
                 f"the config implies {shape}",
                 path=source,
             )
@@ -99,8 +104,12 @@ def random_state(spec: ModelSpec, seed: int = 0) -> StateDict:
     Linear weights ~ N(0, 1/fan_in) so activations stay O(1) and attention is far from uniform
     (masks must matter); norm weights 1 + N(0, 0.1) so a norm-weight bug shows; biases N(0, 0.1).
     """
+    return dict(random_tensors(spec, seed))
+
+
+def random_tensors(spec: ModelSpec, seed: int = 0) -> Iterator[tuple[str, np.ndarray]]:
+    """`random_state`'s tensors one at a time, in `expected_shapes` order (each draws from the one generator)."""
     rng = np.random.default_rng(seed)
-    state: StateDict = {}
     for name, shape in expected_shapes(spec).items():
         if name.endswith("norm.weight"):
             w = 1.0 + 0.1 * rng.standard_normal(shape)
@@ -110,8 +119,7 @@ def random_state(spec: ModelSpec, seed: int = 0) -> StateDict:
             w = rng.standard_normal(shape)
         else:
             w = rng.standard_normal(shape) / np.sqrt(shape[1])
-        state[name] = w.astype(np.float32)
-    return state
+        yield name, w.astype(np.float32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,24 +375,40 @@ def gguf_spec(path: Path, reader=None) -> ModelSpec:
 
 def read_gguf(path: Path) -> tuple[ModelSpec, StateDict]:
     """Dequantize a GGUF file to float32 Hugging Face-layout tensors."""
-    import gguf
-
     reader = _gguf_reader(path)
     spec = gguf_spec(path, reader)
+    state = dict(gguf_tensors(path, reader, spec))
+    check_state(spec, state, path)
+    return spec, state
+
+
+def gguf_name(path: Path, name: str) -> str:
+    """The Hugging Face name of a GGUF tensor (`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`);
+    a tensor this toolkit does not read is an InputError naming it."""
+    if name in _GGUF_TOP_NAMES:
+        return _GGUF_TOP_NAMES[name]
+    if name.startswith("blk."):
+        _, idx, rest = name.split(".", 2)
+        if rest in _GGUF_LAYER_NAMES:
+            return f"model.layers.{idx}.{_GGUF_LAYER_NAMES[rest]}"
+    if name == "rope_freqs.weight":
+        raise InputError("GGUF files with a rope_freqs tensor (llama3 scaling) are not supported", path=path)
+    raise InputError(f"unexpected GGUF tensor {name}", path=path)
+
+
+def gguf_shapes(path: Path, reader) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a GGUF file under its Hugging Face name, with its shape, in the file's order."""
+    return {gguf_name(path, t.name): tuple(int(s) for s in reversed(t.shape)) for t in reader.tensors}
+
+
+def gguf_tensors(path: Path, reader, spec: ModelSpec) -> Iterator[tuple[str, np.ndarray]]:
+    """A GGUF file's tensors dequantized to float32, one at a time in the file's order, under Hugging Face
+    names and layout."""
+    import gguf
+
     arch = _gguf_field(reader, "general.architecture")
-    state: StateDict = {}
     for t in reader.tensors:
-        if t.name in _GGUF_TOP_NAMES:
-            name = _GGUF_TOP_NAMES[t.name]
-        elif t.name.startswith("blk."):
-            _, idx, rest = t.name.split(".", 2)
-            if rest not in _GGUF_LAYER_NAMES:
-                raise InputError(f"unexpected GGUF tensor {t.name}", path=path)
-            name = f"model.layers.{idx}.{_GGUF_LAYER_NAMES[rest]}"
-        elif t.name == "rope_freqs.weight":
-            raise InputError("GGUF files with a rope_freqs tensor (llama3 scaling) are not supported", path=path)
-        else:
-            raise InputError(f"unexpected GGUF tensor {t.name}", path=path)
+        name = gguf_name(path, t.name)
         try:
             w = gguf.quants.dequantize(t.data, t.tensor_type)
             w = np.asarray(w, dtype=np.float32).reshape(tuple(int(s) for s in reversed(t.shape)))
@@ -395,9 +419,7 @@ def read_gguf(path: Path) -> tuple[ModelSpec, StateDict]:
             w = _unpermute(w, spec.num_heads)
         elif arch == "llama" and name.endswith("k_proj.weight"):
             w = _unpermute(w, spec.num_kv_heads)
-        state[name] = w
-    check_state(spec, state, path)
-    return spec, state
+        yield name, w
 
 
 # ---------------------------------------------------------------------------------------------

@@ -40,13 +40,7 @@ def model_from_weights(spec: ModelSpec, state: Mapping[str, np.ndarray], engine:
     Parameters are rounded to `dtype` on load; the RoPE `inv_freq` buffers stay float32 (built by
     `from_config(..., dtype=)`, never by `model.to(dtype)`, which would round them to bf16).
     """
-    tdtype = torch_dtype(dtype)
-    engine = check_engine(engine, tdtype)
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.for_model(**to_hf_config(spec))
-    config.use_cache = False  # a cache would make transformers skip its own packed-sequence handling
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation(engine), dtype=tdtype)
+    model = empty_model(spec, engine, dtype)
     tensors = {k: torch.tensor(v) for k, v in state.items()}  # a copy: GGUF arrays are read-only views
     if spec.tie_embeddings:
         tensors.pop("lm_head.weight", None)
@@ -59,8 +53,34 @@ def model_from_weights(spec: ModelSpec, state: Mapping[str, np.ndarray], engine:
     for name, buf in model.named_buffers():
         if name.endswith("inv_freq") and buf.dtype != torch.float32:
             raise AssertionError(f"{name} is {buf.dtype}; RoPE frequencies must stay float32")
+    return model
+
+
+def empty_model(spec: ModelSpec, engine: Engine = "sdpa", dtype: DType = "float32") -> nn.Module:
+    """A transformers causal LM of `spec` with the engine installed and its weights as transformers initialises
+    them (`model_from_weights` loads the real ones; under DeepSpeed's `zero.Init`, torchtrain.sharded_build
+    fills each rank's partitions)."""
+    tdtype = torch_dtype(dtype)
+    engine = check_engine(engine, tdtype)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(**to_hf_config(spec))
+    config.use_cache = False  # a cache would make transformers skip its own packed-sequence handling
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation(engine), dtype=tdtype)
     model.anchor_spec = spec
     return install(model, engine)
+
+
+def with_rope(spec: ModelSpec, rope: RopeSpec | Mapping[str, Any] | None) -> ModelSpec:
+    """`spec` with its RoPE overridden (`build_model`'s `rope`); a bad override is an InputError."""
+    if isinstance(rope, RopeSpec):
+        return spec.replace(rope=rope)
+    if rope is None:
+        return spec
+    try:
+        return spec.with_rope(**rope)
+    except TypeError as e:
+        raise InputError(f"bad RoPE override {dict(rope)}: {e}") from None
 
 
 def build_model(
@@ -84,14 +104,7 @@ def build_model(
       [B, T, V]; `model.anchor_spec` is its ModelSpec.
     """
     spec, state = load_weights(name, seed=seed)
-    if isinstance(rope, RopeSpec):
-        spec = spec.replace(rope=rope)
-    elif rope is not None:
-        try:
-            spec = spec.with_rope(**rope)
-        except TypeError as e:
-            raise InputError(f"bad RoPE override {dict(rope)}: {e}") from None
-    return model_from_weights(spec, state, engine, dtype)
+    return model_from_weights(with_rope(spec, rope), state, engine, dtype)
 
 
 def set_engine(model: nn.Module, engine: Engine) -> nn.Module:

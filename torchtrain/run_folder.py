@@ -32,6 +32,7 @@ from anchor_core.data.pipeline import PackConfig, pack_corpus
 from anchor_core.errors import InputError
 from anchor_core.outdir import guard_out, write_marker
 from anchor_core.tokenizer import load_tokenizer
+from anchor_core.weight_stream import stream_weights
 from anchor_core.weights import load_spec
 from anchor_core.yamlfile import read_yaml
 from torchtrain import checkpoint as ckpt
@@ -283,6 +284,8 @@ def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, 
     asked = cfg.model.engine
     cfg = with_changes(cfg, {"model.engine": resolved_engine(cfg)})  # `auto` resolved: config.yaml records what runs
     spec = model_spec(cfg)
+    stream_weights(cfg.model.name, seed=cfg.data.seed)  # names and shapes from the files' headers, no data:
+    # weights that do not fit the model are refused here, not in a rank that has started building it
     data_path = Path(cfg.data.path)
     seq_len = cfg.data.seq_len
     if seq_len is None and (data_path / "pack.json").is_file():

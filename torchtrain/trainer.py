@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ import torch.distributed as dist
 
 from anchor_core.data.packed import Loader, PackedData
 from anchor_core.errors import InputError
+from anchor_core.limits import peak_rss
 from anchor_core.outdir import guard_out, missing_folders, out_lock, remove_created
 from anchor_core.progress import ProgressBar
 from torchtrain import checkpoint as ckpt
@@ -47,6 +49,7 @@ from torchtrain.distributed import ParallelGroups, World, init_world, launch_loc
 from torchtrain.loss import final_hidden_states
 from torchtrain.metrics import Logged, MetricsLog, dump_grads, grad_norm, peak_memory, read_log
 from torchtrain.model import build_model
+from torchtrain.sharded_build import build_partitioned
 from torchtrain.config.deepspeed_json import deepspeed_config
 from torchtrain.optim import allocate_state, build_optimizer, load_cpu_adam
 from torchtrain.run_folder import CONFIG_FILE, check_model, data_dir, load_run_config, model_spec, prepare_run, \
@@ -145,6 +148,10 @@ def worker(run_str: str, progress: bool = True) -> int:
     data = PackedData.open(data_dir(cfg, run))
     spec = check_model(cfg, model_spec(cfg), data.seq_len, memory=False)  # prepare_run checked the memory
     engine, scheduler, rope_buffers = _build_engine(cfg, spec, world)
+    built = rank_peaks(world)  # host memory while the engine was built, before any step: each rank's
+    if world.is_main:
+        ranks = f" (ranks 0-{len(built) - 1})" if len(built) > 1 else ""
+        print(f"engine built: host memory peak {_gib_list(built)} GiB{ranks}", file=sys.stderr, flush=True)
     loader = Loader(data, batch_size=cfg.data.micro_batch * cfg.grad_accum(world.size), variant=cfg.model.variant,
                     seed=cfg.data.seed, rank=world.dp_rank, world_size=world.dp,
                     mask_cross_doc_loss=cfg.model.mask_cross_doc_loss)
@@ -170,6 +177,9 @@ def worker(run_str: str, progress: bool = True) -> int:
             row = {"step": step, "loss": loss, "tokens": count, "lr": lr_now, "grad_norm": norm,
                    "tokens_per_s": cfg.data.global_batch * data.seq_len / dt, "elapsed_s": time.perf_counter() - t_start,
                    **peak_memory(world.device)}
+            if step == start + 1:  # this process's first line: what building the engine and the first step held
+                row.update(build_peak_gib=built[0], ranks_build_peak_gib=built,
+                           ranks_peak_memory_gib=_gathered(world, row["peak_memory_gib"]))
             metrics.write(row)
             if cfg.logging.every and step % cfg.logging.every == 0:
                 eta = (cfg.schedule.steps - step) * (row["elapsed_s"] - elapsed0) / max(1, step - start)
@@ -183,6 +193,22 @@ def worker(run_str: str, progress: bool = True) -> int:
         bar.close()
         metrics.close()
     return step
+
+
+def rank_peaks(world: World) -> list[float | None]:
+    """Every rank's host memory high-water mark so far (VmHWM, GiB; None without procfs), gathered on every rank."""
+    rss = peak_rss()
+    return _gathered(world, None if rss is None else round(rss / 2**30, 4))
+
+
+def _gathered(world: World, value: Any) -> list[Any]:
+    out: list[Any] = [None] * world.size
+    dist.all_gather_object(out, value)
+    return out
+
+
+def _gib_list(values: list[float | None]) -> str:
+    return ", ".join("?" if v is None else f"{v:.2f}" for v in values)
 
 
 def _read_logged(run: Path, world: World) -> tuple[Logged | None, int]:
@@ -232,8 +258,15 @@ def _build_engine(cfg: TrainConfig, spec: ModelSpec, world: World) -> tuple[Any,
     float32 values, which `_restore_rope_buffers` puts back once the engine's state is loaded)."""
     import deepspeed
 
-    model = build_model(cfg.model.name, engine=resolved_engine(cfg), dtype="float32", rope=spec.rope,
-                        seed=cfg.data.seed)
+    groups = ParallelGroups(world)
+    ds_config = deepspeed_config(cfg, world.size)
+    dtype = "bfloat16" if cfg.model.dtype == "bfloat16" else "float32"
+    if cfg.parallel.zero_stage == 3:  # partitioned as it is built: no rank holds the whole model
+        model = build_partitioned(cfg.model.name, engine=resolved_engine(cfg), dtype=dtype, rope=spec.rope,
+                                  seed=cfg.data.seed, ds_config=ds_config, group=groups.get_data_parallel_group())
+    else:  # float32, which DeepSpeed casts to the run's dtype
+        model = build_model(cfg.model.name, engine=resolved_engine(cfg), dtype="float32", rope=spec.rope,
+                            seed=cfg.data.seed)
     model.anchor_spec = spec
     rope_buffers = {n: b.detach().clone() for n, b in model.named_buffers() if n.endswith("inv_freq")}
     if world.sp > 1:
@@ -242,12 +275,13 @@ def _build_engine(cfg: TrainConfig, spec: ModelSpec, world: World) -> tuple[Any,
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.model.tiled_mlp:
         tile_mlps(model)
-    model.to(world.device)
+    if cfg.parallel.zero_stage < 3:
+        model.to(world.device)
     optimizer, scheduler = build_optimizer(model, cfg)
     if cfg.parallel.zero_stage == 0:  # the first step's peak is every step's (allocate_state)
         allocate_state(optimizer)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                                   config=deepspeed_config(cfg, world.size), mpu=ParallelGroups(world))
+                                                   config=ds_config, mpu=groups)
     return engine, scheduler, rope_buffers
 
 
@@ -255,7 +289,7 @@ def _restore_rope_buffers(model: torch.nn.Module, saved: dict[str, torch.Tensor]
     """DeepSpeed's bf16 mode casts every buffer to bf16; RoPE frequencies must stay fp32."""
     buffers = dict(model.named_buffers())
     for name, value in saved.items():
-        buffers[name].data = value.clone()
+        buffers[name].data = value.to(buffers[name].device, copy=True)
     if any(b.dtype != torch.float32 for n, b in model.named_buffers() if n.endswith("inv_freq")):
         raise AssertionError("RoPE inv_freq buffers must stay float32")
 

@@ -1,0 +1,126 @@
+"""A model's weights a tensor at a time, for building a model that no one process holds whole.
+
+    stream = stream_weights("path/to/hf-folder")      # or a .gguf file, or random:<preset>
+    stream.spec, stream.shapes                        # every tensor's name and shape, in reading order; no data read
+    for name, array in stream.tensors():              # float32 numpy, Hugging Face names and layout
+        ...
+
+`anchor_core.weights.load_weights` reads the same tensors into one dict; this reads them one at a time in the
+order of `shapes`, which every process knows before any data is read (from the safetensors headers, the GGUF's
+tensor table, or a preset's spec), so that processes can step through a model's weights together while one of
+them reads. A safetensors tensor is mapped from its file, copied to float32 and unmapped before the next: the
+reader holds one tensor at a time, never a whole shard. The shapes are checked against the spec before any data
+is read (`anchor_core.weights.check_shapes`), as `load_weights` checks them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from anchor_core.errors import InputError
+from anchor_core.spec import ModelSpec, random_preset
+from anchor_core.weights import (
+    _SAFETENSORS_DTYPES,
+    SAFE_WEIGHTS_INDEX_NAME,
+    _gguf_reader,
+    _locate,
+    _note_unverified,
+    check_shapes,
+    expected_shapes,
+    gguf_shapes,
+    gguf_spec,
+    gguf_tensors,
+    random_tensors,
+    read_hf_config,
+    safetensors_header,
+    weight_files,
+)
+
+
+@dataclass(frozen=True)
+class WeightStream:
+    """A model's spec and its tensors' names and shapes (in reading order), and a reader of their data."""
+
+    spec: ModelSpec
+    shapes: dict[str, tuple[int, ...]]
+    source: str
+    _read: Callable[[], Iterator[tuple[str, np.ndarray]]]
+
+    def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
+        """Every tensor as float32 numpy, in `shapes` order; a tensor out of that order (a reader's bug) is an
+        AssertionError."""
+        names = iter(self.shapes)
+        for name, array in self._read():
+            if name != next(names, None) or tuple(array.shape) != self.shapes[name]:
+                raise AssertionError(f"{self.source}: {name} {array.shape} read out of its announced order")
+            yield name, array
+
+
+def stream_weights(name: str, *, seed: int = 0) -> WeightStream:
+    """The weights of a model named as in docs/DESIGN.md §6 (`seed` for random presets), as `load_weights` would
+    read them, a tensor at a time (module docstring)."""
+    kind, where = _locate(name)
+    if kind == "random":
+        spec = random_preset(str(where))
+        return WeightStream(spec, expected_shapes(spec), str(name), lambda: random_tensors(spec, seed))
+    path = Path(where)
+    if kind == "gguf":
+        reader = _gguf_reader(path)
+        spec = gguf_spec(path, reader)
+        shapes = gguf_shapes(path, reader)
+        check_shapes(spec, shapes, path)
+        return WeightStream(spec, shapes, str(path), lambda: gguf_tensors(path, reader, spec))
+    spec = read_hf_config(path)
+    files = _safetensors_layout(path)
+    shapes = {n: tuple(info["shape"]) for _, header, _, names in files for n, info in header.items() if n in names}
+    check_shapes(spec, shapes, path)
+    if kind == "dir":
+        _note_unverified(path)
+    return WeightStream(spec, shapes, str(path), lambda: _safetensors_tensors(files))
+
+
+Layout = list[tuple[Path, dict, int, set[str]]]
+
+
+def _safetensors_layout(path: Path) -> Layout:
+    """Each weight file of a Hugging Face folder (`weight_files`) with its validated header, where its data
+    starts and the tensors read from it; a tensor the index puts in a file that does not hold it is an
+    InputError, as `read_safetensors` says it."""
+    files = weight_files(path)
+    if not files:
+        raise InputError("no *.safetensors weight files in the model folder", path=path)
+    layout: Layout = []
+    for file, names in files.items():
+        header, start = safetensors_header(file)
+        if names is not None:
+            absent = sorted(set(names) - set(header))
+            if absent:
+                more = f" (nor {len(absent) - 1} more the index puts there)" if len(absent) > 1 else ""
+                raise InputError(f"{SAFE_WEIGHTS_INDEX_NAME} puts {absent[0]} in {file.name}, which does not "
+                                 f"hold it{more}", path=path)
+        layout.append((file, header, start, set(header) if names is None else set(names)))
+    return layout
+
+
+def _safetensors_tensors(layout: Layout) -> Iterator[tuple[str, np.ndarray]]:
+    for file, header, start, names in layout:
+        for name, info in header.items():
+            if name not in names:
+                continue
+            b, e = info["data_offsets"]
+            kind = _SAFETENSORS_DTYPES[info["dtype"]]
+            if kind == "bfloat16":
+                import ml_dtypes
+
+                kind = ml_dtypes.bfloat16
+            if e == b:
+                yield name, np.zeros(info["shape"], np.float32)
+                continue
+            mapped = np.memmap(file, dtype=np.uint8, mode="r", offset=start + b, shape=(e - b,))
+            array = np.frombuffer(mapped, dtype=kind).reshape(info["shape"]).astype(np.float32)
+            del mapped  # unmapped: the file's pages leave this process's resident set
+            yield name, array

@@ -1,0 +1,123 @@
+"""A model built already partitioned over the ranks (ZeRO-3), its weights read a tensor at a time.
+
+    model = build_partitioned("path/to/hf-folder", engine="sdpa", dtype="bfloat16", rope=None, seed=0,
+                              ds_config=deepspeed_config(cfg, world.size), group=groups.get_data_parallel_group())
+
+Under DeepSpeed's `zero.Init` every parameter is partitioned as transformers creates it: no process ever holds
+the whole model (docs/DESIGN.md §7, sharded construction). The weights then go in one layer at a time: rank 0
+reads that layer's tensors from the checkpoint (`anchor_core.weight_stream`: one tensor mapped at a time), every
+rank gathers the layer's parameters, rank 0 copies the values in, and DeepSpeed scatters them back into each
+rank's partitions. A rank's peak is therefore its partitions plus one gathered layer, and rank 0's one layer's
+float32 tensors besides. The values are those `build_model` gives, rounded to `dtype` as DeepSpeed's own cast
+would round them (to nearest, ties to even).
+
+What `zero.Init` changes and this module puts back: the RoPE buffers (`inv_freq`), which it creates in the
+parameters' dtype, are computed again outside it, in float32; and a tied head is tied again, since transformers
+does not tie partitioned parameters.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from anchor_core.errors import InputError
+from anchor_core.spec import RopeSpec
+from anchor_core.weight_stream import WeightStream, stream_weights
+from torchtrain.engines import Engine
+from torchtrain.model import DType, empty_model, with_rope
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def build_partitioned(name: str, *, engine: Engine, dtype: DType, rope: RopeSpec | Mapping[str, Any] | None,
+                      seed: int, ds_config: dict[str, Any], group: Any) -> nn.Module:
+    """The model `build_model(name, engine, dtype, rope, seed=seed)` would build, its parameters partitioned over
+    `group` by DeepSpeed ZeRO-3 (`ds_config`'s) as they are created, then filled one layer at a time (module
+    docstring). Every rank of `group` calls this together."""
+    import deepspeed
+
+    stream = stream_weights(name, seed=seed)
+    spec = with_rope(stream.spec, rope)
+    with deepspeed.zero.Init(config_dict_or_path=ds_config, data_parallel_group=group):  # its dtype: the config's (DeepSpeed ignores one given on a CPU)
+        model = empty_model(spec, engine, dtype)
+    if spec.tie_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    _float32_rope(model)
+    fill_partitions(model, stream, group)
+    return model
+
+
+def _float32_rope(model: nn.Module) -> None:
+    """The RoPE buffers as transformers computes them outside `zero.Init`: float32."""
+    for module in model.modules():
+        if "inv_freq" in dict(module.named_buffers(recurse=False)):
+            fresh = type(module)(config=model.config)
+            for name, buf in fresh.named_buffers(recurse=False):
+                setattr(module, name, buf)
+
+
+def fill_partitions(model: nn.Module, stream: WeightStream, group: Any) -> None:
+    """Copy `stream`'s tensors into `model`'s ZeRO-3 partitions, a layer at a time: rank 0 of `group` reads,
+    every rank gathers the layer's parameters, DeepSpeed scatters rank 0's values. A tensor the model lacks,
+    or a parameter no tensor fills, is an InputError on every rank."""
+    import deepspeed
+
+    params = dict(model.named_parameters())
+    tied_head = stream.spec.tie_embeddings
+    names = [n for n in stream.shapes if not (tied_head and n == "lm_head.weight")]
+    missing, unexpected = sorted(set(params) - set(names)), sorted(set(names) - set(params))
+    if missing or unexpected:
+        raise InputError(f"weights do not fit the {stream.spec.family} model: missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]}", path=stream.source)
+    reader = stream.tensors() if dist.get_rank(group) == 0 else None
+    for layer in _layers(list(stream.shapes)):
+        values = _read(reader, layer, group)
+        wanted = [params[n] for n in layer if n in params and not (tied_head and n == "lm_head.weight")]
+        with deepspeed.zero.GatheredParameters(wanted, modifier_rank=0):
+            if values is not None:
+                with torch.no_grad():
+                    for n in layer:
+                        if n in values and n in params and not (tied_head and n == "lm_head.weight"):
+                            params[n].data.copy_(torch.from_numpy(values[n]))
+        del values
+
+
+def _layers(names: list[str]) -> Iterator[list[str]]:
+    """`names` in runs of one decoder layer's tensors (or one top-level tensor), in their order."""
+    run: list[str] = []
+    key = None
+    for n in names:
+        m = _LAYER.match(n)
+        k = m.group(1) if m else n
+        if run and k != key:
+            yield run
+            run = []
+        run.append(n)
+        key = k
+    if run:
+        yield run
+
+
+def _read(reader: Iterator | None, layer: list[str], group: Any) -> dict | None:
+    """Rank 0 reads the layer's tensors; a reading error is raised on every rank of `group` (the others would
+    otherwise wait on a gather rank 0 never joins)."""
+    values, error = None, None
+    if reader is not None:
+        try:
+            values = {}
+            for _ in layer:
+                n, a = next(reader)
+                values[n] = a
+        except InputError as e:
+            error = str(e)
+    box = [error]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
+    if box[0] is not None:
+        raise InputError(box[0])
+    return values
