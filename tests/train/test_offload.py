@@ -18,7 +18,7 @@ from anchor_core.errors import InputError, UnavailableError
 from tests.cli.helpers import assert_usage_error, run_cli
 from tests.train.conftest import TINY, metrics, run_train
 from torchtrain.config import load_train_config
-from torchtrain.config.deepspeed_json import SET_BY, generated
+from torchtrain.config.deepspeed_json import SET_BY, SIZED_BY_MODEL, generated
 from torchtrain.config.deepspeed_json import deepspeed_config
 from torchtrain.optim import load_cpu_adam
 
@@ -109,12 +109,14 @@ def test_cpu_adam_that_cannot_be_built_is_one_line(tmp_path, capsys, monkeypatch
 
 
 def test_the_trainer_keys_are_all_owned_and_the_rest_deep_merges():
-    """Every key `generated` sets (every option on) is in SET_BY; the section deep-merges below them (a further
-    offload key beside the trainer's `device`), exponent numbers as numbers; config.yaml's copy round-trips."""
+    """Every key `generated` sets (every option on) is in SET_BY or sized from the model (SIZED_BY_MODEL, which a
+    `deepspeed:` value overrides); the section deep-merges below them (a further offload key beside the trainer's
+    `device`), exponent numbers as numbers; config.yaml's copy round-trips."""
     cfg = load_train_config(TINY, ["parallel.zero_stage=3", "parallel.offload_optimizer=true",
                                    "parallel.offload_params=true", "model.dtype=bfloat16",
                                    "deepspeed.zero_optimization.offload_param.buffer_count=8",
                                    "deepspeed.zero_optimization.stage3_max_live_parameters=5e8",
+                                   "deepspeed.zero_optimization.reduce_bucket_size=123457",
                                    "deepspeed.communication_data_type=fp32"])
 
     def leaves(d, prefix=""):
@@ -122,14 +124,18 @@ def test_the_trainer_keys_are_all_owned_and_the_rest_deep_merges():
             yield from leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else [f"{prefix}{k}"]
 
     unowned = [k for k in leaves(generated(cfg, 2)) if not any(k == o or k.startswith(o + ".") for o in SET_BY)]
-    assert unowned == []
+    assert sorted(unowned) == sorted(k for k in SIZED_BY_MODEL if "allgather" not in k)  # ZeRO-3's
+    hidden = 84  # random:llama, the tiny config's model
+    assert generated(cfg, 2)["zero_optimization"]["stage3_prefetch_bucket_size"] == int(0.9 * hidden * hidden)
     ds = deepspeed_config(cfg, 2)
     assert ds["zero_optimization"]["offload_param"] == {"device": "cpu", "pin_memory": False, "buffer_count": 8}
     assert ds["zero_optimization"]["stage3_max_live_parameters"] == 500_000_000
+    assert ds["zero_optimization"]["reduce_bucket_size"] == 123457  # the user's value over the model's size
     assert ds["communication_data_type"] == "fp32" and ds["bf16"] == {"enabled": True}
     assert ds["train_batch_size"] == 4 and ds["gradient_accumulation_steps"] == 1
     assert cfg.to_dict()["deepspeed"] == {"zero_optimization": {"offload_param": {"buffer_count": 8},
-                                                                "stage3_max_live_parameters": 500_000_000},
+                                                                "stage3_max_live_parameters": 500_000_000,
+                                                                "reduce_bucket_size": 123457},
                                           "communication_data_type": "fp32"}
     assert load_train_config(None, [f"{s}={json.dumps(v)}" for s, v in cfg.to_dict().items()]) == cfg
 

@@ -59,6 +59,35 @@ SET_BY: dict[str, str] = {
     "wall_clock_breakdown": "the trainer (metrics.jsonl times each step)",
 }
 
+# DeepSpeed keys the trainer sizes from the model as transformers' Trainer fills DeepSpeed's "auto" values
+# (integrations/deepspeed.py: hidden_size², 0.9 hidden_size², 10 hidden_size); a `deepspeed:` value wins. DeepSpeed's
+# own defaults (5e8 elements) make ZeRO-3 hold a 1 GB bf16 reduce buffer per rank whatever the model's size, more
+# than a 0.5B model's whole share of weights on 2 ranks (results/memory/sharded_build_cpu.json).
+SIZED_BY_MODEL = ("zero_optimization.reduce_bucket_size", "zero_optimization.allgather_bucket_size",
+                  "zero_optimization.stage3_prefetch_bucket_size", "zero_optimization.stage3_param_persistence_threshold")
+
+
+def bucket_sizes(hidden_size: int, zero_stage: int) -> dict[str, int]:
+    """The `SIZED_BY_MODEL` keys of a ZeRO stage for a model of this hidden size (elements)."""
+    if zero_stage == 0:
+        return {}
+    square = hidden_size * hidden_size
+    if zero_stage < 3:
+        return {"reduce_bucket_size": square, "allgather_bucket_size": square}
+    return {"reduce_bucket_size": square, "stage3_prefetch_bucket_size": int(0.9 * square),
+            "stage3_param_persistence_threshold": 10 * hidden_size}
+
+
+def _hidden_size(cfg: TrainConfig) -> int | None:
+    """The model's hidden size, or None where `model.name` names nothing readable yet (a config validated before
+    its model exists: the run itself refuses it)."""
+    from anchor_core.weights import load_spec
+
+    try:
+        return load_spec(cfg.model.name).hidden_size
+    except (InputError, OSError, ValueError):
+        return None
+
 
 def generated(cfg: TrainConfig, world: int | None) -> dict[str, Any]:
     """The keys the trainer sets for a run of `world` processes (None: the batch totals left to DeepSpeed, which
@@ -67,8 +96,12 @@ def generated(cfg: TrainConfig, world: int | None) -> dict[str, Any]:
     DeepSpeed's data-parallel world is every rank (see torchtrain.distributed), so its batch is counted in
     per-rank slices: `train_batch_size = micro_batch * grad_accum * world`. Clipping is always explicit
     (DeepSpeed's default is 1.0, not off). Offload moves to host memory (`device: cpu`), pinned where CUDA runs.
+    The communication buckets are sized from the model (`SIZED_BY_MODEL`).
     """
     zero: dict[str, Any] = {"stage": cfg.parallel.zero_stage}
+    hidden = _hidden_size(cfg)
+    if hidden is not None:
+        zero.update(bucket_sizes(hidden, cfg.parallel.zero_stage))
     if cfg.parallel.zero_stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = False
     if cfg.parallel.offload_optimizer:
