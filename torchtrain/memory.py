@@ -45,6 +45,7 @@ import torch
 from anchor_core.errors import InputError, UnavailableError
 from anchor_core.spec import ModelSpec
 from torchtrain import engines
+from torchtrain.config.deepspeed_json import bucket_sizes
 from torchtrain.loss import chunk_working_bytes
 
 if TYPE_CHECKING:
@@ -130,10 +131,11 @@ class StepMemory:
     # the activations by term, (name, bytes) in the order `describe` prints them; empty where not split
     parts: tuple[tuple[str, int], ...] = ()
     host: int = 0  # offloaded checkpoints: in host memory, not counted in `total` (a GPU's)
+    built: int = 0  # the engine's build above the process (`build_memory`), where it is counted: the floor of a step
 
     @property
     def per_process(self) -> int:
-        return self.base + self.states + self.activations + self.dense
+        return self.base + max(self.states + self.activations + self.dense, self.built)
 
     @property
     def total(self) -> int:
@@ -149,15 +151,17 @@ class StepMemory:
         acts = f"activations {self.activations / g:.2f}"
         if self.parts:
             acts += " (" + " + ".join(f"{name} {b / g:.2f}" for name, b in self.parts) + ")"
+        built = (f"; building the engine holds more, {self.built / g:.2f}"
+                 if self.built > self.states + self.activations + self.dense else "")
         return (f"{self.total / g:.1f} GiB ({self.procs} x [process {self.base / g:.2f} + {self.states_are} "
-                f"{self.states / g:.2f} + {acts} + dense T x T {self.dense / g:.2f}])")
+                f"{self.states / g:.2f} + {acts} + dense T x T {self.dense / g:.2f}{built}])")
 
 
 def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch.dtype, engine: str,
                 zero_stage: int, procs: int, sequence_parallel: int = 1,
                 activation_checkpointing: bool = False, tiled_mlp: bool = False,
                 world: int | None = None, offload_checkpoints: bool = False, offload_optimizer: bool = False,
-                offload_params: bool = False) -> StepMemory:
+                offload_params: bool = False, count_build: bool = False) -> StepMemory:
     """The estimate of one training step's peak memory (module docstring); `procs` the processes that
     share this memory (the local ones on a CPU, 1 on a CUDA device), `world` the processes ZeRO shards over
     (default `procs`: every process on this machine). Its activations by term:
@@ -179,7 +183,11 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
     partition of the flat groups, a copy in fp32 too; sharded), AdamW's moments (8; ZeRO >= 1 shards them) and
     the gradients held at the peak (e; ZeRO >= 2 shards them). A bf16 ZeRO-3 run on N processes: (2 + 4 + 8 + 2)
     / N bytes. At ZeRO-3 the device also holds the layers it has gathered, two at a time (the one computing and
-    the one prefetched): `gathered`. Every term but the process's is raised by `ALLOCATOR_MARGIN`."""
+    the one prefetched): `gathered`. Every term but the process's is raised by `ALLOCATOR_MARGIN`.
+    DeepSpeed's optimizer step (ZeRO >= 1, not offloaded) is a peak of its own, with every gradient and no
+    activation: the fp32 gradient of the flat partition and AdamW's two temporaries of its size, 12 / N bytes a
+    parameter (`optimizer step`); the larger of it and the backward's is the step's. `count_build` (the host's
+    memory, where the engine is built: `step_of` on a CPU) makes the engine's build (`build_memory`) the floor."""
     P = parameters(spec)
     n = max(1, procs)
     shards = max(1, world if world is not None else procs)
@@ -228,15 +236,25 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
         held_grads, held_kept = early * grads, spec.num_layers
     else:
         held_grads, held_kept, recompute, loss = P * grads, 1, layer * slots, 0
-    states = int(P * (weights + moments) + held_grads)
+    buckets = elem * sum(bucket_sizes(spec.hidden_size, zero_stage).values())
+    states = int(P * (weights + moments) + held_grads + buckets)
     parts = (("checkpoints", int(kept * slots * held_kept)), ("recompute", int(recompute)), ("loss", int(loss)))
     if gathered:
         parts += (("gathered", int(gathered)),)
+    # DeepSpeed (ZeRO >= 1) steps AdamW on one flat fp32 partition, with every gradient held and no activation:
+    # the partition's fp32 gradient (4) and AdamW's two partition-sized temporaries (8: the second moment's square
+    # root and its quotient). On the host when the optimizer is offloaded (DeepSpeed's CPU Adam steps in place).
+    stepping = 12 / shards if zero_stage >= 1 and not offload_optimizer else 0
+    optimizer_peak = P * (weights + moments + grads + stepping) + buckets
+    if optimizer_peak > states + sum(b for _, b in parts) + dense:
+        states = int(P * (weights + moments + grads) + buckets)
+        parts, dense = (("optimizer step", int(P * stepping)),), 0
     activations = sum(b for _, b in parts)
     margin = int(ALLOCATOR_MARGIN * (states + activations + dense))
     parts += (("allocator", margin),)
+    built = build_memory(spec, dtype=dtype, zero_stage=zero_stage, world=shards)[1] if count_build else 0
     return StepMemory(base=BASE_PROCESS_BYTES, states=states, activations=activations + margin,
-                      dense=int(dense), procs=n, parts=parts, host=host + int(P * host_states))
+                      dense=int(dense), procs=n, parts=parts, host=host + int(P * host_states), built=built)
 
 
 def step_of(cfg: TrainConfig, *, engine: str, dtype: torch.dtype, procs: int, world: int,
@@ -251,7 +269,7 @@ def step_of(cfg: TrainConfig, *, engine: str, dtype: torch.dtype, procs: int, wo
                 activation_checkpointing=cfg.model.activation_checkpointing, tiled_mlp=cfg.model.tiled_mlp,
                 offload_checkpoints=cfg.model.offload_checkpoints and on_gpu,
                 offload_optimizer=cfg.parallel.offload_optimizer and on_gpu,
-                offload_params=cfg.parallel.offload_params and on_gpu)
+                offload_params=cfg.parallel.offload_params and on_gpu, count_build=not on_gpu)
 
 
 def forward_memory(spec: ModelSpec, *, seq_len: int, batch: int, dtype: torch.dtype, engine: str) -> StepMemory:
@@ -310,3 +328,36 @@ def plan_windows(spec: ModelSpec, *, budget: int, start: int = 8192, stop: int =
 def largest_term(need: StepMemory) -> tuple[str, int]:
     """The term of one process's estimate that weighs most (name, bytes)."""
     return max(need.terms().items(), key=lambda kv: kv[1])
+
+
+
+def build_memory(spec: ModelSpec, *, dtype: torch.dtype, zero_stage: int, world: int,
+                 reader: bool = True) -> tuple[int, int]:
+    """Host bytes a process holds above its idle size (model, engine): once its model is built, and once DeepSpeed's
+    engine is built beside it, before the first step (the peaks the trainer logs as `build_peak_gib` and
+    `engine_peak_gib`).
+
+    ZeRO-3 (torchtrain.sharded_build): the model's partitions (e P / N) plus the largest group read together (a
+    decoder layer, or the embedding or the head alone): on rank 0 (`reader`) its float32 arrays (4), and beside
+    them either the file pages of the tensor being read (at most 4 bytes an element) or, once read, the gathered
+    parameters with DeepSpeed's gather buffer (2 e), which do not coexist; on the other ranks the gather (2 e).
+    The engine adds
+    DeepSpeed's fp32 master partition (4 P / N), the gradient partition (e P / N), the buckets (`bucket_sizes`)
+    and, while it moves the partitions into one flat buffer, a second copy of them (e P / N). ZeRO 0-2: the whole
+    model in float32 three times while its weights load (the arrays read, their torch copies, the parameters)."""
+    P = parameters(spec)
+    elem = 2 if dtype == torch.bfloat16 else 4
+    if zero_stage < 3:
+        return int(12 * P), int(12 * P)
+    n = max(1, world)
+    group = max(layer_parameters(spec), spec.vocab_size * spec.hidden_size)
+    model = P * elem / n + ((4 + max(4, 2 * elem)) if reader else 2 * elem) * group
+    engine = max(model, P * (3 * elem + 4) / n + elem * sum(bucket_sizes(spec.hidden_size, zero_stage).values()))
+    return int((1 + ALLOCATOR_MARGIN) * model), int((1 + ALLOCATOR_MARGIN) * engine)
+
+
+def run_memory(step: StepMemory, build: tuple[int, int]) -> int:
+    """Host bytes every process of a run on this machine holds together at its peak: the launcher (a process at
+    its idle size) and each rank at the larger of its build and its step (`step.procs` of them). The export
+    gathers one layer at a time (torchtrain.checkpoint.export_model): below both."""
+    return int(step.base + step.procs * (step.base + max(*build, step.per_process - step.base)))

@@ -147,11 +147,12 @@ def worker(run_str: str, progress: bool = True) -> int:
     world = _start_rank(cfg)
     data = PackedData.open(data_dir(cfg, run))
     spec = check_model(cfg, model_spec(cfg), data.seq_len, memory=False)  # prepare_run checked the memory
-    engine, scheduler, rope_buffers = _build_engine(cfg, spec, world)
-    built = rank_peaks(world)  # host memory while the engine was built, before any step: each rank's
+    engine, scheduler, rope_buffers, built = _build_engine(cfg, spec, world)
+    engine_built = rank_peaks(world)  # and with DeepSpeed's engine beside it, before any step
     if world.is_main:
         ranks = f" (ranks 0-{len(built) - 1})" if len(built) > 1 else ""
-        print(f"engine built: host memory peak {_gib_list(built)} GiB{ranks}", file=sys.stderr, flush=True)
+        print(f"model built: host memory peak {_gib_list(built)} GiB{ranks}; engine built: "
+              f"{_gib_list(engine_built)} GiB", file=sys.stderr, flush=True)
     loader = Loader(data, batch_size=cfg.data.micro_batch * cfg.grad_accum(world.size), variant=cfg.model.variant,
                     seed=cfg.data.seed, rank=world.dp_rank, world_size=world.dp,
                     mask_cross_doc_loss=cfg.model.mask_cross_doc_loss)
@@ -178,7 +179,8 @@ def worker(run_str: str, progress: bool = True) -> int:
                    "tokens_per_s": cfg.data.global_batch * data.seq_len / dt, "elapsed_s": time.perf_counter() - t_start,
                    **peak_memory(world.device)}
             if step == start + 1:  # this process's first line: what building the engine and the first step held
-                row.update(build_peak_gib=built[0], ranks_build_peak_gib=built,
+                row.update(build_peak_gib=built[0], engine_peak_gib=engine_built[0], ranks_build_peak_gib=built,
+                           ranks_engine_peak_gib=engine_built,
                            ranks_peak_memory_gib=_gathered(world, row["peak_memory_gib"]))
             metrics.write(row)
             if cfg.logging.every and step % cfg.logging.every == 0:
@@ -252,10 +254,12 @@ def return_freed_memory() -> None:
         pass
 
 
-def _build_engine(cfg: TrainConfig, spec: ModelSpec, world: World) -> tuple[Any, Any, dict[str, torch.Tensor]]:
+def _build_engine(cfg: TrainConfig, spec: ModelSpec, world: World) -> tuple[Any, Any, dict[str, torch.Tensor],
+                                                                          list[float | None]]:
     """The model (the same seed on every rank; Ulysses over the SP group; activation checkpointing as
     configured) under DeepSpeed with AdamW and the schedule: (engine, scheduler, the RoPE buffers'
-    float32 values, which `_restore_rope_buffers` puts back once the engine's state is loaded)."""
+    float32 values, which `_restore_rope_buffers` puts back once the engine's state is loaded, and every rank's
+    host memory peak once the model was built, before the engine: `rank_peaks`)."""
     import deepspeed
 
     groups = ParallelGroups(world)
@@ -268,6 +272,7 @@ def _build_engine(cfg: TrainConfig, spec: ModelSpec, world: World) -> tuple[Any,
         model = build_model(cfg.model.name, engine=resolved_engine(cfg), dtype="float32", rope=spec.rope,
                             seed=cfg.data.seed)
     model.anchor_spec = spec
+    built = rank_peaks(world)  # the model built (at ZeRO-3 partitioned and filled), before DeepSpeed's engine
     rope_buffers = {n: b.detach().clone() for n, b in model.named_buffers() if n.endswith("inv_freq")}
     if world.sp > 1:
         sp.enable_sequence_parallel(model, sequence_parallel_group(world))
@@ -282,7 +287,7 @@ def _build_engine(cfg: TrainConfig, spec: ModelSpec, world: World) -> tuple[Any,
         allocate_state(optimizer)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                    config=ds_config, mpu=groups)
-    return engine, scheduler, rope_buffers
+    return engine, scheduler, rope_buffers, built
 
 
 def _restore_rope_buffers(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> None:

@@ -89,8 +89,9 @@ def test_a_shape_plans_without_weights(capsys):
                  "parallel.zero_stage=1", "model.activation_checkpointing=true", "model.tiled_mlp=true")
     assert plan["model"] == "llama3.1-8b"
     states = plan["rows"][0]["terms_bytes"]["states"]
-    # bf16: weights with the fp32 master, grads, moments (ZeRO-1 over one process shards nothing)
-    assert states == int(8_030_261_248 * (6 + 2 + 8))
+    # bf16: weights with the fp32 master, grads, moments (ZeRO-1 over one process shards nothing), and DeepSpeed's
+    # reduce and all-gather buckets of hidden_size² bf16 elements each (torchtrain.config.deepspeed_json)
+    assert states == int(8_030_261_248 * (6 + 2 + 8)) + 2 * 2 * 4096**2
     assert SHAPES["llama3.1-8b"].spec.num_layers == 32
 
 
@@ -128,8 +129,9 @@ def test_zero_shards_over_every_gpu_while_each_gpu_holds_one_process(capsys):
                   "parallel.zero_stage=2", "parallel.nproc=8", "parallel.sequence_parallel=8", "data.global_batch=1",
                   "data.micro_batch=1", "model.activation_checkpointing=true")
     P = 8_030_261_248
-    assert one["rows"][0]["terms_bytes"]["states"] == int(P * (6 + 2 + 8))  # one process: nothing to shard
-    assert eight["rows"][0]["terms_bytes"]["states"] == int(P * (2 + 4 / 8 + 2 / 8 + 8 / 8))
+    buckets = 2 * 2 * 4096**2  # DeepSpeed's reduce and all-gather buckets, hidden_size² bf16 elements each
+    assert one["rows"][0]["terms_bytes"]["states"] == int(P * (6 + 2 + 8)) + buckets  # one process: nothing to shard
+    assert eight["rows"][0]["terms_bytes"]["states"] == int(P * (2 + 4 / 8 + 2 / 8 + 8 / 8)) + buckets
     assert all(r["procs"] == 1 for r in eight["rows"]) and eight["world"] == 8
     assert eight["longest"] is not None and (one["longest"] or 0) < eight["longest"]
 
@@ -270,20 +272,24 @@ def test_a_bf16_zero3_runs_states_are_each_byte_divided_once():
     """Llama-3.1-8B in bf16 at ZeRO-3 on 8 processes, computed by hand: 2 bytes of bf16 weights, 2 of gradients
     and 12 of fp32 master weights and AdamW's moments per parameter, divided by 8 (a short window: the backward's
     end, every gradient held, is the peak). The optimizer offloaded: the master, the moments and the CPU
-    optimizer's fp32 gradients in host memory; the parameters offloaded too: the weights."""
+    optimizer's fp32 gradients in host memory; the parameters offloaded too: the weights. Beside them DeepSpeed's
+    ZeRO-3 buckets, which the trainer sizes from the hidden size h as transformers does: h² + 0.9 h² + 10 h bf16
+    elements, not sharded."""
     from torchtrain.memory import parameters
 
     spec = SHAPES["llama3.1-8b"].spec
     P = parameters(spec)
     kw = dict(seq_len=97, micro_batch=1, dtype=torch.bfloat16, engine="varlen", zero_stage=3, procs=1, world=8,
               activation_checkpointing=True, tiled_mlp=True)
+    h = spec.hidden_size
+    buckets = 2 * (h * h + int(0.9 * h * h) + 10 * h)
     need = step_memory(spec, **kw)
-    print(f"P = {P:,}: states {need.states:,} bytes, by hand {P * (2 + 2 + 4 + 8) // 8:,}")
-    assert need.states == P * (2 + 2 + 4 + 8) // 8 == 2 * P
+    print(f"P = {P:,}: states {need.states:,} bytes, by hand {P * (2 + 2 + 4 + 8) // 8 + buckets:,}")
+    assert need.states == P * (2 + 2 + 4 + 8) // 8 + buckets == 2 * P + buckets
     optimizer = step_memory(spec, offload_optimizer=True, **kw)
-    assert optimizer.states == P * (2 + 2) // 8 and optimizer.host == P * (4 + 8 + 4) // 8
+    assert optimizer.states == P * (2 + 2) // 8 + buckets and optimizer.host == P * (4 + 8 + 4) // 8
     both = step_memory(spec, offload_optimizer=True, offload_params=True, **kw)
-    assert both.states == P * 2 // 8 and both.host == P * (2 + 4 + 8 + 4) // 8
+    assert both.states == P * 2 // 8 + buckets and both.host == P * (2 + 4 + 8 + 4) // 8
 
 
 @pytest.mark.parametrize("gpus, extra, published", [(1, ["parallel.offload_params=true"], 500_000),

@@ -1,7 +1,7 @@
 """ZeRO-3 builds the model partitioned (torchtrain.sharded_build): a user's sharded Hugging Face folder (several
 safetensors files and their index) trains on 2 processes with the losses and gradient norms of one plain process
 on the same weights (the fp32 rule of tests/train/test_zero.py, 1e-6), every rank logs the host memory it held
-while the engine was built, and a folder whose tensor cannot be read stops every rank with one line, exit 2.
+once the model was built and once the engine was, and a folder whose tensor cannot be read stops every rank with one line, exit 2.
 
 The folder holds random:llama's weights (the tiny config's model, seed 0) written in 300 KB shards: three files."""
 
@@ -72,18 +72,18 @@ def test_a_sharded_user_folder_trains_at_zero3_as_one_process_does(single, shard
     assert np.allclose([r["grad_norm"] for r in single], [r["grad_norm"] for r in got], rtol=1e-5)
 
 
-def test_the_build_peak_is_logged_for_every_rank(sharded):
+def test_the_build_peaks_are_logged_for_every_rank(sharded):
     rows, done = sharded
     first = rows[0]
-    peaks = first["ranks_build_peak_gib"]
-    assert len(peaks) == 2 and all(isinstance(p, float) and p > 0 for p in peaks)
-    assert first["build_peak_gib"] == peaks[0]
-    assert len(first["ranks_peak_memory_gib"]) == 2
-    # the step only adds to what the build held: a rank's peak never falls
-    assert all(s >= b for s, b in zip(first["ranks_peak_memory_gib"], peaks))
+    model, engine, step = first["ranks_build_peak_gib"], first["ranks_engine_peak_gib"], first["ranks_peak_memory_gib"]
+    assert len(model) == len(engine) == len(step) == 2 and all(isinstance(p, float) and p > 0 for p in model)
+    assert first["build_peak_gib"] == model[0] and first["engine_peak_gib"] == engine[0]
+    # a high-water mark never falls: the model's build, then the engine's, then the first step
+    assert all(m <= e <= s for m, e, s in zip(model, engine, step))
     assert all("build_peak_gib" not in r for r in rows[1:])
-    line = [ln for ln in done.stderr.splitlines() if ln.startswith("engine built: host memory peak")]
-    assert line == [f"engine built: host memory peak {peaks[0]:.2f}, {peaks[1]:.2f} GiB (ranks 0-1)"]
+    line = [ln for ln in done.stderr.splitlines() if ln.startswith("model built: host memory peak")]
+    assert line == [f"model built: host memory peak {model[0]:.2f}, {model[1]:.2f} GiB (ranks 0-1); engine built: "
+                    f"{engine[0]:.2f}, {engine[1]:.2f} GiB"]
 
 
 def test_an_unreadable_tensor_stops_every_rank_in_one_line(packed, folder, tmp_path):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from .records import (GENERATED, GIB, LONGEST_WINDOW, MEMORY, MEMORY_ESTIMATES, ORACLE_GRAD_MEMORY, STEP_MEMORY,
-                      Records, agree, need, refuse, section)
+from .records import (GENERATED, GIB, LONGEST_WINDOW, MEMORY, MEMORY_ESTIMATES, ORACLE_GRAD_MEMORY, SHARDED_BUILD,
+                      STEP_MEMORY, Records, agree, need, refuse, section)
 from .stats import num, table
 
 
@@ -169,6 +169,32 @@ def memory_page(records: Records) -> str:
                 "which these plans leave unchecked: the column says what the host must hold.", ""]
         return out
 
+    def sharded(rel, rec):
+        rows = []
+        for i, r in enumerate(need(rel, rec, "rows")):
+            m, p, idle = r["measured"], r["planned"], r["idle"]
+            if "failed" in m or "failed" in idle:
+                rows.append([num(r["world"]), m.get("failed") or idle.get("failed"), "", "", "", "", "", "", ""])
+                continue
+            above = {}
+            for key in ("build", "engine", "step"):
+                above[key] = [a - b for a, b in zip(m[f"{key}_gib"], idle[f"{key}_gib"])]
+                for j, v in enumerate(above[key]):
+                    agree(rel, f"rows[{i}].{key}_above_idle_gib[{j}]", r[f"{key}_above_idle_gib"][j], v, abs_tol=2e-4)
+            per_rank = lambda xs: " / ".join(num(x) for x in xs)  # noqa: E731
+            rows.append([num(r["world"]), per_rank(above["build"]),
+                         per_rank([p["build_gib"]] + [p["build_other_ranks_gib"]] * (len(above["build"]) - 1)),
+                         num(r["bound_gib"]), per_rank(above["engine"]), num(p["engine_gib"]),
+                         per_rank(above["step"]), num(p["step_gib"]), f"{num(m['run_gib'])} (plan {num(p['run_gib'])})"])
+        model = rec.get("model", {})
+        return [f"{num(model.get('parameters', 0) / 1e9)}B parameters read from {len(model.get('shards', []))} "
+                "safetensors shards with their index; each rank's peak above the same run's with the tiny model, "
+                "GiB, ranks 0 / 1. The model built: partitioned and filled (rank 0 reads the weights); the engine: "
+                "DeepSpeed's ZeRO-3 partitions beside it (bf16 flat copy while it defragments, fp32 master, "
+                "gradient partition).", "",
+                *table(["processes", "model built", "plan", "bound (half fp32 + largest shard)", "engine built",
+                        "plan", "first step", "plan", "whole run, all processes"], rows)]
+
     out = ["# Memory", "", GENERATED, "",
            "Peaks are measured per process (VmHWM), one run per case; every size option is checked against an "
            "estimate before any work starts, and these tables hold the estimates against the peaks.", ""]
@@ -179,6 +205,10 @@ def memory_page(records: Records) -> str:
                 f"{lw.get('engine')}, activation checkpointing and the tiled MLP, one optimizer step per length.")
     out += section(records, LONGEST_WINDOW, "The longest window this machine trains, planned and measured", what,
                    longest)
+    out += section(records, SHARDED_BUILD, "A 0.5B model built partitioned under ZeRO-3",
+                   "bf16, ZeRO-3, one optimizer step of 512 slots per process, its checkpoint exported; host memory "
+                   "while the engine is built and at the first step, per rank, against the plan "
+                   "(torchtrain.memory.build_memory, step_memory, run_memory).", sharded)
     out += section(records, MEMORY, "One training step per engine", "The default engine grows linearly in T; "
                    "sdpa and eager hold a dense T × T mask.", per_engine)
     out += section(records, MEMORY_ESTIMATES, "The estimates that refuse a run, against measured peaks",

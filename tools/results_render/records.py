@@ -29,6 +29,7 @@ MEMORY = "results/memory/memory_cpu.json"
 MEMORY_ESTIMATES = "results/memory/memory_estimates_cpu.json"
 STEP_MEMORY = "results/memory/step_memory_cpu.json"
 LONGEST_WINDOW = "results/memory/longest_window_cpu.json"
+SHARDED_BUILD = "results/memory/sharded_build_cpu.json"
 ORACLE_GRAD_MEMORY = "results/memory/oracle_grad_memory_cpu.json"
 GPU_PARITY = ("results/gpu/parity/parity_T1025_h200.json", "results/gpu/parity/parity_T1025_h100.json",
               "results/gpu/parity/smoke_T97_h100.json")

@@ -22,6 +22,7 @@ import torch
 
 from anchor_core.errors import InputError
 from anchor_core.limits import clip, excerpt
+from anchor_core.weights import load_spec
 from torchtrain.distributed import quiet_deepspeed_import
 
 if TYPE_CHECKING:
@@ -81,8 +82,6 @@ def bucket_sizes(hidden_size: int, zero_stage: int) -> dict[str, int]:
 def _hidden_size(cfg: TrainConfig) -> int | None:
     """The model's hidden size, or None where `model.name` names nothing readable yet (a config validated before
     its model exists: the run itself refuses it)."""
-    from anchor_core.weights import load_spec
-
     try:
         return load_spec(cfg.model.name).hidden_size
     except (InputError, OSError, ValueError):
