@@ -117,6 +117,37 @@ def list_steps(run: Path) -> list[int]:
     return sorted(steps, reverse=True)
 
 
+UNIVERSAL = "universal"  # step-<N>/ds/universal: DeepSpeed's universal copy of ds/state (torchtrain.universal)
+
+
+def resumes_universal(run: Path, upto: int, world: int, zero_stage: int) -> bool:
+    """Whether this run resumes (from `newest_valid(run, upto=upto)`) a ZeRO >= 1 checkpoint another process count
+    wrote: it then loads the checkpoint's universal copy (DeepSpeed's `checkpoint.load_universal`)."""
+    if zero_stage < 1:
+        return False
+    step = newest_valid(run, log=lambda _line: None, upto=upto)
+    if step is None:
+        return False
+    try:
+        return len(read_trainer_state(step_dir(run, step) / TRAINER_STATE)["rng"]) != world
+    except InputError:
+        return False
+
+
+def _restore_weight_decay(optimizer: Any, weight_decay: float) -> None:
+    """Two things DeepSpeed's ZeRO-3 universal load gets wrong for AdamW's groups, put right: it gives every group
+    the first group's settings (the trainer's groups, torchtrain.optim.param_groups, differ in weight decay alone:
+    the first decays, the second does not), and it gives every group's state one shared `step` tensor, which
+    AdamW then advances once per group each step (a bias correction a step ahead for the second group)."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    for i, group in enumerate(inner.param_groups):
+        group["weight_decay"] = weight_decay if i == 0 else 0.0
+    for state in inner.state.values():
+        step = state.get("step")
+        if step is not None and hasattr(step, "clone"):
+            state["step"] = step.clone()
+
+
 def newest_valid(run: Path, log=print, upto: int | None = None) -> int | None:
     """The newest checkpoint whose manifest verifies and that holds DeepSpeed's state (one kept for its
     weights only, `keep_weights_only`, is nothing to resume from) and, with `upto` (the last step metrics.jsonl
@@ -388,19 +419,24 @@ class Checkpointer:
             folder = step_dir(self.run, found)
             state = read_trainer_state(folder / TRAINER_STATE)
             saved_world = len(state["rng"])
+            tag = "state"
             if saved_world != self.world.size and self.cfg.parallel.zero_stage >= 1:
-                raise InputError(f"the checkpoint was written by {saved_world} processes and "
-                                 f"ZeRO-{self.cfg.parallel.zero_stage} partitions the optimizer states over them: "
-                                 f"resume with parallel.nproc={saved_world}",
-                                 path=folder)
+                # partitioned over the processes that wrote it: the universal copy prepare_run made
+                tag = UNIVERSAL
+                if not (folder / "ds" / UNIVERSAL).is_dir():
+                    raise InputError(f"the checkpoint was written by {saved_world} processes and has no universal "
+                                     "copy for another count (anchor train makes one before its ranks start)",
+                                     path=folder)
             with safe_loads():
-                self.engine.load_checkpoint(str(folder / "ds"), tag="state", load_optimizer_states=True,
+                self.engine.load_checkpoint(str(folder / "ds"), tag=tag, load_optimizer_states=True,
                                             load_lr_scheduler_states=True)
+            if tag == UNIVERSAL and self.cfg.parallel.zero_stage == 3:
+                _restore_weight_decay(self.engine.optimizer, self.cfg.optim.weight_decay)
             try:
                 self.loader.load_state_dict(state["loader"])
                 if saved_world == self.world.size:
                     _set_rng_state(state["rng"][self.world.rank])
-                else:  # another process count (ZeRO-0): the data position is exact, the RNG states derived
+                else:  # another process count: the data position is exact, the RNG states derived
                     seed_rng(self.cfg.data.seed + 1_000_003 * int(state["step"]) + self.world.rank)
             except (KeyError, IndexError, TypeError, ValueError) as e:
                 raise InputError(f"not a trainer state this run wrote ({type(e).__name__}: {e})",

@@ -37,6 +37,7 @@ from anchor_core.weights import load_spec
 from anchor_core.yamlfile import read_yaml
 from torchtrain import checkpoint as ckpt
 from torchtrain import engines
+from torchtrain import universal
 from torchtrain.config import KEYS, RESUMABLE_CHANGES, TrainConfig, check_world, from_flat, is_flat, validate, \
     with_changes
 from torchtrain.config.deepspeed_json import deepspeed_config
@@ -313,7 +314,7 @@ def _fill_run(cfg: TrainConfig, run: Path, spec: ModelSpec, seq_len: int | None,
     source = data_source(cfg)
     if saved is not None:
         _check_source(source, run)
-        _check_process_count(cfg, run, world if world is not None else cfg.parallel.nproc)
+        _check_process_count(cfg, run, world if world is not None else cfg.parallel.nproc, progress)
         trained = max(ckpt.list_steps(run), default=0)
         if cfg.schedule.steps < trained:  # config.yaml would say the run stops before where it stands
             raise InputError(f"schedule.steps={cfg.schedule.steps} but the run has a checkpoint at step {trained}; steps may grow on a "
@@ -341,22 +342,23 @@ def _fill_run(cfg: TrainConfig, run: Path, spec: ModelSpec, seq_len: int | None,
     (run / DS_CONFIG_FILE).write_text(json.dumps(deepspeed_config(cfg, world or cfg.parallel.nproc), indent=1))
 
 
-def _check_process_count(cfg: TrainConfig, run: Path, world: int) -> None:
-    """A resume with another process count works at ZeRO-0 (torchtrain.checkpoint.Checkpointer.resume);
-    at ZeRO >= 1 the optimizer states are partitioned over the processes that wrote them: refused here,
-    before any process starts (the workers check it again on the checkpoint they load)."""
+def _check_process_count(cfg: TrainConfig, run: Path, world: int, progress: bool = True) -> None:
+    """A resume with another process count: at ZeRO-0 the workers load the checkpoint as it is
+    (torchtrain.checkpoint.Checkpointer.resume); at ZeRO >= 1 the optimizer states are partitioned over the
+    processes that wrote them, so the checkpoint the workers will resume from is converted here, once, before any
+    of them starts, to DeepSpeed's universal format (torchtrain.universal), which any process count loads."""
+    universal.clear_unfinished(run)
     if cfg.parallel.zero_stage < 1:
         return
-    for step in reversed(ckpt.list_steps(run)):
-        try:
-            saved_world = len(ckpt.read_trainer_state(ckpt.step_dir(run, step) / ckpt.TRAINER_STATE)["rng"])
-        except InputError:
-            continue  # unreadable: the workers skip or name it
-        if saved_world != world:
-            raise InputError(f"the newest checkpoint (step-{step}) was written by {saved_world} processes and "
-                             f"ZeRO-{cfg.parallel.zero_stage} partitions the optimizer states over them: resume "
-                             f"with parallel.nproc={saved_world}", path=run)
+    step = ckpt.newest_valid(run, log=lambda _line: None, upto=read_log(run).last)
+    if step is None:
         return
+    try:
+        saved_world = len(ckpt.read_trainer_state(ckpt.step_dir(run, step) / ckpt.TRAINER_STATE)["rng"])
+    except InputError:
+        return  # unreadable: the workers name it
+    if saved_world != world:
+        universal.convert_for_resume(run, step, progress=progress)
 
 
 def _check_source(source: dict[str, Any], run: Path) -> None:

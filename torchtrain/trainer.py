@@ -147,7 +147,9 @@ def worker(run_str: str, progress: bool = True) -> int:
     world = _start_rank(cfg)
     data = PackedData.open(data_dir(cfg, run))
     spec = check_model(cfg, model_spec(cfg), data.seq_len, memory=False)  # prepare_run checked the memory
-    engine, scheduler, rope_buffers, built = _build_engine(cfg, spec, world)
+    logged, upto = _read_logged(run, world)
+    engine, scheduler, rope_buffers, built = _build_engine(cfg, spec, world, universal=ckpt.resumes_universal(
+        run, upto, world.size, cfg.parallel.zero_stage))
     engine_built = rank_peaks(world)  # and with DeepSpeed's engine beside it, before any step
     if world.is_main:
         ranks = f" (ranks 0-{len(built) - 1})" if len(built) > 1 else ""
@@ -159,7 +161,6 @@ def worker(run_str: str, progress: bool = True) -> int:
     checkpointer = ckpt.Checkpointer(run, cfg, spec, engine, world, loader, config_file=CONFIG_FILE,
                                      max_shard_size=cfg.checkpoint.max_shard_size,
                                      export_dtype=cfg.checkpoint.export_dtype)
-    logged, upto = _read_logged(run, world)
     start, elapsed0 = checkpointer.resume(upto=upto)  # no later than the log: it never has a gap
     _restore_rope_buffers(engine.module, rope_buffers)  # after DeepSpeed's initialize and a checkpoint's load
 
@@ -254,16 +255,19 @@ def return_freed_memory() -> None:
         pass
 
 
-def _build_engine(cfg: TrainConfig, spec: ModelSpec, world: World) -> tuple[Any, Any, dict[str, torch.Tensor],
+def _build_engine(cfg: TrainConfig, spec: ModelSpec, world: World, universal: bool = False) -> tuple[Any, Any, dict[str, torch.Tensor],
                                                                           list[float | None]]:
     """The model (the same seed on every rank; Ulysses over the SP group; activation checkpointing as
     configured) under DeepSpeed with AdamW and the schedule: (engine, scheduler, the RoPE buffers'
     float32 values, which `_restore_rope_buffers` puts back once the engine's state is loaded, and every rank's
-    host memory peak once the model was built, before the engine: `rank_peaks`)."""
+    host memory peak once the model was built, before the engine: `rank_peaks`). `universal`: the run resumes
+    from a checkpoint in DeepSpeed's universal format (another process count: torchtrain.universal)."""
     import deepspeed
 
     groups = ParallelGroups(world)
     ds_config = deepspeed_config(cfg, world.size)
+    if universal:
+        ds_config["checkpoint"] = {**ds_config.get("checkpoint", {}), "load_universal": True}
     dtype = "bfloat16" if cfg.model.dtype == "bfloat16" else "float32"
     if cfg.parallel.zero_stage == 3:  # partitioned as it is built: no rank holds the whole model
         model = build_partitioned(cfg.model.name, engine=resolved_engine(cfg), dtype=dtype, rope=spec.rope,

@@ -320,8 +320,9 @@ def test_resume_compares_the_data_by_path_and_content(corpus, tmp_path):
 def test_resume_with_another_process_count(packed, tmp_path):
     """Resuming with another nproc, whose ranks the checkpoint holds no RNG states for. At ZeRO-0 it
     resumes: the data position exact (the same windows: the same counted tokens per step as the
-    uninterrupted run), the RNG states derived per rank. At ZeRO >= 1, whose optimizer states are
-    partitioned over the processes, it is refused in one line before any work."""
+    uninterrupted run), the RNG states derived per rank. At ZeRO >= 1, whose optimizer states are partitioned
+    over the processes, the checkpoint is converted to DeepSpeed's universal format first
+    (tests/train/test_resume_other_world.py holds those runs to uninterrupted ones)."""
     args = ("checkpoint.save_every=2", "checkpoint.keep_last=2", "eval.window=0", "data.micro_batch=1", f"data.path={packed}")
     ref, out = tmp_path / "ref", tmp_path / "run"
     run_train(ref, "schedule.steps=3", *args)
@@ -331,14 +332,6 @@ def test_resume_with_another_process_count(packed, tmp_path):
     assert [r["step"] for r in metrics(out)] == [1, 2, 3]
     assert [r["tokens"] for r in metrics(out)] == [r["tokens"] for r in metrics(ref)]
     assert abs(metrics(out)[2]["loss"] - metrics(ref)[2]["loss"]) < 1e-3 * abs(metrics(ref)[2]["loss"])
-
-    zero = tmp_path / "zero1"
-    run_train(zero, "schedule.steps=2", "parallel.zero_stage=1", *args)
-    p = run_train(zero, "schedule.steps=3", "parallel.zero_stage=1", "parallel.nproc=2", *args, check=False)
-    print(p.stderr)
-    lines = [line for line in p.stderr.splitlines() if "resume with parallel.nproc=1" in line]
-    assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr
-    assert [r["step"] for r in metrics(zero)] == [1, 2]
 
 
 def test_a_tampered_trainer_state_is_one_line(packed, tmp_path):

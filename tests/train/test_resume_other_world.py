@@ -1,0 +1,86 @@
+"""A ZeRO-1/2/3 run resumed on another process count (torchtrain.universal): 4 steps on 2 processes, then the
+same command with parallel.nproc=1 to step 8 (and 1 -> 2; a constant learning rate, which schedule.steps does not change) gives, from step 5 on, the losses and gradient norms of
+an uninterrupted run on the new count, within the fp32 rule of tests/train/test_zero.py (1e-6; the counts
+themselves agree to it). What a conversion killed by `kill -9` leaves (its temporary folder; the converted folder
+renamed into place before the manifest that lists it) is removed and made again: the resume is the same."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from tests.train.conftest import metrics, run_train
+
+COMMON = ("data.global_batch=4", "data.micro_batch=1", "eval.window=0", "checkpoint.save_every=4", "schedule.kind=constant",
+          "optim.grad_clip=1.0", "logging.tensorboard=false", "checkpoint.keep_last=0")
+STAGES = [1, pytest.param(2, marks=pytest.mark.slow), 3]
+
+
+def _run(out, packed, stage, nproc, steps, check=True):
+    return run_train(out, *COMMON, f"parallel.zero_stage={stage}", f"parallel.nproc={nproc}", f"schedule.steps={steps}",
+                     f"data.path={packed}", check=check)
+
+
+def _same(ref, got, what):
+    a = np.array([r["loss"] for r in ref][4:])
+    b = np.array([r["loss"] for r in got][4:])
+    rel = np.abs(a - b) / np.abs(a)
+    print(f"{what}: uninterrupted {a.round(7)}\n{what}: resumed       {b.round(7)}\n{what}: max rel {rel.max():.2e}")
+    assert [r["step"] for r in got] == list(range(1, 9))
+    assert rel.max() <= 1e-6
+    assert np.allclose([r["grad_norm"] for r in ref][4:], [r["grad_norm"] for r in got][4:], rtol=1e-5)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("before,after", [(2, 1), (1, 2)])
+def test_a_zero_run_resumes_on_another_process_count(packed, tmp_path, stage, before, after):
+    ref = tmp_path / "uninterrupted"
+    _run(ref, packed, stage, after, 8)
+    out = tmp_path / "run"
+    _run(out, packed, stage, before, 4)
+    done = _run(out, packed, stage, after, 8)
+    assert f"({before} processes then, {after} now" in done.stderr
+    step4 = out / "checkpoints" / "step-4"
+    manifest = json.loads((step4 / "manifest.json").read_text())
+    assert any(k.startswith("ds/universal/") for k in manifest["files"])  # the conversion is under the manifest
+    _same(metrics(ref), metrics(out), f"ZeRO-{stage} {before} -> {after}")
+
+
+@pytest.mark.parametrize("left", ["temporary folder", "unlisted conversion"])
+def test_what_a_killed_conversion_left_is_made_again(packed, tmp_path, left):
+    stage = 1
+    ref = tmp_path / "uninterrupted"
+    _run(ref, packed, stage, 1, 8)
+    out = tmp_path / "run"
+    _run(out, packed, stage, 2, 4)
+    step4 = out / "checkpoints" / "step-4"
+    if left == "temporary folder":  # killed while converting
+        junk = out / "checkpoints" / ".universal-step-4.tmp" / "universal" / "zero"
+        junk.mkdir(parents=True)
+        (junk / "half.pt").write_bytes(b"\x80\x04")
+    else:  # killed after the converted folder was renamed into place, before the manifest listing it
+        (step4 / "ds" / "universal" / "zero").mkdir(parents=True)
+        (step4 / "ds" / "universal" / "zero" / "half.pt").write_bytes(b"\x80\x04")
+    _run(out, packed, stage, 1, 8)
+    assert not (out / "checkpoints" / ".universal-step-4.tmp").exists()
+    assert not (step4 / "ds" / "universal" / "zero" / "half.pt").exists()
+    _same(metrics(ref), metrics(out), f"ZeRO-{stage} 2 -> 1 after a killed conversion ({left})")
+
+
+def test_a_tampered_conversion_is_refused_as_the_checkpoint_is(packed, tmp_path):
+    """A listed universal file whose bytes changed fails the checkpoint's manifest: the run names it and starts
+    over from the older checkpoint it can verify (here none: from scratch), as for any corrupt checkpoint."""
+    out = tmp_path / "run"
+    _run(out, packed, 1, 2, 4)
+    _run(out, packed, 1, 1, 5)  # converts step-4, resumes, writes nothing new before step 8 (save_every 4)
+    step4 = out / "checkpoints" / "step-4"
+    victim = sorted((step4 / "ds" / "universal" / "zero").rglob("fp32.pt"))[0]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one byte changed (a zip's last bytes are often zeros already)
+    victim.write_bytes(bytes(data))
+    shutil.rmtree(out / "checkpoints" / "step-5", ignore_errors=True)
+    done = _run(out, packed, 1, 1, 6, check=False)
+    assert "step-4 is corrupt (checksum mismatch in ds/universal/" in done.stderr, done.stderr[-2000:]
