@@ -18,6 +18,7 @@ Launch: `nproc: N` starts N local worker processes through torch's elastic launc
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import sys
@@ -105,8 +106,10 @@ def _quiet_deepspeed() -> None:
     sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None  # type: ignore[attr-defined]
 
 
-def init_world(sp: int) -> World:
-    """Join (or, alone, create) the process group: gloo on CPU, NCCL on CUDA. Returns this rank's World."""
+def init_world(sp: int, timeout_s: int = 600) -> World:
+    """Join (or, alone, create) the process group: gloo on CPU, NCCL on CUDA, its collectives waiting `timeout_s`
+    seconds for the other ranks (`parallel.timeout_s`: a rank whose peer died stops then, not after torch's 30
+    minutes or never). Returns this rank's World."""
     quiet_deepspeed_import()
     import deepspeed
 
@@ -123,9 +126,10 @@ def init_world(sp: int) -> World:
     else:
         device = torch.device("cpu")
         backend = "gloo"
+    timeout = datetime.timedelta(seconds=timeout_s)
     if not dist.is_initialized():
-        dist.init_process_group(backend)
-    deepspeed.init_distributed(backend)
+        dist.init_process_group(backend, timeout=timeout)
+    deepspeed.init_distributed(backend, timeout=timeout)
     return World(rank=dist.get_rank(), size=dist.get_world_size(), sp=sp, device=device)
 
 

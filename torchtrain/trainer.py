@@ -107,8 +107,10 @@ def train(cfg: TrainConfig, run: str | Path, *, progress: bool = True) -> int:
 
 
 def _train_external(cfg: TrainConfig, run: Path, progress: bool) -> int:
-    """Under an outside launcher: rank 0 prepares the run folder while the others wait."""
-    world = init_world(cfg.parallel.sequence_parallel)
+    """Under an outside launcher (torchrun, on one node or several): rank 0 prepares the run folder while the
+    others wait, then every rank checks that it sees what rank 0 prepared (`check_shared_run`). A rank whose
+    peers stopped or cannot be reached (a dead node) stops with one line, within `parallel.timeout_s`."""
+    world = init_world(cfg.parallel.sequence_parallel, cfg.parallel.timeout_s)
     error = None
     if world.is_main:
         try:
@@ -119,7 +121,56 @@ def _train_external(cfg: TrainConfig, run: Path, progress: bool) -> int:
     dist.broadcast_object_list(box, src=0)
     if box[0] is not None:
         raise InputError(box[0])
-    return worker(str(run), progress)
+    check_shared_run(run, world)
+    try:
+        return worker(str(run), progress)
+    except RuntimeError as e:  # torch.distributed's DistError is one
+        if not peer_lost(e):
+            raise
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        print(f"anchor train: error: rank {world.rank}: another rank stopped or cannot be reached ({first}); this "
+              "rank stops too. The same command resumes from the newest checkpoint, on these nodes or others.",
+              file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
+def peer_lost(e: BaseException) -> bool:
+    """Whether `e` says a collective's peer is gone: torch.distributed's own errors, or gloo's and NCCL's words
+    for a closed connection or a collective that timed out."""
+    if isinstance(e, dist.DistError):
+        return True
+    text = str(e)
+    return any(w in text for w in ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                                   "Timed out", "timed out", "NCCL communicator was aborted"))
+
+
+def check_shared_run(run: Path, world: World) -> None:
+    """Every rank sees the run folder rank 0 prepared (a folder every node shares): rank 0 writes a token there,
+    every rank reads it back; a rank that cannot (a node-local path) stops every rank with one line naming it."""
+    import socket
+    import uuid
+
+    token = run / ".anchor-shared-check"
+    box = [uuid.uuid4().hex if world.is_main else None]
+    if world.is_main:
+        token.write_text(box[0], encoding="utf-8")
+    dist.broadcast_object_list(box, src=0)
+    try:
+        seen = token.read_text(encoding="utf-8") == box[0]
+    except OSError:
+        seen = False
+    views: list[Any] = [None] * world.size
+    dist.all_gather_object(views, (seen, socket.gethostname(), str(run)))
+    dist.barrier()
+    if world.is_main:
+        token.unlink(missing_ok=True)
+    blind = [(r, host, path) for r, (ok, host, path) in enumerate(views) if not ok]
+    if blind:
+        r, host, path = blind[0]
+        more = f" (and {len(blind) - 1} more rank{'s' if len(blind) > 2 else ''})" if len(blind) > 1 else ""
+        raise InputError(f"rank {r} on {host} does not see the run folder rank 0 prepared on {views[0][1]}{more}: "
+                         f"--out must name one folder every node shares (a shared filesystem; a node-local path such "
+                         f"as /tmp is not)", path=path)
 
 
 def _launched_worker(run_str: str, progress: bool = True) -> int:
@@ -233,7 +284,7 @@ def _read_logged(run: Path, world: World) -> tuple[Logged | None, int]:
 
 def _start_rank(cfg: TrainConfig) -> World:
     """Join the run's processes (checked against the config), then seed this rank's RNGs with `seed + rank`."""
-    world = init_world(cfg.parallel.sequence_parallel)
+    world = init_world(cfg.parallel.sequence_parallel, cfg.parallel.timeout_s)
     check_world(cfg, world.size)
     if world.device.type == "cpu":
         return_freed_memory()

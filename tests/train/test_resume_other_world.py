@@ -2,7 +2,8 @@
 same command with parallel.nproc=1 to step 8 (and 1 -> 2; a constant learning rate, which schedule.steps does not change) gives, from step 5 on, the losses and gradient norms of
 an uninterrupted run on the new count, within the fp32 rule of tests/train/test_zero.py (1e-6; the counts
 themselves agree to it). What a conversion killed by `kill -9` leaves (its temporary folder; the converted folder
-renamed into place before the manifest that lists it) is removed and made again: the resume is the same."""
+renamed into place before the manifest that lists it) is removed and made again: the resume is the same.
+`make test` runs 2 -> 1 at ZeRO-1 and 3 and one killed conversion; `make test-all` every case."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def _same(ref, got, what):
 
 
 @pytest.mark.parametrize("stage", STAGES)
-@pytest.mark.parametrize("before,after", [(2, 1), (1, 2)])
+@pytest.mark.parametrize("before,after", [(2, 1), pytest.param(1, 2, marks=pytest.mark.slow)])
 def test_a_zero_run_resumes_on_another_process_count(packed, tmp_path, stage, before, after):
     ref = tmp_path / "uninterrupted"
     _run(ref, packed, stage, after, 8)
@@ -49,7 +50,7 @@ def test_a_zero_run_resumes_on_another_process_count(packed, tmp_path, stage, be
     _same(metrics(ref), metrics(out), f"ZeRO-{stage} {before} -> {after}")
 
 
-@pytest.mark.parametrize("left", ["temporary folder", "unlisted conversion"])
+@pytest.mark.parametrize("left", [pytest.param("temporary folder", marks=pytest.mark.slow), "unlisted conversion"])
 def test_what_a_killed_conversion_left_is_made_again(packed, tmp_path, left):
     stage = 1
     ref = tmp_path / "uninterrupted"
@@ -70,6 +71,7 @@ def test_what_a_killed_conversion_left_is_made_again(packed, tmp_path, left):
     _same(metrics(ref), metrics(out), f"ZeRO-{stage} 2 -> 1 after a killed conversion ({left})")
 
 
+@pytest.mark.slow
 def test_a_tampered_conversion_is_refused_as_the_checkpoint_is(packed, tmp_path):
     """A listed universal file whose bytes changed fails the checkpoint's manifest: the run names it and starts
     over from the older checkpoint it can verify (here none: from scratch), as for any corrupt checkpoint."""

@@ -187,11 +187,13 @@ def memory_page(records: Records) -> str:
                          num(r["bound_gib"]), per_rank(above["engine"]), num(p["engine_gib"]),
                          per_rank(above["step"]), num(p["step_gib"]), f"{num(m['run_gib'])} (plan {num(p['run_gib'])})"])
         model = rec.get("model", {})
+        ranks = " / ".join(str(r) for r in range(max(r["world"] for r in rec["rows"])))
         return [f"{num(model.get('parameters', 0) / 1e9)}B parameters read from {len(model.get('shards', []))} "
-                "safetensors shards with their index; each rank's peak above the same run's with the tiny model, "
-                "GiB, ranks 0 / 1. The model built: partitioned and filled (rank 0 reads the weights); the engine: "
-                "DeepSpeed's ZeRO-3 partitions beside it (bf16 flat copy while it defragments, fp32 master, "
-                "gradient partition).", "",
+                f"safetensors shards with their index, one optimizer step of {num(need(rel, rec, 'seq_len'))} slots "
+                f"per process; each rank's peak above the same run's with the tiny model, GiB, ranks {ranks}. The "
+                "model built: partitioned and filled (the first rank reads the weights); the engine: DeepSpeed's "
+                "ZeRO-3 partitions beside it (bf16 flat copy while it defragments, fp32 master, gradient "
+                "partition).", "",
                 *table(["processes", "model built", "plan", "bound (half fp32 + largest shard)", "engine built",
                         "plan", "first step", "plan", "whole run, all processes"], rows)]
 
@@ -205,10 +207,10 @@ def memory_page(records: Records) -> str:
                 f"{lw.get('engine')}, activation checkpointing and the tiled MLP, one optimizer step per length.")
     out += section(records, LONGEST_WINDOW, "The longest window this machine trains, planned and measured", what,
                    longest)
-    out += section(records, SHARDED_BUILD, "A 0.5B model built partitioned under ZeRO-3",
-                   "bf16, ZeRO-3, one optimizer step of 512 slots per process, its checkpoint exported; host memory "
-                   "while the engine is built and at the first step, per rank, against the plan "
-                   "(torchtrain.memory.build_memory, step_memory, run_memory).", sharded)
+    out += section(records, SHARDED_BUILD, "A model read from shards, built partitioned under ZeRO-3",
+                   "bf16, ZeRO-3, its checkpoint exported; host memory once the model and the engine are built and "
+                   "at the first step, per rank, against the plan (torchtrain.memory.build_memory, step_memory, "
+                   "run_memory).", sharded)
     out += section(records, MEMORY, "One training step per engine", "The default engine grows linearly in T; "
                    "sdpa and eager hold a dense T × T mask.", per_engine)
     out += section(records, MEMORY_ESTIMATES, "The estimates that refuse a run, against measured peaks",

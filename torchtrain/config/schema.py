@@ -177,6 +177,8 @@ class ParallelConfig(_Section):
                                          "memory, stepped there by DeepSpeed's CPU Adam (built once, C++)")
     offload_params: StrictBool = _key(False, "ZeRO-3: the parameters in host memory, brought to the device as "
                                       "each layer runs")
+    timeout_s: StrictInt = _key(600, "seconds a rank waits in a collective for the others before the run stops: "
+                                "a dead node ends the job within this time", ge=1, resumable=True)
 
 
 class CheckpointConfig(_Section):
