@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -86,3 +87,41 @@ def test_a_tampered_conversion_is_refused_as_the_checkpoint_is(packed, tmp_path)
     shutil.rmtree(out / "checkpoints" / "step-5", ignore_errors=True)
     done = _run(out, packed, 1, 1, 6, check=False)
     assert "step-4 is corrupt (checksum mismatch in ds/universal/" in done.stderr, done.stderr[-2000:]
+
+
+def test_a_conversion_killed_midway_is_made_again(packed, tmp_path):
+    """`kill -9` while DeepSpeed's converter runs (tests/train/conversion_probe holds it between its extraction and
+    its merge), then the same command: the half-made conversion is removed, made again, and the losses are those of
+    the uninterrupted run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.train.conftest import ENV, train_args
+
+    stage = 1
+    ref = tmp_path / "uninterrupted"
+    _run(ref, packed, stage, 1, 8)
+    out = tmp_path / "run"
+    _run(out, packed, stage, 2, 4)
+    mark = tmp_path / "converting"
+    probe = Path(__file__).parent / "conversion_probe"
+    env = {**ENV, "ANCHOR_TEST_CONVERSION_MARK": str(mark),
+           "PYTHONPATH": os.pathsep.join([str(probe), ENV.get("PYTHONPATH", "")])}
+    args = train_args(out, *COMMON, f"parallel.zero_stage={stage}", "parallel.nproc=1", "schedule.steps=8",
+                      f"data.path={packed}")
+    proc = subprocess.Popen([sys.executable, "-m", "anchor", *args], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not mark.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert mark.exists(), proc.stderr.read().decode()[-2000:] if proc.poll() is not None else "no conversion started"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    left = out / "checkpoints" / ".universal-step-4.tmp"
+    assert left.is_dir() and not (out / "checkpoints" / "step-4" / "ds" / "universal").exists()
+    _run(out, packed, stage, 1, 8)
+    assert not left.exists()
+    _same(metrics(ref), metrics(out), f"ZeRO-{stage} 2 -> 1 after kill -9 mid-conversion")
