@@ -25,10 +25,10 @@ from anchor_core.errors import InputError
 from anchor_core.spec import ModelSpec, random_preset
 from anchor_core.weights import (
     _SAFETENSORS_DTYPES,
-    SAFE_WEIGHTS_INDEX_NAME,
     _gguf_reader,
     _locate,
     _note_unverified,
+    check_listed,
     check_shapes,
     expected_shapes,
     gguf_shapes,
@@ -89,19 +89,14 @@ Layout = list[tuple[Path, dict, int, set[str]]]
 def _safetensors_layout(path: Path) -> Layout:
     """Each weight file of a Hugging Face folder (`weight_files`) with its validated header, where its data
     starts and the tensors read from it; a tensor the index puts in a file that does not hold it is an
-    InputError, as `read_safetensors` says it."""
+    InputError (`check_listed`, as `read_safetensors` says it)."""
     files = weight_files(path)
     if not files:
         raise InputError("no *.safetensors weight files in the model folder", path=path)
     layout: Layout = []
     for file, names in files.items():
         header, start = safetensors_header(file)
-        if names is not None:
-            absent = sorted(set(names) - set(header))
-            if absent:
-                more = f" (nor {len(absent) - 1} more the index puts there)" if len(absent) > 1 else ""
-                raise InputError(f"{SAFE_WEIGHTS_INDEX_NAME} puts {absent[0]} in {file.name}, which does not "
-                                 f"hold it{more}", path=path)
+        check_listed(file, header, names)
         layout.append((file, header, start, set(header) if names is None else set(names)))
     return layout
 

@@ -187,12 +187,7 @@ def read_safetensors(path: Path, names: Collection[str] | None = None) -> StateD
     arrays; a truncated or corrupt file is an InputError. Only the tensors read are copied out of the
     file's memory map."""
     header, start = safetensors_header(path)
-    if names is not None:
-        absent = sorted(set(names) - set(header))
-        if absent:
-            more = f" (nor {len(absent) - 1} more the index puts there)" if len(absent) > 1 else ""
-            raise InputError(f"{SAFE_WEIGHTS_INDEX_NAME} puts {absent[0]} in {path.name}, which does not hold "
-                             f"it{more}", path=path.parent)
+    check_listed(path, header, names)
     data = np.memmap(path, dtype=np.uint8, mode="r") if header else np.zeros(0, np.uint8)
     out: StateDict = {}
     for name, info in header.items():
@@ -207,6 +202,16 @@ def read_safetensors(path: Path, names: Collection[str] | None = None) -> StateD
         arr = np.frombuffer(data[start + b : start + e], dtype=kind).reshape(info["shape"])
         out[name] = arr.astype(np.float32)
     return out
+
+
+def check_listed(path: Path, header: dict[str, Any], names: Collection[str] | None) -> None:
+    """Every tensor the folder's index puts in the safetensors file `path` (`names`; None: no index) is in its
+    `header`; else an InputError naming the first one absent and the folder."""
+    absent = sorted(set(names or ()) - set(header))
+    if absent:
+        more = f" (nor {len(absent) - 1} more the index puts there)" if len(absent) > 1 else ""
+        raise InputError(f"{SAFE_WEIGHTS_INDEX_NAME} puts {absent[0]} in {path.name}, which does not hold "
+                         f"it{more}", path=path.parent)
 
 
 def safetensors_index(path: Path) -> dict[str, str]:
