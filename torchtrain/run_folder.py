@@ -40,11 +40,11 @@ from torchtrain import engines
 from torchtrain import universal
 from torchtrain.config import KEYS, RESUMABLE_CHANGES, TrainConfig, check_world, from_flat, is_flat, validate, \
     with_changes
-from torchtrain.config.deepspeed_json import deepspeed_config
+from torchtrain.config.deepspeed_json import check_offload_buckets, deepspeed_config
 from torchtrain.config.schema import plain
 from torchtrain.distributed import launched_externally
 from torchtrain.engines import resolve_engine
-from torchtrain.memory import check_device, largest_term, step_memory, step_of
+from torchtrain.memory import check_device, largest_term, parameters, step_memory, step_of
 from torchtrain.metrics import read_log
 from torchtrain.sequence_parallel import check_sequence_parallel
 
@@ -285,6 +285,7 @@ def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, 
     asked = cfg.model.engine
     cfg = with_changes(cfg, {"model.engine": resolved_engine(cfg)})  # `auto` resolved: config.yaml records what runs
     spec = model_spec(cfg)
+    check_offload_buckets(cfg, world if world is not None else cfg.parallel.nproc, parameters(spec))
     stream_weights(cfg.model.name, seed=cfg.data.seed)  # names and shapes from the files' headers, no data:
     # weights that do not fit the model are refused here, not in a rank that has started building it
     data_path = Path(cfg.data.path)

@@ -183,3 +183,30 @@ def test_a_run_from_before_the_offload_keys_resumes_as_without_offload(tmp_path)
     with pytest.raises(InputError, match="parallel.offload_optimizer is True but the run was started with False"):
         _check_resume_config(load_train_config(TINY, ["parallel.zero_stage=1", "parallel.offload_optimizer=true"]),
                              saved, tmp_path)
+
+
+def test_offload_with_accumulation_needs_every_gradient_in_one_bucket():
+    """ZeRO-3 with the optimizer offloaded and micro-steps accumulating: DeepSpeed's offload path is right only where
+    one reduce bucket holds every gradient (torchtrain.config.deepspeed_json.check_offload_buckets, measured), so a
+    model larger than the bucket is refused in one line naming the two ways out; the bucket sizes are DeepSpeed's
+    own there, the model's where nothing accumulates."""
+    from anchor_core.errors import InputError
+    from torchtrain.config.deepspeed_json import check_offload_buckets
+
+    base = ["parallel.zero_stage=3", "parallel.offload_optimizer=true", "parallel.nproc=2", "data.micro_batch=1"]
+    accumulating = load_train_config(TINY, [*base, "data.global_batch=4"])  # 2 micro-steps per rank
+    assert accumulating.grad_accum(2) == 2
+    check_offload_buckets(accumulating, 2, 214_200)  # random:llama: one 5e8 bucket holds it
+    assert "reduce_bucket_size" not in generated(accumulating, 2)["zero_optimization"]  # DeepSpeed's own
+    small = load_train_config(TINY, [*base, "data.global_batch=4", "deepspeed.zero_optimization.reduce_bucket_size=1000"])
+    with pytest.raises(InputError) as e:
+        check_offload_buckets(small, 2, 214_200)
+    line = str(e.value)
+    assert "\n" not in line and "214,200 parameters > reduce_bucket_size 1,000" in line
+    assert "deepspeed.zero_optimization.reduce_bucket_size" in line and "data.micro_batch" in line
+    with pytest.raises(InputError):
+        check_offload_buckets(accumulating, 2, 600_000_000)  # past DeepSpeed's 5e8 default
+    single = load_train_config(TINY, [*base, "data.global_batch=2", "deepspeed.zero_optimization.reduce_bucket_size=1000"])
+    check_offload_buckets(single, 2, 214_200)  # nothing accumulates: any bucket serves
+    assert generated(load_train_config(TINY, [*base, "data.global_batch=2"]), 2)["zero_optimization"][
+        "reduce_bucket_size"] == 84 * 84
