@@ -120,28 +120,40 @@ def list_steps(run: Path) -> list[int]:
 UNIVERSAL = "universal"  # step-<N>/ds/universal: DeepSpeed's universal copy of ds/state (torchtrain.universal)
 
 
-def resumes_universal(run: Path, upto: int, world: int, zero_stage: int) -> bool:
-    """Whether this run resumes (from `newest_valid(run, upto=upto)`) a ZeRO >= 1 checkpoint another process count
-    wrote: it then loads the checkpoint's universal copy (DeepSpeed's `checkpoint.load_universal`)."""
+def universal_step(run: Path, upto: int | None, world: int, zero_stage: int) -> int | None:
+    """The checkpoint this run resumes from (`newest_valid(run, upto=upto)`) where another process count wrote it
+    at ZeRO >= 1: it is resumed through its universal copy (torchtrain.universal; DeepSpeed's
+    `checkpoint.load_universal`); None where the run starts afresh or resumes as it is."""
     if zero_stage < 1:
-        return False
+        return None
     step = newest_valid(run, log=lambda _line: None, upto=upto)
     if step is None:
-        return False
+        return None
     try:
-        return len(read_trainer_state(step_dir(run, step) / TRAINER_STATE)["rng"]) != world
+        saved_world = len(read_trainer_state(step_dir(run, step) / TRAINER_STATE)["rng"])
     except InputError:
-        return False
+        return None  # unreadable: the resume names it
+    return step if saved_world != world else None
 
 
-def _restore_weight_decay(optimizer: Any, weight_decay: float) -> None:
-    """Two things DeepSpeed's ZeRO-3 universal load gets wrong for AdamW's groups, put right: it gives every group
-    the first group's settings (the trainer's groups, torchtrain.optim.param_groups, differ in weight decay alone:
-    the first decays, the second does not), and it gives every group's state one shared `step` tensor, which
-    AdamW then advances once per group each step (a bias correction a step ahead for the second group)."""
+# AdamW's settings that DeepSpeed's ZeRO-3 universal load overwrites with the first group's in every group; the
+# learning rate is the schedule's (loaded with it), the parameters DeepSpeed's own.
+_GROUP_SETTINGS_KEPT = ("params", "lr", "initial_lr")
+
+
+def _group_settings(optimizer: Any) -> list[dict[str, Any]]:
     inner = getattr(optimizer, "optimizer", optimizer)
-    for i, group in enumerate(inner.param_groups):
-        group["weight_decay"] = weight_decay if i == 0 else 0.0
+    return [{k: v for k, v in g.items() if k not in _GROUP_SETTINGS_KEPT} for g in inner.param_groups]
+
+
+def _mend_universal_load(optimizer: Any, settings: list[dict[str, Any]]) -> None:
+    """Two things DeepSpeed's ZeRO-3 universal load gets wrong for AdamW, put right: every group gets the first
+    group's settings (here the settings the trainer built from its config, taken before the load, go back: the
+    no-decay group's weight decay), and every group's state shares one `step` tensor, which AdamW would advance
+    once per group each step (a bias correction a step ahead for the second group)."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    for group, own in zip(inner.param_groups, settings):
+        group.update(own)
     for state in inner.state.values():
         step = state.get("step")
         if step is not None and hasattr(step, "clone"):
@@ -427,11 +439,12 @@ class Checkpointer:
                     raise InputError(f"the checkpoint was written by {saved_world} processes and has no universal "
                                      "copy for another count (anchor train makes one before its ranks start)",
                                      path=folder)
+            settings = _group_settings(self.engine.optimizer)
             with safe_loads():
                 self.engine.load_checkpoint(str(folder / "ds"), tag=tag, load_optimizer_states=True,
                                             load_lr_scheduler_states=True)
             if tag == UNIVERSAL and self.cfg.parallel.zero_stage == 3:
-                _restore_weight_decay(self.engine.optimizer, self.cfg.optim.weight_decay)
+                _mend_universal_load(self.engine.optimizer, settings)
             try:
                 self.loader.load_state_dict(state["loader"])
                 if saved_world == self.world.size:

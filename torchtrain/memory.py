@@ -236,7 +236,7 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
         held_grads, held_kept = early * grads, spec.num_layers
     else:
         held_grads, held_kept, recompute, loss = P * grads, 1, layer * slots, 0
-    buckets = elem * sum(bucket_sizes(spec.hidden_size, zero_stage).values())
+    buckets = bucket_bytes(spec, zero_stage, elem)
     states = int(P * (weights + moments) + held_grads + buckets)
     parts = (("checkpoints", int(kept * slots * held_kept)), ("recompute", int(recompute)), ("loss", int(loss)))
     if gathered:
@@ -331,6 +331,12 @@ def largest_term(need: StepMemory) -> tuple[str, int]:
 
 
 
+def bucket_bytes(spec: ModelSpec, zero_stage: int, elem: int) -> int:
+    """DeepSpeed's communication buffers on a rank, not sharded: the buckets `bucket_sizes` sizes (elements of the
+    run's dtype); its persistence threshold is a size limit, no buffer."""
+    return elem * sum(v for k, v in bucket_sizes(spec.hidden_size, zero_stage).items() if k.endswith("bucket_size"))
+
+
 def build_memory(spec: ModelSpec, *, dtype: torch.dtype, zero_stage: int, world: int,
                  reader: bool = True) -> tuple[int, int]:
     """Host bytes a process holds above its idle size (model, engine): once its model is built, and once DeepSpeed's
@@ -352,7 +358,7 @@ def build_memory(spec: ModelSpec, *, dtype: torch.dtype, zero_stage: int, world:
     n = max(1, world)
     group = max(layer_parameters(spec), spec.vocab_size * spec.hidden_size)
     model = P * elem / n + ((4 + max(4, 2 * elem)) if reader else 2 * elem) * group
-    engine = max(model, P * (3 * elem + 4) / n + elem * sum(bucket_sizes(spec.hidden_size, zero_stage).values()))
+    engine = max(model, P * (3 * elem + 4) / n + bucket_bytes(spec, zero_stage, elem))
     return int((1 + ALLOCATOR_MARGIN) * model), int((1 + ALLOCATOR_MARGIN) * engine)
 
 

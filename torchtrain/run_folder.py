@@ -349,16 +349,8 @@ def _check_process_count(cfg: TrainConfig, run: Path, world: int, progress: bool
     processes that wrote them, so the checkpoint the workers will resume from is converted here, once, before any
     of them starts, to DeepSpeed's universal format (torchtrain.universal), which any process count loads."""
     universal.clear_unfinished(run)
-    if cfg.parallel.zero_stage < 1:
-        return
-    step = ckpt.newest_valid(run, log=lambda _line: None, upto=read_log(run).last)
-    if step is None:
-        return
-    try:
-        saved_world = len(ckpt.read_trainer_state(ckpt.step_dir(run, step) / ckpt.TRAINER_STATE)["rng"])
-    except InputError:
-        return  # unreadable: the workers name it
-    if saved_world != world:
+    step = ckpt.universal_step(run, read_log(run).last, world, cfg.parallel.zero_stage)  # the one the ranks resume
+    if step is not None:
         universal.convert_for_resume(run, step, progress=progress)
 
 

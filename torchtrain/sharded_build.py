@@ -78,13 +78,12 @@ def fill_partitions(model: nn.Module, stream: WeightStream, group: Any) -> None:
     reader = stream.tensors() if dist.get_rank(group) == 0 else None
     for layer in _layers(list(stream.shapes)):
         values = _read(reader, layer, group)
-        wanted = [params[n] for n in layer if n in params and not (tied_head and n == "lm_head.weight")]
-        with deepspeed.zero.GatheredParameters(wanted, modifier_rank=0):
+        filled = [n for n in layer if n in params]  # a tied head's stored copy is read past: the model has none
+        with deepspeed.zero.GatheredParameters([params[n] for n in filled], modifier_rank=0):
             if values is not None:
                 with torch.no_grad():
-                    for n in layer:
-                        if n in values and n in params and not (tied_head and n == "lm_head.weight"):
-                            params[n].data.copy_(torch.from_numpy(values[n]))
+                    for n in filled:
+                        params[n].data.copy_(torch.from_numpy(values[n]))
         del values
 
 

@@ -199,8 +199,8 @@ def worker(run_str: str, progress: bool = True) -> int:
     data = PackedData.open(data_dir(cfg, run))
     spec = check_model(cfg, model_spec(cfg), data.seq_len, memory=False)  # prepare_run checked the memory
     logged, upto = _read_logged(run, world)
-    engine, scheduler, rope_buffers, built = _build_engine(cfg, spec, world, universal=ckpt.resumes_universal(
-        run, upto, world.size, cfg.parallel.zero_stage))
+    universal = ckpt.universal_step(run, upto, world.size, cfg.parallel.zero_stage) is not None
+    engine, scheduler, rope_buffers, built = _build_engine(cfg, spec, world, universal=universal)
     engine_built = rank_peaks(world)  # and with DeepSpeed's engine beside it, before any step
     if world.is_main:
         ranks = f" (ranks 0-{len(built) - 1})" if len(built) > 1 else ""

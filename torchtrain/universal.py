@@ -2,7 +2,7 @@
 
     clear_unfinished(run)              # what a killed conversion left (prepare_run, before anything else)
     convert_for_resume(run, step)      # the launcher, before any rank starts (prepare_run)
-    # every rank then loads step-<N>/ds/universal (torchtrain.checkpoint.resumes_universal, Checkpointer.resume)
+    # every rank then loads step-<N>/ds/universal (torchtrain.checkpoint.universal_step, Checkpointer.resume)
 
 At ZeRO >= 1 DeepSpeed's optimizer states are partitioned over the processes that wrote them (ds/state holds one
 file per rank). When a run resumes with another process count, the checkpoint it resumes from is converted once
