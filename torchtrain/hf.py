@@ -55,9 +55,13 @@ by the model at the `position_ids` given (transformers' convention); `attention_
 The functions also satisfy the contract of `anchor parity --stack hf --attention torchtrain.hf:anchor_sdpa
 --rope-in model` (parity_tests.hf_stack), which calls them with the same keywords.
 
+Sequence parallelism: DeepSpeed's Ulysses as transformers' Trainer runs it, through `ulysses(sp_size, seq_len)`
+(accelerate's ParallelismConfig), `PackingCollator(..., sp_size=)` and the `UlyssesGradients` callback; each
+function then gathers the whole window's doc_ids over the sequence-parallel group and checks them
+(torchtrain.hf_ulysses).
+
 Not supported here: domain tags and interleaved chunks from documents (pack them with `anchor pack --tags
---interleave` and train on `PackedWindows`), sequence parallelism, a KV cache (generation), sliding windows,
-attention dropout.
+--interleave` and train on `PackedWindows`), a KV cache (generation), sliding windows, attention dropout.
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ from anchor_core.errors import InputError
 from anchor_core.spec import HF_MODEL_TYPES
 from anchor_core.variants import VARIANTS, Variant, check_variant
 from torchtrain.engines import AttnMeta, Engine, attend, check_engine, compute_dtype, prepare_meta
+from torchtrain.hf_ulysses import UlyssesGradients, parallelism_config, share_gradients, whole_window
 
 IGNORE_INDEX = -100  # transformers' causal-LM loss skips these labels
 
@@ -145,15 +150,20 @@ class PackingCollator:
       mask_cross_doc_loss: in `full`, also leave out predictions of a token in another document (train key
         of the same name).
       windows: the features are pack windows (input_ids, seg, tag of seq_len slots each), not documents.
+      sp_size: the sequence-parallel degree of DeepSpeed's Ulysses in Trainer (`ulysses`): seq_len must be a
+        multiple of it, and `variant` is returned as [B, T] so that Ulysses' loader cuts it with the rest.
     """
 
     def __init__(self, variant: Variant, seq_len: int, *, first_token_id: int | None = None,
                  eos_token_id: int | None = None, tokenizer: Any = None, mask_cross_doc_loss: bool = False,
-                 windows: bool = False):
+                 windows: bool = False, sp_size: int = 1):
         self.variant = check_variant(variant)
         if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 2:
             raise InputError(f"seq_len must be an int >= 2, got {seq_len!r}")
         self.seq_len = int(seq_len)
+        if isinstance(sp_size, bool) or not isinstance(sp_size, (int, np.integer)) or sp_size < 1 or seq_len % sp_size:
+            raise InputError(f"sp_size must be an int >= 1 that divides seq_len {seq_len}, got {sp_size!r}")
+        self.sp_size = int(sp_size)
         if not isinstance(windows, bool):
             raise InputError(f"windows must be a bool, got {windows!r}")
         self.packed = windows
@@ -173,7 +183,7 @@ class PackingCollator:
     def __repr__(self) -> str:
         return (f"PackingCollator(variant={self.variant!r}, seq_len={self.seq_len}, first_token_id="
                 f"{self.first_token_id}, eos_token_id={self.eos_token_id}, mask_cross_doc_loss={self.mask_cross_doc_loss}, "
-                f"windows={self.packed})")
+                f"windows={self.packed}, sp_size={self.sp_size})")
 
     def windows(self, features: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The packed windows of the features: tokens, seg, tag, each [B, T] (docs/DESIGN.md §1)."""
@@ -220,7 +230,10 @@ class PackingCollator:
         return make_batch(tokens, seg, tag, self.variant, mask_cross_doc_loss=self.mask_cross_doc_loss)
 
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        return to_model_inputs(self.batch(features), self.variant)
+        inputs = to_model_inputs(self.batch(features), self.variant)
+        if self.sp_size > 1:  # Ulysses' loader cuts every tensor along dim 1 (torchtrain.hf_ulysses)
+            inputs["variant"] = inputs["variant"][:, None].expand_as(inputs["input_ids"]).contiguous()
+        return inputs
 
 
 def labels_of(tokens: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
@@ -242,12 +255,13 @@ def to_model_inputs(batch: Batch, variant: Variant) -> dict[str, Any]:
 
 
 def variant_name(variant: Any) -> Variant:
-    """The variant a forward keyword names: a name of VARIANTS, or a [B] integer tensor of one index into it
-    (PackingCollator's `variant`); anything else is an InputError."""
+    """The variant a forward keyword names: a name of VARIANTS, or a [B] (or, under sequence parallelism,
+    [B, t]) integer tensor of one index into it (PackingCollator's `variant`); anything else is an InputError."""
     if isinstance(variant, str) and variant in VARIANTS:
         return variant  # type: ignore[return-value]
-    if isinstance(variant, torch.Tensor) and variant.ndim == 1 and variant.numel() and not variant.is_floating_point():
-        values = set(variant.tolist())
+    if (isinstance(variant, torch.Tensor) and variant.ndim in (1, 2) and variant.numel()
+            and not variant.is_floating_point()):
+        values = set(variant.reshape(-1).tolist())
         if len(values) == 1 and 0 <= (v := values.pop()) < len(VARIANTS):
             return VARIANTS[v]
     raise InputError(f"variant must be one of {', '.join(VARIANTS)} or a [B] tensor of one index into them, "
@@ -298,7 +312,7 @@ def _forget(meta_id: int) -> None:
         _CACHE.__init__()
 
 
-def _meta(engine: Engine, doc_ids: Any, variant: Any, device: torch.device, T: int) -> AttnMeta:
+def _meta(engine: Engine, doc_ids: Any, variant: Any, device: torch.device, T: int, kwargs: dict[str, Any]) -> AttnMeta:
     c = _CACHE
     version = getattr(doc_ids, "_version", -1)
     if (c.meta is not None and c.ref is not None and c.ref() is doc_ids and c.version == version and c.engine == engine
@@ -306,6 +320,8 @@ def _meta(engine: Engine, doc_ids: Any, variant: Any, device: torch.device, T: i
         return c.meta
     name = variant_name(variant)
     ids = torch.as_tensor(np.asarray(doc_ids) if isinstance(doc_ids, (list, tuple)) else doc_ids, device=device)
+    if ids.ndim == 2 and ids.shape[1] != T:  # this rank's slice under Ulysses: the whole window, checked
+        ids = whole_window(ids, name, T, kwargs).to(device)
     if ids.ndim != 2 or ids.shape[1] != T:
         raise InputError(f"doc_ids must be [B, T] with T = {T} slots (the model's input), got {tuple(ids.shape)}")
     if isinstance(variant, torch.Tensor) and variant.shape[0] != ids.shape[0]:
@@ -339,7 +355,7 @@ def _attention_function(name: str, engine: Engine) -> Callable[..., tuple[torch.
             raise InputError(f"doc_ids has {len(doc_ids)} rows, the batch {query.shape[0]} "
                              "(a KV cache or generation is not supported)")
         check_engine(engine, compute_dtype(query, key, value))  # under autocast its dtype: `attend` casts to it
-        meta = _meta(engine, doc_ids, kwargs.get("variant"), query.device, query.shape[2])
+        meta = _meta(engine, doc_ids, kwargs.get("variant"), query.device, query.shape[2], kwargs)
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
         return attend(engine, query, key, value, meta, scale), None
 
@@ -370,8 +386,17 @@ def register() -> tuple[str, ...]:
     return tuple(FUNCTIONS)
 
 
+def ulysses(sp_size: int, seq_len: int | None = None, attn_implementation: str = "anchor_varlen") -> Any:
+    """accelerate's ParallelismConfig for DeepSpeed's Ulysses around one of these attention functions: pass it
+    as TrainingArguments(parallelism_config=...) beside a DeepSpeed config, and `sp_size` to PackingCollator
+    (torchtrain.hf_ulysses). seq_len: the windows' T when every batch has it, else None (variable)."""
+    if attn_implementation not in FUNCTIONS:
+        raise InputError(f"attn_implementation must be one of {', '.join(FUNCTIONS)}, got {attn_implementation!r}")
+    return parallelism_config(sp_size, seq_len, attn_implementation)
+
+
 register()
 
 __all__ = ["ATTENTION_NAMES", "FUNCTIONS", "IGNORE_INDEX", "PackedWindows", "PackingCollator", "anchor_eager",
            "anchor_fa2", "anchor_fa2_emulated", "anchor_flex", "anchor_sdpa", "anchor_varlen", "labels_of",
-           "register", "special_ids", "to_model_inputs", "variant_name"]
+           "UlyssesGradients", "register", "share_gradients", "special_ids", "to_model_inputs", "ulysses", "variant_name"]
