@@ -125,3 +125,27 @@ def test_a_conversion_killed_midway_is_made_again(packed, tmp_path):
     _run(out, packed, stage, 1, 8)
     assert not left.exists()
     _same(metrics(ref), metrics(out), f"ZeRO-{stage} 2 -> 1 after kill -9 mid-conversion")
+
+
+@pytest.mark.slow
+def test_a_world_too_small_for_the_run_is_refused_before_any_conversion(packed, tmp_path, monkeypatch):
+    """The step's memory is held to the memory free here before the checkpoint is converted: with (as it were) no
+    free memory, the resume on 1 process stops in one line and leaves the run folder as it was (prepare_run holds
+    the memory before the run folder is touched: data.seq_len, or a pack folder's, is known then)."""
+    from anchor_core.errors import InputError
+    from tests.train.conftest import TINY
+    from torchtrain import engines
+    from torchtrain.config import load_train_config
+    from torchtrain.trainer import train
+
+    out = tmp_path / "run"
+    _run(out, packed, 1, 2, 4)
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    log = (out / "metrics.jsonl").read_bytes()
+    monkeypatch.setattr(engines, "available_memory", lambda device="cpu": 2**20)  # 1 MiB free
+    cfg = load_train_config(TINY, [*COMMON, "parallel.zero_stage=1", "parallel.nproc=1", "schedule.steps=8",
+                                   f"data.path={packed}", "data.seq_len=null"])
+    with pytest.raises(InputError, match=r"needs about .* for one training step; 0\.0 GiB available here"):
+        train(cfg, out, progress=False)
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before  # no universal/, no temporary folder
+    assert (out / "metrics.jsonl").read_bytes() == log
