@@ -68,7 +68,8 @@ def test_every_key_is_in_every_list():
     # one flat key per key of the flat format's time
     assert len(KEYS) == 42 and len(MOVED) == 37 and len(set(MOVED.values())) == 37
     assert set(KEYS) == set(MOVED.values()) | set(NEWER_THAN_FLAT)
-    assert set(RESUMABLE_CHANGES) == {"schedule.steps", "parallel.nproc", "parallel.timeout_s", "checkpoint.save_every",
+    assert set(RESUMABLE_CHANGES) == {"schedule.steps", "parallel.nproc", "parallel.timeout_s", "parallel.sequence_parallel",
+                                      "checkpoint.save_every",
                                       "checkpoint.keep_last", "checkpoint.max_shard_size", "checkpoint.export_dtype",
                                       "logging.every", "logging.tensorboard", "logging.dump_grads"}
 

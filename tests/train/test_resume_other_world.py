@@ -3,7 +3,9 @@ same command with parallel.nproc=1 to step 8 (and 1 -> 2; a constant learning ra
 an uninterrupted run on the new count, within the fp32 rule of tests/train/test_zero.py (1e-6; the counts
 themselves agree to it). What a conversion killed by `kill -9` leaves (its temporary folder; the converted folder
 renamed into place before the manifest that lists it) is removed and made again: the resume is the same.
-`make test` runs 2 -> 1 at ZeRO-1 and 3 and one killed conversion; `make test-all` every case."""
+The sequence-parallel degree may change too (2 processes at degree 2 -> 2 at degree 1, or -> 1 process), with the
+same result. `make test` runs 2 -> 1 at ZeRO-1 and 3, one killed conversion and the degree 2 -> 1 on 2 processes;
+`make test-all` every case."""
 
 from __future__ import annotations
 
@@ -149,3 +151,24 @@ def test_a_world_too_small_for_the_run_is_refused_before_any_conversion(packed, 
         train(cfg, out, progress=False)
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before  # no universal/, no temporary folder
     assert (out / "metrics.jsonl").read_bytes() == log
+
+
+@pytest.mark.parametrize("before,after", [((2, 2), (2, 1)), pytest.param((2, 2), (1, 1), marks=pytest.mark.slow)])
+def test_the_sequence_parallel_degree_may_change_on_resume(packed, tmp_path, before, after):
+    """(processes, sequence-parallel degree): 4 steps under Ulysses, then the same command on the other degree (and
+    count) to step 8 gives the uninterrupted run's losses on the new one. ZeRO partitions over every rank whatever
+    the degree (torchtrain.distributed.ParallelGroups): the same count loads the checkpoint as it is, another count
+    through the universal one."""
+    stage = 1
+
+    def run(out, shape, steps):
+        return _run(out, packed, stage, shape[0], steps, check=True) if shape[1] == 1 else run_train(
+            out, *COMMON, f"parallel.zero_stage={stage}", f"parallel.nproc={shape[0]}", f"schedule.steps={steps}",
+            f"parallel.sequence_parallel={shape[1]}", f"data.path={packed}")
+
+    ref = tmp_path / "uninterrupted"
+    run(ref, after, 8)
+    out = tmp_path / "run"
+    run(out, before, 4)
+    run(out, after, 8)
+    _same(metrics(ref), metrics(out), f"ZeRO-{stage} (nproc, sp) {before} -> {after}")

@@ -171,7 +171,7 @@ class ParallelConfig(_Section):
     """Processes and how the model and the batch are split over them."""
 
     nproc: StrictInt = _key(1, "processes started on this machine (1 = this process)", ge=1, resumable=True)
-    sequence_parallel: StrictInt = _key(1, "Ulysses sequence-parallel degree", ge=1)
+    sequence_parallel: StrictInt = _key(1, "Ulysses sequence-parallel degree", ge=1, resumable=True)
     zero_stage: StrictInt = _key(0, "DeepSpeed ZeRO stage", ge=0, le=3)
     offload_optimizer: StrictBool = _key(False, "ZeRO 1-3: the optimizer states and fp32 master weights in host "
                                          "memory, stepped there by DeepSpeed's CPU Adam (built once, C++)")
