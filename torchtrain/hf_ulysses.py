@@ -31,7 +31,7 @@ all_gather, whose backward sums over the ranks: each rank's own loss receives sp
 DeepSpeed then sums the ranks' gradients (dividing by the data-parallel degree only). Every gradient comes out
 sp_size times the sp_size = 1 gradient (github.com/deepspeedai/DeepSpeed/issues/5248): Adam's updates hide the factor, but the
 reported grad_norm, gradient clipping (max_grad_norm acts at max_grad_norm / sp_size) and plain SGD do not.
-`share_gradients(model)` (the `UlyssesGradients` Trainer callback calls it) makes each rank's loss pass
+`share_gradients(model)` (the `UlyssesGradients` Trainer callback calls it) makes the model's output loss pass
 1 / sp_size of its gradient back, so the gradients are the sp_size = 1 ones; `whole_window` refuses to
 train under Ulysses until it has been called.
 
@@ -95,25 +95,28 @@ _SHARED: set[int] = set()  # id() of the models whose loss passes 1 / sp_size of
 
 
 def share_gradients(model: torch.nn.Module) -> torch.nn.Module:
-    """Make `model`'s loss pass 1 / sp_size of its gradient back under Ulysses (module docstring), the
-    same loss value; idempotent. Unwraps a DeepSpeed engine or another wrapper with `.module`."""
+    """Make `model`'s loss pass 1 / sp_size of its gradient back under Ulysses (module docstring), the same
+    loss value: a forward hook on the model's output `loss`, whichever loss computed it (transformers' own, or
+    TRL's fused lm-head loss); idempotent. Unwraps a DeepSpeed engine or another wrapper with `.module`."""
     while not hasattr(model, "loss_function") and hasattr(model, "module"):
         model = model.module
-    if not hasattr(model, "loss_function"):
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "loss_function"):
         raise InputError(f"share_gradients needs a transformers model (with loss_function), got {type(model).__name__}")
-    if id(model) in _SHARED:
-        return model
-    own = model.loss_function
-
-    def loss_function(*args: Any, **kwargs: Any) -> torch.Tensor:
-        loss = own(*args, **kwargs)
-        group = sp_group()
-        world = 1 if group is None else torch.distributed.get_world_size(group)
-        return _Share.apply(loss, 1.0 / world) if world > 1 and loss.requires_grad else loss
-
-    model.loss_function = loss_function
-    _SHARED.add(id(model))
+    if id(model) not in _SHARED:
+        model.register_forward_hook(_share_loss)
+        _SHARED.add(id(model))
     return model
+
+
+def _share_loss(module: torch.nn.Module, args: Any, output: Any) -> Any:
+    loss = getattr(output, "loss", None)
+    group = sp_group()
+    if not isinstance(loss, torch.Tensor) or not loss.requires_grad or group is None:
+        return output
+    world = torch.distributed.get_world_size(group)
+    if world > 1:
+        output.loss = _Share.apply(loss, 1.0 / world)  # a ModelOutput: its "loss" item follows
+    return output
 
 
 class UlyssesGradients(TrainerCallback):
