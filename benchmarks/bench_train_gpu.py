@@ -19,7 +19,7 @@ Per configuration, over `--rounds` rounds (each configuration in turn, then agai
 step time after each run's `--warmup` steps (flex compiles on its first; a run's last step can take several
 times its median, so the two can differ), the last step over the median, window slots
 per second, the CUDA peak memory, and the MFU: the useful FLOPs of the mask it computes
-(anchor/bench/flops.py: 6 P per token for the matmuls, attention over the mask's pairs, forward and
+(anchor_core/flops.py: 6 P per token for the matmuls, attention over the mask's pairs, forward and
 backward) over the step time and the GPU's dense bf16 peak. Ratios against the plain loop are taken
 within this one run, at each length. The RoPE base is raised to `--rope-theta` (5e5, the paper-gpu
 profile's) so the model accepts windows past its 8192 positions.
@@ -142,7 +142,7 @@ def window_pairs(data, cfg, steps: int, variant: str) -> list[int]:
     import numpy as np
 
     from anchor_core.data.packed import Loader
-    from anchor.bench.flops import pairs
+    from anchor_core.flops import pairs
 
     loader = Loader(data, batch_size=1, variant=variant, seed=cfg.data.seed)
     return [int(np.sum(pairs(next(loader).doc_ids, variant))) for _ in range(steps)]
@@ -317,7 +317,7 @@ def main() -> None:
     from anchor_core.data.packed import PackedData
     from anchor_core.machine import machine
     from anchor_core.weights import load_weights
-    from anchor.bench.flops import step_flops
+    from anchor_core.flops import step_flops
     from torchtrain.config import load_train_config, with_changes
     from torchtrain.run_folder import check_model, model_spec, prepare_run
 

@@ -54,6 +54,7 @@ from torchtrain.config.deepspeed_json import deepspeed_config
 from torchtrain.optim import allocate_state, build_optimizer, load_cpu_adam
 from torchtrain.run_folder import CONFIG_FILE, check_model, data_dir, load_run_config, model_spec, prepare_run, \
     resolved_engine
+from torchtrain.throughput import batch_flops, device_peak
 from torchtrain.tiling import tile_mlps
 
 if TYPE_CHECKING:
@@ -215,6 +216,10 @@ def worker(run_str: str, progress: bool = True) -> int:
     start, elapsed0 = checkpointer.resume(upto=upto)  # no later than the log: it never has a gap
     _restore_rope_buffers(engine.module, rope_buffers)  # after DeepSpeed's initialize and a checkpoint's load
 
+    peak = device_peak(world.device, torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32)
+    if world.is_main:
+        print(f"mfu: model FLOPs per second over {world.size} x the peak of one process's device, {peak.source}",
+              file=sys.stderr, flush=True)
     metrics = MetricsLog(run, start, world.is_main, cfg.logging.tensorboard, logged=logged)
     bar = ProgressBar("train", cfg.schedule.steps, progress and world.is_main, unit="steps")
     if start:
@@ -225,13 +230,16 @@ def worker(run_str: str, progress: bool = True) -> int:
         for step in range(start + 1, cfg.schedule.steps + 1):
             t0 = time.perf_counter()
             lr_now = scheduler.get_last_lr()[0]
-            loss, count, norm = _train_step(cfg, world, engine, next(loader), step, run)
+            batch = next(loader)
+            share = batch_flops(spec, batch.doc_ids, cfg.model.variant) / world.sp  # an SP group shares its windows
+            loss, count, norm, flops = _train_step(cfg, world, engine, batch, step, run, share)
             dt = time.perf_counter() - t0
             row = {"step": step, "loss": loss, "tokens": count, "lr": lr_now, "grad_norm": norm,
-                   "tokens_per_s": cfg.data.global_batch * data.seq_len / dt, "elapsed_s": time.perf_counter() - t_start,
+                   "tokens_per_s": cfg.data.global_batch * data.seq_len / dt, "flops": flops, "flops_per_s": flops / dt,
+                   "mfu": flops / dt / (peak.flops_per_s * world.size), "elapsed_s": time.perf_counter() - t_start,
                    **peak_memory(world.device)}
             if step == start + 1:  # this process's first line: what building the engine and the first step held
-                row.update(build_peak_gib=built[0], engine_peak_gib=engine_built[0], ranks_build_peak_gib=built,
+                row.update(peak_flops_per_s=peak.flops_per_s, build_peak_gib=built[0], engine_peak_gib=engine_built[0], ranks_build_peak_gib=built,
                            ranks_engine_peak_gib=engine_built,
                            ranks_peak_memory_gib=_gathered(world, row["peak_memory_gib"]))
             metrics.write(row)
@@ -355,22 +363,23 @@ def _restore_rope_buffers(model: torch.nn.Module, saved: dict[str, torch.Tensor]
 
 
 def _train_step(cfg: TrainConfig, world: World, engine: Any, batch: Batch, step: int,
-                run: Path) -> tuple[float, int, float | None]:
+                run: Path, flops: float = 0.0) -> tuple[float, int, float | None, float]:
     """Optimizer step `step` on this rank's windows of the global batch (module docstring, 2-4).
-    Returns the mean loss over the global batch's counted targets, their number, the gradient norm."""
+    Returns the mean loss over the global batch's counted targets, their number, the gradient norm, and the
+    sum over the ranks of `flops` (this rank's share of the step's model FLOPs: torchtrain.throughput)."""
     gas = cfg.grad_accum(world.size)
     tokens = torch.as_tensor(batch.tokens, dtype=torch.long)
     mask = torch.as_tensor(batch.loss_mask)
     local_count = sp.shard(sp.counted_predictions(mask), world.sp_rank, world.sp).sum(dtype=torch.float32)
     count = _all_reduce_sum(local_count, world.device)  # counted targets of the global batch
-    total = torch.zeros((), dtype=torch.float64)
+    total = torch.tensor([0.0, flops], dtype=torch.float64)  # the loss summed, the FLOPs: one reduction
     scale = loss_multiplier(local_count, count, world.size)
     norm = None
     for m in range(gas):
         rows = slice(m * cfg.data.micro_batch, (m + 1) * cfg.data.micro_batch)
         local = _micro_batch_loss(cfg, world, engine, batch, tokens, mask, rows)
         engine.backward(local * scale.to(world.device), scale_wrt_gas=False)
-        total += local.detach().double().cpu()
+        total[0] += local.detach().double().cpu()
         if m == gas - 1:
             if cfg.parallel.zero_stage == 0 and cfg.model.dtype == "float32":
                 norm = grad_norm(engine)
@@ -381,7 +390,7 @@ def _train_step(cfg: TrainConfig, world: World, engine: Any, batch: Batch, step:
     if norm is None:
         reported = engine.get_global_grad_norm()
         norm = None if reported is None else float(reported)
-    return float(total / count.double().clamp_min(1.0)), int(count), norm
+    return float(total[0] / count.double().clamp_min(1.0)), int(count), norm, float(total[1])
 
 
 def _micro_batch_loss(cfg: TrainConfig, world: World, engine: Any, batch: Batch, tokens: torch.Tensor,

@@ -10,7 +10,7 @@ and, inside attention, N / G heads of the whole window) costs
            backward, each moving (G - 1) / G of the rank's T / G x (2 N + 2 K) D values in bf16,
            at `all_to_all_gbps` per GPU, not overlapped with compute (an upper bound)
 and days per 1B tokens = 1e9 / (T / step time) / 86400. `pairs_per_window` comes from the FLOP model
-(`anchor.bench.flops.pairs`) on windows of the variant's document layout: this is where anchor
+(`anchor_core.flops.pairs`) on windows of the variant's document layout: this is where anchor
 and full differ.
 
 Calibration. Where steps were measured (`calibrate`: the same model at one length, full and anchor),
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from anchor.bench.flops import BWD_FACTOR, matmul_params  # noqa: F401 (BWD_FACTOR re-exported)
+from anchor_core.flops import BWD_FACTOR, matmul_params  # noqa: F401 (BWD_FACTOR re-exported)
 from anchor_core.hardware import GPUS, SHAPES, Gpu, Shape  # noqa: F401 (the registry, re-exported)
 from anchor_core.spec import ModelSpec
 

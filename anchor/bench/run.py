@@ -26,7 +26,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from anchor.bench import estimate as est
-from anchor.bench.flops import attention_flops, pairs, step_flops
+from anchor_core.flops import attention_flops, pairs, step_flops
 from anchor.bench.memory import check_bench_memory
 from anchor.bench.step import cut_model, time_steps
 from anchor.bench.timing import Heads, time_variants

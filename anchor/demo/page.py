@@ -352,7 +352,7 @@ def _section_train(p: _Page, s: dict[str, Any]) -> None:
     p.add(f"<p>{_esc(s['model'])}, windows of {s['seq_len']} slots, engine {_esc(s['engine'])}, {_esc(s['dtype'])}"
           f"{_esc(rope)}{_esc(zero)}. Step time: median over the steps after the first; FLOP ratio: the run's "
           "mask against full attention on the windows it trained on, for the whole step (6 FLOPs per matmul "
-          "parameter and token plus attention) and for attention alone (anchor/bench/flops.py). Load "
+          "parameter and token plus attention) and for attention alone (anchor_core/flops.py). Load "
           "average: the machine's 1-minute load (os.getloadavg) sampled while the run trained, against its "
           "cores: above the cores, other work shared them and the step times are longer than the run's own.</p>")
     choice = (p.record or {}).get("dtype_choice")

@@ -24,7 +24,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from anchor.bench.flops import matmul_params
+from anchor_core.flops import matmul_params
 from anchor.demo.page import index_page, summary_figure
 from anchor.demo.settings import (
     DEMO_JSON,

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from anchor.bench import flops
+from anchor_core import flops
 from anchor.bench.report import write_bench
 from anchor.bench.run import run_bench
 from anchor.bench.step import cut_model
@@ -111,7 +111,7 @@ def _train_overrides(s: DemoSettings, data: Path, run: str) -> list[str]:
 def flop_ratios(pack: Path, model: str, variant: str, steps: int, global_batch: int, seed: int) -> dict[str, float]:
     """`variant`'s FLOPs against full attention's on the windows a run of `steps` steps trains on (the
     trainer's order on one process: anchor_core.data.packed.Loader with the run's seed and batch): `attention`,
-    the query-key pairs its mask allows; `step`, the whole training step (anchor.bench.flops: 6 FLOPs
+    the query-key pairs its mask allows; `step`, the whole training step (anchor_core.flops: 6 FLOPs
     per matmul parameter and token, plus attention)."""
     loader = Loader(PackedData.open(pack), batch_size=global_batch, variant=variant, seed=seed)
     mine = full = tokens = 0

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from anchor.bench import estimate as est
-from anchor.bench.flops import attention_flops, full_pairs, pairs, step_flops
+from anchor_core.flops import attention_flops, full_pairs, pairs, step_flops
 from anchor.bench.windows import SYNTHETIC, doc_lengths, synthetic_seg
 from anchor_core.data.batch import make_batch
 from anchor_core.spec import random_preset

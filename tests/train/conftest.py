@@ -78,4 +78,4 @@ def final_weights(run: Path, step: int) -> dict[str, np.ndarray]:
     return read_safetensors(run / "checkpoints" / f"step-{step}" / "hf" / "model.safetensors")
 
 
-DETERMINISTIC = ("step", "loss", "tokens", "lr", "grad_norm")  # tokens_per_s and elapsed_s are timings
+DETERMINISTIC = ("step", "loss", "tokens", "lr", "grad_norm", "flops")  # tokens_per_s, elapsed_s, mfu: timings
