@@ -4,9 +4,11 @@
                                       step, loss (mean over the counted targets of the global batch),
                                       tokens (their number), lr, grad_norm, tokens_per_s, flops (the step's
                                       model FLOPs), flops_per_s and mfu (torchtrain.throughput), elapsed_s,
+                                      every eval.every steps heldout_loss, heldout_loss_by_position,
+                                      heldout_tokens and heldout_s (torchtrain.heldout),
                                       peak_memory_gib (`peak_memory`: the most rank 0 has held so far)
-    RUN/tensorboard/                  loss, lr, grad_norm, tokens_per_s, flops_per_s and mfu, when TensorBoard is
-                                      installed
+    RUN/tensorboard/                  loss, lr, grad_norm, tokens_per_s, flops_per_s, mfu and heldout_loss, when
+                                      TensorBoard is installed
     RUN/grads/step-<N>.safetensors    the averaged gradient of step N, for the steps in `dump_grads`
 
 On resume metrics.jsonl is read strictly (`read_log`): a line that is not UTF-8, not JSON (but for a last line
@@ -184,7 +186,7 @@ class MetricsLog:
         self.file.flush()
         os.fsync(self.file.fileno())
         if self.tb is not None:
-            for key in ("loss", "lr", "grad_norm", "tokens_per_s", "flops_per_s", "mfu"):
+            for key in ("loss", "lr", "grad_norm", "tokens_per_s", "flops_per_s", "mfu", "heldout_loss"):
                 if row.get(key) is not None:
                     self.tb.add_scalar(f"train/{key}", row[key], row["step"])
 

@@ -332,15 +332,33 @@ def _fill_run(cfg: TrainConfig, run: Path, spec: ModelSpec, seq_len: int | None,
     vocab = (packed.meta.get("tokenizer") or {}).get("vocab_size")
     if vocab is not None and vocab > spec.vocab_size:
         raise InputError(f"the packed data's tokenizer has {vocab} tokens, the model only {spec.vocab_size}", path=data)
-    if packed.num_windows < cfg.data.global_batch:
-        raise InputError(f"{packed.num_windows} windows are fewer than one global batch of {cfg.data.global_batch}; "
-                         "pack more data or lower data.global_batch", path=data)
+    held = 0 if cfg.eval.heldout_data else cfg.eval.heldout_windows
+    if packed.num_windows - held < cfg.data.global_batch:
+        kept = f" left once eval.heldout_windows={held} are held out" if held else ""
+        raise InputError(f"{packed.num_windows - held} windows{kept} are fewer than one global batch of "
+                         f"{cfg.data.global_batch}; pack more data or lower data.global_batch", path=data)
+    check_heldout_data(cfg, packed.seq_len)
     import yaml
 
     resolved = cfg.to_dict()
     resolved["data"].update(seq_len=packed.seq_len, path=resolved_data(cfg.data.path))
     write_text_atomic(run / CONFIG_FILE, yaml.safe_dump(resolved, sort_keys=False))
     (run / DS_CONFIG_FILE).write_text(json.dumps(deepspeed_config(cfg, world or cfg.parallel.nproc), indent=1))
+
+
+def check_heldout_data(cfg: TrainConfig, seq_len: int) -> PackedData | None:
+    """eval.heldout_data, opened: an `anchor pack` folder of windows of the run's length (None when not given)."""
+    if cfg.eval.heldout_data is None:
+        return None
+    where = cfg.where("eval.heldout_data")
+    folder = Path(cfg.eval.heldout_data)
+    if not (folder / "pack.json").is_file():
+        raise InputError(f"eval.heldout_data {folder} is not an `anchor pack` output folder (no pack.json)", path=where)
+    held = PackedData.open(folder)
+    if held.seq_len != seq_len:
+        raise InputError(f"eval.heldout_data {folder} holds windows of {held.seq_len} slots, the run trains on "
+                         f"{seq_len}", path=where)
+    return held
 
 
 def _check_process_count(cfg: TrainConfig, run: Path, world: int, progress: bool = True) -> None:

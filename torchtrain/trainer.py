@@ -46,6 +46,7 @@ from torchtrain import sequence_parallel as sp
 from torchtrain.config import TrainConfig, check_world
 from torchtrain.distributed import ParallelGroups, World, init_world, launch_local, launched_externally, \
     sequence_parallel_group
+from torchtrain.heldout import heldout_loss, heldout_set
 from torchtrain.loss import final_hidden_states
 from torchtrain.metrics import Logged, MetricsLog, dump_grads, grad_norm, peak_memory, read_log
 from torchtrain.model import build_model
@@ -209,7 +210,9 @@ def worker(run_str: str, progress: bool = True) -> int:
               f"{_gib_list(engine_built)} GiB", file=sys.stderr, flush=True)
     loader = Loader(data, batch_size=cfg.data.micro_batch * cfg.grad_accum(world.size), variant=cfg.model.variant,
                     seed=cfg.data.seed, rank=world.dp_rank, world_size=world.dp,
-                    mask_cross_doc_loss=cfg.model.mask_cross_doc_loss)
+                    mask_cross_doc_loss=cfg.model.mask_cross_doc_loss,
+                    held_out=0 if cfg.eval.heldout_data else cfg.eval.heldout_windows)
+    held = heldout_set(cfg, data)
     checkpointer = ckpt.Checkpointer(run, cfg, spec, engine, world, loader, config_file=CONFIG_FILE,
                                      max_shard_size=cfg.checkpoint.max_shard_size,
                                      export_dtype=cfg.checkpoint.export_dtype)
@@ -238,6 +241,8 @@ def worker(run_str: str, progress: bool = True) -> int:
                    "tokens_per_s": cfg.data.global_batch * data.seq_len / dt, "flops": flops, "flops_per_s": flops / dt,
                    "mfu": flops / dt / (peak.flops_per_s * world.size), "elapsed_s": time.perf_counter() - t_start,
                    **peak_memory(world.device)}
+            if held is not None and step % cfg.eval.every == 0:
+                row.update(heldout_loss(cfg, world, engine, held))
             if step == start + 1:  # this process's first line: what building the engine and the first step held
                 row.update(peak_flops_per_s=peak.flops_per_s, build_peak_gib=built[0], engine_peak_gib=engine_built[0], ranks_build_peak_gib=built,
                            ranks_engine_peak_gib=engine_built,

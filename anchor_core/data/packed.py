@@ -206,6 +206,14 @@ class PackedData:
         return make_batch(tokens, seg, tag, variant, mask_cross_doc_loss=mask_cross_doc_loss)
 
 
+def heldout_windows(num_windows: int, count: int, seed: int) -> np.ndarray:
+    """The `count` windows held out of training (a seeded draw over all `num_windows`, so that every part of the
+    corpus can be among them), sorted. int64 [count]."""
+    if count == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.sort(np.random.default_rng([int(seed), 0x48454C44]).permutation(num_windows)[:count])
+
+
 class Loader:
     """Deterministic batches for data-parallel rank `rank` of `world_size`.
 
@@ -214,10 +222,13 @@ class Loader:
     `[r B, (r + 1) B)`. An incomplete last global batch is dropped; epochs follow each other without
     end. `state_dict()` is a small JSON-able dict; `load_state_dict` continues exactly there, also
     with another world size as long as the windows consumed divide into its global batch.
+
+    `held_out` windows (`heldout_windows(num_windows, held_out, seed)`) are never in a batch: the epochs
+    permute the others (with none held out the order is the one above).
     """
 
     def __init__(self, data: PackedData, batch_size: int, variant: Variant, *, seed: int = 0, rank: int = 0,
-                 world_size: int = 1, mask_cross_doc_loss: bool = False, shuffle: bool = True):
+                 world_size: int = 1, mask_cross_doc_loss: bool = False, shuffle: bool = True, held_out: int = 0):
         self.variant = check_variant(variant)
         if batch_size < 1:
             raise InputError(f"batch size must be >= 1, got {batch_size}")
@@ -227,18 +238,26 @@ class Loader:
         self.rank, self.world = int(rank), int(world_size)
         self.mask_cross_doc_loss, self.shuffle = mask_cross_doc_loss, shuffle
         self.G = self.B * self.world
-        self.steps_per_epoch = data.num_windows // self.G
+        if not 0 <= held_out < data.num_windows:
+            raise InputError(f"{held_out} held-out windows of {data.num_windows}: hold out fewer")
+        self.held_out = int(held_out)
+        self.trained = (np.setdiff1d(np.arange(data.num_windows), heldout_windows(data.num_windows, held_out, seed))
+                        if held_out else None)
+        n = data.num_windows - self.held_out
+        self.steps_per_epoch = n // self.G
         if self.steps_per_epoch == 0:
-            raise InputError(f"{data.num_windows} windows are fewer than one global batch "
+            raise InputError(f"{n} windows{' not held out' if held_out else ''} are fewer than one global batch "
                              f"({self.B} x {self.world} ranks); pack more data or lower the batch size")
         self.epoch, self.step = 0, 0
         self._order: np.ndarray | None = None
 
     def _epoch_order(self) -> np.ndarray:
         if self._order is None:
-            n = self.data.num_windows
+            n = self.data.num_windows - self.held_out
             self._order = (np.random.default_rng([self.seed, self.epoch]).permutation(n) if self.shuffle
                            else np.arange(n))
+            if self.trained is not None:
+                self._order = self.trained[self._order]
         return self._order
 
     def indices(self) -> np.ndarray:
@@ -258,10 +277,11 @@ class Loader:
 
     def state_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "epoch": self.epoch, "consumed": self.step * self.G,
-                "num_windows": self.data.num_windows, "shuffle": self.shuffle}
+                "num_windows": self.data.num_windows, "shuffle": self.shuffle, "held_out": self.held_out}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key in ("seed", "num_windows", "shuffle"):
+        state = {"held_out": 0, **state}  # a state from before windows could be held out held none
+        for key in ("seed", "num_windows", "shuffle", "held_out"):
             mine = getattr(self, key, None) if key != "num_windows" else self.data.num_windows
             if state.get(key) != mine:
                 raise InputError(f"loader state does not match this data: {key} {state.get(key)!r} != {mine!r}")

@@ -209,6 +209,10 @@ class EvalConfig(_Section):
 
     every: StrictInt = _key(10, "evaluation checkpoints: every this many steps ...", ge=1)
     window: StrictInt = _key(50, "... over the last this many steps (the paper: every 10 over the last 50)", ge=0)
+    heldout_windows: StrictInt = _key(0, "windows held out of training (a seeded draw), their loss logged every "
+                                      "eval.every steps (0: none; with heldout_data: its first this many, 0 all)", ge=0)
+    heldout_data: Optional[Name] = _key(None, "an `anchor pack` folder at the run's length to hold out instead")
+    heldout_buckets: StrictInt = _key(8, "slot ranges the held-out loss is also given by", ge=1, resumable=True)
 
 
 def _yaml_numbers(x: Any) -> Any:
