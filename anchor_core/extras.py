@@ -16,7 +16,8 @@ DISTRIBUTION = "anchor-toolkit"
 EXTRAS: dict[str, str] = {
     "jax": "oracle", "jaxlib": "oracle", "flax": "oracle", "optax": "oracle", "orbax": "oracle",
     "deepspeed": "train", "accelerate": "train", "datasets": "train", "pyarrow": "train", "gguf": "train",
-    "matplotlib": "train",
+    "matplotlib": "train", "tensorboard": "train",
+    "wandb": "trackers", "mlflow": "trackers",
     "lm_eval": "eval",
     "trl": "hf",
 }

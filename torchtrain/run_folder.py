@@ -47,6 +47,7 @@ from torchtrain.engines import resolve_engine
 from torchtrain.memory import check_device, largest_term, parameters, step_memory, step_of
 from torchtrain.metrics import read_log
 from torchtrain.sequence_parallel import check_sequence_parallel
+from torchtrain.trackers import check_trackers, prepare_trackers
 
 if TYPE_CHECKING:
     import torch
@@ -286,6 +287,7 @@ def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, 
     cfg = with_changes(cfg, {"model.engine": resolved_engine(cfg)})  # `auto` resolved: config.yaml records what runs
     spec = model_spec(cfg)
     check_offload_buckets(cfg, world if world is not None else cfg.parallel.nproc, parameters(spec))
+    check_trackers(cfg)  # each tracker installed, MLflow's store answering: before the run folder is touched
     stream_weights(cfg.model.name, seed=cfg.data.seed)  # names and shapes from the files' headers, no data:
     # weights that do not fit the model are refused here, not in a rank that has started building it
     data_path = Path(cfg.data.path)
@@ -344,6 +346,7 @@ def _fill_run(cfg: TrainConfig, run: Path, spec: ModelSpec, seq_len: int | None,
     resolved["data"].update(seq_len=packed.seq_len, path=resolved_data(cfg.data.path))
     write_text_atomic(run / CONFIG_FILE, yaml.safe_dump(resolved, sort_keys=False))
     (run / DS_CONFIG_FILE).write_text(json.dumps(deepspeed_config(cfg, world or cfg.parallel.nproc), indent=1))
+    prepare_trackers(cfg, run)
 
 
 def check_heldout_data(cfg: TrainConfig, seq_len: int) -> PackedData | None:

@@ -56,6 +56,7 @@ from torchtrain.optim import allocate_state, build_optimizer, load_cpu_adam
 from torchtrain.run_folder import CONFIG_FILE, check_model, data_dir, load_run_config, model_spec, prepare_run, \
     resolved_engine
 from torchtrain.throughput import batch_flops, device_peak
+from torchtrain.trackers import Trackers
 from torchtrain.tiling import tile_mlps
 
 if TYPE_CHECKING:
@@ -223,7 +224,9 @@ def worker(run_str: str, progress: bool = True) -> int:
     if world.is_main:
         print(f"mfu: model FLOPs per second over {world.size} x the peak of one process's device, {peak.source}",
               file=sys.stderr, flush=True)
-    metrics = MetricsLog(run, start, world.is_main, cfg.logging.tensorboard, logged=logged)
+    metrics = MetricsLog(run, start, world.is_main, cfg.logging.tensorboard and "tensorboard" in cfg.logging.report_to,
+                         logged=logged)
+    trackers = Trackers(cfg, run) if world.is_main and set(cfg.logging.report_to) - {"tensorboard"} else None
     bar = ProgressBar("train", cfg.schedule.steps, progress and world.is_main, unit="steps")
     if start:
         bar.advance(start)
@@ -248,6 +251,8 @@ def worker(run_str: str, progress: bool = True) -> int:
                            ranks_engine_peak_gib=engine_built,
                            ranks_peak_memory_gib=_gathered(world, row["peak_memory_gib"]))
             metrics.write(row)
+            if trackers is not None:
+                trackers.log(row)
             if cfg.logging.every and step % cfg.logging.every == 0:
                 eta = (cfg.schedule.steps - step) * (row["elapsed_s"] - elapsed0) / max(1, step - start)
                 bar.advance(1, note=f"step {step} loss {loss:.4f} {row['tokens_per_s']:.0f} tok/s "
@@ -259,6 +264,8 @@ def worker(run_str: str, progress: bool = True) -> int:
     finally:
         bar.close()
         metrics.close()
+        if trackers is not None:
+            trackers.close(finished=step == cfg.schedule.steps)
     return step
 
 

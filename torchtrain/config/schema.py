@@ -202,6 +202,9 @@ class LoggingConfig(_Section):
                                    resumable=True)
     dump_grads: Steps = _key((), "steps whose whole averaged gradient (before clipping) is written to "
                              "RUN/grads/step-N.safetensors", resumable=True)
+    report_to: tuple[Literal["tensorboard", "wandb", "mlflow"], ...] = _key(
+        ("tensorboard",), "trackers each step's metrics go to (torchtrain.trackers)", resumable=True)
+    project: Name = _key("anchor", "the W&B project and MLflow experiment the run is logged in")
 
 
 class EvalConfig(_Section):
