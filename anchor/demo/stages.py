@@ -102,7 +102,8 @@ def _train_overrides(s: DemoSettings, data: Path, run: str) -> list[str]:
            f"data.global_batch={s.global_batch}", "data.micro_batch=1", f"data.seed={s.seed}", f"optim.lr={s.lr}",
            f"schedule.steps={r['steps']}", f"schedule.warmup_steps={s.train_warmup_steps}", "schedule.kind=constant",
            f"parallel.zero_stage={s.zero_stage}", "checkpoint.save_every=0", "checkpoint.keep_last=1",
-           f"eval.every={s.eval_every}", f"eval.window={r['eval_window']}"]
+           f"eval.every={s.eval_every}", f"eval.window={r['eval_window']}",
+           "logging.report_to=[]"]  # the demo's page draws its runs from metrics.jsonl: no tracker files
     if s.train_rope_theta is not None:
         out.append(f"model.rope.theta={float(s.train_rope_theta)!r}")
     return out
