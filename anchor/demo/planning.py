@@ -256,7 +256,7 @@ def _changed(stage: str, rec: dict[str, Any], read: dict[str, str | None], scan:
     if rec.get("content") is not None and isinstance(files, dict) and scan is not None \
             and all(scan[1].get(k) == v for k, v in files.items()):
         return None, added_files(stage, rec, scan) or []
-    return f"{stage}/ was replaced or its files changed since this stage wrote it", []
+    return f"{stage}/ no longer holds what this stage wrote: replaced, or its files changed", []
 
 
 def _name_files(files: list[str]) -> str:
