@@ -104,7 +104,8 @@ def cpu_bf16() -> list[str]:
     return [f for f in BF16_FLAGS if f in cpu_flags()]
 
 
-def _version(pkg: str) -> str | None:
+def package_version(pkg: str) -> str | None:
+    """The installed version of distribution `pkg`, None when it is not installed."""
     try:
         return metadata.version(pkg)
     except metadata.PackageNotFoundError:
@@ -145,7 +146,7 @@ def machine(**extra: Any) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "python": platform.python_version(),
-        "versions": {p: v for p in PACKAGES if (v := _version(p))},
+        "versions": {p: v for p in PACKAGES if (v := package_version(p))},
     }
     try:
         info["memory_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from anchor_core.data.packed import PackedData, heldout_windows
 from torchtrain import sequence_parallel as sp
 from torchtrain.config import TrainConfig
-from torchtrain.loss import final_hidden_states, lm_head_cross_entropy
+from torchtrain.loss import final_hidden_states
 from torchtrain.run_folder import check_heldout_data
 
 if TYPE_CHECKING:
@@ -89,20 +89,15 @@ def _window_sums(cfg: TrainConfig, world: World, engine: Any, held: HeldOut, ind
     """[2k]: this rank's slots of one window, cross-entropy summed and predictions counted per bucket."""
     batch = held.data.batch(np.array([index]), cfg.model.variant, mask_cross_doc_loss=cfg.model.mask_cross_doc_loss)
     tokens = torch.as_tensor(batch.tokens, dtype=torch.long)
-    inputs = {"input_ids": sp.shard(tokens, world.sp_rank, world.sp).to(world.device),
-              "position_ids": torch.as_tensor(sp.shard(batch.positions, world.sp_rank, world.sp),
-                                              dtype=torch.long).to(world.device),
-              "doc_ids": torch.as_tensor(batch.doc_ids, dtype=torch.long).to(world.device),
-              "variant": cfg.model.variant}
+    inputs = sp.rank_inputs(batch, tokens, slice(None), world.sp_rank, world.sp, world.device, cfg.model.variant)
     states = final_hidden_states(engine, engine.module, **inputs)
-    targets = torch.cat([tokens[:, 1:], tokens[:, -1:]], dim=1)  # the prediction at slot t is of token t + 1
-    counted = sp.shard(sp.counted_predictions(torch.as_tensor(batch.loss_mask)), world.sp_rank, world.sp)
-    mine = sp.shard(targets, world.sp_rank, world.sp).to(world.device)
-    B, s, H = states.shape
-    ce = lm_head_cross_entropy(engine.module.get_output_embeddings(), states.reshape(B * s, H), mine.reshape(-1))
-    ce = (ce.view(B, s).double().cpu() * counted.double()).sum(0)
+    ce, counted, _ = sp.next_token_ce_shard(states, tokens, torch.as_tensor(batch.loss_mask), world.sp_rank, world.sp,
+                                            lm_head=engine.module.get_output_embeddings())  # training's own loss
+    counted = counted.double().cpu()
+    ce = (ce.double().cpu() * counted).sum(0)
+    s = counted.shape[1]
     slots = np.arange(world.sp_rank * s, (world.sp_rank + 1) * s)
     bucket = torch.as_tensor(np.searchsorted(held.edges, slots, side="right") - 1)
     k = len(held.edges) - 1
     return torch.cat([torch.bincount(bucket, weights=ce, minlength=k),
-                      torch.bincount(bucket, weights=counted.double().sum(0), minlength=k)])
+                      torch.bincount(bucket, weights=counted.sum(0), minlength=k)])

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import os
 import sys
-from importlib import metadata
 from typing import Any
 
 import numpy as np
@@ -53,6 +52,7 @@ from transformers import TrainerCallback
 
 from anchor_core.data.batch import reset_positions
 from anchor_core.errors import InputError
+from anchor_core.machine import package_version
 
 SP_STATE = "deepspeed.runtime.sequence_parallel.parallel_state_sp"  # DeepSpeed's sequence-parallel groups
 IGNORE_INDEX = -100
@@ -206,19 +206,12 @@ def parallelism_config(sp_size: int, seq_len: int | None, attn_implementation: s
         from accelerate.utils import DeepSpeedSequenceParallelConfig
     except ImportError:
         raise InputError(f"sequence parallelism in Trainer needs accelerate >= {ACCELERATE_MIN} (its DeepSpeed "
-                         f"sequence-parallel backend); installed: accelerate {_version('accelerate')}") from None
+                         f"sequence-parallel backend); installed: accelerate {package_version('accelerate') or 'none'}") from None
     handler = DeepSpeedSequenceParallelConfig(sp_seq_length=seq_len, sp_seq_length_is_variable=seq_len is None,
                                               sp_attn_implementation="sdpa")
     handler.sp_attn_implementation = attn_implementation  # after accelerate's check of built-in names
     _start_deepspeed_comm()
     return ParallelismConfig(sp_backend="deepspeed", sp_size=sp_size, sp_handler=handler)
-
-
-def _version(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "none"
 
 
 def _start_deepspeed_comm() -> None:

@@ -122,6 +122,16 @@ def counted_predictions(loss_mask: torch.Tensor) -> torch.Tensor:
     return torch.cat([loss_mask[:, :-1].bool(), torch.zeros_like(loss_mask[:, :1], dtype=torch.bool)], dim=1)
 
 
+def rank_inputs(batch: Any, tokens: torch.Tensor, rows: slice, rank: int, degree: int, device: torch.device,
+                variant: str) -> dict[str, Any]:
+    """The model's keyword inputs for this rank's slice of windows `rows` of a make_batch Batch: its shard of the
+    tokens and positions, the whole windows' doc_ids (the attention gathers nothing: every rank holds them)."""
+    return {"input_ids": shard(tokens[rows], rank, degree).to(device),
+            "position_ids": torch.as_tensor(shard(batch.positions[rows], rank, degree), dtype=torch.long).to(device),
+            "doc_ids": torch.as_tensor(batch.doc_ids[rows], dtype=torch.long).to(device),
+            "variant": variant}
+
+
 def next_token_loss_shard(
     states: torch.Tensor, tokens: torch.Tensor, loss_mask: torch.Tensor, rank: int, degree: int,
     lm_head: nn.Module | None = None,
@@ -145,19 +155,27 @@ def next_token_loss_shard(
       graph), and the int64 count of counted predictions of the whole window (the same on every
       rank). The window's mean loss is the sum over the SP group of ce_sum, divided by count.
     """
+    ce, mine, count = next_token_ce_shard(states, tokens, loss_mask, rank, degree, lm_head)
+    return (ce * mine).sum(), count
+
+
+def next_token_ce_shard(
+    states: torch.Tensor, tokens: torch.Tensor, loss_mask: torch.Tensor, rank: int, degree: int,
+    lm_head: nn.Module | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`next_token_loss_shard` slot by slot: (ce [B, s] float32, this shard's counted predictions [B, s], the
+    whole window's count). The held-out loss by position reads it (torchtrain.heldout)."""
     tokens = torch.as_tensor(tokens, device=states.device)
     loss_mask = torch.as_tensor(loss_mask, device=states.device)
     targets = torch.cat([tokens[:, 1:], tokens[:, -1:]], dim=1).long()  # the last slot never counts
     counted = counted_predictions(loss_mask)
-    count = counted.sum()
-    mine = shard(counted, rank, degree)
     mine_targets = shard(targets, rank, degree)
     if lm_head is None:
         ce = token_cross_entropy(states, mine_targets)  # [B, s], the same rows as the whole window's
     else:
         B, s, H = states.shape
         ce = lm_head_cross_entropy(lm_head, states.reshape(B * s, H), mine_targets.reshape(B * s)).view(B, s)
-    return (ce * mine).sum(), count
+    return ce, shard(counted, rank, degree), counted.sum()
 
 
 # ---------------------------------------------------------------------------------------------

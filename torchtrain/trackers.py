@@ -39,7 +39,6 @@ from anchor_core.extras import missing_extra
 from torchtrain.config import TrainConfig
 
 TRACKERS_FILE = "trackers.json"
-PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 
 
 def _one_line(e: BaseException) -> str:
@@ -54,7 +53,7 @@ def check_trackers(cfg: TrainConfig) -> None:
         if name == "tensorboard" and not cfg.logging.tensorboard:
             continue  # logging.tensorboard: false writes no events
         try:
-            __import__(PACKAGES[name])
+            __import__(name)  # each tracker's package is named as the tracker
         except ModuleNotFoundError as e:
             raise InputError(missing_extra(e, f"logging.report_to {name}") or _one_line(e), path=where) from None
     if "mlflow" in cfg.logging.report_to:

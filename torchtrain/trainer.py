@@ -410,11 +410,7 @@ def _micro_batch_loss(cfg: TrainConfig, world: World, engine: Any, batch: Batch,
     """The cross-entropy summed over the counted targets of this rank's slice of the windows `rows`
     (`next_token_loss_shard`: the targets are the whole windows' tokens shifted by one, then sharded).
     `fused=False` (tests only: the reference the fused loss is held to) computes it from the whole logits."""
-    inputs = {"input_ids": sp.shard(tokens[rows], world.sp_rank, world.sp).to(world.device),
-              "position_ids": torch.as_tensor(sp.shard(batch.positions[rows], world.sp_rank, world.sp),
-                                              dtype=torch.long).to(world.device),
-              "doc_ids": torch.as_tensor(batch.doc_ids[rows], dtype=torch.long).to(world.device),
-              "variant": cfg.model.variant}
+    inputs = sp.rank_inputs(batch, tokens, rows, world.sp_rank, world.sp, world.device, cfg.model.variant)
     # The lm-head fused with the loss: no [B, T, V] logits (or their gradient), at every ZeRO stage (under
     # ZeRO-3 the fused loss runs as the lm-head's own call, where the weight is gathered: lm_head_cross_entropy).
     # Offloaded checkpoints: every tensor the forward saves for the backward (under activation checkpointing the
