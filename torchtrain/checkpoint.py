@@ -63,7 +63,7 @@ from anchor_core.spec import from_hf_config, to_hf_config
 from anchor_core.weights import MANIFEST, MANIFEST_ERRORS, read_manifest, verify
 
 if TYPE_CHECKING:
-    from anchor_core.data.packed import Loader
+    from torchtrain.stages import StagedLoader
     from anchor_core.spec import ModelSpec
     from torchtrain.config import TrainConfig
     from torchtrain.distributed import World
@@ -410,7 +410,7 @@ class Checkpointer:
     spec: ModelSpec
     engine: Any
     world: World
-    loader: Loader
+    loader: StagedLoader
     config_file: str
     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE
     export_dtype: str = "auto"

@@ -315,14 +315,20 @@ def plan_windows(spec: ModelSpec, *, budget: int, start: int = 8192, stop: int =
     rows: list[PlanRow] = []
     T = start
     while T <= stop:
-        need = step_memory(spec, seq_len=T, **step)  # type: ignore[arg-type]
-        host = need.host * host_procs
-        host_fits = None if host_budget is None else host <= host_budget
-        rows.append(PlanRow(T, need, need.total <= budget and host_fits is not False, host, host_fits))
+        rows.append(plan_row(spec, T, budget=budget, host_budget=host_budget, host_procs=host_procs, **step))
         if not rows[-1].fits:
             break
         T *= 2
     return rows
+
+
+def plan_row(spec: ModelSpec, seq_len: int, *, budget: int, host_budget: int | None = None, host_procs: int = 1,
+             **step: object) -> PlanRow:
+    """`plan_windows`' row of one window length."""
+    need = step_memory(spec, seq_len=seq_len, **step)  # type: ignore[arg-type]
+    host = need.host * host_procs
+    host_fits = None if host_budget is None else host <= host_budget
+    return PlanRow(seq_len, need, need.total <= budget and host_fits is not False, host, host_fits)
 
 
 def largest_term(need: StepMemory) -> tuple[str, int]:

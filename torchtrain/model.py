@@ -110,3 +110,27 @@ def build_model(
 def set_engine(model: nn.Module, engine: Engine) -> nn.Module:
     """Switch a built model to another engine in place (same weights). Returns the model."""
     return install(model, engine)
+
+
+def set_rope(model: nn.Module, spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """Make `model`'s rotary embeddings those of `spec` (a stage of a length schedule changes its RoPE base and
+    length: torchtrain.stages): every module holding an `inv_freq` buffer takes the scaling, type, lengths and
+    config a fresh one built for `spec` has, and `model.anchor_spec` becomes `spec`. Returns the fresh modules'
+    float32 buffers by name (inv_freq, original_inv_freq), which the caller writes into the model's own (the
+    trainer's `_restore_rope_buffers`: DeepSpeed's bf16 mode casts buffers, and a checkpoint's load is followed by
+    the same restore), so the buffers stay the tensors DeepSpeed's engine knows."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(**to_hf_config(spec))
+    buffers: dict[str, torch.Tensor] = {}
+    for name, module in model.named_modules():
+        if "inv_freq" not in module._buffers:
+            continue
+        fresh = type(module)(config=config)
+        for attr in ("attention_scaling", "rope_type", "max_seq_len_cached", "original_max_seq_len", "config"):
+            if hasattr(fresh, attr):
+                setattr(module, attr, getattr(fresh, attr))
+        for b, value in fresh.named_buffers():
+            buffers[f"{name}.{b}" if name else b] = value.detach().to(torch.float32)
+    model.anchor_spec = spec
+    return buffers

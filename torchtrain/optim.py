@@ -28,7 +28,23 @@ if TYPE_CHECKING:
 def lr_factor(cfg: TrainConfig, step: int) -> float:
     """Multiplier of `optim.lr` for the update of optimizer step `step` (0-based): linear warmup from
     lr/schedule.warmup_steps, then `schedule.kind`: constant, cosine or linear decay to
-    `schedule.min_lr_ratio * lr` at the last step."""
+    `schedule.min_lr_ratio * lr` at the last step; with `schedule.stages`, times the stage's lr / optim.lr for the
+    steps of a stage that gives its own lr (the shape spans the whole run: torchtrain.stages)."""
+    stage = _stage_lr(cfg, step + 1)
+    return _shape(cfg, step) * (1.0 if stage is None else stage / cfg.optim.lr)
+
+
+def _stage_lr(cfg: TrainConfig, step: int) -> float | None:
+    """The `lr` of the stage of optimizer step `step` (from 1), None where it gives none (or there are no stages)."""
+    last = 0
+    for stage in cfg.schedule.stages:
+        last += stage.steps
+        if step <= last:
+            return stage.lr
+    return cfg.schedule.stages[-1].lr if cfg.schedule.stages else None
+
+
+def _shape(cfg: TrainConfig, step: int) -> float:
     if step < cfg.schedule.warmup_steps:
         return (step + 1) / cfg.schedule.warmup_steps
     if cfg.schedule.kind == "constant":

@@ -6,6 +6,7 @@
                           a rerun with the same --out must match (only RESUMABLE_CHANGES may differ)
     RUN/deepspeed.json    the generated DeepSpeed config (torchtrain.config.deepspeed_json.deepspeed_config)
     RUN/data/             the corpus packed on the fly, when `data.path` is not an `anchor pack` output
+    RUN/data-<seq_len>/   with `schedule.stages`: the corpus packed for each stage's length (torchtrain.stages)
     RUN/data_source.json  what the run trains on: `data.path` resolved, a fingerprint of its content, and the
                           settings RUN/data was packed with; RUN/data is reused only when they still
                           hold, and a resume whose data changed is refused
@@ -47,6 +48,7 @@ from torchtrain.engines import resolve_engine
 from torchtrain.memory import check_device, largest_term, parameters, step_memory, step_of
 from torchtrain.metrics import read_log
 from torchtrain.sequence_parallel import check_sequence_parallel
+from torchtrain.stages import Stage, named_stage, run_stages
 from torchtrain.trackers import check_trackers, prepare_trackers
 
 if TYPE_CHECKING:
@@ -90,7 +92,8 @@ def data_source(cfg: TrainConfig) -> dict[str, Any]:
                               "fingerprint": None if data == "corpus" else content_fingerprint(Path(data))}
     if not (Path(data) / "pack.json").is_file():
         d = cfg.data
-        record["packed_with"] = {"model": cfg.model.name, "seq_len": d.seq_len, "tags": d.tags,
+        lengths = [s.seq_len for s in cfg.schedule.stages]
+        record["packed_with"] = {"model": cfg.model.name, "seq_len": lengths or d.seq_len, "tags": d.tags,
                                  "interleave": d.interleave, "seed": d.seed,
                                  "pack": {k: d.pack[k] for k in sorted(d.pack)}}
     return record
@@ -121,8 +124,11 @@ def load_run_config(run: Path) -> TrainConfig:
     return validate(saved_config(run), source=str(run / CONFIG_FILE))
 
 
-def data_dir(cfg: TrainConfig, run: Path) -> Path:
-    """The packed folder of a prepared run: `data.path` itself when it is an `anchor pack` output, else RUN/data."""
+def data_dir(cfg: TrainConfig, run: Path, seq_len: int | None = None) -> Path:
+    """The packed folder of a prepared run: `data.path` itself when it is an `anchor pack` output, else RUN/data;
+    with `schedule.stages`, the stage of `seq_len`'s, RUN/data-<seq_len>."""
+    if cfg.schedule.stages:
+        return run / f"{DATA_DIR}-{seq_len}"
     return Path(cfg.data.path) if (Path(cfg.data.path) / "pack.json").is_file() else run / DATA_DIR
 
 
@@ -226,9 +232,10 @@ def check_step_memory(cfg: TrainConfig, spec: ModelSpec, seq_len: int, engine: s
                      f"available here: {hint}", path=cfg.where(*keys))
 
 
-def _resolve_data(cfg: TrainConfig, run: Path, progress: bool) -> Path:
+def _resolve_data(cfg: TrainConfig, run: Path, progress: bool, target: Path) -> Path:
     """The packed folder to train on: `data.path` itself when it is an `anchor pack` output (checked
-    against the config), else `RUN/data`, packed from the corpus once and reused on resume."""
+    against the config), else `target` (RUN/data, or a stage's RUN/data-<seq_len>), packed from the corpus once
+    and reused on resume (`_clear_stale_packs` removed any packed with other settings)."""
     data = Path(cfg.data.path)
     if (data / "pack.json").is_file():
         packed = PackedData.open(data)
@@ -245,17 +252,15 @@ def _resolve_data(cfg: TrainConfig, run: Path, progress: bool) -> Path:
     if cfg.data.seq_len is None:
         raise InputError("data.seq_len is required when data.path is a corpus packed on the fly",
                          path=cfg.where("data.path"))
-    target = run / DATA_DIR
     if (target / "pack.json").is_file():
-        if (_read_source(run) or {}).get("packed_with") == data_source(cfg)["packed_with"]:
+        if PackedData.open(target).seq_len == cfg.data.seq_len:
             return target
-        # packed for other settings by an earlier attempt that stopped before config.yaml (a resume with
-        # other settings is refused before this): packed again, never trained on silently
         shutil.rmtree(target)
 
     source: str | Path = cfg.data.path
     if cfg.data.path == "corpus":
-        write_default_corpus(run / "corpus", progress=progress)
+        if not (run / "corpus" / CORPUS_FILE).is_file():  # written whole or not at all; one for every stage
+            write_default_corpus(run / "corpus", progress=progress)
         source = run / "corpus" / CORPUS_FILE
     d, p = cfg.data, cfg.data.pack
     mix_keys = ("budget", "long_threshold", "upsample_factor")
@@ -291,14 +296,23 @@ def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, 
     stream_weights(cfg.model.name, seed=cfg.data.seed)  # names and shapes from the files' headers, no data:
     # weights that do not fit the model are refused here, not in a rank that has started building it
     data_path = Path(cfg.data.path)
-    seq_len = cfg.data.seq_len
-    if seq_len is None and (data_path / "pack.json").is_file():
-        seq_len = PackedData.open(data_path).seq_len
-    if seq_len is not None:
-        check_model(cfg, spec, seq_len)  # before packing and before the run folder: a bad length fails fast
     if cfg.data.path != "corpus" and not data_path.exists():
         raise InputError("no such data file or folder (an `anchor pack` output, a corpus, or `corpus`)",
                          path=data_path)
+    seq_len = cfg.data.seq_len
+    if cfg.schedule.stages:
+        if (data_path / "pack.json").is_file():
+            raise InputError(f"data.path {data_path} is an `anchor pack` output of one length; schedule.stages packs "
+                             "each stage's windows from a corpus (a JSONL file or folder, or `corpus`)",
+                             path=cfg.where("data.path", "schedule.stages"))
+        for stage in run_stages(cfg):  # each length against the model and the memory, before any packing
+            with named_stage(stage, cfg):
+                check_model(stage.cfg, model_spec(stage.cfg), stage.seq_len)
+    else:
+        if seq_len is None and (data_path / "pack.json").is_file():
+            seq_len = PackedData.open(data_path).seq_len
+        if seq_len is not None:
+            check_model(cfg, spec, seq_len)  # before packing and before the run folder: a bad length fails fast
     guard_out(run, "train", inputs=[cfg.data.path, cfg.model.name], replace=False)
     saved = saved_config(run)
     if saved is not None:
@@ -324,13 +338,46 @@ def _fill_run(cfg: TrainConfig, run: Path, spec: ModelSpec, seq_len: int | None,
                              f"rerun, not shrink below it (choose another --out for a shorter run)", path=run / CONFIG_FILE)
         if _read_source(run) is None:  # a run from before data_source.json: its config.yaml matched above
             write_text_atomic(run / SOURCE_FILE, json.dumps(source, indent=1) + "\n")
-    data = _resolve_data(cfg, run, progress)
+    _clear_stale_packs(run, source)
     write_text_atomic(run / SOURCE_FILE, json.dumps(source, indent=1) + "\n")
+    for stage in run_stages(cfg):
+        with named_stage(stage, cfg):
+            packed = _stage_data(cfg, stage, run, spec, seq_len, progress)
+    if cfg.data.seq_len is None and not cfg.schedule.stages:
+        cfg = with_changes(cfg, {"data.seq_len": packed.seq_len})
+    import yaml
 
+    resolved = cfg.to_dict()
+    resolved["data"]["path"] = resolved_data(cfg.data.path)
+    write_text_atomic(run / CONFIG_FILE, yaml.safe_dump(resolved, sort_keys=False))
+    (run / DS_CONFIG_FILE).write_text(json.dumps(deepspeed_config(cfg, world or cfg.parallel.nproc), indent=1))
+    prepare_trackers(cfg, run)
+
+
+def _clear_stale_packs(run: Path, source: dict[str, Any]) -> None:
+    """RUN/data and every stage's RUN/data-<seq_len> removed when RUN/data_source.json records other data or other
+    packing settings than `source`: packed by an earlier attempt with another config that stopped before config.yaml
+    (a resume with other settings is refused before this), packed again, never trained on silently."""
+    old = _read_source(run) or {}
+    if all(old.get(k) == source.get(k) for k in ("fingerprint", "packed_with")):
+        return
+    for folder in [run / DATA_DIR, *run.glob(f"{DATA_DIR}-*")]:
+        if folder.is_dir():
+            shutil.rmtree(folder)
+
+
+def _stage_data(run_cfg: TrainConfig, stage: Stage, run: Path, spec: ModelSpec, seq_len: int | None,
+                progress: bool) -> PackedData:
+    """A stage's packed windows (`_resolve_data`: packed on the fly when needed), checked against its config: the
+    model's vocabulary and positions (and, for a length only the packed data gave, `seq_len` None, the memory), one
+    global batch left once its held-out windows are held out, eval.heldout_data's length."""
+    cfg = stage.cfg
+    data = _resolve_data(cfg, run, progress, data_dir(run_cfg, run, stage.seq_len))
     packed = PackedData.open(data)
     if cfg.data.seq_len is None:
         cfg = with_changes(cfg, {"data.seq_len": packed.seq_len})
-    spec = check_model(cfg, spec, packed.seq_len, memory=seq_len is None)
+    staged = bool(run_cfg.schedule.stages)  # a stage's own RoPE; its memory was checked before packing
+    spec = check_model(cfg, model_spec(cfg) if staged else spec, packed.seq_len, memory=seq_len is None and not staged)
     vocab = (packed.meta.get("tokenizer") or {}).get("vocab_size")
     if vocab is not None and vocab > spec.vocab_size:
         raise InputError(f"the packed data's tokenizer has {vocab} tokens, the model only {spec.vocab_size}", path=data)
@@ -340,13 +387,7 @@ def _fill_run(cfg: TrainConfig, run: Path, spec: ModelSpec, seq_len: int | None,
         raise InputError(f"{packed.num_windows - held} windows{kept} are fewer than one global batch of "
                          f"{cfg.data.global_batch}; pack more data or lower data.global_batch", path=data)
     check_heldout_data(cfg, packed.seq_len)
-    import yaml
-
-    resolved = cfg.to_dict()
-    resolved["data"].update(seq_len=packed.seq_len, path=resolved_data(cfg.data.path))
-    write_text_atomic(run / CONFIG_FILE, yaml.safe_dump(resolved, sort_keys=False))
-    (run / DS_CONFIG_FILE).write_text(json.dumps(deepspeed_config(cfg, world or cfg.parallel.nproc), indent=1))
-    prepare_trackers(cfg, run)
+    return packed
 
 
 def check_heldout_data(cfg: TrainConfig, seq_len: int) -> PackedData | None:

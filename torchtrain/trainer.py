@@ -27,6 +27,7 @@ optimizer, scheduler, the loader's position and every rank's RNG states; metrics
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import sys
 import time
@@ -46,11 +47,12 @@ from torchtrain import sequence_parallel as sp
 from torchtrain.config import TrainConfig, check_world
 from torchtrain.distributed import ParallelGroups, World, init_world, launch_local, launched_externally, \
     sequence_parallel_group
-from torchtrain.heldout import heldout_loss, heldout_set
+from torchtrain.heldout import HeldOut, heldout_loss, heldout_set
 from torchtrain.loss import final_hidden_states
 from torchtrain.metrics import Logged, MetricsLog, dump_grads, grad_norm, peak_memory, read_log
-from torchtrain.model import build_model
+from torchtrain.model import build_model, set_rope
 from torchtrain.sharded_build import build_partitioned
+from torchtrain.stages import Stage, StagedLoader, run_stages, stage_at
 from torchtrain.config.deepspeed_json import deepspeed_config
 from torchtrain.optim import allocate_state, build_optimizer, load_cpu_adam
 from torchtrain.run_folder import CONFIG_FILE, check_model, data_dir, load_run_config, model_spec, prepare_run, \
@@ -199,26 +201,24 @@ def worker(run_str: str, progress: bool = True) -> int:
     run = Path(run_str)
     cfg = load_run_config(run)
     world = _start_rank(cfg)
-    data = PackedData.open(data_dir(cfg, run))
-    spec = check_model(cfg, model_spec(cfg), data.seq_len, memory=False)  # prepare_run checked the memory
+    stages = run_stages(cfg)  # one, without schedule.stages
+    specs = [check_model(s.cfg, model_spec(s.cfg), s.seq_len, memory=False) for s in stages]  # memory: prepare_run
     logged, upto = _read_logged(run, world)
     universal = ckpt.universal_step(run, upto, world.size, cfg.parallel.zero_stage) is not None
-    engine, scheduler, rope_buffers, built = _build_engine(cfg, spec, world, universal=universal)
+    engine, scheduler, built = _build_engine(cfg, specs[0], world, universal=universal)
     engine_built = rank_peaks(world)  # and with DeepSpeed's engine beside it, before any step
     if world.is_main:
         ranks = f" (ranks 0-{len(built) - 1})" if len(built) > 1 else ""
         print(f"model built: host memory peak {_gib_list(built)} GiB{ranks}; engine built: "
               f"{_gib_list(engine_built)} GiB", file=sys.stderr, flush=True)
-    loader = Loader(data, batch_size=cfg.data.micro_batch * cfg.grad_accum(world.size), variant=cfg.model.variant,
-                    seed=cfg.data.seed, rank=world.dp_rank, world_size=world.dp,
-                    mask_cross_doc_loss=cfg.model.mask_cross_doc_loss,
-                    held_out=0 if cfg.eval.heldout_data else cfg.eval.heldout_windows)
-    held = heldout_set(cfg, data)
-    checkpointer = ckpt.Checkpointer(run, cfg, spec, engine, world, loader, config_file=CONFIG_FILE,
+    loader = StagedLoader(stages, lambda stage: _open_loader(cfg, run, stage, world))
+    checkpointer = ckpt.Checkpointer(run, cfg, specs[0], engine, world, loader, config_file=CONFIG_FILE,
                                      max_shard_size=cfg.checkpoint.max_shard_size,
                                      export_dtype=cfg.checkpoint.export_dtype)
     start, elapsed0 = checkpointer.resume(upto=upto)  # no later than the log: it never has a gap
-    _restore_rope_buffers(engine.module, rope_buffers)  # after DeepSpeed's initialize and a checkpoint's load
+    if start and loader.done != start:
+        raise InputError(f"the checkpoint of step {start} holds the loader of step {loader.done}",
+                         path=ckpt.step_dir(run, start))
 
     peak = device_peak(world.device, torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32)
     if world.is_main:
@@ -231,21 +231,25 @@ def worker(run_str: str, progress: bool = True) -> int:
     if start:
         bar.advance(start)
     t_start = time.perf_counter() - elapsed0
-    step = start
+    step, stage, held = start, None, None
     try:
         for step in range(start + 1, cfg.schedule.steps + 1):
+            if stage is not (stage := stage_at(stages, step)):  # its RoPE after DeepSpeed's initialize and the load
+                held, checkpointer = _enter_stage(stages, stage, specs[stage.index - 1], engine, checkpointer, step)
             t0 = time.perf_counter()
             lr_now = scheduler.get_last_lr()[0]
             batch = next(loader)
-            share = batch_flops(spec, batch.doc_ids, cfg.model.variant) / world.sp  # an SP group shares its windows
+            share = batch_flops(checkpointer.spec, batch.doc_ids, cfg.model.variant) / world.sp  # an SP group's
             loss, count, norm, flops = _train_step(cfg, world, engine, batch, step, run, share)
             dt = time.perf_counter() - t0
             row = {"step": step, "loss": loss, "tokens": count, "lr": lr_now, "grad_norm": norm,
-                   "tokens_per_s": cfg.data.global_batch * data.seq_len / dt, "flops": flops, "flops_per_s": flops / dt,
-                   "mfu": flops / dt / (peak.flops_per_s * world.size), "elapsed_s": time.perf_counter() - t_start,
-                   **peak_memory(world.device)}
+                   "tokens_per_s": cfg.data.global_batch * stage.seq_len / dt, "flops": flops,
+                   "flops_per_s": flops / dt, "mfu": flops / dt / (peak.flops_per_s * world.size),
+                   "elapsed_s": time.perf_counter() - t_start, **peak_memory(world.device)}
+            if cfg.schedule.stages:
+                row.update(stage=stage.index, seq_len=stage.seq_len)
             if held is not None and step % cfg.eval.every == 0:
-                row.update(heldout_loss(cfg, world, engine, held))
+                row.update(heldout_loss(stage.cfg, world, engine, held))
             if step == start + 1:  # this process's first line: what building the engine and the first step held
                 row.update(peak_flops_per_s=peak.flops_per_s, build_peak_gib=built[0], engine_peak_gib=engine_built[0], ranks_build_peak_gib=built,
                            ranks_engine_peak_gib=engine_built,
@@ -267,6 +271,28 @@ def worker(run_str: str, progress: bool = True) -> int:
         if trackers is not None:
             trackers.close(finished=step == cfg.schedule.steps)
     return step
+
+
+def _open_loader(cfg: TrainConfig, run: Path, stage: Stage, world: World) -> Loader:
+    """This rank's Loader of a stage's windows (RUN/data, or the stage's RUN/data-<seq_len>), at its first window,
+    its held-out windows left out."""
+    return Loader(PackedData.open(data_dir(cfg, run, stage.seq_len)), variant=cfg.model.variant,
+                  batch_size=cfg.data.micro_batch * cfg.grad_accum(world.size), seed=cfg.data.seed,
+                  rank=world.dp_rank, world_size=world.dp, mask_cross_doc_loss=cfg.model.mask_cross_doc_loss,
+                  held_out=0 if cfg.eval.heldout_data else cfg.eval.heldout_windows)
+
+
+def _enter_stage(stages: list[Stage], stage: Stage, spec: ModelSpec, engine: Any,
+                 checkpointer: ckpt.Checkpointer, step: int) -> tuple[HeldOut | None, ckpt.Checkpointer]:
+    """Before the first step of `stage` this process trains (its first, or the first after a resume): the model's
+    RoPE set to the stage's (torchtrain.stages), its held-out windows, and the checkpointer's spec (hf/'s config:
+    the stage's RoPE and length). Returns the held-out set and the checkpointer."""
+    _restore_rope_buffers(engine.module, set_rope(engine.module, spec))
+    if checkpointer.world.is_main and len(stages) > 1:
+        print(f"{stage.describe(len(stages), spec.rope.base)}{' (resumed)' if step > stage.first else ''}", file=sys.stderr,
+              flush=True)
+    held = heldout_set(stage.cfg, PackedData.open(data_dir(checkpointer.cfg, checkpointer.run, stage.seq_len)))
+    return held, dataclasses.replace(checkpointer, spec=spec)
 
 
 def rank_peaks(world: World) -> list[float | None]:
@@ -326,13 +352,14 @@ def return_freed_memory() -> None:
         pass
 
 
-def _build_engine(cfg: TrainConfig, spec: ModelSpec, world: World, universal: bool = False) -> tuple[Any, Any, dict[str, torch.Tensor],
-                                                                          list[float | None]]:
+def _build_engine(cfg: TrainConfig, spec: ModelSpec, world: World,
+                  universal: bool = False) -> tuple[Any, Any, list[float | None]]:
     """The model (the same seed on every rank; Ulysses over the SP group; activation checkpointing as
-    configured) under DeepSpeed with AdamW and the schedule: (engine, scheduler, the RoPE buffers'
-    float32 values, which `_restore_rope_buffers` puts back once the engine's state is loaded, and every rank's
-    host memory peak once the model was built, before the engine: `rank_peaks`). `universal`: the run resumes
-    from a checkpoint in DeepSpeed's universal format (another process count: torchtrain.universal)."""
+    configured) under DeepSpeed with AdamW and the schedule: (engine, scheduler, and every rank's host memory
+    peak once the model was built, before the engine: `rank_peaks`). Its RoPE buffers, which DeepSpeed's bf16 mode
+    casts, are set in float32 before each stage's first step (`_enter_stage`), after the checkpoint's load.
+    `universal`: the run resumes from a checkpoint in DeepSpeed's universal format (another process count:
+    torchtrain.universal)."""
     import deepspeed
 
     groups = ParallelGroups(world)
@@ -348,7 +375,6 @@ def _build_engine(cfg: TrainConfig, spec: ModelSpec, world: World, universal: bo
                             seed=cfg.data.seed)
     model.anchor_spec = spec
     built = rank_peaks(world)  # the model built (at ZeRO-3 partitioned and filled), before DeepSpeed's engine
-    rope_buffers = {n: b.detach().clone() for n, b in model.named_buffers() if n.endswith("inv_freq")}
     if world.sp > 1:
         sp.enable_sequence_parallel(model, sequence_parallel_group(world))
     if cfg.model.activation_checkpointing:
@@ -362,7 +388,7 @@ def _build_engine(cfg: TrainConfig, spec: ModelSpec, world: World, universal: bo
         allocate_state(optimizer)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                    config=ds_config, mpu=groups)
-    return engine, scheduler, rope_buffers, built
+    return engine, scheduler, built
 
 
 def _restore_rope_buffers(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> None:

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from anchor.cli import app
+
+if TYPE_CHECKING:
+    from anchor_core.spec import ModelSpec
+    from torchtrain.config import TrainConfig
+    from torchtrain.memory import PlanRow
 
 
 SUMMARY = "The longest window a run config fits on a device, term by term."
@@ -67,8 +72,10 @@ def plan(
     p = cfg.parallel  # offloading on a GPU: on the CPU the host's memory is the one planned for (step_of)
     offload = on_gpu and (cfg.model.offload_checkpoints or p.offload_optimizer or p.offload_params)
     host_budget = _host_budget(host_memory, offload, device)
+    step = step_of(cfg, engine=engine, dtype=dtype, procs=procs, world=cfg.parallel.nproc, on_gpu=on_gpu)
     rows = plan_windows(spec, budget=budget, start=start, host_budget=host_budget, host_procs=cfg.parallel.nproc,
-                        **step_of(cfg, engine=engine, dtype=dtype, procs=procs, world=cfg.parallel.nproc, on_gpu=on_gpu))
+                        **step)
+    stages = _plan_stages(cfg, spec, budget=budget, host_budget=host_budget, **step)
     fitting = [r for r in rows if r.fits]
     longest = fitting[-1].seq_len if fitting else None
     stopped = rows[-1] if not rows[-1].fits else None
@@ -85,7 +92,7 @@ def plan(
             "capped": capped,
             "rows": [{"seq_len": r.seq_len, "fits": r.fits, "total_bytes": r.need.total, "procs": r.need.procs,
                       "terms_bytes": r.need.terms(), "host_bytes": r.need.host, "host_total_bytes": r.host_total,
-                      "host_fits": r.host_fits} for r in rows]}, indent=1))
+                      "host_fits": r.host_fits} for r in rows], **_stages_json(stages)}, indent=1))
         return
     g = 2**30
     typer.echo(f"{model}: {cfg.model.variant}, {engine}, {cfg.model.dtype}, activation checkpointing "
@@ -112,6 +119,52 @@ def plan(
         typer.echo(_why_not(stopped, budget, host_budget, cfg.parallel.nproc))
     elif capped:
         typer.echo(f"the plan stops at {PLAN_STOP} (2^24) slots: longer windows are not planned")
+    _echo_stages(stages, budget)
+
+
+def _plan_stages(cfg: TrainConfig, spec: ModelSpec, *, budget: int, host_budget: int | None,
+                 **step: object) -> list[tuple[int, PlanRow]]:
+    """(stage, its plan row) for each stage of `schedule.stages` (none without): one step's memory at the stage's
+    length, each length checked against sequence parallelism as `anchor train` checks it."""
+    from anchor_core.errors import InputError
+    from torchtrain.memory import plan_row
+    from torchtrain.sequence_parallel import check_sequence_parallel
+
+    out = []
+    for i, stage in enumerate(cfg.schedule.stages, start=1):
+        try:
+            check_sequence_parallel(spec, stage.seq_len, cfg.parallel.sequence_parallel)
+        except InputError as e:
+            raise InputError(f"schedule.stages[{i}] ({stage.seq_len} slots): {e}",
+                             path=cfg.where("schedule.stages")) from None
+        out.append((i, plan_row(spec, stage.seq_len, budget=budget, host_budget=host_budget,
+                                host_procs=cfg.parallel.nproc, **step)))
+    return out
+
+
+def _largest(stages: list[tuple[int, PlanRow]]) -> int | None:
+    """The stage whose step needs the most memory (the first of equals); None without stages."""
+    return max(stages, key=lambda s: (s[1].need.total, -s[0]))[0] if stages else None
+
+
+def _stages_json(stages: list[tuple[int, PlanRow]]) -> dict[str, object]:
+    return {"stages": [{"stage": i, "seq_len": r.seq_len, "fits": r.fits, "total_bytes": r.need.total,
+                        "host_total_bytes": r.host_total} for i, r in stages], "largest_stage": _largest(stages)}
+
+
+def _echo_stages(stages: list[tuple[int, PlanRow]], budget: int) -> None:
+    from torchtrain.memory import largest_term
+
+    if not stages:
+        return
+    g = 2**30
+    typer.echo("schedule.stages, one step of each:")
+    for i, r in stages:
+        typer.echo(f"  stage {i}: {r.seq_len} slots, {r.need.total / g:.2f} GiB, "
+                   f"{'fits' if r.fits else 'does not fit'}")
+    i, r = next(s for s in stages if s[0] == _largest(stages))
+    typer.echo(f"stage {i} needs the most memory: {r.need.total / g:.2f} of {budget / g:.1f} GiB"
+               + ("" if r.fits else f"; it does not fit ({largest_term(r.need)[0]} the largest term)"))
 
 
 def _check_options(start: int, memory: float | None, host_memory: float | None, shape: str | None,

@@ -8,6 +8,7 @@
 A config is sectioned: `model`, `data`, `optim`, `schedule`, `parallel`, `checkpoint`, `logging`, `eval`, each a
 pydantic model whose fields are its keys, and `deepspeed`, further DeepSpeed keys. One module per concern:
   schema      the sections and their keys, each declared once: type, default, range, one-line meaning
+  types       the value types keys accept beyond pydantic's own (finite YAML numbers, betas, sizes)
   keys        what the declarations give: every dotted key, those a resume may change, what each accepts in words
   origins     where each key's value came from (an override, a file's line), named in every error
   migration   the pre-sectioned format (flat keys): refused in one line naming its place, read in old run folders
@@ -49,6 +50,7 @@ from torchtrain.config.schema import (
     ParallelConfig,
     RopeConfig,
     ScheduleConfig,
+    StageConfig,
     TrainConfig,
 )
 from torchtrain.config.validation import check_world, validate, with_changes
@@ -56,6 +58,6 @@ from torchtrain.config.validation import check_world, validate, with_changes
 __all__ = [
     "KEYS", "MOVED", "NESTED", "PACK_KEYS", "PACK_OPTIONS", "RESUMABLE_CHANGES", "SECTIONS", "CheckpointConfig",
     "DataConfig", "EvalConfig", "LoggingConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "RopeConfig",
-    "ScheduleConfig", "Sources", "TrainConfig", "check_declarations", "check_world", "describe_keys", "expected",
+    "ScheduleConfig", "Sources", "StageConfig", "TrainConfig", "check_declarations", "check_world", "describe_keys", "expected",
     "from_flat", "is_flat", "load_train_config", "parse_overrides", "validate", "with_changes",
 ]

@@ -12,59 +12,20 @@ files and overrides (`overrides`) and the checks across keys (`validation`).
 from __future__ import annotations
 
 import copy
-import math
-import re
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictBool, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictInt, model_validator
 
 from anchor_core.engines import TRAIN_ENGINES
 from anchor_core.limits import SEED_MAX
 from anchor_core.variants import Variant
 from torchtrain.config.origins import Sources
+from torchtrain.config.types import EXPECTED_BY_TYPE, Betas, Name, Number, ShardSize, Steps, yaml_numbers
 
 Schedule = Literal["constant", "cosine", "linear"]
 Dtype = Literal["float32", "bfloat16"]
 TrainEngine = Literal[TRAIN_ENGINES]  # type: ignore[valid-type]  # auto, or an engine of anchor_core.engines
 RopeScaling = Literal["default", "linear", "dynamic", "yarn", "llama3", "ntk"]
-
-# Value types: what a key accepts beyond pydantic's own strict types
-
-
-def _yaml_number(x: Any) -> float:
-    """A finite YAML number, also `5e6` (PyYAML reads exponents without a dot as strings); never a bool."""
-    if isinstance(x, bool):
-        raise ValueError("a bool is not a number")
-    if isinstance(x, str):
-        try:
-            x = float(x)
-        except ValueError:
-            raise ValueError("not a number") from None
-    if not isinstance(x, (int, float)) or not math.isfinite(x):
-        raise ValueError("not a finite number")
-    return float(x)
-
-
-def _beta(x: Any) -> float:
-    v = _yaml_number(x)
-    if not 0.0 <= v < 1.0:
-        raise ValueError("a beta is in [0, 1)")
-    return v
-
-
-Number = Annotated[float, BeforeValidator(_yaml_number)]
-Name = Annotated[str, Field(strict=True, min_length=1)]
-Betas = tuple[Annotated[float, BeforeValidator(_beta)], Annotated[float, BeforeValidator(_beta)]]
-Steps = tuple[Annotated[StrictInt, Field(ge=1)], ...]
-
-# What errors and the documentation say a type accepts, where the annotation alone does not tell.
-ShardSize = Union[StrictInt, Name]
-EXPECTED_BY_TYPE: dict[Any, str] = {
-    Betas: "two numbers [beta1, beta2] in [0, 1)",
-    ShardSize: 'a size as transformers writes it ("5GB", "500MB", "2GiB") or a number of bytes',
-    tuple[Name, ...]: "a list of non-empty strings",
-    Steps: "a list of step numbers >= 1",
-}
 
 
 def _key(default: Any, doc: str, *, resumable: bool = False, pack_option: str | None = None,
@@ -158,6 +119,26 @@ class OptimConfig(_Section):
     grad_clip: Number = _key(1.0, "clip the global gradient norm to this (0 = off)", ge=0.0)
 
 
+class StageConfig(_Section):
+    """One stage of `schedule.stages` (torchtrain.stages): its steps train on windows of its length, packed for it,
+    with its RoPE base and peak learning rate."""
+
+    steps: StrictInt = _key(..., "optimizer steps of this stage", ge=1)
+    seq_len: StrictInt = _key(..., "slots per window of this stage (its windows packed from data.path)", ge=2)
+    rope_theta: Optional[Number] = _key(None, "RoPE base in this stage (omitted: model.rope.theta, or the model's)",
+                                        gt=1.0)
+    lr: Optional[Number] = _key(None, "peak learning rate in this stage, under the schedule's shape (omitted: "
+                                "optim.lr)", gt=0.0)
+
+    def given(self) -> dict[str, Any]:
+        """The stage as the config gives it (the optional keys only where given)."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+Stages = tuple[StageConfig, ...]
+EXPECTED_BY_TYPE[Stages] = "a list of stages, each a mapping {steps, seq_len} with optional rope_theta and lr"
+
+
 class ScheduleConfig(_Section):
     """How long the run trains and the learning rate over its steps."""
 
@@ -165,6 +146,8 @@ class ScheduleConfig(_Section):
     warmup_steps: StrictInt = _key(0, "linear warmup steps (from lr/warmup_steps)", ge=0)
     kind: Schedule = _key("constant", "after warmup: constant, cosine or linear decay")
     min_lr_ratio: Number = _key(0.0, "cosine/linear: the final learning rate as a fraction of optim.lr", ge=0.0, le=1.0)
+    stages: Stages = _key((), "a length schedule: stages run one after the other in one run, their steps summing "
+                          "to schedule.steps (data.path a corpus, data.seq_len omitted; torchtrain.stages)")
 
 
 class ParallelConfig(_Section):
@@ -218,19 +201,6 @@ class EvalConfig(_Section):
     heldout_buckets: StrictInt = _key(8, "slot ranges the held-out loss is also given by", ge=1, resumable=True)
 
 
-def _yaml_numbers(x: Any) -> Any:
-    """`x` with every string that is a number in exponent form (`1e7`, `5e-3`: PyYAML reads those without a dot
-    as strings) read as the number, an integer where it is whole; mappings and lists walked."""
-    if isinstance(x, dict):
-        return {k: _yaml_numbers(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_yaml_numbers(v) for v in x]
-    if isinstance(x, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", x.strip()):
-        v = float(x)
-        return int(v) if v.is_integer() and math.isfinite(v) else v
-    return x
-
-
 class DeepSpeedSection(_Section):
     """`deepspeed:` further DeepSpeed config keys, deep-merged over the config the trainer generates
     (torchtrain.config.deepspeed_json): any key of DeepSpeed's JSON but those the trainer sets from the keys above."""
@@ -240,7 +210,7 @@ class DeepSpeedSection(_Section):
     @model_validator(mode="before")
     @classmethod
     def _numbers(cls, d: Any) -> Any:
-        return _yaml_numbers(d) if isinstance(d, dict) else d
+        return yaml_numbers(d) if isinstance(d, dict) else d
 
     def given(self) -> dict[str, Any]:
         """The section's DeepSpeed keys, as given (a copy)."""
@@ -323,7 +293,7 @@ ROPE_FIELD = {"theta": "base", "scaling": "kind"}  # `model.rope:` names -> anch
 
 def plain(v: Any) -> Any:
     """A key's value as YAML-able data: `model.rope` as the overrides it gives, tuples as lists."""
-    if isinstance(v, RopeConfig):
+    if isinstance(v, (RopeConfig, StageConfig)):
         return v.given()
     if isinstance(v, tuple):
         return [plain(x) for x in v]

@@ -6,7 +6,7 @@ the checks across keys that need neither the world size nor a model; then, with 
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
@@ -69,8 +69,27 @@ def validate(d: Any, *, source: str = "config", origins: Mapping[str, str] | Non
         shard_size_bytes(cfg.checkpoint.max_shard_size, option="checkpoint.max_shard_size")
     except InputError as e:
         raise InputError(str(e), path=cfg.where("checkpoint.max_shard_size")) from None
+    _check_stages(cfg)
     check_deepspeed_section(cfg)  # last: it imports DeepSpeed when the section is given
     return cfg
+
+
+def _check_stages(cfg: TrainConfig) -> None:
+    """`schedule.stages` covers `schedule.steps`, and each stage gives its own length (torchtrain.stages)."""
+    stages = cfg.schedule.stages
+    if not stages:
+        return
+    total = sum(s.steps for s in stages)
+    if total != cfg.schedule.steps:
+        raise InputError(f"the steps of schedule.stages sum to {total}, schedule.steps is {cfg.schedule.steps}: they "
+                         "must be equal", path=cfg.where("schedule.stages", "schedule.steps"))
+    if cfg.data.seq_len is not None:
+        raise InputError(f"data.seq_len {cfg.data.seq_len} with schedule.stages: each stage gives its own seq_len; "
+                         "omit data.seq_len", path=cfg.where("data.seq_len", "schedule.stages"))
+    if cfg.eval.heldout_data is not None:
+        raise InputError("eval.heldout_data holds windows of one length, schedule.stages trains on several: hold out "
+                         "eval.heldout_windows of each stage's windows instead",
+                         path=cfg.where("eval.heldout_data", "schedule.stages"))
 
 
 def _check_nested(cfg: TrainConfig, sources: Sources) -> None:
@@ -129,46 +148,70 @@ def check_world(cfg: TrainConfig, world: int) -> None:
                                                    "parallel.sequence_parallel"))
 
 
-def _field_path(loc: Sequence[Any]) -> tuple[list[str], FieldInfo | None]:
-    """The longest prefix of a pydantic error location that names a key (or a section), and its field."""
+def _field_path(loc: Sequence[Any]) -> tuple[list[str], FieldInfo | None, Any]:
+    """The longest prefix of a pydantic error location that names a key (or a section), its field, and the model
+    whose keys come next; an item of a list of mappings (`schedule.stages`) is named by its index from 1:
+    `schedule.stages[2].seq_len`."""
     cls: Any = TrainConfig
     path: list[str] = []
     field = None
     for part in loc:
-        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or part not in cls.model_fields:
+        items = get_args(cls) if get_origin(cls) is tuple else ()
+        if isinstance(part, int) and len(items) == 2 and items[1] is Ellipsis and _is_model(items[0]):
+            path[-1] += f"[{part + 1}]"
+            cls = items[0]
+            continue
+        if not _is_model(cls) or part not in cls.model_fields:
             break
         path.append(str(part))
         field = cls.model_fields[part]
         cls = base_type(optional_inner(field.annotation))
-    return path, field
+    return path, field, cls
+
+
+def _is_model(x: Any) -> bool:
+    return isinstance(x, type) and issubclass(x, BaseModel)
 
 
 def _lookup(d: Any, path: Sequence[str]) -> Any:
     for p in path:
-        d = d.get(p) if isinstance(d, dict) else None
+        key, _, index = p.partition("[")
+        d = d.get(key) if isinstance(d, dict) else None
+        if index:  # an item of a list: `stages[2]` (from 1)
+            i = int(index.rstrip("]")) - 1
+            d = d[i] if isinstance(d, list) and i < len(d) else None
     return d
+
+
+def _key_of(dotted: str) -> str:
+    """The declared key a dotted name lies under: `schedule.stages` for `schedule.stages[2].seq_len`."""
+    return re.sub(r"\[\d+\].*$", "", dotted)
 
 
 def _one_line(err: ValidationError, d: dict[str, Any], sources: Sources) -> InputError:
     """pydantic's first error as one line naming the dotted key and where it came from."""
     e = err.errors()[0]
-    loc = [str(p) for p in e["loc"]]
-    path, field = _field_path(loc)
+    loc = list(e["loc"])
+    path, field, model = _field_path(loc)
     if e["type"] == "extra_forbidden":
-        dotted, parent = ".".join(loc), ".".join(loc[:-1])
-        known = SECTIONS if not parent else base_type(optional_inner(_field_path(loc[:-1])[1].annotation)).model_fields
+        parents, _, model = _field_path(loc[:-1])  # the mapping the unknown key is in
+        dotted, parent = ".".join([*parents, str(loc[-1])]), ".".join(parents)
+        known = SECTIONS if not parent else model.model_fields
         return InputError(f"unknown key {excerpt(dotted)} (known{' in ' + parent if parent else ' sections'}: "
-                          f"{', '.join(known)})", path=sources.where(dotted))
+                          f"{', '.join(known)})", path=sources.where(_key_of(dotted)))
     dotted = ".".join(path)
     if e["type"] == "missing":  # named at its section, where the file gives one
         return InputError(f"missing required key {dotted!r} ({field.description})", path=sources.where(path[0]))
     what = f" ({field.description})" if field is not None and field.description else ""
+    accepts = expected(field) if field else "a mapping"
+    if path and path[-1].endswith("]"):  # an item of a list of mappings that is not one
+        what, accepts = "", f"a mapping with keys among {', '.join(model.model_fields)}"
     got = _lookup(d, path)
     yaml11 = isinstance(got, str) and got.lower() in ("yes", "no", "on", "off")  # read as strings: anchor_core.yamlfile
     hint = " (YAML 1.1's yes/no/on/off are strings here)" if yaml11 and field is not None and \
         expected(field) == "true or false" else ""
-    return InputError(f"{dotted}: expected {expected(field) if field else 'a mapping'}{what}, got "
-                      f"{excerpt(got)}{hint}", path=sources.where(dotted))
+    return InputError(f"{dotted}: expected {accepts}{what}, got {excerpt(got)}{hint}",
+                      path=sources.where(_key_of(dotted)))
 
 
 def with_changes(cfg: TrainConfig, changes: Mapping[str, Any]) -> TrainConfig:
