@@ -79,3 +79,48 @@ def final_weights(run: Path, step: int) -> dict[str, np.ndarray]:
 
 
 DETERMINISTIC = ("step", "loss", "tokens", "lr", "grad_norm", "flops")  # tokens_per_s, elapsed_s, mfu: timings
+
+
+def kill_after(args: list[str], run: Path, lines: int) -> int:
+    """Start `anchor ARGS` (a training run into `run`), SIGKILL it once its metrics.jsonl has `lines` lines; returns
+    the lines seen. Fails when the run ended by itself first."""
+    import time
+
+    p = forked.Run(args, ENV)
+    path, seen, deadline = run / "metrics.jsonl", 0, time.time() + 300
+    while time.time() < deadline and p.poll() is None:
+        if path.is_file():
+            seen = len(path.read_text().splitlines())
+            if seen >= lines:
+                break
+        time.sleep(0.005)
+    p.kill()
+    p.wait()
+    assert p.returncode == -9, f"the run ended by itself ({p.returncode}) before the kill"
+    return seen
+
+
+def heldout_reference(hf: Path, data: Path, held: int, edges: np.ndarray) -> tuple[float, list[float], int]:
+    """The loss of `data`'s `held` held-out windows (seed 0) under the exported weights in `hf`, through
+    transformers' forward (anchor_sdpa, full logits, float64 cross-entropy): overall, per slot range of `edges`,
+    and the predictions counted."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import torchtrain.hf  # noqa: F401  (registers anchor_sdpa)
+    from anchor_core.data.packed import PackedData, heldout_windows
+    from torchtrain.sequence_parallel import counted_predictions
+
+    packed = PackedData.open(data)
+    model = AutoModelForCausalLM.from_pretrained(hf, attn_implementation="anchor_sdpa", dtype=torch.float32)
+    batch = packed.batch(heldout_windows(packed.num_windows, held, 0), "anchor")
+    tokens = torch.as_tensor(batch.tokens, dtype=torch.long)
+    with torch.no_grad():
+        logits = model(input_ids=tokens, position_ids=torch.as_tensor(batch.positions, dtype=torch.long),
+                       doc_ids=torch.as_tensor(batch.doc_ids, dtype=torch.long), variant="anchor").logits.double()
+    targets = torch.cat([tokens[:, 1:], tokens[:, -1:]], dim=1)
+    ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+    counted = counted_predictions(torch.as_tensor(batch.loss_mask)).double()
+    per_slot, n = (ce * counted).sum(0).numpy(), counted.sum(0).numpy()
+    by = [per_slot[a:b].sum() / n[a:b].sum() for a, b in zip(edges[:-1], edges[1:])]
+    return per_slot.sum() / n.sum(), by, int(n.sum())

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.train.conftest import metrics, run_train
+from tests.train.conftest import heldout_reference, metrics, run_train
 
 HELD, BUCKETS = 5, 4
 COMMON = ("data.global_batch=4", "data.micro_batch=2", "eval.every=2", "eval.window=0", f"eval.heldout_buckets={BUCKETS}",
@@ -39,30 +39,6 @@ def test_the_loader_never_yields_a_heldout_window(packed):
     assert plain.indices().tolist() == Loader(data, 2, "anchor", seed=0, held_out=0).indices().tolist()
 
 
-def _reference(run, packed, step: int, edges: np.ndarray):
-    """The held-out windows' loss with the step's exported weights, through transformers' forward (full logits)."""
-    from transformers import AutoModelForCausalLM
-
-    import torchtrain.hf  # noqa: F401  (registers anchor_sdpa)
-    from anchor_core.data.packed import PackedData, heldout_windows
-    from torchtrain.sequence_parallel import counted_predictions
-
-    data = PackedData.open(packed)
-    model = AutoModelForCausalLM.from_pretrained(run / "checkpoints" / f"step-{step}" / "hf", attn_implementation="anchor_sdpa",
-                                                 dtype=torch.float32)
-    batch = data.batch(heldout_windows(data.num_windows, HELD, 0), "anchor")
-    tokens = torch.as_tensor(batch.tokens, dtype=torch.long)
-    with torch.no_grad():
-        logits = model(input_ids=tokens, position_ids=torch.as_tensor(batch.positions, dtype=torch.long),
-                       doc_ids=torch.as_tensor(batch.doc_ids, dtype=torch.long), variant="anchor").logits.double()
-    targets = torch.cat([tokens[:, 1:], tokens[:, -1:]], dim=1)
-    ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
-    counted = counted_predictions(torch.as_tensor(batch.loss_mask)).double()
-    per_slot, n = (ce * counted).sum(0).numpy(), counted.sum(0).numpy()
-    by = [per_slot[a:b].sum() / n[a:b].sum() for a, b in zip(edges[:-1], edges[1:])]
-    return per_slot.sum() / n.sum(), by, int(n.sum())
-
-
 def test_the_heldout_loss_is_logged_every_eval_every_steps(packed, tmp_path):
     run = tmp_path / "run"
     run_train(run, *RUN, f"data.path={packed}")
@@ -71,7 +47,7 @@ def test_the_heldout_loss_is_logged_every_eval_every_steps(packed, tmp_path):
     T = 128
     edges = np.linspace(0, T, BUCKETS + 1).round().astype(np.int64)
     for r in rows[1::2]:
-        loss, by, tokens = _reference(run, packed, r["step"], edges)
+        loss, by, tokens = heldout_reference(run / "checkpoints" / f"step-{r['step']}" / "hf", packed, HELD, edges)
         print(f"step {r['step']}: logged {r['heldout_loss']:.8f}, transformers {loss:.8f}; by position {r['heldout_loss_by_position']}")
         assert r["heldout_tokens"] == tokens
         assert abs(r["heldout_loss"] - loss) <= 1e-6 * loss

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests import forked
-from tests.train.conftest import DETERMINISTIC, ENV, final_weights, metrics, run_train, train_args
+from tests.train.conftest import DETERMINISTIC, ENV, final_weights, kill_after, metrics, run_train, train_args
 
 STEPS = 10
 ARGS = (f"schedule.steps={STEPS}", "checkpoint.save_every=2", "checkpoint.keep_last=2", "eval.window=0")
@@ -21,20 +21,7 @@ ARGS = (f"schedule.steps={STEPS}", "checkpoint.save_every=2", "checkpoint.keep_l
 
 def _kill_at(out: Path, data: Path, after_lines: int) -> int:
     """Start a run, SIGKILL it once metrics.jsonl has `after_lines` lines; returns the lines seen."""
-    p = forked.Run(train_args(out, *ARGS, f"data.path={data}"), ENV)
-    path = out / "metrics.jsonl"
-    deadline = time.time() + 300
-    seen = 0
-    while time.time() < deadline and p.poll() is None:
-        if path.is_file():
-            seen = len(path.read_text().splitlines())
-            if seen >= after_lines:
-                break
-        time.sleep(0.005)
-    p.kill()
-    p.wait()
-    assert p.returncode == -9, f"the run ended by itself ({p.returncode}) before the kill"
-    return seen
+    return kill_after(train_args(out, *ARGS, f"data.path={data}"), out, after_lines)
 
 
 def _compare(a: Path, b: Path) -> None:

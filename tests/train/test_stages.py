@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +16,8 @@ import torch
 
 from anchor_core.data.packed import PackedData
 from anchor_core.errors import InputError
-from tests import forked
-from tests.train.conftest import DETERMINISTIC, ENV, ROOT, final_weights, metrics, run_train, train_args
+from tests.train.conftest import DETERMINISTIC, ROOT, final_weights, heldout_reference, kill_after, metrics, run_train, \
+    train_args
 from torchtrain.config import load_train_config
 
 STAGES = ROOT / "configs" / "train" / "tiny_stages.yaml"
@@ -70,45 +69,10 @@ def test_the_shipped_two_stage_config_trains_in_one_command(tmp_path):
     # stage 2 ran with its RoPE: its held-out loss is what the step's exported weights give through transformers
     # (hf/config.json's RoPE base, the anchor_sdpa engine) on the held-out windows of RUN/data-1024
     for r in held:
-        reference = _heldout_reference(out, r["step"], cfg.eval.heldout_windows)
+        hf, data = out / "checkpoints" / f"step-{r['step']}" / "hf", out / f"data-{r['seq_len']}"
+        reference, _, _ = heldout_reference(hf, data, cfg.eval.heldout_windows, np.array([0, r["seq_len"]]))
         print(f"step {r['step']}: logged {r['heldout_loss']:.8f}, transformers {reference:.8f}")
         assert abs(r["heldout_loss"] - reference) <= 1e-6 * reference
-
-
-def _heldout_reference(run: Path, step: int, held: int) -> float:
-    """The mean loss of the held-out windows of the step's stage, with the step's exported weights (full logits)."""
-    from transformers import AutoModelForCausalLM
-
-    import torchtrain.hf  # noqa: F401  (registers anchor_sdpa)
-    from anchor_core.data.packed import heldout_windows
-    from torchtrain.sequence_parallel import counted_predictions
-
-    folder = run / "checkpoints" / f"step-{step}" / "hf"
-    data = PackedData.open(run / f"data-{512 if step <= 6 else 1024}")
-    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="anchor_sdpa", dtype=torch.float32)
-    batch = data.batch(heldout_windows(data.num_windows, held, 0), "anchor")
-    tokens = torch.as_tensor(batch.tokens, dtype=torch.long)
-    with torch.no_grad():
-        logits = model(input_ids=tokens, position_ids=torch.as_tensor(batch.positions, dtype=torch.long),
-                       doc_ids=torch.as_tensor(batch.doc_ids, dtype=torch.long), variant="anchor").logits.double()
-    targets = torch.cat([tokens[:, 1:], tokens[:, -1:]], dim=1)
-    ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
-    counted = counted_predictions(torch.as_tensor(batch.loss_mask)).double()
-    return float((ce * counted).sum() / counted.sum())
-
-
-def _kill_in_stage_two(out: Path, after_lines: int) -> int:
-    p = forked.Run(train_args(out, *ODD, config=STAGES), ENV)
-    path, seen, deadline = out / "metrics.jsonl", 0, time.time() + 300
-    while time.time() < deadline and p.poll() is None:
-        seen = len(path.read_text().splitlines()) if path.is_file() else 0
-        if seen >= after_lines:
-            break
-        time.sleep(0.005)
-    p.kill()
-    p.wait()
-    assert p.returncode == -9, f"the run ended by itself ({p.returncode}) before the kill"
-    return seen
 
 
 def _same_run(a: Path, b: Path) -> None:
@@ -133,7 +97,7 @@ def test_kill9_in_the_second_stage_resumes_bit_for_bit(tmp_path):
     ref = tmp_path / "ref"
     run_train(ref, *ODD, config=STAGES)
     out = tmp_path / "killed"
-    seen = _kill_in_stage_two(out, after_lines=8)
+    seen = kill_after(train_args(out, *ODD, config=STAGES), out, 8)
     steps = sorted(int(q.name.split("-")[1]) for q in (out / "checkpoints").glob("step-*"))
     print(f"killed after {seen} logged steps; checkpoints {steps}")
     assert 7 in steps and 10 not in steps
@@ -210,3 +174,26 @@ def test_a_stage_too_long_for_the_model_is_refused_naming_the_stage(tmp_path):
     assert p.returncode == 2
     assert "schedule.stages[2] (5001 slots): data.seq_len 5001 is beyond the model's 4096 positions" in p.stderr
     assert not out.exists()
+
+
+def test_the_stage_whose_step_does_not_fit_is_refused_before_any_packing(tmp_path, monkeypatch):
+    """With memory for one step at 512 slots but not at 1024, the run is refused naming stage 2, before the run
+    folder is made."""
+    from torchtrain import engines
+    from torchtrain.memory import step_memory, step_of
+    from torchtrain.run_folder import model_spec
+    from torchtrain.stages import run_stages
+    from torchtrain.trainer import train
+
+    cfg = load_train_config(STAGES, ["model.engine=varlen"])
+    needs = [step_memory(model_spec(s.cfg), seq_len=s.seq_len, **step_of(s.cfg, engine="varlen", dtype=torch.float32,
+                                                                          procs=1, world=1, on_gpu=False)).total
+             for s in run_stages(cfg)]
+    print("one step's estimate per stage:", needs)
+    assert needs[0] < needs[1]
+    monkeypatch.setattr(engines, "available_memory", lambda device="cpu": (needs[0] + needs[1]) // 2)
+    with pytest.raises(InputError) as e:
+        train(cfg, tmp_path / "run", progress=False)
+    print(e.value)
+    assert "schedule.stages[2] (1024 slots): data.seq_len=1024 (data.micro_batch=2) needs about" in str(e.value)
+    assert not (tmp_path / "run").exists()
