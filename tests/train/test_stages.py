@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -197,3 +198,42 @@ def test_the_stage_whose_step_does_not_fit_is_refused_before_any_packing(tmp_pat
     print(e.value)
     assert "schedule.stages[2] (1024 slots): data.seq_len=1024 (data.micro_batch=2) needs about" in str(e.value)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("resume_nproc", [2, 1])
+def test_two_processes_zero2_killed_in_stage_two_resume_to_1e6(tmp_path, resume_nproc):
+    """The whole job (launcher and both ranks) killed in stage 2, then rerun on the same 2 processes, or on 1 (the
+    checkpoint converted to DeepSpeed's universal format): the stage's loader position and RoPE hold, and the losses
+    and final weights equal the uninterrupted run's within the fp32 rule of a multi-process resume (1e-6)."""
+    import os
+    import signal
+
+    from tests import forked
+    from tests.train.conftest import ENV
+
+    args = (*ODD, "parallel.zero_stage=2", "data.micro_batch=1")
+    ref = tmp_path / "ref"
+    run_train(ref, *args, "parallel.nproc=2", config=STAGES)
+    out = tmp_path / "killed"
+    p = forked.Run(train_args(out, *args, "parallel.nproc=2", config=STAGES), ENV, new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and p.poll() is None:
+        path = out / "metrics.jsonl"
+        if path.is_file() and len(path.read_text().splitlines()) >= 8:
+            break
+        time.sleep(0.005)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    print("checkpoints after the kill:", sorted(q.name for q in (out / "checkpoints").glob("step-*")))
+    p = run_train(out, *args, f"parallel.nproc={resume_nproc}", config=STAGES)
+    assert "(resumed)" in p.stderr
+    ma, mb = metrics(ref), metrics(out)
+    assert [(r["step"], r["stage"], r["seq_len"]) for r in mb] == [(r["step"], r["stage"], r["seq_len"]) for r in ma]
+    la, lb = np.array([r["loss"] for r in ma]), np.array([r["loss"] for r in mb])
+    print("uninterrupted:", la.round(7), "\nresumed:      ", lb.round(7))
+    assert np.abs(la - lb).max() / np.abs(la).max() <= 1e-6
+    wa, wb = final_weights(ref, 10), final_weights(out, 10)
+    worst = max(float(np.abs(wa[n] - wb[n]).max() / (np.abs(wa[n]).max() + 1e-30)) for n in wa)
+    print("final weights max rel diff", worst)
+    assert worst <= 1e-6
