@@ -29,6 +29,7 @@ class InputError(Exception):
 
     def __init__(self, message: str, *, path: object | None = None):
         self.path = None if path is None else str(path)
+        self.message = message  # without the path: what a caller that names another place re-raises
         text = f"{self.path}: {message}" if self.path else message
         super().__init__(bound_names(" ".join(text.split())))
 

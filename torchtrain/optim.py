@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from anchor_core.errors import UnavailableError
 from anchor_core.limits import clip
 from torchtrain.distributed import quiet_deepspeed_import
+from torchtrain.stages import stage_index
 
 if TYPE_CHECKING:
     import torch
@@ -30,18 +31,9 @@ def lr_factor(cfg: TrainConfig, step: int) -> float:
     lr/schedule.warmup_steps, then `schedule.kind`: constant, cosine or linear decay to
     `schedule.min_lr_ratio * lr` at the last step; with `schedule.stages`, times the stage's lr / optim.lr for the
     steps of a stage that gives its own lr (the shape spans the whole run: torchtrain.stages)."""
-    stage = _stage_lr(cfg, step + 1)
-    return _shape(cfg, step) * (1.0 if stage is None else stage / cfg.optim.lr)
-
-
-def _stage_lr(cfg: TrainConfig, step: int) -> float | None:
-    """The `lr` of the stage of optimizer step `step` (from 1), None where it gives none (or there are no stages)."""
-    last = 0
-    for stage in cfg.schedule.stages:
-        last += stage.steps
-        if step <= last:
-            return stage.lr
-    return cfg.schedule.stages[-1].lr if cfg.schedule.stages else None
+    stages = cfg.schedule.stages
+    peak = stages[stage_index([s.steps for s in stages], step + 1)].lr if stages else None
+    return _shape(cfg, step) * (1.0 if peak is None else peak / cfg.optim.lr)
 
 
 def _shape(cfg: TrainConfig, step: int) -> float:

@@ -252,10 +252,8 @@ def _resolve_data(cfg: TrainConfig, run: Path, progress: bool, target: Path) -> 
     if cfg.data.seq_len is None:
         raise InputError("data.seq_len is required when data.path is a corpus packed on the fly",
                          path=cfg.where("data.path"))
-    if (target / "pack.json").is_file():
-        if PackedData.open(target).seq_len == cfg.data.seq_len:
-            return target
-        shutil.rmtree(target)
+    if (target / "pack.json").is_file():  # packed with these settings (`_clear_stale_packs`), named by its length
+        return target
 
     source: str | Path = cfg.data.path
     if cfg.data.path == "corpus":
@@ -300,12 +298,13 @@ def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, 
         raise InputError("no such data file or folder (an `anchor pack` output, a corpus, or `corpus`)",
                          path=data_path)
     seq_len = cfg.data.seq_len
+    stages = run_stages(cfg)  # one, without schedule.stages
     if cfg.schedule.stages:
         if (data_path / "pack.json").is_file():
             raise InputError(f"data.path {data_path} is an `anchor pack` output of one length; schedule.stages packs "
                              "each stage's windows from a corpus (a JSONL file or folder, or `corpus`)",
                              path=cfg.where("data.path", "schedule.stages"))
-        for stage in run_stages(cfg):  # each length against the model and the memory, before any packing
+        for stage in stages:  # each length against the model and the memory, before any packing
             with named_stage(stage, cfg):
                 check_model(stage.cfg, model_spec(stage.cfg), stage.seq_len)
     else:
@@ -319,11 +318,11 @@ def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, 
         _check_resume_config(cfg, saved, run, asked_engine=asked)
     read_log(run)  # a metrics.jsonl a resume cannot read whole is refused here, the run folder untouched
     run.mkdir(parents=True, exist_ok=True)
-    _fill_run(cfg, run, spec, seq_len, saved, world, progress)
+    _fill_run(cfg, stages, run, spec, seq_len, saved, world, progress)
 
 
-def _fill_run(cfg: TrainConfig, run: Path, spec: ModelSpec, seq_len: int | None, saved: dict[str, Any] | None,
-              world: int | None, progress: bool) -> None:
+def _fill_run(cfg: TrainConfig, stages: list[Stage], run: Path, spec: ModelSpec, seq_len: int | None,
+              saved: dict[str, Any] | None, world: int | None, progress: bool) -> None:
     """The run folder's marker, data (packed on the fly when needed), data_source.json, the checks that need
     the packed data, then config.yaml and the DeepSpeed config (prepare_run)."""
     write_marker(run, "train")
@@ -340,7 +339,7 @@ def _fill_run(cfg: TrainConfig, run: Path, spec: ModelSpec, seq_len: int | None,
             write_text_atomic(run / SOURCE_FILE, json.dumps(source, indent=1) + "\n")
     _clear_stale_packs(run, source)
     write_text_atomic(run / SOURCE_FILE, json.dumps(source, indent=1) + "\n")
-    for stage in run_stages(cfg):
+    for stage in stages:
         with named_stage(stage, cfg):
             packed = _stage_data(cfg, stage, run, spec, seq_len, progress)
     if cfg.data.seq_len is None and not cfg.schedule.stages:

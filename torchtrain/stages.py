@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from anchor_core.errors import InputError
 from torchtrain.config import TrainConfig, with_changes
@@ -72,7 +72,18 @@ def run_stages(cfg: TrainConfig) -> list[Stage]:
 
 def stage_at(stages: list[Stage], step: int) -> Stage:
     """The stage of optimizer step `step` (from 1; a step past the last is the last stage's)."""
-    return next((s for s in stages if step <= s.last), stages[-1])
+    return stages[stage_index([s.last - s.first + 1 for s in stages], step)]
+
+
+def stage_index(steps: Sequence[int], step: int) -> int:
+    """The index (from 0) of the stage that trains optimizer step `step` (from 1), stages of `steps` steps each
+    following each other; a step past the last is the last stage's."""
+    last = 0
+    for i, n in enumerate(steps):
+        last += n
+        if step <= last:
+            return i
+    return len(steps) - 1
 
 
 @contextlib.contextmanager
@@ -84,10 +95,8 @@ def named_stage(stage: Stage, run_cfg: TrainConfig) -> Iterator[None]:
     except InputError as e:
         if not run_cfg.schedule.stages:
             raise
-        text = str(e)
-        message = text[len(e.path) + 2:] if e.path and text.startswith(f"{e.path}: ") else text
         where = e.path if e.path and Path(e.path).is_dir() else run_cfg.where("schedule.stages")
-        raise type(e)(f"schedule.stages[{stage.index}] ({stage.seq_len} slots): {message}", path=where) from None
+        raise type(e)(f"schedule.stages[{stage.index}] ({stage.seq_len} slots): {e.message}", path=where) from None
 
 
 class StagedLoader:
@@ -113,9 +122,7 @@ class StagedLoader:
         return batch
 
     def state_dict(self) -> dict[str, Any]:
-        """The position of the current stage's Loader, and the stage (from 1)."""
-        if self.loader is None:
-            self.stage, self.loader = self.stages[0], self._open(self.stages[0])
+        """The position of the current stage's Loader, and the stage (from 1): taken after a step."""
         return {**self.loader.state_dict(), "stage": self.stage.index}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -288,7 +288,7 @@ def _enter_stage(stages: list[Stage], stage: Stage, spec: ModelSpec, engine: Any
     RoPE set to the stage's (torchtrain.stages), its held-out windows, and the checkpointer's spec (hf/'s config:
     the stage's RoPE and length). Returns the held-out set and the checkpointer."""
     _restore_rope_buffers(engine.module, set_rope(engine.module, spec))
-    if checkpointer.world.is_main and len(stages) > 1:
+    if checkpointer.world.is_main and checkpointer.cfg.schedule.stages:
         print(f"{stage.describe(len(stages), spec.rope.base)}{' (resumed)' if step > stage.first else ''}", file=sys.stderr,
               flush=True)
     held = heldout_set(stage.cfg, PackedData.open(data_dir(checkpointer.cfg, checkpointer.run, stage.seq_len)))

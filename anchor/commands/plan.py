@@ -125,20 +125,18 @@ def plan(
 def _plan_stages(cfg: TrainConfig, spec: ModelSpec, *, budget: int, host_budget: int | None,
                  **step: object) -> list[tuple[int, PlanRow]]:
     """(stage, its plan row) for each stage of `schedule.stages` (none without): one step's memory at the stage's
-    length, each length checked against sequence parallelism as `anchor train` checks it."""
-    from anchor_core.errors import InputError
+    length, each length checked against sequence parallelism as `anchor train` checks it, a failure naming the
+    stage as `anchor train` names it."""
     from torchtrain.memory import plan_row
     from torchtrain.sequence_parallel import check_sequence_parallel
+    from torchtrain.stages import named_stage, run_stages
 
     out = []
-    for i, stage in enumerate(cfg.schedule.stages, start=1):
-        try:
+    for stage in run_stages(cfg) if cfg.schedule.stages else []:
+        with named_stage(stage, cfg):
             check_sequence_parallel(spec, stage.seq_len, cfg.parallel.sequence_parallel)
-        except InputError as e:
-            raise InputError(f"schedule.stages[{i}] ({stage.seq_len} slots): {e}",
-                             path=cfg.where("schedule.stages")) from None
-        out.append((i, plan_row(spec, stage.seq_len, budget=budget, host_budget=host_budget,
-                                host_procs=cfg.parallel.nproc, **step)))
+        out.append((stage.index, plan_row(spec, stage.seq_len, budget=budget, host_budget=host_budget,
+                                          host_procs=cfg.parallel.nproc, **step)))
     return out
 
 

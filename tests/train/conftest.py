@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -81,12 +84,11 @@ def final_weights(run: Path, step: int) -> dict[str, np.ndarray]:
 DETERMINISTIC = ("step", "loss", "tokens", "lr", "grad_norm", "flops")  # tokens_per_s, elapsed_s, mfu: timings
 
 
-def kill_after(args: list[str], run: Path, lines: int) -> int:
+def kill_after(args: list[str], run: Path, lines: int, *, job: bool = False) -> int:
     """Start `anchor ARGS` (a training run into `run`), SIGKILL it once its metrics.jsonl has `lines` lines; returns
-    the lines seen. Fails when the run ended by itself first."""
-    import time
-
-    p = forked.Run(args, ENV)
+    the lines seen. `job`: the whole job (the launcher and its ranks, one process group) killed as a scheduler
+    would. Fails when the run ended by itself first."""
+    p = forked.Run(args, ENV, new_session=job)
     path, seen, deadline = run / "metrics.jsonl", 0, time.time() + 300
     while time.time() < deadline and p.poll() is None:
         if path.is_file():
@@ -94,7 +96,10 @@ def kill_after(args: list[str], run: Path, lines: int) -> int:
             if seen >= lines:
                 break
         time.sleep(0.005)
-    p.kill()
+    if job:
+        os.killpg(p.pid, signal.SIGKILL)
+    else:
+        p.kill()
     p.wait()
     assert p.returncode == -9, f"the run ended by itself ({p.returncode}) before the kill"
     return seen

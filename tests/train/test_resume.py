@@ -134,23 +134,11 @@ def test_auto_engine_resumes_the_engine_it_resolved_to(packed, tmp_path):
 @pytest.mark.slow
 def test_kill9_two_processes_zero2_resumes_to_1e6(packed, tmp_path):
     """The whole job (launcher and both ranks) killed as a scheduler would, then rerun."""
-    import os
-    import signal
-
     args = (*ARGS, "parallel.nproc=2", "parallel.zero_stage=2", "data.micro_batch=1", "data.global_batch=4", f"data.path={packed}")
     ref = tmp_path / "ref"
     run_train(ref, *args)
     out = tmp_path / "killed"
-    p = forked.Run(train_args(out, *args), ENV, new_session=True)
-    k = random.Random().randint(3, STEPS - 2)
-    deadline = time.time() + 300
-    while time.time() < deadline and p.poll() is None:
-        path = out / "metrics.jsonl"
-        if path.is_file() and len(path.read_text().splitlines()) >= k:
-            break
-        time.sleep(0.005)
-    os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
+    k = kill_after(train_args(out, *args), out, random.Random().randint(3, STEPS - 2), job=True)
     print("killed after step", k)
     run_train(out, *args)
     ma, mb = metrics(ref), metrics(out)

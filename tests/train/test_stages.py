@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
@@ -206,25 +205,11 @@ def test_two_processes_zero2_killed_in_stage_two_resume_to_1e6(tmp_path, resume_
     """The whole job (launcher and both ranks) killed in stage 2, then rerun on the same 2 processes, or on 1 (the
     checkpoint converted to DeepSpeed's universal format): the stage's loader position and RoPE hold, and the losses
     and final weights equal the uninterrupted run's within the fp32 rule of a multi-process resume (1e-6)."""
-    import os
-    import signal
-
-    from tests import forked
-    from tests.train.conftest import ENV
-
     args = (*ODD, "parallel.zero_stage=2", "data.micro_batch=1")
     ref = tmp_path / "ref"
     run_train(ref, *args, "parallel.nproc=2", config=STAGES)
     out = tmp_path / "killed"
-    p = forked.Run(train_args(out, *args, "parallel.nproc=2", config=STAGES), ENV, new_session=True)
-    deadline = time.time() + 300
-    while time.time() < deadline and p.poll() is None:
-        path = out / "metrics.jsonl"
-        if path.is_file() and len(path.read_text().splitlines()) >= 8:
-            break
-        time.sleep(0.005)
-    os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
+    kill_after(train_args(out, *args, "parallel.nproc=2", config=STAGES), out, 8, job=True)
     print("checkpoints after the kill:", sorted(q.name for q in (out / "checkpoints").glob("step-*")))
     p = run_train(out, *args, f"parallel.nproc={resume_nproc}", config=STAGES)
     assert "(resumed)" in p.stderr
