@@ -207,13 +207,16 @@ def _echo_table(rows: list, offload: bool) -> None:
     """The plan's rows: GiB per process by term, the total of the processes on the device, every process's
     offloaded checkpoints on the host where they are offloaded."""
     g = 2**30
-    names = list(rows[0].need.terms())
+    # the union of every row's terms in the order they first appear: the peak moves between terms with the
+    # window (the optimizer step at short windows, the activations at long ones), and with it the parts it names
+    names = list(dict.fromkeys(n for r in rows for n in r.need.terms()))
     host_head = f"  {'host':>8}" if offload else ""
     typer.echo("  " + f"{'window':>9}  " + "  ".join(f"{n:>11}" for n in names) + f"  {'total':>8}{host_head}  fits")
     for r in rows:
         terms = r.need.terms()
         host_cell = f"  {r.host_total / g:>8.2f}" if offload else ""
-        typer.echo("  " + f"{r.seq_len:>9}  " + "  ".join(f"{terms[n] / g:>11.2f}" for n in names)
+        typer.echo("  " + f"{r.seq_len:>9}  " + "  ".join(f"{terms[n] / g:>11.2f}" if n in terms else f"{'-':>11}"
+                                                          for n in names)
                    + f"  {r.need.total / g:>8.2f}{host_cell}  {'yes' if r.fits else 'no'}")
 
 

@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from anchor_core import shipped
 from anchor_core.errors import InputError
 from anchor_core.weights import load_spec
 from tests.cli.helpers import assert_usage_error, run_cli
@@ -306,3 +307,25 @@ def test_llama_8b_with_offload_plans_alsts_windows(capsys, gpus, extra, publishe
     print({r["seq_len"]: round(r["total_bytes"] / 2**30, 1) for r in plan["rows"]})
     assert plan["longest"] >= published
     assert not plan["rows"][-1]["fits"] and plan["rows"][-1]["total_bytes"] > GPUS["h100"].memory_bytes
+
+
+@pytest.mark.parametrize("config", shipped.names("train"))
+def test_every_shipped_config_plans_on_every_shape_and_device(config, capsys):
+    """`anchor plan` prints its table or refuses in one line for every shipped config, with its own model and with
+    each --shape, on this machine and on each named GPU: the terms a row names change with the window (the peak
+    moves from the optimizer step to the activations), and the table's columns hold every row's."""
+    printed = 0
+    for shape in [None, *SHAPES]:
+        for device in ["here", *GPUS]:
+            argv = ["plan", "--config", config, "--device", device] + (["--shape", shape] if shape else [])
+            code, out, err = run_cli(argv, capsys)
+            if code == 0:
+                lines = out.splitlines()
+                head = next(i for i, line in enumerate(lines) if line.split()[:1] == ["window"])
+                rows = [line.split() for line in lines[head + 1:] 
+                        if line.startswith("  ") and line.split()[0].isdigit()]
+                assert rows and len({len(r) for r in rows}) == 1, out  # a cell in every column, "-" where none
+                printed += 1
+            else:
+                assert_usage_error(code, err, "plan")
+    assert printed > 0, f"{config}: no shape and device printed a table"
