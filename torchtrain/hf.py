@@ -389,7 +389,8 @@ def register() -> tuple[str, ...]:
 def ulysses(sp_size: int, seq_len: int | None = None, attn_implementation: str = "anchor_varlen") -> Any:
     """accelerate's ParallelismConfig for DeepSpeed's Ulysses around one of these attention functions: pass it
     as TrainingArguments(parallelism_config=...) beside a DeepSpeed config, and `sp_size` to PackingCollator
-    (torchtrain.hf_ulysses). seq_len: the windows' T when every batch has it, else None (variable)."""
+    (torchtrain.hf_ulysses). seq_len: the windows' T when every batch has it, else None (variable). On a CPU
+    the TrainingArguments also need use_cpu=True (the UlyssesGradients callback refuses a run without it)."""
     if attn_implementation not in FUNCTIONS:
         raise InputError(f"attn_implementation must be one of {', '.join(FUNCTIONS)}, got {attn_implementation!r}")
     return parallelism_config(sp_size, seq_len, attn_implementation)

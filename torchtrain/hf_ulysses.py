@@ -38,10 +38,35 @@ train under Ulysses until it has been called.
 accelerate checks the attention implementation Ulysses wraps against a list of built-in names; `ulysses`
 builds accelerate's config with the anchor_* name set after that check, which is the name transformers'
 attention lookup and DeepSpeed's wrapper use.
+
+What each rank must be fed. The adapter treats the sequence-parallel group as data-parallel ranks: at each
+refill it takes the batch each rank's own data loader gave, one per rank, and trains them one after another,
+each on the whole group (rank r's batch at the r-th micro-step). So every rank must be given its own batch,
+as accelerate shards a dataset over data-parallel ranks; ranks given the same batch train it sp_size times.
+accelerate shards only over the processes it counts: on a GPU its DeepSpeed state counts every process, but on
+a CPU it finds a backend only with TrainingArguments(use_cpu=True) and otherwise counts one process on every
+rank, each of which then reads the whole dataset. `ulysses` cannot set use_cpu for the arguments it is passed
+to: the environment variable that would (ACCELERATE_USE_CPU) also keeps accelerate's own state off DeepSpeed,
+and accelerate then refuses the ParallelismConfig. So `UlyssesGradients` refuses, when the Trainer is built, a
+run whose arguments count other than the processes torch.distributed runs (`check_world`), naming
+use_cpu=True; and at the first refill it checks what each rank was given: each rank's batch digest,
+all-gathered over the group (`check_feed`), must differ from the others' and hold as many rows.
+
+On a CPU the adapter's slice of a [B, T] tensor stays a view (its `.cpu()` copies only from a GPU), which for
+B > 1 is not contiguous, and transformers' causal-LM loss flattens shift_labels with `view`. Trainer copies the
+batch only where its device is named "cpu:0" (use_cpu=True), not "cpu" (without it): `share_gradients` also
+makes the forward's tensor arguments contiguous, so that the loss does not depend on that copy. DeepSpeed's wrapper needs sp_size to divide the model's
+attention heads (and its key/value heads, or those to divide sp_size): `UlyssesGradients` checks the model
+when the Trainer is built (`check_heads`), before DeepSpeed sees it.
+
+A refusal is an InputError, the same on every rank of the group (each checks the same gathered data or the same
+config); in a script that builds `ulysses`, an uncaught InputError ends each rank with its one line, as the
+`anchor` command prints it, not a traceback per rank.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from typing import Any
@@ -55,6 +80,7 @@ from anchor_core.errors import InputError
 from anchor_core.machine import package_version
 
 SP_STATE = "deepspeed.runtime.sequence_parallel.parallel_state_sp"  # DeepSpeed's sequence-parallel groups
+ADAPTER_MODULE = "deepspeed.runtime.sequence_parallel.ulysses_sp"  # its loader adapter, imported by accelerate
 IGNORE_INDEX = -100
 ACCELERATE_MIN = "1.12"  # accelerate's DeepSpeed sequence-parallel backend (ParallelismConfig sp_backend)
 
@@ -97,15 +123,24 @@ _SHARED: set[int] = set()  # id() of the models whose loss passes 1 / sp_size of
 def share_gradients(model: torch.nn.Module) -> torch.nn.Module:
     """Make `model`'s loss pass 1 / sp_size of its gradient back under Ulysses (module docstring), the same
     loss value: a forward hook on the model's output `loss`, whichever loss computed it (transformers' own, or
-    TRL's fused lm-head loss); idempotent. Unwraps a DeepSpeed engine or another wrapper with `.module`."""
+    TRL's fused lm-head loss); and its forward's tensor arguments contiguous under Ulysses (the adapter's slices
+    on a CPU are views). Idempotent. Unwraps a DeepSpeed engine or another wrapper with `.module`."""
     while not hasattr(model, "loss_function") and hasattr(model, "module"):
         model = model.module
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "loss_function"):
         raise InputError(f"share_gradients needs a transformers model (with loss_function), got {type(model).__name__}")
     if id(model) not in _SHARED:
+        model.register_forward_pre_hook(_contiguous_inputs, with_kwargs=True)
         model.register_forward_hook(_share_loss)
         _SHARED.add(id(model))
     return model
+
+
+def _contiguous_inputs(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    if sp_group() is None:
+        return args, kwargs
+    return (tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args),
+            {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})
 
 
 def _share_loss(module: torch.nn.Module, args: Any, output: Any) -> Any:
@@ -120,10 +155,118 @@ def _share_loss(module: torch.nn.Module, args: Any, output: Any) -> Any:
 
 
 class UlyssesGradients(TrainerCallback):
-    """Trainer callback: `share_gradients` on the model before the first step (module docstring)."""
+    """Trainer callback (module docstring): when the Trainer is built, `check_heads` on the model against the
+    arguments' sp_size and `check_world` on the processes the arguments count; before the first step,
+    `share_gradients` on the model and `check_feed` on the first batch each rank's data loader gives DeepSpeed's
+    Ulysses loader adapter."""
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+    def on_init_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        pc = getattr(args, "parallelism_config", None)
+        if getattr(pc, "sp_backend", None) == "deepspeed" and getattr(pc, "sp_size", 1) > 1:
+            if model is not None:
+                check_heads(getattr(model, "config", None), pc.sp_size)
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                check_world(args.world_size, torch.distributed.get_world_size(), pc.sp_size)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, train_dataloader: Any = None,
+                       **kwargs: Any) -> None:
         share_gradients(model)
+        adapter = sys.modules.get(ADAPTER_MODULE)
+        if adapter is not None and isinstance(train_dataloader, adapter.UlyssesSPDataLoaderAdapter):
+            train_dataloader.iter = _CheckedFeed(train_dataloader.iter, train_dataloader.sp_group,
+                                                 train_dataloader.device)
+
+
+class _CheckedFeed:
+    """The iterator DeepSpeed's loader adapter draws each rank's own batches from: its first batch `check_feed`ed."""
+
+    def __init__(self, batches: Any, group: Any, device: Any):
+        self.batches, self.group, self.device, self.checked = batches, group, device, False
+
+    def __iter__(self) -> _CheckedFeed:
+        return self
+
+    def __next__(self) -> Any:
+        batch = next(self.batches)
+        if not self.checked:
+            self.checked = True
+            check_feed(batch, self.group, self.device)
+        return batch
+
+
+def batch_digest(batch: Any) -> tuple[int, int]:
+    """(rows, a 62-bit digest of every tensor of the batch: its key, dtype, shape and values)."""
+    if not isinstance(batch, dict) or not isinstance(batch.get("input_ids"), torch.Tensor):
+        raise InputError(f"sequence parallelism: each batch must be a dict of [B, T] tensors with input_ids, got "
+                         f"{type(batch).__name__}")
+    h = hashlib.blake2b(digest_size=8)
+    for key in sorted(k for k, v in batch.items() if isinstance(v, torch.Tensor)):
+        t = batch[key].detach()
+        h.update(f"{key} {t.dtype} {tuple(t.shape)}".encode())
+        h.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return int(batch["input_ids"].shape[0]), int.from_bytes(h.digest(), "big") >> 2  # fits int64
+
+
+def check_feed(batch: Any, group: Any, device: Any = "cpu") -> None:
+    """Each rank's batch against the others' in the sequence-parallel group (module docstring): every rank
+    computes the same verdict from the all-gathered (rows, digest) and refuses with the same InputError."""
+    world = torch.distributed.get_world_size(group)
+    mine = torch.tensor(batch_digest(batch), dtype=torch.int64, device=device)
+    parts = [torch.empty_like(mine) for _ in range(world)]
+    torch.distributed.all_gather(parts, mine, group=group)
+    ranks = [torch.distributed.get_global_rank(group, i) for i in range(world)]
+    problem = feed_problem([(int(p[0]), int(p[1])) for p in parts], ranks)
+    if problem is not None:
+        raise InputError(problem)
+
+
+def feed_problem(fed: list[tuple[int, int]], ranks: list[int]) -> str | None:
+    """The one-line refusal of the first batches `fed` to the group's ranks ((rows, digest) each), or None."""
+    rows = [r for r, _ in fed]
+    if len(set(rows)) > 1:
+        return (f"sequence parallelism: the ranks {', '.join(map(str, ranks))} of a sequence-parallel group were "
+                f"given batches of {', '.join(map(str, rows))} rows at the first step; DeepSpeed's Ulysses loader "
+                "needs the same rows on every rank: give every rank per_device_train_batch_size windows of seq_len "
+                "slots (PackedWindows with PackingCollator(..., windows=True); dataloader_drop_last=True)")
+    seen: dict[int, int] = {}
+    for rank, (_, digest) in zip(ranks, fed):
+        if digest in seen:
+            return (f"sequence parallelism: ranks {seen[digest]} and {rank} of a sequence-parallel group were given "
+                    f"the same batch at the first step; DeepSpeed's Ulysses loader trains each rank's batch in turn "
+                    f"on the whole group, so every batch would train {len(ranks)} times: feed each rank its own "
+                    "batches, as accelerate shards a dataset over data-parallel ranks (Trainer's own train data "
+                    "loader does; on a CPU with TrainingArguments(use_cpu=True))")
+        seen[digest] = rank
+    return None
+
+
+def check_world(counted: int, world: int, sp_size: int) -> None:
+    """The processes TrainingArguments (accelerate) count against torch.distributed's world (module docstring)."""
+    if counted != world:
+        raise InputError(f"sequence parallelism: Trainer's arguments count {counted} of the {world} processes, so the "
+                         f"ranks of a sequence-parallel group would be fed the same batches and DeepSpeed's Ulysses "
+                         f"loader would train each {sp_size} times: on a CPU pass TrainingArguments(use_cpu=True) "
+                         "(accelerate finds no other backend there)")
+
+
+def check_heads(config: Any, sp_size: int) -> None:
+    """DeepSpeed's Ulysses wrapper's condition on the model's heads (module docstring), as one InputError."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = getattr(text, "num_attention_heads", None)
+    if not isinstance(heads, int) or heads < 1:
+        return  # not a config DeepSpeed reads heads from: its own check speaks
+    kv = getattr(text, "num_key_value_heads", None) or heads
+
+    def fits(sp: int) -> bool:
+        return heads % sp == 0 and (kv % sp == 0 or sp % kv == 0)
+
+    if not fits(sp_size):
+        problem = (f"sp_size {sp_size} does not divide the model's {heads} attention heads" if heads % sp_size else
+                   f"sp_size {sp_size} and the model's {kv} key/value heads do not divide one another")
+        sizes = [sp for sp in range(1, heads + 1) if fits(sp)]
+        raise InputError(f"{problem} (Ulysses gives each rank heads / sp_size attention heads and splits or "
+                         f"replicates the key/value heads): use sp_size {', '.join(map(str, sizes))} in "
+                         "torchtrain.hf.ulysses, PackingCollator and the launch")
 
 
 def whole_window(doc_ids: Any, variant: str, T: int, kwargs: dict[str, Any]) -> torch.Tensor:
@@ -211,6 +354,7 @@ def parallelism_config(sp_size: int, seq_len: int | None, attn_implementation: s
                                               sp_attn_implementation="sdpa")
     handler.sp_attn_implementation = attn_implementation  # after accelerate's check of built-in names
     _start_deepspeed_comm()
+    _one_line_input_errors()
     return ParallelismConfig(sp_backend="deepspeed", sp_size=sp_size, sp_handler=handler)
 
 
@@ -224,3 +368,22 @@ def _start_deepspeed_comm() -> None:
 
     if not deepspeed.comm.is_initialized():
         deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+
+
+def _one_line_input_errors() -> None:
+    """An uncaught InputError ends the script with its one line on stderr (exit status 1), every other exception
+    as before (module docstring). Idempotent."""
+    previous = sys.excepthook
+    if getattr(previous, "anchor_input_errors", False):
+        return
+
+    def hook(kind: type[BaseException], error: BaseException, tb: Any) -> None:
+        if isinstance(error, InputError):
+            rank = os.environ.get("RANK")
+            print(f"{os.path.basename(sys.argv[0]) or 'python'}: error{'' if rank is None else f' (rank {rank})'}: "
+                  f"{error}", file=sys.stderr, flush=True)
+        else:
+            previous(kind, error, tb)
+
+    hook.anchor_input_errors = True  # type: ignore[attr-defined]
+    sys.excepthook = hook

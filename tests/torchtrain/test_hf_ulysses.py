@@ -8,7 +8,14 @@ UlyssesGradients the norms are twice the one-process ones (torchtrain.hf_ulysses
 github.com/deepspeedai/DeepSpeed/issues/5248) while the losses, under Adam and clipping, stay equal: the norms
 are what this test holds. Measured: losses within 1e-7, norms equal to 7 digits. A wrong slice of doc_ids on
 one rank stops both ranks with the one-line check of torchtrain.hf_ulysses.check_window, here end to end and
-in-process for each kind of wrong slice."""
+in-process for each kind of wrong slice.
+
+What each rank is fed: DeepSpeed's loader adapter trains each rank's own batch in turn on the whole group, so
+ranks fed the same batch train it sp_size times. The guide's arguments without use_cpu=True on a CPU (where
+accelerate then counts one process and every rank reads the whole dataset) and sp_size not dividing the
+model's heads are refused when the Trainer is built, each rank with one line and no traceback; a train data
+loader that feeds every rank the same batches is refused at the first step. Two windows a batch train as one
+process does (measured: losses within 1e-7)."""
 
 from __future__ import annotations
 
@@ -31,14 +38,26 @@ WORKER = Path(__file__).with_name("ulysses_worker.py")
 CAUGHT = "sequence parallelism: the doc_ids gathered over the 2 ranks are not one window of the anchor variant"
 
 
-def _run(tmp: Path, sp: int, plant: str = "") -> tuple[subprocess.CompletedProcess, Path]:
+def _run(tmp: Path, sp: int, plant: str = "", logs: Path | None = None) -> tuple[subprocess.CompletedProcess, Path]:
+    """The worker alone (sp 1) or under torchrun; with `logs`, each rank's stdout and stderr go to its own files
+    there (torchrun's --redirects)."""
     out = tmp / f"sp{sp}{plant}.json"
+    apart = ["--redirects", "3", "--log-dir", str(logs)] if logs is not None else []
     launch = ([sys.executable, str(WORKER)] if sp == 1 else
               [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(sp), "--master_port",
-               str(free_port()), str(WORKER)])
+               str(free_port()), *apart, str(WORKER)])
     done = subprocess.run([*launch, str(sp), str(out), *([plant] if plant else [])], capture_output=True, text=True,
                           env=ENV, timeout=300)
     return done, out
+
+
+def _equal(want: dict, got: dict) -> None:
+    """Each step's loss within the fp32 rule (1e-6 relative), each gradient norm within 1e-5."""
+    a, b = np.array(want["losses"]), np.array(got["losses"])
+    print(f"sp 1 {a}\nsp 2 {b}\nnorms {want['grad_norms']} {got['grad_norms']}")
+    assert len(a) == len(b) == 3 and len(want["grad_norms"]) == len(got["grad_norms"]) == 3
+    assert (np.abs(a - b) / a).max() <= 1e-6
+    np.testing.assert_allclose(got["grad_norms"], want["grad_norms"], rtol=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +72,53 @@ def test_trainer_under_ulysses_equals_one_process(one_process):
     want, tmp = one_process
     done, out = _run(tmp, 2)
     assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(out.read_text())
-    a, b = np.array(want["losses"]), np.array(got["losses"])
-    print(f"sp 1 {a}\nsp 2 {b}\nnorms {want['grad_norms']} {got['grad_norms']}")
-    assert len(a) == len(b) == 3 and len(want["grad_norms"]) == len(got["grad_norms"]) == 3
-    assert (np.abs(a - b) / a).max() <= 1e-6
-    np.testing.assert_allclose(got["grad_norms"], want["grad_norms"], rtol=1e-5)
+    _equal(want, json.loads(out.read_text()))
+
+
+@pytest.mark.slow
+def test_two_windows_a_batch_train_as_one_process(tmp_path):
+    """per_device_train_batch_size 2. The adapter's slices of [2, T] tensors are views on a CPU, which
+    transformers' loss cannot flatten with view; here Trainer copies them to its device cpu:0 (use_cpu=True), and
+    test_shared_models_get_contiguous_arguments_under_ulysses holds share_gradients' own copy."""
+    done, out = _run(tmp_path, 1, "batch2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    want = json.loads(out.read_text())
+    done, out = _run(tmp_path, 2, "batch2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    _equal(want, json.loads(out.read_text()))
+
+
+def _refused_on_each_rank(tmp: Path, plant: str, words: str) -> None:
+    """The run stops with `words` in one line on each of the 2 ranks, and no rank prints a traceback."""
+    logs = tmp / "logs"
+    done, out = _run(tmp, 2, plant, logs)
+    assert done.returncode != 0 and not out.exists()
+    errs = sorted(logs.glob("*/attempt_0/*/stderr.log"))
+    assert len(errs) == 2, (done.stderr + done.stdout)[-3000:]
+    for rank, err in enumerate(errs):
+        text = err.read_text()
+        lines = [line for line in text.splitlines() if "error" in line]
+        assert "Traceback" not in text and len(lines) == 1, text[-3000:]
+        assert f"ulysses_worker.py: error (rank {rank}): " in lines[0] and words in lines[0], lines[0]
+
+
+def test_the_guides_arguments_without_use_cpu_on_a_cpu_are_refused(tmp_path):
+    """accelerate on a CPU without use_cpu counts one process on every rank: each would read the whole dataset,
+    and the adapter would train every window twice (windows 0, 0, 1, 1, ...)."""
+    _refused_on_each_rank(tmp_path, "no_use_cpu", "Trainer's arguments count 1 of the 2 processes, so the ranks of "
+                          "a sequence-parallel group would be fed the same batches and DeepSpeed's Ulysses loader "
+                          "would train each 2 times: on a CPU pass TrainingArguments(use_cpu=True)")
+
+
+def test_sp_size_not_dividing_the_heads_is_refused(tmp_path):
+    _refused_on_each_rank(tmp_path, "heads3", "sp_size 2 does not divide the model's 3 attention heads (")
+
+
+@pytest.mark.slow
+def test_a_duplicated_feed_is_refused_at_the_first_step(tmp_path):
+    """A train data loader that accelerate did not shard: every rank reads the same batches."""
+    _refused_on_each_rank(tmp_path, "duplicated", "ranks 0 and 1 of a sequence-parallel group were given the same "
+                          "batch at the first step")
 
 
 @pytest.mark.slow
@@ -168,3 +228,72 @@ def test_collator_under_sequence_parallelism_cuts_along_the_sequence():
     for k in plain:
         if k != "variant":
             assert torch.equal(plain[k], sp[k]), k
+
+
+# --- what each rank is fed, the heads, the processes counted: in-process ---------------------------------------------
+
+
+def test_the_feed_check_names_a_duplicated_or_mismatched_feed():
+    assert hf_ulysses.feed_problem([(1, 11), (1, 12)], [0, 1]) is None
+    assert "ranks 2 and 3 of a sequence-parallel group were given the same batch" in hf_ulysses.feed_problem(
+        [(1, 11), (1, 11)], [2, 3])
+    assert "every batch would train 4 times" in hf_ulysses.feed_problem([(1, 1), (1, 2), (1, 3), (1, 2)], [0, 1, 2, 3])
+    assert "given batches of 2, 1 rows at the first step" in hf_ulysses.feed_problem([(2, 11), (1, 12)], [0, 1])
+
+
+def test_the_batch_digest_follows_every_tensor():
+    import torchtrain.hf as hf
+
+    w = _worker().windows()
+    collate = hf.PackingCollator("anchor", 98, windows=True, sp_size=2)
+    first, again, other = collate(w[:2]), collate(w[:2]), collate(w[2:4])
+    assert hf_ulysses.batch_digest(first) == hf_ulysses.batch_digest(again)
+    assert hf_ulysses.batch_digest(first)[0] == 2 and hf_ulysses.batch_digest(first) != hf_ulysses.batch_digest(other)
+    again["doc_ids"][1, 50] += 1
+    assert hf_ulysses.batch_digest(first) != hf_ulysses.batch_digest(again)
+    with pytest.raises(InputError, match="each batch must be a dict of \\[B, T\\] tensors with input_ids"):
+        hf_ulysses.batch_digest([first])
+
+
+def test_the_heads_check_names_the_sp_sizes_that_fit():
+    from transformers import LlamaConfig
+
+    def config(heads, kv):
+        return LlamaConfig(hidden_size=16 * heads, num_attention_heads=heads, num_key_value_heads=kv)
+
+    hf_ulysses.check_heads(config(4, 2), 2)
+    hf_ulysses.check_heads(config(4, 1), 4)  # key/value heads replicated
+    with pytest.raises(InputError, match=r"^sp_size 2 does not divide the model's 3 attention heads \(.*\): "
+                                         r"use sp_size 1, 3 in torchtrain.hf.ulysses"):
+        hf_ulysses.check_heads(config(3, 3), 2)
+    with pytest.raises(InputError, match=r"^sp_size 2 and the model's 3 key/value heads do not divide one "
+                                         r"another \(.*\): use sp_size 1, 3, 6 in"):
+        hf_ulysses.check_heads(config(6, 3), 2)
+
+
+def test_the_world_check_asks_for_use_cpu():
+    hf_ulysses.check_world(2, 2, 2)
+    with pytest.raises(InputError, match=r"count 1 of the 4 processes.*train each 4 times: on a CPU pass "
+                                         r"TrainingArguments\(use_cpu=True\)"):
+        hf_ulysses.check_world(1, 4, 4)
+
+
+def test_shared_models_get_contiguous_arguments_under_ulysses(monkeypatch):
+    """The adapter's slice of a [2, T] tensor on a CPU is a view; transformers' loss flattens it with view."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    labels = torch.randint(0, 32, (2, 8))[:, 2:6]
+    assert not labels.is_contiguous()
+    inputs = {"input_ids": labels.clone(), "labels": labels, "shift_labels": labels}  # as Trainer passes them
+    with torch.no_grad():  # no gradient: the loss hook of share_gradients leaves the loss alone
+        with pytest.raises(RuntimeError, match="view size is not compatible"):
+            model(**inputs)
+        hf_ulysses.share_gradients(model)
+        monkeypatch.setattr(hf_ulysses, "sp_group", lambda: object())  # as under Ulysses
+        seen = {}
+        model.register_forward_pre_hook(lambda m, a, kw: seen.update(kw), with_kwargs=True)
+        out = model(**inputs)
+    assert seen["shift_labels"].is_contiguous() and torch.equal(seen["shift_labels"], labels)
+    assert torch.isfinite(out.loss)

@@ -3,15 +3,20 @@ Ulysses when launched by torchrun with SP > 1 (torchtrain.hf.ulysses), else alon
 
     python ulysses_worker.py SP OUT_JSON [PLANT]
 
-Trainer's defaults (AdamW, max_grad_norm 1.0) at the paper's lr 2e-5 and weight decay 0.1. Writes
+The TrainingArguments are the guide's (docs/guides/hf-trainer.md) on a CPU: use_cpu=True, DeepSpeed ZeRO-2 with
+"auto" keys. Trainer's defaults (AdamW, max_grad_norm 1.0) at the paper's lr 2e-5 and weight decay 0.1. Writes
 {"losses": [the loss of each step as the Trainer computes it], "grad_norms": [as the Trainer logs them]}
-from rank 0. PLANT changes the
-collator's doc_ids before Ulysses' loader cuts the batch, so that rank 1 receives a wrong slice:
-  first_slice    rank 1's slice is rank 0's
-  swapped        the two slices in the other order
-  moved_boundary a document boundary inside rank 1's slice one slot later (labels unchanged)
+from rank 0. PLANT:
+  first_slice    rank 1's slice of doc_ids is rank 0's (the collator's doc_ids changed before Ulysses' loader
+                 cuts the batch)
+  swapped        the two slices of doc_ids in the other order
+  moved_boundary a document boundary inside rank 1's slice of doc_ids one slot later (labels unchanged)
   unshared       no UlyssesGradients callback, the check that asks for it satisfied by hand
   no_callback    no UlyssesGradients callback
+  batch2         per_device_train_batch_size 2 (with SP 1 too)
+  no_use_cpu     without use_cpu=True (accelerate on a CPU then counts one process on every rank)
+  duplicated     every rank fed the same batches: a train data loader not sharded by accelerate
+  heads3         a model with 3 attention heads (and 3 key/value heads), which sp_size 2 does not divide
 """
 
 from __future__ import annotations
@@ -77,6 +82,13 @@ class GradNorms(TrainerCallback):
 
 class LossTrainer(Trainer):
     losses: list[float] = []
+    duplicated = False
+
+    def get_train_dataloader(self):
+        if not self.duplicated:
+            return super().get_train_dataloader()
+        return torch.utils.data.DataLoader(self.train_dataset, batch_size=self.args.per_device_train_batch_size,
+                                           collate_fn=self.data_collator)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
@@ -92,20 +104,25 @@ def main(sp: int, out: str, plant: str = "") -> None:
                                "train_batch_size": "auto", "gradient_clipping": "auto",
                                "zero_optimization": {"stage": 2}}}
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=4 * T)
+    heads = {"hidden_size": 48, "num_attention_heads": 3, "num_key_value_heads": 3} if plant == "heads3" else \
+        {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}
+    config = LlamaConfig(vocab_size=256, intermediate_size=96, num_hidden_layers=2, max_position_embeddings=4 * T,
+                         **heads)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="anchor_varlen", dtype=torch.float32)
-    args = TrainingArguments(output_dir=os.path.join(os.path.dirname(out), f"trainer-sp{sp}"), per_device_train_batch_size=1,
+    args = TrainingArguments(output_dir=os.path.join(os.path.dirname(out), f"trainer-sp{sp}{plant}"),
+                             per_device_train_batch_size=2 if plant == "batch2" else 1,
                              max_steps=STEPS, learning_rate=2e-5, weight_decay=0.1, lr_scheduler_type="constant",
                              report_to="none", save_strategy="no", logging_steps=1,
-                             use_cpu=True, dataloader_num_workers=0, remove_unused_columns=False, seed=0,
-                             disable_tqdm=True, **extra)
-    collator = (Planted(plant, VARIANT, T, windows=True, sp_size=sp) if plant not in ("", "unshared", "no_callback")
+                             use_cpu=plant != "no_use_cpu", dataloader_num_workers=0, remove_unused_columns=False,
+                             seed=0, disable_tqdm=True, **extra)
+    collator = (Planted(plant, VARIANT, T, windows=True, sp_size=sp)
+                if plant in ("first_slice", "swapped", "moved_boundary")
                 else hf.PackingCollator(VARIANT, T, windows=True, sp_size=sp))
     norms = GradNorms()
     callbacks = [norms] + ([hf.UlyssesGradients()] if sp > 1 and plant not in ("unshared", "no_callback") else [])
     if plant == "unshared":
         hf_ulysses._SHARED.add(-1)  # as if another model were shared: this one trains with sp_size x gradients
+    LossTrainer.duplicated = plant == "duplicated"
     trainer = LossTrainer(model=model, args=args, train_dataset=InOrder(windows()), data_collator=collator,
                           callbacks=callbacks)
     trainer.train()
