@@ -10,6 +10,8 @@ One error path for every verb (`main`):
   * a usage error (no verb, an unknown verb or option, a missing or malformed option, an extra
     argument) and an `InputError` (bad file, option value, model, config key) print one line
     `anchor VERB: error: ...` on stderr and exit 2;
+  * a verb's own failure raised as `RunFailed` (a training step whose loss or gradient norm is not finite) prints
+    one line the same way and exits 1;
   * a full or read-only disk met while writing prints one line naming the file and exits 2, and so does a
     path with a name longer than the file system holds (an excerpt of it: no message echoes an over-long name);
   * Ctrl-C (SIGINT) prints `anchor VERB: interrupted` and exits 130; SIGTERM (what `timeout` and
@@ -44,7 +46,7 @@ _COMMAND_SIGNALS = Signals().install() if _is_the_command() else None
 
 import typer  # noqa: E402  (after the signals are taken over: see above)
 
-from anchor_core.errors import InputError, bound_names  # noqa: E402
+from anchor_core.errors import InputError, RunFailed, bound_names  # noqa: E402
 from anchor_core.extras import missing_extra  # noqa: E402
 
 app = typer.Typer(
@@ -109,6 +111,8 @@ def _run(args: list[str]) -> object:
         return app(args=args, prog_name="anchor", standalone_mode=False)
     except InputError as e:
         _fail(prefix, str(e))
+    except RunFailed as e:
+        _fail(prefix, str(e), code=1)
     except ModuleNotFoundError as e:  # a module of an extra not installed here: name the extra
         line = missing_extra(e, f"`{prefix}`")
         if line is None:
@@ -228,9 +232,9 @@ def _leave_interrupted(code: int, *, process: bool) -> None:
     os._exit(code)
 
 
-def _fail(prefix: str, message: str) -> None:
+def _fail(prefix: str, message: str, code: int = 2) -> None:
     print(f"{prefix}: error: {bound_names(one_line(message))}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,14 @@ class UnavailableError(InputError):
     """An engine, device or optional package this run asked for is not available here."""
 
 
+class RunFailed(Exception):
+    """A verb's own failure, not its input's (a training step whose loss or gradient norm is not a finite number):
+    the CLI prints the one-line message as it prints an InputError's and exits with status 1."""
+
+    def __init__(self, message: str):
+        super().__init__(bound_names(" ".join(message.split())))
+
+
 def read_json_object(path, *, name: object | None = None) -> dict:
     """The JSON object in the file `path`; unreadable, malformed or non-object content is an
     InputError naming `name` (default: the file)."""

@@ -17,7 +17,7 @@ EXTRAS: dict[str, str] = {
     "jax": "oracle", "jaxlib": "oracle", "flax": "oracle", "optax": "oracle", "orbax": "oracle",
     "deepspeed": "train", "accelerate": "train", "datasets": "train", "pyarrow": "train", "gguf": "train",
     "matplotlib": "train", "tensorboard": "train",
-    "wandb": "trackers", "mlflow": "trackers",
+    "wandb": "trackers", "mlflow": "trackers", "sqlalchemy": "trackers", "alembic": "trackers",
     "lm_eval": "eval",
     "trl": "hf",
 }

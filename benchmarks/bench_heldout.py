@@ -42,7 +42,7 @@ def main() -> None:
 
     cfg = load_train_config(args.config, [*args.overrides, f"schedule.steps={args.steps}", "checkpoint.save_every=0",
                                           "eval.window=0", f"eval.every={args.every}", f"eval.heldout_windows={args.windows}",
-                                          "logging.every=1000", "logging.tensorboard=false"])
+                                          "logging.every=1000", "logging.report_to=[]"])
     with tempfile.TemporaryDirectory(prefix="bench-heldout-") as tmp:
         train(cfg, Path(tmp) / "run", progress=False)
         rows = read_metrics(Path(tmp) / "run")

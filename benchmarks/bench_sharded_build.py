@@ -11,7 +11,7 @@ its final checkpoint and export (500 MB shards) written:
 
     anchor train --config tiny --out RUN model.name=FOLDER data.path=PACK model.dtype=bfloat16
         parallel.zero_stage=3 parallel.nproc=W data.global_batch=W data.micro_batch=1 schedule.steps=1
-        eval.window=0 logging.tensorboard=false
+        eval.window=0 "logging.report_to=[]"
 
 at W = 1 and 2 processes, and the same with the tiny config's own model (random:llama, 0.2M parameters) for the
 idle size of a process of that run. Measured:
@@ -26,6 +26,14 @@ beside the plan's prediction of each (torchtrain.memory: `build_memory`, for ran
 the others; `step_memory`, `run_memory`) and the bound
 the sharded construction must keep: half the float32 parameter bytes plus the largest shard it reads.
 Writes results/memory/sharded_build_cpu.json.
+
+`--build-only` measures the construction alone, in each dtype of `--dtypes` (default bfloat16,float32), from a
+folder of shards of at most `--shard` (default 1GB): W fresh processes joined as the trainer joins them
+(torchtrain.distributed.init_world), each building the model as `anchor train` does at ZeRO-3
+(torchtrain.sharded_build.build_partitioned, the run's DeepSpeed config), its peak (VmHWM) above its resident size
+just before, against the plan (`build_memory`, rank 0 the reader) and the bound: a rank's partitions in the run's
+dtype (e P / W) plus the largest shard; no step, so a float32 case fits beside other work. Writes
+results/memory/sharded_build_only_cpu.json.
 """
 
 from __future__ import annotations
@@ -45,25 +53,27 @@ from _peak_rss import GiB, ROOT, anchor_cmd, failure, pack
 SPEC = dict(hidden_size=1024, num_layers=32, intermediate_size=2816, num_heads=16, num_kv_heads=16, head_dim=64,
             vocab_size=32000, tie_embeddings=False)
 SHARD = "1GB"
+DEFAULT_OUT = ROOT / "results" / "memory" / "sharded_build_cpu.json"
 SEQ_LEN = 512
 RUN = ["model.dtype=bfloat16", "parallel.zero_stage=3", "data.micro_batch=1", "schedule.steps=1", "eval.window=0",
        "checkpoint.max_shard_size=500MB", f"data.seq_len={SEQ_LEN}",
-       "logging.tensorboard=false"]
+       "logging.report_to=[]"]
 
 
-def write_folder(folder: Path) -> dict:
-    """The 0.48B model's folder (module docstring); its parameter count, shards and largest shard in bytes."""
+def write_folder(folder: Path, shard: str = SHARD) -> dict:
+    """The 0.48B model's folder (module docstring), in shards of at most `shard`; its parameter count, shards and
+    largest shard in bytes."""
     from anchor_core.export import write_model, write_tokenizer
     from anchor_core.weights import random_preset, random_state
     from torchtrain.memory import parameters
 
     spec = random_preset("llama").replace(**SPEC)
     if not (folder / "model.safetensors.index.json").is_file():
-        write_model(spec, random_state(spec, 0), folder, max_shard_size=SHARD)
+        write_model(spec, random_state(spec, 0), folder, max_shard_size=shard)
         write_tokenizer("random:llama", spec, folder)
     shards = sorted(folder.glob("*.safetensors"))
     return {"parameters": parameters(spec), "shards": [f.name for f in shards],
-            "largest_shard_bytes": max(f.stat().st_size for f in shards), "shard_limit": SHARD, "spec": SPEC}
+            "largest_shard_bytes": max(f.stat().st_size for f in shards), "shard_limit": shard, "spec": SPEC}
 
 
 class TreeSampler:
@@ -134,6 +144,116 @@ def train(run: Path, model: str, data: Path, world: int) -> dict:
             "export_files": sorted(f.name for f in hf.glob("*.safetensors")), "seconds": seconds}
 
 
+RANK_WORKER = r"""
+import json, os, sys
+from anchor_core.limits import peak_rss
+from torchtrain.config import load_train_config
+from torchtrain.config.deepspeed_json import deepspeed_config
+from torchtrain.distributed import ParallelGroups, init_world
+from torchtrain.run_folder import model_spec
+from torchtrain.sharded_build import build_partitioned
+from torchtrain.trainer import release_memory, return_freed_memory
+
+folder, dtype, world = sys.argv[1], sys.argv[2], int(sys.argv[3])
+cfg = load_train_config("tiny", [f"model.name={folder}", f"model.dtype={dtype}", "parallel.zero_stage=3",
+                                 f"parallel.nproc={world}", f"data.global_batch={world}", "data.micro_batch=1",
+                                 "data.seq_len=512"])
+w = init_world(1, 600)
+return_freed_memory()  # as the trainer's rank starts on a CPU (torchtrain.trainer._start_rank)
+groups = ParallelGroups(w)
+spec = model_spec(cfg)
+release_memory()  # as the trainer's worker does before it builds
+with open("/proc/self/status") as f:
+    rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+with open("/proc/self/clear_refs", "w") as f:  # VmHWM from here: the build's own peak
+    f.write("5")
+model = build_partitioned(folder, engine="varlen", dtype=dtype, rope=spec.rope, seed=0,
+                          ds_config=deepspeed_config(cfg, world), group=groups.get_data_parallel_group())
+print("RESULT " + json.dumps({"rank": w.rank, "before_bytes": rss, "peak_bytes": peak_rss()}), flush=True)
+"""
+
+
+def build_only(folder: Path, world: int, dtype: str) -> dict:
+    """The model built at ZeRO-3 in `world` fresh processes (module docstring, `--build-only`): each rank's peak
+    above its resident size just before the build, GiB, or why it failed."""
+    import sys
+
+    from torchtrain.distributed import free_port
+
+    port = str(free_port())
+    procs = []
+    t0 = time.perf_counter()
+    for rank in range(world):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+               "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen([sys.executable, "-c", RANK_WORKER, str(folder), dtype, str(world)], cwd=ROOT,
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate() for p in procs]
+    seconds = round(time.perf_counter() - t0, 1)
+    ranks: dict[int, dict] = {}
+    for p, (out, err) in zip(procs, outs):
+        if p.returncode != 0:
+            return {"failed": failure(subprocess.CompletedProcess(p.args, p.returncode, out, err)), "seconds": seconds}
+        got = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+        ranks[got["rank"]] = got
+    return {"build_above_before_gib": [round((ranks[r]["peak_bytes"] - ranks[r]["before_bytes"]) / GiB, 4)
+                                       for r in range(world)],
+            "before_gib": [round(ranks[r]["before_bytes"] / GiB, 4) for r in range(world)], "seconds": seconds}
+
+
+def build_only_series(args) -> None:
+    """`--build-only` (module docstring): for each dtype and world, the build's peak per rank against the plan
+    (`build_memory`: rank 0 the reader, the others not) and the bound (the partitions and the largest shard)."""
+    import torch
+
+    from anchor_core.machine import machine
+    from torchtrain.memory import build_memory
+    from torchtrain.run_folder import model_spec
+    from torchtrain.config import load_train_config
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="sharded-build-only-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        folder = work / f"llama-0.5b-{args.shard}"
+        model = write_folder(folder, args.shard)
+        spec = model_spec(load_train_config("tiny", [f"model.name={folder}"]))
+        rows = []
+        for dtype in args.dtypes.split(","):
+            for world in [int(w) for w in args.worlds.split(",")]:
+                got = build_only(folder, world, dtype)
+                tdtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+                planned = [build_memory(spec, dtype=tdtype, zero_stage=3, world=world, reader=r == 0)[0] / GiB
+                           for r in range(world)]
+                # a rank's partitions in the run's dtype and the largest shard read (bf16 on one process, fp32 on
+                # two: half the float32 parameter bytes, the full run's bound)
+                elem = 2 if dtype == "bfloat16" else 4
+                bound = (elem * model["parameters"] / world + model["largest_shard_bytes"]) / GiB
+                row = {"dtype": dtype, "world": world, "measured": got,
+                       "planned_build_gib": [round(x, 4) for x in planned], "bound_gib": round(bound, 4)}
+                if "failed" not in got:
+                    above = got["build_above_before_gib"]
+                    row["planned_over_measured"] = [round(p_ / m, 3) for p_, m in zip(planned, above)]
+                    row["measured_over_bound"] = [round(m / bound, 3) for m in above]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        result = {"benchmark": "a 0.48B Llama built partitioned at ZeRO-3 from safetensors shards: each rank's build "
+                               "peak against the plan (build_memory) and the bound",
+                  "method": "fresh processes per case joined by torchtrain.distributed.init_world (gloo), each "
+                            "building the model with torchtrain.sharded_build.build_partitioned and the run's "
+                            "DeepSpeed config, glibc's heap set as the trainer sets it (torchtrain.trainer."
+                            "return_freed_memory, release_memory); the peak is VmHWM reset to VmRSS just before the build "
+                            "(/proc/self/clear_refs), above that VmRSS",
+                  "model": model, "rows": rows, "machine": machine()}
+        out = args.out if args.out != DEFAULT_OUT else ROOT / "results" / "memory" / "sharded_build_only_cpu.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {out}")
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
 def predictions(folder: Path, world: int) -> dict:
     """The plan's figures for this case (torchtrain.memory), per rank and for the whole run."""
     import torch
@@ -160,8 +280,14 @@ def main() -> None:
     ap.add_argument("--worlds", default="1,2")
     ap.add_argument("--work", type=Path, default=None, help="Folder for the model, data and runs (default: a temporary one).")
     ap.add_argument("--keep", action="store_true", help="Keep --work's model and packed data for a rerun.")
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "memory" / "sharded_build_cpu.json")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--build-only", action="store_true", help="The construction alone (module docstring).")
+    ap.add_argument("--dtypes", default="bfloat16,float32", help="With --build-only: the dtypes built.")
+    ap.add_argument("--shard", default=SHARD, help="With --build-only: the folder's largest shard (e.g. 400MB).")
     args = ap.parse_args()
+    if args.build_only:
+        build_only_series(args)
+        return
     from anchor_core.data.corpus import write_default_corpus
     from anchor_core.machine import machine
 

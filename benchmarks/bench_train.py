@@ -96,7 +96,7 @@ def main() -> None:
     from torchtrain.run_folder import prepare_run, resolved_engine
 
     cfg = load_train_config(args.config, [*args.overrides, f"schedule.steps={args.steps}", "checkpoint.save_every=0",
-                                          "eval.window=0", "logging.every=1000", "logging.tensorboard=false"])
+                                          "eval.window=0", "logging.every=1000", "logging.report_to=[]"])
     cfg = with_changes(cfg, {"model.engine": resolved_engine(cfg)})  # the plain loop builds its model with the engine the trainer runs
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         first = Path(tmp) / "run-0"

@@ -345,7 +345,7 @@ def main() -> None:
                     f"data.seq_len={T}", "data.global_batch=1", "data.micro_batch=1",
                     f"data.pack.budget={int(T * (args.steps + 2) * 1.5)}", f"schedule.steps={args.steps}",
                     "schedule.warmup_steps=1", "parallel.zero_stage=1", "checkpoint.save_every=0", "eval.window=0",
-                    "logging.every=1000", "logging.tensorboard=false"]
+                    "logging.every=1000", "logging.report_to=[]"]
             cfg = load_train_config(args.config, base)
             first = Path(tmp) / "pack"
             prepare_run(with_changes(cfg, {"model.engine": "varlen", "model.variant": "intra_doc"}), first, progress=False)

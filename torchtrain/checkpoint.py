@@ -160,6 +160,26 @@ def _mend_universal_load(optimizer: Any, settings: list[dict[str, Any]]) -> None
             state["step"] = step.clone()
 
 
+def follow_schedule(engine: Any) -> None:
+    """The learning rate of the next update set from this run's schedule (torchtrain.optim.lr_factor) at the step
+    the loaded scheduler stands at. A checkpoint holds the rate its own schedule gave for that update, in the
+    scheduler's state and in the optimizer's groups: when `schedule.steps` grew on resume the new schedule's rate
+    differs, and the first resumed step would otherwise update (and log) with the old one. Where the schedule is
+    unchanged the rate is the same number, computed by the same expression."""
+    scheduler = getattr(engine, "lr_scheduler", None)
+    if scheduler is None or not hasattr(scheduler, "lr_lambdas"):
+        return
+    lrs = [base * fn(scheduler.last_epoch) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    groups = [scheduler.optimizer.param_groups]
+    wrapper = getattr(engine, "optimizer", None)  # DeepSpeed's ZeRO optimizer: its own view of the groups
+    if wrapper is not None and getattr(wrapper, "param_groups", None) is not groups[0]:
+        groups.append(wrapper.param_groups)
+    for each in groups:
+        for group, lr in zip(each, lrs):
+            group["lr"] = lr
+    scheduler._last_lr = lrs
+
+
 def newest_valid(run: Path, log=print, upto: int | None = None) -> int | None:
     """The newest checkpoint whose manifest verifies and that holds DeepSpeed's state (one kept for its
     weights only, `keep_weights_only`, is nothing to resume from) and, with `upto` (the last step metrics.jsonl
@@ -445,6 +465,7 @@ class Checkpointer:
                                             load_lr_scheduler_states=True)
             if tag == UNIVERSAL and self.cfg.parallel.zero_stage == 3:
                 _mend_universal_load(self.engine.optimizer, settings)
+            follow_schedule(self.engine)
             try:
                 self.loader.load_state_dict(state["loader"])
                 if saved_world == self.world.size:

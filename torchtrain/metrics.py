@@ -6,9 +6,10 @@
                                       model FLOPs), flops_per_s and mfu (torchtrain.throughput), elapsed_s,
                                       every eval.every steps heldout_loss, heldout_loss_by_position,
                                       heldout_tokens and heldout_s (torchtrain.heldout),
-                                      peak_memory_gib (`peak_memory`: the most rank 0 has held so far)
-    RUN/tensorboard/                  loss, lr, grad_norm, tokens_per_s, flops_per_s, mfu and heldout_loss, when
-                                      TensorBoard is installed
+                                      peak_memory_gib (`peak_memory`: the most rank 0 has held so far);
+                                      a number that is not finite is written as null (`finite`), and a
+                                      step whose loss or gradient norm is not finite stops the run before
+                                      it is logged (torchtrain.trainer.check_step)
     RUN/grads/step-<N>.safetensors    the averaged gradient of step N, for the steps in `dump_grads`
 
 On resume metrics.jsonl is read strictly (`read_log`): a line that is not UTF-8, not JSON (but for a last line
@@ -21,6 +22,7 @@ the lines it drops (a cut one, the steps logged past that checkpoint) are named 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -148,7 +150,7 @@ def _span(first: int, last: int) -> str:
 
 
 class MetricsLog:
-    """metrics.jsonl (rank 0): one flushed line per step; TensorBoard beside it when installed.
+    """metrics.jsonl (rank 0): one flushed line per step (TensorBoard and the other trackers: torchtrain.trackers).
 
     Opened at step `start` (0 for a fresh run) over what the file held (`logged`, read_log's; read here when
     None): the lines of steps 1..start are kept, the rest dropped, and what is dropped (a cut last line, the
@@ -156,9 +158,8 @@ class MetricsLog:
     resumes from a checkpoint no later than it: torchtrain.checkpoint.newest_valid's `upto`), so no step is missing.
     """
 
-    def __init__(self, run: Path, start: int, enabled: bool, tensorboard: bool, logged: Logged | None = None):
+    def __init__(self, run: Path, start: int, enabled: bool, logged: Logged | None = None):
         self.enabled = enabled
-        self.tb = None
         if not enabled:
             return
         logged = read_log(run) if logged is None else logged
@@ -171,30 +172,29 @@ class MetricsLog:
                   file=sys.stderr, flush=True)
         write_text_atomic(run / METRICS_FILE, "".join(line + "\n" for line in logged.lines[:start]))
         self.file = open(run / METRICS_FILE, "a", encoding="utf-8")
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.tb = SummaryWriter(str(run / "tensorboard"), purge_step=start + 1)
-            except ImportError:
-                self.tb = None
 
     def write(self, row: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        self.file.write(json.dumps(row) + "\n")
+        self.file.write(json.dumps(finite(row), allow_nan=False) + "\n")
         self.file.flush()
         os.fsync(self.file.fileno())
-        if self.tb is not None:
-            for key in ("loss", "lr", "grad_norm", "tokens_per_s", "flops_per_s", "mfu", "heldout_loss"):
-                if row.get(key) is not None:
-                    self.tb.add_scalar(f"train/{key}", row[key], row["step"])
 
     def close(self) -> None:
         if self.enabled:
             self.file.close()
-            if self.tb is not None:
-                self.tb.close()
+
+
+def finite(x: Any) -> Any:
+    """`x` with every float that is not finite (NaN, an infinity) as None: JSON has no such numbers, and a line
+    holding one (Python writes a bare NaN) is not JSON. Mappings and lists walked."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite(v) for v in x]
+    return x
 
 
 def dropped_lines(logged: Logged, start: int) -> str:

@@ -9,7 +9,8 @@
     RUN/data-<seq_len>/   with `schedule.stages`: the corpus packed for each stage's length (torchtrain.stages)
     RUN/data_source.json  what the run trains on: `data.path` resolved, a fingerprint of its content, and the
                           settings RUN/data was packed with; RUN/data is reused only when they still
-                          hold, and a resume whose data changed is refused
+                          hold, and a resume whose data changed is refused; `eval.heldout_data` resolved and
+                          fingerprinted the same way (`heldout`), a resume whose held-out pack changed refused
     RUN/checkpoints/      torchtrain.checkpoint; RUN/metrics.jsonl, grads/, tensorboard/: torchtrain.metrics
 
 The checks here (`check_model`) run again in every worker, on the machine that trains.
@@ -29,7 +30,7 @@ from anchor_core.data.config import layout_of
 from anchor_core.data.corpus import CORPUS_FILE, write_default_corpus
 from anchor_core.data.mixture import MixtureSpec
 from anchor_core.data.packed import PackedData
-from anchor_core.data.pipeline import PackConfig, pack_corpus
+from anchor_core.data.pipeline import PackConfig, pack_corpus_apart
 from anchor_core.errors import InputError
 from anchor_core.outdir import guard_out, write_marker
 from anchor_core.tokenizer import load_tokenizer
@@ -41,6 +42,7 @@ from torchtrain import engines
 from torchtrain import universal
 from torchtrain.config import KEYS, RESUMABLE_CHANGES, TrainConfig, check_world, from_flat, is_flat, validate, \
     with_changes
+from torchtrain.config.validation import check_heldout_buckets
 from torchtrain.config.deepspeed_json import check_offload_buckets, deepspeed_config
 from torchtrain.config.schema import plain
 from torchtrain.distributed import launched_externally
@@ -81,7 +83,13 @@ def content_fingerprint(path: Path) -> str:
 
 def resolved_data(data: str) -> str:
     """`data.path` as the run records it: `corpus` (the embedded corpus), else the absolute path."""
-    return data if data == "corpus" else str(Path(data).expanduser().resolve())
+    return data if data == "corpus" else resolved_path(data)
+
+
+def resolved_path(path: str) -> str:
+    """A path as the run records it (`eval.heldout_data`, `data.path`): absolute, so that a resume from another
+    working directory reads the same folder."""
+    return str(Path(path).expanduser().resolve())
 
 
 def data_source(cfg: TrainConfig) -> dict[str, Any]:
@@ -90,6 +98,9 @@ def data_source(cfg: TrainConfig) -> dict[str, Any]:
     data = resolved_data(cfg.data.path)
     record: dict[str, Any] = {"data": data,
                               "fingerprint": None if data == "corpus" else content_fingerprint(Path(data))}
+    if cfg.eval.heldout_data is not None:  # the held-out windows, held to their content as the training data is
+        held = resolved_path(cfg.eval.heldout_data)
+        record["heldout"] = {"data": held, "fingerprint": content_fingerprint(Path(held))}
     if not (Path(data) / "pack.json").is_file():
         d = cfg.data
         lengths = [s.seq_len for s in cfg.schedule.stages]
@@ -268,8 +279,10 @@ def _resolve_data(cfg: TrainConfig, run: Path, progress: bool, target: Path) -> 
                           layout=layout_of(p, tags=d.tags, interleave=d.interleave),
                           seed=p.get("seed", d.seed), text_field=p.get("text_field", "text"),
                           domain_field=p.get("domain_field"), skip_bad=p.get("skip_bad", False))
-    pack_corpus(cfg.model.name, source, target, pack_cfg, progress=progress,
-                names={"seq_len": "data.seq_len", "budget": "data.pack.budget"})
+    # in a child process: what packing leaves behind (a fragmented heap, the tokenizer, the figure's matplotlib)
+    # is not held under the training step's peak when this process goes on to train (one process: train)
+    pack_corpus_apart(cfg.model.name, source, target, pack_cfg, progress=progress,
+                      names={"seq_len": "data.seq_len", "budget": "data.pack.budget"})
     return target
 
 
@@ -291,8 +304,8 @@ def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, 
     spec = model_spec(cfg)
     check_offload_buckets(cfg, world if world is not None else cfg.parallel.nproc, parameters(spec))
     check_trackers(cfg)  # each tracker installed, MLflow's store answering: before the run folder is touched
-    stream_weights(cfg.model.name, seed=cfg.data.seed)  # names and shapes from the files' headers, no data:
-    # weights that do not fit the model are refused here, not in a rank that has started building it
+    weights = stream_weights(cfg.model.name, seed=cfg.data.seed)  # names and shapes from the files' headers, no
+    # data: weights that do not fit the model are refused here, not in a rank that has started building it
     data_path = Path(cfg.data.path)
     if cfg.data.path != "corpus" and not data_path.exists():
         raise InputError("no such data file or folder (an `anchor pack` output, a corpus, or `corpus`)",
@@ -312,11 +325,17 @@ def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, 
             seq_len = PackedData.open(data_path).seq_len
         if seq_len is not None:
             check_model(cfg, spec, seq_len)  # before packing and before the run folder: a bad length fails fast
+            check_heldout_buckets(cfg, seq_len)
+            check_heldout_data(cfg, seq_len)
     guard_out(run, "train", inputs=[cfg.data.path, cfg.model.name], replace=False)
     saved = saved_config(run)
     if saved is not None:
         _check_resume_config(cfg, saved, run, asked_engine=asked)
+        _check_source(data_source(cfg), run)  # the same data and held-out data, before the run folder is touched
     read_log(run)  # a metrics.jsonl a resume cannot read whole is refused here, the run folder untouched
+    if weights.files and not ckpt.list_steps(run):  # a model's files the run starts from (a resume loads its
+        weights.check_finite()  # checkpoint over them), read a tensor at a time: a NaN would make every loss NaN
+    del weights  # its reader maps the model's file: unmapped now, not when this frame goes (packing is next)
     run.mkdir(parents=True, exist_ok=True)
     _fill_run(cfg, stages, run, spec, seq_len, saved, world, progress)
 
@@ -329,7 +348,6 @@ def _fill_run(cfg: TrainConfig, stages: list[Stage], run: Path, spec: ModelSpec,
     ckpt.clear_staging(run)
     source = data_source(cfg)
     if saved is not None:
-        _check_source(source, run)
         _check_process_count(cfg, run, world if world is not None else cfg.parallel.nproc, progress)
         trained = max(ckpt.list_steps(run), default=0)
         if cfg.schedule.steps < trained:  # config.yaml would say the run stops before where it stands
@@ -348,6 +366,8 @@ def _fill_run(cfg: TrainConfig, stages: list[Stage], run: Path, spec: ModelSpec,
 
     resolved = cfg.to_dict()
     resolved["data"]["path"] = resolved_data(cfg.data.path)
+    if cfg.eval.heldout_data is not None:
+        resolved["eval"]["heldout_data"] = resolved_path(cfg.eval.heldout_data)
     write_text_atomic(run / CONFIG_FILE, yaml.safe_dump(resolved, sort_keys=False))
     (run / DS_CONFIG_FILE).write_text(json.dumps(deepspeed_config(cfg, world or cfg.parallel.nproc), indent=1))
     prepare_trackers(cfg, run)
@@ -381,6 +401,9 @@ def _stage_data(run_cfg: TrainConfig, stage: Stage, run: Path, spec: ModelSpec, 
     if vocab is not None and vocab > spec.vocab_size:
         raise InputError(f"the packed data's tokenizer has {vocab} tokens, the model only {spec.vocab_size}", path=data)
     held = 0 if cfg.eval.heldout_data else cfg.eval.heldout_windows
+    if held > packed.num_windows:
+        raise InputError(f"eval.heldout_windows {held} is more than the {packed.num_windows} windows of the packed "
+                         "data; hold out fewer windows or pack more data", path=data)
     if packed.num_windows - held < cfg.data.global_batch:
         kept = f" left once eval.heldout_windows={held} are held out" if held else ""
         raise InputError(f"{packed.num_windows - held} windows{kept} are fewer than one global batch of "
@@ -394,13 +417,17 @@ def check_heldout_data(cfg: TrainConfig, seq_len: int) -> PackedData | None:
     if cfg.eval.heldout_data is None:
         return None
     where = cfg.where("eval.heldout_data")
-    folder = Path(cfg.eval.heldout_data)
+    folder = Path(cfg.eval.heldout_data).expanduser()
     if not (folder / "pack.json").is_file():
         raise InputError(f"eval.heldout_data {folder} is not an `anchor pack` output folder (no pack.json)", path=where)
     held = PackedData.open(folder)
     if held.seq_len != seq_len:
         raise InputError(f"eval.heldout_data {folder} holds windows of {held.seq_len} slots, the run trains on "
                          f"{seq_len}", path=where)
+    if cfg.eval.heldout_windows > held.num_windows:
+        raise InputError(f"eval.heldout_windows {cfg.eval.heldout_windows} is more than the {held.num_windows} "
+                         f"windows of eval.heldout_data {folder} (0: all of them)",
+                         path=cfg.where("eval.heldout_windows", "eval.heldout_data"))
     return held
 
 
@@ -424,6 +451,12 @@ def _check_source(source: dict[str, Any], run: Path) -> None:
         raise InputError(f"data {source['data']}: its content changed since the run started (fingerprint "
                          f"{old.get('fingerprint')} then, {source.get('fingerprint')} now); resume with the same data "
                          "or choose another --out", path=run / SOURCE_FILE)
+    then, now = old.get("heldout"), source.get("heldout")
+    if isinstance(then, dict) and now is not None and then.get("fingerprint") != now["fingerprint"]:
+        # a repacked held-out folder: the held-out series would switch windows mid-run without a word
+        raise InputError(f"eval.heldout_data {now['data']}: its content changed since the run started (fingerprint "
+                         f"{then.get('fingerprint')} then, {now['fingerprint']} now); resume with the same held-out "
+                         "data or choose another --out", path=run / SOURCE_FILE)
 
 
 def _dotted(d: dict[str, Any]) -> dict[str, Any]:
@@ -445,6 +478,8 @@ def _check_resume_config(cfg: TrainConfig, saved: dict[str, Any], run: Path, *, 
             old = plain(KEYS[key].get_default(call_default_factory=True))
         if key == "data.path" and isinstance(old, str):  # the same data by another name is the same data
             old, value = resolved_data(old), resolved_data(value)
+        if key == "eval.heldout_data" and isinstance(old, str) and isinstance(value, str):  # likewise
+            old, value = resolved_path(old), resolved_path(value)
         if isinstance(old, list):
             value = list(value) if isinstance(value, (tuple, list)) else value
         if key == "model.rope" and old is None:

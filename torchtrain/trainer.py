@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import signal
 import sys
 import time
@@ -38,15 +39,15 @@ import torch
 import torch.distributed as dist
 
 from anchor_core.data.packed import Loader, PackedData
-from anchor_core.errors import InputError
+from anchor_core.errors import InputError, RunFailed
 from anchor_core.limits import peak_rss
 from anchor_core.outdir import guard_out, missing_folders, out_lock, remove_created
 from anchor_core.progress import ProgressBar
 from torchtrain import checkpoint as ckpt
 from torchtrain import sequence_parallel as sp
 from torchtrain.config import TrainConfig, check_world
-from torchtrain.distributed import ParallelGroups, World, init_world, launch_local, launched_externally, \
-    sequence_parallel_group
+from torchtrain.distributed import ParallelGroups, Watchdog, World, check_same_config, init_world, launch_local, \
+    launched_externally, sequence_parallel_group, stop_for_lost_peer
 from torchtrain.heldout import HeldOut, heldout_loss, heldout_set
 from torchtrain.loss import final_hidden_states
 from torchtrain.metrics import Logged, MetricsLog, dump_grads, grad_norm, peak_memory, read_log
@@ -88,6 +89,7 @@ def train(cfg: TrainConfig, run: str | Path, *, progress: bool = True) -> int:
             try:
                 prepare_run(cfg, run, progress=progress)
                 unprepared = False
+                release_memory()  # the packing's and the weight check's leftovers, not held while the ranks train
             finally:
                 if unprepared and created:  # failed before config.yaml: the run folder goes, under the lock
                     remove_created(created[:1])
@@ -112,31 +114,42 @@ def train(cfg: TrainConfig, run: str | Path, *, progress: bool = True) -> int:
 
 
 def _train_external(cfg: TrainConfig, run: Path, progress: bool) -> int:
-    """Under an outside launcher (torchrun, on one node or several): rank 0 prepares the run folder while the
-    others wait, then every rank checks that it sees what rank 0 prepared (`check_shared_run`). A rank whose
-    peers stopped or cannot be reached (a dead node) stops with one line, within `parallel.timeout_s`."""
+    """Under an outside launcher (torchrun, on one node or several): every rank checks that it was started with rank
+    0's config (`check_same_config`), rank 0 prepares the run folder while the others wait, then every rank checks
+    that it sees what rank 0 prepared (`check_shared_run`). A rank whose peers stopped or cannot be reached (a dead
+    node) stops with one line naming the node, within a minute (torchtrain.distributed.Watchdog), or, where no
+    watchdog runs, within `parallel.timeout_s`."""
     world = init_world(cfg.parallel.sequence_parallel, cfg.parallel.timeout_s)
-    error = None
-    if world.is_main:
-        try:
-            prepare_run(cfg, run, world=world.size, progress=progress)
-        except InputError as e:
-            error = str(e)
-    box = [error]
-    dist.broadcast_object_list(box, src=0)
-    if box[0] is not None:
-        raise InputError(box[0])
-    check_shared_run(run, world)
+    watchdog, done = None, False
     try:
-        return worker(str(run), progress)
+        check_same_config(cfg.to_dict(), world)  # before rank 0 prepares anything
+        watchdog = Watchdog.start(world)
+        error = None
+        if world.is_main:
+            try:
+                prepare_run(cfg, run, world=world.size, progress=progress)
+            except InputError as e:
+                error = str(e)
+        box = [error]
+        dist.broadcast_object_list(box, src=0)
+        if box[0] is not None:
+            raise InputError(box[0])
+        check_shared_run(run, world)
+        step = worker(str(run), progress)
+        done = True
+        return step
     except RuntimeError as e:  # torch.distributed's DistError is one
         if not peer_lost(e):
             raise
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        print(f"anchor train: error: rank {world.rank}: another rank stopped or cannot be reached ({first}); this "
-              "rank stops too. The same command resumes from the newest checkpoint, on these nodes or others.",
-              file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
+        stop_for_lost_peer(world, watchdog, e)
+    except KeyboardInterrupt:  # a launcher that lost its rendezvous store with a dead node stops its ranks (SIGTERM)
+        if watchdog is not None:
+            watchdog.name_lost_node()  # ends the process where a node was lost
+        done = True  # left on an interrupt, which this rank reports: its peers do not count its silence
+        raise
+    finally:
+        if watchdog is not None:
+            watchdog.close(done)
 
 
 def peer_lost(e: BaseException) -> bool:
@@ -205,6 +218,7 @@ def worker(run_str: str, progress: bool = True) -> int:
     specs = [check_model(s.cfg, model_spec(s.cfg), s.seq_len, memory=False) for s in stages]  # memory: prepare_run
     logged, upto = _read_logged(run, world)
     universal = ckpt.universal_step(run, upto, world.size, cfg.parallel.zero_stage) is not None
+    release_memory()  # what preparing the run left (prepare_run, in this process with one): not under the step
     engine, scheduler, built = _build_engine(cfg, specs[0], world, universal=universal)
     engine_built = rank_peaks(world)  # and with DeepSpeed's engine beside it, before any step
     if world.is_main:
@@ -224,9 +238,9 @@ def worker(run_str: str, progress: bool = True) -> int:
     if world.is_main:
         print(f"mfu: model FLOPs per second over {world.size} x the peak of one process's device, {peak.source}",
               file=sys.stderr, flush=True)
-    metrics = MetricsLog(run, start, world.is_main, cfg.logging.tensorboard and "tensorboard" in cfg.logging.report_to,
-                         logged=logged)
-    trackers = Trackers(cfg, run) if world.is_main and set(cfg.logging.report_to) - {"tensorboard"} else None
+    metrics = MetricsLog(run, start, world.is_main, logged=logged)
+    # once metrics.jsonl holds steps 1..start: a tracker that lacks some of them is sent them from it
+    trackers = Trackers(cfg, run, start) if world.is_main and cfg.logging.report_to else None
     bar = ProgressBar("train", cfg.schedule.steps, progress and world.is_main, unit="steps")
     if start:
         bar.advance(start)
@@ -241,6 +255,7 @@ def worker(run_str: str, progress: bool = True) -> int:
             batch = next(loader)
             share = batch_flops(checkpointer.spec, batch.doc_ids, cfg.model.variant) / world.sp  # an SP group's
             loss, count, norm, flops = _train_step(cfg, world, engine, batch, step, run, share)
+            check_step(run, step, loss, norm)  # the same on every rank (reduced): all stop before any log or checkpoint
             dt = time.perf_counter() - t0
             row = {"step": step, "loss": loss, "tokens": count, "lr": lr_now, "grad_norm": norm,
                    "tokens_per_s": cfg.data.global_batch * stage.seq_len / dt, "flops": flops,
@@ -271,6 +286,21 @@ def worker(run_str: str, progress: bool = True) -> int:
         if trackers is not None:
             trackers.close(finished=step == cfg.schedule.steps)
     return step
+
+
+def check_step(run: Path, step: int, loss: float, norm: float | None) -> None:
+    """A loss or a gradient norm that is not a finite number stops the run (RunFailed: one line, exit 1) before the
+    step is logged or checkpointed: the update it made (a checkpoint of the step holds the weights after it) put NaN
+    or infinite values in the weights, and every later step would train on them. The newest checkpoint stays the
+    one to resume from."""
+    what = ("training loss", loss) if not math.isfinite(loss) else \
+        ("gradient norm", norm) if norm is not None and not math.isfinite(norm) else None
+    if what is None:
+        return
+    kept = ckpt.list_steps(run)
+    last = f"its newest checkpoint, step-{kept[0]}, is kept" if kept else "no checkpoint was written"
+    raise RunFailed(f"step {step}: the {what[0]} is {what[1]}, not a finite number; the run stops before logging or "
+                    f"checkpointing this step ({last})")
 
 
 def _open_loader(cfg: TrainConfig, run: Path, stage: Stage, world: World) -> Loader:
@@ -338,6 +368,26 @@ def _start_rank(cfg: TrainConfig) -> World:
     return world
 
 
+def release_memory() -> None:
+    """Hand back what this process holds but no longer uses: the objects only reference cycles keep alive, collected
+    now rather than whenever the collector next runs (a library's exception caught with its traceback holds every
+    frame of the call it was raised in, and whatever those frames hold: matplotlib's mathtext parser, drawing the
+    packing's figure in this process, so held the model's GGUF memory map through prepare_run's frame), then the
+    heap's free pages returned to the system (glibc's malloc_trim; a no-op elsewhere). Called before the model is
+    built, once it is, and once the engine is: a step's peak sits on what is resident when it starts, and the plan
+    counts a process at its idle size (torchtrain.memory.BASE_PROCESS_BYTES). SmolLM2-135M at T=2048 with its corpus
+    packed by the same command: 2.37 GiB resident at the first step without this and with the packing in this
+    process, 2.04 GiB with this and the packing in a child (anchor_core.data.pipeline.pack_corpus_apart)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def return_freed_memory() -> None:
     """glibc: serve allocations of 1 MiB and more with mmap, so that what the step frees goes back to
     the OS. glibc's default raises that threshold (up to 32 MiB) after the first large free, and a
@@ -374,6 +424,7 @@ def _build_engine(cfg: TrainConfig, spec: ModelSpec, world: World,
         model = build_model(cfg.model.name, engine=resolved_engine(cfg), dtype="float32", rope=spec.rope,
                             seed=cfg.data.seed)
     model.anchor_spec = spec
+    release_memory()  # the weights as read (a GGUF's dequantised arrays), freed, not left in the heap
     built = rank_peaks(world)  # the model built (at ZeRO-3 partitioned and filled), before DeepSpeed's engine
     if world.sp > 1:
         sp.enable_sequence_parallel(model, sequence_parallel_group(world))
@@ -388,6 +439,12 @@ def _build_engine(cfg: TrainConfig, spec: ModelSpec, world: World,
         allocate_state(optimizer)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                    config=ds_config, mpu=groups)
+    if cfg.parallel.zero_stage == 0 and world.size == 1:
+        # DeepSpeed all-reduces ZeRO-0's gradients through one flat copy of them all (its buffered fallback: 4 P
+        # bytes beside the gradients at the backward's end), over one process too, where the reduction and its
+        # averaging over one leave every gradient as it is: skipped
+        engine.enable_backward_allreduce = False
+    release_memory()  # the build's freed buffers (the moments' allocation, DeepSpeed's setup) not under the step
     return engine, scheduler, built
 
 

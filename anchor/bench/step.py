@@ -46,7 +46,7 @@ def time_steps(model_dir: Path, data: Path, T: int, variant: str, engine: str, r
         f"model.name={model_dir}", f"model.variant={variant}", f"model.engine={engine}", f"model.dtype={dtype}",
         f"data.path={data}", f"data.seq_len={T}", "data.global_batch=1", "data.micro_batch=1", "optim.lr=2e-5",
         f"schedule.steps={steps}", f"parallel.zero_stage={0 if dtype == 'float32' else 1}", "checkpoint.save_every=0",
-        "checkpoint.keep_last=1", "eval.window=0", "logging.every=1000", "logging.tensorboard=false"])
+        "checkpoint.keep_last=1", "eval.window=0", "logging.every=1000", "logging.report_to=[]"])
     with peak_memory(device) as mem:
         train(cfg, run, progress=False)
     gc.collect()  # the trainer's model and optimizer sit in reference cycles: freed now, not on top of the next run

@@ -24,7 +24,7 @@ PROBE = Path(__file__).parent / "export_probe"
 STEPS = 2
 SHARD = "300KB"
 COMMON = (f"schedule.steps={STEPS}", f"checkpoint.max_shard_size={SHARD}", "data.global_batch=4", "data.micro_batch=1", "eval.window=0",
-          "checkpoint.save_every=0", "parallel.nproc=2", "parallel.zero_stage=3", "logging.tensorboard=false")
+          "checkpoint.save_every=0", "parallel.nproc=2", "parallel.zero_stage=3", "logging.report_to=[]")
 # The project's fp32 rule (parity_tests.core.Rule.fp32_tol): logits within 1e-5 relative L2.
 FP32_TOL = 1e-5
 

@@ -13,7 +13,7 @@ from tests.train.conftest import heldout_reference, metrics, run_train
 
 HELD, BUCKETS = 5, 4
 COMMON = ("data.global_batch=4", "data.micro_batch=2", "eval.every=2", "eval.window=0", f"eval.heldout_buckets={BUCKETS}",
-          "checkpoint.save_every=2", "checkpoint.keep_last=0", "logging.tensorboard=false")
+          "checkpoint.save_every=2", "checkpoint.keep_last=0", "logging.report_to=[]")
 RUN = (*COMMON, "schedule.steps=4", f"eval.heldout_windows={HELD}")
 
 

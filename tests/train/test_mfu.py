@@ -12,7 +12,7 @@ from tests.train.conftest import TINY, metrics, run_train
 
 STEPS = 3
 COMMON = (f"schedule.steps={STEPS}", "data.global_batch=4", "data.micro_batch=1", "eval.window=0",
-          "checkpoint.save_every=0", "logging.tensorboard=false")
+          "checkpoint.save_every=0", "logging.report_to=[]")
 
 
 def _expected(packed, overrides) -> list[float]:

@@ -18,7 +18,7 @@ import pytest
 from tests.train.conftest import metrics, run_train
 
 COMMON = ("data.global_batch=4", "data.micro_batch=1", "eval.window=0", "checkpoint.save_every=4", "schedule.kind=constant",
-          "optim.grad_clip=1.0", "logging.tensorboard=false", "checkpoint.keep_last=0")
+          "optim.grad_clip=1.0", "logging.report_to=[]", "checkpoint.keep_last=0")
 STAGES = [1, pytest.param(2, marks=pytest.mark.slow), 3]
 
 

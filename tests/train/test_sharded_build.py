@@ -18,7 +18,7 @@ from tests.train.conftest import metrics, run_train
 
 STEPS = 3
 COMMON = (f"schedule.steps={STEPS}", "data.global_batch=4", "eval.window=0", "checkpoint.save_every=0",
-          "optim.grad_clip=1.0", "logging.tensorboard=false")
+          "optim.grad_clip=1.0", "logging.report_to=[]")
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +101,32 @@ def test_an_unreadable_tensor_stops_every_rank_in_one_line(packed, folder, tmp_p
     assert done.returncode == 2, done.stderr[-2000:]
     errors = [ln for ln in done.stderr.splitlines() if "puts" in ln and name in ln]
     assert errors and len(errors[0]) < 400
+
+
+def test_each_rank_gets_its_slices_without_a_gather(folder, monkeypatch):
+    """The build sends each rank its slice of each tensor (torchtrain.sharded_build._scatter_slices): DeepSpeed's
+    gather, which holds a whole layer twice on every rank, is not called, and the partitions hold the weights
+    build_model reads, rounded to bf16 (here one process: its partition is the whole flattened tensor, padded)."""
+    import deepspeed
+    import torch
+
+    from torchtrain.config import load_train_config
+    from torchtrain.config.deepspeed_json import deepspeed_config
+    from torchtrain.distributed import ParallelGroups, init_world
+    from torchtrain.model import build_model
+    from torchtrain.sharded_build import build_partitioned
+
+    gathers = []
+    real = deepspeed.zero.GatheredParameters
+    monkeypatch.setattr(deepspeed.zero, "GatheredParameters", lambda *a, **k: gathers.append(1) or real(*a, **k))
+    cfg = load_train_config("tiny", [f"model.name={folder}", "model.dtype=bfloat16", "parallel.zero_stage=3"])
+    world = init_world(1)
+    model = build_partitioned(str(folder), engine="varlen", dtype="bfloat16", rope=None, seed=0,
+                              ds_config=deepspeed_config(cfg, 1),
+                              group=ParallelGroups(world).get_data_parallel_group())
+    want = dict(build_model(str(folder), engine="varlen").named_parameters())
+    assert gathers == []
+    for name, p in model.named_parameters():
+        flat = want[name].detach().reshape(-1).to(torch.bfloat16)
+        assert torch.equal(p.ds_tensor[:flat.numel()], flat), name
+        assert not p.ds_tensor[flat.numel():].any(), name

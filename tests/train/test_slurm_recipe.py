@@ -19,7 +19,7 @@ from tests.train.conftest import ENV, ROOT, TINY, metrics, run_train
 
 SCRIPT = ROOT / "examples" / "slurm" / "train_multinode.sbatch"
 OVERRIDES = ("schedule.steps=3", "data.global_batch=4", "data.micro_batch=1", "eval.window=0",
-             "logging.tensorboard=false", "parallel.zero_stage=1")
+             "logging.report_to=[]", "parallel.zero_stage=1")
 
 SRUN = """#!/bin/bash
 # srun with --ntasks-per-node=1: the command once per node, together; its options are srun's own

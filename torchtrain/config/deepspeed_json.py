@@ -58,6 +58,7 @@ SET_BY: dict[str, str] = {
     "sequence_parallel_size": "parallel.sequence_parallel",
     "steps_per_print": "logging.every",
     "wall_clock_breakdown": "the trainer (metrics.jsonl times each step)",
+    "checkpoint.load_universal": "the trainer (a resume with another parallel.nproc: torchtrain.universal)",
 }
 
 # DeepSpeed keys the trainer sizes from the model as transformers' Trainer fills DeepSpeed's "auto" values

@@ -20,12 +20,16 @@ from anchor_core.engines import TRAIN_ENGINES
 from anchor_core.limits import SEED_MAX
 from anchor_core.variants import Variant
 from torchtrain.config.origins import Sources
-from torchtrain.config.types import EXPECTED_BY_TYPE, Betas, Name, Number, ShardSize, Steps, yaml_numbers
+from torchtrain.config.types import (EXPECTED_BY_TYPE, Betas, Name, Number, ShardSize, Steps, TrackerNames,
+                                     yaml_numbers)
 
 Schedule = Literal["constant", "cosine", "linear"]
 Dtype = Literal["float32", "bfloat16"]
 TrainEngine = Literal[TRAIN_ENGINES]  # type: ignore[valid-type]  # auto, or an engine of anchor_core.engines
 RopeScaling = Literal["default", "linear", "dynamic", "yarn", "llama3", "ntk"]
+# parallel.timeout_s's bound: a week. torch.distributed holds the timeout as milliseconds in a 64-bit integer
+# and Python's timedelta stops at 999999999 days; far larger values overflow in init_world.
+TIMEOUT_MAX_S = 7 * 24 * 3600
 
 
 def _key(default: Any, doc: str, *, resumable: bool = False, pack_option: str | None = None,
@@ -160,8 +164,10 @@ class ParallelConfig(_Section):
                                          "memory, stepped there by DeepSpeed's CPU Adam (built once, C++)")
     offload_params: StrictBool = _key(False, "ZeRO-3: the parameters in host memory, brought to the device as "
                                       "each layer runs")
-    timeout_s: StrictInt = _key(600, "seconds a rank waits in a collective for the others before the run stops: "
-                                "a dead node ends the job within this time", ge=1, resumable=True)
+    timeout_s: StrictInt = _key(600, "seconds a rank waits in a collective for the others before the run stops "
+                                "(long enough for the slowest checkpoint write); a dead node ends its peers within a "
+                                "minute whatever this is (torchtrain.distributed.Watchdog)", ge=1,
+                                le=TIMEOUT_MAX_S, resumable=True)
 
 
 class CheckpointConfig(_Section):
@@ -181,12 +187,12 @@ class LoggingConfig(_Section):
     """What the run reports besides RUN/metrics.jsonl."""
 
     every: StrictInt = _key(1, "print a progress line every this many steps", ge=1, resumable=True)
-    tensorboard: StrictBool = _key(True, "write TensorBoard events under RUN/tensorboard when installed",
-                                   resumable=True)
+    tensorboard: Optional[StrictBool] = _key(None, "the older spelling of logging.report_to for TensorBoard, read "
+                                             "into it: false leaves tensorboard out of report_to", resumable=True)
     dump_grads: Steps = _key((), "steps whose whole averaged gradient (before clipping) is written to "
                              "RUN/grads/step-N.safetensors", resumable=True)
-    report_to: tuple[Literal["tensorboard", "wandb", "mlflow"], ...] = _key(
-        ("tensorboard",), "trackers each step's metrics go to (torchtrain.trackers)", resumable=True)
+    report_to: TrackerNames = _key(("tensorboard",), "trackers each step's metrics go to (torchtrain.trackers)",
+                                   resumable=True)
     project: Name = _key("anchor", "the W&B project and MLflow experiment the run is logged in")
 
 

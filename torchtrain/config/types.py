@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BeforeValidator, Field, StrictInt
 
@@ -35,6 +35,20 @@ Number = Annotated[float, BeforeValidator(_yaml_number)]
 Name = Annotated[str, Field(strict=True, min_length=1)]
 Betas = tuple[Annotated[float, BeforeValidator(_beta)], Annotated[float, BeforeValidator(_beta)]]
 Steps = tuple[Annotated[StrictInt, Field(ge=1)], ...]
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+
+
+def _tracker_names(x: Any) -> Any:
+    """`logging.report_to`: a list of trackers, each once (a name given twice is one tracker); a bare name, as an
+    override `logging.report_to=wandb` gives it, is a list of one."""
+    if isinstance(x, str):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return list(dict.fromkeys(x)) if all(isinstance(n, str) for n in x) else x
+    return x
+
+
+TrackerNames = Annotated[tuple[Literal[TRACKERS], ...], BeforeValidator(_tracker_names)]  # type: ignore[valid-type]
 
 # What errors and the documentation say a type accepts, where the annotation alone does not tell.
 ShardSize = Union[StrictInt, Name]
@@ -43,6 +57,7 @@ EXPECTED_BY_TYPE: dict[Any, str] = {
     ShardSize: 'a size as transformers writes it ("5GB", "500MB", "2GiB") or a number of bytes',
     tuple[Name, ...]: "a list of non-empty strings",
     Steps: "a list of step numbers >= 1",
+    tuple[Literal[TRACKERS], ...]: f"a list among {', '.join(TRACKERS)} (or one name)",  # type: ignore[valid-type]
 }
 
 

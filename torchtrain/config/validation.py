@@ -5,8 +5,9 @@ the checks across keys that need neither the world size nor a model; then, with 
 
 from __future__ import annotations
 
+import math
 import re
-from typing import Any, Mapping, Sequence, get_args, get_origin
+from typing import Any, Iterator, Mapping, Sequence, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
@@ -20,7 +21,7 @@ from torchtrain.config.deepspeed_json import check_section as check_deepspeed_se
 from torchtrain.config.keys import PACK_KEYS, PACK_OPTIONS, base_type, expected, optional_inner
 from torchtrain.config.migration import moved_error, moved_to
 from torchtrain.config.origins import Sources
-from torchtrain.config.schema import SECTIONS, TrainConfig, plain, set_dotted
+from torchtrain.config.schema import SECTIONS, LoggingConfig, TrainConfig, plain, set_dotted
 
 def validate(d: Any, *, source: str = "config", origins: Mapping[str, str] | None = None,
              lines: Mapping[str, int] | None = None) -> TrainConfig:
@@ -42,12 +43,14 @@ def validate(d: Any, *, source: str = "config", origins: Mapping[str, str] | Non
     # every section present (an empty one, `optim:` alone, is None in YAML), so a missing required key is
     # named by its dotted path
     d = {**{s: {} for s in SECTIONS}, **{k: {} if k in SECTIONS and v is None else v for k, v in d.items()}}
+    d = _fold_tensorboard(d, sources)
     try:
         cfg = TrainConfig.model_validate(d)
     except ValidationError as e:
         raise _one_line(e, d, sources) from None
     cfg._source = source
     cfg._sources = sources
+    _check_finite(cfg)
     _check_nested(cfg, sources)
     # across keys: the batch arithmetic that needs no world size (under torchrun the launcher's
     # world replaces `parallel.nproc`: check_world)
@@ -70,8 +73,59 @@ def validate(d: Any, *, source: str = "config", origins: Mapping[str, str] | Non
     except InputError as e:
         raise InputError(str(e), path=cfg.where("checkpoint.max_shard_size")) from None
     _check_stages(cfg)
+    for seq_len in [s.seq_len for s in cfg.schedule.stages] or [cfg.data.seq_len]:
+        if seq_len is not None:  # else the packed data gives it: prepare_run checks it then
+            check_heldout_buckets(cfg, seq_len)
     check_deepspeed_section(cfg)  # last: it imports DeepSpeed when the section is given
     return cfg
+
+
+def check_heldout_buckets(cfg: TrainConfig, seq_len: int) -> None:
+    """`eval.heldout_buckets` splits a window's `seq_len` slots into slot ranges: at most one per slot."""
+    buckets = cfg.eval.heldout_buckets
+    if buckets > seq_len:
+        raise InputError(f"eval.heldout_buckets {buckets} is more than the {seq_len} slots of a window (data.seq_len): "
+                         "the held-out loss is given by at most one slot range per slot",
+                         path=cfg.where("eval.heldout_buckets"))
+
+
+def _check_finite(cfg: TrainConfig) -> None:
+    """Every number of the config is finite, also in the mappings no key declares (`data.pack`, `deepspeed:`): a NaN
+    or an infinity there would train on it, or write a deepspeed.json that is not JSON."""
+    for dotted, value in _numbers(cfg.to_dict(), ""):
+        if not math.isfinite(value):
+            raise InputError(f"{dotted}: expected a finite number, got {value}", path=cfg.where(_key_of(dotted)))
+
+
+def _numbers(x: Any, prefix: str) -> Iterator[tuple[str, float]]:
+    """(dotted key, value) of every float in `x`, mappings and lists walked (a list's item as `key[i]`, from 1)."""
+    if isinstance(x, float):
+        yield prefix, x
+    elif isinstance(x, dict):
+        for k, v in x.items():
+            yield from _numbers(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(x, (list, tuple)):
+        for i, v in enumerate(x):
+            yield from _numbers(v, f"{prefix}[{i + 1}]")
+
+
+def _fold_tensorboard(d: dict[str, Any], sources: Sources) -> dict[str, Any]:
+    """`logging.tensorboard`, the older spelling, read into `logging.report_to` (the one key): false leaves
+    tensorboard out of it, true changes nothing; the key itself is then left unset."""
+    section = d.get("logging")
+    if not isinstance(section, dict) or section.get("tensorboard") is None:
+        return d
+    section = dict(section)
+    value = section.pop("tensorboard")
+    if not isinstance(value, bool):
+        raise InputError(f"logging.tensorboard: expected true or false (false: logging.report_to without tensorboard), "
+                         f"got {excerpt(value)}", path=sources.where("logging.tensorboard"))
+    if value is False:
+        names = section.get("report_to", LoggingConfig.model_fields["report_to"].default)
+        names = [names] if isinstance(names, str) else names
+        if isinstance(names, (list, tuple)):
+            section["report_to"] = [n for n in names if n != "tensorboard"]
+    return {**d, "logging": section}
 
 
 def _check_stages(cfg: TrainConfig) -> None:
