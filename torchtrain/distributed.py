@@ -38,6 +38,8 @@ from typing import Any, Callable, NoReturn
 import torch
 import torch.distributed as dist
 
+from anchor_core.errors import InputError
+
 
 @dataclass(frozen=True)
 class World:
@@ -222,8 +224,6 @@ def check_same_config(config: Mapping[str, Any], world: World) -> None:
     before rank 0 prepares the run folder. Each node's launcher runs its own command line while every rank trains
     the config.yaml rank 0 writes, so an override given to one node only would be ignored without a word. A
     collective; every rank refuses with the same line naming the first rank that differs and its keys."""
-    from anchor_core.errors import InputError
-
     flat = {f"{section}.{key}": value for section, keys in config.items() if isinstance(keys, Mapping)
             for key, value in keys.items()}
     seen: list[Any] = [None] * world.size

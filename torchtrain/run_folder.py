@@ -30,7 +30,7 @@ from anchor_core.data.config import layout_of
 from anchor_core.data.corpus import CORPUS_FILE, write_default_corpus
 from anchor_core.data.mixture import MixtureSpec
 from anchor_core.data.packed import PackedData
-from anchor_core.data.pipeline import PackConfig, pack_corpus_apart
+from anchor_core.data.pipeline import PackConfig, pack_corpus
 from anchor_core.errors import InputError
 from anchor_core.outdir import guard_out, write_marker
 from anchor_core.tokenizer import load_tokenizer
@@ -279,10 +279,8 @@ def _resolve_data(cfg: TrainConfig, run: Path, progress: bool, target: Path) -> 
                           layout=layout_of(p, tags=d.tags, interleave=d.interleave),
                           seed=p.get("seed", d.seed), text_field=p.get("text_field", "text"),
                           domain_field=p.get("domain_field"), skip_bad=p.get("skip_bad", False))
-    # in a child process: what packing leaves behind (a fragmented heap, the tokenizer, the figure's matplotlib)
-    # is not held under the training step's peak when this process goes on to train (one process: train)
-    pack_corpus_apart(cfg.model.name, source, target, pack_cfg, progress=progress,
-                      names={"seq_len": "data.seq_len", "budget": "data.pack.budget"})
+    pack_corpus(cfg.model.name, source, target, pack_cfg, progress=progress,
+                names={"seq_len": "data.seq_len", "budget": "data.pack.budget"})
     return target
 
 

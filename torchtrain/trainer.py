@@ -377,7 +377,7 @@ def release_memory() -> None:
     built, once it is, and once the engine is: a step's peak sits on what is resident when it starts, and the plan
     counts a process at its idle size (torchtrain.memory.BASE_PROCESS_BYTES). SmolLM2-135M at T=2048 with its corpus
     packed by the same command: 2.37 GiB resident at the first step without this and with the packing in this
-    process, 2.04 GiB with this and the packing in a child (anchor_core.data.pipeline.pack_corpus_apart)."""
+    process."""
     import ctypes
     import gc
 
@@ -439,11 +439,6 @@ def _build_engine(cfg: TrainConfig, spec: ModelSpec, world: World,
         allocate_state(optimizer)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                    config=ds_config, mpu=groups)
-    if cfg.parallel.zero_stage == 0 and world.size == 1:
-        # DeepSpeed all-reduces ZeRO-0's gradients through one flat copy of them all (its buffered fallback: 4 P
-        # bytes beside the gradients at the backward's end), over one process too, where the reduction and its
-        # averaging over one leave every gradient as it is: skipped
-        engine.enable_backward_allreduce = False
     release_memory()  # the build's freed buffers (the moments' allocation, DeepSpeed's setup) not under the step
     return engine, scheduler, built
 
