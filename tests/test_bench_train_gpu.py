@@ -63,6 +63,7 @@ def test_the_plain_loop_computes_the_intra_document_loss(implementation):
     assert abs(packed - total / count) <= 1e-5 * abs(packed)
 
 
+@pytest.mark.slow  # minutes of CPU: make test-all
 def test_dry_run_writes_rows_and_ratios(tmp_path):
     """Two rounds at T = 97: each configuration twice, in turn; flex rows left out with the reason on a CPU;
     with --phases, each anchor train step's parts, which the trainer's own step time contains."""

@@ -138,6 +138,7 @@ def test_budget_groups_fit_the_memory_budget(model):
 
 
 @pytest.mark.parametrize("stages", [("act", "rope_apply", "logits", "softmax")])
+@pytest.mark.slow  # minutes of CPU: make test-all
 def test_policies_sharing_a_program_give_their_own_numbers(model, stages):
     """run_many (one program for several policies) equals run (one program each), bitwise, per policy."""
     params, spec, toks = model
@@ -164,6 +165,7 @@ def test_shift_programs_cover_every_call(model):
         assert sorted({c[4] for c in calls}) == sorted({T - 1 + max(REF, *ch) for ch in chunks})
 
 
+@pytest.mark.slow  # minutes of CPU: make test-all
 def test_compile_cache_gives_the_same_audit(tmp_path):
     """`anchor audit` keeps its compiled programs under <cache>/jax: a second run reads them (no new
     entries) and writes the same audit.json bit for bit; --no-compile-cache writes none. In their own

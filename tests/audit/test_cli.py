@@ -76,6 +76,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, needle):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow  # minutes of CPU: make test-all
 def test_a_killed_audit_resumes_at_the_policy_it_was_on(tmp_path, jsonl, capsys, monkeypatch):
     """Each policy's curves (of each kind of weights) and the error budget are kept beside --out
     (`.<name>.parts`) as they finish; a rerun with the same options computes only what the killed audit had

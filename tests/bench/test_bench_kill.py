@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.bench.helpers import corpus as _corpus, env as _env, T
 
 
@@ -24,6 +26,7 @@ def _bench_cmd(out: Path, corpus: Path, steps: int) -> list[str]:
             "--estimate-seq-len", "4096"]
 
 
+@pytest.mark.slow  # minutes of CPU: make test-all
 def test_temporary_files_of_a_killed_bench_are_removed_by_the_next(tmp_path):
     """kill -9 of a bench during its training steps, then a second bench on the same --out: nothing of
     the first is left: not its `$TMPDIR/anchor-bench-*` (the cut model, its pack and the run: 160 MB with

@@ -31,6 +31,7 @@ def quiet(_: str) -> None:
     pass
 
 
+@pytest.mark.slow  # minutes of CPU: make test-all
 def test_demo_end_to_end(tmp_path):
     out = tmp_path / "demo"
     record = run_demo(MODEL, out, settings=TINY, progress=False, say=quiet)

@@ -74,6 +74,7 @@ def test_the_profile_settings():
     assert [k for k in c if c[k] != fingerprints(PROFILES["paper-gpu"])[k]] == ["eval"]
 
 
+@pytest.mark.slow  # minutes of CPU: make test-all
 def test_paper_gpu_dry_run(tmp_path, capsys):
     out = tmp_path / "paper-gpu"
     said: list[str] = []

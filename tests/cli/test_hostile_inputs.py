@@ -329,6 +329,7 @@ def _check_interrupts(tmp_path: Path, tries: int) -> None:
     print("exit codes:", codes)
 
 
+@pytest.mark.slow  # minutes of CPU: make test-all
 def test_an_interrupted_parity_exits_130_or_143_with_its_parts_whole(tmp_path):
     _check_interrupts(tmp_path, 3)
 

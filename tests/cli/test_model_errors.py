@@ -95,6 +95,7 @@ def test_unknown_policy_stage(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # minutes of CPU: make test-all
 def test_console_script_exit_code(tmp_path):
     """The installed `anchor` script itself: exit 2 and a single line, no traceback."""
     exe = Path(sys.executable).parent / "anchor"

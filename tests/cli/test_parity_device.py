@@ -21,6 +21,7 @@ def test_device_cuda_without_cuda_is_one_line(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.slow  # minutes of CPU: make test-all
 def test_device_cpu_runs_and_is_recorded(tmp_path, capsys):
     out = tmp_path / "p"
     code, _, err = run_cli(["parity", "--model", "random:llama", "--out", out, "--device", "cpu", "--variants",

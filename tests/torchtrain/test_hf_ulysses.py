@@ -68,6 +68,7 @@ def one_process(tmp_path_factory):
     return json.loads(out.read_text()), tmp
 
 
+@pytest.mark.slow  # minutes of CPU: make test-all
 def test_trainer_under_ulysses_equals_one_process(one_process):
     want, tmp = one_process
     done, out = _run(tmp, 2)

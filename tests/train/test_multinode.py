@@ -73,6 +73,7 @@ def _both(outs: tuple[Path, Path], tmp: Path, *overrides: str, timeout: float = 
     return [log.read_text() for log in logs]
 
 
+@pytest.mark.slow  # minutes of CPU: make test-all
 def test_two_nodes_train_as_one_node_of_two_processes(packed, tmp_path):
     ref = tmp_path / "one-node"
     run_train(ref, *COMMON, "parallel.nproc=2", "schedule.steps=4", f"data.path={packed}")

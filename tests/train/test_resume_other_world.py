@@ -90,6 +90,7 @@ def test_a_tampered_conversion_is_refused_as_the_checkpoint_is(packed, tmp_path)
     assert "step-4 is corrupt (checksum mismatch in ds/universal/" in done.stderr, done.stderr[-2000:]
 
 
+@pytest.mark.slow  # minutes of CPU: make test-all
 def test_a_conversion_killed_midway_is_made_again(packed, tmp_path):
     """`kill -9` while DeepSpeed's converter runs (tests/train/conversion_probe holds it between its extraction and
     its merge), then the same command: the half-made conversion is removed, made again, and the losses are those of

@@ -46,6 +46,7 @@ def _stand_ins(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow  # minutes of CPU: make test-all
 def test_the_sbatch_script_trains_on_two_nodes_through_its_own_torchrun_line(packed, tmp_path):
     from torchtrain.distributed import free_port
 
