@@ -473,9 +473,9 @@ class Watchdog:
                     self._die(f"{node} stopped: its launcher (pid {value[len(_LOST):].strip()}) died")
                 if values.get(node.index) != value:
                     values[node.index], changed[node.index] = value, now
-                age = now - changed[node.index]
-                if age > (STALE_S if asked is None else SOON_S):
-                    self._die(f"{node} stopped: no heartbeat from it for {age:.0f} s")
+                age, limit = now - changed[node.index], STALE_S if asked is None else SOON_S
+                if age > limit:
+                    self._die(f"{node} stopped: no heartbeat from it for {age:.0f} s (the limit is {limit:.0f} s)")
             # A beat seen more than one period after the question was written after it: a node that died before
             # (its last beat still unread then) shows none.
             if asked is not None and all(n.index in done or changed[n.index] > asked + BEAT_S + 1
