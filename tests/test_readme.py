@@ -44,7 +44,8 @@ def broken_links(path: Path, root: Path = ROOT) -> list[str]:
 
 
 def test_readme_is_a_short_landing_page_with_both_commands_first():
-    lines = README.read_text(encoding="utf-8").splitlines()
+    # the code blocks' recipe declarations (tests/test_docs_recipes.py) are comments no reader sees
+    lines = [line for line in README.read_text(encoding="utf-8").splitlines() if not line.startswith("<!-- recipe:")]
     assert len(lines) <= MAX_LINES, f"README.md has {len(lines)} lines; the details go to docs/"
     first = "\n".join(lines[:FIRST_SCREEN])
     assert re.search(r"^make demo\b", first, re.M) and re.search(r"^make test\b", first, re.M)

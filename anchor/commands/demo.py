@@ -11,6 +11,7 @@ from anchor.cli import app
 
 
 SUMMARY = "Run the paper's experiment end to end; writes index.html."
+GPU_PROFILES = ("paper-gpu", "paper-gpu-short")  # refused where torch sees no CUDA device (a merge runs anywhere)
 
 
 @app.command(short_help=SUMMARY)
@@ -101,8 +102,8 @@ def demo(
         if not (is_store(heldout) or is_pack_output(heldout)):
             check_documents(heldout)  # read before the first stage, not after training
         overrides["perplexity_data"] = str(heldout.resolve())
+    _refuse_a_gpu_profile_without_cuda(profile)
     from anchor_core.outdir import guard_out
-
     pol_file = policy if policy.endswith((".yaml", ".yml")) else None
     out = guard_out(out, "demo", inputs=(model, pol_file, heldout), replace=False)  # before any work
     record = run_demo(model, out, steps=step_list, settings=PROFILES[profile], fresh=fresh, progress=progress,
@@ -114,3 +115,16 @@ def demo(
         typer.echo(f"parity: {par['cases'] - par['passed']} forward and {par['grad_cases'] - par['grad_passed']} "
                    "gradient case(s) failed", err=True)
         raise typer.Exit(1)
+
+
+def _refuse_a_gpu_profile_without_cuda(profile: str) -> None:
+    """paper-gpu and paper-gpu-short train SmolLM2 on 16K windows in bf16, several runs of them: on a CPU that is
+    days of work before anything would fail, so where torch sees no CUDA device they are refused in one line."""
+    if profile in GPU_PROFILES:
+        import torch
+
+        if not torch.cuda.is_available():
+            from anchor_core.errors import InputError
+
+            raise InputError(f"--profile {profile} is made for one GPU (SmolLM2 at 16K in bf16) and torch sees no "
+                             "CUDA device here; on a CPU: --profile demo or paper-small")
