@@ -5,10 +5,11 @@
 
 Under DeepSpeed's `zero.Init` every parameter is partitioned as transformers creates it: no process ever holds
 the whole model (docs/DESIGN.md §7, sharded construction). The weights then go in one layer at a time: rank 0
-reads that layer's tensors from the checkpoint (`anchor_core.weight_stream`: one tensor mapped at a time), every
-rank gathers the layer's parameters, rank 0 copies the values in, and DeepSpeed scatters them back into each
-rank's partitions. A rank's peak is therefore its partitions plus one gathered layer, and rank 0's one layer's
-float32 tensors besides. The values are those `build_model` gives, rounded to `dtype` as DeepSpeed's own cast
+reads that layer's tensors from the checkpoint (`anchor_core.weight_stream`: one tensor read at a time), and sends
+each rank its slice of each tensor, which it receives into its partition (`_scatter_slices`). A rank's peak is
+therefore its partitions, and rank 0's one layer's float32 tensors and one slice besides; no rank gathers a
+layer. A parameter DeepSpeed keeps otherwise (offloaded to NVMe, or with hierarchical partitions) is filled
+through DeepSpeed's gather instead: every rank gathers it, rank 0 copies the values in, DeepSpeed scatters them. The values are those `build_model` gives, rounded to `dtype` as DeepSpeed's own cast
 would round them (to nearest, ties to even).
 
 What `zero.Init` changes and this module puts back: the RoPE buffers (`inv_freq`), which it creates in the
@@ -79,12 +80,61 @@ def fill_partitions(model: nn.Module, stream: WeightStream, group: Any) -> None:
     for layer in _layers(list(stream.shapes)):
         values = _read(reader, layer, group)
         filled = [n for n in layer if n in params]  # a tied head's stored copy is read past: the model has none
-        with deepspeed.zero.GatheredParameters([params[n] for n in filled], modifier_rank=0):
-            if values is not None:
-                with torch.no_grad():
-                    for n in filled:
-                        params[n].data.copy_(torch.from_numpy(values[n]))
+        direct = [n for n in filled if _plain_partition(params[n])]
+        with torch.no_grad():
+            for n in direct:  # rank 0 sends each rank its slice: no rank gathers the whole tensor
+                _scatter_slices(params[n], None if values is None else values.pop(n), group)
+        rest = [params[n] for n in filled if n not in direct]
+        if rest:
+            with deepspeed.zero.GatheredParameters(rest, modifier_rank=0):
+                if values is not None:
+                    with torch.no_grad():
+                        for n in filled:
+                            if n not in direct:
+                                params[n].data.copy_(torch.from_numpy(values[n]))
         del values
+
+
+def _plain_partition(param: nn.Parameter) -> bool:
+    """Whether `param` is a ZeRO-3 parameter partitioned as zero.Init leaves it (its slice in `ds_tensor`, in memory,
+    no secondary copy), which `_scatter_slices` fills; any other (NVMe-offloaded, hierarchical) goes through
+    DeepSpeed's own gather."""
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+    from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
+
+    part = getattr(param, "ds_tensor", None)
+    return (part is not None and getattr(param, "ds_status", None) == ZeroParamStatus.NOT_AVAILABLE
+            and getattr(part, "final_location", None) != OffloadDeviceEnum.nvme
+            and getattr(param, "ds_secondary_tensor", None) is None)
+
+
+def _scatter_slices(param: nn.Parameter, value: Any, group: Any) -> None:
+    """Fill `param`'s partitions from rank 0's float32 array `value` (None elsewhere): rank r of `group` holds
+    elements [r p, (r + 1) p) of the flattened tensor (p its partition's size; the last one padded, with zeros),
+    as DeepSpeed partitions it. Rank 0 converts one slice at a time to the partitions' dtype (rounded to nearest,
+    ties to even, as DeepSpeed's own cast rounds) and sends it; the others receive into their partition. Rank 0
+    thus holds its float32 array and one slice, and no rank the whole tensor in the run's dtype (DeepSpeed's
+    gather holds it twice on every rank: float32, 8 bytes an element beside the array's 4)."""
+    part = param.ds_tensor
+    size = part.numel()
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    nccl = dist.get_backend(group) == "nccl"
+    wire = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    if rank != 0:
+        slot = part if part.device == wire else torch.empty(size, dtype=part.dtype, device=wire)
+        dist.recv(slot, src=dist.get_global_rank(group, 0), group=group)
+        if slot is not part:
+            part.copy_(slot)
+        return
+    flat = torch.from_numpy(value).reshape(-1)
+    for r in range(world):
+        piece = flat[r * size:(r + 1) * size]
+        out = part if r == 0 else torch.empty(size, dtype=part.dtype, device=wire)
+        out[:piece.numel()].copy_(piece)
+        out[piece.numel():].zero_()
+        if r:
+            dist.send(out, dst=dist.get_global_rank(group, r), group=group)
+        del out
 
 
 def _layers(names: list[str]) -> Iterator[list[str]]:
