@@ -28,6 +28,17 @@ the next doubling is recorded as what `anchor train` says of it (its refusal, or
 series ends at the first length that fails.
 The corpus is packed whole (documents of every length: a GPU's attention is fast enough for the long one).
 Writes results/gpu/longest_window_<gpu>.json (`--out` folder: longest_window_<gpu>.json in it).
+
+`--in-command` measures the command a user types instead, the corpus packed by `anchor train` itself (its
+`data.path: corpus`, the config's packing settings), variant intra_doc, one fresh process per length (default
+2048, 8192, 16384):
+
+    anchor train --config smollm2_2k --out TMP model.variant=intra_doc data.seq_len=T data.global_batch=1
+        data.micro_batch=1 model.activation_checkpointing=true model.tiled_mlp=true schedule.steps=1
+        checkpoint.save_every=0 [model.rope.theta=THETA]
+
+each row beside the plan of that command, with the peaks the run logged before its first step (the model built,
+the engine built) and its step's own; writes results/memory/longest_window_in_command_cpu.json.
 """
 
 from __future__ import annotations
@@ -46,6 +57,8 @@ RUN = ["data.global_batch=1", "data.micro_batch=1", "model.activation_checkpoint
        "schedule.steps=1", "checkpoint.save_every=0"]
 GPU_RUN = ["model.dtype=bfloat16", "parallel.zero_stage=1", *RUN]  # what a GPU user trains in: bf16 under DeepSpeed
 CONFIG = "smollm2_2k"
+IN_COMMAND = ["model.variant=intra_doc", *RUN]  # `--in-command`: the corpus packed by the command itself
+IN_COMMAND_LENS = [2048, 8192, 16384]
 
 
 # The GPU plans set beside ALST's published figures (torchtrain.memory.ALST_LLAMA_8B): ALST's recipe: bf16 under
@@ -146,6 +159,57 @@ def train_step(T: int, data: Path, run: Path) -> dict:
     return {**row, "loss": loss, "loss_finite": math.isfinite(loss)}
 
 
+def in_command_step(T: int, run: Path) -> dict:
+    """One `anchor train` of the user's command at T (module docstring, `--in-command`) under /usr/bin/time -v: its
+    peak RSS, and the peaks its first metrics line logged (the model built, the engine built, the step)."""
+    print(f"training one step at T={T}, the corpus packed by the command ...", flush=True)
+    theta = rope_theta(T)
+    row = measure(["train", "--config", CONFIG, "--out", str(run), "--no-progress", f"data.seq_len={T}",
+                   *IN_COMMAND, *([f"model.rope.theta={theta:g}"] if theta else [])])
+    row["rope_theta"] = theta
+    if "failed" in row:
+        return row
+    first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    row.update(loss=first["loss"], loss_finite=math.isfinite(first["loss"]),
+               build_peak_bytes=int(first["build_peak_gib"] * GiB), engine_peak_bytes=int(first["engine_peak_gib"] * GiB),
+               step_peak_bytes=int(first["peak_memory_gib"] * GiB))
+    print(f"  T={T}: peak RSS {row['peak_rss_bytes'] / GiB:.2f} GiB (engine built {first['engine_peak_gib']:.2f}, "
+          f"step {first['peak_memory_gib']:.2f}), loss {row['loss']:.4f}, {row['seconds']:.0f} s", flush=True)
+    return row
+
+
+def in_command_series(args) -> None:
+    """`--in-command` (module docstring): the user's command at each length, a fresh process each, the record
+    rewritten after each length (a killed series keeps its lengths), then set beside the plan."""
+    from anchor_core.machine import machine
+    from torchtrain.engines import available_memory
+
+    require_time()
+    path = Path(args.out) / "longest_window_in_command_cpu.json"
+    lens = [int(x) for x in args.lens.split(",")] if args.lens else IN_COMMAND_LENS
+    result = {
+        "benchmark": "the command a user types, its corpus packed by the command: peak RSS against the plan",
+        "command": f"anchor train --config {CONFIG} --out RUN data.seq_len=T " + " ".join(IN_COMMAND),
+        "model": "default (SmolLM2-135M-Instruct)", "variant": "intra_doc", "dtype": "float32", "engine": "varlen",
+        "run": IN_COMMAND, "in_command": True,
+        "method": "fresh process per length under /usr/bin/time -v (Maximum resident set size), the embedded corpus "
+                  "written and packed by `anchor train` itself (data.path: corpus, the config's packing); the peaks "
+                  "before the first step and the step's own from its metrics.jsonl (VmHWM)",
+        "rows": [], "mem_available_bytes_at_start": available_memory("cpu"),
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-in-command-") as tmp:
+        for T in lens:
+            run = Path(tmp) / f"run-{T}"
+            result["rows"].append({"seq_len": T, "windows": "the default corpus, packed by the command",
+                                   "commit": machine()["commit"], **in_command_step(T, run)})
+            subprocess.run(["rm", "-rf", str(run)], check=False)
+            write({**result, "machine": machine(), "unfinished": True}, path)
+    result["machine"] = machine()
+    write(with_plan(result, lens[0], args.memory_gib), path)
+    print(json.dumps(result["summary"], indent=1))
+    print(f"wrote {path}")
+
+
 def with_plan(result: dict, start: int, memory_gib: float | None = None) -> dict:
     """`result` with the plan's side: this machine's plan from `start` for `memory_gib` (default: the memory
     available when the measurements started, `mem_available_bytes_at_start`), each measured row's prediction and
@@ -187,7 +251,10 @@ def with_plan(result: dict, start: int, memory_gib: float | None = None) -> dict
         },
         "planned_by": machine()["commit"],  # the plan's code (the measurements' is the machine's commit)
     })
-    if "plan_options" not in result:  # the CPU record: the GPU plans beside ALST's figures
+    if measured and result.get("in_command"):
+        result["summary"]["predicted_over_measured"] = {str(r["seq_len"]): r["predicted_over_measured"]
+                                                         for r in measured}
+    if "plan_options" not in result and not result.get("in_command"):  # the CPU record: GPU plans beside ALST's
         result.update({
             "gpu_plans": gpu_plans(),
             "alst": {"source": "Bekman et al., Arctic Long Sequence Training (arXiv:2506.13996): Llama-3.1-8B in "
@@ -286,7 +353,18 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true",
                     help="With --device cuda on a machine without one: the GPU series' code on the CPU (with "
                          "--config tiny, --memory-gib and --out: nothing here is a GPU's measurement).")
+    ap.add_argument("--in-command", action="store_true",
+                    help="The command a user types, its corpus packed by `anchor train` itself (module docstring).")
     args = ap.parse_args()
+    if args.in_command:
+        if args.replan:
+            path = Path(args.out) / Path(args.replan).name
+            result = with_plan(json.loads(Path(args.replan).read_text()), IN_COMMAND_LENS[0], args.memory_gib)
+            write(result, path)
+            print(json.dumps(result["summary"], indent=1))
+            return
+        in_command_series(args)
+        return
     if args.device == "cuda":
         gpu_series(args)
         return

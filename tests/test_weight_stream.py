@@ -69,6 +69,23 @@ def test_the_reader_holds_one_tensor_at_a_time(tmp_path):
     assert peak < 2.5 * largest < total / 2
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_reader_reads_in_chunks_and_maps_no_file(tmp_path, monkeypatch, dtype):
+    """Each tensor is read into its float32 array a chunk at a time (here about 1001 bytes, cut to whole values: many
+    chunks a tensor), the values those load_weights reads, and no weight file is ever mapped into the process, whose
+    resident memory would otherwise count the file's pages beside the array."""
+    import anchor_core.weight_stream as ws
+
+    monkeypatch.setattr(ws, "_READ_CHUNK", 1001)
+    folder = _sharded(tmp_path, dtype)
+    mapped = []
+    stream = _same(str(folder))
+    for _name, _array in stream.tensors():
+        with open("/proc/self/maps") as f:
+            mapped += [line for line in f if str(folder) in line]
+    assert mapped == []
+
+
 def test_a_mis_shaped_folder_is_refused_from_its_headers(tmp_path):
     folder = _sharded(tmp_path)
     config = json.loads((folder / "config.json").read_text())

@@ -23,6 +23,9 @@ The parts, per process:
                the backward's transients without checkpointing; the fused loss's one chunk where it outweighs
                the layer (at every ZeRO stage)
   dense        the engine's T x T tensors (`torchtrain.engines.dense_attention_bytes`; 0 for the linear ones)
+  optimizer    a peak of its own, with every gradient and no activation: DeepSpeed's partitioned step (ZeRO >= 1),
+  step         or at ZeRO-0 DeepSpeed's flat copy of the gradients it all-reduces (`zero0_reduce_bytes`) or torch's
+               AdamW temporaries (`torch_adamw_temporaries`); the larger of it and the backward's is the step's
 
 What a config asks of the device besides memory (`check_device`: bf16 under ZeRO-0, an engine the device or
 this machine lacks, checkpoints offloaded from a CPU) is one function, which `anchor train`
@@ -51,13 +54,17 @@ from torchtrain.loss import chunk_working_bytes
 if TYPE_CHECKING:
     from torchtrain.config import TrainConfig
 
-BASE_PROCESS_BYTES = int(0.45 * 2**30)  # peak RSS of a training process at T -> 0 (tiny.yaml, CPU, fp32)
+# Peak RSS of a training process at T -> 0: `anchor train --config tiny` (CPU, fp32, T = 128, one step, its corpus
+# packed by the same command) peaked 0.58 GiB, 0.55 once its model was built; SmolLM2-135M's process held 0.56 GiB
+# when its model's build began, and its steps add heap that their small temporaries leave fragmented.
+BASE_PROCESS_BYTES = int(0.58 * 2**30)
 PLAN_STOP = 1 << 24  # the longest window a plan tries (16M slots): `plan_windows` stops there
 # What a process holds beyond its tensors (the allocator's caching and fragmentation, freed buffers not given back
 # to the system), as a share of the tensors' bytes. The longest-window record measured peaks 1.8-4.2% above the
 # tensors counted (results/memory/longest_window_cpu.json, SmolLM2-135M from 8K to 128K): a plan counts 5%, so
 # that it errs on the safe side; a window is accepted only with this margin inside the budget.
 ALLOCATOR_MARGIN = 0.05
+DEEPSPEED_ALLREDUCE_BUCKET = 500_000_000  # elements of DeepSpeed's ZeRO-0 all-reduce bucket (MEMORY_OPT_ALLREDUCE_SIZE)
 
 
 def check_device(cfg: TrainConfig, device: str | None, *, here: bool = True) -> str:
@@ -113,6 +120,41 @@ def parameters(spec: ModelSpec) -> int:
     return spec.vocab_size * h + spec.num_layers * layer_parameters(spec) + h + head
 
 
+def largest_parameter(spec: ModelSpec) -> int:
+    """The elements of the model's largest parameter: the embedding (the head is its size), an MLP matrix, or
+    the query or output projection."""
+    h = spec.hidden_size
+    return max(spec.vocab_size * h, spec.intermediate_size * h, spec.num_heads * spec.head_dim * h)
+
+
+def torch_adamw_temporaries(spec: ModelSpec, elem: int, device: str) -> int:
+    """Bytes torch's AdamW allocates for the length of its step (ZeRO-0: the optimizer over the model's own
+    parameters, torchtrain.optim.build_optimizer): on a CPU it steps one parameter at a time (its single-tensor
+    path), the second moment's square root and its quotient two temporaries of that parameter's size, the
+    largest's at the peak; on a GPU (its foreach path) the square roots of every parameter at once. SmolLM2-135M
+    in fp32 on the CPU: 0.21 GiB; its engine's build (`allocate_state`, the same step) measured 2.23 GiB above the
+    process before the model, 2.00 GiB of it the weights, zero gradients and moments (16 P)."""
+    if device == "cpu":
+        return 2 * largest_parameter(spec) * elem
+    return parameters(spec) * elem
+
+
+def zero0_reduce_bytes(spec: ModelSpec, elem: int) -> int:
+    """Bytes DeepSpeed adds at ZeRO-0 to all-reduce the gradients at the backward's end, one process or several: one
+    flat copy of them (its buffered fallback, in buckets of `DEEPSPEED_ALLREDUCE_BUCKET` elements, one at a time).
+    SmolLM2-135M at T=2048 on one process: the backward peaked 3.10 GiB with it, 2.71 GiB with the reduction
+    switched off (`enable_backward_allreduce`), its end then below AdamW's step (2.81 GiB)."""
+    return min(parameters(spec), DEEPSPEED_ALLREDUCE_BUCKET) * elem
+
+
+def zero0_stepping(spec: ModelSpec, elem: int, device: str) -> int:
+    """Bytes ZeRO-0's optimizer step adds to the weights, gradients and moments: torch's AdamW over the model's own
+    parameters (`torch_adamw_temporaries`: on a CPU two of the largest parameter's size, on a GPU one of every
+    parameter's), after DeepSpeed all-reduced the gradients through a flat copy of them (`zero0_reduce_bytes`);
+    one after the other, so the larger of the two."""
+    return max(torch_adamw_temporaries(spec, elem, device), zero0_reduce_bytes(spec, elem))
+
+
 def activation_bytes_per_slot(spec: ModelSpec, elem: int, *, layers: int) -> int:
     """Bytes one slot keeps for the backward in `layers` decoder layers (module docstring)."""
     per_layer = (7 * spec.hidden_size + 4 * spec.intermediate_size
@@ -161,7 +203,7 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
                 zero_stage: int, procs: int, sequence_parallel: int = 1,
                 activation_checkpointing: bool = False, tiled_mlp: bool = False,
                 world: int | None = None, offload_checkpoints: bool = False, offload_optimizer: bool = False,
-                offload_params: bool = False, count_build: bool = False) -> StepMemory:
+                offload_params: bool = False, count_build: bool = False, device: str = "cpu") -> StepMemory:
     """The estimate of one training step's peak memory (module docstring); `procs` the processes that
     share this memory (the local ones on a CPU, 1 on a CUDA device), `world` the processes ZeRO shards over
     (default `procs`: every process on this machine). Its activations by term:
@@ -186,7 +228,8 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
     the one prefetched): `gathered`. Every term but the process's is raised by `ALLOCATOR_MARGIN`.
     DeepSpeed's optimizer step (ZeRO >= 1, not offloaded) is a peak of its own, with every gradient and no
     activation: the fp32 gradient of the flat partition and AdamW's two temporaries of its size, 12 / N bytes a
-    parameter (`optimizer step`); the larger of it and the backward's is the step's. `count_build` (the host's
+    parameter (`optimizer step`; at ZeRO-0 `zero0_stepping` on `device`); the larger of it and the backward's is
+    the step's. `count_build` (the host's
     memory, where the engine is built: `step_of` on a CPU) makes the engine's build (`build_memory`) the floor."""
     P = parameters(spec)
     n = max(1, procs)
@@ -244,11 +287,12 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
     # DeepSpeed (ZeRO >= 1) steps AdamW on one flat fp32 partition, with every gradient held and no activation:
     # the partition's fp32 gradient (4) and AdamW's two partition-sized temporaries (8: the second moment's square
     # root and its quotient). On the host when the optimizer is offloaded (DeepSpeed's CPU Adam steps in place).
-    stepping = 12 / shards if zero_stage >= 1 and not offload_optimizer else 0
-    optimizer_peak = P * (weights + moments + grads + stepping) + buckets
+    stepping = (zero0_stepping(spec, elem, device) if zero_stage == 0
+                else P * 12 / shards if not offload_optimizer else 0)
+    optimizer_peak = P * (weights + moments + grads) + stepping + buckets
     if optimizer_peak > states + sum(b for _, b in parts) + dense:
         states = int(P * (weights + moments + grads) + buckets)
-        parts, dense = (("optimizer step", int(P * stepping)),), 0
+        parts, dense = (("optimizer step", int(stepping)),), 0
     activations = sum(b for _, b in parts)
     margin = int(ALLOCATOR_MARGIN * (states + activations + dense))
     parts += (("allocator", margin),)
@@ -269,7 +313,8 @@ def step_of(cfg: TrainConfig, *, engine: str, dtype: torch.dtype, procs: int, wo
                 activation_checkpointing=cfg.model.activation_checkpointing, tiled_mlp=cfg.model.tiled_mlp,
                 offload_checkpoints=cfg.model.offload_checkpoints and on_gpu,
                 offload_optimizer=cfg.parallel.offload_optimizer and on_gpu,
-                offload_params=cfg.parallel.offload_params and on_gpu, count_build=not on_gpu)
+                offload_params=cfg.parallel.offload_params and on_gpu, count_build=not on_gpu,
+                device="cuda" if on_gpu else "cpu")
 
 
 def forward_memory(spec: ModelSpec, *, seq_len: int, batch: int, dtype: torch.dtype, engine: str) -> StepMemory:
@@ -349,21 +394,28 @@ def build_memory(spec: ModelSpec, *, dtype: torch.dtype, zero_stage: int, world:
     engine is built beside it, before the first step (the peaks the trainer logs as `build_peak_gib` and
     `engine_peak_gib`).
 
-    ZeRO-3 (torchtrain.sharded_build): the model's partitions (e P / N) plus the largest group read together (a
-    decoder layer, or the embedding or the head alone): on rank 0 (`reader`) its float32 arrays (4), and beside
-    them either the file pages of the tensor being read (at most 4 bytes an element) or, once read, the gathered
-    parameters with DeepSpeed's gather buffer (2 e), which do not coexist; on the other ranks the gather (2 e).
-    The engine adds
+    ZeRO-3 (torchtrain.sharded_build): the model's partitions (e P / N), plus on rank 0 (`reader`) the float32
+    arrays of the largest group read together (4 bytes an element: a decoder layer, or the embedding or the head
+    alone) and the slice of the largest tensor it converts for another rank (e / N an element; none on one
+    process), and on every rank the largest parameter whole in the run's dtype (e), which `zero.Init` creates
+    before it partitions it (the last created beside nearly every partition); rank 0 holds the larger of its two.
+    Measured (benchmarks/bench_sharded_build.py --build-only, 0.48B Llama, shards of 400 MB): bf16 and fp32 on 1
+    and 2 processes, every rank 1.01-1.04 of this. The engine adds
     DeepSpeed's fp32 master partition (4 P / N), the gradient partition (e P / N), the buckets (`bucket_sizes`)
     and, while it moves the partitions into one flat buffer, a second copy of them (e P / N). ZeRO 0-2: the whole
-    model in float32 three times while its weights load (the arrays read, their torch copies, the parameters)."""
+    model in float32 three times while its weights load (the arrays read, their torch copies, the parameters); at
+    ZeRO-0 the engine's build then steps AdamW once to allocate its moments (torchtrain.optim.allocate_state): the
+    weights, zero gradients and both moments (16 P) with the step's temporaries (`torch_adamw_temporaries`)."""
     P = parameters(spec)
     elem = 2 if dtype == torch.bfloat16 else 4
+    if zero_stage == 0:  # the engine's build steps AdamW once on zero gradients (torchtrain.optim.allocate_state)
+        return int(12 * P), int(max(12 * P, 16 * P + torch_adamw_temporaries(spec, elem, "cpu")))
     if zero_stage < 3:
         return int(12 * P), int(12 * P)
     n = max(1, world)
     group = max(layer_parameters(spec), spec.vocab_size * spec.hidden_size)
-    model = P * elem / n + ((4 + max(4, 2 * elem)) if reader else 2 * elem) * group
+    whole = elem * largest_parameter(spec)
+    model = P * elem / n + (max(4 * group + (whole / n if n > 1 else 0), whole) if reader else whole)
     engine = max(model, P * (3 * elem + 4) / n + bucket_bytes(spec, zero_stage, elem))
     return int((1 + ALLOCATOR_MARGIN) * model), int((1 + ALLOCATOR_MARGIN) * engine)
 

@@ -154,10 +154,12 @@ def test_offloaded_checkpoints_leave_the_device_exactly():
 def test_the_peak_is_the_backwards_start_or_its_end():
     """The estimate is the larger of the backward's two ends, each held term by term: at its start every layer's
     checkpoint, the head's and one layer's gradients, and the larger of the fused loss's chunk and the last
-    layer's recomputation; at its end every gradient, the first layer's checkpoint and its recomputation.
-    Short windows peak at the end, long ones at the start."""
+    layer's recomputation; at its end every gradient, the first layer's checkpoint and its recomputation; and at
+    ZeRO-0 the optimizer step, every gradient beside the larger of DeepSpeed's flat copy of them (its all-reduce)
+    and torch's AdamW temporaries (two of the largest parameter's size on the CPU). Short windows peak at the
+    optimizer step, long ones at the backward's start."""
     from torchtrain.loss import chunk_working_bytes
-    from torchtrain.memory import activation_bytes_per_slot, layer_parameters, parameters
+    from torchtrain.memory import activation_bytes_per_slot, largest_parameter, layer_parameters, parameters
 
     spec = load_spec("default")
     kw = dict(micro_batch=1, dtype=torch.float32, engine="varlen", zero_stage=0, procs=1,
@@ -165,18 +167,23 @@ def test_the_peak_is_the_backwards_start_or_its_end():
     P, early, L = parameters(spec), spec.vocab_size * spec.hidden_size + layer_parameters(spec), spec.num_layers
     kept = 4 * spec.hidden_size  # fp32 bytes of one layer's checkpoint per slot
     layer = activation_bytes_per_slot(spec, 4, layers=1) - 4 * 4 * spec.intermediate_size  # the tiled MLP's
-    ends = []
+    stepping = P * 16 + max(2 * 4 * largest_parameter(spec), 4 * P)
+    peaks = []
     for T in (97, 1025, 4097, 8193, 65537, 131071):
         need = step_memory(spec, seq_len=T, **kw)
         start = early * 4 + kept * L * T + max(layer * T, chunk_working_bytes(T, spec.vocab_size, 4))
         end = P * 4 + kept * T + layer * T
-        tensors = P * (4 + 8) + max(start, end)
+        backward = P * (4 + 8) + max(start, end)
+        tensors = max(backward, stepping)
         assert need.total == need.base + tensors + int(ALLOCATOR_MARGIN * tensors)
         held = dict(need.parts)
-        ends.append("start" if start >= end else "end")
+        peaks.append("step" if stepping > backward else "start" if start >= end else "end")
+        if peaks[-1] == "step":
+            assert held["optimizer step"] == stepping - P * 16 and need.states == P * 16
+            continue
         assert held["checkpoints"] == kept * T * (L if start >= end else 1)
         assert need.states == P * (4 + 8) + (early if start >= end else P) * 4
-    assert ends[0] == "end" and ends[-1] == "start"
+    assert peaks[0] == "step" and peaks[-1] == "start"
 
 
 @pytest.mark.parametrize("overrides, message", [

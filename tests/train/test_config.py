@@ -369,7 +369,7 @@ def test_many_processes_are_refused_by_their_memory(tmp_path, capsys, monkeypatc
     err = [l for l in capsys.readouterr().err.splitlines() if l.strip() and "[WARNING]" not in l]
     print(err)
     assert e.value.code == 2 and len(err) == 1
-    assert "parallel.nproc=16 needs about" in err[0] and "16 x [process 0.45" in err[0] and "fewer processes" in err[0]
+    assert "parallel.nproc=16 needs about" in err[0] and "16 x [process 0.58" in err[0] and "fewer processes" in err[0]
     assert not out.exists()
     cfg = load_train_config(TINY, ["parallel.nproc=2", "data.global_batch=2", "data.micro_batch=1"])
     check_model(cfg, load_spec(cfg.model.name), cfg.data.seq_len or 256)
