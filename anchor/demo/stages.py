@@ -39,7 +39,7 @@ from torchtrain import checkpoint as ckpt
 from torchtrain.config import load_train_config
 from torchtrain.metrics import read_metrics
 from torchtrain.run_folder import load_run_config
-from torchtrain.trainer import train
+from torchtrain.trainer import release_memory, train
 
 
 @dataclass
@@ -164,18 +164,6 @@ class LoadSampler:
         x = self.samples
         return {"samples": len(x), "every_s": self.every_s, "mean": round(float(np.mean(x)), 2) if x else None,
                 "min": min(x) if x else None, "max": max(x) if x else None}
-
-
-def release_memory() -> None:
-    """Free what the last run left: the trainer's engine and model sit in reference cycles, and torch's CUDA
-    cache keeps their blocks; the next run's memory check (mem_get_info) would count them as taken."""
-    import gc
-
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def busy_machine(load_before: float | None) -> bool:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -88,21 +89,29 @@ def kill_after(args: list[str], run: Path, lines: int, *, job: bool = False) -> 
     """Start `anchor ARGS` (a training run into `run`), SIGKILL it once its metrics.jsonl has `lines` lines; returns
     the lines seen. `job`: the whole job (the launcher and its ranks, one process group) killed as a scheduler
     would. Fails when the run ended by itself first."""
-    p = forked.Run(args, ENV, new_session=job)
-    path, seen, deadline = run / "metrics.jsonl", 0, time.time() + 300
-    while time.time() < deadline and p.poll() is None:
-        if path.is_file():
-            seen = len(path.read_text().splitlines())
-            if seen >= lines:
-                break
+    path = run / "metrics.jsonl"
+
+    def seen() -> int:
+        return len(path.read_text().splitlines()) if path.is_file() else 0
+
+    kill_when(args, lambda: seen() >= lines, job=job)
+    return seen()
+
+
+def kill_when(args: list[str], ready: Callable[[], bool], *, env: dict | None = None, job: bool = False,
+              what: str = "") -> None:
+    """Start `anchor ARGS` (with `env`, default ENV), SIGKILL it once `ready()` holds (polled every 5 ms); `job` as
+    for kill_after. Fails when the run ended by itself first."""
+    p = forked.Run(args, ENV if env is None else env, new_session=job)
+    deadline = time.time() + 300
+    while time.time() < deadline and p.poll() is None and not ready():
         time.sleep(0.005)
     if job:
         os.killpg(p.pid, signal.SIGKILL)
     else:
         p.kill()
     p.wait()
-    assert p.returncode == -9, f"the run ended by itself ({p.returncode}) before the kill"
-    return seen
+    assert p.returncode == -9, f"the run ended by itself ({p.returncode}) before the kill {what}:\n{p.stderr()[-2000:]}"
 
 
 def heldout_reference(hf: Path, data: Path, held: int, edges: np.ndarray) -> tuple[float, list[float], int]:

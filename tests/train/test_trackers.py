@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests import forked
-from tests.train.conftest import ENV, metrics, run_train, train_args
+from tests.train.conftest import ENV, kill_when, metrics, run_train, train_args
 
 STEPS = 10
 ARGS = (f"schedule.steps={STEPS}", "checkpoint.save_every=2", "checkpoint.keep_last=2", "eval.window=0",
@@ -38,17 +38,6 @@ def _read_mlflow_file_stores(monkeypatch):
 def _env(tmp: Path, **extra: str) -> dict:
     return {**ENV, "MLFLOW_TRACKING_URI": f"file://{tmp}/mlruns", "MLFLOW_ALLOW_FILE_STORE": "true",
             "WANDB_MODE": "offline", **extra}
-
-
-def _kill_when(out: Path, args: list[str], env: dict, ready, what: str) -> None:
-    """Start `anchor train` into `out`, SIGKILL it once `ready()` holds (polled every 5 ms)."""
-    p = forked.Run(train_args(out, *args), env)
-    deadline = time.time() + 300
-    while time.time() < deadline and p.poll() is None and not ready():
-        time.sleep(0.005)
-    p.kill()
-    p.wait()
-    assert p.returncode == -9, f"the run ended by itself ({p.returncode}) before the kill {what}:\n{p.stderr()[-2000:]}"
 
 
 def _lines(out: Path) -> int:
@@ -147,8 +136,8 @@ def test_every_tracker_holds_every_step_once_across_a_kill(packed, tmp_path):
     args = [*ARGS, f"data.path={packed}", ALL]
     # once MLflow holds step 5 (its file store's `loss` file: a line a step), before the checkpoint of step 6
     losses = str(tmp_path / "mlruns" / "*" / "*" / "metrics" / "loss")
-    _kill_when(out, args, env, lambda: any(len(Path(f).read_text().splitlines()) >= 5 for f in glob.glob(losses)),
-               "after 5 steps")
+    kill_when(train_args(out, *args), lambda: any(len(Path(f).read_text().splitlines()) >= 5 for f in glob.glob(losses)),
+              env=env, what="after 5 steps")
     killed = json.loads((out / "trackers.json").read_text())["mlflow"]["run_id"]
     done = run_train(out, *args, env=env)
     assert [r["step"] for r in metrics(out)] == list(range(1, STEPS + 1))
@@ -194,7 +183,7 @@ def test_every_tracker_holds_every_step_once_across_kills_at_five_moments(packed
                ("while a checkpoint is written", checkpoint_written)]
     for what, ready in moments:
         launched[0] = time.time()
-        _kill_when(out, args, env, ready, what)
+        kill_when(train_args(out, *args), ready, env=env, what=what)
     print(f"killed while a checkpoint was written: {bool(writing)}")
     run_train(out, *args, env=env)
     assert [r["step"] for r in metrics(out)] == list(range(1, 13))
