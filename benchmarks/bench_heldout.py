@@ -1,7 +1,7 @@
 """What the held-out loss costs a run: its pass (`heldout_s`) against the training steps between two of them.
 
     .venv/bin/python benchmarks/bench_heldout.py [--config configs/train/smollm2_2k.yaml] [--steps 12] [--every 4]
-        [--windows 8] [section.key=value ...]
+        [--windows 8] [--tag NAME] [section.key=value ...]
 
 One `anchor train` run with `eval.heldout_windows` windows held out and their loss every `eval.every` steps. For
 each pass the cost is `heldout_s` over the time of the `eval.every` steps before it (each step's time:
@@ -10,7 +10,11 @@ torchtrain.heldout predicts windows / (3 x global_batch x every): one forward pe
 a backward (about three forwards) per trained window. Reports the measured fractions (mean, median) beside
 that prediction.
 
-Writes results/speed/heldout_cost_<machine>.json.
+Writes results/speed/heldout_cost_[<tag>_]<machine>.json. The shipped paper configs' proportions (8 windows held
+out, 8 trained per step, a pass every 10 steps: predicted 3.3%) at a CPU's size:
+
+    .venv/bin/python benchmarks/bench_heldout.py --steps 30 --every 10 --windows 8 --tag paper_proportions \
+        data.global_batch=8 data.seq_len=128
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=4)
     ap.add_argument("--windows", type=int, default=8, help="eval.heldout_windows")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "speed"))
+    ap.add_argument("--tag", default="", help="a name for the setting, in the record's file name")
     ap.add_argument("overrides", nargs="*", help="section.key=value config overrides (as for anchor train)")
     args = ap.parse_args()
 
@@ -65,7 +70,8 @@ def main() -> None:
           f"training time between passes; predicted {predicted:.3f}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"heldout_cost_{'cuda' if torch.cuda.is_available() else 'cpu'}.json"
+    tag = f"{args.tag}_" if args.tag else ""
+    path = out / f"heldout_cost_{tag}{'cuda' if torch.cuda.is_available() else 'cpu'}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
 
