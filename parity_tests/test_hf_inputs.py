@@ -303,6 +303,7 @@ def segfault(module, query, key, value, attention_mask, **kwargs):
     os.kill(os.getpid(), signal.SIGSEGV)
 
 
+@pytest.mark.slow
 def test_a_child_that_dies_is_a_crash_and_the_next_request_gets_a_new_child():
     subject = named_subject(MODEL)
     inputs = _inputs("intra_doc_reset")

@@ -280,6 +280,7 @@ def test_cli_torch_stack_refuses_hf_options(tmp_path, capsys):
     assert rc == 2 and "applies to --stack hf" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @needs_smollm2
 @pytest.mark.model
 def test_smollm2_asked_for_intra_doc_computes_intra_doc_reset():

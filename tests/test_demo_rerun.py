@@ -48,6 +48,7 @@ def rerun(out: Path, said: list[str] | None = None, **kw) -> tuple[dict, float]:
     return record, time.perf_counter() - t
 
 
+@pytest.mark.slow
 def test_a_second_run_reuses_every_stage_in_seconds(demo, tmp_path):
     record = read_record(demo)
     for stage in PIECES.stages:  # no stage wrote into another's folder after that one was recorded
@@ -83,6 +84,7 @@ def extend_a_run(out: Path, capsys, tmp_path: Path, steps: int) -> Path:
     return added
 
 
+@pytest.mark.slow
 def test_a_checkpoint_anchor_train_added_is_never_removed(demo, tmp_path, capsys):
     out = copy(demo, tmp_path / "demo")
     added = extend_a_run(out, capsys, tmp_path, PIECES.train_steps + 2)
@@ -105,6 +107,7 @@ def test_a_checkpoint_anchor_train_added_is_never_removed(demo, tmp_path, capsys
     assert not added.exists()
 
 
+@pytest.mark.slow
 def test_files_added_beside_a_stages_own_are_kept_and_the_stage_reused(demo, tmp_path):
     out = copy(demo, tmp_path / "demo")
     notes = [out / "train" / "anchor" / "notes.md", out / "eval" / "my-plot.png", out / "pack" / "extra" / "a.txt"]

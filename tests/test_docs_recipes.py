@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.docs_recipes.recipes import (ROOT, Block, all_blocks, blocks, cli_options, command_lines, make_problems,
-                                        pages, ran_by_problems, run_block, split_comment, stray_declarations,
-                                        usage_problems)
+                                        output_shape, pages, ran_by_problems, run_block, split_comment,
+                                        stray_declarations, usage_problems)
 
 BLOCKS = all_blocks()
 
@@ -116,6 +116,22 @@ def test_ran_by_needs_a_test_that_reads_the_page() -> None:
     assert ran_by_problems(other) == [
         "ran-by tests/test_readme_api.py::test_readme_python_block_runs: the test's module never names "
         "docs/guides/multinode.md: it cannot read the block from it"]
+    output = Block("docs/guides/multinode.md", 3, 30, "text", "anchor train: error: rank 1 on gpu-02 ...\n",
+                   directives={"ran-by": "tests/train/test_multinode.py::test_a_node_that_finishes_first_is_not_taken_"
+                                         "for_dead"})
+    assert ran_by_problems(output) == [
+        "ran-by tests/train/test_multinode.py::test_a_node_that_finishes_first_is_not_taken_for_dead: the test never "
+        "compares its output with the page's (documented_output)"]
+    output.directives["ran-by"] = "tests/train/test_multinode.py::test_a_dead_node_ends_the_other_within_a_minute"
+    assert ran_by_problems(output) == []
+
+
+def test_output_shape_keeps_all_but_hosts_rank_ranges_and_numbers() -> None:
+    page = "rank 0: node 1 (ranks 8-15 on gpu-02) stopped after 31 s"
+    assert output_shape("rank 0: node 1 (rank 1 on box-7.lan) stopped after 12 s", ("box-7.lan",)) == \
+        output_shape(page) == "rank N: node N (rank N on HOST) stopped after N s"
+    assert output_shape("rank 0: node 1 (rank 1 on box-7.lan) ended after 12 s", ("box-7.lan",)) != output_shape(page)
+    assert output_shape("rank 0: node 1 (rank 1 on box-7.lan) stopped after 12 s") != output_shape(page)
 
 
 def test_planted_broken_blocks_fail(tmp_path: Path) -> None:

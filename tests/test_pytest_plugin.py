@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -16,6 +18,7 @@ def _pytest(where: Path, *args: str) -> subprocess.CompletedProcess:
                           cwd=where, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_the_ci_example_passes_and_catches_its_planted_bug():
     p = _pytest(ROOT / "examples" / "ci")
     print(p.stdout[-3000:], p.stderr[-2000:])

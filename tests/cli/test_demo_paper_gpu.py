@@ -304,6 +304,7 @@ def test_the_short_profile_is_paper_gpu_in_one_sitting():
     assert short.summary_json == "paper_gpu_short.json" != full.summary_json
 
 
+@pytest.mark.slow
 def test_the_short_profile_dry_run(tmp_path, capsys):
     """The short profile end to end on the CPU at tiny sizes: the four runs, their last checkpoint evaluated with
     standard errors and position buckets, the summary JSON and its tables without the fp32 comparison."""

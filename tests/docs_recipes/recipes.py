@@ -12,7 +12,8 @@ Directives (arguments in double quotes where they hold spaces; `;` separates dir
                              is named by the option's help; `make TARGET` lines are checked as below
   slow                       run only under `pytest -m slow` (make test-all): multi-process, long or GPU-sized
   ran-by PATH::TEST          an existing test runs this block: the test must exist and its module must read the
-                             document the block is in (it names the file), not a copy
+                             document the block is in (it names the file), not a copy; for an output block the
+                             test compares its own output with the block's (documented_output, output_shape)
   sub TAG "A" => "B"         replace A (present in the block) by B before running; TAG says why, and only these
                              are allowed: hub (A is a model hub id), gpu (a value sized for a GPU: a process
                              count, a config, a model, its data), cluster (a host, service or shared path of
@@ -431,7 +432,34 @@ def ran_by_problems(block: Block, root: Path = ROOT) -> list[str]:
     reads = page.name in source or f'"{page.stem}"' in source or page.as_posix() in source
     if not reads:
         bad.append(f"ran-by {node}: the test's module never names {block.page}: it cannot read the block from it")
+    if block.lang == "text" and name in names:
+        test = next(f for f in ast.walk(ast.parse(source)) if isinstance(f, ast.FunctionDef) and f.name == name)
+        if "documented_output" not in (ast.get_source_segment(source, test) or ""):
+            bad.append(f"ran-by {node}: the test never compares its output with the page's (documented_output)")
     return bad
+
+
+def documented_output(node: str, root: Path = ROOT) -> str:
+    """The text of the output block declared `ran-by NODE` (`PATH::TEST`): what the page shows that test's run
+    printing."""
+    found = [b for b in all_blocks(root) if b.lang == "text" and b.directives.get("ran-by") == node]
+    if len(found) != 1:
+        raise LookupError(f"{len(found)} output blocks are declared ran-by {node}")
+    return found[0].text.strip()
+
+
+HOST_WORD = re.compile(r"\bgpu-\d+\b")
+
+
+def output_shape(text: str, hosts: tuple[str, ...] = ()) -> str:
+    """A line of output with what differs between a cluster and a test's machine made one token: each host name
+    (`gpu-NN` on the pages, `hosts` here) HOST, a rank range `ranks A-B` `rank N`, and every number N. A page's
+    line and a test's line have one shape exactly when they differ only in those."""
+    for host in sorted(hosts, key=len, reverse=True):
+        text = re.sub(rf"(?<![\w.-]){re.escape(host)}(?![\w-])", "HOST", text)
+    text = HOST_WORD.sub("HOST", text)
+    text = re.sub(r"\branks \d+-\d+", "rank 0", text)
+    return re.sub(r"\d+(?:\.\d+)?(?:e-?\d+)?", "N", text)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -478,6 +506,21 @@ class Scratch:
     env: dict
 
 
+_SHARED: dict[str, Path] = {}
+
+
+def shared_demo() -> Path:
+    """The `runs/demo` every block of this process sees: a page's second `make demo` reuses the first's finished
+    stages, as it does in a user's checkout (the demo's runs take minutes each)."""
+    if "demo" not in _SHARED:
+        import atexit
+        import tempfile
+
+        _SHARED["demo"] = Path(tempfile.mkdtemp(prefix="recipes-demo-"))
+        atexit.register(shutil.rmtree, _SHARED["demo"], True)  # its checkpoints are gigabytes
+    return _SHARED["demo"]
+
+
 def make_scratch(folder: Path, block: Block) -> Scratch:
     from torchtrain.distributed import environ_for_child, free_port
 
@@ -485,6 +528,9 @@ def make_scratch(folder: Path, block: Block) -> Scratch:
     for name in LINKED:
         if not (folder / name).exists() and (ROOT / name).exists():
             os.symlink(ROOT / name, folder / name)
+    if not (folder / "runs" / "demo").exists():  # one runs/demo for the session, as in a user's checkout
+        (folder / "runs").mkdir(exist_ok=True)
+        os.symlink(shared_demo(), folder / "runs" / "demo")
     path = [str(ROOT / ".venv" / "bin")]
     if "stand-ins" in block.directives:
         path.insert(0, str(ROOT / block.directives["stand-ins"]))

@@ -267,6 +267,7 @@ def test_a_run_in_this_process_does_not_make_the_next_look_launched(tmp_path, ca
     assert e.value.code == 2 and "does not divide seq_len 127" in err[0], err
 
 
+@pytest.mark.slow
 def test_a_child_of_a_process_that_trained_is_not_mistaken_for_a_launched_rank(tmp_path):
     """The world-of-one variables stay in os.environ and a child inherits them (`!anchor train` in a notebook
     that trained in-process; pytest running the CLI after an in-process run): the child must train as a

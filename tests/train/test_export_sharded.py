@@ -63,6 +63,7 @@ def _zero_state(step: Path) -> dict[str, torch.Tensor]:
     return get_fp32_state_dict_from_zero_checkpoint(str(step / "ds"), tag="state")
 
 
+@pytest.mark.slow
 def test_zero3_export_is_sharded_and_loads_in_transformers_with_the_trainers_logits(fp32, packed):
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
@@ -119,6 +120,7 @@ def test_zero3_export_is_sharded_and_loads_in_transformers_with_the_trainers_log
     assert rel <= FP32_TOL
 
 
+@pytest.mark.slow
 def test_a_bf16_run_exports_bf16(bf16):
     from safetensors import safe_open
 
@@ -138,6 +140,7 @@ def test_a_bf16_run_exports_bf16(bf16):
     assert json.loads((hf / "config.json").read_text())["dtype"] == "bfloat16"
 
 
+@pytest.mark.slow
 def test_the_gather_is_one_layer_at_a_time(fp32):
     """Each GatheredParameters the export opens holds one decoder layer's parameters or one other parameter
     (embeddings, final norm, lm_head), on every rank in the same order, never written back (modifier_rank
@@ -159,6 +162,7 @@ def test_the_gather_is_one_layer_at_a_time(fp32):
     assert sorted(tuple(s) for g in gathers[0] for s in g["shapes"]) == sorted(shapes.values())
 
 
+@pytest.mark.slow
 def test_the_manifest_covers_every_shard(fp32, tmp_path):
     """A byte flipped in the second shard: every reader of the checkpoint refuses it in one line naming it,
     and a resume does not use it."""

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.docs_recipes.recipes import documented_output, output_shape
 from tests.train.conftest import ENV, TINY, metrics, run_train
 
 PROBE = Path(__file__).parent / "hold_probe"  # holds a rank in its checkpoint write, or after it trained
@@ -87,6 +88,7 @@ def test_two_nodes_train_as_one_node_of_two_processes(packed, tmp_path):
     assert (np.abs(a - b) / np.abs(a)).max() <= 1e-6
 
 
+@pytest.mark.slow
 def test_a_node_local_run_folder_is_refused_in_one_line(packed, tmp_path):
     here, there = tmp_path / "node0" / "run", tmp_path / "node1" / "run"
     logs = _both((here, there), tmp_path, "schedule.steps=2", f"data.path={packed}")
@@ -98,6 +100,7 @@ def test_a_node_local_run_folder_is_refused_in_one_line(packed, tmp_path):
     assert not (here / "checkpoints").exists() and not there.exists()
 
 
+@pytest.mark.slow
 def test_nodes_started_with_other_overrides_are_refused_in_one_line(packed, tmp_path):
     out, port = tmp_path / "run", _free_port()
     logs = [tmp_path / f"node{n}.log" for n in (0, 1)]
@@ -114,6 +117,9 @@ def test_nodes_started_with_other_overrides_are_refused_in_one_line(packed, tmp_
         assert lines[0].startswith(f"anchor train: error: rank 1 on {host} was started with another config than "
                                    f"rank 0 on {host}: data.seed 3 there, 0 on rank 0; optim.lr 0.5 there, 0.001 on "
                                    "rank 0;"), lines[0]
+        page = documented_output("tests/train/test_multinode.py::"
+                                 "test_nodes_started_with_other_overrides_are_refused_in_one_line")  # multinode.md
+        assert output_shape(lines[0], (host,)) == output_shape(page), (lines[0], page)
         assert len(lines[0]) < 300
         assert re.search(r"exitcode\s*:\s*2\b", text), text[-3000:]  # the rank's exit status, in torchrun's summary
     assert not (out / "config.yaml").exists()  # refused before rank 0 prepared the run folder
@@ -193,6 +199,14 @@ def test_a_dead_node_ends_the_other_within_a_minute(packed, tmp_path, moment):
     assert procs[survivor].returncode != 0 and len(ours) == 1, text[-3000:]
     assert ours[0].startswith(f"anchor train: error: rank {survivor}: node {victim} (rank {victim} on "
                               f"{socket.gethostname()}) stopped"), ours[0]
+    # docs/guides/multinode.md shows a silent node's line: ours has its shape, or (another cause) its start and end
+    page = output_shape(documented_output("tests/train/test_multinode.py::"
+                                          "test_a_dead_node_ends_the_other_within_a_minute"))
+    shape = output_shape(ours[0], (socket.gethostname(),))
+    if "no heartbeat" in ours[0]:
+        assert shape == page, (ours[0], page)
+    head, _, rest = page.partition(" stopped: ")
+    assert shape.startswith(head + " stopped: ") and shape.endswith(rest[rest.index(";"):]), (ours[0], page)
     assert not orphans, f"node {victim}'s rank still runs without its launcher"  # it stopped on its own
 
 

@@ -19,7 +19,7 @@ from tests.train.conftest import metrics, run_train
 
 COMMON = ("data.global_batch=4", "data.micro_batch=1", "eval.window=0", "checkpoint.save_every=4", "schedule.kind=constant",
           "optim.grad_clip=1.0", "logging.report_to=[]", "checkpoint.keep_last=0")
-STAGES = [1, pytest.param(2, marks=pytest.mark.slow), 3]
+STAGES = [pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow), 3]
 
 
 def _run(out, packed, stage, nproc, steps, check=True):
@@ -52,6 +52,7 @@ def test_a_zero_run_resumes_on_another_process_count(packed, tmp_path, stage, be
     _same(metrics(ref), metrics(out), f"ZeRO-{stage} {before} -> {after}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("left", [pytest.param("temporary folder", marks=pytest.mark.slow), "unlisted conversion"])
 def test_what_a_killed_conversion_left_is_made_again(packed, tmp_path, left):
     stage = 1

@@ -62,6 +62,7 @@ def sharded(packed, folder, tmp_path_factory):
     return metrics(out), done
 
 
+@pytest.mark.slow
 def test_a_sharded_user_folder_trains_at_zero3_as_one_process_does(single, sharded):
     got, _ = sharded
     a, b = np.array([r["loss"] for r in single]), np.array([r["loss"] for r in got])

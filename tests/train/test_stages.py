@@ -90,6 +90,7 @@ def _same_run(a: Path, b: Path) -> None:
         assert np.array_equal(wa[name], wb[name]), name
 
 
+@pytest.mark.slow
 def test_kill9_in_the_second_stage_resumes_bit_for_bit(tmp_path):
     """Checkpoints at 5 (the end of stage 1), 7 (inside stage 2: eval.every 3 over the last 6) and 10. Killed in
     stage 2 after step 7's checkpoint and resumed from it; the same kill with step 7's checkpoint gone (a kill

@@ -230,6 +230,7 @@ def test_wandb_offline_holds_every_step_once_across_a_resume(packed, tmp_path):
 # ---------------------------------------------------------------------------------------------------------------
 # Each tracker's own environment
 
+@pytest.mark.slow
 def test_mlflow_with_no_environment_and_wandb_in_its_own_dir_train_quietly(packed, tmp_path):
     """No MLFLOW_* variable: MLflow's default store, sqlite:///mlflow.db in the working folder, named in the run
     log. WANDB_DIR: W&B's files there, not in the run folder; no WANDB_SILENT: W&B's banner stays quiet."""

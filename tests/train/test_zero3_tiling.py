@@ -177,6 +177,7 @@ def disagreements(on: list[dict], off: list[dict], reordered: list[dict], what: 
     return bad
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("on,off,reordered", [("on", "off", "reordered"),
                                               ("on_checkpointed", "off", "reordered"),
                                               ("tied_on", "tied_off", "tied_reordered")],
@@ -185,6 +186,7 @@ def test_zero3_tiled_and_fused_equal_the_plain_run(runs, on, off, reordered):
     assert disagreements(runs[on], runs[off], runs[reordered], on) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("planted", ["tile_shifted", "head_not_routed"])
 def test_a_planted_error_is_caught(runs, planted):
     bad = disagreements(runs[planted], runs["off"], runs["reordered"], planted)
