@@ -47,7 +47,7 @@ $(KERNELS): jaxref/kernels/attention_cpu.cc | $(VENV)/.installed
 # offload test steps with it (a run compiles it on first use otherwise: minutes); without a C++ compiler an offload
 # run is refused in one line (and the test skipped).
 $(CPU_ADAM): | $(VENV)/.installed
-	$(PY) -c "from torchtrain.optim import load_cpu_adam; load_cpu_adam()" || echo "note: DeepSpeed's CPU Adam was not built; parallel.offload_optimizer is refused here"
+	$(PY) -c "from torchtrain.training.optim import load_cpu_adam; load_cpu_adam()" || echo "note: DeepSpeed's CPU Adam was not built; parallel.offload_optimizer is refused here"
 	mkdir -p $(@D) && touch $@
 
 # The paper's experiment end to end on the embedded default (results/demo_cpu.json records its wall time on a

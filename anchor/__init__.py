@@ -42,7 +42,7 @@ API: dict[str, tuple[str, str]] = {
     "run_parity": ("parity_tests.suite", "run_parity"),            # the trainer held against the oracle
     "run_hf_stack": ("parity_tests.hf_stack", "run_hf_stack"),     # stock transformers / your attention
     "load_train_config": ("torchtrain.config", "load_train_config"),
-    "train": ("torchtrain.trainer", "train"),                      # `anchor train` as a function
+    "train": ("torchtrain.training.trainer", "train"),                      # `anchor train` as a function
     "build_model": ("torchtrain", "build_model"),                  # a stock transformers LM with our engines
     "PackingCollator": ("torchtrain.hf", "PackingCollator"),       # AnchorAttention in HF Trainer / TRL
     "check_step": ("parity_tests.blackbox", "check_step"),         # which variant your step computes

@@ -11,7 +11,7 @@ The weights are split as transformers splits them (huggingface_hub's `split_stat
 tensors in order, a new shard where the next one would pass `max_shard_size`, a tensor larger than that alone
 in its own) and written by `ShardWriter` as they come: the split is planned from the shapes alone, each
 shard's header first, then each tensor's bytes as it arrives, so a writer holds one tensor at a time, never a
-shard or the model (the trainer gathers one layer at a time under ZeRO-3: torchtrain.checkpoint).
+shard or the model (the trainer gathers one layer at a time under ZeRO-3: torchtrain.training.checkpoint).
 """
 
 from __future__ import annotations
@@ -292,7 +292,7 @@ def export_hf(spec: ModelSpec, state: StateDict, folder: str | Path, *, tokenize
               max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE, dtype: str = "float32") -> Path:
     """Write `state` (numpy, Hugging Face names, in the model's order) in `dtype` ("float32" or "bfloat16"),
     split by `max_shard_size`, with `spec`'s config and the tokenizer of the model `tokenizer_of` into
-    `folder`. Returns the folder. (A training checkpoint's hf/ is written by torchtrain.checkpoint from the
+    `folder`. Returns the folder. (A training checkpoint's hf/ is written by torchtrain.training.checkpoint from the
     model itself, its config from the model's own.)"""
     folder = write_model(spec, state, folder, max_shard_size=max_shard_size, dtype=dtype)
     write_tokenizer(tokenizer_of, spec, folder)

@@ -1,5 +1,5 @@
 """The FLOP model: how many query-key pairs each variant's mask allows, and what they cost (`anchor bench`'s
-model, and `anchor train`'s per-step `flops` and `mfu`: torchtrain.throughput).
+model, and `anchor train`'s per-step `flops` and `mfu`: torchtrain.training.throughput).
 
 Legend: B windows, T slots, N query heads, K kv heads, D head dim, L layers, P parameters.
 

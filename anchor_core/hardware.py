@@ -1,5 +1,5 @@
 """The model shapes and GPUs that plans and estimates are made for without weights or a device: one registry
-for `anchor plan`'s memory (torchtrain.memory) and `anchor bench`'s paper-scale time estimate
+for `anchor plan`'s memory (torchtrain.training.memory) and `anchor bench`'s paper-scale time estimate
 (anchor.bench.estimate).
 
     SHAPES["llama2-7b"].spec.num_layers        # 32

@@ -2,7 +2,7 @@
 `anchor_core.engines`).
 
 The rules each variant stands for are implemented independently by the oracle
-(`jaxref.variants`), the trainer (`torchtrain.variants`) and the batch maker (`anchor_core.data.batch`),
+(`jaxref.variants`), the trainer (`torchtrain.attention.variants`) and the batch maker (`anchor_core.data.batch`),
 so the parity suite compares two readings of the contract; only the names are shared.
 """
 

@@ -431,7 +431,7 @@ def gguf_tensors(path: Path, reader, spec: ModelSpec) -> Iterator[tuple[str, np.
 # Training checkpoints: verified against their manifest before anything in them is read
 
 MANIFEST = "manifest.json"
-# What a training checkpoint holds beside hf/ (torchtrain.checkpoint): a folder with one of these, or an
+# What a training checkpoint holds beside hf/ (torchtrain.training.checkpoint): a folder with one of these, or an
 # `hf/` whose parent has one, is a checkpoint's, never a plain Hugging Face folder.
 CHECKPOINT_FILES = ("trainer.json", "ds")
 MANIFEST_ERRORS = (OSError, ValueError, KeyError, TypeError)

@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from anchor_core.machine import machine  # noqa: E402
-from torchtrain.engines import attend, available_engines, prepare_meta  # noqa: E402
+from torchtrain.attention.engines import attend, available_engines, prepare_meta  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 16, 4, 64
 

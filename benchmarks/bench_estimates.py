@@ -1,4 +1,4 @@
-"""The memory estimates that refuse a run before any work (`torchtrain.memory`), against measured peaks.
+"""The memory estimates that refuse a run before any work (`torchtrain.training.memory`), against measured peaks.
 
     nice -n 5 .venv/bin/python benchmarks/bench_estimates.py [--quick]
 
@@ -38,9 +38,9 @@ def train_case(config: str, T: int, engine: str, data: Path, tmp: Path) -> dict:
     import torch
 
     from torchtrain.config import load_train_config
-    from torchtrain.engines import resolve_engine
-    from torchtrain.memory import step_memory
-    from torchtrain.run_folder import model_spec
+    from torchtrain.attention.engines import resolve_engine
+    from torchtrain.training.memory import step_memory
+    from torchtrain.training.run_folder import model_spec
 
     overrides = [f"data.path={data}", f"data.seq_len={T}", "data.global_batch=1", "data.micro_batch=1",
                  f"model.engine={engine}", "model.rope.theta=1e6", "schedule.steps=1", "checkpoint.save_every=0"]
@@ -66,7 +66,7 @@ def eval_case(model: str, T: int, engine: str, tmp: Path) -> dict:
     import torch
 
     from anchor_core.weights import load_spec
-    from torchtrain.memory import forward_memory
+    from torchtrain.training.memory import forward_memory
 
     est = forward_memory(load_spec(model), seq_len=T, batch=4, dtype=torch.float32, engine=engine)
     print(f"eval {model} T={T} {engine}: estimate {est.total / GiB:.2f} GiB ...", flush=True)
@@ -110,7 +110,7 @@ def main() -> None:
             for engine in ("sdpa", "varlen"):
                 rows.append(eval_case(model, 4096, engine, tmp))
     ratios = [r["ratio"] for r in rows if "ratio" in r]
-    result = {"benchmark": "memory estimates (torchtrain.memory) against the measured peak RSS of a fresh process",
+    result = {"benchmark": "memory estimates (torchtrain.training.memory) against the measured peak RSS of a fresh process",
               "method": "/usr/bin/time -v, Maximum resident set size; fp32; one process",
               "rows": rows, "ratio_min": min(ratios, default=None), "ratio_max": max(ratios, default=None),
               "machine": machine()}

@@ -6,7 +6,7 @@
 One `anchor train` run with `eval.heldout_windows` windows held out and their loss every `eval.every` steps. For
 each pass the cost is `heldout_s` over the time of the `eval.every` steps before it (each step's time:
 `global_batch x T / tokens_per_s`), the first pass left out (its steps include the first, a warm-up).
-torchtrain.heldout predicts windows / (3 x global_batch x every): one forward per window against a forward and
+torchtrain.training.heldout predicts windows / (3 x global_batch x every): one forward per window against a forward and
 a backward (about three forwards) per trained window. Reports the measured fractions (mean, median) beside
 that prediction.
 
@@ -41,9 +41,9 @@ def main() -> None:
 
     from anchor_core.machine import machine
     from torchtrain.config import load_train_config
-    from torchtrain.metrics import read_metrics
-    from torchtrain.run_folder import load_run_config
-    from torchtrain.trainer import train
+    from torchtrain.training.metrics import read_metrics
+    from torchtrain.training.run_folder import load_run_config
+    from torchtrain.training.trainer import train
 
     cfg = load_train_config(args.config, [*args.overrides, f"schedule.steps={args.steps}", "checkpoint.save_every=0",
                                           "eval.window=0", f"eval.every={args.every}", f"eval.heldout_windows={args.windows}",

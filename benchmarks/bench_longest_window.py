@@ -2,9 +2,9 @@
 
     nice -n 5 .venv/bin/python benchmarks/bench_longest_window.py [--start 8192] [--lens 8192,16384,...]
 
-The plan (`anchor plan --json`, torchtrain.memory.step_memory) is asked first for this machine's available memory:
+The plan (`anchor plan --json`, torchtrain.training.memory.step_memory) is asked first for this machine's available memory:
 it names the longest window that fits. Then one case per length, doubling from --start up to that window, is one
-fresh process of one optimizer step (AdamW's moments are allocated before it, torchtrain.optim.allocate_state, so
+fresh process of one optimizer step (AdamW's moments are allocated before it, torchtrain.training.optim.allocate_state, so
 its peak is the peak of any longer run, which the plan predicts)
 
     anchor train --config smollm2_2k --out TMP data.path=PACK data.seq_len=T data.global_batch=1
@@ -21,7 +21,7 @@ Writes results/memory/longest_window_cpu.json.
 On a GPU (`--device cuda`) the same series runs in bf16 under DeepSpeed (ZeRO-1: the fp32 master beside the
 bf16 weights), as GPU users train, and the peak is the step's own record in metrics.jsonl: the caching
 allocator's peak reservation from the device (`peak_reserved_gib`, beside `peak_memory_gib`, the peak of live
-tensors; torchtrain.metrics.peak_memory). The plan is for the device memory free when the series began
+tensors; torchtrain.training.metrics.peak_memory). The plan is for the device memory free when the series began
 (`--device` named by the GPU, `--memory` that much); with `--offload` the checkpoints go to host memory and
 the plan holds them against the host's (`--host-memory`). Lengths double from --start up to the plan's longest;
 the next doubling is recorded as what `anchor train` says of it (its refusal, or its step where it runs); the
@@ -61,7 +61,7 @@ IN_COMMAND = ["model.variant=intra_doc", *RUN]  # `--in-command`: the corpus pac
 IN_COMMAND_LENS = [2048, 8192, 16384]
 
 
-# The GPU plans set beside ALST's published figures (torchtrain.memory.ALST_LLAMA_8B): ALST's recipe: bf16 under
+# The GPU plans set beside ALST's published figures (torchtrain.training.memory.ALST_LLAMA_8B): ALST's recipe: bf16 under
 # ZeRO-3 with the optimizer states offloaded to host memory, activation checkpoints offloaded too, the MLP tiled,
 # the loss fused with the lm-head, and Ulysses over all the GPUs where the heads split (Llama-3.1-8B's 32 do;
 # SmolLM2's 9 do not, so each of its GPUs trains windows of its own).
@@ -122,7 +122,7 @@ def gpu_word(name: str) -> str:
 
 def metrics_step(T: int, data: Path, run: Path, overrides: list[str], config: str = CONFIG) -> dict:
     """One `anchor train` step at T in a fresh process on the GPU: its seconds, its loss, and the peaks it recorded
-    (metrics.jsonl: torchtrain.metrics.peak_memory), or why it failed (the last two lines of its stderr)."""
+    (metrics.jsonl: torchtrain.training.metrics.peak_memory), or why it failed (the last two lines of its stderr)."""
     import time
 
     print(f"training one step at T={T} ...", flush=True)
@@ -182,7 +182,7 @@ def in_command_series(args) -> None:
     """`--in-command` (module docstring): the user's command at each length, a fresh process each, the record
     rewritten after each length (a killed series keeps its lengths), then set beside the plan."""
     from anchor_core.machine import machine
-    from torchtrain.engines import available_memory
+    from torchtrain.attention.engines import available_memory
 
     require_time()
     path = Path(args.out) / "longest_window_in_command_cpu.json"
@@ -214,11 +214,11 @@ def with_plan(result: dict, start: int, memory_gib: float | None = None) -> dict
     """`result` with the plan's side: this machine's plan from `start` for `memory_gib` (default: the memory
     available when the measurements started, `mem_available_bytes_at_start`), each measured row's prediction and
     ratio, on a CPU the GPU plans beside ALST's figures, the summary. The plan is arithmetic on the sizes
-    (torchtrain.memory), so `--replan` can set the current one beside measurements already taken. A GPU record
+    (torchtrain.training.memory), so `--replan` can set the current one beside measurements already taken. A GPU record
     names its run overrides (`run`), the plan's other options (`plan_options`: the GPU, the host's memory) and the
     row key of its measured peak (`measured`)."""
     from anchor_core.machine import machine
-    from torchtrain.memory import ALST_BASELINE, ALST_LLAMA_8B
+    from torchtrain.training.memory import ALST_BASELINE, ALST_LLAMA_8B
 
     run, options, config = result.get("run", RUN), result.get("plan_options", []), result.get("config", CONFIG)
     measured_key = result.get("measured", "peak_rss_bytes")
@@ -280,7 +280,7 @@ def gpu_series(args) -> None:
 
     from anchor_core.data.corpus import CORPUS_FILE, write_default_corpus
     from anchor_core.machine import machine
-    from torchtrain.engines import available_memory
+    from torchtrain.attention.engines import available_memory
     from torchtrain.config import load_train_config
     from anchor_core.hardware import GPUS
 
@@ -381,7 +381,7 @@ def main() -> None:
 
     from anchor_core.data.corpus import CORPUS_FILE, write_default_corpus
     from anchor_core.machine import machine
-    from torchtrain.engines import available_memory
+    from torchtrain.attention.engines import available_memory
 
     lens = ([int(x) for x in args.lens.split(",")] if args.lens else
             [r["seq_len"] for r in the_plan(args.start, RUN, *(["--memory", f"{args.memory_gib:g}"]

@@ -15,7 +15,7 @@ whole process (Python, torch, DeepSpeed, the model, the step). PACK is the embed
 T beforehand, outside the measured process (`pack.budget` = max(60000, 2 T) tokens, so there is at
 least one window). A case is skipped, with its estimate recorded, when the estimate exceeds
 MemAvailable minus `--margin-gib`: the dense engines' T x T bytes
-(`torchtrain.engines.dense_attention_bytes`) plus the default engine's measured peak at that T, or
+(`torchtrain.attention.engines.dense_attention_bytes`) plus the default engine's measured peak at that T, or
 the default engine's peak extrapolated linearly from its last two lengths.
 
 For the default engine: the growth ratio [peak(64K) - peak(32K)] / [peak(32K) - peak(16K)]
@@ -39,7 +39,7 @@ TINY = ROOT / "configs" / "train" / "tiny.yaml"
 
 
 def mem_available() -> int:
-    from torchtrain.engines import available_memory
+    from torchtrain.attention.engines import available_memory
 
     return available_memory("cpu") or 0
 
@@ -85,7 +85,7 @@ def main() -> None:
     from anchor_core.data.corpus import CORPUS_FILE, write_default_corpus
     from anchor_core.machine import machine
     from anchor_core.weights import load_spec
-    from torchtrain.engines import dense_attention_bytes, resolve_engine
+    from torchtrain.attention.engines import dense_attention_bytes, resolve_engine
 
     lens = sorted(int(x) for x in args.lens.split(","))
     engines = args.engines.split(",")

@@ -22,15 +22,15 @@ idle size of a process of that run. Measured:
   step     each rank's peak at the end of the first step (`ranks_peak_memory_gib`), above the tiny run's
   run      the most resident memory the run's processes (the launcher and the ranks) held together, sampled every
            20 ms from /proc over the whole run, build, step, checkpoint and export
-beside the plan's prediction of each (torchtrain.memory: `build_memory`, for rank 0, which reads the weights, and for
+beside the plan's prediction of each (torchtrain.training.memory: `build_memory`, for rank 0, which reads the weights, and for
 the others; `step_memory`, `run_memory`) and the bound
 the sharded construction must keep: half the float32 parameter bytes plus the largest shard it reads.
 Writes results/memory/sharded_build_cpu.json.
 
 `--build-only` measures the construction alone, in each dtype of `--dtypes` (default bfloat16,float32), from a
 folder of shards of at most `--shard` (default 1GB): W fresh processes joined as the trainer joins them
-(torchtrain.distributed.init_world), each building the model as `anchor train` does at ZeRO-3
-(torchtrain.sharded_build.build_partitioned, the run's DeepSpeed config), its peak (VmHWM) above its resident size
+(torchtrain.parallel.distributed.init_world), each building the model as `anchor train` does at ZeRO-3
+(torchtrain.parallel.sharded_build.build_partitioned, the run's DeepSpeed config), its peak (VmHWM) above its resident size
 just before, against the plan (`build_memory`, rank 0 the reader) and the bound: a rank's partitions in the run's
 dtype (e P / W) plus the largest shard; no step, so a float32 case fits beside other work. Writes
 results/memory/sharded_build_only_cpu.json.
@@ -65,7 +65,7 @@ def write_folder(folder: Path, shard: str = SHARD) -> dict:
     largest shard in bytes."""
     from anchor_core.export import write_model, write_tokenizer
     from anchor_core.weights import random_preset, random_state
-    from torchtrain.memory import parameters
+    from torchtrain.training.memory import parameters
 
     spec = random_preset("llama").replace(**SPEC)
     if not (folder / "model.safetensors.index.json").is_file():
@@ -149,17 +149,17 @@ import json, os, sys
 from anchor_core.limits import peak_rss
 from torchtrain.config import load_train_config
 from torchtrain.config.deepspeed_json import deepspeed_config
-from torchtrain.distributed import ParallelGroups, init_world
-from torchtrain.run_folder import model_spec
-from torchtrain.sharded_build import build_partitioned
-from torchtrain.trainer import release_memory, return_freed_memory
+from torchtrain.parallel.distributed import ParallelGroups, init_world
+from torchtrain.training.run_folder import model_spec
+from torchtrain.parallel.sharded_build import build_partitioned
+from torchtrain.training.trainer import release_memory, return_freed_memory
 
 folder, dtype, world = sys.argv[1], sys.argv[2], int(sys.argv[3])
 cfg = load_train_config("tiny", [f"model.name={folder}", f"model.dtype={dtype}", "parallel.zero_stage=3",
                                  f"parallel.nproc={world}", f"data.global_batch={world}", "data.micro_batch=1",
                                  "data.seq_len=512"])
 w = init_world(1, 600)
-return_freed_memory()  # as the trainer's rank starts on a CPU (torchtrain.trainer._start_rank)
+return_freed_memory()  # as the trainer's rank starts on a CPU (torchtrain.training.trainer._start_rank)
 groups = ParallelGroups(w)
 spec = model_spec(cfg)
 release_memory()  # as the trainer's worker does before it builds
@@ -178,7 +178,7 @@ def build_only(folder: Path, world: int, dtype: str) -> dict:
     above its resident size just before the build, GiB, or why it failed."""
     import sys
 
-    from torchtrain.distributed import free_port
+    from torchtrain.parallel.distributed import free_port
 
     port = str(free_port())
     procs = []
@@ -208,8 +208,8 @@ def build_only_series(args) -> None:
     import torch
 
     from anchor_core.machine import machine
-    from torchtrain.memory import build_memory
-    from torchtrain.run_folder import model_spec
+    from torchtrain.training.memory import build_memory
+    from torchtrain.training.run_folder import model_spec
     from torchtrain.config import load_train_config
 
     work = args.work or Path(tempfile.mkdtemp(prefix="sharded-build-only-"))
@@ -239,9 +239,9 @@ def build_only_series(args) -> None:
                 print(json.dumps(row), flush=True)
         result = {"benchmark": "a 0.48B Llama built partitioned at ZeRO-3 from safetensors shards: each rank's build "
                                "peak against the plan (build_memory) and the bound",
-                  "method": "fresh processes per case joined by torchtrain.distributed.init_world (gloo), each "
-                            "building the model with torchtrain.sharded_build.build_partitioned and the run's "
-                            "DeepSpeed config, glibc's heap set as the trainer sets it (torchtrain.trainer."
+                  "method": "fresh processes per case joined by torchtrain.parallel.distributed.init_world (gloo), each "
+                            "building the model with torchtrain.parallel.sharded_build.build_partitioned and the run's "
+                            "DeepSpeed config, glibc's heap set as the trainer sets it (torchtrain.training.trainer."
                             "return_freed_memory, release_memory); the peak is VmHWM reset to VmRSS just before the build "
                             "(/proc/self/clear_refs), above that VmRSS",
                   "model": model, "rows": rows, "machine": machine()}
@@ -255,12 +255,12 @@ def build_only_series(args) -> None:
 
 
 def predictions(folder: Path, world: int) -> dict:
-    """The plan's figures for this case (torchtrain.memory), per rank and for the whole run."""
+    """The plan's figures for this case (torchtrain.training.memory), per rank and for the whole run."""
     import torch
 
     from torchtrain.config import load_train_config
-    from torchtrain.memory import build_memory, run_memory, step_memory, step_of
-    from torchtrain.run_folder import model_spec
+    from torchtrain.training.memory import build_memory, run_memory, step_memory, step_of
+    from torchtrain.training.run_folder import model_spec
 
     cfg = load_train_config("tiny", [f"model.name={folder}", *RUN, f"parallel.nproc={world}",
                                      f"data.global_batch={world}"])

@@ -64,7 +64,7 @@ def _status_kib(key: str) -> int:
 
 
 def _mem_available() -> int:
-    from torchtrain.engines import available_memory  # MemAvailable of /proc/meminfo, as the trainer's size check
+    from torchtrain.attention.engines import available_memory  # MemAvailable of /proc/meminfo, as the trainer's size check
 
     free = available_memory("cpu")
     if free is None:
@@ -94,7 +94,7 @@ def run_case(case: str, T: int, docs: int, seed: int) -> dict:
     import torch
 
     from anchor_core.weights import load_spec, random_state
-    from torchtrain.loss import final_hidden_states, head_cross_entropy, token_cross_entropy
+    from torchtrain.model.loss import final_hidden_states, head_cross_entropy, token_cross_entropy
     from torchtrain.model import model_from_weights
 
     spec = load_spec("default").replace(num_layers=2)
@@ -178,7 +178,7 @@ def fwd_bwd_estimate(row: dict) -> dict:
     """The estimate of what a `logits`/`fused` step adds over the built model (step_bytes), from its sizes."""
     from anchor_core.weights import load_spec
     from anchor.bench.memory import HEAD_BYTES
-    from torchtrain.memory import activation_bytes_per_slot, parameters
+    from torchtrain.training.memory import activation_bytes_per_slot, parameters
 
     spec = load_spec("default").replace(num_layers=row["layers"])
     T = row["seq_len"]

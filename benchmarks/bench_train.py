@@ -27,13 +27,13 @@ from pathlib import Path
 def plain_steps(cfg, data, steps: int) -> list[float]:
     """Seconds per optimizer step of the hand-written loop."""
     import torch
-    from torchtrain.loss import token_cross_entropy
+    from torchtrain.model.loss import token_cross_entropy
 
     from anchor_core.data.packed import Loader
     from torchtrain.model import build_model
-    from torchtrain.optim import param_groups
+    from torchtrain.training.optim import param_groups
 
-    from torchtrain.run_folder import check_model, model_spec
+    from torchtrain.training.run_folder import check_model, model_spec
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     spec = check_model(cfg, model_spec(cfg), cfg.data.seq_len, memory=False)  # the RoPE the trainer trains with
@@ -71,7 +71,7 @@ def plain_steps(cfg, data, steps: int) -> list[float]:
 
 def anchor_steps(cfg, run: Path) -> list[float]:
     """Seconds per optimizer step of `anchor train` (from its metrics.jsonl)."""
-    from torchtrain.trainer import train
+    from torchtrain.training.trainer import train
 
     train(cfg, run, progress=False)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -93,7 +93,7 @@ def main() -> None:
     from anchor_core.data.packed import PackedData
     from anchor_core.machine import machine
     from torchtrain.config import load_train_config, with_changes
-    from torchtrain.run_folder import prepare_run, resolved_engine
+    from torchtrain.training.run_folder import prepare_run, resolved_engine
 
     cfg = load_train_config(args.config, [*args.overrides, f"schedule.steps={args.steps}", "checkpoint.save_every=0",
                                           "eval.window=0", "logging.every=1000", "logging.report_to=[]"])

@@ -160,7 +160,7 @@ def phase_timing(steps: list[dict[str, float]]) -> Iterator[None]:
     import deepspeed
     import torch
 
-    import torchtrain.trainer as trainer
+    import torchtrain.training.trainer as trainer
     from anchor_core.data.packed import Loader
 
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
@@ -319,7 +319,7 @@ def main() -> None:
     from anchor_core.weights import load_weights
     from anchor_core.flops import step_flops
     from torchtrain.config import load_train_config, with_changes
-    from torchtrain.run_folder import check_model, model_spec, prepare_run
+    from torchtrain.training.run_folder import check_model, model_spec, prepare_run
 
     cuda = torch.cuda.is_available()
     peak, peak_note = peak_flops()

@@ -205,7 +205,7 @@ PRESETS: dict[str, DtypePolicy] = {
        for name, exp, lanes in (("sdpa_cpu_bf16_avx2", "fexp_u20", 8), ("sdpa_cpu_bf16_avx512", "fexp_u20", 16),
                                 ("sdpa_cpu_bf16_default", "exact", 8))},
     # FA-2 arithmetic with each row's keys in one block (one max, one sum): torchtrain's pure-torch
-    # `flash_attn_varlen_func` (torchtrain/varlen_emulation.py), per segment.
+    # `flash_attn_varlen_func` (torchtrain/attention/varlen_emulation.py), per segment.
     "fa2_bf16_1pass": _preset("fa2_bf16_1pass", "online", kv_block=ONE_BLOCK, **{**_HF_BF16, "logits": "float32"}),
     # The paper's recipe: RoPE entirely in fp32, rotated q/k cast to bf16, then FA-2 arithmetic.
     "paper_bf16": _preset(

@@ -126,12 +126,12 @@ def value_and_grad(params: Params, config: ModelSpec, tokens, positions=None, do
 
 def adamw(lr: float | Callable[[int], float], betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
           weight_decay: float = 0.1, no_decay: Sequence[str] = ("bias", "norm")) -> optax.GradientTransformation:
-    """The trainer's AdamW (`torch.optim.AdamW` over `torchtrain.optim.param_groups`) in optax.
+    """The trainer's AdamW (`torch.optim.AdamW` over `torchtrain.training.optim.param_groups`) in optax.
 
     Over a dict {Hugging Face name: array} (`hf_state`): bias-corrected moments, `eps` added after
     the square root, decoupled weight decay `p -= lr * weight_decay * p` from the parameter before
     the step, and no decay for names containing any `no_decay` entry. `lr` may be a schedule of
-    the 0-based step, e.g. `lambda s: cfg.lr * torchtrain.optim.lr_factor(cfg, s)`.
+    the 0-based step, e.g. `lambda s: cfg.lr * torchtrain.training.optim.lr_factor(cfg, s)`.
     """
     def decayed(params: dict[str, object]) -> dict[str, bool]:
         return {name: not any(s in name for s in no_decay) for name in params}

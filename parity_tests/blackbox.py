@@ -32,7 +32,7 @@ from parity_tests.core import hold as judged
 from parity_tests.emulations import HF_EMULATIONS
 from parity_tests.hf_stack import IDENTIFYING, TRUTH, bf16_verdict, error_line, identify, module_subject, only, where
 from parity_tests.runners import Taps, as_arrays, oracle
-from torchtrain.taps import capture_taps
+from torchtrain.model.taps import capture_taps
 
 __all__ = ["DTYPES", "MASKS", "PROBE_SWEEP", "SOURCES", "check_step", "infer_documents", "probe_documents",
            "step_message"]  # SOURCES and infer_documents live in parity_tests.batch_documents

@@ -2,7 +2,7 @@
 
 On a case's packed batch (`parity_tests.cases.case_inputs`), both sides take the mean next-token
 loss over the counted targets (docs/DESIGN.md §8), its gradient w.r.t. every parameter, and `steps`
-AdamW steps on that batch with the trainer's optimizer (`torchtrain.optim.param_groups`: no decay
+AdamW steps on that batch with the trainer's optimizer (`torchtrain.training.optim.param_groups`: no decay
 on biases and norms). Per parameter (Hugging Face names), rel_l2, max_abs and cosine of:
 
   grads     the gradient against fp64 truth (`jaxref.value_and_grad`)           judged: the gradient rule (below)
@@ -69,7 +69,7 @@ from parity_tests.runners import (
     unit_permutations,
     unpermute_state,
 )
-from torchtrain import optim as train_optim
+from torchtrain.training import optim as train_optim
 
 TRUTH = "fp64"
 STEPS: tuple[int, ...] = (1, 3)

@@ -114,7 +114,7 @@ def test_the_cpu_kernels_backward_is_followed():
     import torch
 
     import jaxref
-    from torchtrain import engines
+    from torchtrain.attention import engines
 
     T, N, K, D = 300, 6, 2, 16
     rng = np.random.default_rng(7)

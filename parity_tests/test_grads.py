@@ -128,7 +128,7 @@ def test_a_bf16_gradient_defect_is_named(monkeypatch):
 def test_weight_decay_on_norms_is_named(monkeypatch):
     """The optimizer decays the norms (their `no_decay` entry lost): gradients pass, the first
     update fails at the norm nearest the loss."""
-    import torchtrain.optim as optim
+    import torchtrain.training.optim as optim
 
     groups = optim.param_groups
 

@@ -19,7 +19,7 @@ import torch
 from parity_tests.cases import BF16, Case, case_inputs
 from parity_tests.runners import TorchRunner, get_runner
 from parity_tests.suite import describe, run_case
-from torchtrain.variants import dense_mask
+from torchtrain.attention.variants import dense_mask
 
 
 @contextlib.contextmanager

@@ -79,7 +79,7 @@ def test_the_recorder_of_the_engines_records_a_stock_model():
     under the variant given to the recorder)."""
     import torchtrain
     from parity_tests.hf_stack import feed
-    from torchtrain.taps import capture_taps
+    from torchtrain.model.taps import capture_taps
 
     subject = named_subject(MODEL)
     inputs = case_inputs(Case(MODEL, "anchor", seq_len=T))
@@ -104,7 +104,7 @@ def test_the_recorder_of_the_engines_records_a_stock_model():
 
 
 def test_rows_of_a_model_without_an_engine_need_their_mask():
-    from torchtrain.taps import capture_taps
+    from torchtrain.model.taps import capture_taps
 
     subject = named_subject(MODEL)
     model = stock_model(subject.spec, subject.state, "float32", attn_implementation="sdpa")

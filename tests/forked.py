@@ -24,7 +24,7 @@ from pathlib import Path
 
 # What `anchor train` imports in a tiny run (the trainer, its engines' transformers models, DeepSpeed,
 # the packing plot's matplotlib, TensorBoard's writer): each import, once, in the server.
-PRELOAD = ["anchor.cli", "anchor.commands.train", "torchtrain.trainer", "deepspeed", "matplotlib.pyplot",
+PRELOAD = ["anchor.cli", "anchor.commands.train", "torchtrain.training.trainer", "deepspeed", "matplotlib.pyplot",
            "transformers.models.llama.modeling_llama", "safetensors.torch", "torch.utils.tensorboard"]
 
 # The runs' environment: one intra-op thread per process (two xdist workers, and two ranks, share two

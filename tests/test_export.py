@@ -178,11 +178,11 @@ def test_a_broken_index_is_one_line(case, tmp_path):
 
 @pytest.mark.parametrize("model", [*MODELS, "llama+yarn"])
 def test_the_trainers_export_writes_the_models_own_config(model, tmp_path):
-    """torchtrain.checkpoint.export_model (a checkpoint's hf/, here without ZeRO) for every family, tied and
+    """torchtrain.training.checkpoint.export_model (a checkpoint's hf/, here without ZeRO) for every family, tied and
     untied, and a RoPE override with the positions raised as a run trains them: config.json is the model's
     own config with the spec as trained, reads back as that spec, and from_pretrained gives the trained model's
     logits."""
-    from torchtrain.checkpoint import export_model
+    from torchtrain.training.checkpoint import export_model
     from torchtrain.model import model_from_weights
 
     preset, spec, state = spec_and_state(model.replace("+yarn", ""))

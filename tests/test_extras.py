@@ -21,7 +21,7 @@ import pytest
 
 from anchor_core import extras
 from anchor_core.extras import EXTRAS
-from torchtrain.distributed import environ_for_child
+from torchtrain.parallel.distributed import environ_for_child
 
 ROOT = Path(__file__).resolve().parent.parent
 ORACLE = [m for m, e in EXTRAS.items() if e == "oracle"]

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from torchtrain.distributed import environ_for_child
+from torchtrain.parallel.distributed import environ_for_child
 
 ROOT = Path(__file__).resolve().parent.parent
 CONSTRAINTS = ROOT / "constraints.txt"

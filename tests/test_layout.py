@@ -78,7 +78,7 @@ def test_a_planted_breach_and_circle_are_found(tmp_path):
         "jaxref/__init__.py": "",
         "jaxref/model.py": "from anchor_core import spec\n",
         "torchtrain/__init__.py": "",
-        "torchtrain/model.py": "import jaxref.model\n",
+        "torchtrain/model/build.py": "import jaxref.model\n",
         "parity_tests/__init__.py": "",
         "parity_tests/a.py": "from parity_tests import b\n",
         "parity_tests/b.py": "def g():\n    from parity_tests.a import x\n",

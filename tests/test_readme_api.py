@@ -15,7 +15,7 @@ from anchor_core.export import export_hf
 from anchor_core.spec import random_preset
 from anchor_core.weights import random_state
 from tests.test_readme import README, trainer_snippet
-from torchtrain.distributed import environ_for_child
+from torchtrain.parallel.distributed import environ_for_child
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"

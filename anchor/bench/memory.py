@@ -19,9 +19,9 @@ largest, on top of the process):
   train        weights, gradients and AdamW's two moments, 16 P (fp32, or bf16 weights and gradients with
                an fp32 master); the activations the backward reads, T e (7 h + 4 i + (3 N + 4 K) D)
                per layer for L + 1 layers (one for the backward's transients); the lm-head fused with
-               the loss: `HEAD_BYTES` (at most a few chunks of logits, `torchtrain.loss`); the dense
+               the loss: `HEAD_BYTES` (at most a few chunks of logits, `torchtrain.model.loss`); the dense
                engines' T x T tensors
-               (`torchtrain.engines.dense_attention_bytes`)
+               (`torchtrain.attention.engines.dense_attention_bytes`)
 On CUDA, `train` lies on the device (checked against its free memory) and the rest on the host.
 
 The attention rows (`anchor.bench.timing`), per length: the windows of a distribution and each
@@ -43,16 +43,16 @@ from typing import Any
 from anchor_core import limits
 from anchor_core.data.pipeline import PACK_BYTES_PER_SLOT
 from anchor_core.errors import InputError
-from torchtrain.engines import available_memory as device_memory
-from torchtrain.engines import dense_attention_bytes
-from torchtrain.memory import BASE_PROCESS_BYTES, activation_bytes_per_slot, parameters  # shared with train's check
+from torchtrain.attention.engines import available_memory as device_memory
+from torchtrain.attention.engines import dense_attention_bytes
+from torchtrain.training.memory import BASE_PROCESS_BYTES, activation_bytes_per_slot, parameters  # shared with train's check
 
 GiB = 2**30
-BASE_BYTES = BASE_PROCESS_BYTES  # peak RSS of `python -c "import torch, transformers, torchtrain.trainer"`: 0.36
+BASE_BYTES = BASE_PROCESS_BYTES  # peak RSS of `python -c "import torch, transformers, torchtrain.training.trainer"`: 0.36
 # GiB, 0.48 after the cut and the pack (SmolLM2, CPU)
 LOAD_BYTES_PER_PARAM = 5  # measured 4.9: SmolLM2-135M's Q4_1 GGUF read to float32, 0.62 GiB over the imports
 STATE_BYTES_PER_PARAM = 16  # fp32 weights 4 + gradients 4 + AdamW 8 (bf16: 2 + 4 master + 2 + 8)
-HEAD_BYTES = 3 * (1 << 24) * 4  # torchtrain.loss: chunks of 2^24 logits (fp32), the chunk, its softmax and gradient
+HEAD_BYTES = 3 * (1 << 24) * 4  # torchtrain.model.loss: chunks of 2^24 logits (fp32), the chunk, its softmax and gradient
 ATTENTION_COPIES = 10  # measured 8.8 (varlen, CPU, fp32, T = 4K-16K: 33.6 KB per slot at N, K, D = 9, 3, 64)
 ATTENTION_FIXED_BYTES = int(0.15 * GiB)  # measured 0.14 GiB (the same runs, T -> 0)
 SEG_BYTES_PER_SLOT = 64  # seg int32, make_batch's arrays and pairs' int64 ranks, for all windows at once

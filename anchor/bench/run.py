@@ -50,7 +50,7 @@ from anchor_core.paths import cache_dir
 from anchor_core.progress import ProgressBar
 from anchor_core.variants import VARIANTS
 from anchor_core.weights import load_spec
-from torchtrain.engines import ENGINES
+from torchtrain.attention.engines import ENGINES
 
 PAPER_SAVING = ("AnchorAttention needs less than 50% of full attention's training time "
                 "(paper, Figure 6: Llama-2-7B, 8 A100s, DeepSpeed-Ulysses, 1B tokens)")

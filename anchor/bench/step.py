@@ -4,7 +4,7 @@ The model is the bench model cut to its first `layers` layers (real weights wher
 them), written as a Hugging Face folder with the model's tokenizer (max positions raised to T: the
 cost does not depend on the RoPE base); the data is the corpus packed at T. Each variant trains
 `steps` optimizer steps of one window (global batch 1, fp32, ZeRO 0, the given engine) in this
-process with `torchtrain.trainer.train`; a step's time is what the trainer records in
+process with `torchtrain.training.trainer.train`; a step's time is what the trainer records in
 metrics.jsonl (tokens_per_s), the first step (warm-up) left out; the peak resident memory is the
 process's over the whole run (model, optimizer, activations, the final checkpoint's write).
 """
@@ -22,8 +22,8 @@ from anchor_core.errors import InputError
 from anchor_core.export import export_hf
 from anchor_core.weights import load_weights
 from torchtrain.config import load_train_config
-from torchtrain.metrics import read_metrics
-from torchtrain.trainer import train
+from torchtrain.training.metrics import read_metrics
+from torchtrain.training.trainer import train
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 

@@ -1,7 +1,7 @@
 """Attention forward + backward per engine x variant on given windows, and peak memory.
 
 One layer's attention of the model's head shape on random q, k, v (RoPE does not change the
-cost), window by window (B = 1), through `torchtrain.engines` exactly as a model layer calls it:
+cost), window by window (B = 1), through `torchtrain.attention.engines` exactly as a model layer calls it:
 the mask metadata is built once per window (`prepare_meta`, timed apart: a model builds it once per
 step for all its layers) and `attend` runs forward, then backward from a random output gradient.
 The variants of one length are timed in alternation, repeat by repeat, so slow drift of a shared
@@ -23,7 +23,7 @@ import numpy as np
 from anchor_core.data.batch import make_batch
 from anchor_core.errors import InputError, UnavailableError
 from anchor_core.limits import peak_rss
-from torchtrain.engines import attend, check_engine, prepare_meta
+from torchtrain.attention.engines import attend, check_engine, prepare_meta
 
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 

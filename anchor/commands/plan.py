@@ -13,7 +13,7 @@ from anchor.cli import app
 if TYPE_CHECKING:
     from anchor_core.spec import ModelSpec
     from torchtrain.config import TrainConfig
-    from torchtrain.memory import PlanRow
+    from torchtrain.training.memory import PlanRow
 
 
 SUMMARY = "The longest window a run config fits on a device, term by term."
@@ -45,7 +45,7 @@ def plan(
                                                        "16777216 (2^24) slots, where the plan stops.")] = 8192,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
-    """Predict one training step's peak memory (torchtrain.memory.step_memory, the model `anchor train` refuses
+    """Predict one training step's peak memory (torchtrain.training.memory.step_memory, the model `anchor train` refuses
     a run by) term by term, for window lengths doubling from --start, and name the longest that fits the device
     and the term that stops the next; the plan stops at 2^24 slots. On the CPU the config's local processes share
     the host's memory; on a GPU each process has its own device. A config `anchor train` refuses on that device
@@ -55,8 +55,8 @@ def plan(
     from anchor_core.hardware import SHAPES
     from anchor_core.weights import load_spec
     from torchtrain.config import check_world, load_train_config
-    from torchtrain.memory import PLAN_STOP, check_device, plan_windows, step_of
-    from torchtrain.sequence_parallel import check_sequence_parallel
+    from torchtrain.training.memory import PLAN_STOP, check_device, plan_windows, step_of
+    from torchtrain.parallel.ulysses import check_sequence_parallel
 
     _check_options(start, memory, host_memory, shape, device)
     cfg = load_train_config(config, overrides or [])
@@ -127,9 +127,9 @@ def _plan_stages(cfg: TrainConfig, spec: ModelSpec, *, budget: int, host_budget:
     """(stage, its plan row) for each stage of `schedule.stages` (none without): one step's memory at the stage's
     length, each length checked against sequence parallelism as `anchor train` checks it, a failure naming the
     stage as `anchor train` names it."""
-    from torchtrain.memory import plan_row
-    from torchtrain.sequence_parallel import check_sequence_parallel
-    from torchtrain.stages import named_stage, run_stages
+    from torchtrain.training.memory import plan_row
+    from torchtrain.parallel.ulysses import check_sequence_parallel
+    from torchtrain.training.stages import named_stage, run_stages
 
     out = []
     for stage in run_stages(cfg) if cfg.schedule.stages else []:
@@ -151,7 +151,7 @@ def _stages_json(stages: list[tuple[int, PlanRow]]) -> dict[str, object]:
 
 
 def _echo_stages(stages: list[tuple[int, PlanRow]], budget: int) -> None:
-    from torchtrain.memory import largest_term
+    from torchtrain.training.memory import largest_term
 
     if not stages:
         return
@@ -171,7 +171,7 @@ def _check_options(start: int, memory: float | None, host_memory: float | None, 
     from anchor_core.errors import InputError
     from anchor_core.hardware import GPUS, SHAPES
     from anchor_core.limits import check_float, check_int, excerpt
-    from torchtrain.memory import PLAN_STOP
+    from torchtrain.training.memory import PLAN_STOP
 
     check_int(start, "--start", lo=1, hi=PLAN_STOP)
     if memory is not None:
@@ -189,7 +189,7 @@ def _budget(memory: float | None, device: str) -> tuple[int, str]:
     import torch
 
     from anchor_core.errors import InputError
-    from torchtrain import engines
+    from torchtrain.attention import engines
     from anchor_core.hardware import GPUS
 
     if memory is not None:
@@ -223,7 +223,7 @@ def _echo_table(rows: list, offload: bool) -> None:
 def _why_not(stopped, budget: int, host_budget: int | None, nproc: int) -> str:
     """Why the first window that does not fit does not: the host's memory where only it is short, else the
     device's, with the term that weighs most."""
-    from torchtrain.memory import largest_term
+    from torchtrain.training.memory import largest_term
 
     g = 2**30
     if stopped.host_fits is False and stopped.need.total <= budget:
@@ -237,7 +237,7 @@ def _why_not(stopped, budget: int, host_budget: int | None, nproc: int) -> str:
 def _host_budget(host_memory: float | None, offload: bool, device: str) -> int | None:
     """The host memory what every process offloads shares: `--host-memory`, else this machine's
     available memory where the plan is for the GPU it is on; None where nothing is offloaded or it is unknown."""
-    from torchtrain import engines
+    from torchtrain.attention import engines
 
     if host_memory is not None:
         return int(host_memory * 2**30) if offload else None

@@ -31,7 +31,7 @@ def train(
 
     require("train", "deepspeed", "matplotlib")  # the engine and the pack's figure, before --out is packed into
     from torchtrain.config import load_train_config
-    from torchtrain.trainer import train as run_training
+    from torchtrain.training.trainer import train as run_training
 
     from anchor_core.outdir import guard_out
 

@@ -35,11 +35,11 @@ from parity_tests.audit.report import write_audit
 from parity_tests.audit.runner import run_audit
 from parity_tests.report import write_report
 from parity_tests.suite import build_cases, run_parity
-from torchtrain import checkpoint as ckpt
+from torchtrain.training import checkpoint as ckpt
 from torchtrain.config import load_train_config
-from torchtrain.metrics import read_metrics
-from torchtrain.run_folder import load_run_config
-from torchtrain.trainer import release_memory, train
+from torchtrain.training.metrics import read_metrics
+from torchtrain.training.run_folder import load_run_config
+from torchtrain.training.trainer import release_memory, train
 
 
 @dataclass

@@ -8,16 +8,16 @@ Legend: B rows of a batch, L the longest prompt of the batch, S cached slots, N 
 D head dim, V vocabulary.
 
 Design. torchtrain's engines attend within one packed window: the decoder's forward pre-hook
-(`torchtrain.engines.install`) turns `doc_ids`/`variant` into an `AttnMeta`, refuses a cache, and every
+(`torchtrain.attention.engines.install`) turns `doc_ids`/`variant` into an `AttnMeta`, refuses a cache, and every
 engine assumes as many queries as keys. Generation therefore runs the same stock transformers model,
 for the duration of one `greedy_generate` call, under a second attention function registered here
 (`anchor_eval_cached`; the config's `_attn_implementation` is switched and restored, and the torchtrain
 pre-hook, which sees no torchtrain engine then, stays out of the way), with transformers' `DynamicCache`:
 
 - prefill: the prompts of a batch, left-padded to the longest, go through the model's own engine:
-  `torchtrain.engines.prepare_meta(engine, doc_ids, "full")` once per batch, with doc_ids 1 on prompt
+  `torchtrain.attention.engines.prepare_meta(engine, doc_ids, "full")` once per batch, with doc_ids 1 on prompt
   tokens and -1 on padding (docs/DESIGN.md §1-§2: a padding slot attends only to itself and is never
-  attended to), then `torchtrain.engines.attend` in every layer: the mask metadata and the arithmetic
+  attended to), then `torchtrain.attention.engines.attend` in every layer: the mask metadata and the arithmetic
   of training. transformers writes the keys and values into the cache before calling it.
 - decode: each step feeds one token per row against the cache (queries fewer than keys, causal aligned
   to the bottom right, as FlashAttention aligns it), with a boolean mask [B, 1, q, S] that hides the
@@ -56,8 +56,8 @@ from anchor_core.errors import InputError
 from anchor_core.progress import ProgressBar
 from anchor_core.tokenizer import Tok
 from anchor_core.weights import model_folder
-from torchtrain import attention as attn
-from torchtrain.engines import AttnMeta, Engine, attend, engine_of, prepare_meta
+from torchtrain.attention import functions as attn
+from torchtrain.attention.engines import AttnMeta, Engine, attend, engine_of, prepare_meta
 from torchtrain.model import DType, build_model
 
 CACHED_ATTENTION = "anchor_eval_cached"  # the name registered in transformers' AttentionInterface

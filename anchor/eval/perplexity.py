@@ -59,8 +59,8 @@ from anchor_core.errors import InputError
 from anchor_core.progress import ProgressBar
 from anchor_core.tokenizer import Tok
 from anchor_core.variants import Variant, check_variant
-from torchtrain.engines import engine_of
-from torchtrain.loss import token_cross_entropy
+from torchtrain.attention.engines import engine_of
+from torchtrain.model.loss import token_cross_entropy
 
 HELDOUT_DIRS = ("test", "tests", "idle_test")  # left out of the default corpus (anchor_core.data.corpus.SKIP_DIRS)
 HELDOUT_SEED = 0

@@ -55,10 +55,10 @@ from anchor_core.parts import plain as _plain
 from anchor_core.progress import ProgressBar
 from anchor_core.tokenizer import load_tokenizer
 from anchor_core.weights import load_spec, model_folder, model_identity
-from torchtrain import checkpoint as ckpt
-from torchtrain import engines
-from torchtrain.memory import forward_memory
-from torchtrain.run_folder import load_run_config
+from torchtrain.training import checkpoint as ckpt
+from torchtrain.attention import engines
+from torchtrain.training.memory import forward_memory
+from torchtrain.training.run_folder import load_run_config
 
 DEFAULT_TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_1", "vt", "cwe", "fwe")
 DEFAULT_LENGTHS = (1024, 2048)
@@ -159,7 +159,7 @@ def run_eval(checkpoints: Sequence[tuple[str, str]], *, tasks: Sequence[str] = D
 def _check_inputs(checkpoints: Sequence[tuple[str, str]], tasks: Sequence[str], lengths: Sequence[int],
                   samples: int, *, engine: str = "sdpa", dtype: str = "float32", batch_size: int = 4):
     """Check what `run_eval` was given before any work (one-line InputErrors), the memory of each length
-    included (torchtrain.memory.forward_memory against the memory free here); returns the tokenizer of the
+    included (torchtrain.training.memory.forward_memory against the memory free here); returns the tokenizer of the
     first checkpoint's model (every checkpoint reads the same prompts)."""
     if not checkpoints:
         raise InputError("nothing to evaluate (no checkpoint or model)")

@@ -3,7 +3,7 @@
     python experiments/anchor_copies_grad/anchor_copies_grad.py [--seq-len 1025] [--orders 4] \
         --out experiments/anchor_copies_grad/results/anchor_copies_grad_cpu.json
 
-The varlen engines (torchtrain/varlen.py) put a copy of the anchor's key and value in front of every
+The varlen engines (torchtrain/attention/varlen.py) put a copy of the anchor's key and value in front of every
 document's segment. Their backward therefore forms the anchor's key/value gradient per document, each
 part rounded to bf16 (the kernel's output dtype: FlashAttention-2's on CUDA, and the `.float()` cast of
 the pure-torch emulation, `flash_varlen_emulated`, here), and sums the parts. The oracle's emulation
@@ -73,7 +73,7 @@ class _RoundGrad:
 
 
 def _varlen_rows(q_rows, k_rows, v_rows, cu_q, cu_k, value_dtype, scale, per_head: bool):
-    """torchtrain.varlen_emulation's forward arithmetic (bit for bit) on k/v rows of any dtype holding
+    """torchtrain.attention.varlen_emulation's forward arithmetic (bit for bit) on k/v rows of any dtype holding
     `value_dtype` values: the probabilities rounded to `value_dtype` before p·v, as there. The rows'
     gradients are whatever the rows' dtype makes them; `per_head`: each query head's k/v gradient rounded
     to bf16 before the sum over its group (FlashAttention-2 under GQA: `dk_expanded` in the input dtype)."""
@@ -109,7 +109,7 @@ def mode(per_document: bool, per_head: bool):
     anchor's rows gets its gradient rounded to bf16, then the copies are added in bf16 by the gather's
     backward) or in fp32 (the copies meet in an fp32 sum, rounded once by the cast's backward), and
     `per_head` rounds each query head's k/v gradient before its group's sum. The forward is unchanged."""
-    from torchtrain import attention
+    from torchtrain.attention import functions as attention
 
     original = attention.varlen_attention
 

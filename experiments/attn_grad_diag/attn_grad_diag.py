@@ -16,7 +16,7 @@ a layer (4 layers by default: it travels beside the second part of the weights, 
 
 `run` (any device, CUDA for the kernels): per layer, the same bf16 q, k, v, dO through
   fp64          dense masked attention and its autograd on the bf16 values (the reference)
-  varlen, flex  torchtrain's engines (`torchtrain.engines.attend`): on CUDA torch's varlen kernel
+  varlen, flex  torchtrain's engines (`torchtrain.attention.engines.attend`): on CUDA torch's varlen kernel
                 (FlashAttention-2) and compiled FlexAttention; off CUDA varlen's SDPA calls and sdpa (torch's
                 fused CPU kernel on the whole window), flex skipped
   emu_autodiff  fp32 FA-2 forward arithmetic (bf16 probabilities before p·v, fp32 sums) and autograd
@@ -86,7 +86,7 @@ def capture(out: str, layers: tuple[int, ...], model: str = "default", seq_len: 
 
     import torchtrain
     from parity_tests.cases import BF16, Case, case_inputs
-    from torchtrain import engines
+    from torchtrain.attention import engines
 
     case = Case(model, "anchor", "plain", BF16, "sdpa", seq_len)
     inputs = case_inputs(case)
@@ -229,7 +229,7 @@ def reference(q, k, v, do, mask, scale):
 
 def kernel(engine: str, q, k, v, do, doc_ids, scale):
     """torchtrain's engine on [N,T,D]/[K,T,D] inputs: its dq, dk, dv."""
-    from torchtrain import engines
+    from torchtrain.attention import engines
 
     meta = engines.prepare_meta(engine, doc_ids, "anchor")
     qb, kb, vb = (x[None].clone().requires_grad_() for x in (q, k, v))
@@ -245,7 +245,7 @@ def _rel(x, ref) -> float:
 def run(path: str, device: str) -> dict:
     import torch
 
-    from torchtrain.variants import dense_mask
+    from torchtrain.attention.variants import dense_mask
 
     z = np.load(path, allow_pickle=False)
     layers = [int(i) for i in z["layers"]]

@@ -45,7 +45,7 @@ from parity_tests.audit.runner import (
 )
 from parity_tests.audit.sequences import load_texts, make_windows
 from parity_tests.emulations import EMULATIONS, emulation
-from torchtrain.engines import TAP_ATTR
+from torchtrain.attention.engines import TAP_ATTR
 
 ORACLE_POLICY: dict[str, str] = EMULATIONS  # the oracle policy whose arithmetic each engine follows
 BF16_LOGITS = ("eager",)  # engines whose stored logits are in the model's dtype

@@ -17,7 +17,7 @@ from anchor_core.errors import InputError
 from parity_tests.cases import CaseInputs
 from parity_tests.hf_stack.stacks import INPUT_STYLES, Stack
 from parity_tests.hf_stack.subjects import torch_dtype
-from torchtrain.variants import dense_mask
+from torchtrain.attention.variants import dense_mask
 
 
 def packed_positions(doc_ids: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ from parity_tests.hf_stack.stacks import (DEFAULT_INPUTS, USER_NAME, Stack, chec
                                           stock)
 from parity_tests.hf_stack.subjects import Subject, named_subject, subject_model
 from parity_tests.runners import Runner, Taps, as_arrays, register_family
-from torchtrain.taps import capture_taps
+from torchtrain.model.taps import capture_taps
 
 
 @contextlib.contextmanager

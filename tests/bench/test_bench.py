@@ -16,7 +16,7 @@ from anchor.bench.windows import SYNTHETIC, doc_lengths, synthetic_seg
 from anchor_core.data.batch import make_batch
 from anchor_core.spec import random_preset
 from tests.torchtrain.conftest import packed_batch
-from torchtrain.variants import VARIANTS, dense_mask
+from torchtrain.attention.variants import VARIANTS, dense_mask
 from tests.bench.helpers import run_bench as _run
 
 

@@ -7,7 +7,7 @@
 - YAML 1.1's booleans (yes, no, on, off, any case) are strings: every boolean key refuses them as it refuses `1`,
   from an override and from the file.
 - `anchor plan` and `anchor train` refuse the configs a CPU cannot train (bf16 at ZeRO-0, flash_varlen,
-  offloaded checkpoints) by one check (torchtrain.memory.check_device), in the same words, exit 2.
+  offloaded checkpoints) by one check (torchtrain.training.memory.check_device), in the same words, exit 2.
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ CPU_REFUSALS = {
 @pytest.mark.parametrize("overrides", CPU_REFUSALS.values(), ids=CPU_REFUSALS.keys())
 def test_plan_refuses_what_train_refuses_in_the_same_words(overrides, tmp_path, capsys):
     """Where `anchor train` refuses a config on this machine, `anchor plan` (for this machine) refuses it in the
-    same line after the verb: the one check, torchtrain.memory.check_device."""
+    same line after the verb: the one check, torchtrain.training.memory.check_device."""
     if torch.cuda.is_available() and "model.offload_checkpoints=true" in overrides:
         pytest.skip("this machine trains on a GPU, where checkpoints may be offloaded")
     code, _, err = run_cli(["train", "--config", "tiny", "--out", tmp_path / "run", "--no-progress", *overrides],

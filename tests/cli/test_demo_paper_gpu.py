@@ -259,7 +259,7 @@ def test_checkpoints_that_do_not_fit_the_disk_are_refused_before_any_work(tmp_pa
 
 
 def test_the_profile_fits_one_h100():
-    """The memory estimates the trainer and the evaluation check before any work (torchtrain.memory) leave room
+    """The memory estimates the trainer and the evaluation check before any work (torchtrain.training.memory) leave room
     on an H100's 79 GiB: a training step at 16K (bf16 and fp32 under ZeRO-1) and the evaluation's batch of 68
     prompts of 16K with their KV cache; the checkpoints fit its 64 GiB disk (about 54 GB)."""
     import torch
@@ -267,7 +267,7 @@ def test_the_profile_fits_one_h100():
     from anchor_core.errors import InputError
     from anchor_core.weights import load_spec
     from anchor.demo.planning import checkpoint_bytes
-    from torchtrain.memory import forward_memory, step_memory
+    from torchtrain.training.memory import forward_memory, step_memory
 
     s = PROFILES["paper-gpu"]
     try:

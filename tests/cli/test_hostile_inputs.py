@@ -416,7 +416,7 @@ def test_the_refusal_of_a_planted_pickle_is_its_one_line(tmp_path):
     silenced, the refusal stays the one line, the object is never built."""
     import torch
 
-    from torchtrain.checkpoint import safe_loads
+    from torchtrain.training.checkpoint import safe_loads
 
     marker = tmp_path / "payload-ran"
     f = tmp_path / "mp_rank_00_model_states.pt"

@@ -198,7 +198,7 @@ def test_steps_logged_past_the_checkpoint_are_named_when_dropped(reference, tmp_
 
 
 def test_read_log_takes_a_cut_last_line_only(tmp_path):
-    from torchtrain.metrics import read_log, read_metrics
+    from torchtrain.training.metrics import read_log, read_metrics
 
     path = tmp_path / "metrics.jsonl"
     assert read_log(tmp_path).last == 0

@@ -20,7 +20,7 @@ WORK = {
     "parity": ("parity_tests.suite", "run_parity"),
     "corpus": ("anchor_core.data.corpus", "write_default_corpus"),
     "demo": ("anchor.demo", "run_demo"),
-    "train": ("torchtrain.trainer", "train"),
+    "train": ("torchtrain.training.trainer", "train"),
     "bench": ("anchor.bench.run", "run_bench"),
     "eval": ("anchor.eval.runner", "run_eval"),
 }
@@ -162,7 +162,7 @@ def test_train_refuses_the_root_and_a_config_inside_out(tmp_path, capsys):
     """`--out /` is one line, exit 2 (the guard runs before the lock beside the folder is taken), also
     through the Python API; a --config inside --out is an input, refused."""
     from torchtrain.config import load_train_config
-    from torchtrain.trainer import train
+    from torchtrain.training.trainer import train
 
     with pytest.raises(InputError, match="root"):
         train(load_train_config(TINY, []), "/")

@@ -13,10 +13,11 @@ from anchor_core import shipped
 from anchor_core.errors import InputError
 from anchor_core.weights import load_spec
 from tests.cli.helpers import assert_usage_error, run_cli
-from torchtrain import engines, run_folder
+from torchtrain.attention import engines
+from torchtrain.training import run_folder
 from torchtrain.config import load_train_config
 from anchor_core.hardware import GPUS, SHAPES
-from torchtrain.memory import ALLOCATOR_MARGIN, largest_term, step_memory
+from torchtrain.training.memory import ALLOCATOR_MARGIN, largest_term, step_memory
 
 GiB = 2**30
 
@@ -158,8 +159,8 @@ def test_the_peak_is_the_backwards_start_or_its_end():
     ZeRO-0 the optimizer step, every gradient beside the larger of DeepSpeed's flat copy of them (its all-reduce)
     and torch's AdamW temporaries (two of the largest parameter's size on the CPU). Short windows peak at the
     optimizer step, long ones at the backward's start."""
-    from torchtrain.loss import chunk_working_bytes
-    from torchtrain.memory import activation_bytes_per_slot, largest_parameter, layer_parameters, parameters
+    from torchtrain.model.loss import chunk_working_bytes
+    from torchtrain.training.memory import activation_bytes_per_slot, largest_parameter, layer_parameters, parameters
 
     spec = load_spec("default")
     kw = dict(micro_batch=1, dtype=torch.float32, engine="varlen", zero_stage=0, procs=1,
@@ -283,7 +284,7 @@ def test_a_bf16_zero3_runs_states_are_each_byte_divided_once():
     optimizer's fp32 gradients in host memory; the parameters offloaded too: the weights. Beside them DeepSpeed's
     ZeRO-3 buckets, which the trainer sizes from the hidden size h as transformers does: h² (reduce) + 0.9 h²
     (prefetch) bf16 elements, not sharded."""
-    from torchtrain.memory import parameters
+    from torchtrain.training.memory import parameters
 
     spec = SHAPES["llama3.1-8b"].spec
     P = parameters(spec)

@@ -522,7 +522,7 @@ def shared_demo() -> Path:
 
 
 def make_scratch(folder: Path, block: Block) -> Scratch:
-    from torchtrain.distributed import environ_for_child, free_port
+    from torchtrain.parallel.distributed import environ_for_child, free_port
 
     folder.mkdir(parents=True, exist_ok=True)
     for name in LINKED:

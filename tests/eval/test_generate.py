@@ -28,9 +28,9 @@ from anchor_core.tokenizer import load_tokenizer
 from anchor_core.export import write_model
 from anchor_core.weights import load_weights
 from tests.torchtrain.conftest import needs_smollm2
-from torchtrain.checkpoint import write_manifest
-from torchtrain.engines import attn_implementation, engine_of
-from torchtrain.variants import VARIANTS
+from torchtrain.training.checkpoint import write_manifest
+from torchtrain.attention.engines import attn_implementation, engine_of
+from torchtrain.attention.variants import VARIANTS
 
 torch.set_num_threads(1)  # shared cores: one intra-op thread (see tests/torchtrain/conftest.py)
 

@@ -13,7 +13,7 @@ from anchor_core.tokenizer import load_tokenizer
 from anchor.eval import perplexity as ppl
 from anchor.eval.generate import load_eval_model
 from anchor.eval.perplexity import heldout_files, heldout_windows, perplexity
-from torchtrain.loss import token_cross_entropy
+from torchtrain.model.loss import token_cross_entropy
 
 torch.set_num_threads(1)  # shared cores
 

@@ -1,6 +1,6 @@
 """The oracle's training math against the trainer's: loss and gradients (`jaxref.value_and_grad`)
 against transformers' autograd under torchtrain's loss, and one optax AdamW step (`jaxref.adamw`)
-against torch.optim.AdamW over `torchtrain.optim.param_groups`.
+against torch.optim.AdamW over `torchtrain.training.optim.param_groups`.
 
 Torch "in float64" is the float32-built model after `.double()`: transformers still runs its
 RMSNorm statistics, eager softmax and RoPE angles in float32 and torchtrain's loss casts the logits
@@ -21,7 +21,7 @@ from anchor_core.data.batch import make_batch
 from anchor_core.weights import expected_shapes
 from tests.jaxref.layouts import random_layout
 from torchtrain.config import TrainConfig
-from torchtrain.optim import param_groups
+from torchtrain.training.optim import param_groups
 
 B, T = 2, 97
 GRAD_TOL = 1e-5       # relative L2 per parameter (measured: <= 7e-7 fp64 vs double, <= 2e-6 fp32 vs float32)

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from torchtrain.loss import token_cross_entropy
+from torchtrain.model.loss import token_cross_entropy
 
 FIRST, EOS = 1, 2
 TAG_TOKENS = [[5, 6], [7], [8, 9, 10]]  # per domain
@@ -116,7 +116,7 @@ class Models:
 
     def get(self, name: str, engine: str, impl: str):
         from torchtrain.model import model_from_weights, set_engine
-        from torchtrain.sequence_parallel import enable_sequence_parallel
+        from torchtrain.parallel.ulysses import enable_sequence_parallel
 
         if name not in self.ref:
             spec, state = weights(name)
@@ -163,8 +163,8 @@ def reference(model, b: dict[str, torch.Tensor], variant: str):
 
 
 def sequence_parallel(model, b: dict[str, torch.Tensor], case: Case, rank: int, P: int, group):
-    from torchtrain.sequence_parallel import Ulysses, disable_sequence_parallel, next_token_loss_shard, \
-        sequence_parallel_of, shard
+    from torchtrain.parallel.ulysses import (Ulysses, disable_sequence_parallel, next_token_loss_shard,
+                                             sequence_parallel_of, shard)
 
     model.zero_grad(set_to_none=True)
     doc_ids = b["doc_ids"]
@@ -194,7 +194,7 @@ def sequence_parallel(model, b: dict[str, torch.Tensor], case: Case, rank: int, 
 
 
 def run_case(models: Models, case: Case, index: int, rank: int, P: int, group) -> dict | None:
-    from torchtrain.sequence_parallel import enable_sequence_parallel
+    from torchtrain.parallel.ulysses import enable_sequence_parallel
 
     b = batch(case.layout, case.variant, case.seq_len)
     ref_model, sp_model = models.get(case.model, case.engine, case.impl)
@@ -219,7 +219,7 @@ def error_checks(models: Models, rank: int, P: int, T: int) -> dict[str, str]:
     """One-line errors under SP (the same on every rank, before any collective)."""
     from anchor_core.errors import InputError
     from torchtrain import capture_taps
-    from torchtrain.sequence_parallel import shard
+    from torchtrain.parallel.ulysses import shard
 
     _, model = models.get("mistral", "sdpa", "torch")
     b = batch("plain", "anchor", T)

@@ -15,9 +15,9 @@ import torch
 import torchtrain
 from anchor_core.weights import load_weights
 from tests.torchtrain.conftest import needs_smollm2, packed_batch, rel_l2, smollm2_weights
-from torchtrain import engines
+from torchtrain.attention import engines
 from torchtrain.model import model_from_weights, set_engine
-from torchtrain.variants import VARIANTS
+from torchtrain.attention.variants import VARIANTS
 
 ENGINES_HERE = ("sdpa", "flex", "flash_varlen_emulated", "varlen")
 PRESETS = ("random:llama", "random:qwen2", "random:mistral")

@@ -1,4 +1,4 @@
-"""The lm-head fused with the cross-entropy (`torchtrain.loss.linear_cross_entropy`) against the
+"""The lm-head fused with the cross-entropy (`torchtrain.model.loss.linear_cross_entropy`) against the
 unfused path (`token_cross_entropy(hidden @ weightᵀ, targets)`): fp32 forward within 1e-6 and
 gradients within 1e-5 (relative to the reference's largest magnitude), bf16 within twice the unfused
 bf16 path's own error against fp32, at odd sizes (N=515 rows, V=1031, H=84) and with chunks that
@@ -14,10 +14,10 @@ import torch
 
 from anchor_core.weights import load_weights
 from tests.torchtrain.conftest import packed_batch, rel_l2
-from torchtrain import loss as L
+from torchtrain.model import loss as L
 from torchtrain import next_token_loss
 from torchtrain.model import model_from_weights
-from torchtrain.sequence_parallel import next_token_loss_shard
+from torchtrain.parallel.ulysses import next_token_loss_shard
 
 N, V, H = 515, 1031, 84
 FWD_TOL, GRAD_TOL = 1e-6, 1e-5

@@ -12,7 +12,7 @@ from anchor_core.weights import load_weights
 from tests.torchtrain.conftest import packed_batch, rel_l2
 from torchtrain import next_token_loss
 from torchtrain.model import model_from_weights
-from torchtrain.variants import VARIANTS
+from torchtrain.attention.variants import VARIANTS
 
 
 @functools.cache
@@ -72,7 +72,7 @@ def test_loss_in_bf16_is_computed_in_fp32():
 
 def test_gradient_checkpointing_reuses_the_step_metadata(monkeypatch):
     """Recomputed layers get the same `attn_meta`: one build per step, gradients unchanged."""
-    from torchtrain import engines
+    from torchtrain.attention import engines
 
     _, ref = _grads("random:llama", "sdpa", "anchor", 97)
     model = model_from_weights(*_weights("random:llama"), engine="sdpa", dtype="float32")

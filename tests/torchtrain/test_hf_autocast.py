@@ -4,7 +4,7 @@ TRL's default `SFTConfig` run it, and bf16 weights.
 - Each attention function that trains on the CPU, called under autocast with what a Llama layer hands it there
   (q and k in float32: transformers' rotary tables follow the float32 residual stream; v in the autocast
   dtype), computes exactly what it computes on q, k, v rounded to that dtype by the caller: outputs and
-  gradients equal (torchtrain.engines.compute_dtype, the rule torch's SDPA follows under autocast).
+  gradients equal (torchtrain.attention.engines.compute_dtype, the rule torch's SDPA follows under autocast).
 - A bf16-weight model trains through each of them (forward and backward finite).
 - Three steps of transformers' `Trainer` with `bf16=True`, and of TRL's `SFTTrainer` with its default
   `SFTConfig` (bf16 on, activation checkpointing on), on `PackingCollator` windows: at each step, on that

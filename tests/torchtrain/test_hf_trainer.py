@@ -21,7 +21,7 @@ import torch
 import torchtrain.hf as hf
 from anchor_core.errors import InputError
 from anchor_core.variants import VARIANTS
-from torchtrain.distributed import environ_for_child
+from torchtrain.parallel.distributed import environ_for_child
 
 FIRST, EOS = 1, 2
 
@@ -218,7 +218,7 @@ def anchor_run(tmp_path_factory):
     """Three steps of `anchor train` (configs/train/tiny.yaml: random:llama, anchor variant, AdamW lr 1e-3,
     betas 0.9/0.95, wd 0.1 off the norms, fp32; here constant lr, no warmup, no clipping, the sdpa engine)."""
     from torchtrain.config import load_train_config
-    from torchtrain.trainer import train
+    from torchtrain.training.trainer import train
 
     cfg = load_train_config("configs/train/tiny.yaml", TRAIN_OVERRIDES)
     run = tmp_path_factory.mktemp("anchor_train") / "run"
@@ -326,8 +326,8 @@ def test_trainer_with_torchtrain_loss_is_anchor_train_bit_for_bit(anchor_run) ->
     trainer reports them)."""
     from transformers import Trainer
 
-    from torchtrain import sequence_parallel as sp
-    from torchtrain.loss import final_hidden_states
+    from torchtrain.parallel import ulysses as sp
+    from torchtrain.model.loss import final_hidden_states
 
     class FusedLoss(Trainer):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

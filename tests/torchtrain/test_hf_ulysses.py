@@ -4,10 +4,10 @@ PackingCollator("anchor") + anchor_varlen on 2 gloo processes with sp_size 2 tra
 The worker (ulysses_worker.py) trains 3 steps of a tiny Llama with Trainer's defaults (AdamW, max_grad_norm 1)
 at the paper's lr 2e-5 and weight decay 0.1, ZeRO-2. Each step's loss equals the one-process run's within the
 fp32 rule (1e-6, tests/train/test_zero.py) and so does its gradient norm (1e-5, as there). Without
-UlyssesGradients the norms are twice the one-process ones (torchtrain.hf_ulysses;
+UlyssesGradients the norms are twice the one-process ones (torchtrain.hf.trainer_sp;
 github.com/deepspeedai/DeepSpeed/issues/5248) while the losses, under Adam and clipping, stay equal: the norms
 are what this test holds. Measured: losses within 1e-7, norms equal to 7 digits. A wrong slice of doc_ids on
-one rank stops both ranks with the one-line check of torchtrain.hf_ulysses.check_window, here end to end and
+one rank stops both ranks with the one-line check of torchtrain.hf.trainer_sp.check_window, here end to end and
 in-process for each kind of wrong slice.
 
 What each rank is fed: DeepSpeed's loader adapter trains each rank's own batch in turn on the whole group, so
@@ -31,8 +31,8 @@ import torch
 
 from anchor_core.errors import InputError
 from tests.train.conftest import ENV
-from torchtrain import hf_ulysses
-from torchtrain.distributed import free_port
+from torchtrain.hf import trainer_sp as hf_ulysses
+from torchtrain.parallel.distributed import free_port
 
 WORKER = Path(__file__).with_name("ulysses_worker.py")
 CAUGHT = "sequence parallelism: the doc_ids gathered over the 2 ranks are not one window of the anchor variant"

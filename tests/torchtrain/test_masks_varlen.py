@@ -10,9 +10,9 @@ import torch
 from anchor_core.errors import InputError
 from tests.torchtrain.conftest import packed_batch
 from torchtrain.attention import eager_attention, varlen_attention
-from torchtrain.variants import VARIANTS, check_doc_ids, dense_mask
-from torchtrain.varlen import segment_mask, varlen_segments
-from torchtrain.varlen_emulation import flash_attn_varlen_func
+from torchtrain.attention.variants import VARIANTS, check_doc_ids, dense_mask
+from torchtrain.attention.varlen import segment_mask, varlen_segments
+from torchtrain.attention.varlen_emulation import flash_attn_varlen_func
 
 LAYOUTS = ("cut", "padded", "interleaved")
 

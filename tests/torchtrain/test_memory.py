@@ -1,4 +1,4 @@
-"""torchtrain.memory: the parameter count its estimates rest on is the built model's, for every family."""
+"""torchtrain.training.memory: the parameter count its estimates rest on is the built model's, for every family."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from anchor_core.spec import RANDOM_PRESETS
 from anchor_core.weights import load_spec
-from torchtrain.memory import parameters
+from torchtrain.training.memory import parameters
 from torchtrain.model import build_model
 
 

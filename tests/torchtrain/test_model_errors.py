@@ -11,7 +11,7 @@ from anchor_core.errors import InputError, UnavailableError
 from anchor_core.spec import RopeSpec, to_hf_config
 from anchor_core.weights import load_weights
 from tests.torchtrain.conftest import packed_batch
-from torchtrain.engines import flash_attn_kernel
+from torchtrain.attention.engines import flash_attn_kernel
 
 
 @pytest.mark.parametrize("name", ["random:llama", "random:qwen2", "random:mistral", "random:smollm2", "random:qwen3"])
@@ -90,14 +90,14 @@ def test_flash_varlen_without_flash_attn():
 
 def test_flash_varlen_in_float32_is_refused(monkeypatch):
     """FlashAttention has no fp32 kernel: the engine/dtype combination is refused even where it imports."""
-    monkeypatch.setattr(torchtrain.engines, "flash_attn_kernel", lambda: object())
+    monkeypatch.setattr(torchtrain.attention.engines, "flash_attn_kernel", lambda: object())
     with pytest.raises(UnavailableError) as e:
         torchtrain.build_model("random:llama", engine="flash_varlen", dtype="float32")
     assert "bfloat16" in _one_line(e)
 
 
 def test_flash_varlen_on_cpu_tensors_is_refused(monkeypatch):
-    monkeypatch.setattr(torchtrain.engines, "flash_attn_kernel", lambda: object())
+    monkeypatch.setattr(torchtrain.attention.engines, "flash_attn_kernel", lambda: object())
     model = torchtrain.build_model("random:llama", engine="flash_varlen", dtype="bfloat16")
     with pytest.raises(UnavailableError) as e, torch.no_grad():
         model(**packed_batch("anchor", 20).model_inputs())

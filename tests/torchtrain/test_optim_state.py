@@ -1,5 +1,5 @@
-"""torchtrain.optim.allocate_state: AdamW's moments held from the start, so the first step's peak is every
-step's (torchtrain.memory.step_memory counts them), without changing one bit of the run."""
+"""torchtrain.training.optim.allocate_state: AdamW's moments held from the start, so the first step's peak is every
+step's (torchtrain.training.memory.step_memory counts them), without changing one bit of the run."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import torch
 
-from torchtrain import optim
+from torchtrain.training import optim
 
 
 def _model_and_adamw(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.AdamW]:
@@ -63,7 +63,7 @@ def test_an_existing_state_is_left_alone():
 def test_anchor_train_holds_the_moments_from_the_start_and_trains_the_same(tmp_path, monkeypatch):
     """`anchor train` at ZeRO-0 allocates the state before its first step; three steps give the losses,
     gradient norms and final weights of a run that allocates it lazily, bit for bit."""
-    from torchtrain import trainer
+    from torchtrain.training import trainer
     from torchtrain.config import load_train_config
 
     seen = []

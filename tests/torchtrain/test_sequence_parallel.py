@@ -1,4 +1,4 @@
-"""Ulysses sequence parallelism (torchtrain.sequence_parallel) on 2 gloo processes against one
+"""Ulysses sequence parallelism (torchtrain.parallel.ulysses) on 2 gloo processes against one
 process on the whole window: logits, the masked next-token loss and every parameter gradient,
 for each variant, layout (plain, domain tags, interleaved chunks, both), engine and model family,
 with replicated kv heads where they are fewer than the degree. Two deliberately broken layouts
@@ -11,7 +11,7 @@ import pytest
 from anchor_core.errors import InputError
 from anchor_core.spec import RANDOM_PRESETS
 from tests.torchtrain.sp_worker import Case, run_pool
-from torchtrain.sequence_parallel import check_sequence_parallel, kv_copies
+from torchtrain.parallel.ulysses import check_sequence_parallel, kv_copies
 
 P, T = 2, 2 * 97  # odd shards: RoPE and mask bugs hide at round sizes
 VARIANTS = ("full", "intra_doc", "intra_doc_reset", "anchor")

@@ -7,7 +7,7 @@ import torch
 
 import torchtrain
 from tests.torchtrain.conftest import packed_batch
-from torchtrain.variants import dense_mask
+from torchtrain.attention.variants import dense_mask
 
 ROWS = [0, 1, 17, 38]
 

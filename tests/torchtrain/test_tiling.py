@@ -1,4 +1,4 @@
-"""The MLP computed in tiles over the sequence (`torchtrain.tiling`) against the untiled step: a whole model's
+"""The MLP computed in tiles over the sequence (`torchtrain.model.tiling`) against the untiled step: a whole model's
 loss and every parameter's gradient, with and without activation checkpointing, at T = 515 slots in tiles of
 64 rows (the last one ragged) and of one row.
 
@@ -20,7 +20,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from tests.torchtrain.conftest import rel_l2
-from torchtrain import tiling
+from torchtrain.model import tiling
 
 T, V = 515, 97
 
@@ -118,7 +118,7 @@ def test_anchor_train_tiles_the_mlp_when_asked(tmp_path, monkeypatch):
     size as its rows per tile, and the first step's loss and gradient norm are the untiled run's to within fp32
     rounding (8 units in the last place; the rule against fp64 is the tests above, on the same function)."""
     from torchtrain.config import load_train_config
-    from torchtrain.trainer import train
+    from torchtrain.training.trainer import train
 
     calls = []
     apply = tiling._TiledMLP.apply
@@ -160,7 +160,7 @@ def test_checkpoints_in_host_memory_leave_the_step_unchanged():
 def test_anchor_train_offloads_checkpoints_on_cuda(tmp_path):
     """On CUDA, the trainer's step with offloaded checkpoints is the step without, bit for bit."""
     from torchtrain.config import load_train_config
-    from torchtrain.trainer import train
+    from torchtrain.training.trainer import train
 
     rows = {}
     for offload in (False, True):

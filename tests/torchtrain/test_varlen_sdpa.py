@@ -1,4 +1,4 @@
-"""The `varlen` engine (torchtrain.varlen_sdpa) against eager attention with the contract mask:
+"""The `varlen` engine (torchtrain.attention.varlen_sdpa) against eager attention with the contract mask:
 every variant and layout, odd lengths, GQA, float32 forward within 1e-6
 and gradients within 1e-5 (max-abs error over the reference's max-abs), through each of its paths:
 whole buckets, query chunks, long segments run whole, and the per-call autograd path used off the
@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from tests.torchtrain.conftest import packed_batch
-from torchtrain import varlen_sdpa
+from torchtrain.attention import varlen_sdpa
 from torchtrain.attention import eager_attention
-from torchtrain.variants import VARIANTS, dense_mask
-from torchtrain.varlen import varlen_segments
-from torchtrain.varlen_sdpa import bucket_lengths, plan, varlen_sdpa_attention
+from torchtrain.attention.variants import VARIANTS, dense_mask
+from torchtrain.attention.varlen import varlen_segments
+from torchtrain.attention.varlen_sdpa import bucket_lengths, plan, varlen_sdpa_attention
 
 LAYOUTS = ("cut", "padded", "interleaved")
 D = 16

@@ -30,7 +30,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainerCallback, TrainingArguments
 
 import torchtrain.hf as hf
-from torchtrain import hf_ulysses
+from torchtrain.hf import trainer_sp as hf_ulysses
 
 T = 98  # even for sp_size 2; documents of odd lengths
 STEPS = 3

@@ -123,7 +123,7 @@ def heldout_reference(hf: Path, data: Path, held: int, edges: np.ndarray) -> tup
 
     import torchtrain.hf  # noqa: F401  (registers anchor_sdpa)
     from anchor_core.data.packed import PackedData, heldout_windows
-    from torchtrain.sequence_parallel import counted_predictions
+    from torchtrain.parallel.ulysses import counted_predictions
 
     packed = PackedData.open(data)
     model = AutoModelForCausalLM.from_pretrained(hf, attn_implementation="anchor_sdpa", dtype=torch.float32)

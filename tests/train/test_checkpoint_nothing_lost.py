@@ -20,7 +20,7 @@ from anchor_core.export import export_hf
 from anchor_core.weights import load_spec, load_weights, random_preset, random_state
 from tests import forked
 from tests.train.conftest import DETERMINISTIC, ENV, final_weights, metrics, run_train, train_args
-from torchtrain import checkpoint as ckpt
+from torchtrain.training import checkpoint as ckpt
 
 
 def _checkpoint(run: Path, step: int) -> Path:

@@ -15,7 +15,7 @@ from anchor_core.spec import ModelSpec, RopeSpec
 from tests.train.conftest import ROOT, TINY
 from torchtrain.config import load_train_config, with_changes
 from torchtrain.config.deepspeed_json import deepspeed_config
-from torchtrain.run_folder import check_model
+from torchtrain.training.run_folder import check_model
 
 CONFIGS = sorted((ROOT / "configs" / "train").rglob("*.yaml"))
 
@@ -44,7 +44,7 @@ def test_every_shipped_config_resolves(path, monkeypatch):
     # a step's memory against the whole machine's (MemTotal), not what the processes beside this test
     # leave free at the moment: a fresh-clone run beside a 12 GB job refused smollm2_2k.yaml (5.5 GiB
     # needed, 5.2 available), which fits this 24 GB machine idle
-    from torchtrain import engines
+    from torchtrain.attention import engines
 
     total = next(int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("MemTotal:"))
     monkeypatch.setattr(engines, "available_memory", lambda device="cpu": total)
@@ -62,8 +62,8 @@ def test_every_shipped_config_resolves(path, monkeypatch):
         assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas, cfg.schedule.steps, cfg.data.global_batch) == (2e-5, 0.1, (0.9, 0.95), 2000, 8)
         assert (cfg.model.dtype, cfg.parallel.zero_stage, cfg.parallel.sequence_parallel) == ("bfloat16", 3, 8)
     else:  # every stage of a length schedule (one without), as prepare_run checks them
-        from torchtrain.run_folder import model_spec
-        from torchtrain.stages import run_stages
+        from torchtrain.training.run_folder import model_spec
+        from torchtrain.training.stages import run_stages
 
         for stage in run_stages(cfg):
             trained = check_model(stage.cfg, model_spec(stage.cfg), stage.seq_len)
@@ -218,7 +218,7 @@ def test_an_override_reaches_training(tmp_path, capsys):
     import yaml
 
     from anchor.cli import main
-    from torchtrain.metrics import read_metrics
+    from torchtrain.training.metrics import read_metrics
 
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as e:
@@ -252,7 +252,7 @@ def test_a_run_in_this_process_does_not_make_the_next_look_launched(tmp_path, ca
     `anchor train` in the same process (the demo trains two runs) must still be a local one: its
     nproc checks apply and it is not mistaken for a torchrun rank."""
     from anchor.cli import main
-    from torchtrain.distributed import launched_externally
+    from torchtrain.parallel.distributed import launched_externally
 
     with pytest.raises(SystemExit) as e:
         main(["train", "--config", str(TINY), "--out", str(tmp_path / "one"), "--no-progress", "schedule.steps=1",
@@ -277,14 +277,14 @@ def test_a_child_of_a_process_that_trained_is_not_mistaken_for_a_launched_rank(t
     import sys
 
     from anchor.cli import main
-    from torchtrain.distributed import SOLO_PORT, environ_for_child
+    from torchtrain.parallel.distributed import SOLO_PORT, environ_for_child
 
     with pytest.raises(SystemExit) as e:
         main(["train", "--config", str(TINY), "--out", str(tmp_path / "parent"), "--no-progress", "schedule.steps=1",
               "checkpoint.save_every=0", "eval.every=1", "eval.window=1", "data.pack.budget=4000"])
     assert e.value.code in (0, None)
     assert os.environ[SOLO_PORT] == os.environ["MASTER_PORT"] and os.environ["WORLD_SIZE"] == "1"
-    probe = "from torchtrain.distributed import launched_externally as f; print(f())"
+    probe = "from torchtrain.parallel.distributed import launched_externally as f; print(f())"
     launched = {**os.environ, "MASTER_PORT": str(int(os.environ["MASTER_PORT"]) + 1), "WORLD_SIZE": "2"}
     for env, want in ((dict(os.environ), "False"), (launched, "True")):
         out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=ROOT, capture_output=True, text=True)
@@ -302,7 +302,7 @@ def test_a_child_of_a_process_that_trained_is_not_mistaken_for_a_launched_rank(t
 def test_engine_defaults_to_auto_and_resolves_to_a_linear_one_here():
     """No `model.engine:` means auto; on this CPU it runs as varlen (never a dense engine by default)."""
     from torchtrain.config import validate
-    from torchtrain.run_folder import resolved_engine
+    from torchtrain.training.run_folder import resolved_engine
 
     cfg = validate({"model": {"name": "random:llama"}, "data": {"path": "corpus"}, "schedule": {"steps": 1}})
     assert cfg.model.engine == "auto"
@@ -316,7 +316,7 @@ def test_dense_engine_refused_when_its_mask_does_not_fit(tmp_path, capsys, monke
     linear engine's step) is refused in one line naming the engine and the estimate, exit 2, nothing
     written; auto (linear in T) is not."""
     from anchor.cli import main
-    from torchtrain import engines
+    from torchtrain.attention import engines
 
     monkeypatch.setattr(engines, "available_memory", lambda device="cpu": int(0.7 * 2**30))
     out = tmp_path / "run"
@@ -354,12 +354,12 @@ def test_pack_chunking_keys_are_checked_before_any_work(override, match):
 
 def test_many_processes_are_refused_by_their_memory(tmp_path, capsys, monkeypatch):
     """`nproc` far beyond what the machine holds: every local process costs its own
-    interpreter, torch and DeepSpeed (torchtrain.memory.BASE_PROCESS_BYTES, measured): with 4 GiB free,
+    interpreter, torch and DeepSpeed (torchtrain.training.memory.BASE_PROCESS_BYTES, measured): with 4 GiB free,
     16 processes of tiny are refused in one line naming nproc and the estimate, before any process starts;
     2 are not."""
     from anchor.cli import main
     from anchor_core.weights import load_spec
-    from torchtrain import engines
+    from torchtrain.attention import engines
     from torchtrain.config import load_train_config
 
     monkeypatch.setattr(engines, "available_memory", lambda device="cpu": 4 * 2**30)

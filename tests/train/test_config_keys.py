@@ -204,9 +204,9 @@ def test_keys_the_trainer_reads_are_declared():
 def test_engine_and_variant_names_come_from_the_core():
     import anchor_core.engines
     import anchor_core.variants
-    import torchtrain.engines
+    import torchtrain.attention.engines
 
-    assert torchtrain.engines.ENGINES is anchor_core.engines.ENGINES and torchtrain.engines.AUTO == anchor_core.engines.AUTO
+    assert torchtrain.attention.engines.ENGINES is anchor_core.engines.ENGINES and torchtrain.attention.engines.AUTO == anchor_core.engines.AUTO
     assert anchor_core.engines.TRAIN_ENGINES == ("auto", *anchor_core.engines.ENGINES)
     assert "auto" not in anchor_core.engines.ENGINES
     accepted = [e for e in (*anchor_core.engines.TRAIN_ENGINES, "warp") if _accepts("model", "engine", e)]

@@ -32,5 +32,5 @@ def test_bf16_run_on_cuda_resumes_exactly(packed, tmp_path, engine):
     assert [r["step"] for r in b] == [1, 2, 3, 4]
     for ra, rb in zip(a, b):
         assert {k: ra[k] for k in DETERMINISTIC} == {k: rb[k] for k in DETERMINISTIC}
-    # the allocator's peaks on the device (torchtrain.metrics.peak_memory), not the process's resident set
+    # the allocator's peaks on the device (torchtrain.training.metrics.peak_memory), not the process's resident set
     assert all(0 < r["peak_memory_gib"] <= r["peak_reserved_gib"] < 80 for r in a)

@@ -1,4 +1,4 @@
-"""A checkpoint's hf/ as transformers writes it, exported from ZeRO-3 on 2 processes (torchtrain.checkpoint
+"""A checkpoint's hf/ as transformers writes it, exported from ZeRO-3 on 2 processes (torchtrain.training.checkpoint
 `export_model`): sharded safetensors with an index past max_shard_size, in the training dtype, gathered one
 layer at a time, loaded by transformers' own `from_pretrained` (no custom code) with the logits of the
 trainer's forward, every shard under the checkpoint's manifest.
@@ -169,7 +169,7 @@ def test_the_manifest_covers_every_shard(fp32, tmp_path):
     from anchor.eval.generate import eval_model_source
     from anchor_core.errors import InputError
     from anchor_core.weights import load_spec, load_weights
-    from torchtrain import checkpoint as ckpt
+    from torchtrain.training import checkpoint as ckpt
 
     step, _ = fp32
     run = tmp_path / "run"

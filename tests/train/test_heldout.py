@@ -1,4 +1,4 @@
-"""The held-out loss during training (torchtrain.heldout): the held-out windows are never in a training batch, and
+"""The held-out loss during training (torchtrain.training.heldout): the held-out windows are never in a training batch, and
 every eval.every steps the run logs their loss, overall and by slot range, equal to the loss the exported
 weights of that step give on those windows through transformers (full logits, anchor_sdpa) within the fp32 rule
 (1e-6; measured: within 1e-7)."""
@@ -61,7 +61,7 @@ def test_heldout_settings_are_refused_in_one_line_before_training(packed, tmp_pa
     from anchor_core.errors import InputError
     from tests.train.conftest import TINY
     from torchtrain.config import load_train_config
-    from torchtrain.trainer import train
+    from torchtrain.training.trainer import train
 
     n = PackedData.open(packed).num_windows
     for override, words in [(f"eval.heldout_windows={n - 3}", f"3 windows left once eval.heldout_windows={n - 3} are "
@@ -78,7 +78,7 @@ def test_heldout_data_from_another_folder(packed, tmp_path):
     """eval.heldout_data: the first eval.heldout_windows windows of another pack folder (here the same corpus,
     packed again), none held out of the training data."""
     from anchor_core.data.packed import PackedData
-    from torchtrain.sequence_parallel import counted_predictions
+    from torchtrain.parallel.ulysses import counted_predictions
 
     run = tmp_path / "run"
     run_train(run, *COMMON, "schedule.steps=2", f"data.path={packed}", f"eval.heldout_data={packed}",

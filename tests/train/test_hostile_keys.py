@@ -169,7 +169,7 @@ def test_a_loss_or_gradient_that_is_not_finite_stops_the_run_keeping_its_last_go
     """optim.lr=1e30: the first update makes weights near 1e30, the second step's gradient norm is not finite, and
     an update with it would write NaN into the weights (and into a checkpoint of that step)."""
     from anchor_core.weights import read_safetensors
-    from torchtrain import checkpoint as ckpt
+    from torchtrain.training import checkpoint as ckpt
 
     run = tmp_path / "run"
     p = run_train(run, "schedule.steps=6", "checkpoint.save_every=1", "checkpoint.keep_last=0", "eval.window=0",
@@ -214,7 +214,7 @@ def test_a_loss_that_is_not_finite_at_the_first_step_stops_the_run_with_nothing_
 
 
 def test_metrics_never_hold_a_bare_nan(tmp_path):
-    from torchtrain.metrics import MetricsLog
+    from torchtrain.training.metrics import MetricsLog
 
     log = MetricsLog(tmp_path, 0, True)
     log.write({"step": 1, "loss": 1.0, "grad_norm": float("nan"), "heldout_loss_by_position": [1.0, float("inf")]})
@@ -229,7 +229,7 @@ def test_metrics_never_hold_a_bare_nan(tmp_path):
 @pytest.mark.parametrize("zero", [0, 1])
 def test_a_resume_with_more_steps_follows_the_new_schedule_from_its_first_step(zero, packed, tmp_path):
     from torchtrain.config import load_train_config
-    from torchtrain.optim import lr_factor
+    from torchtrain.training.optim import lr_factor
 
     args = ("checkpoint.save_every=4", "checkpoint.keep_last=0", "eval.window=0", "logging.report_to=[]",
             f"parallel.zero_stage={zero}", f"data.path={packed}")

@@ -77,7 +77,7 @@ def oracle(packed):
 
     from anchor_core.data.packed import Loader, PackedData
     from torchtrain.config import load_train_config
-    from torchtrain.optim import lr_factor
+    from torchtrain.training.optim import lr_factor
 
     cfg = load_train_config(TINY, ["schedule.steps=1"])
     batch = next(Loader(PackedData.open(packed), batch_size=GLOBAL, variant="anchor", seed=0))

@@ -1,7 +1,7 @@
-"""What `anchor train` holds when its first step starts is what the plan counts (torchtrain.memory): what preparing
+"""What `anchor train` holds when its first step starts is what the plan counts (torchtrain.training.memory): what preparing
 the run leaves in the process (the packing's figure leaves matplotlib's exception tracebacks in reference cycles
 that hold every frame of the call that packed, and the weights' reader with them) is collected and handed back
-before the model is built (torchtrain.trainer.release_memory), and the plan counts the step's own peak at ZeRO-0:
+before the model is built (torchtrain.training.trainer.release_memory), and the plan counts the step's own peak at ZeRO-0:
 DeepSpeed's flat copy of the gradients it all-reduces, or torch's AdamW temporaries, beside every gradient."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def test_what_preparing_the_run_left_is_released_before_the_model_is_built(corpu
     the call that prepared the run is alive, nor the weights' reader it held, even where the cyclic collector has
     not run by itself (disabled here: when it runs is up to the allocations between)."""
     from anchor_core.weight_stream import WeightStream
-    from torchtrain import trainer
+    from torchtrain.training import trainer
     from torchtrain.config import load_train_config
 
     seen = []
@@ -47,8 +47,8 @@ def test_the_plan_counts_the_optimizer_step_at_zero0():
     (on a CPU two of the largest parameter's size, on a GPU one of every parameter's); at short windows it is the
     step's peak, and the engine's build (its moments allocated by one AdamW step) is counted at its size."""
     from anchor_core.hardware import SHAPES
-    from torchtrain.memory import ALLOCATOR_MARGIN, BASE_PROCESS_BYTES, DEEPSPEED_ALLREDUCE_BUCKET, build_memory, \
-        largest_parameter, parameters, step_memory
+    from torchtrain.training.memory import (ALLOCATOR_MARGIN, BASE_PROCESS_BYTES, DEEPSPEED_ALLREDUCE_BUCKET,
+                                            build_memory, largest_parameter, parameters, step_memory)
 
     common = dict(seq_len=64, micro_batch=1, dtype=torch.float32, engine="varlen", zero_stage=0,
                   activation_checkpointing=True, tiled_mlp=True)

@@ -1,4 +1,4 @@
-"""MFU per step (torchtrain.throughput): every step of a run logs its model FLOPs, FLOP/s and MFU, and the FLOPs are
+"""MFU per step (torchtrain.training.throughput): every step of a run logs its model FLOPs, FLOP/s and MFU, and the FLOPs are
 anchor bench's FLOP model (anchor_core.flops) over the very windows of that step's global batch: the ranks' shares
 summed (an SP group's ranks share their windows), equal to the whole batch's count exactly (integer pairs and
 tokens, sums of exact float64 products)."""
@@ -19,7 +19,7 @@ def _expected(packed, overrides) -> list[float]:
     from anchor_core.data.packed import Loader, PackedData
     from anchor_core.flops import pairs, step_flops
     from torchtrain.config import load_train_config
-    from torchtrain.run_folder import model_spec
+    from torchtrain.training.run_folder import model_spec
 
     cfg = load_train_config(TINY, [*overrides, f"data.path={packed}"])
     data = PackedData.open(packed)

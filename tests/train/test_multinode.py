@@ -32,7 +32,7 @@ COMMON = ("data.global_batch=4", "data.micro_batch=1", "eval.window=0", "optim.g
 
 
 def _free_port() -> int:
-    from torchtrain.distributed import free_port
+    from torchtrain.parallel.distributed import free_port
 
     return free_port()
 
@@ -149,7 +149,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize("moment", list(MOMENTS))
 def test_a_dead_node_ends_the_other_within_a_minute(packed, tmp_path, moment):
-    from torchtrain.distributed import STALE_S
+    from torchtrain.parallel.distributed import STALE_S
 
     victim, held, how = MOMENTS[moment]
     survivor = 1 - victim
@@ -214,7 +214,7 @@ def test_a_dead_node_ends_the_other_within_a_minute(packed, tmp_path, moment):
 def test_a_node_that_finishes_first_is_not_taken_for_dead(packed, tmp_path):
     """Rank 0 ends longer after node 1 than a silent node is given (tests/train/hold_probe lingers it once trained):
     node 1, done, is no death, and both launchers exit 0."""
-    from torchtrain.distributed import STALE_S
+    from torchtrain.parallel.distributed import STALE_S
 
     out, port = tmp_path / "run", _free_port()
     logs = [tmp_path / f"node{n}.log" for n in (0, 1)]

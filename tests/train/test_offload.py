@@ -20,7 +20,7 @@ from tests.train.conftest import TINY, metrics, run_train
 from torchtrain.config import load_train_config
 from torchtrain.config.deepspeed_json import SET_BY, SIZED_BY_MODEL, generated
 from torchtrain.config.deepspeed_json import deepspeed_config
-from torchtrain.optim import load_cpu_adam
+from torchtrain.training.optim import load_cpu_adam
 
 STEPS = 4
 ZERO3_X2 = (f"schedule.steps={STEPS}", "schedule.warmup_steps=0", "data.global_batch=4", "data.micro_batch=1",
@@ -173,7 +173,7 @@ def test_a_file_names_the_line_of_the_refused_key(tmp_path):
 def test_a_run_from_before_the_offload_keys_resumes_as_without_offload(tmp_path):
     """A run folder whose config.yaml predates the new keys was started with what their defaults do: it resumes
     with them off (a missing key compared as its default) and is refused with optimizer offload on."""
-    from torchtrain.run_folder import _check_resume_config
+    from torchtrain.training.run_folder import _check_resume_config
 
     saved = load_train_config(TINY, ["parallel.zero_stage=1"]).to_dict()
     for key in ("offload_optimizer", "offload_params"):

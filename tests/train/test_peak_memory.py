@@ -1,4 +1,4 @@
-"""metrics.jsonl's `peak_memory_gib` (torchtrain.metrics.peak_memory): the most the process has held so far, what
+"""metrics.jsonl's `peak_memory_gib` (torchtrain.training.metrics.peak_memory): the most the process has held so far, what
 `anchor plan` predicts a step's peak against. On the CPU it is the peak resident set; on CUDA the allocator's peak
 (tests/train/test_cuda_train.py)."""
 
@@ -9,13 +9,13 @@ import sys
 
 import torch
 
-import torchtrain.metrics as metrics_module
+import torchtrain.training.metrics as metrics_module
 from tests.train.conftest import metrics, run_train
-from torchtrain.metrics import peak_memory
+from torchtrain.training.metrics import peak_memory
 
 _PROBE = """
 import numpy as np, torch
-from torchtrain.metrics import peak_memory
+from torchtrain.training.metrics import peak_memory
 before = peak_memory(torch.device("cpu"))["peak_memory_gib"]
 x = np.ones(2**27)  # 1 GiB, every page touched
 del x

@@ -72,7 +72,7 @@ def test_corrupt_newest_checkpoint_is_skipped(packed, tmp_path, damage):
     steps = [r["step"] for r in metrics(out)]
     assert steps == [1, 2, 3, 4, 5, 6]
     # the rerun from step 2 rewrote step 4, and it verifies again
-    from torchtrain.checkpoint import verify
+    from torchtrain.training.checkpoint import verify
 
     assert verify(newest) is None
 
@@ -81,7 +81,7 @@ def test_evaluation_checkpoints_past_keep_last_keep_only_their_weights(packed, t
     """keep_last=1 over three evaluation checkpoints: the newest stays whole, the two older lose ds/ but
     still verify and evaluate; a longer rerun resumes from the whole one."""
     from anchor.eval.runner import checkpoints_of_run
-    from torchtrain import checkpoint as ckpt
+    from torchtrain.training import checkpoint as ckpt
 
     out = tmp_path / "run"
     args = ("checkpoint.save_every=0", "checkpoint.keep_last=1", "eval.every=1", "eval.window=3", f"data.path={packed}")
@@ -201,7 +201,7 @@ def test_a_planted_pickle_is_refused_and_never_runs(packed, tmp_path):
 
     import torch
 
-    from torchtrain.checkpoint import sha256_file
+    from torchtrain.training.checkpoint import sha256_file
 
     out = tmp_path / "run"
     run_train(out, "schedule.steps=2", "checkpoint.save_every=2", "eval.window=0", f"data.path={packed}")
@@ -232,7 +232,7 @@ def test_a_planted_pickle_is_refused_and_never_runs(packed, tmp_path):
                                               pytest.param(2, "float32", marks=pytest.mark.slow), (3, "bfloat16")])
 def test_resume_through_the_weights_only_reader(packed, tmp_path, zero_stage, dtype):
     """Every DeepSpeed file of a ZeRO-1..3, fp32 or bf16 checkpoint loads through the weights_only reader
-    (torchtrain.checkpoint.DEEPSPEED_ALLOWLIST), and the resumed run equals the uninterrupted one."""
+    (torchtrain.training.checkpoint.DEEPSPEED_ALLOWLIST), and the resumed run equals the uninterrupted one."""
     args = ("checkpoint.save_every=1", "checkpoint.keep_last=3", "eval.window=0", f"parallel.zero_stage={zero_stage}", f"model.dtype={dtype}",
             f"data.path={packed}")
     ref, out = tmp_path / "ref", tmp_path / "resumed"
@@ -313,7 +313,7 @@ def test_a_tampered_trainer_state_is_one_line(packed, tmp_path):
     """trainer.json rewritten (its manifest hash fixed to match) is refused in one line."""
     import json
 
-    from torchtrain.checkpoint import sha256_file
+    from torchtrain.training.checkpoint import sha256_file
 
     out = tmp_path / "run"
     run_train(out, "schedule.steps=2", "checkpoint.save_every=2", "eval.window=0", f"data.path={packed}")

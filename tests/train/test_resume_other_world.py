@@ -1,4 +1,4 @@
-"""A ZeRO-1/2/3 run resumed on another process count (torchtrain.universal): 4 steps on 2 processes, then the
+"""A ZeRO-1/2/3 run resumed on another process count (torchtrain.training.universal): 4 steps on 2 processes, then the
 same command with parallel.nproc=1 to step 8 (and 1 -> 2; a constant learning rate, which schedule.steps does not change) gives, from step 5 on, the losses and gradient norms of
 an uninterrupted run on the new count, within the fp32 rule of tests/train/test_zero.py (1e-6; the counts
 themselves agree to it). What a conversion killed by `kill -9` leaves (its temporary folder; the converted folder
@@ -137,9 +137,9 @@ def test_a_world_too_small_for_the_run_is_refused_before_any_conversion(packed, 
     the memory before the run folder is touched: data.seq_len, or a pack folder's, is known then)."""
     from anchor_core.errors import InputError
     from tests.train.conftest import TINY
-    from torchtrain import engines
+    from torchtrain.attention import engines
     from torchtrain.config import load_train_config
-    from torchtrain.trainer import train
+    from torchtrain.training.trainer import train
 
     out = tmp_path / "run"
     _run(out, packed, 1, 2, 4)
@@ -159,7 +159,7 @@ def test_a_world_too_small_for_the_run_is_refused_before_any_conversion(packed, 
 def test_the_sequence_parallel_degree_may_change_on_resume(packed, tmp_path, before, after):
     """(processes, sequence-parallel degree): 4 steps under Ulysses, then the same command on the other degree (and
     count) to step 8 gives the uninterrupted run's losses on the new one. ZeRO partitions over every rank whatever
-    the degree (torchtrain.distributed.ParallelGroups): the same count loads the checkpoint as it is, another count
+    the degree (torchtrain.parallel.distributed.ParallelGroups): the same count loads the checkpoint as it is, another count
     through the universal one."""
     stage = 1
 

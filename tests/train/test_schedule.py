@@ -7,9 +7,9 @@ import math
 import pytest
 
 from tests.train.conftest import TINY
-from torchtrain import checkpoint as ckpt
+from torchtrain.training import checkpoint as ckpt
 from torchtrain.config import load_train_config, with_changes
-from torchtrain.optim import lr_factor, param_groups
+from torchtrain.training.optim import lr_factor, param_groups
 
 
 def test_lr_schedules():

@@ -1,4 +1,4 @@
-"""ZeRO-3 builds the model partitioned (torchtrain.sharded_build): a user's sharded Hugging Face folder (several
+"""ZeRO-3 builds the model partitioned (torchtrain.parallel.sharded_build): a user's sharded Hugging Face folder (several
 safetensors files and their index) trains on 2 processes with the losses and gradient norms of one plain process
 on the same weights (the fp32 rule of tests/train/test_zero.py, 1e-6), every rank logs the host memory it held
 once the model was built and once the engine was, and a folder whose tensor cannot be read stops every rank with one line, exit 2.
@@ -105,7 +105,7 @@ def test_an_unreadable_tensor_stops_every_rank_in_one_line(packed, folder, tmp_p
 
 
 def test_each_rank_gets_its_slices_without_a_gather(folder, monkeypatch):
-    """The build sends each rank its slice of each tensor (torchtrain.sharded_build._scatter_slices): DeepSpeed's
+    """The build sends each rank its slice of each tensor (torchtrain.parallel.sharded_build._scatter_slices): DeepSpeed's
     gather, which holds a whole layer twice on every rank, is not called, and the partitions hold the weights
     build_model reads, rounded to bf16 (here one process: its partition is the whole flattened tensor, padded)."""
     import deepspeed
@@ -113,9 +113,9 @@ def test_each_rank_gets_its_slices_without_a_gather(folder, monkeypatch):
 
     from torchtrain.config import load_train_config
     from torchtrain.config.deepspeed_json import deepspeed_config
-    from torchtrain.distributed import ParallelGroups, init_world
+    from torchtrain.parallel.distributed import ParallelGroups, init_world
     from torchtrain.model import build_model
-    from torchtrain.sharded_build import build_partitioned
+    from torchtrain.parallel.sharded_build import build_partitioned
 
     gathers = []
     real = deepspeed.zero.GatheredParameters

@@ -48,7 +48,7 @@ def _stand_ins(folder: Path) -> Path:
 
 @pytest.mark.slow  # minutes of CPU: make test-all
 def test_the_sbatch_script_trains_on_two_nodes_through_its_own_torchrun_line(packed, tmp_path):
-    from torchtrain.distributed import free_port
+    from torchtrain.parallel.distributed import free_port
 
     bin_ = _stand_ins(tmp_path / "bin")
     logs = tmp_path / "logs"

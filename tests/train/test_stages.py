@@ -1,4 +1,4 @@
-"""A length schedule (`schedule.stages`, torchtrain.stages): two stages of different lengths train in one command,
+"""A length schedule (`schedule.stages`, torchtrain.training.stages): two stages of different lengths train in one command,
 each on windows packed for its length, with its RoPE base and learning rate; `kill -9` inside the second stage and
 the same command resume it bit for bit, from a checkpoint inside the stage and from one that ends the first;
 `anchor plan` names the stage that needs the most memory; bad stages are refused in one line."""
@@ -16,8 +16,8 @@ import torch
 
 from anchor_core.data.packed import PackedData
 from anchor_core.errors import InputError
-from tests.train.conftest import DETERMINISTIC, ROOT, final_weights, heldout_reference, kill_after, metrics, run_train, \
-    train_args
+from tests.train.conftest import (DETERMINISTIC, ROOT, final_weights, heldout_reference, kill_after, metrics,
+                                  run_train, train_args)
 from torchtrain.config import load_train_config
 
 STAGES = ROOT / "configs" / "train" / "tiny_stages.yaml"
@@ -180,11 +180,11 @@ def test_a_stage_too_long_for_the_model_is_refused_naming_the_stage(tmp_path):
 def test_the_stage_whose_step_does_not_fit_is_refused_before_any_packing(tmp_path, monkeypatch):
     """With memory for one step at 512 slots but not at 1024, the run is refused naming stage 2, before the run
     folder is made."""
-    from torchtrain import engines
-    from torchtrain.memory import step_memory, step_of
-    from torchtrain.run_folder import model_spec
-    from torchtrain.stages import run_stages
-    from torchtrain.trainer import train
+    from torchtrain.attention import engines
+    from torchtrain.training.memory import step_memory, step_of
+    from torchtrain.training.run_folder import model_spec
+    from torchtrain.training.stages import run_stages
+    from torchtrain.training.trainer import train
 
     cfg = load_train_config(STAGES, ["model.engine=varlen"])
     needs = [step_memory(model_spec(s.cfg), seq_len=s.seq_len, **step_of(s.cfg, engine="varlen", dtype=torch.float32,

@@ -1,4 +1,4 @@
-"""Experiment trackers (torchtrain.trackers, logging.report_to) with the real libraries, offline, each read back by
+"""Experiment trackers (torchtrain.training.trackers, logging.report_to) with the real libraries, offline, each read back by
 its own library: MLflow through MlflowClient.get_metric_history, TensorBoard through its EventAccumulator, Weights &
 Biases' offline run files through its own reader (wandb.sdk.internal.datastore), as `wandb sync` would find them.
 Across `kill -9`s and their resumes each holds every step once, with metrics.jsonl's values (TensorBoard every
@@ -297,7 +297,7 @@ def _cfg(*overrides: str):
 
 def test_wandb_online_without_a_login_is_refused_with_the_online_hint(trackers_env, tmp_path):
     from anchor_core.errors import InputError
-    from torchtrain.trackers import check_trackers
+    from torchtrain.training.trackers import check_trackers
 
     with pytest.raises(InputError) as e:
         check_trackers(_cfg("logging.report_to=[wandb]"))
@@ -313,7 +313,7 @@ def test_wandb_online_without_a_login_is_refused_with_the_online_hint(trackers_e
 
 def test_an_mlflow_server_that_never_answers_is_refused_within_seconds(trackers_env):
     from anchor_core.errors import InputError
-    from torchtrain.trackers import PROBE_TIMEOUT_S, check_trackers
+    from torchtrain.training.trackers import PROBE_TIMEOUT_S, check_trackers
 
     with socket.socket() as server:  # accepts connections (the kernel's backlog) and never answers
         server.bind(("127.0.0.1", 0))
@@ -329,7 +329,7 @@ def test_an_mlflow_server_that_never_answers_is_refused_within_seconds(trackers_
 def test_mlflow_default_store_without_sqlalchemy_names_the_extra(trackers_env, tmp_path):
     """mlflow-skinny alone cannot open MLflow's default store: the one line names the extra that can."""
     from anchor_core.errors import InputError
-    from torchtrain.trackers import check_trackers
+    from torchtrain.training.trackers import check_trackers
 
     trackers_env.chdir(tmp_path)
     trackers_env.setitem(sys.modules, "sqlalchemy", None)  # not installed
@@ -355,7 +355,7 @@ def test_report_to_takes_a_list_of_trackers_or_one_name(trackers_env):
 
 
 def test_every_number_of_a_line_is_logged():
-    from torchtrain.trackers import scalars
+    from torchtrain.training.trackers import scalars
 
     row = {"step": 3, "loss": 2.5, "tokens": 40, "ok": True, "heldout_loss_by_position": [1.5, None, 2.0],
            "ranks_peak_memory_gib": [0.5, 0.6], "nested": {"a": 1, "b": {"c": 2.0}}, "nan": float("nan"), "x": None}

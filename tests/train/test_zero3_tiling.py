@@ -1,5 +1,5 @@
-"""The long-window pieces under ZeRO-3: the tiled MLP (`torchtrain.tiling`) and the lm-head fused with the loss
-(`torchtrain.loss.lm_head_cross_entropy`) on 2 gloo processes give each step's loss and gradient norm of the same
+"""The long-window pieces under ZeRO-3: the tiled MLP (`torchtrain.model.tiling`) and the lm-head fused with the loss
+(`torchtrain.model.loss.lm_head_cross_entropy`) on 2 gloo processes give each step's loss and gradient norm of the same
 run with both off (the MLP whole, the loss from the whole [B, T, V] logits), within the fp32 rule; a planted error
 in either is caught by the same comparison; and the config that asks for them at ZeRO-3 is accepted.
 
@@ -57,7 +57,9 @@ VARIANTS = {
 
 def _patch(what: tuple[str, ...]) -> list:
     """Patch this rank's modules as a variant asks; the (module, name, value) triples to put back."""
-    from torchtrain import loss, tiling, trainer
+    from torchtrain.model import loss
+    from torchtrain.model import tiling
+    from torchtrain.training import trainer
 
     undo = []
 
@@ -94,7 +96,8 @@ def _rank(rank: int, port: int, jobs: list[tuple[str, str]], errors: str) -> Non
     variant asks; the checkpoint of the last step is not written (the comparison reads metrics.jsonl only)."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    from torchtrain import checkpoint, trainer
+    from torchtrain.training import checkpoint
+    from torchtrain.training import trainer
 
     checkpoint.Checkpointer.save = lambda self, step, elapsed_s: None
     generated = trainer.deepspeed_config
@@ -128,8 +131,8 @@ def runs(corpus, tmp_path_factory) -> dict[str, list[dict]]:
     from anchor_core.data.mixture import MixtureSpec
     from anchor_core.data.pipeline import PackConfig, pack_corpus
     from torchtrain.config import load_train_config
-    from torchtrain.distributed import free_port
-    from torchtrain.run_folder import prepare_run
+    from torchtrain.parallel.distributed import free_port
+    from torchtrain.training.run_folder import prepare_run
 
     root = tmp_path_factory.mktemp("zero3-tiling")
     packs = {}

@@ -61,7 +61,7 @@ def memory_page(records: Records) -> str:
         return table(["T", "policy", "temporaries, GiB", "arguments, GiB", "outputs, GiB", "total, GiB"], rows)
 
     def largest(terms):
-        """The term that weighs most in a plan row's `terms_bytes` (as torchtrain.memory.largest_term)."""
+        """The term that weighs most in a plan row's `terms_bytes` (as torchtrain.training.memory.largest_term)."""
         return max(terms.items(), key=lambda kv: kv[1])
 
     def longest(rel, rec):
@@ -93,7 +93,7 @@ def memory_page(records: Records) -> str:
               max((t for t, _, ok in ratios if ok), default=None))
         plan = need(rel, rec, "plan")
         out = [f"`anchor plan {' '.join(rec.get('plan_args', []))}` predicts one step's peak term by term "
-               f"(`torchtrain.memory.step_memory`, which `anchor train` refuses a run by); each length ran as "
+               f"(`torchtrain.training.memory.step_memory`, which `anchor train` refuses a run by); each length ran as "
                f"`{rec.get('command')}` in a fresh process, its peak RSS read by `/usr/bin/time -v`.", "",
                *table(["T", "windows of", "RoPE base", f"predicted: {' + '.join(names)}, GiB",
                        "predicted, GiB", "measured peak, GiB", "predicted ÷ measured", "loss", "seconds (one run)",
@@ -209,7 +209,7 @@ def memory_page(records: Records) -> str:
                    longest)
     out += section(records, SHARDED_BUILD, "A model read from shards, built partitioned under ZeRO-3",
                    "bf16, ZeRO-3, its checkpoint exported; host memory once the model and the engine are built and "
-                   "at the first step, per rank, against the plan (torchtrain.memory.build_memory, step_memory, "
+                   "at the first step, per rank, against the plan (torchtrain.training.memory.build_memory, step_memory, "
                    "run_memory).", sharded)
     out += section(records, MEMORY, "One training step per engine", "The default engine grows linearly in T; "
                    "sdpa and eager hold a dense T × T mask.", per_engine)

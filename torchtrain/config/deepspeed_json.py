@@ -16,6 +16,8 @@ import collections.abc
 import contextlib
 import copy
 import logging
+import os
+import sys
 from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
@@ -23,7 +25,6 @@ import torch
 from anchor_core.errors import InputError
 from anchor_core.limits import clip, excerpt
 from anchor_core.weights import load_spec
-from torchtrain.distributed import quiet_deepspeed_import
 
 if TYPE_CHECKING:
     from torchtrain.config.schema import TrainConfig
@@ -58,7 +59,7 @@ SET_BY: dict[str, str] = {
     "sequence_parallel_size": "parallel.sequence_parallel",
     "steps_per_print": "logging.every",
     "wall_clock_breakdown": "the trainer (metrics.jsonl times each step)",
-    "checkpoint.load_universal": "the trainer (a resume with another parallel.nproc: torchtrain.universal)",
+    "checkpoint.load_universal": "the trainer (a resume with another parallel.nproc: torchtrain.training.universal)",
 }
 
 # DeepSpeed keys the trainer sizes from the model as transformers' Trainer fills DeepSpeed's "auto" values
@@ -67,6 +68,14 @@ SET_BY: dict[str, str] = {
 # than a 0.5B model's whole share of weights on 2 ranks (results/memory/sharded_build_cpu.json).
 SIZED_BY_MODEL = ("zero_optimization.reduce_bucket_size", "zero_optimization.allgather_bucket_size",
                   "zero_optimization.stage3_prefetch_bucket_size", "zero_optimization.stage3_param_persistence_threshold")
+
+
+def quiet_deepspeed_import() -> None:
+    """Without CUDA, name DeepSpeed's accelerator (`cpu`, what its auto-detection picks) before it is
+    imported: its auto-detection prints a WARNING in every process ("Setting accelerator to CPU. If you have
+    GPU ..."), twice on every 2-process run, and nothing else differs."""
+    if "deepspeed" not in sys.modules and not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
 def bucket_sizes(hidden_size: int, zero_stage: int) -> dict[str, int]:
@@ -122,7 +131,7 @@ def generated(cfg: TrainConfig, world: int | None) -> dict[str, Any]:
     """The keys the trainer sets for a run of `world` processes (None: the batch totals left to DeepSpeed, which
     derives them from the micro batch and its own world: what `check_section` validates in any process).
 
-    DeepSpeed's data-parallel world is every rank (see torchtrain.distributed), so its batch is counted in
+    DeepSpeed's data-parallel world is every rank (see torchtrain.parallel.distributed), so its batch is counted in
     per-rank slices: `train_batch_size = micro_batch * grad_accum * world`. Clipping is always explicit
     (DeepSpeed's default is 1.0, not off). Offload moves to host memory (`device: cpu`), pinned where CUDA runs.
     The communication buckets are sized from the model (`SIZED_BY_MODEL`).

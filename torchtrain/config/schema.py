@@ -89,7 +89,7 @@ class ModelConfig(_Section):
     dtype: Dtype = _key("float32", "float32, or bfloat16 mixed precision (fp32 master weights)")
     activation_checkpointing: StrictBool = _key(False, "recompute layer activations in the backward")
     tiled_mlp: StrictBool = _key(False, "compute each layer's MLP in tiles of hidden_size slots over the sequence "
-                                 "(torchtrain.tiling): its intermediate never held for the whole window")
+                                 "(torchtrain.model.tiling): its intermediate never held for the whole window")
     offload_checkpoints: StrictBool = _key(False, "CUDA, with activation_checkpointing: keep the layer inputs in "
                                            "pinned host memory between the forward and the backward")
     rope: RopeConfig = _key(RopeConfig(), "RoPE overrides: theta, scaling, factor, original_max_position, ...")
@@ -124,7 +124,7 @@ class OptimConfig(_Section):
 
 
 class StageConfig(_Section):
-    """One stage of `schedule.stages` (torchtrain.stages): its steps train on windows of its length, packed for it,
+    """One stage of `schedule.stages` (torchtrain.training.stages): its steps train on windows of its length, packed for it,
     with its RoPE base and peak learning rate."""
 
     steps: StrictInt = _key(..., "optimizer steps of this stage", ge=1)
@@ -151,7 +151,7 @@ class ScheduleConfig(_Section):
     kind: Schedule = _key("constant", "after warmup: constant, cosine or linear decay")
     min_lr_ratio: Number = _key(0.0, "cosine/linear: the final learning rate as a fraction of optim.lr", ge=0.0, le=1.0)
     stages: Stages = _key((), "a length schedule: stages run one after the other in one run, their steps summing "
-                          "to schedule.steps (data.path a corpus, data.seq_len omitted; torchtrain.stages)")
+                          "to schedule.steps (data.path a corpus, data.seq_len omitted; torchtrain.training.stages)")
 
 
 class ParallelConfig(_Section):
@@ -166,7 +166,7 @@ class ParallelConfig(_Section):
                                       "each layer runs")
     timeout_s: StrictInt = _key(600, "seconds a rank waits in a collective for the others before the run stops "
                                 "(long enough for the slowest checkpoint write); a dead node ends its peers within a "
-                                "minute whatever this is (torchtrain.distributed.Watchdog)", ge=1,
+                                "minute whatever this is (torchtrain.parallel.distributed.Watchdog)", ge=1,
                                 le=TIMEOUT_MAX_S, resumable=True)
 
 
@@ -191,7 +191,7 @@ class LoggingConfig(_Section):
                                              "into it: false leaves tensorboard out of report_to", resumable=True)
     dump_grads: Steps = _key((), "steps whose whole averaged gradient (before clipping) is written to "
                              "RUN/grads/step-N.safetensors", resumable=True)
-    report_to: TrackerNames = _key(("tensorboard",), "trackers each step's metrics go to (torchtrain.trackers)",
+    report_to: TrackerNames = _key(("tensorboard",), "trackers each step's metrics go to (torchtrain.training.trackers)",
                                    resumable=True)
     project: Name = _key("anchor", "the W&B project and MLflow experiment the run is logged in")
 

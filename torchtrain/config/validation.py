@@ -129,7 +129,7 @@ def _fold_tensorboard(d: dict[str, Any], sources: Sources) -> dict[str, Any]:
 
 
 def _check_stages(cfg: TrainConfig) -> None:
-    """`schedule.stages` covers `schedule.steps`, and each stage gives its own length (torchtrain.stages)."""
+    """`schedule.stages` covers `schedule.steps`, and each stage gives its own length (torchtrain.training.stages)."""
     stages = cfg.schedule.stages
     if not stages:
         return

@@ -1,7 +1,7 @@
 """Injected trainer defects for tests/train/test_injected_defects.py: put this folder first on
 PYTHONPATH and name the defect in ANCHOR_TEST_DEFECT; every Python process of the run (the
 launcher and each spawned rank) then starts with the defect patched into the trainer's modules
-(torchtrain.trainer, torchtrain.sequence_parallel, torchtrain.optim), which call the patched names
+(torchtrain.training.trainer, torchtrain.parallel.ulysses, torchtrain.training.optim), which call the patched names
 through their modules. Test code only: nothing in the product reads the variable."""
 
 import os
@@ -9,9 +9,9 @@ import os
 _DEFECT = os.environ.get("ANCHOR_TEST_DEFECT")
 
 if _DEFECT:
-    import torchtrain.optim as _optim
-    import torchtrain.sequence_parallel as _sp
-    import torchtrain.trainer as _t
+    import torchtrain.training.optim as _optim
+    import torchtrain.parallel.ulysses as _sp
+    import torchtrain.training.trainer as _t
 
     _right_multiplier, _right_counted, _right_groups = _t.loss_multiplier, _sp.counted_predictions, _optim.param_groups
 

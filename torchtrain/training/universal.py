@@ -2,14 +2,14 @@
 
     clear_unfinished(run)              # what a killed conversion left (prepare_run, before anything else)
     convert_for_resume(run, step)      # the launcher, before any rank starts (prepare_run)
-    # every rank then loads step-<N>/ds/universal (torchtrain.checkpoint.universal_step, Checkpointer.resume)
+    # every rank then loads step-<N>/ds/universal (torchtrain.training.checkpoint.universal_step, Checkpointer.resume)
 
 At ZeRO >= 1 DeepSpeed's optimizer states are partitioned over the processes that wrote them (ds/state holds one
 file per rank). When a run resumes with another process count, the checkpoint it resumes from is converted once
 by DeepSpeed's own converter (`deepspeed.checkpoint.ds_to_universal`: each parameter's fp32 master weights and
 AdamW moments whole) into `step-<N>/ds/universal/`, which every rank then loads with DeepSpeed's
 `checkpoint.load_universal` and re-partitions over the new world; the data position and the RNG states continue
-as a ZeRO-0 resume's (torchtrain.checkpoint.Checkpointer.resume).
+as a ZeRO-0 resume's (torchtrain.training.checkpoint.Checkpointer.resume).
 
 Nothing half-made is ever used: the conversion is written in `RUN/checkpoints/.universal-step-<N>.tmp` (removed
 when found at the next start), reads DeepSpeed's pickles through the checkpoint's `weights_only` reader
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from anchor_core.atomic import sha256_file, write_text_atomic
 from anchor_core.weights import MANIFEST, read_manifest
-from torchtrain.checkpoint import UNIVERSAL, checkpoints_dir, safe_loads, step_dir
+from torchtrain.training.checkpoint import UNIVERSAL, checkpoints_dir, safe_loads, step_dir
 
 _PREFIX = f"ds/{UNIVERSAL}/"
 

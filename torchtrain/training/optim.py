@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from anchor_core.errors import UnavailableError
 from anchor_core.limits import clip
-from torchtrain.distributed import quiet_deepspeed_import
-from torchtrain.stages import stage_index
+from torchtrain.config.deepspeed_json import quiet_deepspeed_import
+from torchtrain.training.stages import stage_index
 
 if TYPE_CHECKING:
     import torch
@@ -30,7 +30,7 @@ def lr_factor(cfg: TrainConfig, step: int) -> float:
     """Multiplier of `optim.lr` for the update of optimizer step `step` (0-based): linear warmup from
     lr/schedule.warmup_steps, then `schedule.kind`: constant, cosine or linear decay to
     `schedule.min_lr_ratio * lr` at the last step; with `schedule.stages`, times the stage's lr / optim.lr for the
-    steps of a stage that gives its own lr (the shape spans the whole run: torchtrain.stages)."""
+    steps of a stage that gives its own lr (the shape spans the whole run: torchtrain.training.stages)."""
     stages = cfg.schedule.stages
     peak = stages[stage_index([s.steps for s in stages], step + 1)].lr if stages else None
     return _shape(cfg, step) * (1.0 if peak is None else peak / cfg.optim.lr)
@@ -113,7 +113,7 @@ def _cpu_info_once() -> None:
 def allocate_state(optimizer: torch.optim.Optimizer) -> None:
     """The optimizer's state allocated now, as its first step would allocate it (AdamW: both moments zero,
     the step count 0), so that the first step's peak memory is every step's: a window that cannot fit fails
-    in its first step, not after it, and `torchtrain.memory.step_memory` (which counts the moments) is
+    in its first step, not after it, and `torchtrain.training.memory.step_memory` (which counts the moments) is
     the peak of a run of any length. Allocated by the optimizer itself: one step at learning rate 0 on zero
     gradients (AdamW's decay multiplies the weights by exactly 1, its update is exactly 0), after which the
     learning rates and gradients are put back and every state tensor is zeroed, so the run's arithmetic is

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from anchor_core.errors import UnavailableError
-from torchtrain.varlen import VarlenSegments
+from torchtrain.attention.varlen import VarlenSegments
 
 
 def expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:

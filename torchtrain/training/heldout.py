@@ -30,13 +30,13 @@ import torch
 import torch.distributed as dist
 
 from anchor_core.data.packed import PackedData, heldout_windows
-from torchtrain import sequence_parallel as sp
+from torchtrain.parallel import ulysses as sp
 from torchtrain.config import TrainConfig
-from torchtrain.loss import final_hidden_states
-from torchtrain.run_folder import check_heldout_data
+from torchtrain.model.loss import final_hidden_states
+from torchtrain.training.run_folder import check_heldout_data
 
 if TYPE_CHECKING:
-    from torchtrain.distributed import World
+    from torchtrain.parallel.distributed import World
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ from anchor_core.atomic import write_text_atomic
 from anchor_core.errors import InputError
 from anchor_core.extras import missing_extra
 from torchtrain.config import TrainConfig
-from torchtrain.metrics import read_metrics
+from torchtrain.training.metrics import read_metrics
 
 TRACKERS_FILE = "trackers.json"
 # How long check_trackers waits for MLflow's tracking server: one try (MLflow's own default retries for about

@@ -13,11 +13,11 @@ stage. A run without stages is one stage of all its steps, its config the run's 
 
 What changes at a stage's first step, and again after a resume inside a stage:
   data      the stage's windows: RUN/data-<seq_len>/, packed from `data.path` for that length before training
-            starts (torchtrain.run_folder); its `eval.heldout_windows` held out of its batches
+            starts (torchtrain.training.run_folder); its `eval.heldout_windows` held out of its batches
   RoPE      the rotary embeddings' frequencies and scaling set to the stage's (torchtrain.model.set_rope); hf/
             of a checkpoint carries the RoPE and length of the stage it was written in
   lr        optim.lr replaced by the stage's: the schedule's shape (warmup, then constant, cosine or linear decay
-            over the whole run's steps) times the stage's peak (torchtrain.optim.lr_factor)
+            over the whole run's steps) times the stage's peak (torchtrain.training.optim.lr_factor)
 The loader's position in a checkpoint names its stage (`StagedLoader.state_dict`): a run killed inside a stage
 resumes at the same window of the same stage; one whose checkpoint ends a stage starts the next at its first.
 """

@@ -10,8 +10,8 @@ segments) and passes it to every layer as the keyword `attn_meta`.
   sdpa                   F.scaled_dot_product_attention with the dense bool mask; trains on CPU
   flex                   compiled FlexAttention with a BlockMask; CPU forward only, trains on CUDA
   flash_varlen           flash_attn_varlen_func on gathered segments (CUDA, bf16/fp16)
-  flash_varlen_emulated  the same segments through torchtrain.varlen_emulation (pure torch, any device)
-  varlen                 the same segments through fused SDPA calls bucketed by length (torchtrain.varlen_sdpa);
+  flash_varlen_emulated  the same segments through torchtrain.attention.varlen_emulation (pure torch, any device)
+  varlen                 the same segments through fused SDPA calls bucketed by length (torchtrain.attention.varlen_sdpa);
                          trains on CPU, and on CUDA through torch's varlen kernel or FlexAttention
 
 `anchor train` also takes `auto` (its default), which `resolve_engine` turns into flash_varlen or
@@ -31,11 +31,11 @@ from torch import nn
 
 from anchor_core.engines import AUTO, ENGINES, Engine  # the names; AUTO is not an engine (resolve_engine)
 from anchor_core.errors import InputError, UnavailableError
-from torchtrain import attention as attn
-from torchtrain.variants import Variant, check_doc_ids, check_variant, dense_mask, mask_predicate
-from torchtrain.varlen import VarlenSegments, varlen_segments
-from torchtrain.varlen_emulation import flash_attn_varlen_func as emulated
-from torchtrain.varlen_sdpa import VarlenPlan, plan, varlen_sdpa_attention
+from torchtrain.attention import functions as attn
+from torchtrain.attention.variants import Variant, check_doc_ids, check_variant, dense_mask, mask_predicate
+from torchtrain.attention.varlen import VarlenSegments, varlen_segments
+from torchtrain.attention.varlen_emulation import flash_attn_varlen_func as emulated
+from torchtrain.attention.varlen_sdpa import VarlenPlan, plan, varlen_sdpa_attention
 
 # Registered names: transformers treats any name containing "flash" as a FlashAttention kernel
 # request (and tries to import it), so the varlen engines register without that word.
@@ -47,8 +47,8 @@ _ATTN_NAMES: dict[str, str] = {
     "flash_varlen_emulated": "torchtrain_varlen_emulated",
     "varlen": "torchtrain_varlen_bucketed",
 }
-TAP_ATTR = "_torchtrain_tap"  # set on attention modules by torchtrain.taps while capturing
-SP_ATTR = "_torchtrain_sequence_parallel"  # set on the decoder stack by torchtrain.sequence_parallel
+TAP_ATTR = "_torchtrain_tap"  # set on attention modules by torchtrain.model.taps while capturing
+SP_ATTR = "_torchtrain_sequence_parallel"  # set on the decoder stack by torchtrain.parallel.ulysses
 _HOOK_ATTR = "_torchtrain_prepare_hook"
 
 
@@ -58,7 +58,7 @@ class AttnMeta:
 
     doc_ids int64 [B, T]; exactly one of: dense bool [B,1,T,T] (eager, sdpa), block_mask
     (flex), segments (flash_varlen*, varlen; with varlen also `plan`, its buckets). `sp`: under sequence parallelism the
-    `torchtrain.sequence_parallel.Ulysses` that runs each layer's attention (T is then the whole
+    `torchtrain.parallel.ulysses.Ulysses` that runs each layer's attention (T is then the whole
     window, the layers see T / degree slots); None otherwise.
     """
 
@@ -257,7 +257,7 @@ def _attention_function(engine: Engine):
         if attn_meta is None:
             raise InputError(
                 f"engine {engine!r} got no mask metadata: build the model with torchtrain.build_model "
-                "(or torchtrain.engines.install) so its forward turns doc_ids/variant into masks"
+                "(or torchtrain.attention.engines.install) so its forward turns doc_ids/variant into masks"
             )
         if sliding_window is not None or dropout:
             raise UnavailableError(f"engine {engine!r} implements neither sliding windows nor attention dropout")

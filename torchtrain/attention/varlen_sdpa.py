@@ -3,7 +3,7 @@
 Legend: B batch, T slots, N query heads, K kv heads (N % K == 0), D head dim, H either,
 S segments, R gathered rows, n segments in one call, L a segment's length, c = CHUNK.
 
-Segments. The engine runs the segments of `torchtrain.varlen.varlen_segments` (the same as
+Segments. The engine runs the segments of `torchtrain.attention.varlen.varlen_segments` (the same as
 `flash_varlen`). A segment has `Lq` queries and `Lk >= Lq` keys with FlashAttention's bottom-right
 causal alignment, and its queries are the last `Lq` of its keys (full, intra_doc(_reset),
 padding: `Lq == Lk`; anchor: keys = [anchor] + queries). So every segment runs as a *square*
@@ -56,8 +56,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from torchtrain.attention import call_flex, expand_kv
-from torchtrain.varlen import VarlenSegments
+from torchtrain.attention.functions import call_flex, expand_kv
+from torchtrain.attention.varlen import VarlenSegments
 
 CHUNK = 64  # c: query rows of a chunked call (module docstring)
 LONG = 2048  # segments at least this long run whole, on the kernel's own causal skipping
@@ -157,7 +157,7 @@ def plan(seg: VarlenSegments, chunk: int = CHUNK, long: int = LONG, pad_area: in
     """Square segments, gathered rows and calls for a batch (host work, once per step).
 
     Raises AssertionError where a segment's queries are not the last of its keys (no variant
-    of `torchtrain.varlen` makes such a segment).
+    of `torchtrain.attention.varlen` makes such a segment).
     """
     dev = seg.q_index.device
     q_index = seg.q_index.cpu().numpy()

@@ -279,7 +279,7 @@ def whole_window(doc_ids: Any, variant: str, T: int, kwargs: dict[str, Any]) -> 
         raise InputError(f"doc_ids must be [B, T] with T = {T} slots (the model's input), got {tuple(ids.shape)}")
     if torch.is_grad_enabled() and not _SHARED:
         raise InputError("sequence parallelism: Trainer's Ulysses loss gives every gradient sp_size times over "
-                         "(torchtrain.hf_ulysses): pass callbacks=[torchtrain.hf.UlyssesGradients()] to the Trainer, "
+                         "(torchtrain.hf.trainer_sp): pass callbacks=[torchtrain.hf.UlyssesGradients()] to the Trainer, "
                          "or call torchtrain.hf.share_gradients(model) before training")
     whole = _gather(ids, group, "doc_ids", T)
     labels = kwargs.get("shift_labels")

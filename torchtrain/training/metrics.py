@@ -3,19 +3,19 @@
     RUN/metrics.jsonl                 one JSON line per optimizer step (rank 0, flushed and fsynced):
                                       step, loss (mean over the counted targets of the global batch),
                                       tokens (their number), lr, grad_norm, tokens_per_s, flops (the step's
-                                      model FLOPs), flops_per_s and mfu (torchtrain.throughput), elapsed_s,
+                                      model FLOPs), flops_per_s and mfu (torchtrain.training.throughput), elapsed_s,
                                       every eval.every steps heldout_loss, heldout_loss_by_position,
-                                      heldout_tokens and heldout_s (torchtrain.heldout),
+                                      heldout_tokens and heldout_s (torchtrain.training.heldout),
                                       peak_memory_gib (`peak_memory`: the most rank 0 has held so far);
                                       a number that is not finite is written as null (`finite`), and a
                                       step whose loss or gradient norm is not finite stops the run before
-                                      it is logged (torchtrain.trainer.check_step)
+                                      it is logged (torchtrain.training.trainer.check_step)
     RUN/grads/step-<N>.safetensors    the averaged gradient of step N, for the steps in `dump_grads`
 
 On resume metrics.jsonl is read strictly (`read_log`): a line that is not UTF-8, not JSON (but for a last line
 cut mid-write by a kill, dropped) or whose `step` is not the integer that follows the line before is refused in
 one line naming the file and the line, before the run folder changes. The run resumes from a checkpoint no later
-than the last step logged whole (torchtrain.checkpoint.newest_valid's `upto`), so the file never has a gap, and
+than the last step logged whole (torchtrain.training.checkpoint.newest_valid's `upto`), so the file never has a gap, and
 the lines it drops (a cut one, the steps logged past that checkpoint) are named on stderr (`MetricsLog`).
 """
 
@@ -37,7 +37,7 @@ from anchor_core.limits import peak_rss
 from anchor_core.weights import readable_by_umask
 
 if TYPE_CHECKING:
-    from torchtrain.distributed import World
+    from torchtrain.parallel.distributed import World
 
 METRICS_FILE = "metrics.jsonl"
 GRADS_DIR = "grads"
@@ -150,12 +150,12 @@ def _span(first: int, last: int) -> str:
 
 
 class MetricsLog:
-    """metrics.jsonl (rank 0): one flushed line per step (TensorBoard and the other trackers: torchtrain.trackers).
+    """metrics.jsonl (rank 0): one flushed line per step (TensorBoard and the other trackers: torchtrain.training.trackers).
 
     Opened at step `start` (0 for a fresh run) over what the file held (`logged`, read_log's; read here when
     None): the lines of steps 1..start are kept, the rest dropped, and what is dropped (a cut last line, the
     steps logged past `start`) is named in one line on stderr. `start` is never past `logged.last` (the run
-    resumes from a checkpoint no later than it: torchtrain.checkpoint.newest_valid's `upto`), so no step is missing.
+    resumes from a checkpoint no later than it: torchtrain.training.checkpoint.newest_valid's `upto`), so no step is missing.
     """
 
     def __init__(self, run: Path, start: int, enabled: bool, logged: Logged | None = None):

@@ -7,7 +7,7 @@ and the data-parallel peers of a rank are the ranks with its `sp_rank`.
 Gradients: every rank holds a full replica of the parameters (ZeRO partitions the optimizer
 state, gradients or parameters over the same ranks), and SP ranks hold *partial* gradients (each
 from its slice of the sequence). So the one reduce group is all DP × SP ranks; DeepSpeed averages
-over it, and the trainer multiplies each rank's loss by the group's size (see torchtrain.trainer).
+over it, and the trainer multiplies each rank's loss by the group's size (see torchtrain.training.trainer).
 DeepSpeed is handed this group through `mpu` *without* its sequence-parallel methods: given those,
 DeepSpeed rescales gradients by the SP degree in some ZeRO stages and not others (TOOLCHAIN-FACTS).
 
@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from anchor_core.errors import InputError
+from torchtrain.config.deepspeed_json import quiet_deepspeed_import
 
 
 @dataclass(frozen=True)
@@ -98,14 +99,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def quiet_deepspeed_import() -> None:
-    """Without CUDA, name DeepSpeed's accelerator (`cpu`, what its auto-detection picks) before it is
-    imported: its auto-detection prints a WARNING in every process ("Setting accelerator to CPU. If you have
-    GPU ..."), twice on every 2-process run, and nothing else differs."""
-    if "deepspeed" not in sys.modules and not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
 def _quiet_deepspeed() -> None:

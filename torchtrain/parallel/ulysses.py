@@ -7,7 +7,7 @@ Layout: rank r holds the contiguous slots [r s, (r + 1) s) of every window (`sha
 outside attention (embeddings, RoPE, norms, MLPs, lm-head, loss) is per slot and runs on the
 rank's s slots. Inside each layer's attention function an all-to-all turns the sequence shards
 q [B,N,s,D], k/v [B,K,s,D] into head shards over the whole window, q [B,N/P,T,D], k/v
-[B,K'/P,T,D]; the engine (`torchtrain.engines.attend`) runs as in one process, with the mask
+[B,K'/P,T,D]; the engine (`torchtrain.attention.engines.attend`) runs as in one process, with the mask
 metadata of the whole window; a second all-to-all turns its output [B,T,N/P,D] back into
 [B,s,N,D]. The metadata is built once per forward step, from the whole doc_ids, by the engines'
 forward pre-hook (every rank passes the same whole doc_ids).
@@ -34,9 +34,9 @@ Per rank:
                                           lm_head=model.get_output_embeddings())
     (ce_sum / count).backward()   # then all-reduce SUM the parameter gradients over the SP group
 
-(`final_hidden_states` from torchtrain.loss: the final norm's output [B, s, H], the lm-head fused with
+(`final_hidden_states` from torchtrain.model.loss: the final norm's output [B, s, H], the lm-head fused with
 the loss so no [B, s, V] logits exist; `next_token_loss_shard(out.logits, tokens, loss_mask, rank, P)`
-on ordinary logits gives the same.) torchtrain.trainer's micro-batches are exactly this: the fused
+on ordinary logits gives the same.) torchtrain.training.trainer's micro-batches are exactly this: the fused
 form, or the logits under ZeRO-3.
 
 The loss of the window is the SUM over the SP group of `ce_sum`, divided by `count`; likewise the
@@ -58,9 +58,9 @@ import torch.distributed as dist
 from torch import nn
 
 from anchor_core.errors import InputError
-from torchtrain import engines
-from torchtrain.attention import expand_kv
-from torchtrain.loss import lm_head_cross_entropy, token_cross_entropy
+from torchtrain.attention import engines
+from torchtrain.attention.functions import expand_kv
+from torchtrain.model.loss import lm_head_cross_entropy, token_cross_entropy
 
 Impl = Literal["auto", "deepspeed", "torch"]
 
@@ -140,8 +140,8 @@ def next_token_loss_shard(
 
     Targets are the WHOLE window's tokens shifted by one, then sharded: the prediction at a shard's
     last slot is of the next shard's first token. With `lm_head`, `states` are the final hidden
-    states (`torchtrain.loss.final_hidden_states`) and the lm-head is fused with the cross-entropy
-    (`torchtrain.loss.linear_cross_entropy`): no [B, s, V] logits or logit gradient is ever
+    states (`torchtrain.model.loss.final_hidden_states`) and the lm-head is fused with the cross-entropy
+    (`torchtrain.model.loss.linear_cross_entropy`): no [B, s, V] logits or logit gradient is ever
     materialised. Without it, `states` are the logits. Either way every slot's cross-entropy depends
     on its own row only, so a shard's rows give those of the whole window.
 
@@ -164,7 +164,7 @@ def next_token_ce_shard(
     lm_head: nn.Module | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`next_token_loss_shard` slot by slot: (ce [B, s] float32, this shard's counted predictions [B, s], the
-    whole window's count). The held-out loss by position reads it (torchtrain.heldout)."""
+    whole window's count). The held-out loss by position reads it (torchtrain.training.heldout)."""
     tokens = torch.as_tensor(tokens, device=states.device)
     loss_mask = torch.as_tensor(loss_mask, device=states.device)
     targets = torch.cat([tokens[:, 1:], tokens[:, -1:]], dim=1).long()  # the last slot never counts

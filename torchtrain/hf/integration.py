@@ -50,7 +50,7 @@ Attention functions, registered in transformers' `AttentionInterface` under
 Each reads the keywords `doc_ids` [B, T] and `variant` that a stock Llama/Mistral/Qwen2/Qwen3 forward hands
 from its `**kwargs` to every attention layer, builds the engine's mask metadata once per forward (cached on
 the doc_ids tensor, so every layer and a checkpointed layer's recomputation reuse it), and attends with
-`torchtrain.engines.attend`: the same arithmetic as `anchor train` with that engine. q and k arrive rotated
+`torchtrain.attention.engines.attend`: the same arithmetic as `anchor train` with that engine. q and k arrive rotated
 by the model at the `position_ids` given (transformers' convention); `attention_mask` is not read.
 The functions also satisfy the contract of `anchor parity --stack hf --attention torchtrain.hf:anchor_sdpa
 --rope-in model` (parity_tests.hf_stack), which calls them with the same keywords.
@@ -58,7 +58,7 @@ The functions also satisfy the contract of `anchor parity --stack hf --attention
 Sequence parallelism: DeepSpeed's Ulysses as transformers' Trainer runs it, through `ulysses(sp_size, seq_len)`
 (accelerate's ParallelismConfig), `PackingCollator(..., sp_size=)` and the `UlyssesGradients` callback; each
 function then gathers the whole window's doc_ids over the sequence-parallel group and checks them
-(torchtrain.hf_ulysses).
+(torchtrain.hf.trainer_sp).
 
 Not supported here: domain tags and interleaved chunks from documents (pack them with `anchor pack --tags
 --interleave` and train on `PackedWindows`), a KV cache (generation), sliding windows, attention dropout.
@@ -82,8 +82,8 @@ from anchor_core.data.store import TokenStore
 from anchor_core.errors import InputError
 from anchor_core.spec import HF_MODEL_TYPES
 from anchor_core.variants import VARIANTS, Variant, check_variant
-from torchtrain.engines import AttnMeta, Engine, attend, check_engine, compute_dtype, prepare_meta
-from torchtrain.hf_ulysses import UlyssesGradients, parallelism_config, share_gradients, whole_window
+from torchtrain.attention.engines import AttnMeta, Engine, attend, check_engine, compute_dtype, prepare_meta
+from torchtrain.hf.trainer_sp import UlyssesGradients, parallelism_config, share_gradients, whole_window
 
 IGNORE_INDEX = -100  # transformers' causal-LM loss skips these labels
 
@@ -231,7 +231,7 @@ class PackingCollator:
 
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         inputs = to_model_inputs(self.batch(features), self.variant)
-        if self.sp_size > 1:  # Ulysses' loader cuts every tensor along dim 1 (torchtrain.hf_ulysses)
+        if self.sp_size > 1:  # Ulysses' loader cuts every tensor along dim 1 (torchtrain.hf.trainer_sp)
             inputs["variant"] = inputs["variant"][:, None].expand_as(inputs["input_ids"]).contiguous()
         return inputs
 
@@ -389,7 +389,7 @@ def register() -> tuple[str, ...]:
 def ulysses(sp_size: int, seq_len: int | None = None, attn_implementation: str = "anchor_varlen") -> Any:
     """accelerate's ParallelismConfig for DeepSpeed's Ulysses around one of these attention functions: pass it
     as TrainingArguments(parallelism_config=...) beside a DeepSpeed config, and `sp_size` to PackingCollator
-    (torchtrain.hf_ulysses). seq_len: the windows' T when every batch has it, else None (variable). On a CPU
+    (torchtrain.hf.trainer_sp). seq_len: the windows' T when every batch has it, else None (variable). On a CPU
     the TrainingArguments also need use_cpu=True (the UlyssesGradients callback refuses a run without it)."""
     if attn_implementation not in FUNCTIONS:
         raise InputError(f"attn_implementation must be one of {', '.join(FUNCTIONS)}, got {attn_implementation!r}")

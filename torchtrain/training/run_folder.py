@@ -6,12 +6,12 @@
                           a rerun with the same --out must match (only RESUMABLE_CHANGES may differ)
     RUN/deepspeed.json    the generated DeepSpeed config (torchtrain.config.deepspeed_json.deepspeed_config)
     RUN/data/             the corpus packed on the fly, when `data.path` is not an `anchor pack` output
-    RUN/data-<seq_len>/   with `schedule.stages`: the corpus packed for each stage's length (torchtrain.stages)
+    RUN/data-<seq_len>/   with `schedule.stages`: the corpus packed for each stage's length (torchtrain.training.stages)
     RUN/data_source.json  what the run trains on: `data.path` resolved, a fingerprint of its content, and the
                           settings RUN/data was packed with; RUN/data is reused only when they still
                           hold, and a resume whose data changed is refused; `eval.heldout_data` resolved and
                           fingerprinted the same way (`heldout`), a resume whose held-out pack changed refused
-    RUN/checkpoints/      torchtrain.checkpoint; RUN/metrics.jsonl, grads/, tensorboard/: torchtrain.metrics
+    RUN/checkpoints/      torchtrain.training.checkpoint; RUN/metrics.jsonl, grads/, tensorboard/: torchtrain.training.metrics
 
 The checks here (`check_model`) run again in every worker, on the machine that trains.
 """
@@ -37,21 +37,21 @@ from anchor_core.tokenizer import load_tokenizer
 from anchor_core.weight_stream import stream_weights
 from anchor_core.weights import load_spec
 from anchor_core.yamlfile import read_yaml
-from torchtrain import checkpoint as ckpt
-from torchtrain import engines
-from torchtrain import universal
-from torchtrain.config import KEYS, RESUMABLE_CHANGES, TrainConfig, check_world, from_flat, is_flat, validate, \
-    with_changes
+from torchtrain.training import checkpoint as ckpt
+from torchtrain.attention import engines
+from torchtrain.training import universal
+from torchtrain.config import (KEYS, RESUMABLE_CHANGES, TrainConfig, check_world, from_flat, is_flat, validate,
+                               with_changes)
 from torchtrain.config.validation import check_heldout_buckets
 from torchtrain.config.deepspeed_json import check_offload_buckets, deepspeed_config
 from torchtrain.config.schema import plain
-from torchtrain.distributed import launched_externally
-from torchtrain.engines import resolve_engine
-from torchtrain.memory import check_device, largest_term, parameters, step_memory, step_of
-from torchtrain.metrics import read_log
-from torchtrain.sequence_parallel import check_sequence_parallel
-from torchtrain.stages import Stage, named_stage, run_stages
-from torchtrain.trackers import check_trackers, prepare_trackers
+from torchtrain.parallel.distributed import launched_externally
+from torchtrain.attention.engines import resolve_engine
+from torchtrain.training.memory import check_device, largest_term, parameters, step_memory, step_of
+from torchtrain.training.metrics import read_log
+from torchtrain.parallel.ulysses import check_sequence_parallel
+from torchtrain.training.stages import Stage, named_stage, run_stages
+from torchtrain.training.trackers import check_trackers, prepare_trackers
 
 if TYPE_CHECKING:
     import torch
@@ -156,7 +156,7 @@ def model_spec(cfg: TrainConfig) -> ModelSpec:
 
 def resolved_engine(cfg: TrainConfig) -> str:
     """The engine `model.engine` runs as on this machine (`auto` resolved by
-    torchtrain.engines.resolve_engine for the device init_world picks: CUDA where torch sees one)."""
+    torchtrain.attention.engines.resolve_engine for the device init_world picks: CUDA where torch sees one)."""
     import torch
 
 
@@ -192,7 +192,7 @@ def check_model(cfg: TrainConfig, spec: ModelSpec, seq_len: int, *, here: bool =
 
 
 def check_step_memory(cfg: TrainConfig, spec: ModelSpec, seq_len: int, engine: str, dtype: torch.dtype) -> None:
-    """One step's memory (torchtrain.memory.step_memory: the processes, weights and optimizer, activations
+    """One step's memory (torchtrain.training.memory.step_memory: the processes, weights and optimizer, activations
     linear in T, a dense engine's T x T tensors) against the memory free here, before any work: on the CPU
     the local processes share it (`parallel.nproc`), on CUDA each has its device. One line naming the key that
     weighs most and the estimate."""
@@ -431,9 +431,9 @@ def check_heldout_data(cfg: TrainConfig, seq_len: int) -> PackedData | None:
 
 def _check_process_count(cfg: TrainConfig, run: Path, world: int, progress: bool = True) -> None:
     """A resume with another process count: at ZeRO-0 the workers load the checkpoint as it is
-    (torchtrain.checkpoint.Checkpointer.resume); at ZeRO >= 1 the optimizer states are partitioned over the
+    (torchtrain.training.checkpoint.Checkpointer.resume); at ZeRO >= 1 the optimizer states are partitioned over the
     processes that wrote them, so the checkpoint the workers will resume from is converted here, once, before any
-    of them starts, to DeepSpeed's universal format (torchtrain.universal), which any process count loads."""
+    of them starts, to DeepSpeed's universal format (torchtrain.training.universal), which any process count loads."""
     universal.clear_unfinished(run)
     step = ckpt.universal_step(run, read_log(run).last, world, cfg.parallel.zero_stage)  # the one the ranks resume
     if step is not None:

@@ -26,7 +26,7 @@ save, the newest `keep_last` checkpoints stay whole; older regular ones are dele
 ones keep only their weights (hf/, trainer.json): nothing resumes from them (`prune`). Checkpoints of
 higher steps than the one a run resumed from (corrupt, or weights only) are an earlier attempt's: named
 in one line at the resume, not counted by `prune`, replaced when the run writes their steps again.
-metrics.jsonl is no part of a checkpoint: a resumed run cuts it back to its step (torchtrain.metrics), and
+metrics.jsonl is no part of a checkpoint: a resumed run cuts it back to its step (torchtrain.training.metrics), and
 resumes only from a checkpoint whose steps metrics.jsonl logs whole (`newest_valid`'s `upto`).
 """
 
@@ -63,10 +63,10 @@ from anchor_core.spec import from_hf_config, to_hf_config
 from anchor_core.weights import MANIFEST, MANIFEST_ERRORS, read_manifest, verify
 
 if TYPE_CHECKING:
-    from torchtrain.stages import StagedLoader
+    from torchtrain.training.stages import StagedLoader
     from anchor_core.spec import ModelSpec
     from torchtrain.config import TrainConfig
-    from torchtrain.distributed import World
+    from torchtrain.parallel.distributed import World
 
 TRAINER_STATE = "trainer.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -117,12 +117,12 @@ def list_steps(run: Path) -> list[int]:
     return sorted(steps, reverse=True)
 
 
-UNIVERSAL = "universal"  # step-<N>/ds/universal: DeepSpeed's universal copy of ds/state (torchtrain.universal)
+UNIVERSAL = "universal"  # step-<N>/ds/universal: DeepSpeed's universal copy of ds/state (torchtrain.training.universal)
 
 
 def universal_step(run: Path, upto: int | None, world: int, zero_stage: int) -> int | None:
     """The checkpoint this run resumes from (`newest_valid(run, upto=upto)`) where another process count wrote it
-    at ZeRO >= 1: it is resumed through its universal copy (torchtrain.universal; DeepSpeed's
+    at ZeRO >= 1: it is resumed through its universal copy (torchtrain.training.universal; DeepSpeed's
     `checkpoint.load_universal`); None where the run starts afresh or resumes as it is."""
     if zero_stage < 1:
         return None
@@ -161,7 +161,7 @@ def _mend_universal_load(optimizer: Any, settings: list[dict[str, Any]]) -> None
 
 
 def follow_schedule(engine: Any) -> None:
-    """The learning rate of the next update set from this run's schedule (torchtrain.optim.lr_factor) at the step
+    """The learning rate of the next update set from this run's schedule (torchtrain.training.optim.lr_factor) at the step
     the loaded scheduler stands at. A checkpoint holds the rate its own schedule gave for that update, in the
     scheduler's state and in the optimizer's groups: when `schedule.steps` grew on resume the new schedule's rate
     differs, and the first resumed step would otherwise update (and log) with the old one. Where the schedule is
@@ -183,7 +183,7 @@ def follow_schedule(engine: Any) -> None:
 def newest_valid(run: Path, log=print, upto: int | None = None) -> int | None:
     """The newest checkpoint whose manifest verifies and that holds DeepSpeed's state (one kept for its
     weights only, `keep_weights_only`, is nothing to resume from) and, with `upto` (the last step metrics.jsonl
-    logs whole: torchtrain.metrics.read_log), whose step is no later than it, so that the resumed run's log has
+    logs whole: torchtrain.training.metrics.read_log), whose step is no later than it, so that the resumed run's log has
     no gap; None when there is none.
 
     Where newer checkpoints cannot be used, one line through `log` names each and why, and says what the

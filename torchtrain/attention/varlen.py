@@ -14,7 +14,7 @@ segment with `Lq` queries and `Lk` keys sees keys `j <= i + Lk - Lq`). Per row o
 The anchor's k/v are gathered once more in front of every document, so a document of `L` queries
 has `L + 1` keys and bottom-right alignment lets its query `i` see the anchor and doc slots `<= i`.
 A document's slots are gathered in slot order, so interleaved chunks of one document (§2) work too.
-Which slots are grouped is the variant's rule of `torchtrain.variants`; `segment_mask` gives the
+Which slots are grouped is the variant's rule of `torchtrain.attention.variants`; `segment_mask` gives the
 mask the segments imply so tests hold it against `variants.dense_mask`.
 """
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from torchtrain.variants import Variant, check_variant
+from torchtrain.attention.variants import Variant, check_variant
 
 
 @dataclass(frozen=True)

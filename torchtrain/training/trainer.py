@@ -2,9 +2,9 @@
 
     train(cfg, "runs/tiny")                   # prepare_run + parallel.nproc workers (or this process)
 
-The components it drives: torchtrain.run_folder (the run folder, checked and prepared before any
-process group starts), torchtrain.optim (AdamW groups, the learning rate schedule, the DeepSpeed
-config), torchtrain.checkpoint (save, resume, RNG states), torchtrain.metrics (metrics.jsonl,
+The components it drives: torchtrain.training.run_folder (the run folder, checked and prepared before any
+process group starts), torchtrain.training.optim (AdamW groups, the learning rate schedule, the DeepSpeed
+config), torchtrain.training.checkpoint (save, resume, RNG states), torchtrain.training.metrics (metrics.jsonl,
 gradient diagnostics).
 
 One optimizer step (every rank):
@@ -13,15 +13,15 @@ One optimizer step (every rank):
      the split across processes and micro-steps);
   2. the number of counted targets of the whole global batch is summed across all ranks;
   3. per micro-batch: forward on this rank's slice of the sequence (Ulysses: all of it without
-     SP; torchtrain.sequence_parallel.shard), cross-entropy summed over the counted targets of the
-     slice (torchtrain.sequence_parallel.next_token_loss_shard), and backward of
+     SP; torchtrain.parallel.ulysses.shard), cross-entropy summed over the counted targets of the
+     slice (torchtrain.parallel.ulysses.next_token_loss_shard), and backward of
      `sum * world / global_count` (DeepSpeed averages gradients over the world, so the update
      is the gradient of the mean over all counted targets: never a mean of per-rank means);
   4. DeepSpeed's step (clipping, AdamW, ZeRO), the learning rate schedule, metrics, checkpoint.
 
 Resume: the newest checkpoint whose manifest verifies, and whose steps metrics.jsonl logs whole, restores model,
 optimizer, scheduler, the loader's position and every rank's RNG states; metrics.jsonl is cut back to that step
-(what it drops named on stderr), so it holds steps 1, 2, 3, ... with no gap (torchtrain.metrics).
+(what it drops named on stderr), so it holds steps 1, 2, 3, ... with no gap (torchtrain.training.metrics).
 """
 
 from __future__ import annotations
@@ -40,27 +40,26 @@ import torch.distributed as dist
 
 from anchor_core.data.packed import Loader, PackedData
 from anchor_core.errors import InputError, RunFailed
-from anchor_core.limits import peak_rss
 from anchor_core.outdir import guard_out, missing_folders, out_lock, remove_created
-from anchor_core.progress import ProgressBar
-from torchtrain import checkpoint as ckpt
-from torchtrain import sequence_parallel as sp
+from torchtrain.training import checkpoint as ckpt
+from torchtrain.parallel import ulysses as sp
 from torchtrain.config import TrainConfig, check_world
-from torchtrain.distributed import ParallelGroups, Watchdog, World, check_same_config, init_world, launch_local, \
-    launched_externally, sequence_parallel_group, stop_for_lost_peer
-from torchtrain.heldout import HeldOut, heldout_loss, heldout_set
-from torchtrain.loss import final_hidden_states
-from torchtrain.metrics import Logged, MetricsLog, dump_grads, grad_norm, peak_memory, read_log
-from torchtrain.model import build_model, set_rope
-from torchtrain.sharded_build import build_partitioned
-from torchtrain.stages import Stage, StagedLoader, run_stages, stage_at
+from torchtrain.parallel.distributed import (ParallelGroups, Watchdog, World, check_same_config, init_world,
+                                             launch_local, launched_externally, sequence_parallel_group,
+                                             stop_for_lost_peer)
+from torchtrain.training.heldout import HeldOut, heldout_loss, heldout_set
+from torchtrain.model.loss import final_hidden_states
+from torchtrain.training.metrics import Logged, dump_grads, grad_norm, read_log
+from torchtrain.model.build import build_model, set_rope
+from torchtrain.parallel.sharded_build import build_partitioned
+from torchtrain.training.stages import Stage, StagedLoader, run_stages, stage_at
 from torchtrain.config.deepspeed_json import deepspeed_config
-from torchtrain.optim import allocate_state, build_optimizer, load_cpu_adam
-from torchtrain.run_folder import CONFIG_FILE, check_model, data_dir, load_run_config, model_spec, prepare_run, \
-    resolved_engine
-from torchtrain.throughput import batch_flops, device_peak
-from torchtrain.trackers import Trackers
-from torchtrain.tiling import tile_mlps
+from torchtrain.training.optim import allocate_state, build_optimizer, load_cpu_adam
+from torchtrain.training.run_folder import (CONFIG_FILE, check_model, data_dir, load_run_config, model_spec,
+                                            prepare_run, resolved_engine)
+from torchtrain.training.throughput import batch_flops, device_peak
+from torchtrain.training.report import StepReport, rank_peaks
+from torchtrain.model.tiling import tile_mlps
 
 if TYPE_CHECKING:
     from anchor_core.data.batch import Batch
@@ -117,7 +116,7 @@ def _train_external(cfg: TrainConfig, run: Path, progress: bool) -> int:
     """Under an outside launcher (torchrun, on one node or several): every rank checks that it was started with rank
     0's config (`check_same_config`), rank 0 prepares the run folder while the others wait, then every rank checks
     that it sees what rank 0 prepared (`check_shared_run`). A rank whose peers stopped or cannot be reached (a dead
-    node) stops with one line naming the node, within a minute (torchtrain.distributed.Watchdog), or, where no
+    node) stops with one line naming the node, within a minute (torchtrain.parallel.distributed.Watchdog), or, where no
     watchdog runs, within `parallel.timeout_s`."""
     world = init_world(cfg.parallel.sequence_parallel, cfg.parallel.timeout_s)
     watchdog, done = None, False
@@ -238,53 +237,27 @@ def worker(run_str: str, progress: bool = True) -> int:
     if world.is_main:
         print(f"mfu: model FLOPs per second over {world.size} x the peak of one process's device, {peak.source}",
               file=sys.stderr, flush=True)
-    metrics = MetricsLog(run, start, world.is_main, logged=logged)
-    # once metrics.jsonl holds steps 1..start: a tracker that lacks some of them is sent them from it
-    trackers = Trackers(cfg, run, start) if world.is_main and cfg.logging.report_to else None
-    bar = ProgressBar("train", cfg.schedule.steps, progress and world.is_main, unit="steps")
-    if start:
-        bar.advance(start)
-    t_start = time.perf_counter() - elapsed0
+    report = StepReport(cfg, run, world, start=start, elapsed0=elapsed0, logged=logged, peak=peak, built=built,
+                        engine_built=engine_built, progress=progress)
     step, stage, held = start, None, None
     try:
         for step in range(start + 1, cfg.schedule.steps + 1):
             if stage is not (stage := stage_at(stages, step)):  # its RoPE after DeepSpeed's initialize and the load
                 held, checkpointer = _enter_stage(stages, stage, specs[stage.index - 1], engine, checkpointer, step)
-            t0 = time.perf_counter()
-            lr_now = scheduler.get_last_lr()[0]
+            t0, lr = time.perf_counter(), scheduler.get_last_lr()[0]
             batch = next(loader)
             share = batch_flops(checkpointer.spec, batch.doc_ids, cfg.model.variant) / world.sp  # an SP group's
             loss, count, norm, flops = _train_step(cfg, world, engine, batch, step, run, share)
             check_step(run, step, loss, norm)  # the same on every rank (reduced): all stop before any log or checkpoint
-            dt = time.perf_counter() - t0
-            row = {"step": step, "loss": loss, "tokens": count, "lr": lr_now, "grad_norm": norm,
-                   "tokens_per_s": cfg.data.global_batch * stage.seq_len / dt, "flops": flops,
-                   "flops_per_s": flops / dt, "mfu": flops / dt / (peak.flops_per_s * world.size),
-                   "elapsed_s": time.perf_counter() - t_start, **peak_memory(world.device)}
-            if cfg.schedule.stages:
-                row.update(stage=stage.index, seq_len=stage.seq_len)
-            if held is not None and step % cfg.eval.every == 0:
-                row.update(heldout_loss(stage.cfg, world, engine, held))
-            if step == start + 1:  # this process's first line: what building the engine and the first step held
-                row.update(peak_flops_per_s=peak.flops_per_s, build_peak_gib=built[0], engine_peak_gib=engine_built[0], ranks_build_peak_gib=built,
-                           ranks_engine_peak_gib=engine_built,
-                           ranks_peak_memory_gib=_gathered(world, row["peak_memory_gib"]))
-            metrics.write(row)
-            if trackers is not None:
-                trackers.log(row)
-            if cfg.logging.every and step % cfg.logging.every == 0:
-                eta = (cfg.schedule.steps - step) * (row["elapsed_s"] - elapsed0) / max(1, step - start)
-                bar.advance(1, note=f"step {step} loss {loss:.4f} {row['tokens_per_s']:.0f} tok/s "
-                                    f"eta {eta:.0f} s")
-            else:
-                bar.advance(1)
+            seconds = time.perf_counter() - t0
+            evaluate = held is not None and step % cfg.eval.every == 0
+            extra = heldout_loss(stage.cfg, world, engine, held) if evaluate else {}
+            row = report.step(step, stage, loss=loss, tokens=count, lr=lr, grad_norm=norm, flops=flops,
+                              seconds=seconds, extra=extra)
             if cfg.is_checkpoint_step(step):
                 checkpointer.save(step, row["elapsed_s"])
     finally:
-        bar.close()
-        metrics.close()
-        if trackers is not None:
-            trackers.close(finished=step == cfg.schedule.steps)
+        report.close(finished=step == cfg.schedule.steps)
     return step
 
 
@@ -315,7 +288,7 @@ def _open_loader(cfg: TrainConfig, run: Path, stage: Stage, world: World) -> Loa
 def _enter_stage(stages: list[Stage], stage: Stage, spec: ModelSpec, engine: Any,
                  checkpointer: ckpt.Checkpointer, step: int) -> tuple[HeldOut | None, ckpt.Checkpointer]:
     """Before the first step of `stage` this process trains (its first, or the first after a resume): the model's
-    RoPE set to the stage's (torchtrain.stages), its held-out windows, and the checkpointer's spec (hf/'s config:
+    RoPE set to the stage's (torchtrain.training.stages), its held-out windows, and the checkpointer's spec (hf/'s config:
     the stage's RoPE and length). Returns the held-out set and the checkpointer."""
     _restore_rope_buffers(engine.module, set_rope(engine.module, spec))
     if checkpointer.world.is_main and checkpointer.cfg.schedule.stages:
@@ -323,18 +296,6 @@ def _enter_stage(stages: list[Stage], stage: Stage, spec: ModelSpec, engine: Any
               flush=True)
     held = heldout_set(stage.cfg, PackedData.open(data_dir(checkpointer.cfg, checkpointer.run, stage.seq_len)))
     return held, dataclasses.replace(checkpointer, spec=spec)
-
-
-def rank_peaks(world: World) -> list[float | None]:
-    """Every rank's host memory high-water mark so far (VmHWM, GiB; None without procfs), gathered on every rank."""
-    rss = peak_rss()
-    return _gathered(world, None if rss is None else round(rss / 2**30, 4))
-
-
-def _gathered(world: World, value: Any) -> list[Any]:
-    out: list[Any] = [None] * world.size
-    dist.all_gather_object(out, value)
-    return out
 
 
 def _gib_list(values: list[float | None]) -> str:
@@ -375,7 +336,7 @@ def release_memory() -> None:
     packing's figure in this process, so held the model's GGUF memory map through prepare_run's frame), then the
     heap's free pages returned to the system (glibc's malloc_trim; a no-op elsewhere). Called before the model is
     built, once it is, and once the engine is: a step's peak sits on what is resident when it starts, and the plan
-    counts a process at its idle size (torchtrain.memory.BASE_PROCESS_BYTES). SmolLM2-135M at T=2048 with its corpus
+    counts a process at its idle size (torchtrain.training.memory.BASE_PROCESS_BYTES). SmolLM2-135M at T=2048 with its corpus
     packed by the same command: 2.37 GiB resident at the first step without this and with the packing in this
     process. On a GPU torch's CUDA cache is emptied too, so that a later run's memory check (mem_get_info) does not
     count the blocks an earlier run in this process left cached (the demo's runs, one after another)."""
@@ -412,7 +373,7 @@ def _build_engine(cfg: TrainConfig, spec: ModelSpec, world: World,
     peak once the model was built, before the engine: `rank_peaks`). Its RoPE buffers, which DeepSpeed's bf16 mode
     casts, are set in float32 before each stage's first step (`_enter_stage`), after the checkpoint's load.
     `universal`: the run resumes from a checkpoint in DeepSpeed's universal format (another process count:
-    torchtrain.universal)."""
+    torchtrain.training.universal)."""
     import deepspeed
 
     groups = ParallelGroups(world)
@@ -459,7 +420,7 @@ def _train_step(cfg: TrainConfig, world: World, engine: Any, batch: Batch, step:
                 run: Path, flops: float = 0.0) -> tuple[float, int, float | None, float]:
     """Optimizer step `step` on this rank's windows of the global batch (module docstring, 2-4).
     Returns the mean loss over the global batch's counted targets, their number, the gradient norm, and the
-    sum over the ranks of `flops` (this rank's share of the step's model FLOPs: torchtrain.throughput)."""
+    sum over the ranks of `flops` (this rank's share of the step's model FLOPs: torchtrain.training.throughput)."""
     gas = cfg.grad_accum(world.size)
     tokens = torch.as_tensor(batch.tokens, dtype=torch.long)
     mask = torch.as_tensor(batch.loss_mask)

@@ -30,8 +30,8 @@ from torch import nn
 from anchor_core.errors import InputError
 from anchor_core.spec import RopeSpec
 from anchor_core.weight_stream import WeightStream, stream_weights
-from torchtrain.engines import Engine
-from torchtrain.model import DType, empty_model, with_rope
+from torchtrain.attention.engines import Engine
+from torchtrain.model.build import DType, empty_model, with_rope
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 

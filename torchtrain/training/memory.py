@@ -15,21 +15,21 @@ The parts, per process:
                gradients too, ZeRO-3 the weights too, over the processes. The gradients are those held at
                the peak: the backward's start holds the head's and one layer's beside every layer's
                checkpoint, its end every gradient beside the first layer's checkpoint; the larger is the peak
-               (the moments exist from the start: torchtrain.optim.allocate_state)
+               (the moments exist from the start: torchtrain.training.optim.allocate_state)
   activations  B T / sp slots, each keeping per layer what the backward reads:
                e (7 h + 4 i + (3 N + 4 K) D) (the norms' inputs and outputs, q/k/v before and after RoPE, the
                attention output, o_proj and the residual; gate, up, act(gate), their product), for every
                layer (for one, plus the layer inputs, under activation checkpointing), one more layer for
                the backward's transients without checkpointing; the fused loss's one chunk where it outweighs
                the layer (at every ZeRO stage)
-  dense        the engine's T x T tensors (`torchtrain.engines.dense_attention_bytes`; 0 for the linear ones)
+  dense        the engine's T x T tensors (`torchtrain.attention.engines.dense_attention_bytes`; 0 for the linear ones)
   optimizer    a peak of its own, with every gradient and no activation: DeepSpeed's partitioned step (ZeRO >= 1),
   step         or at ZeRO-0 DeepSpeed's flat copy of the gradients it all-reduces (`zero0_reduce_bytes`) or torch's
                AdamW temporaries (`torch_adamw_temporaries`); the larger of it and the backward's is the step's
 
 What a config asks of the device besides memory (`check_device`: bf16 under ZeRO-0, an engine the device or
 this machine lacks, checkpoints offloaded from a CPU) is one function, which `anchor train`
-(torchtrain.run_folder.check_model) and `anchor plan` both call: a plan never says "fits" for a config the
+(torchtrain.training.run_folder.check_model) and `anchor plan` both call: a plan never says "fits" for a config the
 trainer refuses, and refuses it in the same words.
 
 Checked against measured peaks (peak RSS of a fresh `anchor train` process) in
@@ -47,9 +47,9 @@ import torch
 
 from anchor_core.errors import InputError, UnavailableError
 from anchor_core.spec import ModelSpec
-from torchtrain import engines
+from torchtrain.attention import engines
 from torchtrain.config.deepspeed_json import bucket_sizes
-from torchtrain.loss import chunk_working_bytes
+from torchtrain.model.loss import chunk_working_bytes
 
 if TYPE_CHECKING:
     from torchtrain.config import TrainConfig
@@ -69,13 +69,13 @@ DEEPSPEED_ALLREDUCE_BUCKET = 500_000_000  # elements of DeepSpeed's ZeRO-0 all-r
 
 def check_device(cfg: TrainConfig, device: str | None, *, here: bool = True) -> str:
     """What the run config `cfg` asks of the device it trains on, beyond memory; an InputError naming the keys
-    where the device cannot serve it. The one check of these that `anchor train` (torchtrain.run_folder.
+    where the device cannot serve it. The one check of these that `anchor train` (torchtrain.training.run_folder.
     check_model, on the machine that trains) and `anchor plan` (for the device it plans) make.
 
     device: "cuda" or "cpu", the kind of device the run trains on; None: any (only the rules of every device).
     here: the device is this machine's, whose installed packages decide the engines (flash-attn); a plan for
       a named GPU checks only what any GPU would refuse.
-    Returns the engine that runs: `model.engine`, `auto` resolved for this machine (torchtrain.engines.
+    Returns the engine that runs: `model.engine`, `auto` resolved for this machine (torchtrain.attention.engines.
     resolve_engine; for another, varlen: auto is linear in T either way)."""
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     if cfg.model.dtype == "bfloat16" and cfg.parallel.zero_stage == 0:
@@ -129,7 +129,7 @@ def largest_parameter(spec: ModelSpec) -> int:
 
 def torch_adamw_temporaries(spec: ModelSpec, elem: int, device: str) -> int:
     """Bytes torch's AdamW allocates for the length of its step (ZeRO-0: the optimizer over the model's own
-    parameters, torchtrain.optim.build_optimizer): on a CPU it steps one parameter at a time (its single-tensor
+    parameters, torchtrain.training.optim.build_optimizer): on a CPU it steps one parameter at a time (its single-tensor
     path), the second moment's square root and its quotient two temporaries of that parameter's size, the
     largest's at the peak; on a GPU (its foreach path) the square roots of every parameter at once. SmolLM2-135M
     in fp32 on the CPU: 0.21 GiB; its engine's build (`allocate_state`, the same step) measured 2.23 GiB above the
@@ -212,8 +212,8 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
                    first layer's at its end (whichever end is the peak, with the gradients held there)
       recompute    one layer's activations while its backward runs (recomputed under checkpointing: its
                    backward frees them as it goes); a tiled MLP keeps one tile of its intermediate
-                   instead of the window's (torchtrain.tiling)
-      loss         the fused loss's one chunk (`torchtrain.loss.chunk_working_bytes`; fused at every ZeRO
+                   instead of the window's (torchtrain.model.tiling)
+      loss         the fused loss's one chunk (`torchtrain.model.loss.chunk_working_bytes`; fused at every ZeRO
                    stage), which its backward holds at the backward's start before the last layer is
                    recomputed: the larger of the two is the peak's
     `offload_checkpoints` (CUDA) moves the checkpoints to host memory: `host`, not on the device; so do
@@ -394,7 +394,7 @@ def build_memory(spec: ModelSpec, *, dtype: torch.dtype, zero_stage: int, world:
     engine is built beside it, before the first step (the peaks the trainer logs as `build_peak_gib` and
     `engine_peak_gib`).
 
-    ZeRO-3 (torchtrain.sharded_build): the model's partitions (e P / N), plus on rank 0 (`reader`) the float32
+    ZeRO-3 (torchtrain.parallel.sharded_build): the model's partitions (e P / N), plus on rank 0 (`reader`) the float32
     arrays of the largest group read together (4 bytes an element: a decoder layer, or the embedding or the head
     alone) and the slice of the largest tensor it converts for another rank (e / N an element; none on one
     process), and on every rank the largest parameter whole in the run's dtype (e), which `zero.Init` creates
@@ -404,11 +404,11 @@ def build_memory(spec: ModelSpec, *, dtype: torch.dtype, zero_stage: int, world:
     DeepSpeed's fp32 master partition (4 P / N), the gradient partition (e P / N), the buckets (`bucket_sizes`)
     and, while it moves the partitions into one flat buffer, a second copy of them (e P / N). ZeRO 0-2: the whole
     model in float32 three times while its weights load (the arrays read, their torch copies, the parameters); at
-    ZeRO-0 the engine's build then steps AdamW once to allocate its moments (torchtrain.optim.allocate_state): the
+    ZeRO-0 the engine's build then steps AdamW once to allocate its moments (torchtrain.training.optim.allocate_state): the
     weights, zero gradients and both moments (16 P) with the step's temporaries (`torch_adamw_temporaries`)."""
     P = parameters(spec)
     elem = 2 if dtype == torch.bfloat16 else 4
-    if zero_stage == 0:  # the engine's build steps AdamW once on zero gradients (torchtrain.optim.allocate_state)
+    if zero_stage == 0:  # the engine's build steps AdamW once on zero gradients (torchtrain.training.optim.allocate_state)
         return int(12 * P), int(max(12 * P, 16 * P + torch_adamw_temporaries(spec, elem, "cpu")))
     if zero_stage < 3:
         return int(12 * P), int(12 * P)
@@ -423,5 +423,5 @@ def build_memory(spec: ModelSpec, *, dtype: torch.dtype, zero_stage: int, world:
 def run_memory(step: StepMemory, build: tuple[int, int]) -> int:
     """Host bytes every process of a run on this machine holds together at its peak: the launcher (a process at
     its idle size) and each rank at the larger of its build and its step (`step.procs` of them). The export
-    gathers one layer at a time (torchtrain.checkpoint.export_model): below both."""
+    gathers one layer at a time (torchtrain.training.checkpoint.export_model): below both."""
     return int(step.base + step.procs * (step.base + max(*build, step.per_process - step.base)))

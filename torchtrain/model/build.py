@@ -19,7 +19,7 @@ from torch import nn
 from anchor_core.errors import InputError
 from anchor_core.spec import ModelSpec, RopeSpec, to_hf_config
 from anchor_core.weights import load_weights
-from torchtrain.engines import Engine, attn_implementation, check_engine, install
+from torchtrain.attention.engines import Engine, attn_implementation, check_engine, install
 
 DType = Literal["float32", "bfloat16"]
 _DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -58,7 +58,7 @@ def model_from_weights(spec: ModelSpec, state: Mapping[str, np.ndarray], engine:
 
 def empty_model(spec: ModelSpec, engine: Engine = "sdpa", dtype: DType = "float32") -> nn.Module:
     """A transformers causal LM of `spec` with the engine installed and its weights as transformers initialises
-    them (`model_from_weights` loads the real ones; under DeepSpeed's `zero.Init`, torchtrain.sharded_build
+    them (`model_from_weights` loads the real ones; under DeepSpeed's `zero.Init`, torchtrain.parallel.sharded_build
     fills each rank's partitions)."""
     tdtype = torch_dtype(dtype)
     engine = check_engine(engine, tdtype)
@@ -114,7 +114,7 @@ def set_engine(model: nn.Module, engine: Engine) -> nn.Module:
 
 def set_rope(model: nn.Module, spec: ModelSpec) -> dict[str, torch.Tensor]:
     """Make `model`'s rotary embeddings those of `spec` (a stage of a length schedule changes its RoPE base and
-    length: torchtrain.stages): every module holding an `inv_freq` buffer takes the scaling, type, lengths and
+    length: torchtrain.training.stages): every module holding an `inv_freq` buffer takes the scaling, type, lengths and
     config a fresh one built for `spec` has, and `model.anchor_spec` becomes `spec`. Returns the fresh modules'
     float32 buffers by name (inv_freq, original_inv_freq), which the caller writes into the model's own (the
     trainer's `_restore_rope_buffers`: DeepSpeed's bf16 mode casts buffers, and a checkpoint's load is followed by

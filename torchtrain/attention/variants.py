@@ -5,7 +5,7 @@ documents are 1, 2, … in order of first appearance, -1 is padding.
 
 `mask_predicate(doc_ids, variant)` returns `(b, h, q_idx, kv_idx) -> bool`, the single source of
 truth: the dense masks of the eager/sdpa engines evaluate it on index grids, FlexAttention's block
-mask is built from it, and the varlen segments of `torchtrain.varlen` are tested against it.
+mask is built from it, and the varlen segments of `torchtrain.attention.varlen` are tested against it.
 """
 
 from __future__ import annotations

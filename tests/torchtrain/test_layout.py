@@ -1,0 +1,123 @@
+"""torchtrain's layout: its named parts (sub-folders, and any module left at its top) form at most four layers by
+their imports of each other, a part importing only parts of a lower layer; no imports continued by backslash; the
+modules' old flat paths still import, with a DeprecationWarning."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "torchtrain"
+
+
+def parts(package: Path = PACKAGE) -> dict[str, list[Path]]:
+    """Each part of the package (a sub-folder, or a module at its top) and its files."""
+    out: dict[str, list[Path]] = {}
+    for p in sorted(package.iterdir()):
+        if p.is_dir() and (p / "__init__.py").is_file():
+            out[p.name] = sorted(p.rglob("*.py"))
+        elif p.suffix == ".py" and p.name != "__init__.py":
+            out[p.stem] = [p]
+    return out
+
+
+def imported_parts(files: list[Path], package: str, names: set[str]) -> set[str]:
+    """The parts of `package` that `files` import, anywhere (module level or inside a function)."""
+    found = set()
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            modules = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                modules = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            for m in modules:
+                bits = m.split(".")
+                if bits[0] == package and len(bits) > 1 and bits[1] in names:
+                    found.add(bits[1])
+    return found
+
+
+def layers(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Each part's layer: 1 above the highest part it imports (1: it imports none). A cycle is a ValueError."""
+    done: dict[str, int] = {}
+
+    def layer(p: str, path: tuple[str, ...]) -> int:
+        if p in path:
+            raise ValueError(f"an import cycle: {' -> '.join(path[path.index(p):] + (p,))}")
+        if p not in done:
+            done[p] = 1 + max((layer(q, path + (p,)) for q in graph[p] - {p}), default=0)
+        return done[p]
+
+    for p in graph:
+        layer(p, ())
+    return done
+
+
+def graph_of(package: Path = PACKAGE) -> dict[str, set[str]]:
+    found = parts(package)
+    return {name: imported_parts(files, package.name, set(found)) - {name} for name, files in found.items()}
+
+
+def test_the_parts_form_at_most_four_layers_without_a_cycle():
+    graph = graph_of()
+    assert {"attention", "config", "hf", "model", "parallel", "training"} <= set(graph)
+    got = layers(graph)
+    print({p: (got[p], sorted(graph[p])) for p in sorted(got, key=got.get)})
+    assert max(got.values()) <= 4, got
+    assert got["training"] == max(got.values()) and not any("training" in deps for deps in graph.values())
+
+
+def test_the_layering_check_finds_a_cycle_and_counts_layers(tmp_path):
+    pkg = tmp_path / "pkg"
+    for name, body in {"a": "", "b": "from pkg.a import x\n", "c": "import pkg.b.y\n", "d": "from pkg import c\n"}.items():
+        (pkg / name).mkdir(parents=True)
+        (pkg / name / "__init__.py").write_text(body)
+    (pkg / "__init__.py").write_text("")
+    assert layers(graph_of(pkg)) == {"a": 1, "b": 2, "c": 3, "d": 4}
+    (pkg / "a" / "__init__.py").write_text("def f():\n    from pkg.d import z\n")  # inside a function counts too
+    with pytest.raises(ValueError, match="an import cycle: a -> d -> c -> b -> a"):
+        layers(graph_of(pkg))
+
+
+def test_each_part_says_what_it_owns_and_may_import():
+    for name, files in parts().items():
+        doc = ast.get_docstring(ast.parse(files[0].parent.joinpath("__init__.py").read_text())) if len(files) > 1 \
+            else ast.get_docstring(ast.parse(files[0].read_text()))
+        assert doc and "May import" in doc or name == "config" and doc, name
+
+
+def test_no_import_is_continued_by_a_backslash():
+    bad = []
+    for f in sorted(PACKAGE.rglob("*.py")):
+        lines = f.read_text(encoding="utf-8").splitlines()
+        for n, line in enumerate(lines, 1):
+            if line.lstrip().startswith(("from ", "import ")) and line.rstrip().endswith("\\"):
+                bad.append(f"{f.relative_to(ROOT)}:{n}")
+    assert bad == []
+
+
+@pytest.mark.parametrize("old", ["torchtrain.trainer", "torchtrain.engines", "torchtrain.hf_ulysses",
+                                 "torchtrain.sequence_parallel", "torchtrain.memory"])
+def test_an_old_module_path_imports_the_moved_module_and_warns(old):
+    import torchtrain
+
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=f"{old} moved to {torchtrain.MOVED[old]}"):
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(torchtrain.MOVED[old])
+
+
+def test_the_parts_names_import_without_a_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        import torchtrain.hf
+        import torchtrain.model
+        from torchtrain.attention import engines  # noqa: F401
+    assert callable(torchtrain.hf.ulysses) and callable(torchtrain.model.set_rope)
