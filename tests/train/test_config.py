@@ -15,8 +15,7 @@ from anchor_core.spec import ModelSpec, RopeSpec
 from tests.train.conftest import ROOT, TINY
 from torchtrain.config import load_train_config, with_changes
 from torchtrain.config.deepspeed_json import deepspeed_config
-from torchtrain.training.run_folder import check_model
-
+from torchtrain.training.fit import check_model
 CONFIGS = sorted((ROOT / "configs" / "train").rglob("*.yaml"))
 
 # The published Hugging Face configs of the paper's models (heads, kv heads, positions, RoPE base):
@@ -62,7 +61,7 @@ def test_every_shipped_config_resolves(path, monkeypatch):
         assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas, cfg.schedule.steps, cfg.data.global_batch) == (2e-5, 0.1, (0.9, 0.95), 2000, 8)
         assert (cfg.model.dtype, cfg.parallel.zero_stage, cfg.parallel.sequence_parallel) == ("bfloat16", 3, 8)
     else:  # every stage of a length schedule (one without), as prepare_run checks them
-        from torchtrain.training.run_folder import model_spec
+        from torchtrain.training.fit import model_spec
         from torchtrain.training.stages import run_stages
 
         for stage in run_stages(cfg):
@@ -124,14 +123,6 @@ BAD = [
     ("tiny", ["model.rope.theta=1"], ["model.rope.theta: expected a number > 1"]),
     ("tiny", ["optim.eps=.nan"], ["optim.eps: expected a number > 0"]),
     ("tiny", ["logging.dump_grads=[0]"], ["logging.dump_grads: expected a list of step numbers >= 1"]),
-    # a flat key of the pre-sectioned format names its new place
-    ("tiny", ["lr=1e-5"], ["lr: moved to optim.lr", "override lr=1e-5"]),
-    ("tiny", ["steps=3"], ["steps: moved to schedule.steps"]),
-    ("tiny", ["model=random:llama"], ["model: moved to model.name"]),
-    ("tiny", ["pack.budget=20000"], ["pack.budget: moved to data.pack.budget"]),
-    ("tiny", ["rope.theta=5e6"], ["rope.theta: moved to model.rope.theta"]),
-    (REQUIRED_YAML + "lr: 1.0e-5\n", [], ["lr: moved to optim.lr", "bad.yaml"]),
-    ("model: random:llama\ndata: corpus\nsteps: 2\n", ["optim.lr=1e-5"], ["model: moved to model.name", "bad.yaml"]),
     # across keys, the model, the machine
     ("tiny", ["model.name=/nonexistent/model"], ["/nonexistent/model", "no such model"]),
     ("tiny", ["data.path=/nonexistent/data.jsonl"], ["/nonexistent/data.jsonl", "no such data"]),
@@ -234,19 +225,6 @@ def test_an_override_reaches_training(tmp_path, capsys):
     assert [r["step"] for r in rows] == [1] and rows[0]["lr"] == pytest.approx(1e-5)
 
 
-def test_a_flat_override_is_one_line_exit_2_naming_its_place(tmp_path, capsys):
-    from anchor.cli import main
-
-    with pytest.raises(SystemExit) as e:
-        main(["train", "--config", str(TINY), "--out", str(tmp_path / "run"), "--no-progress", "lr=1e-5"])
-    err = [l for l in capsys.readouterr().err.splitlines() if l.strip() and "[WARNING]" not in l]
-    print(err)
-    assert e.value.code == 2 and err == ["anchor train: error: command-line override lr=1e-5: lr: moved to optim.lr "
-                                         "(a flat key of the pre-sectioned format; keys are grouped by section: "
-                                         "model, data, optim, schedule, parallel, checkpoint, logging, eval, deepspeed)"]
-    assert not (tmp_path / "run").exists()
-
-
 def test_a_run_in_this_process_does_not_make_the_next_look_launched(tmp_path, capsys):
     """A world of one leaves RANK/WORLD_SIZE in os.environ (torch and DeepSpeed read them); a later
     `anchor train` in the same process (the demo trains two runs) must still be a local one: its
@@ -302,8 +280,7 @@ def test_a_child_of_a_process_that_trained_is_not_mistaken_for_a_launched_rank(t
 def test_engine_defaults_to_auto_and_resolves_to_a_linear_one_here():
     """No `model.engine:` means auto; on this CPU it runs as varlen (never a dense engine by default)."""
     from torchtrain.config import validate
-    from torchtrain.training.run_folder import resolved_engine
-
+    from torchtrain.training.fit import resolved_engine
     cfg = validate({"model": {"name": "random:llama"}, "data": {"path": "corpus"}, "schedule": {"steps": 1}})
     assert cfg.model.engine == "auto"
     assert resolved_engine(cfg) in ("varlen", "flash_varlen")

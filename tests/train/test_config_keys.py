@@ -1,6 +1,6 @@
 """Each `anchor train` key is declared once (a field of a section model of torchtrain.config, docs/DESIGN.md §8),
-and every list of keys (KEYS, the documentation, the resumable keys, the table of flat keys MOVED, to_dict, the
-shipped YAML, the trainer's reads) agrees with the declarations. The checks are shown to fail on planted
+and every list of keys (KEYS, the documentation, the resumable keys, to_dict, the shipped YAML, the trainer's
+reads) agrees with the declarations. The checks are shown to fail on planted
 inconsistencies. Also: engine names come from the core (anchor_core.engines) with one engine -> oracle
 emulation table, and the three YAML loaders share one reader (anchor_core.yamlfile)."""
 
@@ -17,21 +17,16 @@ from pydantic import Field, StrictInt
 from anchor_core.errors import InputError
 from tests.train.conftest import ROOT
 from torchtrain import config
-from torchtrain.config import (KEYS, MOVED, NESTED, PACK_KEYS, PACK_OPTIONS, RESUMABLE_CHANGES, SECTIONS, TrainConfig,
-                               check_declarations, from_flat, validate)
+from torchtrain.config import (KEYS, NESTED, PACK_KEYS, PACK_OPTIONS, RESUMABLE_CHANGES, SECTIONS, TrainConfig,
+                               check_declarations, validate)
 
 TRAIN_CONFIGS = sorted((ROOT / "configs" / "train").rglob("*.yaml"))
 REQUIRED = {"model": {"name": "random:llama"}, "data": {"path": "corpus"}, "schedule": {"steps": 1}}
-# Keys added after the flat format was retired: no flat key maps to them (a flat config cannot give them).
-NEWER_THAN_FLAT = ("parallel.offload_optimizer", "parallel.offload_params", "checkpoint.max_shard_size",
-                   "checkpoint.export_dtype", "parallel.timeout_s", "eval.heldout_windows", "eval.heldout_data",
-                   "eval.heldout_buckets", "logging.report_to", "logging.project", "schedule.stages")
 
 
-def one_place_problems(cls: type, keys: dict[str, Any], resumable: tuple[str, ...], moved: dict[str, str],
-                       doc: str) -> list[str]:
-    """Keys found in one place and not another: the section fields, KEYS, the resumable keys, the table of
-    flat keys and the documentation."""
+def one_place_problems(cls: type, keys: dict[str, Any], resumable: tuple[str, ...], doc: str) -> list[str]:
+    """Keys found in one place and not another: the section fields, KEYS, the resumable keys and the
+    documentation."""
     fields = [f"{s}.{k}" for s, f in cls.model_fields.items() for k in f.annotation.model_fields]
     problems = []
     for name in fields:
@@ -39,22 +34,17 @@ def one_place_problems(cls: type, keys: dict[str, Any], resumable: tuple[str, ..
             problems.append(f"{name}: a field of {cls.__name__} but not in KEYS")
         if f"  {name} (" not in doc:
             problems.append(f"{name}: not in the documentation")
-        if name not in moved.values() and name not in NEWER_THAN_FLAT:
-            problems.append(f"{name}: no flat key of the pre-sectioned format maps to it")
     for name in keys:
         if name not in fields:
             problems.append(f"{name}: in KEYS but not a field of {cls.__name__}")
     for name in resumable:
         if name not in fields:
             problems.append(f"{name}: resumable but not a key")
-    for flat, name in moved.items():
-        if name not in fields:
-            problems.append(f"{flat}: moved to {name}, which is not a key")
     return problems
 
 
 def test_every_key_is_in_every_list():
-    assert one_place_problems(TrainConfig, KEYS, RESUMABLE_CHANGES, MOVED, TrainConfig.__doc__) == []
+    assert one_place_problems(TrainConfig, KEYS, RESUMABLE_CHANGES, TrainConfig.__doc__) == []
     check_declarations(TrainConfig)
     cfg = validate(REQUIRED)
     dumped = cfg.to_dict()
@@ -66,9 +56,7 @@ def test_every_key_is_in_every_list():
                               "deepspeed"]
     assert not SECTIONS["deepspeed"].model_fields and dumped["deepspeed"] == {}
     assert set(NESTED) == {"model.rope", "data.pack"} and set(NESTED) <= set(KEYS)
-    # one flat key per key of the flat format's time
-    assert len(KEYS) == 48 and len(MOVED) == 37 and len(set(MOVED.values())) == 37
-    assert set(KEYS) == set(MOVED.values()) | set(NEWER_THAN_FLAT)
+    assert len(KEYS) == 48
     assert set(RESUMABLE_CHANGES) == {"schedule.steps", "parallel.nproc", "parallel.timeout_s", "parallel.sequence_parallel",
                                       "eval.heldout_buckets", "logging.report_to", "checkpoint.save_every",
                                       "checkpoint.keep_last", "checkpoint.max_shard_size", "checkpoint.export_dtype",
@@ -77,7 +65,7 @@ def test_every_key_is_in_every_list():
 
 def test_a_key_in_one_place_only_is_caught():
     """Planted: a field without a description, a section that is not a model, a KEYS entry with no field,
-    a resumable name that is no key, a flat key moved nowhere, an undocumented key."""
+    a resumable name that is no key, an undocumented key."""
 
     class NoDoc(config.OptimConfig):
         colour: StrictInt = Field(1)
@@ -87,9 +75,8 @@ def test_a_key_in_one_place_only_is_caught():
 
     with pytest.raises(TypeError, match="NoDoc.colour: its description must be one line"):
         check_declarations(Planted)
-    problems = one_place_problems(Planted, KEYS, RESUMABLE_CHANGES, MOVED, TrainConfig.__doc__)
-    assert problems == ["optim.colour: a field of Planted but not in KEYS", "optim.colour: not in the documentation",
-                        "optim.colour: no flat key of the pre-sectioned format maps to it"]
+    problems = one_place_problems(Planted, KEYS, RESUMABLE_CHANGES, TrainConfig.__doc__)
+    assert problems == ["optim.colour: a field of Planted but not in KEYS", "optim.colour: not in the documentation"]
 
     class NotAKey(config.OptimConfig):
         colour: StrictInt = Field(1, description="a colour number")
@@ -106,14 +93,12 @@ def test_a_key_in_one_place_only_is_caught():
     with pytest.raises(TypeError, match="NotASection.colour is not a section"):
         check_declarations(NotASection)
 
-    assert one_place_problems(TrainConfig, {**KEYS, "optim.colour": KEYS["optim.lr"]}, RESUMABLE_CHANGES, MOVED,
+    assert one_place_problems(TrainConfig, {**KEYS, "optim.colour": KEYS["optim.lr"]}, RESUMABLE_CHANGES,
                               TrainConfig.__doc__) == ["optim.colour: in KEYS but not a field of TrainConfig"]
-    assert one_place_problems(TrainConfig, KEYS, (*RESUMABLE_CHANGES, "optim.colour"), MOVED, TrainConfig.__doc__) == [
+    assert one_place_problems(TrainConfig, KEYS, (*RESUMABLE_CHANGES, "optim.colour"), TrainConfig.__doc__) == [
         "optim.colour: resumable but not a key"]
-    assert one_place_problems(TrainConfig, KEYS, RESUMABLE_CHANGES, {**MOVED, "colour": "optim.colour"},
-                              TrainConfig.__doc__) == ["colour: moved to optim.colour, which is not a key"]
     undocumented = TrainConfig.__doc__.replace("  optim.lr (", "  ")
-    assert one_place_problems(TrainConfig, KEYS, RESUMABLE_CHANGES, MOVED, undocumented) == [
+    assert one_place_problems(TrainConfig, KEYS, RESUMABLE_CHANGES, undocumented) == [
         "optim.lr: not in the documentation"]
 
 
@@ -129,24 +114,10 @@ def test_defaults_round_trip_through_validate():
 
 def test_an_empty_section_takes_its_defaults():
     """`optim:` with every key left out (None in YAML) is the section's defaults; an empty `model:` still
-    misses its required key, named by its dotted path (not taken for the flat `model:` key)."""
+    misses its required key, named by its dotted path."""
     assert validate({**REQUIRED, "optim": None}).optim == config.OptimConfig()
     with pytest.raises(InputError, match="missing required key 'model.name'"):
         validate({**REQUIRED, "model": None})
-
-
-def test_the_flat_format_translates_through_the_table():
-    """A config of the pre-sectioned format (every key flat) translates to the same config, key for key."""
-    nested = validate({**REQUIRED, "optim": {"lr": 1e-5}, "model": {"name": "random:llama", "rope": {"theta": 5e6}},
-                       "data": {"path": "corpus", "pack": {"budget": 1000}}}).to_dict()
-    flat = {old: nested[new.split(".")[0]][new.split(".")[1]] for old, new in MOVED.items()}
-    assert flat["lr"] == 1e-5 and flat["rope"] == {"theta": 5e6} and flat["pack"] == {"budget": 1000}
-    assert config.is_flat(flat) and not config.is_flat(nested)
-    moved = {s: {k: v for k, v in keys.items() if f"{s}.{k}" in MOVED.values()} for s, keys in nested.items()}
-    assert from_flat(flat) == {s: keys for s, keys in moved.items() if keys}
-    assert validate(from_flat(flat)).to_dict() == nested  # the keys newer than the flat format: their defaults
-    with pytest.raises(InputError, match="unknown key 'colour' in a config of the pre-sectioned format"):
-        from_flat({**flat, "colour": 1})
 
 
 @pytest.mark.parametrize("path", TRAIN_CONFIGS, ids=[str(p.relative_to(ROOT / "configs" / "train"))
@@ -192,7 +163,8 @@ def _is_cfg(node: ast.AST) -> bool:
 def test_keys_the_trainer_reads_are_declared():
     """`cfg.<section>.<key>` in the torchtrain modules that take a TrainConfig: a key; `cfg.<name>`: a section
     or a TrainConfig method."""
-    files = [p for p in sorted((ROOT / "torchtrain").glob("*.py")) if "TrainConfig" in p.read_text(encoding="utf-8")]
+    files = [p for p in sorted((ROOT / "torchtrain").rglob("*.py"))
+             if "TrainConfig" in p.read_text(encoding="utf-8") and "config" not in p.relative_to(ROOT).parts[1:-1]]
     assert any(p.name == "trainer.py" for p in files)
     reads = set().union(*(_cfg_reads(p) for p in files))
     undeclared = sorted(n for n in reads if ("." in n and n.split(".")[0] in SECTIONS and n not in KEYS) or (

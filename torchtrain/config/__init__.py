@@ -7,13 +7,13 @@
 
 A config is sectioned: `model`, `data`, `optim`, `schedule`, `parallel`, `checkpoint`, `logging`, `eval`, each a
 pydantic model whose fields are its keys, and `deepspeed`, further DeepSpeed keys. One module per concern:
-  schema      the sections and their keys, each declared once: type, default, range, one-line meaning
-  types       the value types keys accept beyond pydantic's own (finite YAML numbers, betas, sizes)
-  keys        what the declarations give: every dotted key, those a resume may change, what each accepts in words
-  origins     where each key's value came from (an override, a file's line), named in every error
-  migration   the pre-sectioned format (flat keys): refused in one line naming its place, read in old run folders
-  overrides   reading a file and the `key=value` overrides over it
-  validation  pydantic's first error as one line; the nested mappings; the checks across keys; the world size
+  schema      the sections and their keys, each declared once: type, default, range, one-line meaning; the value
+              types keys accept beyond pydantic's own (finite YAML numbers, betas, sizes); where each key's value
+              came from (an override, a file's line), named in every error
+  keys        what the declarations give: every dotted key, those a resume may change, what each accepts in words;
+              the helpers on dotted keys (the pairs of a nested mapping, a config by dotted key, a deep merge)
+  validation  reading a file and the `key=value` overrides over it; pydantic's first error as one line; the nested
+              mappings; the checks across keys; the world size
   deepspeed_json  the DeepSpeed config a run gets: the trainer's keys, the `deepspeed:` section merged and checked
 
 pydantic validates; an error is one line (an InputError) naming the key's dotted path and where its value came
@@ -32,15 +32,14 @@ from torchtrain.config.keys import (
     PACK_KEYS,
     PACK_OPTIONS,
     RESUMABLE_CHANGES,
+    by_dotted_key,
     check_declarations,
     describe_keys,
     expected,
 )
-from torchtrain.config.migration import MOVED, from_flat, is_flat
-from torchtrain.config.origins import Sources
-from torchtrain.config.overrides import load_train_config, parse_overrides
 from torchtrain.config.schema import (
     SECTIONS,
+    Sources,
     CheckpointConfig,
     DataConfig,
     EvalConfig,
@@ -53,11 +52,11 @@ from torchtrain.config.schema import (
     StageConfig,
     TrainConfig,
 )
-from torchtrain.config.validation import check_world, validate, with_changes
+from torchtrain.config.validation import check_world, load_train_config, parse_overrides, validate, with_changes
 
 __all__ = [
-    "KEYS", "MOVED", "NESTED", "PACK_KEYS", "PACK_OPTIONS", "RESUMABLE_CHANGES", "SECTIONS", "CheckpointConfig",
-    "DataConfig", "EvalConfig", "LoggingConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "RopeConfig",
-    "ScheduleConfig", "Sources", "StageConfig", "TrainConfig", "check_declarations", "check_world", "describe_keys", "expected",
-    "from_flat", "is_flat", "load_train_config", "parse_overrides", "validate", "with_changes",
+    "KEYS", "NESTED", "PACK_KEYS", "PACK_OPTIONS", "RESUMABLE_CHANGES", "SECTIONS", "CheckpointConfig", "DataConfig",
+    "EvalConfig", "LoggingConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "RopeConfig", "ScheduleConfig",
+    "Sources", "StageConfig", "TrainConfig", "by_dotted_key", "check_declarations", "check_world", "describe_keys",
+    "expected", "load_train_config", "parse_overrides", "validate", "with_changes",
 ]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections.abc
 import contextlib
-import copy
 import logging
 import os
 import sys
@@ -25,6 +24,7 @@ import torch
 from anchor_core.errors import InputError
 from anchor_core.limits import clip, excerpt
 from anchor_core.weights import load_spec
+from torchtrain.config.keys import dotted_items, merge
 
 if TYPE_CHECKING:
     from torchtrain.config.schema import TrainConfig
@@ -67,7 +67,8 @@ SET_BY: dict[str, str] = {
 # own defaults (5e8 elements) make ZeRO-3 hold a 1 GB bf16 reduce buffer per rank whatever the model's size, more
 # than a 0.5B model's whole share of weights on 2 ranks (results/memory/sharded_build_cpu.json).
 SIZED_BY_MODEL = ("zero_optimization.reduce_bucket_size", "zero_optimization.allgather_bucket_size",
-                  "zero_optimization.stage3_prefetch_bucket_size", "zero_optimization.stage3_param_persistence_threshold")
+                  "zero_optimization.stage3_prefetch_bucket_size",
+                  "zero_optimization.stage3_param_persistence_threshold")
 
 
 def quiet_deepspeed_import() -> None:
@@ -111,10 +112,10 @@ def check_offload_buckets(cfg: TrainConfig, world: int, parameters: int) -> None
     bucket = int(zero.get("reduce_bucket_size", DEEPSPEED_REDUCE_BUCKET))
     if parameters > bucket:
         raise InputError(f"parallel.offload_optimizer at ZeRO-3 with gradient accumulation ({cfg.grad_accum(world)} "
-                         f"micro-steps) needs DeepSpeed's reduce bucket to hold every gradient: {parameters:,} parameters "
-                         f"> reduce_bucket_size {bucket:,} (DeepSpeed's ZeRO-3 offload accumulates gradients wrongly "
-                         "across buckets); set deepspeed.zero_optimization.reduce_bucket_size to at least the "
-                         "parameter count, or data.micro_batch so that nothing accumulates",
+                         f"micro-steps) needs DeepSpeed's reduce bucket to hold every gradient: {parameters:,} "
+                         f"parameters > reduce_bucket_size {bucket:,} (DeepSpeed's ZeRO-3 offload accumulates "
+                         "gradients wrongly across buckets); set deepspeed.zero_optimization.reduce_bucket_size to "
+                         "at least the parameter count, or data.micro_batch so that nothing accumulates",
                          path=cfg.where("parallel.offload_optimizer"))
 
 
@@ -167,21 +168,13 @@ def deepspeed_config(cfg: TrainConfig, world: int | None) -> dict[str, Any]:
     return merge(generated(cfg, world), cfg.deepspeed.given())
 
 
-def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """A copy of `base` with `extra` deep-merged over it."""
-    out = copy.deepcopy(base)
-    for k, v in extra.items():
-        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
-    return out
-
-
 def check_section(cfg: TrainConfig) -> None:
     """The `deepspeed:` section sets no key the trainer sets, and DeepSpeed accepts it merged over the trainer's keys;
     else an InputError naming the dotted key (`deepspeed.zero_optimization.stage`) and where it was given."""
     given = cfg.deepspeed.given()
     if not given:
         return
-    for dotted, value in _leaves(given, "deepspeed"):
+    for dotted, value in dotted_items(given, "deepspeed", string_keys="DeepSpeed"):
         owner = _set_by(dotted.removeprefix("deepspeed."), value)
         if owner is not None:
             key, by = owner
@@ -200,17 +193,6 @@ def check_section(cfg: TrainConfig) -> None:
             raise InputError(f"deepspeed.{key}: not a key DeepSpeed {_version()} reads (it would ignore it)",
                              path=cfg.where(f"deepspeed.{key}"))
     _validate(merge(base, given), "deepspeed", cfg)  # the keys together
-
-
-def _leaves(d: dict[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
-    """(dotted key, value) of every key of `d` and of the mappings in it, parents first; a key that is not a string
-    is an InputError."""
-    for k, v in d.items():
-        if not isinstance(k, str):
-            raise InputError(f"{prefix}: DeepSpeed keys are strings, got {excerpt(k)}")
-        yield f"{prefix}.{k}", v
-        if isinstance(v, dict):
-            yield from _leaves(v, f"{prefix}.{k}")
 
 
 def _set_by(key: str, value: Any) -> tuple[str, str] | None:

@@ -1,19 +1,26 @@
-"""What the declared keys of `torchtrain.config.schema` give: every dotted key (`KEYS`), those a resumed run may
-change (`RESUMABLE_CHANGES`), the `data.pack:` keys (`PACK_KEYS`), what each key accepts in words (`expected`) and
-the key list of `TrainConfig.__doc__` (`describe_keys`). Importing it checks every declaration
-(`check_declarations`).
+"""What the declared keys of `torchtrain.config.schema` give, and the helpers on dotted keys (`optim.lr`,
+`model.rope.theta`) the rest of the package uses.
+
+- The keys: every dotted key (`KEYS`), those a resumed run may change (`RESUMABLE_CHANGES`), the `data.pack:` keys
+  (`PACK_KEYS`), what each key accepts in words (`expected`) and the key list of `TrainConfig.__doc__`
+  (`describe_keys`). Importing this module checks every declaration (`check_declarations`).
+- Dotted keys in nested mappings: the (dotted key, value) pairs of a mapping (`dotted_items`), a config's keys by
+  section (`by_dotted_key`), a value set at a dotted key (`set_dotted`), a deep merge (`merge`).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, get_args, get_origin
+import copy
+from typing import Annotated, Any, Iterator, Literal, Mapping, Sequence, get_args, get_origin
 
 import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from anchor_core.data.config import PACK_SCHEMA
-from torchtrain.config.schema import EXPECTED_BY_TYPE, SECTIONS, TrainConfig, plain
+from anchor_core.errors import InputError
+from anchor_core.limits import excerpt
+from torchtrain.config.schema import EXPECTED_BY_TYPE, SECTIONS, Sources, TrainConfig, plain  # noqa: F401
 
 # Mapping-valued keys inside a section: their own keys are dotted further (`model.rope.theta`).
 NESTED: tuple[str, ...] = ("model.rope", "data.pack")
@@ -111,6 +118,71 @@ def _check_keys(model: type[BaseModel]) -> None:
         inner = base_type(optional_inner(key.annotation))
         if isinstance(inner, type) and issubclass(inner, BaseModel):
             _check_keys(inner)
+
+
+# ---------------------------------------------------------------------------------------------
+# Where each value came from
+
+# ---------------------------------------------------------------------------------------------
+# Dotted keys
+
+def dotted_items(x: Any, prefix: str = "", *, depth: int | None = None, parents: bool = True, lists: bool = False,
+                 string_keys: str | None = None) -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every key of the mapping `x` and of the mappings in it, each mapping before its keys:
+    `a`, `a.b`, `a.b.c`; under `prefix` where one is given (`optim.lr` from `{"lr": ...}` with prefix `optim`).
+
+    depth: the levels walked (1: the keys of `x` only; None: all).
+    parents: also the mappings walked into (False: only the values below them; an empty mapping gives nothing).
+    lists: also walk lists, an item named by its place from 1 (`schedule.stages[2].seq_len`).
+    string_keys: the kind of mapping whose keys must be strings (`DeepSpeed`): another key is an InputError naming
+      the mapping it is in. Without it, a key is named as str() writes it.
+    """
+    if isinstance(x, dict):
+        children = ((_child_key(prefix, k, string_keys), v) for k, v in x.items())
+    elif lists and isinstance(x, (list, tuple)):
+        children = ((f"{prefix}[{i}]", v) for i, v in enumerate(x, 1))
+    else:
+        return
+    for dotted, v in children:
+        walked = (depth is None or depth > 1) and (isinstance(v, dict) or lists and isinstance(v, (list, tuple)))
+        if parents or not walked:
+            yield dotted, v
+        if walked:
+            yield from dotted_items(v, dotted, depth=None if depth is None else depth - 1, parents=parents,
+                                    lists=lists, string_keys=string_keys)
+
+
+def _child_key(prefix: str, key: Any, string_keys: str | None) -> str:
+    """`prefix.key` (`key` alone without a prefix); a key that is not a string refused where `string_keys` says."""
+    if string_keys is not None and not isinstance(key, str):
+        raise InputError(f"{prefix}: {string_keys} keys are strings, got {excerpt(key)}")
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def by_dotted_key(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A config by section as dotted key -> value (`optim.lr`), one level: `model.rope` and `data.pack` stay whole
+    mappings; a top-level value that is not a mapping (not a section) gives no key."""
+    return {k: v for section, keys in config.items() if isinstance(keys, dict)
+            for k, v in dotted_items(keys, str(section), depth=1)}
+
+
+def set_dotted(d: dict[str, Any], dotted: str, value: Any) -> None:
+    """d[a][b][c] = value for `a.b.c`, making the mappings on the way."""
+    *parents, last = dotted.split(".")
+    for p in parents:
+        if not isinstance(d.get(p), dict):
+            d[p] = {}
+        d = d[p]
+    d[last] = value
+
+
+def merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of `base` with `extra` deep-merged over it: mappings merge key by key, any other value replaces;
+    neither argument is changed, nor shares a value with the result."""
+    out = copy.deepcopy(dict(base))
+    for k, v in extra.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
 
 
 check_declarations(TrainConfig)

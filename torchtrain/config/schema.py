@@ -1,28 +1,76 @@
-"""The keys of an `anchor train` config (docs/DESIGN.md §8): one pydantic model per section, one field per key.
+"""The keys of an `anchor train` config (docs/DESIGN.md §8): one pydantic model per section, one field per key, and
+the value types those keys accept.
 
     cfg.schedule.steps, cfg.model.variant, cfg.optim.lr, cfg.grad_accum(world=2)
 
 Every key is declared once (`_key`): its type (the annotation: `Literal` choices, strict ints, finite
 numbers), its default (none: required), its range (`ge`, `gt`, `le`) and its one-line meaning (`description`).
-The rest of the package derives from these declarations: the dotted keys and what each accepts
-(`torchtrain.config.keys`), where a value came from (`origins`), the pre-sectioned format (`migration`), reading
-files and overrides (`overrides`) and the checks across keys (`validation`).
+The value types are what a key accepts beyond pydantic's own strict types (finite YAML numbers, betas, sizes,
+trackers), and `EXPECTED_BY_TYPE` what errors and the documentation say each accepts. Where each key's value came
+from (`Sources`): a command-line override, a file and the key's line in it, or nowhere (a default); errors name it
+(`TrainConfig.where`): `command-line override optim.lr=abc`, `tiny.yaml:23`. The rest of the package derives from
+these declarations: the dotted keys and what each accepts (`torchtrain.config.keys`), reading files and overrides
+and the checks across keys (`validation`).
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any, Literal, Optional
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictInt, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictBool, StrictInt,
+                      model_validator)
 
 from anchor_core.engines import TRAIN_ENGINES
 from anchor_core.limits import SEED_MAX
 from anchor_core.variants import Variant
-from torchtrain.config.origins import Sources
-from torchtrain.config.types import (EXPECTED_BY_TYPE, Betas, Name, Number, ShardSize, Steps, TrackerNames,
-                                     yaml_numbers)
 
+
+# ---------------------------------------------------------------------------------------------
+# The value types
+
+def _yaml_number(x: Any) -> float:
+    """A finite YAML number, also `5e6` (PyYAML reads exponents without a dot as strings); never a bool."""
+    if isinstance(x, bool):
+        raise ValueError("a bool is not a number")
+    if isinstance(x, str):
+        try:
+            x = float(x)
+        except ValueError:
+            raise ValueError("not a number") from None
+    if not isinstance(x, (int, float)) or not math.isfinite(x):
+        raise ValueError("not a finite number")
+    return float(x)
+
+
+def _beta(x: Any) -> float:
+    v = _yaml_number(x)
+    if not 0.0 <= v < 1.0:
+        raise ValueError("a beta is in [0, 1)")
+    return v
+
+
+Number = Annotated[float, BeforeValidator(_yaml_number)]
+Name = Annotated[str, Field(strict=True, min_length=1)]
+Betas = tuple[Annotated[float, BeforeValidator(_beta)], Annotated[float, BeforeValidator(_beta)]]
+Steps = tuple[Annotated[StrictInt, Field(ge=1)], ...]
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+
+
+def _tracker_names(x: Any) -> Any:
+    """`logging.report_to`: a list of trackers, each once (a name given twice is one tracker); a bare name, as an
+    override `logging.report_to=wandb` gives it, is a list of one."""
+    if isinstance(x, str):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return list(dict.fromkeys(x)) if all(isinstance(n, str) for n in x) else x
+    return x
+
+
+TrackerNames = Annotated[tuple[Literal[TRACKERS], ...], BeforeValidator(_tracker_names)]  # type: ignore[valid-type]
 Schedule = Literal["constant", "cosine", "linear"]
 Dtype = Literal["float32", "bfloat16"]
 TrainEngine = Literal[TRAIN_ENGINES]  # type: ignore[valid-type]  # auto, or an engine of anchor_core.engines
@@ -31,6 +79,32 @@ RopeScaling = Literal["default", "linear", "dynamic", "yarn", "llama3", "ntk"]
 # and Python's timedelta stops at 999999999 days; far larger values overflow in init_world.
 TIMEOUT_MAX_S = 7 * 24 * 3600
 
+# What errors and the documentation say a type accepts, where the annotation alone does not tell.
+ShardSize = Union[StrictInt, Name]
+EXPECTED_BY_TYPE: dict[Any, str] = {
+    Betas: "two numbers [beta1, beta2] in [0, 1)",
+    ShardSize: 'a size as transformers writes it ("5GB", "500MB", "2GiB") or a number of bytes',
+    tuple[Name, ...]: "a list of non-empty strings",
+    Steps: "a list of step numbers >= 1",
+    tuple[Literal[TRACKERS], ...]: f"a list among {', '.join(TRACKERS)} (or one name)",  # type: ignore[valid-type]
+}
+
+
+def yaml_numbers(x: Any) -> Any:
+    """`x` with every string that is a number in exponent form (`1e7`, `5e-3`: PyYAML reads those without a dot
+    as strings) read as the number, an integer where it is whole; mappings and lists walked."""
+    if isinstance(x, dict):
+        return {k: yaml_numbers(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [yaml_numbers(v) for v in x]
+    if isinstance(x, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", x.strip()):
+        v = float(x)
+        return int(v) if v.is_integer() and math.isfinite(v) else v
+    return x
+
+
+# ---------------------------------------------------------------------------------------------
+# The sections
 
 def _key(default: Any, doc: str, *, resumable: bool = False, pack_option: str | None = None,
          **constraints: Any) -> Any:
@@ -47,19 +121,57 @@ def _key(default: Any, doc: str, *, resumable: bool = False, pack_option: str | 
     return Field(default, description=doc, json_schema_extra=extra, **constraints)
 
 
+class Sources:
+    """Where each key of a config came from: the command-line overrides (dotted key -> `command-line override
+    optim.lr=abc`, for every key an override sets), else the file and the key's line in it, else nowhere (a
+    default). `file` alone is named where none of the keys an error is about was given."""
+
+    def __init__(self, file: str, lines: Mapping[str, int] | None = None,
+                 overrides: Mapping[str, str] | None = None):
+        self.file = str(file)
+        self.lines = dict(lines or {})
+        self.overrides = dict(overrides or {})
+
+    def places(self, dotted: str) -> list[str]:
+        """Where `dotted` came from: the override that set it (or a value above it), else its line in the file;
+        and the overrides that set keys below it (`model.rope` from `model.rope.scaling=yarn`)."""
+        parts = dotted.split(".")
+        above = [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+        out = [next((self.overrides[k] for k in above if k in self.overrides), None)]
+        if out[0] is None and dotted in self.lines:
+            out[0] = f"{self.file}:{self.lines[dotted]}"
+        out += [o for k, o in self.overrides.items() if k.startswith(dotted + ".")]
+        return list(dict.fromkeys(o for o in out if o is not None))
+
+    def where(self, *keys: str) -> str:
+        """The places of `keys` as the `path` of an InputError, joined with "and" where they are several (then a
+        line of the file names its key); the file where none of them was given."""
+        places: dict[str, str] = {}  # place -> the key it gave
+        for key in keys:
+            for place in self.places(key):
+                places.setdefault(place, key)
+        if len(places) <= 1:
+            return next(iter(places), self.file)
+        return " and ".join(f"{p} ({k})" if p.startswith(f"{self.file}:") else p for p, k in places.items())
+
+    def without(self, keys: Sequence[str]) -> "Sources":
+        """These sources with `keys` (and what lies below them) given by no one: changed by the program."""
+        def kept(k: str) -> bool:
+            return not any(k == c or k.startswith(c + ".") for c in keys)
+
+        return Sources(self.file, {k: v for k, v in self.lines.items() if kept(k)},
+                       {k: v for k, v in self.overrides.items() if kept(k)})
+
+
 class _Section(BaseModel):
     """A section of keys: frozen, every key declared (`_key`), none other accepted."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 
 
-
-# ---------------------------------------------------------------------------------------------
-# The sections
-
 class RopeConfig(_Section):
     """`model.rope:` overrides of the model's RoPE (docs/DESIGN.md §3); names as in anchor_core.spec.RopeSpec,
-    with the contract's spellings `theta` (= base) and `scaling` (= kind). Omitted: the model's."""
+    with the config's spellings `theta` (= base) and `scaling` (= kind). Omitted: the model's."""
 
     theta: Optional[Number] = _key(None, "RoPE base (the paper: 1e6 at 32K, 5e6 at 64K, 1e7 at 128K, 5e7 at 256K)",
                                    gt=1.0)
@@ -124,8 +236,8 @@ class OptimConfig(_Section):
 
 
 class StageConfig(_Section):
-    """One stage of `schedule.stages` (torchtrain.training.stages): its steps train on windows of its length, packed for it,
-    with its RoPE base and peak learning rate."""
+    """One stage of `schedule.stages` (torchtrain.training.stages): its steps train on windows of its length, packed
+    for it, with its RoPE base and peak learning rate."""
 
     steps: StrictInt = _key(..., "optimizer steps of this stage", ge=1)
     seq_len: StrictInt = _key(..., "slots per window of this stage (its windows packed from data.path)", ge=2)
@@ -191,8 +303,8 @@ class LoggingConfig(_Section):
                                              "into it: false leaves tensorboard out of report_to", resumable=True)
     dump_grads: Steps = _key((), "steps whose whole averaged gradient (before clipping) is written to "
                              "RUN/grads/step-N.safetensors", resumable=True)
-    report_to: TrackerNames = _key(("tensorboard",), "trackers each step's metrics go to (torchtrain.training.trackers)",
-                                   resumable=True)
+    report_to: TrackerNames = _key(("tensorboard",), "trackers each step's metrics go to "
+                                   "(torchtrain.training.trackers)", resumable=True)
     project: Name = _key("anchor", "the W&B project and MLflow experiment the run is logged in")
 
 
@@ -244,7 +356,7 @@ class TrainConfig(_Section):
     eval: EvalConfig = EvalConfig()
     deepspeed: DeepSpeedSection = DeepSpeedSection()
     _source: str = PrivateAttr("config")
-    _sources: "Sources" = PrivateAttr(None)
+    _sources: Optional[Sources] = PrivateAttr(None)
 
     @property
     def source(self) -> str:
@@ -253,7 +365,7 @@ class TrainConfig(_Section):
     def where(self, *keys: str) -> str:
         """Where the values of these dotted keys came from, for an error about them: `command-line override
         model.dtype=bfloat16`, `tiny.yaml:36`, several joined with "and"; the file when none was given."""
-        return (self._sources or Sources(self._source)).where(*keys)
+        return self._source if self._sources is None else self._sources.where(*keys)
 
     def __eq__(self, other: object) -> bool:  # the keys, not where they came from
         return isinstance(other, TrainConfig) and self.to_dict() == other.to_dict()
@@ -306,16 +418,6 @@ def plain(v: Any) -> Any:
     if isinstance(v, dict):
         return dict(v)
     return v
-
-
-def set_dotted(d: dict[str, Any], dotted: str, value: Any) -> None:
-    """d[a][b][c] = value for `a.b.c`, making the mappings on the way."""
-    *parents, last = dotted.split(".")
-    for p in parents:
-        if not isinstance(d.get(p), dict):
-            d[p] = {}
-        d = d[p]
-    d[last] = value
 
 
 # section name -> its model, in the order errors list the keys and config.yaml is written

@@ -1,27 +1,101 @@
-"""A mapping checked against the declared keys and built into a `TrainConfig` (`validate`): pydantic's first error
-as one line naming the dotted key and where its value came from; the nested mappings (`model.rope`, `data.pack`);
-the checks across keys that need neither the world size nor a model; then, with the world size, `check_world`.
+"""Reading a config and checking it: the YAML file (or a shipped config's name) with the command-line overrides
+merged over it (`load_train_config`), then the mapping checked against the declared keys and built into a
+`TrainConfig` (`validate`): pydantic's first error as one line naming the dotted key and where its value came from;
+the nested mappings (`model.rope`, `data.pack`); the checks across keys that need neither the world size nor a
+model; then, with the world size, `check_world`.
+
+Overrides are `key=value` with the dotted key (`optim.lr=1e-5`, `data.pack.budget=20000`); values are read as
+YAML, bounded as a file is (anchor_core.yamlfile: `true`, `0.1`, `[0.9, 0.95]`; `yes` is a string). An override
+wins over the file; a key given twice, in the file or by two overrides, is refused in one line naming it, both
+values and where each came from.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Any, Iterator, Mapping, Sequence, get_args, get_origin
+from pathlib import Path
+from typing import Any, Mapping, Sequence, get_args, get_origin
 
+import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from anchor_core.data.config import PACK_SCHEMA, check_pack_options, validate_pack_config
 from anchor_core.errors import InputError
 from anchor_core.export import shard_size_bytes
-from anchor_core.limits import excerpt
+from anchor_core.limits import clip, excerpt
+from anchor_core.shipped import resolve
 from anchor_core.spec import RopeSpec
+from anchor_core.yamlfile import parse_yaml, read_yaml_mapping_lines
 from torchtrain.config.deepspeed_json import check_section as check_deepspeed_section
-from torchtrain.config.keys import PACK_KEYS, PACK_OPTIONS, base_type, expected, optional_inner
-from torchtrain.config.migration import moved_error, moved_to
-from torchtrain.config.origins import Sources
-from torchtrain.config.schema import SECTIONS, LoggingConfig, TrainConfig, plain, set_dotted
+from torchtrain.config.keys import (PACK_KEYS, PACK_OPTIONS, Sources, base_type, dotted_items, expected, merge,
+                                    optional_inner, set_dotted)
+from torchtrain.config.schema import SECTIONS, LoggingConfig, TrainConfig, plain
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a file and the overrides over it
+
+def load_train_config(path: str | Path | None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Read `path` (YAML, or a shipped config's name: `tiny`, `paper/<name>`; None: only the overrides), apply
+    `key=value` overrides, validate. A key the file gives twice is an InputError naming it, both values and
+    their lines (anchor_core.yamlfile); so is a key two overrides set."""
+    path = None if path is None else resolve("train", path)
+    base, lines = ({}, {}) if path is None else read_yaml_mapping_lines(path, what="train config")
+    source = "command line" if path is None else str(path)
+    updates, origins = parse_overrides(overrides)
+    return validate(merge(base, updates), source=source, origins=origins, lines=lines)
+
+
+def parse_overrides(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """`key=value` strings (dotted keys) as a nested mapping, and the override each dotted key came from (every
+    key an override sets: `optim={lr: 1e-5}` sets `optim.lr`). A key two overrides set is an InputError naming
+    it, both values and both overrides."""
+    updates: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    given: dict[str, tuple[str, str]] = {}  # dotted key an override set -> (its value's text, the override)
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise InputError(f"override {excerpt(item)} is not key=value")
+        origin = f"command-line override {clip(item)}"
+        # read as a file is (anchor_core.yamlfile: bounded, YAML 1.2's booleans); not YAML: the text itself
+        value = parse_yaml(text, where=origin, text_if_invalid=True) if text.strip() else None
+        parts = key.split(".")
+        if parts[0] not in SECTIONS or len(parts) == 1 and not isinstance(value, dict) or "" in parts:
+            raise InputError(f"override {excerpt(item)}: unknown key {excerpt(key)} (keys are dotted by section: "
+                             f"{', '.join(f'{s}.<key>' for s in SECTIONS)})")
+        for dotted, shown in _sets(key, value, text.strip()):
+            for other, (other_shown, other_origin) in given.items():
+                if dotted == other or dotted.startswith(other + ".") or other.startswith(dotted + "."):
+                    named = min(dotted, other, key=len)
+                    raise InputError(f"{named} is given twice: {other_shown} ({other_origin}) and {shown} "
+                                     f"({origin}); give each key once")
+            given[dotted] = (shown, origin)
+            origins[dotted] = origin
+        nested: dict[str, Any] = {}
+        set_dotted(nested, key, value)
+        updates = merge(updates, nested)
+    return updates, origins
+
+
+def _sets(key: str, value: Any, text: str) -> list[tuple[str, str]]:
+    """The dotted keys an override `key=value` sets, each with its value as text: a mapping value merges into
+    the config key by key (`optim={lr: 1e-5}` sets `optim.lr`), any other value sets `key` itself."""
+    if not isinstance(value, dict):
+        return [(key, clip(text) or "null")]
+    return [(dotted, clip(_flow(v))) for dotted, v in dotted_items(value, key, parents=False)]
+
+
+def _flow(value: Any) -> str:
+    """A value as one line of YAML (flow style): `[0.9, 0.95]`, `1.0e-05`."""
+    return " ".join(yaml.safe_dump(value, default_flow_style=True).split()).removesuffix(" ...")  # a scalar's "..."
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking a mapping
 
 def validate(d: Any, *, source: str = "config", origins: Mapping[str, str] | None = None,
              lines: Mapping[str, int] | None = None) -> TrainConfig:
@@ -37,9 +111,6 @@ def validate(d: Any, *, source: str = "config", origins: Mapping[str, str] | Non
     sources = Sources(source, lines, origins)
     if not isinstance(d, dict):
         raise InputError("a train config must be a mapping of sections to keys", path=source)
-    for key, value in d.items():
-        if moved_to(key, value) is not None:
-            raise moved_error(key, sources.where(key))
     # every section present (an empty one, `optim:` alone, is None in YAML), so a missing required key is
     # named by its dotted path
     d = {**{s: {} for s in SECTIONS}, **{k: {} if k in SECTIONS and v is None else v for k, v in d.items()}}
@@ -92,21 +163,9 @@ def check_heldout_buckets(cfg: TrainConfig, seq_len: int) -> None:
 def _check_finite(cfg: TrainConfig) -> None:
     """Every number of the config is finite, also in the mappings no key declares (`data.pack`, `deepspeed:`): a NaN
     or an infinity there would train on it, or write a deepspeed.json that is not JSON."""
-    for dotted, value in _numbers(cfg.to_dict(), ""):
-        if not math.isfinite(value):
+    for dotted, value in dotted_items(cfg.to_dict(), lists=True):
+        if isinstance(value, float) and not math.isfinite(value):
             raise InputError(f"{dotted}: expected a finite number, got {value}", path=cfg.where(_key_of(dotted)))
-
-
-def _numbers(x: Any, prefix: str) -> Iterator[tuple[str, float]]:
-    """(dotted key, value) of every float in `x`, mappings and lists walked (a list's item as `key[i]`, from 1)."""
-    if isinstance(x, float):
-        yield prefix, x
-    elif isinstance(x, dict):
-        for k, v in x.items():
-            yield from _numbers(v, f"{prefix}.{k}" if prefix else str(k))
-    elif isinstance(x, (list, tuple)):
-        for i, v in enumerate(x):
-            yield from _numbers(v, f"{prefix}[{i + 1}]")
 
 
 def _fold_tensorboard(d: dict[str, Any], sources: Sources) -> dict[str, Any]:
