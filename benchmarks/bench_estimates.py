@@ -40,8 +40,7 @@ def train_case(config: str, T: int, engine: str, data: Path, tmp: Path) -> dict:
     from torchtrain.config import load_train_config
     from torchtrain.attention.engines import resolve_engine
     from torchtrain.training.memory import step_memory
-    from torchtrain.training.run_folder import model_spec
-
+    from torchtrain.training.fit import model_spec
     overrides = [f"data.path={data}", f"data.seq_len={T}", "data.global_batch=1", "data.micro_batch=1",
                  f"model.engine={engine}", "model.rope.theta=1e6", "schedule.steps=1", "checkpoint.save_every=0"]
     cfg = load_train_config(ROOT / config, overrides)

@@ -42,7 +42,7 @@ def main() -> None:
     from anchor_core.machine import machine
     from torchtrain.config import load_train_config
     from torchtrain.training.metrics import read_metrics
-    from torchtrain.training.run_folder import load_run_config
+    from torchtrain.training.resume import load_run_config
     from torchtrain.training.trainer import train
 
     cfg = load_train_config(args.config, [*args.overrides, f"schedule.steps={args.steps}", "checkpoint.save_every=0",

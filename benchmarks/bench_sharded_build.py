@@ -150,7 +150,7 @@ from anchor_core.limits import peak_rss
 from torchtrain.config import load_train_config
 from torchtrain.config.deepspeed_json import deepspeed_config
 from torchtrain.parallel.distributed import ParallelGroups, init_world
-from torchtrain.training.run_folder import model_spec
+from torchtrain.training.fit import model_spec
 from torchtrain.parallel.sharded_build import build_partitioned
 from torchtrain.training.trainer import release_memory, return_freed_memory
 
@@ -209,7 +209,7 @@ def build_only_series(args) -> None:
 
     from anchor_core.machine import machine
     from torchtrain.training.memory import build_memory
-    from torchtrain.training.run_folder import model_spec
+    from torchtrain.training.fit import model_spec
     from torchtrain.config import load_train_config
 
     work = args.work or Path(tempfile.mkdtemp(prefix="sharded-build-only-"))
@@ -260,8 +260,7 @@ def predictions(folder: Path, world: int) -> dict:
 
     from torchtrain.config import load_train_config
     from torchtrain.training.memory import build_memory, run_memory, step_memory, step_of
-    from torchtrain.training.run_folder import model_spec
-
+    from torchtrain.training.fit import model_spec
     cfg = load_train_config("tiny", [f"model.name={folder}", *RUN, f"parallel.nproc={world}",
                                      f"data.global_batch={world}"])
     spec = model_spec(cfg)

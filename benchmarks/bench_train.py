@@ -33,8 +33,7 @@ def plain_steps(cfg, data, steps: int) -> list[float]:
     from torchtrain.model import build_model
     from torchtrain.training.optim import param_groups
 
-    from torchtrain.training.run_folder import check_model, model_spec
-
+    from torchtrain.training.fit import check_model, model_spec
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     spec = check_model(cfg, model_spec(cfg), cfg.data.seq_len, memory=False)  # the RoPE the trainer trains with
     model = build_model(cfg.model.name, engine=cfg.model.engine, dtype=cfg.model.dtype, rope=spec.rope, seed=cfg.data.seed).to(device)
@@ -93,8 +92,8 @@ def main() -> None:
     from anchor_core.data.packed import PackedData
     from anchor_core.machine import machine
     from torchtrain.config import load_train_config, with_changes
-    from torchtrain.training.run_folder import prepare_run, resolved_engine
-
+    from torchtrain.training.fit import resolved_engine
+    from torchtrain.training.run_folder import prepare_run
     cfg = load_train_config(args.config, [*args.overrides, f"schedule.steps={args.steps}", "checkpoint.save_every=0",
                                           "eval.window=0", "logging.every=1000", "logging.report_to=[]"])
     cfg = with_changes(cfg, {"model.engine": resolved_engine(cfg)})  # the plain loop builds its model with the engine the trainer runs

@@ -319,8 +319,8 @@ def main() -> None:
     from anchor_core.weights import load_weights
     from anchor_core.flops import step_flops
     from torchtrain.config import load_train_config, with_changes
-    from torchtrain.training.run_folder import check_model, model_spec, prepare_run
-
+    from torchtrain.training.fit import check_model, model_spec
+    from torchtrain.training.run_folder import prepare_run
     cuda = torch.cuda.is_available()
     peak, peak_note = peak_flops()
     lengths = [int(x) for x in args.seq_len.split(",")]

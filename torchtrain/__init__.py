@@ -32,11 +32,11 @@ import sys
 import warnings
 
 from torchtrain.attention.engines import ENGINES, Engine, available_engines, check_engine
-from torchtrain.model.loss import next_token_loss
-from torchtrain.model import build_model, model_from_weights, set_engine
-from torchtrain.parallel.ulysses import check_sequence_parallel, enable_sequence_parallel, shard
-from torchtrain.model.taps import TAP_NAMES, capture_taps
 from torchtrain.attention.variants import VARIANTS, Variant, dense_mask, mask_predicate
+from torchtrain.model import build_model, model_from_weights, set_engine
+from torchtrain.model.loss import next_token_loss
+from torchtrain.model.taps import TAP_NAMES, capture_taps
+from torchtrain.parallel.ulysses import check_sequence_parallel, enable_sequence_parallel, shard
 
 __all__ = [
     "ENGINES", "Engine", "TAP_NAMES", "VARIANTS", "Variant", "available_engines", "build_model", "capture_taps",

@@ -58,8 +58,7 @@ from anchor_core.weights import load_spec, model_folder, model_identity
 from torchtrain.training import checkpoint as ckpt
 from torchtrain.attention import engines
 from torchtrain.training.memory import forward_memory
-from torchtrain.training.run_folder import load_run_config
-
+from torchtrain.training.resume import load_run_config
 DEFAULT_TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_1", "vt", "cwe", "fwe")
 DEFAULT_LENGTHS = (1024, 2048)
 PERPLEXITY_DOCS = ("packed", "long")  # held-out windows: packed documents, or one long document per window
@@ -84,7 +83,7 @@ def checkpoints_of_run(run: str | Path, names: Sequence[str] | None = None) -> l
                                  f"{', '.join(f'step-{x}' for x in sorted(steps))})", path=run)
             chosen.append(int(s))
     else:
-        cfg = load_run_config(run)  # also a run folder of the pre-sectioned format
+        cfg = load_run_config(run)
         chosen = [s for s in steps if cfg.is_eval_step(s)]
         if not chosen:
             raise InputError("the run has no checkpoint of its evaluation schedule (eval.every/eval.window); "

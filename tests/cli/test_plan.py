@@ -14,7 +14,7 @@ from anchor_core.errors import InputError
 from anchor_core.weights import load_spec
 from tests.cli.helpers import assert_usage_error, run_cli
 from torchtrain.attention import engines
-from torchtrain.training import run_folder
+from torchtrain.training import fit
 from torchtrain.config import load_train_config
 from anchor_core.hardware import GPUS, SHAPES
 from torchtrain.training.memory import ALLOCATOR_MARGIN, largest_term, step_memory
@@ -64,10 +64,10 @@ def test_the_plan_and_anchor_trains_refusal_agree(monkeypatch):
         need = step_memory(spec, seq_len=T, micro_batch=cfg.data.micro_batch, dtype=torch.float32, engine="varlen",
                            zero_stage=0, procs=1, activation_checkpointing=True, tiled_mlp=True)
         if need.total <= budget:
-            run_folder.check_step_memory(cfg, spec, T, "varlen", torch.float32)
+            fit.check_step_memory(cfg, spec, T, "varlen", torch.float32)
         else:
             with pytest.raises(InputError, match="needs about") as refused:
-                run_folder.check_step_memory(cfg, spec, T, "varlen", torch.float32)
+                fit.check_step_memory(cfg, spec, T, "varlen", torch.float32)
             line = str(refused.value)
             assert "\n" not in line and f"{largest_term(need)[0]} the largest term" in line
             assert "tiled_mlp: true" not in line and "activation_checkpointing: true" not in line  # already on
@@ -251,11 +251,11 @@ def test_train_refuses_offloaded_checkpoints_the_host_cannot_hold(monkeypatch):
     for T, fits in ((2**18, True), (2**20, False)):  # 8.4 and 33.8 GiB of bf16 layer inputs
         cfg = load_train_config("smollm2_2k", [f"data.seq_len={T}", *OFFLOAD])
         if fits:
-            run_folder.check_step_memory(cfg, spec, T, "varlen", torch.bfloat16)
+            fit.check_step_memory(cfg, spec, T, "varlen", torch.bfloat16)
             continue
         with pytest.raises(InputError, match="model.offload_checkpoints at data.seq_len=1048576 needs about 33.8 GiB "
                                              "of host memory") as refused:
-            run_folder.check_step_memory(cfg, spec, T, "varlen", torch.bfloat16)
+            fit.check_step_memory(cfg, spec, T, "varlen", torch.bfloat16)
         assert "\n" not in str(refused.value)
 
 

@@ -121,3 +121,51 @@ def test_the_parts_names_import_without_a_warning():
         import torchtrain.model
         from torchtrain.attention import engines  # noqa: F401
     assert callable(torchtrain.hf.ulysses) and callable(torchtrain.model.set_rope)
+
+
+def cfg_returns(cfg, run: Path) -> list[tuple[str, str, str]]:
+    """prepare_run(cfg, run) followed through its calls: every call of a function (in the project's packages)
+    that holds a TrainConfig, into a module control had already been in, made from another module than
+    prepare_run's own (whose calls are its list of steps), as distinct (module, function, caller's module); the
+    config's own methods are the cfg itself, not a place it goes."""
+    from torchtrain.config import TrainConfig
+    from torchtrain.training.run_folder import prepare_run
+
+    roots = tuple(str(ROOT / p) + "/" for p in ("torchtrain", "anchor_core", "anchor"))
+    calls: list[tuple[str, str, str]] = []
+
+    def profile(frame, event, arg):
+        if event != "call" or not frame.f_code.co_filename.startswith(roots):
+            return
+        found = frame.f_locals
+        if isinstance(found.get("self"), TrainConfig) or not any(isinstance(v, TrainConfig) for v in found.values()):
+            return
+        back = frame.f_back
+        while back is not None and not back.f_code.co_filename.startswith(roots):
+            back = back.f_back  # through the standard library (contextlib's __enter__)
+        name = lambda f: str(Path(f).relative_to(ROOT))  # noqa: E731
+        calls.append((name(frame.f_code.co_filename), frame.f_code.co_name,
+                      name(back.f_code.co_filename) if back is not None else ""))
+
+    sys.setprofile(profile)
+    try:
+        prepare_run(cfg, run, progress=False)
+    finally:
+        sys.setprofile(None)
+    root = "torchtrain/training/run_folder.py"
+    seen, back_into = {root}, []
+    for module, function, caller in calls[1:]:
+        if module != caller and module in seen and caller != root and (module, function, caller) not in back_into:
+            back_into.append((module, function, caller))
+        seen.add(module)
+    return back_into
+
+
+@pytest.mark.parametrize("config,overrides", [("tiny", ["schedule.steps=2"]), ("tiny_stages", [])])
+def test_prepare_runs_cfg_returns_to_a_module_already_left_at_most_ten_times(tmp_path, config, overrides):
+    from torchtrain.config import load_train_config
+
+    cfg = load_train_config(ROOT / "configs" / "train" / f"{config}.yaml", [*overrides, "logging.report_to=[]"])
+    back_into = cfg_returns(cfg, tmp_path / "run")
+    print("\n".join(f"{caller} -> {module}:{function}" for module, function, caller in back_into))
+    assert len(back_into) <= 10

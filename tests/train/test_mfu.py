@@ -19,8 +19,7 @@ def _expected(packed, overrides) -> list[float]:
     from anchor_core.data.packed import Loader, PackedData
     from anchor_core.flops import pairs, step_flops
     from torchtrain.config import load_train_config
-    from torchtrain.training.run_folder import model_spec
-
+    from torchtrain.training.fit import model_spec
     cfg = load_train_config(TINY, [*overrides, f"data.path={packed}"])
     data = PackedData.open(packed)
     loader = Loader(data, batch_size=cfg.data.global_batch, variant=cfg.model.variant, seed=cfg.data.seed)

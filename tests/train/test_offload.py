@@ -173,15 +173,14 @@ def test_a_file_names_the_line_of_the_refused_key(tmp_path):
 def test_a_run_from_before_the_offload_keys_resumes_as_without_offload(tmp_path):
     """A run folder whose config.yaml predates the new keys was started with what their defaults do: it resumes
     with them off (a missing key compared as its default) and is refused with optimizer offload on."""
-    from torchtrain.training.run_folder import _check_resume_config
-
+    from torchtrain.training.resume import check_resume_config
     saved = load_train_config(TINY, ["parallel.zero_stage=1"]).to_dict()
     for key in ("offload_optimizer", "offload_params"):
         del saved["parallel"][key]
     del saved["deepspeed"]
-    _check_resume_config(load_train_config(TINY, ["parallel.zero_stage=1"]), saved, tmp_path)
+    check_resume_config(load_train_config(TINY, ["parallel.zero_stage=1"]), saved, tmp_path)
     with pytest.raises(InputError, match="parallel.offload_optimizer is True but the run was started with False"):
-        _check_resume_config(load_train_config(TINY, ["parallel.zero_stage=1", "parallel.offload_optimizer=true"]),
+        check_resume_config(load_train_config(TINY, ["parallel.zero_stage=1", "parallel.offload_optimizer=true"]),
                              saved, tmp_path)
 
 

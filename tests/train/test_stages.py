@@ -182,7 +182,7 @@ def test_the_stage_whose_step_does_not_fit_is_refused_before_any_packing(tmp_pat
     folder is made."""
     from torchtrain.attention import engines
     from torchtrain.training.memory import step_memory, step_of
-    from torchtrain.training.run_folder import model_spec
+    from torchtrain.training.fit import model_spec
     from torchtrain.training.stages import run_stages
     from torchtrain.training.trainer import train
 

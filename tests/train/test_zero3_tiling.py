@@ -133,7 +133,6 @@ def runs(corpus, tmp_path_factory) -> dict[str, list[dict]]:
     from torchtrain.config import load_train_config
     from torchtrain.parallel.distributed import free_port
     from torchtrain.training.run_folder import prepare_run
-
     root = tmp_path_factory.mktemp("zero3-tiling")
     packs = {}
     for m in ("llama", "qwen2"):

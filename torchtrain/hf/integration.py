@@ -52,8 +52,8 @@ from its `**kwargs` to every attention layer, builds the engine's mask metadata 
 the doc_ids tensor, so every layer and a checkpointed layer's recomputation reuse it), and attends with
 `torchtrain.attention.engines.attend`: the same arithmetic as `anchor train` with that engine. q and k arrive rotated
 by the model at the `position_ids` given (transformers' convention); `attention_mask` is not read.
-The functions also satisfy the contract of `anchor parity --stack hf --attention torchtrain.hf:anchor_sdpa
---rope-in model` (parity_tests.hf_stack), which calls them with the same keywords.
+The functions are also what `anchor parity --stack hf --attention torchtrain.hf:anchor_sdpa --rope-in model`
+(parity_tests.hf_stack) calls, with the same keywords.
 
 Sequence parallelism: DeepSpeed's Ulysses as transformers' Trainer runs it, through `ulysses(sp_size, seq_len)`
 (accelerate's ParallelismConfig), `PackingCollator(..., sp_size=)` and the `UlyssesGradients` callback; each

@@ -41,8 +41,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from anchor_core.errors import InputError
-from torchtrain.attention.functions import expand_kv
 from torchtrain.attention.engines import TAP_ATTR, AttnMeta, engine_of
+from torchtrain.attention.functions import expand_kv
 from torchtrain.attention.variants import dense_mask
 
 TAP_NAMES: tuple[str, ...] = ("embed", "q", "k", "attn_out", "mlp_out", "hidden", "scores", "probs", "logits")

@@ -347,7 +347,7 @@ class Watchdog:
         or the store failing for STORE_GRACE_S seconds (rank 0's node, which holds it, is gone) ends the rank: one
         line naming the node, then `os._exit(1)`;
       * its own launcher: a rank whose launcher died (its parent process changed: the launcher killed, the ranks,
-        in sessions of their own, left running) marks its node lost and ends the same way.
+        detached with setsid, left running) marks its node lost and ends the same way.
     Once a collective failed, or the launcher sent SIGTERM (torchrun stops its ranks when its rendezvous store dies
     with a node), the main thread asks (`name_lost_node`): the limits shorten to SOON_S, and it waits until the
     thread names a node or sees every other node beat again (a user's interrupt, a failure of another kind).

@@ -32,35 +32,23 @@ resumes only from a checkpoint whose steps metrics.jsonl logs whole (`newest_val
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import json
 import os
-import pickle
-import random
 import re
 import shutil
 import sys
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from anchor_core.atomic import sha256_file, write_text_atomic
 from anchor_core.errors import InputError
-from anchor_core.export import (
-    DEFAULT_MAX_SHARD_SIZE,
-    ShardWriter,
-    TensorInfo,
-    resolve_export_dtype,
-    shard_size_bytes,
-    write_tokenizer,
-)
-from anchor_core.spec import from_hf_config, to_hf_config
+from anchor_core.export import DEFAULT_MAX_SHARD_SIZE
 from anchor_core.weights import MANIFEST, MANIFEST_ERRORS, read_manifest, verify
+from torchtrain.training.export import export_model  # looked up here: a test holds a rank inside it
+from torchtrain.training.state import (DEEPSPEED_ALLOWLIST, read_trainer_state, rng_state, safe_loads, seed_rng,
+                                       set_rng_state)
 
 if TYPE_CHECKING:
     from torchtrain.training.stages import StagedLoader
@@ -312,105 +300,6 @@ def clear_staging(run: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# RNG states: every generator a rank draws from
-
-
-# The types DeepSpeed pickles into its checkpoint files besides tensors and containers (read off the
-# files of runs at ZeRO 0-3, float32 and bfloat16: the optimizer states of the bf16 and ZeRO paths).
-DEEPSPEED_ALLOWLIST = (
-    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
-    "deepspeed.runtime.zero.config.ZeroStageEnum",
-    "deepspeed.utils.tensor_fragment.fragment_address",
-)
-
-
-@contextlib.contextmanager
-def safe_loads(allowlist: tuple[str, ...] = DEEPSPEED_ALLOWLIST) -> Iterator[None]:
-    """Inside, every `torch.load` (DeepSpeed's `load_checkpoint` calls it with weights_only=False) runs
-    torch's weights_only unpickler with `allowlist` as its only extra types. A file holding any other
-    object raises InputError naming the file and the object; the object is never built."""
-    import torch
-
-    allowed = [getattr(importlib.import_module(name.rpartition(".")[0]), name.rpartition(".")[2])
-               for name in allowlist]
-    real_load = torch.load
-
-    def load(f: Any, *args: Any, **kwargs: Any) -> Any:
-        kwargs["weights_only"] = True
-        try:
-            # torch's reader warns of a pickle protocol other than its own (a file torch did not write) before
-            # it meets what it refuses: the refusal below is the one line the user gets
-            with torch.serialization.safe_globals(allowed), warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="Detected pickle protocol")
-                return real_load(f, *args, **kwargs)
-        except pickle.UnpicklingError as e:
-            found = re.search(r"(?:Unsupported global: GLOBAL|Unsupported class) ([\w.]+)", str(e))
-            what = found.group(1) if found else "an object torch's weights_only reader refuses"
-            raise InputError(f"{f}: a pickle naming {what}, not one of the types DeepSpeed writes: refused "
-                             "before building it") from None
-
-    torch.load = load
-    try:
-        yield
-    finally:
-        torch.load = real_load
-
-
-def read_trainer_state(path: Path) -> dict[str, Any]:
-    """trainer.json, its shape checked: a file that is not what `Checkpointer.save` writes (tampered with a
-    matching manifest, or from another version) is one InputError naming it."""
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise InputError(f"cannot read the trainer state: {e}", path=path) from None
-    shape = {"step": int, "loader": dict, "rng": list, "elapsed_s": (int, float)}
-    bad = [k for k, t in shape.items() if not isinstance(state, dict) or not isinstance(state.get(k), t)
-           or isinstance(state.get(k), bool)]
-    if not bad and (not state["rng"] or not all(isinstance(r, dict) for r in state["rng"]) or state["step"] < 0):
-        bad = ["rng" if state["step"] >= 0 else "step"]
-    if bad:
-        raise InputError(f"not a trainer state this run wrote ({', '.join(bad)} missing or malformed)", path=path)
-    return state
-
-
-def seed_rng(seed: int) -> None:
-    """Seed torch (CPU and CUDA), numpy and Python's `random` (a rank passes `seed + rank`)."""
-    import torch
-
-    torch.manual_seed(seed)
-    np.random.seed(seed % 2**32)
-    random.seed(seed)
-
-
-def _rng_state() -> dict[str, Any]:
-    """This process's RNG states as JSON-able lists (CUDA's only where torch sees a device)."""
-    import torch
-
-    np_state = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state().tolist(),
-        "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
-        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state().tolist()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what `_rng_state` returned."""
-    import torch
-
-    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
-    n = state["numpy"]
-    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), *n[2:]))
-    p = state["python"]
-    random.setstate((p[0], tuple(p[1]), p[2]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(torch.tensor(state["cuda"], dtype=torch.uint8))
-
-
-# ---------------------------------------------------------------------------------------------
 # Saving and resuming a run's state
 
 
@@ -469,7 +358,7 @@ class Checkpointer:
             try:
                 self.loader.load_state_dict(state["loader"])
                 if saved_world == self.world.size:
-                    _set_rng_state(state["rng"][self.world.rank])
+                    set_rng_state(state["rng"][self.world.rank])
                 else:  # another process count: the data position is exact, the RNG states derived
                     seed_rng(self.cfg.data.seed + 1_000_003 * int(state["step"]) + self.world.rank)
             except (KeyError, IndexError, TypeError, ValueError) as e:
@@ -497,7 +386,7 @@ class Checkpointer:
         dist.barrier()
         self.engine.save_checkpoint(str(staging / "ds"), tag="state", save_latest=False)
         rngs: list[Any] = [None] * world.size
-        dist.all_gather_object(rngs, _rng_state())
+        dist.all_gather_object(rngs, rng_state())
         export_model(self.engine.module, self.spec, staging / "hf" if world.is_main else None,
                      zero3=self.engine.zero_optimization_stage() == 3, tokenizer_of=self.cfg.model.name,
                      train_dtype=self.cfg.model.dtype, export_dtype=self.export_dtype,
@@ -514,105 +403,3 @@ class Checkpointer:
         dist.barrier()
 
 
-# ---------------------------------------------------------------------------------------------
-# hf/: the model as transformers writes it, gathered one layer at a time
-
-_LAYER = re.compile(r"^(.*\.layers\.\d+)\.")
-
-
-def gather_groups(named: list[tuple[str, Any]]) -> list[list[tuple[str, Any]]]:
-    """The model's parameters (`named_parameters()`, in order) in the groups the export gathers together:
-    each decoder layer's (`...layers.<i>.`) as one group, every other parameter (embeddings, final norm,
-    lm_head) alone."""
-    groups: list[list[tuple[str, Any]]] = []
-    last = None
-    for name, p in named:
-        m = _LAYER.match(name)
-        key = m.group(1) if m else name
-        if groups and key == last:
-            groups[-1].append((name, p))
-        else:
-            groups.append([(name, p)])
-        last = key
-    return groups
-
-
-def _full_shape(p: Any) -> tuple[int, ...]:
-    """A parameter's whole shape, also while ZeRO-3 holds only this rank's partition of it."""
-    return tuple(int(s) for s in getattr(p, "ds_shape", p.shape))
-
-
-def export_model(module: Any, spec: ModelSpec, folder: Path | None, *, zero3: bool, tokenizer_of: str,
-                 train_dtype: str, export_dtype: str = "auto",
-                 max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> None:
-    """Write the transformers model `module` (DeepSpeed's engine.module) as a Hugging Face folder, as
-    transformers' `save_pretrained` writes it; every rank calls it, rank 0 with the `folder` to write
-    (the others with None).
-
-    Weights: the model's parameters (what transformers saves: tied weights once, no RoPE `inv_freq`, a
-    non-persistent buffer) in `export_dtype` ("auto": `train_dtype`; a float32 export of a bf16 run holds the
-    bf16 weights widened), split at `max_shard_size` (transformers' notation; default transformers' own).
-    Under ZeRO-3 (`zero3`) each group of `gather_groups` (a decoder layer, the embeddings, the final norm,
-    lm_head) is gathered on its own (`deepspeed.zero.GatheredParameters`, modifier_rank None: nothing is
-    written back) and rank 0 writes its tensors into their shard before the next is gathered (`ShardWriter`),
-    so no rank holds more than one layer beyond its own partition, and rank 0 no shard.
-    Config: the model's own (`config.to_dict()`), with the spec as trained (RoPE, max_position), the export
-    dtype, and `use_cache` as transformers' default (training turns the cache off); its generation config;
-    the tokenizer of the model `tokenizer_of`."""
-    import deepspeed
-    import torch
-
-    dtype = resolve_export_dtype(export_dtype, train_dtype)
-    limit = shard_size_bytes(max_shard_size)
-    tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-    kind = "F32" if dtype == "float32" else "BF16"
-    named = list(module.named_parameters())
-    writer = None
-    if folder is not None:
-        writer = ShardWriter(folder, [TensorInfo(n, _full_shape(p), kind) for n, p in named], limit)
-    try:
-        for group in gather_groups(named):
-            gathered = (deepspeed.zero.GatheredParameters([p for _, p in group], modifier_rank=None) if zero3
-                        else contextlib.nullcontext())
-            with gathered, torch.no_grad():
-                if writer is not None:
-                    for name, p in group:
-                        writer.add(name, _as_numpy(p.detach().to(device="cpu", dtype=tdtype)))
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        raise
-    if folder is None or writer is None:
-        return
-    writer.close()
-    _write_configs(module, spec, folder, dtype)
-    write_tokenizer(tokenizer_of, spec, folder)
-
-
-def _as_numpy(t: Any) -> np.ndarray:
-    """A CPU float32 or bfloat16 tensor as numpy (bfloat16: ml_dtypes', the same bytes)."""
-    import torch
-
-    if t.dtype == torch.bfloat16:
-        import ml_dtypes
-
-        return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.contiguous().numpy()
-
-
-def _write_configs(module: Any, spec: ModelSpec, folder: Path, dtype: str) -> None:
-    """config.json from the model's own config (`config.to_dict()`, the spec's values over it), written by
-    transformers (`save_pretrained`), and generation_config.json where the model generates. It must read back
-    as the spec (every reader of hf/ reads it through anchor_core.spec.from_hf_config)."""
-    config = type(module.config).from_dict({**module.config.to_dict(), **to_hf_config(spec), "dtype": dtype,
-                                            "use_cache": True})
-    config.save_pretrained(folder)
-    back = from_hf_config(json.loads((folder / "config.json").read_text(encoding="utf-8")))
-    if back != spec:
-        raise AssertionError(f"hf/config.json reads back as {back}, not the model trained {spec}")
-    if module.can_generate() and getattr(module, "generation_config", None) is not None:
-        from transformers import GenerationConfig
-
-        generation = GenerationConfig.from_dict(module.generation_config.to_dict())
-        generation.use_cache = True
-        generation.save_pretrained(folder)

@@ -4,7 +4,7 @@
     held = heldout_set(cfg, data)              # None when eval.heldout_windows and eval.heldout_data are unset
     row.update(heldout_loss(cfg, world, engine, held))   # every rank calls (ZeRO-3 gathers in the forward)
 
-The windows: `eval.heldout_windows` drawn from the packed data by seed (anchor_core.data.packed.heldout_windows;
+The windows: `eval.heldout_windows` chosen from the packed data by seed (anchor_core.data.packed.heldout_windows;
 the Loader leaves the same ones out of every batch), or the windows of another `anchor pack` folder
 (`eval.heldout_data`: its first `eval.heldout_windows`, or all). The loss is the run's own (docs/DESIGN.md §1:
 the variant's mask and positions, its loss mask), in the run's dtype, without gradients: the mean cross-entropy
@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,10 +31,10 @@ import torch
 import torch.distributed as dist
 
 from anchor_core.data.packed import PackedData, heldout_windows
-from torchtrain.parallel import ulysses as sp
+from anchor_core.errors import InputError
 from torchtrain.config import TrainConfig
 from torchtrain.model.loss import final_hidden_states
-from torchtrain.training.run_folder import check_heldout_data
+from torchtrain.parallel import ulysses as sp
 
 if TYPE_CHECKING:
     from torchtrain.parallel.distributed import World
@@ -101,3 +102,22 @@ def _window_sums(cfg: TrainConfig, world: World, engine: Any, held: HeldOut, ind
     k = len(held.edges) - 1
     return torch.cat([torch.bincount(bucket, weights=ce, minlength=k),
                       torch.bincount(bucket, weights=counted.sum(0), minlength=k)])
+
+
+def check_heldout_data(cfg: TrainConfig, seq_len: int) -> PackedData | None:
+    """eval.heldout_data, opened: an `anchor pack` folder of windows of the run's length (None when not given)."""
+    if cfg.eval.heldout_data is None:
+        return None
+    where = cfg.where("eval.heldout_data")
+    folder = Path(cfg.eval.heldout_data).expanduser()
+    if not (folder / "pack.json").is_file():
+        raise InputError(f"eval.heldout_data {folder} is not an `anchor pack` output folder (no pack.json)", path=where)
+    held = PackedData.open(folder)
+    if held.seq_len != seq_len:
+        raise InputError(f"eval.heldout_data {folder} holds windows of {held.seq_len} slots, the run trains on "
+                         f"{seq_len}", path=where)
+    if cfg.eval.heldout_windows > held.num_windows:
+        raise InputError(f"eval.heldout_windows {cfg.eval.heldout_windows} is more than the {held.num_windows} "
+                         f"windows of eval.heldout_data {folder} (0: all of them)",
+                         path=cfg.where("eval.heldout_windows", "eval.heldout_data"))
+    return held

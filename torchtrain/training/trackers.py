@@ -44,145 +44,25 @@ folder; W&B's files under RUN/wandb/, its console output silenced.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import netrc
 import os
 import secrets
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
-from urllib.parse import urlparse
+from typing import Any, Callable
 
 from anchor_core.atomic import write_text_atomic
 from anchor_core.errors import InputError
-from anchor_core.extras import missing_extra
 from torchtrain.config import TrainConfig
 from torchtrain.training.metrics import read_metrics
+from torchtrain.training.tracker_checks import (PROBE_TIMEOUT_S, check_trackers, mlflow_client,  # noqa: F401
+                                                one_line, wandb_settings)
 
 TRACKERS_FILE = "trackers.json"
-# How long check_trackers waits for MLflow's tracking server: one try (MLflow's own default retries for about
-# four minutes, which a run's start should not wait for on a server that is gone).
-PROBE_TIMEOUT_S = 5
 MLFLOW_BATCH = 1000  # MLflow takes at most 1000 metrics and 100 parameters a call
 REPLACED_DIR = "anchor-replaced"
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
-
-
-def check_trackers(cfg: TrainConfig) -> None:
-    """Each tracker of logging.report_to installed and able to start (module docstring); one line otherwise."""
-    where = cfg.where("logging.report_to")
-    for name in cfg.logging.report_to:
-        try:
-            __import__(name)  # each tracker's package is named as the tracker
-        except ModuleNotFoundError as e:
-            raise InputError(missing_extra(e, f"logging.report_to {name}") or _one_line(e), path=where) from None
-    if "wandb" in cfg.logging.report_to:
-        _check_wandb(cfg)
-    if "mlflow" in cfg.logging.report_to:
-        _mlflow_client(where)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# W&B before any work: the project name, and a login where it logs online
-
-def _check_wandb(cfg: TrainConfig) -> None:
-    import wandb
-
-    try:  # W&B's own rule (a project name's length and characters)
-        wandb.Settings(project=cfg.logging.project)
-    except Exception as e:  # noqa: BLE001 -- whatever W&B refuses it with is the one line
-        raise InputError(f"logging.project: W&B refuses it as a project name ({_one_line(e)}); choose another",
-                         path=cfg.where("logging.project")) from None
-    settings = _wandb_settings()
-    if settings.mode in ("offline", "dryrun", "disabled") or _wandb_logged_in(settings):
-        return
-    host = urlparse(settings.base_url).hostname or settings.base_url
-    raise InputError(f"logging.report_to wandb: W&B logs online (WANDB_MODE is {settings.mode!r}) and finds no login "
-                     f"for {host} (no WANDB_API_KEY, no entry in ~/.netrc); run `wandb login`, or set "
-                     "WANDB_MODE=offline to keep the run in files that `wandb sync` uploads later",
-                     path=cfg.where("logging.report_to"))
-
-
-def _wandb_settings() -> Any:
-    """W&B's settings as `wandb.init` would resolve them here: its settings files, then its environment variables."""
-    from wandb.sdk.wandb_settings import Settings
-
-    settings = Settings()
-    if hasattr(settings, "update_from_system_settings"):
-        settings.update_from_system_settings()
-    settings.update_from_env_vars(dict(os.environ))
-    return settings
-
-
-def _wandb_logged_in(settings: Any) -> bool:
-    """An API key where W&B looks for one: WANDB_API_KEY, an identity token file, its settings, or ~/.netrc's entry
-    for its host (what `wandb login` writes)."""
-    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE") or \
-            getattr(settings, "api_key", None) or getattr(settings, "identity_token_file", None):
-        return True
-    host = urlparse(settings.base_url).hostname or settings.base_url
-    for path in filter(None, [os.environ.get("NETRC"), "~/.netrc", "~/_netrc"]):
-        try:
-            auth = netrc.netrc(os.path.expanduser(path)).authenticators(host)
-        except (OSError, netrc.NetrcParseError):
-            continue
-        if auth and auth[2]:
-            return True
-    return False
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# MLflow: its store, probed within a bound
-
-@contextlib.contextmanager
-def _bounded_http() -> Iterator[None]:
-    """MLflow's HTTP calls made within: one try of at most PROBE_TIMEOUT_S seconds (the user's own, when shorter);
-    MLflow reads these variables at each call."""
-    saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")}
-    try:
-        timeout = min(PROBE_TIMEOUT_S, int(saved["MLFLOW_HTTP_REQUEST_TIMEOUT"] or PROBE_TIMEOUT_S))
-    except ValueError:
-        timeout = PROBE_TIMEOUT_S
-    os.environ.update(MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT=str(max(1, timeout)))
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def _mlflow_client(where: str) -> Any:
-    """A client of MLflow's tracking store (MLFLOW_TRACKING_URI, else MLflow's default), probed within the bound."""
-    import mlflow
-    from mlflow.tracking import MlflowClient
-
-    uri = mlflow.get_tracking_uri()
-    if uri.startswith("sqlite:"):  # mlflow-skinny's SQL store needs SQLAlchemy and Alembic (the trackers extra)
-        for module in ("sqlalchemy", "alembic"):
-            try:
-                __import__(module)
-            except ModuleNotFoundError as e:
-                raise InputError(missing_extra(e, f"logging.report_to mlflow with the store {uri}") or _one_line(e),
-                                 path=where) from None
-    try:
-        with _bounded_http():
-            client = MlflowClient(tracking_uri=uri)
-            client.search_experiments(max_results=1)
-    except Exception as e:  # noqa: BLE001 -- any failure of the store is the one line
-        raise InputError(f"logging.report_to mlflow: the tracking store {uri} does not answer within "
-                         f"{PROBE_TIMEOUT_S} s ({_one_line(e)}); start it, or set MLFLOW_TRACKING_URI to one that "
-                         "answers (a tracking server http://..., or sqlite:///PATH.db)", path=where) from None
-    return client
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -195,7 +75,7 @@ def read_state(run: Path) -> dict[str, Any]:
     try:
         state = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise InputError(f"cannot read the trackers' record ({_one_line(e)}); fix or remove it", path=path) from None
+        raise InputError(f"cannot read the trackers' record ({one_line(e)}); fix or remove it", path=path) from None
     if not isinstance(state, dict):
         raise InputError("the trackers' record is not a JSON object; fix or remove it", path=path)
     return state
@@ -231,13 +111,13 @@ def prepare_trackers(cfg: TrainConfig, run: Path) -> None:
     state = read_state(run)
     where = cfg.where("logging.report_to")
     if "mlflow" in cfg.logging.report_to and "mlflow" not in state:
-        client = _mlflow_client(where)
+        client = mlflow_client(where)
         try:
             found = client.get_experiment_by_name(cfg.logging.project)
             experiment = found.experiment_id if found else client.create_experiment(cfg.logging.project)
             run_id = _new_mlflow_run(client, experiment, cfg, run, {})
         except Exception as e:  # noqa: BLE001
-            raise InputError(f"logging.report_to mlflow: cannot make the run ({_one_line(e)})", path=where) from None
+            raise InputError(f"logging.report_to mlflow: cannot make the run ({one_line(e)})", path=where) from None
         state["mlflow"] = {"run_id": run_id, "tracking_uri": client.tracking_uri}
     if "wandb" in cfg.logging.report_to and "wandb" not in state:  # W&B run ids: lowercase letters and digits
         state["wandb"] = {"id": secrets.token_hex(4)}
@@ -340,7 +220,7 @@ class Trackers:
                 record, held = self._replace_mlflow(client, record, held), 0
         except Exception as e:  # noqa: BLE001
             raise InputError(f"logging.report_to mlflow: cannot open run {record['run_id']} at "
-                             f"{record['tracking_uri']} ({_one_line(e)})", path=self.run / TRACKERS_FILE) from None
+                             f"{record['tracking_uri']} ({one_line(e)})", path=self.run / TRACKERS_FILE) from None
         self.mlflow = (client, record["run_id"])
         print(f"mlflow: run {record['run_id']} (experiment {self.cfg.logging.project!r}) at {record['tracking_uri']}",
               file=sys.stderr, flush=True)
@@ -389,7 +269,7 @@ class Trackers:
         import wandb
 
         record = self.state["wandb"]
-        offline = _wandb_settings().mode in ("offline", "dryrun")
+        offline = wandb_settings().mode in ("offline", "dryrun")
         args: dict[str, Any] = {"project": self.cfg.logging.project, "id": record["id"]}
         if not offline:  # W&B resumes a run on its server; offline, each attempt writes a folder of its own
             args["resume"] = "allow"
@@ -404,7 +284,7 @@ class Trackers:
             run.config.update(flat_config(self.cfg), allow_val_change=True)  # this attempt's resolved config
         except Exception as e:  # noqa: BLE001
             hint = "" if offline else "; `wandb login`, or WANDB_MODE=offline"
-            raise InputError(f"logging.report_to wandb: cannot start run {record['id']} ({_one_line(e)}){hint}",
+            raise InputError(f"logging.report_to wandb: cannot start run {record['id']} ({one_line(e)}){hint}",
                              path=self.run / TRACKERS_FILE) from None
         self.wandb = run
         if run.disabled:
@@ -437,7 +317,7 @@ class Trackers:
                     steps += wandb_steps(f)
             ok, why = steps == list(range(1, len(steps) + 1)), "a step twice or out of order"
         except Exception as e:  # noqa: BLE001 -- a file W&B's reader refuses is replaced
-            ok, why = False, f"a file W&B cannot read ({_one_line(e)})"
+            ok, why = False, f"a file W&B cannot read ({one_line(e)})"
         if ok and len(steps) > self.start:
             ok, why = False, f"{_span(self.start + 1, len(steps))}, which this resume trains again"
         if ok:
@@ -475,7 +355,7 @@ class Trackers:
         try:
             send()
         except Exception as e:  # noqa: BLE001 -- a tracker never stops the training
-            print(f"anchor train: tracker {name} failed at step {step} ({_one_line(e)}); training goes on without it "
+            print(f"anchor train: tracker {name} failed at step {step} ({one_line(e)}); training goes on without it "
                   f"(metrics.jsonl holds every step)", file=sys.stderr, flush=True)
             setattr(self, name, None)
 

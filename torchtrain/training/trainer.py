@@ -41,25 +41,27 @@ import torch.distributed as dist
 from anchor_core.data.packed import Loader, PackedData
 from anchor_core.errors import InputError, RunFailed
 from anchor_core.outdir import guard_out, missing_folders, out_lock, remove_created
-from torchtrain.training import checkpoint as ckpt
-from torchtrain.parallel import ulysses as sp
 from torchtrain.config import TrainConfig, check_world
+from torchtrain.config.deepspeed_json import deepspeed_config
+from torchtrain.model.build import build_model, set_rope
+from torchtrain.model.loss import final_hidden_states
+from torchtrain.model.tiling import tile_mlps
+from torchtrain.parallel import ulysses as sp
 from torchtrain.parallel.distributed import (ParallelGroups, Watchdog, World, check_same_config, init_world,
                                              launch_local, launched_externally, sequence_parallel_group,
                                              stop_for_lost_peer)
-from torchtrain.training.heldout import HeldOut, heldout_loss, heldout_set
-from torchtrain.model.loss import final_hidden_states
-from torchtrain.training.metrics import Logged, dump_grads, grad_norm, read_log
-from torchtrain.model.build import build_model, set_rope
 from torchtrain.parallel.sharded_build import build_partitioned
-from torchtrain.training.stages import Stage, StagedLoader, run_stages, stage_at
-from torchtrain.config.deepspeed_json import deepspeed_config
+from torchtrain.training import checkpoint as ckpt
+from torchtrain.training.data import data_dir
+from torchtrain.training.fit import check_model, model_spec, resolved_engine
+from torchtrain.training.heldout import HeldOut, heldout_loss, heldout_set
+from torchtrain.training.metrics import Logged, dump_grads, grad_norm, read_log
 from torchtrain.training.optim import allocate_state, build_optimizer, load_cpu_adam
-from torchtrain.training.run_folder import (CONFIG_FILE, check_model, data_dir, load_run_config, model_spec,
-                                            prepare_run, resolved_engine)
-from torchtrain.training.throughput import batch_flops, device_peak
 from torchtrain.training.report import StepReport, rank_peaks
-from torchtrain.model.tiling import tile_mlps
+from torchtrain.training.resume import CONFIG_FILE, load_run_config
+from torchtrain.training.run_folder import prepare_run
+from torchtrain.training.stages import Stage, StagedLoader, run_stages, stage_at
+from torchtrain.training.throughput import batch_flops, device_peak
 
 if TYPE_CHECKING:
     from anchor_core.data.batch import Batch
