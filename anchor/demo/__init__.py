@@ -28,10 +28,12 @@ it finished, and a killed training run resumes from its newest checkpoint.
 The package, one module per concern:
   settings    the stage names, `DemoSettings` and the profiles
   next_token  the top-5 check (`top5`, `print_top5`)
-  stages      the stages (`RUNNERS`: stage name -> function of the stage context)
+  stages      the stages (`RUNNERS`: stage name -> function of the stage context); train_stage and eval_stage
+              hold the two long ones, stage_context what every stage is given
   documents   the corpus cut at natural boundaries; documents per window and where anchor and full differ
-  planning    planning, fingerprints, stage reuse, the checks before any work, the dtype, the record, `run_demo`
-  page        `index.html` and `summary.png`
+  planning    planning, fingerprints, the record, `run_demo`; reuse (which finished stages are reused), checks
+              (the checks before any work, the dtype)
+  page        `index.html` (its sections: sections) and `summary.png` (figures)
   summary     the profile's summary JSON (`paper_gpu.json`) and the reset comparison (bf16 against fp32)
 
 Profiles (`--profile`, settings.PROFILES): `demo`, `paper-small` (the four variants at 4K, hours on a CPU) and

@@ -1,7 +1,7 @@
 """`anchor demo --merge PART [PART ...] --out DIR`: one demo folder from parts that each ran some of the runs.
 
-A profile whose runs do not fit one sitting on the machine that trains them (paper-gpu on a GPU held for less
-time than its runs take, whose checkpoints cannot leave the machine) runs in parts: `anchor demo --profile P
+A profile whose runs are better spread over several machines or sittings (paper-gpu on several GPUs at once, or
+where no GPU is free for all its runs; its checkpoints stay on the machine that wrote them) runs in parts: `anchor demo --profile P
 --runs full,intra_doc --out part1`, another part with other runs, each trained and evaluated to its end where
 it ran. A part needs to come back with `demo.json`, each run's `eval/<run>/eval.json` and, if it has one, the
 profile's summary JSON (its machine); no checkpoint.

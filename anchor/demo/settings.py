@@ -33,7 +33,7 @@ class DemoSettings:
     prompt: str = DEFAULT_PROMPT
     policy: str = "fp32"
     seq_len: int = 1024                       # pack and train windows
-    budget: int = 400_000                     # tokens drawn from the corpus for packing
+    budget: int = 400_000                     # tokens taken from the corpus for packing
     pack_docs: str = "whole"                  # the corpus's files whole (long-upsampled), or `pieces`: cut at
                                               # their functions and sections (anchor/demo/documents.py)
     train_variants: tuple[str, ...] = ("anchor", "full")
@@ -164,11 +164,13 @@ PROFILES = {
         perplexity_bucket=2048, timing_steps=20, stages=("corpus", "pack", "train", "eval"),
         summary_json="paper_gpu.json"),
 }
-# `paper-gpu-short`: paper-gpu in one command of at most 10 minutes, for a GPU host whose checkpoints do not
-# outlive the command (tools/gpu_parity.sh): the four variants in bf16 on
+# `paper-gpu-short`: a quick check of a GPU machine before paper-gpu's long runs, and a first look at the
+# comparison. It takes every path paper-gpu takes (16K windows, bf16 under ZeRO-1, RULER's batch of 68 prompts
+# of 16K, the held-out loss by position) in one command sized to take minutes, so that a missing wheel, a kernel
+# that fails on this GPU or too little memory shows before the long runs start: the four variants in bf16 on
 # paper-gpu's windows (the same corpus, budget and seed: its first 100), 100 steps each, RULER 4K-16K with
 # paper-gpu's samples (the same standard-error bound) and the held-out loss by position on the last checkpoint
-# alone; the fp32 pair is left for later. Sized by estimate: the steps take 4 x 100 x 0.317 s = 127 s on an H100 by
+# alone; no fp32 pair. Its length is an estimate: the steps take 4 x 100 x 0.317 s = 127 s on an H100 by
 # anchor/varlen's median step at 16K, 197 s by its mean of 0.492 s (4 timed steps, the last 3x the median;
 # results/gpu/train_gpu_h100.json); each run's start, its checkpoint and
 # the evaluation are not measured on a GPU yet (the summary records every stage's seconds).

@@ -25,268 +25,62 @@ What is measured (docs/DESIGN.md §5):
   angle_error   fp32 RoPE angles against exact ones at long positions (to 1M)
 The logits' vocabulary is cut to the tokens the windows use: the audit reads only attention maps,
 which do not depend on the lm-head.
+
+What the audit measures and its checks are `parity_tests.audit.settings`'s, and the curves with the forward
+passes they come from are `parity_tests.audit.curves`'s; this module runs them: the windows, the programs
+compiled ahead, the pieces a killed audit kept, and `run_audit`. Their names that other code imports from here
+are imported here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from anchor_core import __version__
 from anchor_core.errors import InputError
-from anchor_core.limits import check_memory, check_seed
+from anchor_core.limits import check_seed
 from anchor_core.machine import machine
 from anchor_core.parts import Parts, files_id
 from anchor_core.progress import ProgressBar
 from anchor_core.spec import ModelSpec
 from anchor_core.tokenizer import load_tokenizer
 from anchor_core.weights import load_spec, load_weights
-from jaxref import kernels
-from jaxref.executor import forward
-from jaxref.policy import STAGES, DtypePolicy, get_policy, parse_policies
+from jaxref.policy import DtypePolicy
 from jaxref.reference import Params, params_from_state
 from parity_tests.audit import metrics
 from parity_tests.audit.budget import budget_groups, budget_plan, budget_runs, error_budget
-from parity_tests.audit.maps import MAP_MEMORY_BUDGET, MEM_BYTES_PER_MAP_ENTRY, MapsRunner, make_probe
+from parity_tests.audit.curves import (  # noqa: F401 (re-exported)
+    _shift_programs,
+    length_curve,
+    restrict_vocab,
+    run_pairs,
+    shift_curve,
+    shifts_per_call,
+)
+from parity_tests.audit.maps import MapsRunner
 from parity_tests.audit.random_init import torch_default_state
 from parity_tests.audit.sequences import load_texts, make_windows
-
-PAPER_SHIFTS: tuple[int, ...] = (0, 2, 4, 6, 8, 10, 12, 14, 15, 17, 18, 20, 22, 50, 100, 200, 500, 1000, 2000)
-PAPER_LENGTHS: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
-REF_SHIFT = 16
-DEFAULT_POLICIES: tuple[str, ...] = ("fp32", "hf_bf16", "fa2_bf16", "paper_bf16")
-ANGLE_POSITIONS: tuple[int, ...] = (1024, 4096, 16384, 32768, 65536, 131072, 262144, 524288, 1_000_000)
-QUICK_SHIFTS: tuple[int, ...] = (0, 8, 15, 17, 100, 2000)
-
-
-@dataclass(frozen=True)
-class AuditSettings:
-    """What the audit measures and on how much data. Defaults fit a 2-core CPU in < 15 min on SmolLM2.
-
-    seq_len, num_seqs: windows of the shift curve and per-token difference (the paper: 4096 × 50).
-    shifts, ref_shift: Δ1 values and Δ2 (Δ1 = 0 is always measured: it gives the per-token curve).
-    max_len, length_seqs: longest length of the length curve (capped by the model's max position and
-      memory) and the windows of that length it averages over.
-    budget_policy: the bf16 policy of the error budget (None: the first low-precision policy).
-    budget_seq_len, budget_seqs: windows of the error budget. budget: run it at all.
-    random_init: also audit the architecture with PyTorch's default init (seeded by `seed`).
-    """
-
-    seq_len: int = 256
-    num_seqs: int = 2
-    shifts: tuple[int, ...] = PAPER_SHIFTS
-    ref_shift: int = REF_SHIFT
-    max_len: int = 1024
-    length_seqs: int = 1
-    budget_policy: str | None = None
-    budget_seq_len: int = 128
-    budget_seqs: int = 1
-    budget: bool = True
-    random_init: bool = False
-    seed: int = 0
-
-    @classmethod
-    def quick(cls, **overrides: Any) -> AuditSettings:
-        """A short audit (for `anchor demo` and tests): one window of 64, six shifts, no error budget."""
-        base = dict(seq_len=64, num_seqs=1, shifts=QUICK_SHIFTS, max_len=256, budget_seq_len=64, budget_seqs=1,
-                    budget=False)
-        return cls(**{**base, **overrides})
-
-
-# ---------------------------------------------------------------------------------------------
-# Probes and forward passes
-
-
-def run_pairs(params: Params, spec: ModelSpec, tokens_nT: np.ndarray, shifts: Sequence[int], ref_shift: int,
-              policy: DtypePolicy) -> dict[str, np.ndarray]:
-    """One forward call: each of the `n` windows under `ref_shift` and every shift of `shifts`.
-
-    Args: tokens_nT int [n, T]; shifts: S values. Returns float64 `col` and `first`, each [L, n, S, T].
-    The maps are formed as the batched pass forms them (`maps.make_probe`: the fused kernel's probe
-    where the user's switch allows the kernels and it covers the policy, else `maps.group_probe`).
-    """
-    n, T = tokens_nT.shape
-    group = len(shifts) + 1
-    deltas = np.asarray([ref_shift, *shifts], dtype=np.int64)
-    tokens = np.repeat(tokens_nT, group, axis=0)
-    positions = (np.arange(T, dtype=np.int64)[None, :] + np.tile(deltas, n)[:, None])
-    doc_ids = np.ones_like(tokens, dtype=np.int32)
-    fused = kernels.enabled()
-    probe = make_probe(group, False, policy, fused)
-    _, taps = forward(params, spec, tokens, positions=positions, doc_ids=doc_ids, variant="full",
-                      policy=policy, probe=probe, fused=fused)
-    return {k: np.asarray(v, np.float64) for k, v in taps["probe"].items()}
-
-
-def shifts_per_call(spec: ModelSpec, T: int, n_shifts: int) -> int:
-    """How many shifts (besides the reference) one call holds within the memory budget (≥ 1)."""
-    per_elem = MEM_BYTES_PER_MAP_ENTRY * spec.num_heads * T * T
-    return int(max(1, min(n_shifts, MAP_MEMORY_BUDGET // per_elem - 1)))
-
-
-def max_len_for_memory(spec: ModelSpec) -> int:
-    """Longest T whose pair of attention maps per layer fits in half the free memory."""
-    try:
-        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        avail = 8e9
-    return int(math.isqrt(int(avail / 2 / (2 * MEM_BYTES_PER_MAP_ENTRY * spec.num_heads))))
-
-
-def restrict_vocab(params: Params, spec: ModelSpec, windows: Iterable[np.ndarray]) -> tuple[Params, Callable]:
-    """Params whose embedding (and lm-head) keep only the rows the windows use, and the id map.
-
-    The attention maps are unchanged (each used row is the same); only the unused logits go.
-    """
-    used = np.unique(np.concatenate([np.asarray(w).ravel() for w in windows]))
-    out = dict(params)
-    out["embed"] = jnp.asarray(np.asarray(params["embed"])[used])
-    if not spec.tie_embeddings:
-        out["lm_head"] = jnp.asarray(np.asarray(params["lm_head"])[used])
-    return out, lambda toks: np.searchsorted(used, toks).astype(np.int32)
-
-
-# ---------------------------------------------------------------------------------------------
-# The three curves
-
-
-def shift_curve(params: Params, spec: ModelSpec, windows: np.ndarray, policy: DtypePolicy, shifts: Sequence[int],
-                ref_shift: int, tick: Callable[[int], None] = lambda n: None, *,
-                maps: MapsRunner | None = None) -> dict[str, Any]:
-    """D(X, Δ1, ref) for each Δ1 (mean over windows), per-token and per-layer D at Δ1 = 0, D_logit per Δ1.
-
-    Each window goes through one call with the reference and every shift (as many shifts as fit in
-    memory; `shifts_per_call`), on `maps` (a MapsRunner over the same params; one is made if None).
-
-    Args: windows int [n, T] (already mapped to the params' vocabulary).
-    """
-    n, T = windows.shape
-    shifts = list(shifts)
-    maps = maps or MapsRunner(params, spec, background=False)
-    k = shifts_per_call(spec, T, len(shifts))
-    D = np.zeros((n, len(shifts)))
-    d_logit = np.zeros((n, len(shifts)))
-    per_token = np.zeros((n, T))
-    by_layer = np.zeros((n, spec.num_layers))
-    zero = shifts.index(0)
-    for s in range(n):
-        for c in range(0, len(shifts), k):
-            chunk = shifts[c:c + k]
-            padded = chunk + [chunk[-1]] * (k - len(chunk))  # one compiled shape per run
-            r = maps.run(windows[s:s + 1], [ref_shift, *padded], policy)
-            for b, delta in enumerate(chunk):
-                col = r["col"][:, 0, b]  # [L, T]
-                D[s, c + b] = metrics.d_from_colsums(col)
-                d_logit[s, c + b] = metrics.d_logit_from_rows(r["first"][:, 0, b].sum(axis=0))
-                if c + b == zero:
-                    per_token[s] = metrics.per_token_from_colsums(col)
-                    by_layer[s] = (col * metrics.column_norm(T)).sum(axis=1)
-            tick(len(padded) + 1)
-    return {
-        "shifts": [int(x) for x in shifts], "ref_shift": int(ref_shift), "seq_len": int(T), "num_seqs": int(n),
-        "D": D.mean(axis=0).tolist(), "D_per_seq": D.tolist(), "D_logit": d_logit.mean(axis=0).tolist(),
-        "_per_token": per_token.mean(axis=0), "_by_layer": by_layer.mean(axis=0),
-    }
-
-
-def length_curve(params: Params, spec: ModelSpec, windows: np.ndarray, policy: DtypePolicy, lengths: Sequence[int],
-                 delta1: int, delta2: int, tick: Callable[[int], None] = lambda n: None, *,
-                 maps: MapsRunner | None = None) -> dict[str, Any]:
-    """D_logit(Δ1, Δ2) for each length (≤ the windows' T), mean over windows.
-
-    Only the first-key logits are probed (no T×T softmax or column sums): one call per window.
-    """
-    n, T = windows.shape
-    maps = maps or MapsRunner(params, spec, background=False)
-    vals = np.zeros((n, len(lengths)))
-    for s in range(n):
-        r = maps.run(windows[s:s + 1], [delta2, delta1], policy, first_only=True)
-        rows = r["first"][:, 0, 0].sum(axis=0)  # [T]
-        vals[s] = [metrics.d_logit_from_rows(rows, L) for L in lengths]
-        tick(2)
-    return {"lengths": [int(x) for x in lengths], "delta1": int(delta1), "delta2": int(delta2), "num_seqs": int(n),
-            "D_logit": vals.mean(axis=0).tolist(), "D_logit_per_seq": vals.tolist()}
-
-
-def _shift_programs(settings: AuditSettings, k: int) -> list[tuple[int, int, int, bool, int]]:
-    """(B, T, group, first_only, max position) of each distinct call `shift_curve` makes (see its chunks)."""
-    shifts, T = list(settings.shifts), settings.seq_len
-    calls = []
-    for c in range(0, len(shifts), k):
-        chunk = shifts[c:c + k]
-        padded = chunk + [chunk[-1]] * (k - len(chunk))
-        call = (k + 1, T, k + 1, False, T - 1 + max(settings.ref_shift, *padded))
-        if call not in calls:
-            calls.append(call)
-    return calls
-
-
-# ---------------------------------------------------------------------------------------------
-# Error budget
-
-
-# ---------------------------------------------------------------------------------------------
-# The whole audit
-
-
-def _is_low_precision(p: DtypePolicy) -> bool:
-    return any(getattr(p, s) in ("bfloat16", "float16") for s in STAGES)
-
-
-def _check_ranges(spec: ModelSpec, settings: AuditSettings) -> None:
-    """Seeds in numpy's range; sizes whose windows and attention maps fit in memory, refused up front."""
-    check_seed(settings.seed)
-    # the shift curve needs at least one pair of [heads, T, T] maps per call (shifts_per_call)
-    T = settings.seq_len
-    check_memory(2 * MEM_BYTES_PER_MAP_ENTRY * spec.num_heads * T * T, f"--seq-len {T} (attention maps)")
-    for n, t, flags in ((settings.num_seqs, settings.seq_len, "--num-seqs x --seq-len"),
-                        (settings.length_seqs, settings.max_len, "--length-seqs x --max-len"),
-                        (settings.budget_seqs, settings.budget_seq_len, "budget windows")):
-        check_memory(16 * n * t, f"{flags} = {n} x {t} (token windows)")
-
-
-def resolve_settings(spec: ModelSpec, settings: AuditSettings) -> tuple[AuditSettings, list[int], list[str]]:
-    """`settings` checked against the model and this machine, before any weight is read.
-
-    Refuses (InputError) lengths under 2 or past `spec.max_position`, counts under 1, negative shifts,
-    seeds outside numpy's range and windows or attention maps that cannot fit in memory. Returns
-    (settings with the shifts deduplicated, the reference dropped and 0 first when missing, and
-    `max_len` capped by the free memory; the length curve's lengths; notes on what was capped).
-    """
-    notes: list[str] = []
-    if settings.seq_len < 2 or settings.max_len < 2:
-        raise InputError(f"--seq-len and --max-len must be >= 2 (got {settings.seq_len}, {settings.max_len})")
-    if min(settings.num_seqs, settings.length_seqs, settings.budget_seqs) < 1:
-        raise InputError("--num-seqs and --length-seqs must be >= 1")
-    if settings.seq_len > spec.max_position:
-        raise InputError(f"--seq-len {settings.seq_len} is longer than the model supports "
-                         f"(max position {spec.max_position})")
-    if settings.max_len > spec.max_position:
-        raise InputError(f"--max-len {settings.max_len} is longer than the model supports "
-                         f"(max position {spec.max_position})")
-    if any(s < 0 for s in settings.shifts) or settings.ref_shift < 0:
-        raise InputError("shifts must be >= 0")
-    _check_ranges(spec, settings)
-    shifts = [s for s in dict.fromkeys(settings.shifts) if s != settings.ref_shift]
-    if 0 not in shifts:
-        shifts = [0, *shifts]
-    max_len = settings.max_len
-    mem_len = max_len_for_memory(spec)
-    if max_len > mem_len:
-        max_len = 1 << (mem_len.bit_length() - 1)
-        notes.append(f"length curve capped at {max_len} by this machine's free memory")
-    lengths = [L for L in PAPER_LENGTHS if L <= max_len] or [max_len]
-    if lengths[-1] != max_len and max_len not in PAPER_LENGTHS and max_len > lengths[-1]:
-        lengths.append(max_len)
-    return dataclasses.replace(settings, shifts=tuple(shifts), max_len=max_len), lengths, notes
+from parity_tests.audit.settings import (  # noqa: F401 (re-exported)
+    ANGLE_POSITIONS,
+    DEFAULT_POLICIES,
+    PAPER_LENGTHS,
+    PAPER_SHIFTS,
+    QUICK_SHIFTS,
+    REF_SHIFT,
+    AuditSettings,
+    _audit_policies,
+    _audit_settings,
+    _budget_base,
+    max_len_for_memory,
+    resolve_settings,
+)
 
 
 @dataclass(frozen=True)
@@ -298,43 +92,6 @@ class _Windows:
     budget: np.ndarray       # [budget_seqs, budget_len]: error budget
     budget_len: int          # min(budget_seq_len, seq_len)
     corpus_tokens: int       # tokens of the text read, each document with its EOS
-
-
-def _audit_settings(settings: AuditSettings | None, quick: bool, overrides: dict[str, Any]) -> AuditSettings:
-    """`settings`, else the defaults (`AuditSettings.quick()` when `quick`), with the fields named in
-    `overrides` replaced (None values ignored; an unknown name is a TypeError, as for any keyword)."""
-    if settings is None:
-        settings = AuditSettings.quick() if quick else AuditSettings()
-    if overrides:
-        unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(AuditSettings)})
-        if unknown:
-            raise TypeError(f"run_audit() got unknown settings {unknown}")
-        settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
-    return settings
-
-
-def _audit_policies(policies: str | Sequence[str | DtypePolicy]) -> list[DtypePolicy]:
-    """The policies to audit: at least one, no name twice."""
-    pols = parse_policies(policies) if isinstance(policies, str) else [get_policy(p) for p in policies]
-    if not pols:
-        raise InputError("no dtype policy given")
-    names = [p.name for p in pols]
-    if len(set(names)) != len(names):
-        raise InputError(f"--policies: a policy is named twice ({', '.join(names)})")
-    return pols
-
-
-def _budget_base(settings: AuditSettings, pols: list[DtypePolicy], notes: list[str]) -> DtypePolicy | None:
-    """The policy whose error budget is measured: `budget_policy`, else the first bf16/fp16 policy
-    (None, with a note, when there is none); None when the budget is off."""
-    if not settings.budget:
-        return None
-    if settings.budget_policy is not None:
-        return get_policy(settings.budget_policy)
-    base = next((p for p in pols if _is_low_precision(p)), None)
-    if base is None:
-        notes.append("no bf16/fp16 policy among --policies: no error budget")
-    return base
 
 
 def _audit_windows(model: str, data: str | None, settings: AuditSettings, spec: ModelSpec,

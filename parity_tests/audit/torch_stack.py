@@ -167,7 +167,7 @@ def stack_name(engine: str, dtype: str) -> str:
 
 def audit_inputs(model: str = "default", *, data: str | None = None, quick: bool = False, **overrides: Any):
     """What `audit_torch_stack` measures on: (settings, lengths, notes, spec, state, shift windows,
-    length windows), the windows drawn from `data` (default: the embedded corpus) with `model`'s
+    length windows), the windows packed from `data` (default: the embedded corpus) with `model`'s
     tokenizer. A rerun of the oracle side alone
     (experiments/torch_stack_audit/torch_stack_audit.py --rerun-oracle) takes the same."""
     import dataclasses

@@ -29,8 +29,9 @@ def test_one_legend_per_group_of_curves(tmp_path):
 
 def test_step_times_of_a_busy_machine_are_flagged(tmp_path, monkeypatch):
     import anchor.demo.stages as stages
+    import anchor.demo.train_stage as train_stage
 
-    monkeypatch.setattr(stages.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(train_stage.os, "cpu_count", lambda: 2)
     assert stages.busy_machine(1.5) and not stages.busy_machine(0.4) and not stages.busy_machine(None)
     run = {"steps": 2, "loss_first": 3.0, "loss_last": 2.9, "step_s_median": 1.0, "tokens_per_s_median": 100.0,
            "step_time_vs_full": 1.0, "eval_checkpoints": ["step-2"], "loss": [3.0, 2.9]}
@@ -48,9 +49,10 @@ def test_the_load_is_sampled_while_a_run_trains(monkeypatch):
     import time
 
     import anchor.demo.stages as stages
+    import anchor.demo.train_stage as train_stage
 
     loads = iter([1.0, 3.0, 2.0] + [2.0] * 100)
-    monkeypatch.setattr(stages, "_load_average", lambda: next(loads))
+    monkeypatch.setattr(train_stage, "_load_average", lambda: next(loads))
     with stages.LoadSampler(every_s=0.01) as s:
         time.sleep(0.2)
     got = s.summary()
