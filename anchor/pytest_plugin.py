@@ -18,22 +18,25 @@ transformers causal LM of a supported family) and fails the test with one paragr
 implementation, the variant asked, what it computes instead, and the first diverging layer and quantity with
 its error and tolerance; it returns the report. `anchor_audit` runs the quick audit (`anchor audit
 --quick`: one window of 64 tokens, six shifts) and fails where the mean attention drift D of any shift
-exceeds `max_D`. `anchor_check_step` runs `parity_tests.blackbox.check_step`: `model(**batch)` exactly as your
+exceeds `max_D`. `anchor_check_step` runs `anchor.check_step`: `model(**batch)` exactly as your
 loop calls it, which variant that computes against the oracle, and which documents see each other
 (docs/guides/hf-trainer.md). Nothing heavy is imported until a fixture is used.
 
 The fixtures need the `oracle` extra (JAX); without it each fails its test at set-up with one line naming the
-pip command, before any work (the plugin itself loads in every pytest session of an environment that has the
+pip command, before any work (the plugin itself loads in every pytest run of an environment that has the
 package, so it imports nothing of the extra).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import pytest
 
 from anchor_core import extras
+
+if TYPE_CHECKING:
+    from parity_tests.step_check import StepCheck
 
 ORACLE_MODULES = ("jax", "flax", "optax")  # what the fixtures import of the oracle extra (jaxref)
 
@@ -121,7 +124,7 @@ def anchor_audit() -> Callable[..., dict[str, Any]]:
 CHECK_STEP_KEYWORDS: tuple[str, ...] = ("variants", "dtype", "doc_ids", "probe", "probe_document", "emulation")
 
 
-def check_step_or_fail(model: Any = None, batch: Any = None, **kw: Any) -> dict[str, Any]:
+def check_step_or_fail(model: Any = None, batch: Any = None, **kw: Any) -> StepCheck:
     """What `anchor_check_step` runs: parity_tests.blackbox.check_step, failing the test with its one-paragraph
     message; an input error (a batch without input_ids, an unknown variant, an unknown keyword) fails it
     with one paragraph naming this fixture's keyword, without a traceback."""
@@ -146,11 +149,11 @@ def check_step_or_fail(model: Any = None, batch: Any = None, **kw: Any) -> dict[
 
 
 @pytest.fixture
-def anchor_check_step() -> Callable[..., dict[str, Any]]:
+def anchor_check_step() -> Callable[..., StepCheck]:
     """`anchor_check_step(model, batch, *, variants="all", dtype=None, doc_ids=None, probe=True,
     probe_document=None, emulation=None)`: run your model on one batch of your collator exactly as your loop
     does (model(**batch)) and fail unless it computes one of `variants` against the oracle (and, in bfloat16,
     passes the bf16 rule; and the perturbation probe moves no other document unless "full" is asked).
-    Returns the report (parity_tests.blackbox.check_step's dict)."""
+    Returns the report: a StepCheck (parity_tests.step_check), as anchor.check_step returns it."""
     require_oracle("anchor_check_step")
     return check_step_or_fail

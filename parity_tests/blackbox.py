@@ -1,14 +1,15 @@
 """The training step you run, checked as a black box: your transformers model on one batch of your collator.
 
-    from parity_tests.blackbox import check_step               # also `anchor.check_step`
-    report = check_step(model, batch)                           # runs model(**batch) as your loop does
-    report["computes"], report["probe"]["moved"], report["message"]
+    import anchor
+    report = anchor.check_step(model, batch)                    # runs model(**batch) as your loop does
+    report.computes, report.probe["moved"], report.message      # a StepCheck; report["message"] reads the same
 
-`check_step` says which attention variant of docs/DESIGN.md §1-§2 that forward computes, held against the
-oracle (jaxref, fp64) on the same tokens and weights; where the model runs in bfloat16, whether it passes the
-bf16 rule; and which documents see each other (a perturbation probe that needs no oracle). Its docstring says
-how each is judged; docs/guides/hf-trainer.md is the user's guide. `probe_documents` is the probe alone,
-`step_message` the report's one paragraph, with which the pytest fixture `anchor_check_step`
+`check_step` (public name `anchor.check_step`) says which attention variant of docs/DESIGN.md §1-§2 that
+forward computes, held against the oracle (jaxref, fp64) on the same tokens and weights; where the model runs in
+bfloat16, whether it passes the bf16 rule; and which documents see each other (a perturbation probe that needs no
+oracle). It returns a `StepCheck` (parity_tests.step_check), a dataclass that also reads as the mapping of its
+fields. Its docstring says how each is judged; docs/guides/hf-trainer.md is the user's guide. `probe_documents`
+is the probe alone, `step_message` the report's one paragraph, with which the pytest fixture `anchor_check_step`
 (anchor/pytest_plugin.py) fails a test. The helpers follow them, in the order check_step calls them.
 
 Legend: B rows, T slots, V vocabulary, L layers.
@@ -32,10 +33,12 @@ from parity_tests.core import hold as judged
 from parity_tests.emulations import HF_EMULATIONS
 from parity_tests.hf_stack import IDENTIFYING, TRUTH, bf16_verdict, error_line, identify, module_subject, only, where
 from parity_tests.runners import Taps, as_arrays, oracle
+from parity_tests.step_check import StepCheck
 from torchtrain.model.taps import capture_taps
 
-__all__ = ["DTYPES", "MASKS", "PROBE_SWEEP", "SOURCES", "check_step", "infer_documents", "probe_documents",
-           "step_message"]  # SOURCES and infer_documents live in parity_tests.batch_documents
+__all__ = ["DTYPES", "MASKS", "PROBE_SWEEP", "SOURCES", "StepCheck", "check_step", "infer_documents",
+           "probe_documents", "step_message"]  # SOURCES and infer_documents live in parity_tests.batch_documents,
+# StepCheck in parity_tests.step_check
 
 DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 PROBE_SWEEP = 8  # documents the probe changes in turn where the step does not compute the variant asked
@@ -48,7 +51,7 @@ _PER_DOCUMENT = ("intra_doc", "intra_doc_reset", "anchor")
 
 def check_step(model: Any, batch: Any, *, variants: Any = "all", dtype: str | None = None, doc_ids: Any = None,
                probe: bool = True, probe_document: int | None = None, emulation: str | None = None,
-               rule: Rule = RULE) -> dict[str, Any]:
+               rule: Rule = RULE) -> StepCheck:
     """Run model(**batch) on copies of `model` and say which variant the step computes.
 
     How it judges (your model, its mode and dtype are left as they are; the copies run in eval mode without
@@ -82,12 +85,9 @@ def check_step(model: Any, batch: Any, *, variants: Any = "all", dtype: str | No
         one another document follows; each in turn where the step does not compute the variant asked).
       emulation: the oracle bf16 preset of the bf16 rule (default: the model's attention implementation's).
     Returns:
-      {"pass", "message", "asked", "computes", "matches", "closest", "reading" ({"mask", "positions"} where
-       no variant matches and the batch's positions explain it), "attends_across_documents", "documents",
-       "attn_implementation", "use_cache", "candidates" (per variant: pass, worst_margin,
-       first_divergence), "fp32" (first_divergence against the asked variant nearest, and the
-       "documents" over the tolerance there: row, document, first_slot, rel_l2), "bf16" (policy, pass,
-       first_divergence, summary) or None, "probe"}.
+      a StepCheck: `passed` and `message`, then what was asked and how it ran, what it computes against the
+      oracle, the bf16 verdict and the probe (its docstring lists every field). It also reads as a mapping by
+      the keys check_step has always returned: report["message"], report["pass"], dict(report).
     """
     asked = _variants(variants)
     run_dtype = _check_args(model, dtype, probe, emulation)
@@ -114,7 +114,7 @@ def check_step(model: Any, batch: Any, *, variants: Any = "all", dtype: str | No
     except Exception as e:  # whatever the user's forward raises is the finding
         report.update(error=error_line(e))
         report["message"] = step_message(report, model)
-        return report
+        return StepCheck.of(report)
     found = identify(test, subject, inputs, asked[0], rule)
     cands = found["candidates"]
     matches = [v for v in VARIANTS if cands[v]["pass"]]
@@ -135,7 +135,7 @@ def check_step(model: Any, batch: Any, *, variants: Any = "all", dtype: str | No
         except Exception as e:  # a step that runs in float32 may still fail in bfloat16
             report.update(error=f"in bfloat16: {error_line(e)}")
             report["message"] = step_message(report, model)
-            return report
+            return StepCheck.of(report)
         v = bf16_verdict(test16, subject, inputs, computes, preset, rule)
         report["bf16"] = {k: v[k] for k in ("policy", "pass", "first_divergence", "worst_margin", "summary")}
     if probe:
@@ -145,7 +145,7 @@ def check_step(model: Any, batch: Any, *, variants: Any = "all", dtype: str | No
     report["pass"] = bool(computes in asked and (report["bf16"] is None or report["bf16"]["pass"])
                           and not (report["probe"] and report["probe"]["moved"] and "full" not in asked))
     report["message"] = step_message(report, model)
-    return report
+    return StepCheck.of(report)
 
 
 def probe_documents(model: Any, batch: Any, *, doc_ids: Any = None, probe_document: int | None = None,
@@ -162,7 +162,7 @@ def probe_documents(model: Any, batch: Any, *, doc_ids: Any = None, probe_docume
             "documents": _describe_docs(docs)}
 
 
-def step_message(report: dict[str, Any], model: Any = None) -> str:
+def step_message(report: Mapping[str, Any], model: Any = None) -> str:
     """One paragraph: what was asked, what it computes, the first diverging layer and quantity (and the
     documents over the tolerance there), the probe."""
     name = type(model).__name__ if model is not None else "the model"

@@ -88,7 +88,9 @@ class Venv:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("wheel")
-    for name in ("pyproject.toml", "README.md"):
+    # with the build step pyproject.toml names (tools/wheel_build.py: no test modules in the wheel)
+    for name in ("pyproject.toml", "README.md", "MANIFEST.in", "tools/wheel_build.py"):
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, work / name)
     for package in PACKAGES:
         shutil.copytree(ROOT / package, work / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))

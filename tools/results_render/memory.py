@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from .records import (GENERATED, GIB, LONGEST_WINDOW, MEMORY, MEMORY_ESTIMATES, ORACLE_GRAD_MEMORY, SHARDED_BUILD,
-                      STEP_MEMORY, Records, agree, need, refuse, section)
+                      STEP_MEMORY, Records, agree, need, quoted_commit, refuse, section)
 from .stats import num, table
 
 
@@ -74,8 +74,7 @@ def memory_page(records: Records) -> str:
                      num(r.get("rope_theta")) if r.get("rope_theta") else "the model's",
                      " + ".join(num(terms[k] / GIB) for k in names),
                      num(r["predicted_bytes"] / GIB)]
-            commit = f"`{str(r['commit'])[:12]}{'+dirty' if str(r['commit']).endswith('+dirty') else ''}`" \
-                if r.get("commit") else "—"
+            commit = quoted_commit(r.get("commit"))
             if "peak_rss_bytes" not in r:
                 rows.append(cells + [f"failed: {r.get('failed', 'not measured')}", "—", "—", "—", commit])
                 continue
@@ -119,7 +118,7 @@ def memory_page(records: Records) -> str:
             at_start = (f"; {num(rec['mem_available_bytes_at_start'] / GIB, 4)} GiB were available when the "
                         "measurements began" if rec.get("mem_available_bytes_at_start") else "")
             agree(rel, "plan_memory_gib", rec.get("plan_memory_gib"), budget / GIB, abs_tol=6e-3)
-            planned = f" (planned at commit `{rec['planned_by']}`)" if rec.get("planned_by") else ""
+            planned = f" (planned at commit {quoted_commit(rec['planned_by'])})" if rec.get("planned_by") else ""
             out.append(f"The plan's longest window on this machine{planned}, for {given}{at_start}: "
                        f"{num(longest_row['seq_len'])}, {num(longest_row['total_bytes'] / GIB)} GiB.")
         if stop:

@@ -155,12 +155,25 @@ def filled_in(rec: dict[str, Any]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def quoted_commit(commit: Any, *, from_git: bool = False) -> str:
+    """A commit as a page quotes it: the hash alone in backticks (a commit of the repository's history), then
+    in words what the hash does not say: "with uncommitted changes" where the run's working tree differed from
+    it (`+dirty`, as anchor_core.machine writes it), "(from git)" where it was filled in later from git history.
+    '—' where there is none."""
+    commit = str(commit or "")
+    if commit in ("", "—"):
+        return "—"
+    dirty = commit.endswith("+dirty")
+    return (f"`{commit.removesuffix('+dirty')[:12]}`" + (" with uncommitted changes" if dirty else "")
+            + (" (from git)" if from_git else ""))
+
+
 def provenance_cells(rec: dict[str, Any]) -> tuple[str, str]:
-    """(date, commit) for a table: each marked "(from git)" where it was filled in later from git history."""
+    """(date, commit) for a table: each marked "(from git)" where it was filled in later from git history; the
+    commit as `quoted_commit` writes it."""
     date, commit = provenance(rec)
     later = filled_in(rec)
-    return (date + (" (from git)" if "date" in later else ""),
-            f"`{commit}`" + (" (from git)" if "commit" in later else ""))
+    return (date + (" (from git)" if "date" in later else ""), quoted_commit(commit, from_git="commit" in later))
 
 
 def source(rel: str, rec: dict[str, Any]) -> str:
@@ -170,8 +183,9 @@ def source(rel: str, rec: dict[str, Any]) -> str:
         own = [w for w in ("date", "commit") if w not in later]
         how = (f"{' and '.join(later)} filled in later from git history (the commit that last changed the record)"
                + (f"; its {own[0]} its own" if own else ""))
-        return (f"*Record: `{rel}` · machine: {machine_label(rec)} · {date} at commit `{commit}`: {how}*")
-    return f"*Record: `{rel}` · machine: {machine_label(rec)} · recorded {date} at commit `{commit}`*"
+        return (f"*Record: `{rel}` · machine: {machine_label(rec)} · {date} at commit {quoted_commit(commit)}: "
+                f"{how}*")
+    return f"*Record: `{rel}` · machine: {machine_label(rec)} · recorded {date} at commit {quoted_commit(commit)}*"
 
 
 def section(records: Records, rel: str, title: str, what: str,

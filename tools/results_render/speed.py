@@ -9,7 +9,7 @@ from typing import Any
 
 from .records import (AUDIT_SPEED, BENCH_CPU, BENCH_H100, BENCH_H100_FLEX, BENCH_STEP_WARMUP, DATA, GENERATED,
                       ORACLE_FORWARD, TRAIN_GPU, TRAIN_OVERHEAD, Records, agree, machine_label, model_label, need,
-                      provenance, refuse, section)
+                      provenance_cells, refuse, section)
 from .stats import Stats, num, ratio_cells, ratio_spread, steps_word, table
 
 
@@ -224,9 +224,9 @@ def speed_page(records: Records) -> str:
             agree(rel, "cpu_s", rec.get("cpu_s"), cold[0]["cpu_s"])
             agree(rel, "warm_wall_s", rec.get("warm_wall_s"), warm[-1]["wall_s"] if warm else None)
             agree(rel, "within_limit", rec.get("within_limit"), cold[0]["wall_s"] <= rec.get("limit_s", math.inf))
-            date, commit = provenance(rec)
+            date, commit = provenance_cells(rec)
             rows.append([machine_label(rec), num(cold[0]["wall_s"]), num(warm[-1]["wall_s"]) if warm else "—",
-                         num(cold[0]["cpu_s"]), num(rec.get("limit_s")), f"`{rel}`", date, f"`{commit}`"])
+                         num(cold[0]["cpu_s"]), num(rec.get("limit_s")), f"`{rel}`", date, commit])
         return table(["machine", "cold, s (one run)", "warm, s (one run)", "CPU s (cold)", "limit, s", "record", "date",
                       "commit"], rows)
 
