@@ -67,8 +67,8 @@ paper-small: install
 # Python where there is one, else python3 (CUDA torch and the project importable, the model under .cache/models:
 # tools/gpu_kit.py).
 # HELDOUT=FILE: held-out documents where this Python has no test suite. The summary goes to results/gpu/.
-# RUNS=full,anchor: a part of the runs into runs/paper-gpu-<runs> (for a GPU host whose commands are time-limited:
-# docs/verbs/demo.md, "In parts"); `make paper-gpu-merge PARTS="runs/pg-1 runs/pg-2 ..."` joins the parts into
+# RUNS=full,anchor: a part of the runs into runs/paper-gpu-<runs> (to spread the runs over several GPUs or
+# sittings: docs/verbs/demo.md, "In parts"); `make paper-gpu-merge PARTS="runs/pg-1 runs/pg-2 ..."` joins the parts into
 # runs/paper-gpu (a new folder, or an earlier merge: a merge never replaces a finished run).
 GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 HELDOUT ?=
@@ -82,9 +82,10 @@ paper-gpu:
 	$(GPU_PY) -m anchor demo --profile paper-gpu --out $(PG_OUT) $(if $(HELDOUT),--heldout $(HELDOUT)) $(if $(RUNS),--runs $(RUNS))
 	$(if $(RUNS),,$(PAPER_GPU_RESULTS))
 
-# What a GPU host without network needs to carry (.whl, .devkit: the wheels the GPU image lacks, the GGUF in two parts, held-out
-# documents), made here before the first device call; each call of the plan in tools/gpu_parity.sh checked
-# to fit one transfer (tools/gpu_kit.py kit; --attention-inputs also captures experiments/attn_grad_diag's inputs).
+# What to copy to a GPU machine without network (.whl, .devkit: the wheels its Python lacks, the GGUF in two parts,
+# held-out documents), made here, on a machine with network; each copy of the plan in tools/gpu_parity.sh checked
+# to fit the transfer size (tools/gpu_kit.py kit --transfer-mib; --attention-inputs also captures
+# experiments/attn_grad_diag's inputs).
 gpu-kit: install
 	$(PY) tools/gpu_kit.py kit
 

@@ -116,8 +116,8 @@ def package_version(pkg: str) -> str | None:
 def commit() -> str | None:
     """The checkout's commit (12 hex digits, `+dirty` when tracked files differ from it): a recorded result names
     the code that produced it (the results pages show it). Outside a git checkout (a copy of the tree on a GPU
-    host, which travels without .git), `ANCHOR_COMMIT` where it holds such a name (tools/gpu_parity.sh's session
-    sets it from the checkout it copied), else None."""
+    machine without network, copied without .git), `ANCHOR_COMMIT` where it holds such a name (the commands of
+    tools/gpu_parity.sh set it from the checkout the tree was copied from), else None."""
     root = Path(__file__).resolve().parents[1]
     if not (root / ".git").exists():
         given = os.environ.get("ANCHOR_COMMIT", "")

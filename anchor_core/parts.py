@@ -55,7 +55,7 @@ def sources_id(packages: Iterable[str]) -> str:
     """A hash of the code in `packages` (top-level package names, found without importing them): every file
     under each one's folder but tests (`tests/`, `test_*.py`, `conftest.py`) and caches, by relative path
     and code (`_code`: a Python file's comments and docstrings left out). For a key whose results must not
-    outlive a change of the code that computed them (parts carried to another session or machine:
+    outlive a change of the code that computed them (parts carried to another run or machine:
     `anchor parity --keep-parts`). A package not found adds its name."""
     import hashlib
     from importlib.util import find_spec

@@ -3,7 +3,7 @@
 
 The rules each variant stands for are implemented independently by the oracle
 (`jaxref.variants`), the trainer (`torchtrain.attention.variants`) and the batch maker (`anchor_core.data.batch`),
-so the parity suite compares two readings of the contract; only the names are shared.
+so the parity suite compares two readings of the same rules (docs/DESIGN.md §2); only the names are shared.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from parity_tests.suite import where
 
 _COLORS = {"embed": "#7f7f7f", "q": "#1f77b4", "k": "#aec7e8", "scores": "#ff7f0e", "probs": "#ffbb78",
            "attn_out": "#2ca02c", "mlp_out": "#98df8a", "hidden": "#d62728", "logits": "#9467bd"}
-_FLOOR = 1e-12  # zero errors are drawn here on the log axis
+_FLOOR = 1e-12  # zero errors are plotted here on the log axis
 
 
 def _x(label: Any, num_layers: int) -> int:

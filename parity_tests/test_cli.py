@@ -155,7 +155,7 @@ def test_a_killed_parity_run_resumes_at_the_case_it_was_on(tmp_path, monkeypatch
         def run(case, rule):
             calls[kind].append(case.variant)
             if len(calls[kind]) == die_at:
-                raise KeyboardInterrupt  # as Ctrl-C (or a device call's time limit) in the middle of a case
+                raise KeyboardInterrupt  # as Ctrl-C (or a job's time limit) in the middle of a case
             return real(case, rule)
         return run
 
@@ -199,7 +199,7 @@ def test_a_killed_parity_run_resumes_at_the_case_it_was_on(tmp_path, monkeypatch
 
 def test_kept_parts_are_taken_by_a_later_run_only_with_the_same_code_and_device(tmp_path, monkeypatch, capsys):
     """--keep-parts leaves each case's part beside --out after the report (a CI cache, or cases carried from one
-    GPU session to the next): a later run with the same options computes nothing; one whose code (the hash of
+    run on a GPU machine to the next): a later run with the same options computes nothing; one whose code (the hash of
     the packages a case's numbers come from) or device differs computes every case again."""
     import anchor_core.machine
     import anchor_core.parts

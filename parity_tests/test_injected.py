@@ -64,7 +64,7 @@ def cos_sin_wrong_layout(layer: int):
 
 def _edit_mask(layer: int | None, edit):
     """Replace the dense mask the eager/sdpa engines use in one layer (every layer when None); the
-    variant and doc_ids stay, so the taps' own probabilities still follow the contract."""
+    variant and doc_ids stay, so the taps' own probabilities still follow the variant's mask."""
 
     def setup(model):
         def pre(module, args, kwargs):

@@ -99,6 +99,11 @@ def test_the_kits_calls_are_measured_with_the_tree_and_one_over_a_transfer_is_na
     _sized(root / ".devkit" / "parts" / "w.part-000", 61.5)  # 64.5 MiB: over the transfer
     with pytest.raises(InputError, match=r"call 2: .* 64.5 MiB .*--part-mib"):
         gk.carry_plan(root, ["w.part-000", "w.part-001"])
+    # a larger copy size (kit --transfer-mib) takes it; a smaller one refuses what the default took
+    assert gk.carry_plan(root, ["w.part-000", "w.part-001"], transfer_mib=65)["calls"]["2: weights part 1"][
+        "mib_with_tree"] == 64.5
+    with pytest.raises(InputError, match=r"call 1: .* 12.5 MiB .*over the 12 MiB"):
+        gk.carry_plan(root, ["w.part-000", "w.part-001"], transfer_mib=12)
     _sized(root / ".devkit" / "parts" / "w.part-000", 48)
     _sized(root / ".whl" / "b-1-py3-none-any.whl", 52)  # the wheels' call over it
     with pytest.raises(InputError, match=r"call 1: .* 64.5 MiB .*fewer wheels"):
@@ -191,7 +196,7 @@ def test_each_calls_command_is_ready_to_issue():
 
     gk = _kit_module()
     steps = set(re.findall(r"^([a-z]+)\)", (ROOT / "tools" / "gpu_parity.sh").read_text(), re.M))
-    commands = gk.session_commands("0123456789ab")
+    commands = gk.call_commands("0123456789ab")
     assert set(gk.CALLS) <= set(commands)
     for call, c in commands.items():
         cmd = c["command"]

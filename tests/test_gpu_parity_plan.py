@@ -137,12 +137,12 @@ def test_the_kits_first_command_starts_the_tests_and_brings_r_back(tmp_path):
     import sys
 
     sys.path.insert(0, str(ROOT / "tools"))
-    from gpu_kit import session_commands
+    from gpu_kit import call_commands
 
     _plan(tmp_path, finish=True, step="seed")  # the stand-in repository and tools
     res, out = tmp_path / "res", tmp_path / "out"
     out.mkdir()
-    cmd = session_commands("0123456789ab")["1: wheels"]["command"].replace("/tmp/res", str(res))
+    cmd = call_commands("0123456789ab")["1: wheels"]["command"].replace("/tmp/res", str(res))
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls.log"),
            "OUT": str(out), "TESTS_SECONDS": "0"}
     done = subprocess.run(["bash", "-c", cmd], cwd=tmp_path / "repo", env=env, capture_output=True, text=True,

@@ -8,6 +8,10 @@ every file git tracks or would track (untracked but not ignored), or the tree wh
 Exempt: the changelog, recorded results (docs/results, experiments, results) and
 data files (JSON, CSV, images, archives, arrays, anything binary).
 
+Beside it, tests/test_vocabulary.py (which reads the tree through `tracked_files`) keeps the docs, the code and
+the results pages and records free of the vocabulary of the sittings the project was built in: how a machine
+was obtained, how long it was held, what one transfer to it could carry.
+
 This file holds no line its own patterns match: the planted examples below are built from pieces.
 """
 
@@ -191,52 +195,5 @@ def test_each_kind_is_caught_and_ordinary_prose_is_not():
     assert scan([("anchor/x.py", "\n".join(prose))]) == []
 
 
-# How a machine was obtained, a sitting's device time, an issue: none of it belongs on a page or in a record,
-# which speak of the measurement alone (the changelog aside). The words are built from pieces, as above.
-OBTAINED = re.compile(r"(?i)\b(?:" + "l" + "ent|device " + "time|short " + "jobs|short " + "sessions|iss" + r"ue [0-9]+)\b")
-MEASUREMENT_PAGES = ("docs/", "results/", "README.md")
-NOT_A_PAGE = ("docs/changelog.md",)
-
-
-def obtained(files: Iterable[tuple[str, str]]) -> list[str]:
-    """`path:line: text` for each line of a page or record that says how a machine was obtained, a sitting's
-    device time or an issue number; and each record named after a sitting (`results/**/session*`)."""
-    hits = []
-    for path, text in files:
-        if not path.startswith(MEASUREMENT_PAGES) or path in NOT_A_PAGE:
-            continue
-        if path.startswith("results/") and path.rsplit("/", 1)[-1].startswith("session"):
-            hits.append(f"{path}: a record named after a sitting, not after what it measured")
-        for n, line in enumerate(text.splitlines(), 1):
-            if OBTAINED.search(line):
-                hits.append(f"{path}:{n}: {line.strip()[:200]}")
-    return hits
-
-
-def _page_texts(root: Path) -> Iterable[tuple[str, str]]:
-    for p in tracked_files(root):
-        if not p.startswith(MEASUREMENT_PAGES):
-            continue
-        data = (root / p).read_bytes()
-        if b"\0" in data[:8192]:
-            yield p, ""  # a binary file: only its name is checked
-            continue
-        yield p, data.decode("utf-8", "replace")
-
-
-def test_pages_and_records_speak_of_the_measurement_alone():
-    hits = obtained(_page_texts(ROOT))
-    assert not hits, "say what was measured, not how the machine was had:\n" + "\n".join(hits)
-
-
-def test_the_measurement_check_catches_planted_words():
-    word = "l" + "ent"
-    planted = [("docs/verbs/x.md", f"A GPU {word} in short " + "sessions."),
-               ("results/gpu/x.json", '{"what": "iss' + 'ue 28 on an H100"}'),
-               ("README.md", "reached in short " + "jobs"),
-               ("results/gpu/session_h100.json", "{}"),
-               ("docs/changelog.md", f"a GPU {word}"),
-               ("anchor/x.py", f"# a GPU {word}")]
-    assert [h.split(":")[0] for h in obtained(planted)] == [
-        "docs/verbs/x.md", "results/gpu/x.json", "README.md", "results/gpu/session_h100.json"]
-    assert obtained([("docs/x.md", "the excellent result; an issue of the list; lentils")]) == []
+# How a machine was obtained, how long it was held, an account of the sittings the project was built in: that
+# vocabulary, in the docs, the code and the results pages and records, is tests/test_vocabulary.py's.

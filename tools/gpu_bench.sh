@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `anchor bench` on a GPU host without network, reached in short jobs, on SmolLM2's shape with random weights:
+# `anchor bench` on a GPU machine without network, on SmolLM2's shape with random weights (no weights file to copy):
 #   here:  python tools/gpu_kit.py pack --model default --out .devkit/smollm2
 #          pip download the wheels the machine lacks into .whl (typer, gguf, zstandard, deepspeed and
 #          its pydantic/hjson, transformers at the project's pin)

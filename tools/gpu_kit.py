@@ -1,9 +1,10 @@
-"""Take a model's shape and tokenizer to a GPU machine that cannot hold its weights file.
+"""Take what the project needs to a GPU machine without network: wheels, the model, held-out documents.
 
-The GPU host has no network and is reached in short jobs: a job receives at most 64 MiB with the
-working tree and cannot download; the embedded SmolLM2 GGUF is 90 MB. Speed does not depend on weight
-values, so the benchmark there runs on random weights of SmolLM2's exact shape, with its real tokenizer
-(the corpus windows are packed with it, so their document lengths are the real ones):
+Such a machine cannot download, so everything it runs is copied to it from a machine with network (here),
+beside a checkout of this repository; where each copy is limited in size (an upload form, a job system's
+input), the large files go in parts. Speed does not depend on weight values, so the benchmark there can run
+without the weights file at all: on random weights of SmolLM2's exact shape, with its real tokenizer (the
+corpus windows are packed with it, so their document lengths are the real ones):
 
     here:   python tools/gpu_kit.py pack --model default --out .devkit/smollm2
             (config.json and the tokenizer files, no weights)
@@ -12,34 +13,35 @@ values, so the benchmark there runs on random weights of SmolLM2's exact shape, 
 
 Then `anchor bench --model .devkit/smollm2 ...` runs there as here.
 
-The real weights (parity and the paper-gpu profile need them) go in parts, one part per device call while
-the machine stays held, and are joined there only when every part and the whole file hash as they did here:
+The real weights (parity and the paper-gpu profile need them) can go in parts, one part per copy, and are
+joined there only when every part and the whole file hash as they did here:
 
     here:   python tools/gpu_kit.py split .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf --out .devkit/parts
             (parts of at most --part-mib MiB and manifest.json: name, bytes, sha256 of the whole and of
             each part)
     there:  python3 tools/gpu_kit.py join .devkit/parts --stash /tmp/anchor-parts --into .cache/models
-            once per call, carrying `.devkit/parts/manifest.json` and the next part: each part is checked
-            and kept in the stash; when all are there, the file is joined beside its target, its sha256
-            checked against the manifest, and renamed into place (never a partial file under the name).
+            after each copy of `.devkit/parts/manifest.json` and the next part: each part is checked and
+            kept in the stash; when all are there, the file is joined beside its target, its sha256 checked
+            against the manifest, and renamed into place (never a partial file under the name).
 
-Everything a GPU session carries, in one command on a fresh checkout (`make gpu-kit`; a session's
-checkout starts without it, and the GPU's short jobs are too scarce to spend on this):
+Everything the GPU machine needs, in one command here (`make gpu-kit`, under a minute; the GPU machine's
+time goes to the checks, not to building wheels):
 
-    here:   python tools/gpu_kit.py kit
+    here:   python tools/gpu_kit.py kit [--transfer-mib N]
             .whl/        the wheels the GPU image lacks or holds at another version (WHEELS), at the
                          versions of this venv, for the image's Python (3.12, manylinux x86_64);
                          deepspeed built here (PyPI has its source only; pure Python, no ops compiled)
-            .devkit/parts/            the GGUF in two parts (calls 2 and 3 left the same room) and manifest.json
+            .devkit/parts/            the GGUF in two parts (copies 2 and 3 left the same room) and manifest.json
             .devkit/heldout.jsonl     held-out long documents (the image's Python has no test suite)
             .devkit/attn_grad_inputs.npz   experiments/attn_grad_diag's captured inputs (only with
                                       --attention-inputs)
-            .devkit/kit.json          each file's bytes and sha256, and each planned call's carry
-            and checks that each call of tools/gpu_parity.sh's plan (CALLS) fits one transfer
-            (64 MiB with the working tree); one that does not is an error naming the call.
+            .devkit/kit.json          each file's bytes and sha256, what each copy holds, and the command
+                                      to run there after it
+            and checks that each copy of tools/gpu_parity.sh's plan (CALLS), with the working tree, fits
+            --transfer-mib MiB (TRANSFER_MIB by default); one that does not is an error naming the copy.
 
-A session's parity parts, carried to the next session on the same GPU (`anchor parity --keep-parts`: each
-part's key holds the code, versions and GPU, so only cases computed by the same code are taken there):
+The parity parts that came back from the GPU machine, kept for its next run (`anchor parity --keep-parts`:
+each part's key holds the code, versions and GPU, so only cases computed by the same code are taken there):
 
     here:   python tools/gpu_kit.py keep R     (R: what came back, gpu_parity.sh's OUT)
             -> results/gpu/parity/parts_<gpu>.tgz, tracked: it travels with the tree
@@ -150,11 +152,13 @@ def join(parts_dir: Path, stash: Path, into: Path) -> Path | None:
     return target
 
 
-# The kit (`kit`): what a session of GPU jobs carries, made in one command.
+# The kit (`kit`): what the GPU machine needs, made in one command.
 
-TRANSFER_MIB = 64  # the device tool's limit on what travels in one call, the working tree included
+# The size (MiB) one copy to the GPU machine may hold, the working tree included, unless `kit --transfer-mib`
+# gives another: a machine reached through an upload of limited size takes the kit in copies that fit it.
+TRANSFER_MIB = 64
 
-WHEELS = {  # distribution: why the GPU image ('cuda', KINDS.md of the device tool) needs it carried
+WHEELS = {  # distribution: why the GPU machine's Python (3.12, with CUDA torch and JAX) needs it carried
     "typer": "the CLI catches its bundled click's exceptions: the project's version range",
     "gguf": "absent there: the embedded SmolLM2 is a GGUF",
     "zstandard": "absent there: the corpus is zstd-compressed",
@@ -176,17 +180,19 @@ GPU_PYTHON = ("3.12", "cp312", ["manylinux_2_17_x86_64", "manylinux2014_x86_64",
 GGUF = Path(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 PARTS_ARCHIVES = Path("results/gpu/parity")  # parts_<gpu>.tgz: `keep` writes them, gpu_parity.sh `seed` reads them
 DEVKIT = Path(".devkit")
-CALLS = {  # tools/gpu_parity.sh's session plan: what each call carries beside the working tree. The wheels (25 MiB
-    # with transformers) travel alone: the CUDA tests need no weights and start with them; the weights follow.
+CALLS = {  # tools/gpu_parity.sh's plan: what each copy holds beside the working tree. The wheels (25 MiB with
+    # transformers) go alone: the CUDA tests need no weights and start with them; the weights follow.
     "1: wheels": [".whl"],
     "2: weights part 1": ["parts/manifest.json", "parts/{part0}"],
     "3 (parity): weights part 2": ["parts/manifest.json", "parts/{part1}"],
     "3 (paper-gpu): weights part 2, held-out documents": ["parts/manifest.json", "parts/{part1}", "heldout.jsonl"],
 }
-# Each call's command and timeout_s as the device tool takes them (kit.json holds them with the checkout's commit,
-# so a session issues each call at once: a machine goes back 30 s after a call ends). R=/tmp/res lives while the
-# machine is held; each call brings back all of it as $OUT/r.tgz. A paper-gpu session's first call installs the
-# wheels without starting the tests (they would share the GPU with the timed runs); call 2 is the same in both.
+# The command to run on the GPU machine after each copy, and timeout_s, the seconds it may take there (a step
+# stops its own work before that and keeps what it finished). kit.json holds them with the checkout's commit
+# filled in, ready to run one after the other. R=/tmp/res holds the results there; each command ends by packing
+# all of it as $OUT/r.tgz, what to copy back (OUT: where the runner collects a command's output). For paper-gpu
+# the first command installs the wheels without starting the CUDA tests (they would share the GPU with the
+# timed runs); the second is the same in both.
 GPU = "export ANCHOR_COMMIT={commit}; G='bash tools/gpu_parity.sh /tmp/res'; "
 BACK = "; tar czf $OUT/r.tgz -C /tmp/res ."
 COMMANDS = {
@@ -194,13 +200,13 @@ COMMANDS = {
     "1 (paper-gpu): wheels": (GPU + "$G seed" + BACK, 120),
     "2: weights part 1": (GPU + "$G join" + BACK, 60),
     "3 (parity): weights part 2": (GPU + "$G join && BUDGET=540 $G plan" + BACK, 590),
-    "4 (parity): the plan again, at once": (GPU + "BUDGET={budget} $G plan" + BACK, 0),
+    "4 (parity): the plan again, until it is done": (GPU + "BUDGET={budget} $G plan" + BACK, 0),
     "3 (paper-gpu): weights part 2, held-out documents":
         (GPU + "$G join && PROFILE=paper-gpu-short HELDOUT=.devkit/heldout.jsonl LIMIT=560 $G paper" + BACK, 590),
 }
-# attn_grad_inputs.npz (the inputs of experiments/attn_grad_diag, 10 MiB) is in no planned call: `kit
-# --attention-inputs` captures it for a session that carries it by hand, and gpu_parity.sh's plan runs
-# diag where it is carried.
+# attn_grad_inputs.npz (the inputs of experiments/attn_grad_diag, 10 MiB) is in no planned copy: `kit
+# --attention-inputs` captures it, to be copied by hand with the third, and gpu_parity.sh's plan runs diag
+# where it is there.
 
 
 def _pip(*args: str) -> None:
@@ -261,8 +267,8 @@ def kit_heldout(out: Path, min_bytes: int = 100_000) -> int:
 
 
 def travelling_tree_bytes(root: Path) -> int:
-    """Bytes of what a device call sends besides its carry: tracked files and untracked files git does not
-    ignore."""
+    """Bytes of the working tree that each copy to the GPU machine holds besides its own files: tracked files
+    and untracked files git does not ignore."""
     import subprocess
 
     names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
@@ -280,9 +286,9 @@ def carried(item: str, fill: dict[str, str] | None = None) -> Path:
     return Path(item) if item.startswith(".whl") else DEVKIT / item.format(**(fill or {}))
 
 
-def carry_plan(root: Path, parts: list[str]) -> dict:
-    """Each planned call's carry (paths relative to root) and its MiB with the working tree; raises
-    InputError naming a call over TRANSFER_MIB."""
+def carry_plan(root: Path, parts: list[str], transfer_mib: float = TRANSFER_MIB) -> dict:
+    """Each planned copy's files (paths relative to root) and its MiB with the working tree; raises
+    InputError naming a copy over `transfer_mib`."""
     tree = travelling_tree_bytes(root)
     fill = {"part0": parts[0], "part1": parts[1] if len(parts) > 1 else parts[0]}
     calls = {}
@@ -290,29 +296,32 @@ def carry_plan(root: Path, parts: list[str]) -> dict:
         paths = [str(carried(i, fill)) for i in items]
         mib = (tree + sum(_bytes(root / p) for p in paths)) / 2**20
         calls[call] = {"carry": paths, "mib_with_tree": round(mib, 1)}
-        if mib > TRANSFER_MIB:
+        if mib > transfer_mib:
             fix = "make the parts smaller (--part-mib)" if any(i.startswith("parts/") for i in items) else \
                 "carry fewer wheels (WHEELS)"
-            raise InputError(f"call {call} carries {mib:.1f} MiB with the working tree, over the "
-                             f"{TRANSFER_MIB} MiB a transfer takes: {fix}")
+            raise InputError(f"call {call} holds {mib:.1f} MiB with the working tree, over the "
+                             f"{transfer_mib:g} MiB one copy may hold (--transfer-mib): {fix}")
     return {"tree_mib": round(tree / 2**20, 1), "calls": calls}
 
 
-def session_commands(commit: str | None = None) -> dict[str, dict]:
+def call_commands(commit: str | None = None) -> dict[str, dict]:
     """COMMANDS with the checkout's commit (anchor_core.machine.commit, `+dirty` where tracked files differ from it)
-    for ANCHOR_COMMIT: each call's command and timeout_s. timeout_s 0: what is left of the session's device time
-    less 20 s, with `{budget}` in the command to be filled with that less 20 more (known only then)."""
+    for ANCHOR_COMMIT: each call's command and timeout_s. timeout_s 0: the plan run again for as long as the user
+    chooses, S seconds: `{budget}` in the command is to be filled with S less 20, the margin in which the plan
+    packs R before a runner that stops commands at S would stop it."""
     from anchor_core.machine import commit as checkout_commit
 
     named = commit or checkout_commit() or "unknown"
     return {call: {"command": cmd.replace("{commit}", named), "timeout_s": t} for call, (cmd, t) in COMMANDS.items()}
 
 
-def kit(root: Path, part_mib: float | None = None, capture_attention: bool = False) -> dict:
-    """Make the kit under `root` (module docstring) and return kit.json's content. `part_mib` None: the
-    weights in two parts sized so that the fullest call with part 1 (call 2) and the fullest
-    with part 2 (paper-gpu's, with the held-out documents) leave the same room for the working tree (which
-    holds the parity parts carried between sessions, results/gpu/parity/parts_*.tgz)."""
+def kit(root: Path, part_mib: float | None = None, capture_attention: bool = False,
+        transfer_mib: float = TRANSFER_MIB) -> dict:
+    """Make the kit under `root` (module docstring) and return kit.json's content; each copy is checked to fit
+    `transfer_mib` with the working tree. `part_mib` None: the weights in two parts sized so that the fullest
+    copy with part 1 (call 2) and the fullest with part 2 (paper-gpu's, with the held-out documents) leave the
+    same room for the working tree (which holds the parity parts kept from the GPU machine's earlier runs,
+    results/gpu/parity/parts_*.tgz)."""
     import math
 
     from anchor_core.atomic import write_text_atomic
@@ -350,8 +359,8 @@ def kit(root: Path, part_mib: float | None = None, capture_attention: bool = Fal
                         for f in files},
               "wheels": {w.name: WHEELS[next(n for n in WHEELS if w.name.lower().startswith(
                   n.lower().replace("-", "_") + "-"))] for w in wheels},
-              **carry_plan(root, [p["file"] for p in manifest["parts"]]),
-              "commands": session_commands()}
+              **carry_plan(root, [p["file"] for p in manifest["parts"]], transfer_mib),
+              "commands": call_commands()}
     write_text_atomic(devkit / "kit.json", json.dumps(record, indent=1) + "\n")
     for call, c in record["calls"].items():
         print(f"call {call}: {c['mib_with_tree']} MiB with the tree; carry {json.dumps(c['carry'])}")
@@ -359,8 +368,9 @@ def kit(root: Path, part_mib: float | None = None, capture_attention: bool = Fal
     return record
 
 
-# Parity parts carried between GPU sessions (`keep` here, gpu_parity.sh `seed` there). The GPU host keeps a
-# session's results only while the session lasts; `anchor parity --keep-parts` keeps each finished case, and its key
+# Parity parts carried from one run on the GPU machine to the next (`keep` here, gpu_parity.sh `seed` there), so
+# that a machine whose results are not kept there (a fresh one each time, or /tmp cleared) computes only what no
+# earlier run finished; `anchor parity --keep-parts` keeps each finished case, and its key
 # (settings, code, library versions, the GPU's name) decides there whether a carried case is taken again.
 
 def gpu_slug(name: str) -> str:
@@ -439,13 +449,17 @@ def main() -> int:
     j.add_argument("parts", type=Path)
     j.add_argument("--stash", type=Path, default=Path("/tmp/anchor-parts"))
     j.add_argument("--into", type=Path, required=True)
-    k = sub.add_parser("kit", help="everything a GPU session carries (.whl, .devkit), its calls checked to fit")
+    k = sub.add_parser("kit", help="everything the GPU machine needs (.whl, .devkit), each copy checked to fit "
+                                   "--transfer-mib")
     k.add_argument("--part-mib", type=float, default=None,
-                   help="parts of this size (default: two, balanced between calls 2 and 3)")
+                   help="parts of this size (default: two, balanced between copies 2 and 3)")
+    k.add_argument("--transfer-mib", type=float, default=TRANSFER_MIB,
+                   help=f"the MiB one copy to the GPU machine may hold, working tree included (default "
+                        f"{TRANSFER_MIB})")
     k.add_argument("--attention-inputs", action="store_true",
                    help="also capture experiments/attn_grad_diag's inputs (about 30 s; carried by hand: CALLS)")
-    kp = sub.add_parser("keep", help="a GPU session's parity parts (R, gpu_parity.sh's OUT) into the tracked "
-                                     "results/gpu/parity/parts_<gpu>.tgz its next session seeds from")
+    kp = sub.add_parser("keep", help="the parity parts that came back (R, gpu_parity.sh's OUT) into the tracked "
+                                     "results/gpu/parity/parts_<gpu>.tgz the GPU's next run seeds from")
     kp.add_argument("results", type=Path)
     kp.add_argument("--into", type=Path, default=ROOT / PARTS_ARCHIVES)
     a = ap.parse_args()
@@ -455,7 +469,7 @@ def main() -> int:
         elif a.verb == "weights":
             weights(a.folder, a.seed)
         elif a.verb == "kit":
-            kit(ROOT, a.part_mib, a.attention_inputs)
+            kit(ROOT, a.part_mib, a.attention_inputs, a.transfer_mib)
         elif a.verb == "keep":
             keep(a.results, a.into)
         elif a.verb == "split":

@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
-# The project's GPU checks on a GPU host without network, reached in short jobs (device calls): the real kernels
-# against the oracle with SmolLM2's real weights (parity, the torch-stack audit), the CUDA tests, the trainer's
-# throughput against a plain transformers loop, and the paper-gpu profile in parts.
-# Here, once a checkout, before the first device call (a session's checkout starts without it; under a minute):
-#   make gpu-kit    (tools/gpu_kit.py kit: .whl, the wheels the image lacks or holds at another version;
-#                   .devkit/parts, the GGUF in two parts sized so calls 2 and 3 leave the tree the same room;
-#                   .devkit/heldout.jsonl; .devkit/kit.json, each call's carry below measured with the working
-#                   tree, refused over 64 MiB)
-# There, the wheels in the first call (every step installs them where /tmp/site is missing):
+# The project's GPU checks on a GPU machine without network: the real kernels against the oracle with SmolLM2's
+# real weights (parity, the torch-stack audit), the CUDA tests, the trainer's throughput against a plain
+# transformers loop, and the paper-gpu profile in parts. The machine's Python brings CUDA torch and JAX; what
+# else the checks need is copied to it with a checkout of this repository.
+# Here, on a machine with network, once a checkout (under a minute):
+#   make gpu-kit    (tools/gpu_kit.py kit: .whl, the wheels the GPU machine lacks or holds at another version;
+#                   .devkit/parts, the GGUF in two parts sized so copies 2 and 3 leave the tree the same room;
+#                   .devkit/heldout.jsonl; .devkit/kit.json, each copy below measured with the working tree,
+#                   refused over `--transfer-mib` where one copy to the machine is limited in size)
+# There, with the checkout and .whl copied (every step installs the wheels where /tmp/site is missing):
 #   bash tools/gpu_parity.sh OUT start
-# then one device call per part while the machine is held (carry .devkit/parts/manifest.json and one
-# .devkit/parts/*.part-NNN each):
+# then, after each copy of .devkit/parts/manifest.json and one .devkit/parts/*.part-NNN (or of all the parts at
+# once, where one copy may hold them):
 #   bash tools/gpu_parity.sh OUT join
-# then (carry nothing more): bash tools/gpu_parity.sh OUT STEP, STEP one of
-#   start    the CUDA tests (`tests`) in the background on cores 12-15, once a session: they need no weights, so
-#            they run while the weights travel
-#   seed     once per session, before any parity step: the parts an earlier session on this GPU kept
-#            (results/gpu/parity/parts_<gpu>.tgz, tracked: `gpu_kit.py keep R` here after the session)
+# then (nothing more to copy): bash tools/gpu_parity.sh OUT STEP, STEP one of
+#   start    the CUDA tests (`tests`) in the background on cores 12-15, once per OUT: they need no weights, so
+#            they run while the weights are copied
+#   seed     once per OUT, before any parity step: the parts an earlier run on this GPU kept
+#            (results/gpu/parity/parts_<gpu>.tgz, tracked: `gpu_kit.py keep R` here after each run)
 #            unpacked into OUT. Parity runs with --keep-parts, whose keys hold the code, the library versions and
-#            the GPU: a carried case is taken only where all are this session's, else computed again
+#            the GPU: a carried case is taken only where all are this run's, else computed again
 #   smoke    the oracle on JAX's CUDA backend against its CPU one: random:llama, T=97, forward and gradients
 #   parity   anchor parity --device cuda at T=$T (1025 by default; 8192): varlen and flex, bf16, the four
 #            variants, forward and gradients, the oracle on JAX's CUDA backend (--oracle-device $ORACLE: cuda, or cpu)
@@ -36,65 +37,63 @@
 #            checkpoints offloaded to host memory)
 #   phases   where anchor train's steps spend their time (bench_train_gpu.py --phases, each part synchronized,
 #            intra_doc/varlen at 16K, 10 steps): to find why a run's last steps can take several times its median
-#   paper    `make paper-gpu` in parts, one a session: RUNS=full, then anchor, intra_doc, intra_doc_reset, then
-#            intra_doc@fp32,intra_doc_reset@fp32 (HELDOUT=.devkit/heldout.jsonl, carried: the image's Python has
-#            no test suite); OUT/paper_<runs>/ joined here by `make paper-gpu-merge PARTS=...`; or
-#            PROFILE=paper-gpu-short, the four bf16 runs in one sitting. Needs deepspeed and hjson among the
-#            wheels (ZeRO-1)
+#   paper    `make paper-gpu` in parts, one part a command: RUNS=full, then anchor, intra_doc, intra_doc_reset,
+#            then intra_doc@fp32,intra_doc_reset@fp32 (HELDOUT=.devkit/heldout.jsonl, copied: the machine's Python
+#            may have no test suite); OUT/paper_<runs>/ joined here by `make paper-gpu-merge PARTS=...`; or
+#            PROFILE=paper-gpu-short, the four bf16 runs in one command, a quick check of a GPU machine before
+#            the long runs. Needs deepspeed and hjson among the wheels (ZeRO-1)
 #   diag     experiments/attn_grad_diag/attn_grad_diag.py: one attention layer's backward on the varlen and flex
 #            kernels against fp64 and the emulations (inputs captured here: .devkit/attn_grad_inputs.npz, 10 MB,
-#            carried)
-#   plan     a 15-minute session's calls 3 and 4 within $BUDGET s each: seed; diag (where its inputs are carried:
-#            `gpu_kit.py kit --attention-inputs`, 10 MiB more in call 3); the T=1025 fanout (CPU oracle) on
-#            cores 0-11 and, once `start`'s tests have ended, T=8192 with the oracle on CUDA on cores 12-15, side
-#            by side, then (8192 done) the audits at L=4096 with the oracle on CUDA; merge. Run again, it
-#            continues: a step whose report is written is skipped, a stopped one resumes from its kept cases
-#   bg STEP  STEP in the background, outliving the call (the machine stays held while calls follow within 30 s)
+#            copied)
+#   plan     the parity checks within $BUDGET s: seed; diag (where its inputs were copied: `gpu_kit.py kit
+#            --attention-inputs`, 10 MiB more with copy 3); the T=1025 fanout (CPU oracle) on cores 0-11 and,
+#            once `start`'s tests have ended, T=8192 with the oracle on CUDA on cores 12-15, side by side, then
+#            (8192 done) the audits at L=4096 with the oracle on CUDA; merge. Run again, it continues: a step
+#            whose report is written is skipped, a stopped one resumes from its kept cases
+#   bg STEP  STEP in the background, detached (setsid): it outlives the command that started it
 #   wait     until the background steps have ended (at most $LIMIT s)
-# A session's calls, each begun within 30 s of the last one's end (else the machine goes back, bare, and /tmp
-# with it), R=/tmp/res, every call ending with `tar czf $OUT/r.tgz -C /tmp/res .` (what comes back; at most
-# 16 MiB a file). With 15 minutes of device time (the wheels alone in call 1, the GGUF in two parts of about
-# 47 MiB after them; .devkit/kit.json has each call's MiB with the tree, about 60 at most, and under "commands"
-# each call's command and timeout_s as the device tool takes them, the commit filled in), the CUDA tests first:
-#   1 (carry .whl; timeout_s 120)       ANCHOR_COMMIT=<the checkout's commit> bash tools/gpu_parity.sh R start
+# The commands in order, R=/tmp/res on the GPU machine, each ending with `tar czf $OUT/r.tgz -C /tmp/res .`
+# (the results so far, packed to copy back; OUT: where the command's output is collected). .devkit/kit.json
+# has each copy's MiB with the tree and, under "commands", each command with the commit filled in and its
+# timeout_s (the seconds to allow it). The CUDA tests first:
+#   1 (copy .whl; timeout_s 120)        ANCHOR_COMMIT=<the checkout's commit> bash tools/gpu_parity.sh R start
 #                                       (the wheels installed, `pytest -m cuda` started in the background on
-#                                       cores 12-15: it outlives the call; the commit heads its log, since the
-#                                       tree there has no .git)
-#   2 AT ONCE (carry manifest, part-000; timeout_s 60)    gpu_parity.sh R join; tar ...
-#   3 AT ONCE (carry manifest, part-001; timeout_s 590)
+#                                       cores 12-15: it outlives the command; the commit heads its log, since a
+#                                       tree copied without .git cannot name it)
+#   2 (copy manifest, part-000; timeout_s 60)    gpu_parity.sh R join; tar ...
+#   3 (copy manifest, part-001; timeout_s 590)
 #                                       gpu_parity.sh R join && BUDGET=540 gpu_parity.sh R plan; tar ...
 #     (the plan waits for the tests before it gives cores 12-15 to T=8192)
-#   4 AT ONCE, not after reading call 3's results (the machine goes back 30 s after a call ends, and a call
-#     begun later finds a bare one), carrying nothing, timeout_s = what is left less 20:
-#                                       BUDGET=<left less 40> gpu_parity.sh R plan; tar ...
-#   after, here: the results unpacked into R, `python tools/gpu_kit.py keep R` (this GPU's parts, for the next
-#   session: commit results/gpu/parity/parts_<gpu>.tgz), tools/merge_parity.py (the report) and R/cuda_tests.log
+#   4 (nothing to copy) the plan again, S seconds at a time (timeout_s S), until it reports every step done:
+#                                       BUDGET=<S less 20> gpu_parity.sh R plan; tar ...
+#   after, here: the results unpacked into R, `python tools/gpu_kit.py keep R` (this GPU's parts, for its next
+#   run: commit results/gpu/parity/parts_<gpu>.tgz), tools/merge_parity.py (the report) and R/cuda_tests.log
 #   kept as results/gpu/cuda_tests_<gpu>.log
-# The smoke (the oracle on JAX's CUDA backend, random:llama T=97) is not a step of the plan: T=8192 needs the
-# call's time more.
-# A paper-gpu session: calls 1 and 2 as above; call 3 (carry manifest, part-001, .devkit/heldout.jsonl; 60 MiB)
+# The smoke (the oracle on JAX's CUDA backend against its CPU one, random:llama T=97) is not a step of the plan,
+# whose T=8192 cases run the same backend on the real model: run it alone to check the backend first.
+# For paper-gpu: commands 1 and 2 as above (1 with `seed` instead of `start`: the CUDA tests would share the GPU
+# with the timed runs); 3 (copy manifest, part-001, .devkit/heldout.jsonl)
 # `gpu_parity.sh R join && RUNS=full HELDOUT=.devkit/heldout.jsonl LIMIT=560 gpu_parity.sh R paper`; if it
-# stopped at its limit, the same again at once (the demo resumes while the machine is held).
-# With 30 minutes, also `train`, `longest` and `phases` (a session after the parity's: the issue's third point).
+# stopped at its limit, the same again (the demo resumes from its newest checkpoint, kept under runs/).
+# `train`, `longest` and `phases` time the trainer: run them after the parity plan, alone on the machine.
 # The oracle on the CPU at T=8192 (SmolLM2, 2 cores; experiments/oracle_cost): a forward with taps 67 s in
-# fp64, 42 s in fa2_bf16 (a variant's forward cases: fp64 and 4 summation orders, ~4 minutes; on the 16 cores
-# there, well under one call for the four); one fp64 gradient takes over 15 minutes (memory-bound on
+# fp64, 42 s in fa2_bf16 (a variant's forward cases: fp64 and 4 summation orders, ~4 minutes; on 16 cores,
+# well under ten minutes for the four); one fp64 gradient takes over 15 minutes (memory-bound on
 # [heads, T, T] fp64 scores, and a gradient case takes 3 steps in each of 2 policies): gradients at 8192
 # need the oracle on CUDA. Its memory there (benchmarks/bench_oracle_grad_memory.py: XLA's plan of the gradient
 # program compiled on a CPU, not run; results/memory/oracle_grad_memory_cpu.json): at T=8192 15.7 GiB in
 # fp64 and 7.7 in fa2_bf16 or flex_bf16 (1025: 4.5 and 1.8), well inside an H100's 80 beside the torch model;
 # each such program takes 20-26 s to compile on a CPU.
-# A parity step stopped at its limit keeps the cases it finished (OUT/.parity_$T.parts); the same step in the
-# next call computes only the rest.
+# A parity step stopped at its limit keeps the cases it finished (OUT/.parity_$T.parts); the same step run
+# again computes only the rest.
 # The fanout at T=1025 with gradients, 4 cores a variant: about 5 minutes a variant (each gradient case draws the
 # emulation in 8 summation orders, parity_tests/grads.py: a bf16 gradient 23 s at T=1025 on 2 cores,
-# experiments/grad_baseline/results/grad_draws_cpu_sdpa.json), within one call; at T=8192 with the oracle on
-# the CPU no case finishes in a call.
-# Device time is counted from the first call to the machine's return, its start included.
+# experiments/grad_baseline/results/grad_draws_cpu_sdpa.json), within one plan's BUDGET; at T=8192 with the
+# oracle on the CPU no case finishes within a step's LIMIT.
 # Results under OUT: weights.txt (the joined file's sha256 and the GPU), parity_$T/ (parity_${T}_forward/ with GRADS=), audit_{varlen,flex}_{512,4096}/,
-# cuda_tests.log, train_gpu.json, train_phases_gpu.json; each step fits one 10-minute call. Copied back, they are
-# kept under results/gpu/ (parity reports in results/gpu/parity/, after tools/merge_parity.py --slim) and
-# results/gpu/ (train_gpu_<gpu>.json).
+# cuda_tests.log, train_gpu.json, train_phases_gpu.json; each step stops at its LIMIT (at most 560 s by default)
+# and keeps what it finished. Copied back, they are kept under results/gpu/ (parity reports in
+# results/gpu/parity/, after tools/merge_parity.py --slim) and results/gpu/ (train_gpu_<gpu>.json).
 set -o pipefail
 OUT=${1:?usage: gpu_parity.sh OUT [start|join|seed|smoke|parity|audit|diag|tests|train|longest|phases|paper|bg STEP|wait|plan]}
 STEP=${2:-parity}
@@ -125,7 +124,7 @@ seed)
   if [ -f "$A" ]; then
     tar xzf "$A" -C "$OUT" --skip-old-files && echo "seed: $(tar tzf "$A" | grep -c '/[a-z_]*case-[0-9]*\.json$') parts from $A"
   else
-    echo "seed: no $A (no earlier session on this GPU kept its parts)"
+    echo "seed: no $A (no earlier run on this GPU kept its parts)"
   fi
   touch "$OUT/.seeded" ;;
 join)
@@ -176,7 +175,7 @@ audit)
 diag)  # the kernels' attention backward in isolation: OUT/attn_grad_diag.json
   JAX_PLATFORMS=cpu timeout ${LIMIT:-150} python3 experiments/attn_grad_diag/attn_grad_diag.py run .devkit/attn_grad_inputs.npz \
     --out "$OUT/attn_grad_diag.json" 2>&1 | grep -v Warning | tail -8 ;;
-start)  # a session's first call: the wheels (installed above), then the CUDA tests in the background on cores 12-15
+start)  # the first command: the wheels (installed above), then the CUDA tests in the background on cores 12-15
   [ -f "$OUT/tests.pid" ] || [ -f "$OUT/cuda_tests.log" ] && { echo "tests: started already"; exit 0; }
   taskset -c 12-15 bash "$0" "$OUT" bg tests
   echo "tests: started (pid $(cat "$OUT/tests.pid")), log $OUT/cuda_tests.log" ;;
@@ -201,8 +200,8 @@ phases)
   JAX_PLATFORMS=cpu timeout ${LIMIT:-300} python3 benchmarks/bench_train_gpu.py --seq-len 16384 --steps 10 --plain sdpa \
     --runs intra_doc/varlen --phases --out "$OUT/train_phases_gpu.json" 2>&1 | tail -12 ;;
 paper)  # `make paper-gpu` in parts: the runs $RUNS (e.g. full,anchor) of `make paper-gpu` (README: paper-gpu, "In parts")
-        # within $LIMIT (560) s, resumed where the last call stopped (the demo's own resume); HELDOUT=FILE where that
-        # Python has no test suite. PROFILE=paper-gpu-short: that profile whole, in one sitting (RUNS not needed).
+        # within $LIMIT (560) s, resumed where the last command stopped (the demo's own resume); HELDOUT=FILE where
+        # that Python has no test suite. PROFILE=paper-gpu-short: that profile whole, in one command (RUNS not needed).
         # What comes back, no checkpoint: OUT/paper_<profile and runs>/ (demo.json, the summary JSON and its .md,
         # eval/*/eval.json, train/*/metrics.jsonl and config.yaml, the page and figures), for `make paper-gpu-merge`
   weights
@@ -215,21 +214,21 @@ paper)  # `make paper-gpu` in parts: the runs $RUNS (e.g. full,anchor) of `make 
   (cd "$D" && find . -path './train/*/checkpoints' -prune -o -type f \( -name demo.json -o -name 'paper_gpu*.json' \
     -o -name 'paper_gpu*.md' -o -name eval.json -o -name metrics.jsonl -o -name config.yaml -o -name index.html \
     -o -name '*.png' \) -print0 | xargs -0 -r cp --parents -t "$OUT/paper_${D#runs/}") ;;
-bg)  # gpu_parity.sh OUT bg STEP: STEP in its own session (it outlives the device call), its pid in OUT/STEP.pid
+bg)  # gpu_parity.sh OUT bg STEP: STEP detached by setsid (it outlives the command that started it), its pid in OUT/STEP.pid
   setsid nohup bash "$0" "$OUT" "${3:?bg needs a step}" > "$OUT/$3.out" 2>&1 < /dev/null &
   echo $! > "$OUT/$3.pid" ;;
 wait)  # until every step started with bg (or fanout; WAIT_FOR: a glob of their names) has ended, at most LIMIT seconds (by pid: `pgrep -f` on a step's
-       # words also matches the shell of the device call that names them, and waits for itself)
+       # words also matches the shell of the command that names them, and waits for itself)
   end=$((SECONDS + ${LIMIT:-560}))
   for f in "$OUT"/${WAIT_FOR:-*}.pid; do
     [ -f "$f" ] || continue
     while kill -0 "$(cat "$f")" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 2; done
     kill -0 "$(cat "$f")" 2>/dev/null && echo "$(basename "$f" .pid) still running" || rm -f "$f"
   done ;;
-plan)  # a session's calls 3 and 4 (header), within $BUDGET (540) s: seed, diag (where carried), then side by side the T=1025 cases
+plan)  # commands 3 and 4 (header), within $BUDGET (540) s: seed, diag (where copied), then side by side the T=1025 cases
        # with the CPU oracle (fanout, 3 cores a variant: cores 0-11, in the background) and, once the tests started
        # by `start` have ended, the T=8192 cases with the oracle on CUDA (cores 12-15); then the fanout's report
-       # merged. Again in the next call, it continues
+       # merged. Run again, it continues
   B=${BUDGET:-540}; S=$SECONDS
   left() { echo $((B - (SECONDS - S) - ${1:-0})); }
   bash "$0" "$OUT" seed

@@ -2,8 +2,8 @@
 
     python tools/merge_parity.py OUT PARITY_DIR [PARITY_DIR ...] [--slim FILE.json]
 
-`anchor parity` runs its cases one after another in one process; on the GPU host (16 cores, reached in
-jobs of at most 10 minutes) the oracle on the CPU is faster as one process per variant, each on its
+`anchor parity` runs its cases one after another in one process; on a GPU machine with many cores (16 in
+tools/gpu_parity.sh) the oracle on the CPU is faster as one process per variant, each on its
 own cores (tools/gpu_parity.sh `fanout`). This joins their reports: the cases and gradient cases in
 the order `anchor parity` would have run them, `pass` only where every case passed, the longest runtime (they
 ran side by side), and each part's folder and runtime under `merged_from`. A report that disagrees with the
@@ -11,12 +11,12 @@ first on model, device, oracle device, rule, optimizer or machine, or repeats a 
 a merged report never mixes settings.
 
 A folder may also be an unfinished run's parts (`.<name>.parts` beside its --out, anchor_core.parts: a JSON file
-per finished case, `case-N.json` and `grad_case-N.json`, kept when the run was stopped at a device call's
-limit): its finished cases make a report of their own, with the rule and optimizer of this checkout, no machine
+per finished case, `case-N.json` and `grad_case-N.json`, kept when the run was stopped at its time limit):
+its finished cases make a report of their own, with the rule and optimizer of this checkout, no machine
 (a part does not record one: `--machine FILE.json` takes it from a JSON file's `machine`, e.g. a script run
-in the same call), and `unfinished` naming the folder. A merged report with an unfinished part does not pass.
+in the same command), and `unfinished` naming the folder. A merged report with an unfinished part does not pass.
 The run is the newest part's (its key: settings, code, versions, device); parts of another run (carried from
-an earlier session by `anchor parity --keep-parts` and not computed again yet) are counted as `stale_parts` and
+an earlier run by `anchor parity --keep-parts` and not computed again yet) are counted as `stale_parts` and
 left out. A parts folder whose run's report is also given (`--keep-parts` keeps both) is left out.
 
 `--slim FILE.json` also writes the merged report without what only its figures need, numbers to 4
@@ -69,7 +69,7 @@ def from_parts(folder: str | Path, machine: dict | None = None) -> dict:
             raise InputError("not a parity case's part (its key names no run)", path=folder / f"{name}.json")
     if not named:
         raise InputError("no finished case in it (case-N.json)", path=folder)
-    # Parts carried from an earlier session (`anchor parity --keep-parts`, gpu_parity.sh `seed`) that the
+    # Parts carried from an earlier run (`anchor parity --keep-parts`, gpu_parity.sh `seed`) that the
     # run has not computed again yet hold another run's key (other code, versions or device): the run is
     # the newest part's, and the others are stale, counted and left out.
     newest = max(named, key=lambda n: ((folder / f"{n[2]}.json").stat().st_mtime_ns, n[2]))

@@ -21,7 +21,7 @@ ends, the rest of a cut document opening the next window, as the packer does):
   slimpajama      log-normal, median 300 and sigma 1.3 (mean about 700): the short web-heavy mix
                   SlimPajama's token counts suggest (most documents far below 4K); an assumption,
                   stated in bench.json.
-  long_upsampled  the same, with 1 document in 10 drawn log-uniform from 4K (T/2 if less) to 4T: a
+  long_upsampled  the same, with 1 document in 10 sampled log-uniform from 4K (T/2 if less) to 4T: a
                   mix upsampled towards long documents as the paper's training data (Fu et al. 2024).
 """
 

@@ -27,8 +27,8 @@ def demo(
         "--profile", help="Settings: demo (minutes on a CPU), paper-small (the paper's four variants, RULER "
                           "1K-4K over five checkpoints; hours on a CPU), paper-gpu (SmolLM2 at 16K in bf16, "
                           "the four variants and two fp32 runs, RULER 4K-16K; made for one GPU) or paper-gpu-short "
-                          "(paper-gpu's four bf16 runs, 100 steps each, evaluated at their last checkpoint; sized "
-                          "by estimate to finish within 10 minutes on one H100).")] = "demo",
+                          "(a quick check of a GPU machine before paper-gpu: its four bf16 runs, 100 steps each, "
+                          "evaluated at their last checkpoint; under 10 minutes on one H100 by estimate).")] = "demo",
     fresh: Annotated[bool, typer.Option("--fresh", help="Redo every selected stage instead of reusing it.")] = False,
     prompt: Annotated[str, typer.Option("--prompt", help="Prompt for the next-token comparison.")] = "",
     policy: Annotated[str, typer.Option("--policy", help="Oracle dtype policy of top5: preset name or YAML file.")] = "fp32",

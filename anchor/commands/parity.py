@@ -83,8 +83,8 @@ def parity(
     keep_parts: Annotated[bool, typer.Option(
         "--keep-parts", help="Keep each case's part (.<name>.parts beside --out) after the report is written, so "
                              "that a later run takes every case whose settings, code, library versions and "
-                             "machine (GPU, CPU) are the same (a CI cache, or cases carried from one GPU "
-                             "session to the next). --stack torch only.")] = False,
+                             "machine (GPU, CPU) are the same (a CI cache, or cases carried from one run on a "
+                             "GPU machine to the next). --stack torch only.")] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
 ) -> int:
     """Compare embeddings, q/k after RoPE, attention logits and probabilities of sampled rows, attention and
@@ -154,8 +154,8 @@ def _parity_torch(out: Path, model: str, variant_list: list[str], layout_list: l
     with out_lock(out, "parity"):
         cases = build_cases(model, variants=variant_list, layouts=layout_list, policies=policy_list,
                             engines=engine_list, seq_lens=[seq_len], seed=seed)
-        # Each finished case is kept beside --out until the report is published: a killed run (a device
-        # call's time limit, Ctrl-C) is rerun with the same options and computes only what it had not finished.
+        # Each finished case is kept beside --out until the report is published: a killed run (a job's time
+        # limit, Ctrl-C) is rerun with the same options and computes only what it had not finished.
         parts = Parts(parts_dir(out), "parity")
         key = parts_key(model, device, oracle_where, grads, policy_list)
         result = run_parity(cases, progress=progress, grads=grads, parts=parts, key=key)
@@ -191,7 +191,7 @@ def parts_context(device: str) -> dict:
     CODE_PACKAGES), the numerical libraries' versions, the GPU that ran the trainer's side (with `device`
     cuda), and the CPU (its model and the capability torch's kernels dispatch to: the trainer's side on the
     CPU, and the oracle's kernels, built for the CPU they run on, on either device). In every part's key, so
-    a part carried to another session or machine is taken only where these are the same."""
+    a part carried to another run or machine is taken only where these are the same."""
     from anchor_core.machine import cpu_capability, cpu_model, machine
     from anchor_core.parts import sources_id
 

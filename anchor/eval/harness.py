@@ -221,7 +221,7 @@ def _lm_base() -> type:
 
 
 def _cut(text: str, until: Sequence[str]) -> str:
-    """`text` up to the first occurrence of any stop string (lm-eval's generate_until contract)."""
+    """`text` up to the first occurrence of any stop string (as lm-eval's generate_until cuts)."""
     for u in until:
         if u:
             text = text.split(u, 1)[0]

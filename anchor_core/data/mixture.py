@@ -8,14 +8,14 @@ A document counts `length + 1` tokens (its EOS); "long" means longer than `long_
 `upsample_long` changes the mixture by sampling: every long document is kept and each short one with
 probability q = 1 / `upsample_factor`, within each source (of each domain's short documents a random
 round(q n) are kept). That sample, shuffled, comes first; then the short documents left out, shuffled;
-only when the whole pool is used do documents repeat (a new pass, drawn the same way). The selection is
+only when the whole pool is used do documents repeat (a new pass, sampled the same way). The selection is
 the first `budget` tokens of that order, or the sample alone when no budget is given. The long share of a
 domain's tokens rises from L / (L + S) to about L / (L + q S) (L, S: its long and short tokens), and
 the domains' shares move with it, towards the domains richer in long documents (the paper's table:
 CommonCrawl 53 -> 58%, C4 26.5 -> 19.5%).
 
 `original` and `upsample_repeat` keep each domain's share of tokens as in the source: domain `d` gets a
-quota `budget * tokens_d / tokens`. Within a domain, documents are drawn in passes; a pass holds every
+quota `budget * tokens_d / tokens`. Within a domain, documents are taken in passes; a pass holds every
 document once, in a fresh random order, and under `upsample_repeat` a long document `upsample_factor`
 times (a fractional factor adds the last copy with that probability): long documents repeat within a
 pass, short ones may be left out. The long share rises to about r L / (r L + S).

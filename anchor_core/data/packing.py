@@ -14,7 +14,7 @@ in the next window; the last window is padded. Per slot the packer keeps three a
 
 Interleaving (`Layout.interleave`) works inside each window. Every document (its slots in the
 window: tag, tokens, EOS) of `chunk_doc_min`..`chunk_doc_max` slots is cut into k chunks, k uniform
-in 2..`chunks_max`, at k - 1 distinct points drawn uniformly between `chunk_cut_lo` and
+in 2..`chunks_max`, at k - 1 distinct points chosen uniformly between `chunk_cut_lo` and
 `chunk_cut_hi` of its length (the authors' code: 64-2048 tokens, 2-3 chunks, 20-80%); other
 documents stay whole. (`mean_chunk` > 0 selects the per-slot scheme instead: a cut before each slot
 with probability 1 / mean_chunk.) The chunks are shuffled so that each document's chunks keep their

@@ -21,7 +21,7 @@
 // (parity_tests/test_fidelity.py), and these exps and sums would flip some of those roundings.
 //
 // Layout: q [B,T,N,D], k/v [B,T,K,D], doc_ids [B,T] int32, out [B,T,N,D]; query head n reads kv
-// head n / (N/K). Mask (CONTRACT §2, jaxref.variants.allowed): query i sees key j iff i == j, or
+// head n / (N/K). Mask (docs/DESIGN.md §2, jaxref.variants.allowed): query i sees key j iff i == j, or
 // j <= i, both real (doc >= 0) and the variant's rule: full: always; intra_doc: same document;
 // anchor: same document or j == 0.
 //
@@ -293,7 +293,7 @@ inline void round_row(float* p, int64_t n) {
 }
 
 // Grow-only float buffers handed out to calls and given back, so that repeated calls (one per
-// layer) do not fault in fresh pages each time (buffers over 64 MiB are freed instead).
+// layer) do not fault in fresh pages each time (buffers over KEEP_FLOATS, 2^26 bytes, are freed instead).
 class BufferPool {
  public:
   std::vector<float>* take(size_t n) {
@@ -318,7 +318,7 @@ class BufferPool {
     std::lock_guard<std::mutex> lock(mu_);
     free_.push_back(b);
   }
-  static constexpr size_t KEEP_FLOATS = size_t(1) << 24;  // 64 MiB
+  static constexpr size_t KEEP_FLOATS = size_t(1) << 24;  // floats: 2^26 bytes
 
  private:
   std::mutex mu_;

@@ -5,7 +5,7 @@ Legend: B windows, T slots, N/K query/kv heads, D head dim, R tapped rows, L lay
 Modules, each named for its concern (the names other code uses are also importable from here, `__all__`:
 `from parity_tests.hf_stack import hold`):
   stacks     what runs: `Stack`, `stock`, `user_stack`, `input_styles`, the names (IMPLEMENTATIONS,
-             INPUT_STYLES, DEFAULT_INPUTS, USER_NAME, ...) and a user's function's contract
+             INPUT_STYLES, DEFAULT_INPUTS, USER_NAME, ...) and the rules a user's function is held to
              (`check_signature`, `check_output`, `load_function`); `not_run_reason`; `error_line`
   subjects   the model under test: `Subject`, `named_subject`, `module_subject`, `subject_inputs`,
              `stock_model`, `subject_model` (cached; `clear_models`), `torch_dtype`

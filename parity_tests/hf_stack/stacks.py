@@ -1,5 +1,5 @@
 """What runs: a stack (one of transformers' own attention implementations in an input style, or a user's
-attention function), and the contract a user's function is held to before and while it runs.
+attention function), and the rules a user's function is held to before and while it runs.
 
 `stock` and `user_stack` build a `Stack` (an unknown implementation, style, rope_in or emulation is an
 InputError before any work); `check_signature` refuses a function transformers cannot call, `check_output`

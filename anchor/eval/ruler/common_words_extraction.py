@@ -52,7 +52,7 @@ def _corpus_vocabulary() -> tuple[str, ...]:
 
 def _cwe_example(words: Sequence[str], common_repeats: int, uncommon_repeats: int, num_cw: int,
                  seed: int) -> tuple[str, list[str]]:
-    """Upstream's get_example on drawn words: the numbered list and its `num_cw` common words."""
+    """Upstream's get_example on sampled words: the numbered list and its `num_cw` common words."""
     common, uncommon = list(words[:num_cw]), list(words[num_cw:])
     word_list = common * common_repeats + uncommon * uncommon_repeats
     random.Random(seed).shuffle(word_list)

@@ -1,5 +1,5 @@
 """fwe: frequent words extraction (upstream's scripts/data/synthetic/freq_words_extraction.py): coded
-words drawn from a Zipf distribution; the answer is the three most frequent (the first is noise, "...")."""
+words sampled from a Zipf distribution; the answer is the three most frequent (the first is noise, "...")."""
 
 from __future__ import annotations
 

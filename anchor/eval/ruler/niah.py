@@ -88,7 +88,7 @@ def niah_plan(a: NiahArgs, rng: random.Random, seed: int, hay: Haystack | None) 
 
 
 class _Distractors:
-    """The needle haystack: needles with other keys and values, drawn in order as far as needed."""
+    """The needle haystack: needles with other keys and values, taken in order as far as needed."""
 
     def __init__(self, a: NiahArgs, keys: set[str], seed: int):
         self.a, self.keys, self.rng, self.made = a, keys, random.Random(seed), []

@@ -88,7 +88,7 @@ def qa_plan(qa: QA, docs: Sequence[str], rng: random.Random, seed: int) -> Plan:
     t = FAMILIES["qa"]
     more = rng.sample(qa.more_context, len(qa.more_context))
     taken = set(qa.context) | set(qa.more_context)
-    extra: list[int] = []  # distinct other documents, drawn in order as far as needed
+    extra: list[int] = []  # distinct other documents, taken in order as far as needed
 
     def documents(n: int) -> list[str]:
         if n >= len(docs):
