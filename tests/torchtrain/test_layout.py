@@ -169,3 +169,16 @@ def test_prepare_runs_cfg_returns_to_a_module_already_left_at_most_ten_times(tmp
     back_into = cfg_returns(cfg, tmp_path / "run")
     print("\n".join(f"{caller} -> {module}:{function}" for module, function, caller in back_into))
     assert len(back_into) <= 10
+
+
+def test_the_training_loop_is_at_most_25_lines():
+    """The body of the worker's loop over steps (torchtrain.training.trainer.worker): the step, its report
+    (training/report.py), the checkpoint; no more."""
+    tree = ast.parse((PACKAGE / "training" / "trainer.py").read_text(encoding="utf-8"))
+    worker = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "worker")
+    loops = [n for n in ast.walk(worker) if isinstance(n, ast.For) and getattr(n.target, "id", None) == "step"]
+    assert len(loops) == 1
+    body = loops[0].body
+    lines = body[-1].end_lineno - body[0].lineno + 1
+    print(f"the loop's body: {lines} lines")
+    assert lines <= 25
