@@ -15,7 +15,8 @@ from torchtrain.attention import varlen_sdpa
 from torchtrain.attention import eager_attention
 from torchtrain.attention.variants import VARIANTS, dense_mask
 from torchtrain.attention.varlen import varlen_segments
-from torchtrain.attention.varlen_sdpa import bucket_lengths, plan, varlen_sdpa_attention
+from torchtrain.attention.varlen_plan import CHUNK, VarlenPlan, bucket_lengths, plan
+from torchtrain.attention.varlen_sdpa import varlen_sdpa_attention
 
 LAYOUTS = ("cut", "padded", "interleaved")
 D = 16
@@ -27,7 +28,7 @@ def _qkv(B: int, T: int, seed: int):
     return tuple(torch.randn(B, h, T, D, generator=g).requires_grad_() for h in (6, 2, 2))
 
 
-def _errors(variant: str, T: int, seed: int, **plan_kw) -> tuple[float, list[float], varlen_sdpa.VarlenPlan]:
+def _errors(variant: str, T: int, seed: int, **plan_kw) -> tuple[float, list[float], VarlenPlan]:
     batch = packed_batch(variant, T, layouts=LAYOUTS, seed=seed)
     q, k, v = _qkv(batch.doc_ids.shape[0], T, seed)
     ref = eager_attention(q, k, v, dense_mask(batch.doc_ids, variant)[:, None], SCALE)
@@ -96,7 +97,7 @@ def test_no_window_sized_tensor():
     p = plan(varlen_segments(batch.doc_ids, "anchor"))
     longest = int(np.diff(p.cu_seqlens.numpy()).max())
     print("mask", None if p.mask is None else tuple(p.mask.shape), "longest segment", longest)
-    assert p.mask is None or (p.mask.shape[0] <= varlen_sdpa.CHUNK and p.mask.shape[1] <= longest)
+    assert p.mask is None or (p.mask.shape[0] <= CHUNK and p.mask.shape[1] <= longest)
 
 
 def test_bucket_lengths():

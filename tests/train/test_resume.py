@@ -232,7 +232,7 @@ def test_a_planted_pickle_is_refused_and_never_runs(packed, tmp_path):
                                               pytest.param(2, "float32", marks=pytest.mark.slow), (3, "bfloat16")])
 def test_resume_through_the_weights_only_reader(packed, tmp_path, zero_stage, dtype):
     """Every DeepSpeed file of a ZeRO-1..3, fp32 or bf16 checkpoint loads through the weights_only reader
-    (torchtrain.training.checkpoint.DEEPSPEED_ALLOWLIST), and the resumed run equals the uninterrupted one."""
+    (torchtrain.training.state.DEEPSPEED_ALLOWLIST), and the resumed run equals the uninterrupted one."""
     args = ("checkpoint.save_every=1", "checkpoint.keep_last=3", "eval.window=0", f"parallel.zero_stage={zero_stage}", f"model.dtype={dtype}",
             f"data.path={packed}")
     ref, out = tmp_path / "ref", tmp_path / "resumed"

@@ -297,7 +297,7 @@ def _cfg(*overrides: str):
 
 def test_wandb_online_without_a_login_is_refused_with_the_online_hint(trackers_env, tmp_path):
     from anchor_core.errors import InputError
-    from torchtrain.training.trackers import check_trackers
+    from torchtrain.training.tracker_checks import check_trackers
 
     with pytest.raises(InputError) as e:
         check_trackers(_cfg("logging.report_to=[wandb]"))
@@ -313,7 +313,7 @@ def test_wandb_online_without_a_login_is_refused_with_the_online_hint(trackers_e
 
 def test_an_mlflow_server_that_never_answers_is_refused_within_seconds(trackers_env):
     from anchor_core.errors import InputError
-    from torchtrain.training.trackers import PROBE_TIMEOUT_S, check_trackers
+    from torchtrain.training.tracker_checks import PROBE_TIMEOUT_S, check_trackers
 
     with socket.socket() as server:  # accepts connections (the kernel's backlog) and never answers
         server.bind(("127.0.0.1", 0))
@@ -329,7 +329,7 @@ def test_an_mlflow_server_that_never_answers_is_refused_within_seconds(trackers_
 def test_mlflow_default_store_without_sqlalchemy_names_the_extra(trackers_env, tmp_path):
     """mlflow-skinny alone cannot open MLflow's default store: the one line names the extra that can."""
     from anchor_core.errors import InputError
-    from torchtrain.training.trackers import check_trackers
+    from torchtrain.training.tracker_checks import check_trackers
 
     trackers_env.chdir(tmp_path)
     trackers_env.setitem(sys.modules, "sqlalchemy", None)  # not installed

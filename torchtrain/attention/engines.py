@@ -35,7 +35,8 @@ from torchtrain.attention import functions as attn
 from torchtrain.attention.variants import Variant, check_doc_ids, check_variant, dense_mask, mask_predicate
 from torchtrain.attention.varlen import VarlenSegments, varlen_segments
 from torchtrain.attention.varlen_emulation import flash_attn_varlen_func as emulated
-from torchtrain.attention.varlen_sdpa import VarlenPlan, plan, varlen_sdpa_attention
+from torchtrain.attention.varlen_plan import VarlenPlan, plan
+from torchtrain.attention.varlen_sdpa import varlen_sdpa_attention
 
 # Registered names: transformers treats any name containing "flash" as a FlashAttention kernel
 # request (and tries to import it), so the varlen engines register without that word.

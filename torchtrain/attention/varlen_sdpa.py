@@ -55,8 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from torchtrain.attention.functions import call_flex, expand_kv
-from torchtrain.attention.varlen_plan import (CHUNK, LONG, PAD_AREA, Call, VarlenPlan,  # noqa: F401  (the plan's
-                                              bucket_lengths, plan)                     # names, where they were)
+from torchtrain.attention.varlen_plan import Call, VarlenPlan
 
 _FLEX_ROWS = 1024  # FlexAttention's packed length is rounded up to this (few distinct compiled shapes)
 Backend = Literal["calls", "torch_varlen", "flex"]

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Annotated, Any, Iterator, Literal, Mapping, Sequence, get_args, get_origin
+from typing import Annotated, Any, Iterator, Literal, Mapping, get_args, get_origin
 
 import annotated_types
 from pydantic import BaseModel
@@ -20,7 +20,7 @@ from pydantic.fields import FieldInfo
 from anchor_core.data.config import PACK_SCHEMA
 from anchor_core.errors import InputError
 from anchor_core.limits import excerpt
-from torchtrain.config.schema import EXPECTED_BY_TYPE, SECTIONS, Sources, TrainConfig, plain  # noqa: F401
+from torchtrain.config.schema import EXPECTED_BY_TYPE, SECTIONS, TrainConfig, plain
 
 # Mapping-valued keys inside a section: their own keys are dotted further (`model.rope.theta`).
 NESTED: tuple[str, ...] = ("model.rope", "data.pack")

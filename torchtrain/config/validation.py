@@ -29,9 +29,9 @@ from anchor_core.shipped import resolve
 from anchor_core.spec import RopeSpec
 from anchor_core.yamlfile import parse_yaml, read_yaml_mapping_lines
 from torchtrain.config.deepspeed_json import check_section as check_deepspeed_section
-from torchtrain.config.keys import (PACK_KEYS, PACK_OPTIONS, Sources, base_type, dotted_items, expected, merge,
+from torchtrain.config.keys import (PACK_KEYS, PACK_OPTIONS, base_type, dotted_items, expected, merge,
                                     optional_inner, set_dotted)
-from torchtrain.config.schema import SECTIONS, LoggingConfig, TrainConfig, plain
+from torchtrain.config.schema import SECTIONS, LoggingConfig, Sources, TrainConfig, plain
 
 
 # ---------------------------------------------------------------------------------------------

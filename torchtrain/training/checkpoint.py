@@ -17,7 +17,8 @@ of a checkpoint goes through (a model folder given to any verb: `anchor_core.wei
 Against a planted object (a manifest rewritten to match), DeepSpeed's files, which it writes and reads as
 pickles (`torch.load(weights_only=False)`), are read through torch's `weights_only` unpickler, which
 builds tensors, containers and the few DeepSpeed types of `DEEPSPEED_ALLOWLIST` and nothing else
-(`safe_loads`): any other object is refused in one line before it is built, and nothing of it runs.
+(`safe_loads`, torchtrain.training.state): any other object is refused in one line before it is built, and
+nothing of it runs.
 
 `Checkpointer` saves and resumes one rank's state (every rank calls both): model, optimizer and LR
 scheduler through DeepSpeed; the loader's position and the rank's RNG states (torch on CPU and
@@ -47,8 +48,7 @@ from anchor_core.errors import InputError
 from anchor_core.export import DEFAULT_MAX_SHARD_SIZE
 from anchor_core.weights import MANIFEST, MANIFEST_ERRORS, read_manifest, verify
 from torchtrain.training.export import export_model  # looked up here: a test holds a rank inside it
-from torchtrain.training.state import (DEEPSPEED_ALLOWLIST, read_trainer_state, rng_state, safe_loads, seed_rng,
-                                       set_rng_state)
+from torchtrain.training.state import read_trainer_state, rng_state, safe_loads, seed_rng, set_rng_state
 
 if TYPE_CHECKING:
     from torchtrain.training.stages import StagedLoader

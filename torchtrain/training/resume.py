@@ -1,9 +1,9 @@
 """A rerun of `anchor train` with the same --out: it resumes only what the run started as.
 
-    saved = check_resume(cfg, run)        # RUN/config.yaml against the config (only RESUMABLE_CHANGES may differ),
-                                          # the data's content against data_source.json; None for a new run
-    prepare_resume(cfg, run, world, ...)  # steps never below a checkpoint; a checkpoint converted once for another
-                                          # process count (torchtrain.training.universal)
+    saved = check_resume(cfg, run, source)  # RUN/config.yaml against the config (only RESUMABLE_CHANGES may
+                                            # differ), the data against data_source.json; None for a new run
+    prepare_resume(cfg, run, world, ...)    # steps never below a checkpoint; a checkpoint converted once for
+                                            # another process count (torchtrain.training.universal)
 
 RUN/config.yaml is the config as resolved (`auto` engine, seq_len): what every rank trains (`load_run_config`).
 """
@@ -21,20 +21,21 @@ from torchtrain.config import KEYS, RESUMABLE_CHANGES, TrainConfig, by_dotted_ke
 from torchtrain.config.schema import plain
 from torchtrain.training import checkpoint as ckpt
 from torchtrain.training import universal
-from torchtrain.training.data import SOURCE_FILE, data_source, read_source, resolved_data, resolved_path
+from torchtrain.training.data import SOURCE_FILE, read_source, resolved_data, resolved_path
 from torchtrain.training.metrics import read_log
 
 CONFIG_FILE = "config.yaml"
 
 
-def check_resume(cfg: TrainConfig, run: Path, *, asked_engine: str | None = None) -> dict[str, Any] | None:
+def check_resume(cfg: TrainConfig, run: Path, source: dict[str, Any], *,
+                 asked_engine: str | None = None) -> dict[str, Any] | None:
     """A rerun with the same --out trains what the run started as: the same config (check_resume_config) and the
-    same data (check_source), checked before the run folder is touched. Returns the run's saved config (None: a
-    new run)."""
+    same data (check_source; `source`: data_source's), checked before the run folder is touched. Returns the run's
+    saved config (None: a new run)."""
     saved = saved_config(run)
     if saved is not None:
         check_resume_config(cfg, saved, run, asked_engine=asked_engine)
-        check_source(data_source(cfg), run)  # the same data and held-out data
+        check_source(source, run)  # the same data and held-out data
     return saved
 
 

@@ -7,7 +7,8 @@
     RUN/deepspeed.json    the generated DeepSpeed config (torchtrain.config.deepspeed_json.deepspeed_config)
     RUN/data*/, RUN/data_source.json   the packed windows and what they were packed from (torchtrain.training.data)
     RUN/trackers.json     the tracker runs this run logs in (torchtrain.training.trackers)
-    RUN/checkpoints/      torchtrain.training.checkpoint; RUN/metrics.jsonl, grads/, tensorboard/: torchtrain.training.metrics
+    RUN/checkpoints/      torchtrain.training.checkpoint
+    RUN/metrics.jsonl, grads/, tensorboard/   torchtrain.training.metrics
 
 Each check lives with what it checks: the model, the engine and the memory in torchtrain.training.fit (run again in
 every worker, on the machine that trains), the data in torchtrain.training.data, a rerun's config and data in
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from anchor_core.atomic import write_text_atomic
 from anchor_core.outdir import guard_out, write_marker
@@ -32,7 +33,8 @@ from torchtrain.training.memory import parameters
 from torchtrain.training.metrics import read_log
 from torchtrain.training.resume import CONFIG_FILE, check_resume, prepare_resume
 from torchtrain.training.stages import Stage
-from torchtrain.training.trackers import check_trackers, prepare_trackers
+from torchtrain.training.tracker_checks import check_trackers
+from torchtrain.training.trackers import prepare_trackers
 
 if TYPE_CHECKING:
     from anchor_core.spec import ModelSpec
@@ -55,22 +57,22 @@ def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, 
     # data: weights that do not fit the model are refused here, not in a rank that has started building it
     stages, seq_len = check_data(cfg, spec)  # the data, and every length against the model and the memory
     guard_out(run, "train", inputs=[cfg.data.path, cfg.model.name], replace=False)
-    saved = check_resume(cfg, run, asked_engine=asked)  # a rerun trains the config and data it started with
+    source = data_source(cfg)  # the data's fingerprint: read once, for the resume's check and data_source.json
+    saved = check_resume(cfg, run, source, asked_engine=asked)  # a rerun trains the config and data it started with
     read_log(run)  # a metrics.jsonl a resume cannot read whole is refused here, the run folder untouched
     if weights.files and not ckpt.list_steps(run):  # a model's files the run starts from (a resume loads its
         weights.check_finite()  # checkpoint over them), read a tensor at a time: a NaN would make every loss NaN
     del weights  # its reader maps the model's file: unmapped now, not when this frame goes (packing is next)
     run.mkdir(parents=True, exist_ok=True)
-    _fill_run(cfg, stages, run, spec, seq_len, saved is not None, world, progress)
+    _fill_run(cfg, stages, run, spec, seq_len, source, saved is not None, world, progress)
 
 
 def _fill_run(cfg: TrainConfig, stages: list[Stage], run: Path, spec: ModelSpec, seq_len: int | None,
-              resumed: bool, world: int, progress: bool) -> None:
+              source: dict[str, Any], resumed: bool, world: int, progress: bool) -> None:
     """The run folder's marker, the resume's conversions, the data (packed on the fly when needed), then
     config.yaml, the DeepSpeed config and the trackers' runs."""
     write_marker(run, "train")
     ckpt.clear_staging(run)
-    source = data_source(cfg)
     if resumed:
         prepare_resume(cfg, run, world, source, progress)
     packed = pack_run_data(cfg, stages, run, spec, seq_len, source, progress)

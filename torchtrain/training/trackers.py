@@ -57,8 +57,7 @@ from anchor_core.atomic import write_text_atomic
 from anchor_core.errors import InputError
 from torchtrain.config import TrainConfig
 from torchtrain.training.metrics import read_metrics
-from torchtrain.training.tracker_checks import (PROBE_TIMEOUT_S, check_trackers, mlflow_client,  # noqa: F401
-                                                one_line, wandb_settings)
+from torchtrain.training.tracker_checks import mlflow_client, one_line, wandb_settings
 
 TRACKERS_FILE = "trackers.json"
 MLFLOW_BATCH = 1000  # MLflow takes at most 1000 metrics and 100 parameters a call
