@@ -29,7 +29,7 @@ The parts, per process:
 
 What a config asks of the device besides memory (`check_device`: bf16 under ZeRO-0, an engine the device or
 this machine lacks, checkpoints offloaded from a CPU) is one function, which `anchor train`
-(torchtrain.training.run_folder.check_model) and `anchor plan` both call: a plan never says "fits" for a config the
+(torchtrain.training.fit.check_model) and `anchor plan` both call: a plan never says "fits" for a config the
 trainer refuses, and refuses it in the same words.
 
 Checked against measured peaks (peak RSS of a fresh `anchor train` process) in
