@@ -507,6 +507,10 @@ class Scratch:
 
 
 _SHARED: dict[str, Path] = {}
+# A folder that stands for every block's `runs/` when set, kept between pytest runs: the blocks that take hours on a
+# CPU (README's paper-small line) resume their finished stages and their training where a killed pytest left them,
+# as the demo does in a user's checkout.
+KEEP_RUNS = "ANCHOR_RECIPES_RUNS"
 
 
 def shared_demo() -> Path:
@@ -528,7 +532,11 @@ def make_scratch(folder: Path, block: Block) -> Scratch:
     for name in LINKED:
         if not (folder / name).exists() and (ROOT / name).exists():
             os.symlink(ROOT / name, folder / name)
-    if not (folder / "runs" / "demo").exists():  # one runs/demo for the session, as in a user's checkout
+    kept = os.environ.get(KEEP_RUNS)
+    if kept and not (folder / "runs").exists():  # every block's runs/ outlives this pytest: a killed demo resumes
+        Path(kept).mkdir(parents=True, exist_ok=True)
+        os.symlink(Path(kept).resolve(), folder / "runs")
+    if not kept and not (folder / "runs" / "demo").exists():  # one runs/demo for the session, as in a checkout
         (folder / "runs").mkdir(exist_ok=True)
         os.symlink(shared_demo(), folder / "runs" / "demo")
     path = [str(ROOT / ".venv" / "bin")]
