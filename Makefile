@@ -51,7 +51,7 @@ $(CPU_ADAM): | $(VENV)/.installed
 	mkdir -p $(@D) && touch $@
 
 # The paper's experiment end to end on the embedded default (results/demo_cpu.json records its wall time on a
-# fresh clone, the install included; a second run reuses every finished stage: seconds).
+# fresh clone, the install included; a second run reuses every finished job: seconds).
 demo: install
 	$(VENV)/bin/anchor demo --out runs/demo
 

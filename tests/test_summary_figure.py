@@ -28,7 +28,7 @@ def _audit(out: Path) -> None:
 
 
 def demo_record(out: Path) -> dict:
-    """A finished demo's record (the stage summaries the page and the figure read), its audit.json in `out`."""
+    """A finished demo's record (the job summaries the page and the figure read), its audit.json in `out`."""
     _audit(out)
     run = lambda loss: {"steps": 4, "loss": loss, "loss_first": loss[0], "loss_last": loss[-1], "step_s_median": 9.0,
                         "tokens_per_s_median": 110.0, "eval_checkpoints": ["step-2", "step-4"], "dtype": "bfloat16",
@@ -57,8 +57,8 @@ def demo_record(out: Path) -> dict:
         "bench": {"machine": "cpu", "estimate": [],
                   "attention": [{"engine": "varlen", "variant": v, "seq_len": L, "ms": 100.0, "flop_ratio": f, "time_ratio": t}
                                 for L, f, t in ((2048, 0.28, 0.32), (4096, 0.5, 0.53)) for v in ("full", "anchor")]}}
-    stages = {st: {"done": True, "finished": "now", "seconds": 1.0, "summary": s} for st, s in summaries.items()}
-    return {"model": "default", "stages": stages, "ran": list(stages), "reused": [],
+    jobs = {st: {"done": True, "finished": "now", "seconds": 1.0, "summary": s} for st, s in summaries.items()}
+    return {"model": "default", "jobs": jobs, "ran": list(jobs), "reused": [],
             "dtype_choice": {"dtype": "bfloat16", "reason": "this CPU has bf16 units (avx512_bf16)"}}
 
 
@@ -74,7 +74,7 @@ def _png(path: Path, size: tuple[int, int]) -> None:
 
 
 def earlier_layout(out: Path, model: str = "default") -> Path:
-    """summary.png as the earlier page.summary_figure drew it, from panels of the sizes the demo's stages save
+    """summary.png as the earlier page.summary_figure drew it, from panels of the sizes the demo's jobs save
     (audit/figure1.png 1760x473, loss.png and ruler.png 660x396, the bench's 528x462)."""
     import matplotlib
 
@@ -128,7 +128,7 @@ def test_the_earlier_layout_fails_the_band_check(tmp_path):
 def test_without_audit_and_bench_the_runs_fill_the_figure(tmp_path):
     record = demo_record(tmp_path)
     for st in ("audit", "bench"):
-        del record["stages"][st]
+        del record["jobs"][st]
     path = summary_figure(tmp_path, record)
     assert not check_bands(path), check_bands(path)
 

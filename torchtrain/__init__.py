@@ -22,8 +22,9 @@ layer):
     layer 3  parallel    processes and groups, Ulysses, the ZeRO-3 build
     layer 4  training    the run folder, the plan, checkpoints, metrics, trackers, the loop
 
-The modules' old flat paths (`torchtrain.trainer`, `torchtrain.engines`, ...) import the moved modules with a
-DeprecationWarning for one release (MOVED).
+The modules' old flat paths (`torchtrain.trainer`, `torchtrain.engines`, ...) and old names
+(`torchtrain.training.stages`, now `torchtrain.training.phases`) import the moved modules with a DeprecationWarning
+for one release (MOVED).
 """
 
 import importlib.abc
@@ -59,8 +60,11 @@ MOVED = {
     "torchtrain.sequence_parallel": "torchtrain.parallel.ulysses",
     "torchtrain.sharded_build": "torchtrain.parallel.sharded_build",
     **{f"torchtrain.{name}": f"torchtrain.training.{name}" for name in (
-        "checkpoint", "heldout", "memory", "metrics", "optim", "run_folder", "stages", "throughput", "trackers",
-        "trainer", "universal")},
+        "checkpoint", "heldout", "memory", "metrics", "optim", "run_folder", "throughput", "trackers", "trainer",
+        "universal")},
+    # the length schedule's module of earlier releases (its old names: torchtrain.training.phases.OLD_NAMES)
+    "torchtrain.stages": "torchtrain.training.phases",
+    "torchtrain.training.stages": "torchtrain.training.phases",
 }
 
 

@@ -16,20 +16,22 @@ GPU_PROFILES = ("paper-gpu", "paper-gpu-short")  # refused where torch sees no C
 
 @app.command(short_help=SUMMARY)
 def demo(
-    out: Annotated[Path, typer.Option("--out", help="The demo folder: finished stages are kept and reused by the "
+    out: Annotated[Path, typer.Option("--out", help="The demo folder: finished jobs are kept and reused by the "
                                                     "next run (see docs/verbs/index.md: what --out may replace).")] = Path("runs/demo"),
     model: Annotated[str, typer.Option("--model", help="HF folder, .gguf file, 'default' or random:<preset>.")] = "default",
-    steps: Annotated[Optional[str], typer.Option(
-        "--steps", help="Comma-separated stages: top5,corpus,pack,audit,train,parity,eval,bench (the stages they "
-                        "need come along; default: the profile's, every stage but for the paper-gpu ones)."),
+    jobs: Annotated[Optional[str], typer.Option(
+        "--jobs", help="Comma-separated jobs: top5,corpus,pack,audit,train,parity,eval,bench (the jobs they "
+                       "need come along; default: the profile's, every job but for the paper-gpu ones)."),
     ] = None,
+    old_steps: Annotated[Optional[str], typer.Option(
+        "--steps", hidden=True, help="The name of --jobs in earlier releases (accepted, with a warning).")] = None,
     profile: Annotated[str, typer.Option(
         "--profile", help="Settings: demo (minutes on a CPU), paper-small (the paper's four variants, RULER "
                           "1K-4K over five checkpoints; hours on a CPU), paper-gpu (SmolLM2 at 16K in bf16, "
                           "the four variants and two fp32 runs, RULER 4K-16K; made for one GPU) or paper-gpu-short "
                           "(a quick check of a GPU machine before paper-gpu: its four bf16 runs, 100 steps each, "
                           "evaluated at their last checkpoint; under 10 minutes on one H100 by estimate).")] = "demo",
-    fresh: Annotated[bool, typer.Option("--fresh", help="Redo every selected stage instead of reusing it.")] = False,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Redo every selected job instead of reusing it.")] = False,
     prompt: Annotated[str, typer.Option("--prompt", help="Prompt for the next-token comparison.")] = "",
     policy: Annotated[str, typer.Option("--policy", help="Oracle dtype policy of top5: preset name or YAML file.")] = "fp32",
     seq_len: Annotated[Optional[int], typer.Option(
@@ -43,18 +45,19 @@ def demo(
         "--runs", help="Comma-separated training runs of the profile (e.g. full,intra_doc or intra_doc@fp32): "
                        "train and evaluate only these, a part to join with --merge (default: every run).")] = None,
     merge: Annotated[Optional[list[Path]], typer.Option(
-        "--merge", help="A demo folder that ran some of the runs (--runs); give it once per part: no stage "
+        "--merge", help="A demo folder that ran some of the runs (--runs); give it once per part: no job "
                         "runs, --out becomes one demo of all their runs (anchor/demo/merge.py); --out is a new "
-                        "folder or an earlier merge, never a demo that ran its stages.")] = None,
+                        "folder or an earlier merge, never a demo that ran its jobs.")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
 ) -> None:
     """Run the paper's experiment on the embedded default (or --model): corpus, packing, audit, training with
     anchor and full attention, parity of the trained checkpoint, RULER averaged over checkpoints, speed; writes
-    index.html and summary.png under --out. A second run reuses every stage whose settings did not change."""
+    index.html and summary.png under --out. A second run reuses every job whose settings did not change."""
+    jobs = _jobs_or_old_steps(jobs, old_steps)
     from anchor_core.extras import require
-    for extra in ("train", "oracle", "eval"):  # every stage's, before anything is read or written
+    for extra in ("train", "oracle", "eval"):  # every job's, before anything is read or written
         require(extra)
-    from anchor.demo import DEFAULT_PROMPT, PROFILES, check_steps, run_demo
+    from anchor.demo import DEFAULT_PROMPT, PROFILES, check_jobs, run_demo
     from anchor_core.data.pipeline import check_pack_size
     from anchor_core.errors import InputError
     from anchor_core.limits import check_int
@@ -62,8 +65,8 @@ def demo(
     if profile not in PROFILES:
         raise InputError(f"--profile: unknown profile {profile!r} (profiles: {', '.join(PROFILES)})")
     if merge:
-        if runs is not None or steps is not None:
-            raise InputError("--merge joins finished parts: it takes no --runs or --steps")
+        if runs is not None or jobs is not None:
+            raise InputError("--merge joins finished parts: it takes no --runs or --jobs")
         # what a merge would ignore is refused (the parts ran with their own model and settings); --profile
         # names the profile the parts ran with (the summary JSON they carry)
         ignored = [name for name, given in (("--model", model != "default"), ("--train-steps", train_steps is not None),
@@ -77,7 +80,8 @@ def demo(
         merge_demos(merge, out, profile=profile, say=typer.echo)
         typer.echo(f"open {out / 'index.html'}")
         return
-    step_list = check_steps(PROFILES[profile].stages if steps is None else steps)
+    job_list = check_jobs(PROFILES[profile].jobs if jobs is None else jobs,
+                          "--jobs" if old_steps is None else "--steps")
     overrides = {"prompt": prompt or DEFAULT_PROMPT, "policy": policy}
     if seq_len is not None:
         check_int(seq_len, "--seq-len", lo=2, hi=1 << 31)
@@ -100,21 +104,35 @@ def demo(
         from anchor_core.data.store import is_store
 
         if not (is_store(heldout) or is_pack_output(heldout)):
-            check_documents(heldout)  # read before the first stage, not after training
+            check_documents(heldout)  # read before the first job, not after training
         overrides["perplexity_data"] = str(heldout.resolve())
     _refuse_a_gpu_profile_without_cuda(profile)
     from anchor_core.outdir import guard_out
     pol_file = policy if policy.endswith((".yaml", ".yml")) else None
     out = guard_out(out, "demo", inputs=(model, pol_file, heldout), replace=False)  # before any work
-    record = run_demo(model, out, steps=step_list, settings=PROFILES[profile], fresh=fresh, progress=progress,
+    record = run_demo(model, out, jobs=job_list, settings=PROFILES[profile], fresh=fresh, progress=progress,
                       say=typer.echo, **overrides)
     typer.echo(f"demo finished in {record['seconds']:.0f} s (ran: {', '.join(record['ran']) or 'nothing'}; "
                f"reused: {', '.join(record['reused']) or 'nothing'}): open {out / 'index.html'}")
-    par = record["stages"].get("parity", {}).get("summary")
+    par = record["jobs"].get("parity", {}).get("summary")
     if "parity" in record["ran"] + record["reused"] and par and not par["pass"]:
         typer.echo(f"parity: {par['cases'] - par['passed']} forward and {par['grad_cases'] - par['grad_passed']} "
                    "gradient case(s) failed", err=True)
         raise typer.Exit(1)
+
+
+def _jobs_or_old_steps(jobs: str | None, old_steps: str | None) -> str | None:
+    """`--jobs`, or `--steps` (its name in earlier releases, for one release more) with one warning line on stderr
+    naming the new one; both given is a usage error."""
+    if old_steps is None:
+        return jobs
+    from anchor_core.errors import InputError
+
+    if jobs is not None:
+        raise InputError("--steps is the old name of --jobs: give --jobs alone")
+    typer.echo("anchor demo: warning: --steps is now --jobs (the demo's jobs to run; --steps means optimizer steps "
+               "elsewhere): give --jobs, --steps goes in a later release", err=True)
+    return old_steps
 
 
 def _refuse_a_gpu_profile_without_cuda(profile: str) -> None:

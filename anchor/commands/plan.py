@@ -75,7 +75,7 @@ def plan(
     step = step_of(cfg, engine=engine, dtype=dtype, procs=procs, world=cfg.parallel.nproc, on_gpu=on_gpu)
     rows = plan_windows(spec, budget=budget, start=start, host_budget=host_budget, host_procs=cfg.parallel.nproc,
                         **step)
-    stages = _plan_stages(cfg, spec, budget=budget, host_budget=host_budget, **step)
+    phases = _plan_phases(cfg, spec, budget=budget, host_budget=host_budget, **step)
     fitting = [r for r in rows if r.fits]
     longest = fitting[-1].seq_len if fitting else None
     stopped = rows[-1] if not rows[-1].fits else None
@@ -92,7 +92,7 @@ def plan(
             "capped": capped,
             "rows": [{"seq_len": r.seq_len, "fits": r.fits, "total_bytes": r.need.total, "procs": r.need.procs,
                       "terms_bytes": r.need.terms(), "host_bytes": r.need.host, "host_total_bytes": r.host_total,
-                      "host_fits": r.host_fits} for r in rows], **_stages_json(stages)}, indent=1))
+                      "host_fits": r.host_fits} for r in rows], **_phases_json(phases)}, indent=1))
         return
     g = 2**30
     typer.echo(f"{model}: {cfg.model.variant}, {engine}, {cfg.model.dtype}, activation checkpointing "
@@ -119,49 +119,49 @@ def plan(
         typer.echo(_why_not(stopped, budget, host_budget, cfg.parallel.nproc))
     elif capped:
         typer.echo(f"the plan stops at {PLAN_STOP} (2^24) slots: longer windows are not planned")
-    _echo_stages(stages, budget)
+    _echo_phases(phases, budget)
 
 
-def _plan_stages(cfg: TrainConfig, spec: ModelSpec, *, budget: int, host_budget: int | None,
+def _plan_phases(cfg: TrainConfig, spec: ModelSpec, *, budget: int, host_budget: int | None,
                  **step: object) -> list[tuple[int, PlanRow]]:
-    """(stage, its plan row) for each stage of `schedule.stages` (none without): one step's memory at the stage's
+    """(phase, its plan row) for each phase of `schedule.phases` (none without): one step's memory at the phase's
     length, each length checked against sequence parallelism as `anchor train` checks it, a failure naming the
-    stage as `anchor train` names it."""
+    phase as `anchor train` names it."""
     from torchtrain.training.memory import plan_row
     from torchtrain.parallel.ulysses import check_sequence_parallel
-    from torchtrain.training.stages import named_stage, run_stages
+    from torchtrain.training.phases import named_phase, run_phases
 
     out = []
-    for stage in run_stages(cfg) if cfg.schedule.stages else []:
-        with named_stage(stage, cfg):
-            check_sequence_parallel(spec, stage.seq_len, cfg.parallel.sequence_parallel)
-        out.append((stage.index, plan_row(spec, stage.seq_len, budget=budget, host_budget=host_budget,
+    for phase in run_phases(cfg) if cfg.schedule.phases else []:
+        with named_phase(phase, cfg):
+            check_sequence_parallel(spec, phase.seq_len, cfg.parallel.sequence_parallel)
+        out.append((phase.index, plan_row(spec, phase.seq_len, budget=budget, host_budget=host_budget,
                                           host_procs=cfg.parallel.nproc, **step)))
     return out
 
 
-def _largest(stages: list[tuple[int, PlanRow]]) -> int | None:
-    """The stage whose step needs the most memory (the first of equals); None without stages."""
-    return max(stages, key=lambda s: (s[1].need.total, -s[0]))[0] if stages else None
+def _largest(phases: list[tuple[int, PlanRow]]) -> int | None:
+    """The phase whose step needs the most memory (the first of equals); None without phases."""
+    return max(phases, key=lambda s: (s[1].need.total, -s[0]))[0] if phases else None
 
 
-def _stages_json(stages: list[tuple[int, PlanRow]]) -> dict[str, object]:
-    return {"stages": [{"stage": i, "seq_len": r.seq_len, "fits": r.fits, "total_bytes": r.need.total,
-                        "host_total_bytes": r.host_total} for i, r in stages], "largest_stage": _largest(stages)}
+def _phases_json(phases: list[tuple[int, PlanRow]]) -> dict[str, object]:
+    return {"phases": [{"phase": i, "seq_len": r.seq_len, "fits": r.fits, "total_bytes": r.need.total,
+                        "host_total_bytes": r.host_total} for i, r in phases], "largest_phase": _largest(phases)}
 
 
-def _echo_stages(stages: list[tuple[int, PlanRow]], budget: int) -> None:
+def _echo_phases(phases: list[tuple[int, PlanRow]], budget: int) -> None:
     from torchtrain.training.memory import largest_term
 
-    if not stages:
+    if not phases:
         return
     g = 2**30
-    typer.echo("schedule.stages, one step of each:")
-    for i, r in stages:
-        typer.echo(f"  stage {i}: {r.seq_len} slots, {r.need.total / g:.2f} GiB, "
+    typer.echo("schedule.phases, one step of each:")
+    for i, r in phases:
+        typer.echo(f"  phase {i}: {r.seq_len} slots, {r.need.total / g:.2f} GiB, "
                    f"{'fits' if r.fits else 'does not fit'}")
-    i, r = next(s for s in stages if s[0] == _largest(stages))
-    typer.echo(f"stage {i} needs the most memory: {r.need.total / g:.2f} of {budget / g:.1f} GiB"
+    i, r = next(s for s in phases if s[0] == _largest(phases))
+    typer.echo(f"phase {i} needs the most memory: {r.need.total / g:.2f} of {budget / g:.1f} GiB"
                + ("" if r.fits else f"; it does not fit ({largest_term(r.need)[0]} the largest term)"))
 
 

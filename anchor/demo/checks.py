@@ -59,7 +59,7 @@ def resolve_dtype(s: DemoSettings) -> tuple[DemoSettings, dict[str, Any] | None]
 
 def feasible(s: DemoSettings, todo: tuple[str, ...]) -> tuple[DemoSettings, list[str]]:
     """The settings with what cannot run on this model left out, and a line for each thing left out; an
-    InputError (before any work) where nothing of a stage would be left. What is left out: the RULER tasks whose prompts
+    InputError (before any work) where nothing of a job would be left. What is left out: the RULER tasks whose prompts
     do not fit every evaluation length with the model's tokenizer (a byte-level tokenizer needs ~1.7K tokens
     for `vt`); they are left out of the whole grid, so every length averages the same tasks."""
     if "eval" not in todo:
@@ -78,7 +78,7 @@ def feasible(s: DemoSettings, todo: tuple[str, ...]) -> tuple[DemoSettings, list
         first = next(iter(misfits.values()))
         raise InputError(f"no RULER task of the demo fits its evaluation lengths "
                          f"{', '.join(map(str, s.eval_lengths))} with the model {s.model!r}'s tokenizer ({first}); "
-                         "give longer lengths or leave out the eval stage (--steps)")
+                         "give longer lengths or leave out the eval job (--jobs)")
     return replace(s, eval_tasks=keep), [f"RULER {t}: {why}" for t, why in misfits.items()]
 
 
@@ -92,7 +92,7 @@ def bytes_per_param(dtype: str, zero_stage: int) -> int:
 
 
 def checkpoint_bytes(s: DemoSettings) -> int:
-    """About how many bytes the `train` stage's checkpoints take: every run's evaluation checkpoints and its
+    """About how many bytes the `train` job's checkpoints take: every run's evaluation checkpoints and its
     last (kept for good), `bytes_per_param` each."""
     spec = load_spec(s.model)
     params = matmul_params(spec) + (0 if spec.tie_embeddings else spec.vocab_size * spec.hidden_size)
@@ -126,6 +126,6 @@ def check_disk(s: DemoSettings, out: Path) -> None:
 
 
 def _check_model(model: str) -> None:
-    """The model exists and its config reads (weights and tokenizer are checked by the first stage that loads
-    them; a failure before any stage finished removes the folder it created)."""
+    """The model exists and its config reads (weights and tokenizer are checked by the first job that loads
+    them; a failure before any job finished removes the folder it created)."""
     load_spec(model)

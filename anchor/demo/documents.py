@@ -165,7 +165,7 @@ def pack_windows(folder: Path) -> dict[str, Any]:
     return {"docs_per_window": spread(np.concatenate(docs)), "keys_differ_share": differ / real if real else 0.0}
 
 
-PIECES_FILE = "pieces.jsonl"  # in the pack stage's folder, beside the windows packed from it
+PIECES_FILE = "pieces.jsonl"  # in the pack job's folder, beside the windows packed from it
 # Pieces longer than this many characters per window slot (about four and a half windows of tokens at the
 # default tokenizer's 3.5 characters a token) are left out: data tables (encodings' charmaps, HTML entities,
 # pydoc's topics module), some 30 of about 19,000 pieces holding an eighth of the corpus's text, each of which
@@ -175,13 +175,13 @@ MAX_CHARS_PER_SLOT = 16
 
 def pack_pieces(model: str, corpus: Path, out: Path, seq_len: int, budget: int, *,
                 progress: bool = False) -> dict[str, Any]:
-    """The pack stage on pieces: `corpus/corpus.jsonl` cut (`cut_corpus`) into pieces, the first `budget`
+    """The pack job on pieces: `corpus/corpus.jsonl` cut (`cut_corpus`) into pieces, the first `budget`
     tokens of them in each domain's share (the `original` mixture: upsampling long pieces would undo the cut)
-    packed into windows of `seq_len` in `out`, and the pieces kept as `out/pieces.jsonl`. Returns the stage's
+    packed into windows of `seq_len` in `out`, and the pieces kept as `out/pieces.jsonl`. Returns the job's
     summary: the windows, the pieces (counts, tokens per piece) and `pack_windows`.
 
-    The pieces are written beside `out` while it is packed and moved into it after: the corpus stage's folder
-    holds what that stage wrote and nothing a later stage cut from it (the demo reuses a stage only while its
+    The pieces are written beside `out` while it is packed and moved into it after: the corpus job's folder
+    holds what that job wrote and nothing a later job cut from it (the demo reuses a job only while its
     folder is unchanged)."""
     work = Path(tempfile.mkdtemp(prefix=staging_prefix(out), dir=out.parent))
     try:

@@ -1,7 +1,7 @@
 """The demo's figures on disk and `summary.png`: the run's results in one grid of panels at the page's width.
 
 `save_figure` writes a matplotlib figure atomically (a temporary name, then a rename), for every figure the
-stages draw. `draw_summary` draws the finished stages' results anew from their summaries and files (the
+jobs draw. `draw_summary` draws the finished jobs' results anew from their summaries and files (the
 audit's curves, the training loss, RULER, the held-out loss by position and the speed against the FLOP
 ratio), three or two panels to a row with one legend per group of curves, so that its text shows at about the
 page's size; `summary_figure` saves it as `summary.png`.
@@ -36,13 +36,13 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def _summary_panels(out: Path, record: dict[str, Any]) -> list[tuple[str, Any]]:
-    """(group, draw(ax)) for each panel the finished stages give, in the page's order: the audit's three
+    """(group, draw(ax)) for each panel the finished jobs give, in the page's order: the audit's three
     curves, the training loss, RULER, held-out loss by position (without the audit or the bench), attention
     time and step time against their FLOP ratios."""
-    stages = record.get("stages", {})
+    jobs = record.get("jobs", {})
 
     def summary(st: str) -> dict[str, Any] | None:
-        rec = stages.get(st) or {}
+        rec = jobs.get(st) or {}
         return rec.get("summary") if rec.get("done") and isinstance(rec.get("summary"), dict) else None
 
     panels: list[tuple[str, Any]] = []
@@ -159,7 +159,7 @@ def _step_time_panel(ax, train: dict[str, Any]) -> None:
 
 
 def summary_figure(out: Path, record: dict[str, Any]) -> Path | None:
-    """`summary.png` (`draw_summary`) in `out`; None (and no file) when no stage gave a panel."""
+    """`summary.png` (`draw_summary`) in `out`; None (and no file) when no job gave a panel."""
     target = out / "summary.png"
     fig = draw_summary(out, record)
     if fig is None:
@@ -173,11 +173,11 @@ def summary_figure(out: Path, record: dict[str, Any]) -> Path | None:
 
 
 def draw_summary(out: Path, record: dict[str, Any]):
-    """The summary figure: the finished stages' results redrawn in one grid of panels, three (or two) to
+    """The summary figure: the finished jobs' results redrawn in one grid of panels, three (or two) to
     a row, a shorter last row sharing the width among its panels, at the page's width (`_summary_panels`):
     the audit's curves, the training loss, RULER and the speed against the FLOP ratio. The canvas holds
     nothing but the panels, their legends (one per group of curves: the audit's policies in its first panel,
-    the runs in theirs; the speed panel its own) and the title. None when no stage gave a panel."""
+    the runs in theirs; the speed panel its own) and the title. None when no job gave a panel."""
     panels = _summary_panels(out, record)
     if not panels:
         return None

@@ -15,15 +15,15 @@ config.yaml, where the part has them, hold the steps, losses, variant and dtype 
 merge then checks that the parts are one experiment: the same model bytes (`model_identity` in the train
 summary; a part without it is named to be run again) and settings but for `only_runs`, the same resolved
 evaluation (`eval_dtype` auto resolves per machine: the dtype it resolved to must be the same), the same
-packed windows (the `pack` stage's fingerprint: same corpus, tokenizer, window and budget), their `train` and
-`eval` stages finished, no run in two parts, no part given twice. It then writes what one demo of all the runs
+packed windows (the `pack` job's fingerprint: same corpus, tokenizer, window and budget), their `train` and
+`eval` jobs finished, no run in two parts, no part given twice. It then writes what one demo of all the runs
 writes (demo.json, index.html, summary.png, the figures, the summary JSON), with the parts' machines and
-seconds in `merged_from`. Step times are compared with `full`'s only within a part (`stages.step_time_ratios`):
+seconds in `merged_from`. Step times are compared with `full`'s only within a part (`jobs.step_time_ratios`):
 a part without `full` times full's first `timing_steps` steps itself. Bad parts get one line and exit 2, and
 no folder.
 
 `--out` is a new or empty folder, or an earlier merge (its marker's verb is `MERGE_VERB`): a merge never
-replaces a demo that ran its stages (its checkpoints are not the merge's to delete) nor another verb's folder.
+replaces a demo that ran its jobs (its checkpoints are not the merge's to delete) nor another verb's folder.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from dataclasses import MISSING, asdict, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from anchor.demo.jobs import _run_scores, eval_figures, step_time_ratios, train_figures
 from anchor.demo.page import index_page, summary_figure
-from anchor.demo.settings import DEMO_JSON, PROFILES, DemoSettings, all_run_names, parse_run
-from anchor.demo.stages import _run_scores, eval_figures, step_time_ratios, train_figures
-from anchor.demo.summary import reset_effect, stage_seconds_all_attempts, write_summary
+from anchor.demo.settings import DEMO_JSON, PROFILES, DemoSettings, all_run_names, parse_run, upgrade_record
+from anchor.demo.summary import job_seconds_all_attempts, reset_effect, write_summary
 from anchor_core.atomic import publish, staging_dir
 from anchor_core.errors import InputError
 from anchor_core.limits import excerpt
@@ -46,8 +46,8 @@ from anchor_core.outdir import write_marker
 from anchor_core.variants import VARIANTS
 from anchor_core.yamlfile import parse_yaml
 
-# The verb in a merge's marker: a merge replaces only a merge (never a demo that ran its stages, nor another
-# verb's folder), and `anchor demo` never runs its stages over a merge
+# The verb in a merge's marker: a merge replaces only a merge (never a demo that ran its jobs, nor another
+# verb's folder), and `anchor demo` never runs its jobs over a merge
 MERGE_VERB = "demo --merge"
 
 _PART_FILES = ("metrics.jsonl", "config.yaml")  # per run under train/<run>/, linked from the page
@@ -138,7 +138,7 @@ def _read_json_bytes(path: Path) -> tuple[Any, bytes]:
         raise InputError(f"unreadable JSON ({e})", path=path) from None
 
 
-# Per run, what the merge and the page read from the part's stage summaries, with their types
+# Per run, what the merge and the page read from the part's job summaries, with their types
 _TRAIN_RUN = {"steps": _is_int, "loss": lambda x: isinstance(x, list) and all(_is_num(y) for y in x),
               "step_s_median": lambda x: _is_num(x) and x > 0, "dtype": lambda x: isinstance(x, str),
               "variant": lambda x: isinstance(x, str), "eval_checkpoints": lambda x: isinstance(x, list)
@@ -158,10 +158,10 @@ def _check_run(v: str, s: DemoSettings, t: Any, e: Any, where: Path) -> None:
     """The part's train and eval summaries of run `v`: their shape, and the run the settings make (its variant,
     dtype and steps, the checkpoints the evaluation schedule keeps)."""
     t, e = _obj(t, f"train run {v!r}", where), _obj(e, f"eval run {v!r}", where)
-    for table, rec, stage in ((_TRAIN_RUN, t, "train"), (_EVAL_RUN, e, "eval")):
+    for table, rec, job in ((_TRAIN_RUN, t, "train"), (_EVAL_RUN, e, "eval")):
         for k, ok in table.items():
             if (k not in rec and k not in _OPTIONAL) or not ok(rec.get(k)):
-                raise _bad(f"{stage} run {v!r}: {k} missing or not of its type", where)
+                raise _bad(f"{job} run {v!r}: {k} missing or not of its type", where)
     r = parse_run(s, v)
     for k in ("variant", "dtype", "steps"):
         if t[k] != r[k]:
@@ -236,24 +236,24 @@ def read_part(part: Path, summary_json: str | None = None) -> dict[str, Any]:
     path = part / DEMO_JSON
     if not (path.exists() or path.is_symlink()):
         raise InputError("no demo.json here: not a demo folder", path=part)
-    record = _read_json(path)
+    record = upgrade_record(_read_json(path))  # a part an earlier version wrote: its jobs under the old key
     if not isinstance(record, dict):
         raise _bad("not an object", path)
     s = _settings(record.get("settings"), path)
-    stages = _obj(record.get("stages"), "stages", path)
+    jobs = _obj(record.get("jobs"), "jobs", path)
     for st in ("corpus", "pack", "train", "eval"):
-        _obj(stages.get(st) or {}, f"stage {st}", path)
+        _obj(jobs.get(st) or {}, f"job {st}", path)
     for st in ("pack", "train", "eval"):
-        if not (stages.get(st) or {}).get("done"):
-            raise InputError(f"its {st} stage did not finish: finish the part (run the same command again) first",
+        if not (jobs.get(st) or {}).get("done"):
+            raise InputError(f"its {st} job did not finish: finish the part (run the same command again) first",
                              path=part)
-    train = _obj(stages["train"].get("summary"), "train summary", path)
-    ev = _obj(stages["eval"].get("summary"), "eval summary", path)
+    train = _obj(jobs["train"].get("summary"), "train summary", path)
+    ev = _obj(jobs["eval"].get("summary"), "eval summary", path)
     truns, eruns = _obj(train.get("runs"), "train runs", path), _obj(ev.get("runs"), "eval runs", path)
     names = all_run_names(s)
     runs = [v for v in names if v in truns]
     if [v for v in truns if v not in names]:
-        raise _bad(f"its train stage holds run {next(v for v in truns if v not in names)!r}, not one of its "
+        raise _bad(f"its train job holds run {next(v for v in truns if v not in names)!r}, not one of its "
                    "profile's runs", path)
     if s.only_runs and runs != [v for v in names if v in s.only_runs]:
         raise _bad("the runs it trained are not those its settings (only_runs) name", path)
@@ -282,10 +282,10 @@ def read_part(part: Path, summary_json: str | None = None) -> dict[str, Any]:
                    and isinstance(x.get("reason"), str))):
         if k in record and not ok(record[k]):
             raise _bad(f"{k} not of its type", path)
-    for st, rec in stages.items():
+    for st, rec in jobs.items():
         if isinstance(rec, dict) and rec.get("done") and not all(
                 x is None or _is_num(x) for x in (rec.get("seconds"), rec.get("seconds_all_attempts"))):
-            raise _bad(f"stage {st}: seconds not a number", path)
+            raise _bad(f"job {st}: seconds not a number", path)
     return {"dir": part, "record": record, "settings": s, "runs": runs, "machine": machine}
 
 
@@ -293,7 +293,7 @@ def read_part_files(p: dict[str, Any]) -> None:
     """The files of a part `read_part` read: each run's eval.json (`_check_eval_json`), metrics.jsonl and
     config.yaml, checked, as the bytes the merge writes (`p["evals"]`, `p["files"]`)."""
     part, s = p["dir"], p["settings"]
-    ev = p["record"]["stages"]["eval"]["summary"]
+    ev = p["record"]["jobs"]["eval"]["summary"]
     p["evals"] = {v: _check_eval_json(part / "eval" / v / "eval.json", v, s, ev, ev["runs"][v]) for v in p["runs"]}
     p["files"] = {(v, name): _check_part_file(part / "train" / v / name, name)
                   for v in p["runs"] for name in _PART_FILES}
@@ -306,7 +306,7 @@ def _check_run_files_agree(p: dict[str, Any], v: str) -> None:
     same steps and losses, the same variant, dtype, steps and window. The merge copies these files beside the
     record, so a part whose records disagree (a file cut short, or another run's) is refused."""
     part, s = p["dir"], p["settings"]
-    run = p["record"]["stages"]["train"]["summary"]["runs"][v]
+    run = p["record"]["jobs"]["train"]["summary"]["runs"][v]
 
     def disagree(what: str) -> InputError:
         return InputError(f"its records disagree: run {v!r}: {what}", path=part)
@@ -341,11 +341,11 @@ def _dig(d: Any, *keys: str) -> Any:
 
 
 def _model_identity(part: dict[str, Any]) -> Any:
-    """The model bytes a part's runs trained from; a part whose train stage does not record them (an
+    """The model bytes a part's runs trained from; a part whose train job does not record them (an
     older version's) is named to be run again."""
-    ident = part["record"]["stages"]["train"]["summary"].get("model_identity")
+    ident = part["record"]["jobs"]["train"]["summary"].get("model_identity")
     if ident is None:
-        raise InputError("its train stage records no model_identity (the model's bytes), so it cannot be shown "
+        raise InputError("its train job records no model_identity (the model's bytes), so it cannot be shown "
                          "to be a part of this experiment: run that part again with this version", path=part["dir"])
     return ident
 
@@ -357,8 +357,8 @@ def check_parts(parts: list[dict[str, Any]]) -> DemoSettings:
         raise InputError("--merge: give at least two demo parts (each --merge DIR)")
     first = parts[0]
     base = asdict(replace(first["settings"], only_runs=()))
-    stages0 = first["record"]["stages"]
-    pack_fp = stages0["pack"].get("fingerprint")
+    jobs0 = first["record"]["jobs"]
+    pack_fp = jobs0["pack"].get("fingerprint")
     ident0 = _model_identity(first)
     seen: dict[str, Path] = {v: first["dir"] for v in first["runs"]}
     for p in parts[1:]:
@@ -367,7 +367,7 @@ def check_parts(parts: list[dict[str, Any]]) -> DemoSettings:
         if diff:
             raise InputError(f"setting {diff[0]} is {mine[diff[0]]!r} here and {base[diff[0]]!r} in {first['dir']}: "
                              "not parts of one experiment", path=p["dir"])
-        st = p["record"]["stages"]
+        st = p["record"]["jobs"]
         if st["pack"].get("fingerprint") != pack_fp:
             raise InputError(f"its packed windows are not those of {first['dir']} (pack fingerprints differ: "
                              "another corpus, tokenizer or anchor version)", path=p["dir"])
@@ -375,7 +375,7 @@ def check_parts(parts: list[dict[str, Any]]) -> DemoSettings:
             raise InputError(f"its runs trained from another model file than those of {first['dir']} (the "
                              f"model {p['settings'].model!r} resolved to other bytes)", path=p["dir"])
         for k in _EVAL_SHARED:
-            a, b = st["eval"]["summary"][k], stages0["eval"]["summary"][k]
+            a, b = st["eval"]["summary"][k], jobs0["eval"]["summary"][k]
             if a != b:
                 raise InputError(f"evaluated with {k} {a!r} here and {b!r} in {first['dir']} (the resolved "
                                  "evaluation): not parts of one experiment", path=p["dir"])
@@ -411,14 +411,14 @@ def merge_demos(parts: Sequence[str | Path], out: str | Path, *, profile: str | 
     train_runs: dict[str, Any] = {}
     eval_runs: dict[str, Any] = {}
     for i, p in enumerate(read):
-        st = p["record"]["stages"]
+        st = p["record"]["jobs"]
         for v in p["runs"]:
             train_runs[v] = {**st["train"]["summary"]["runs"][v], "part": i}
             eval_runs[v] = st["eval"]["summary"]["runs"][v]
     train_runs = {v: train_runs[v] for v in order}
     eval_runs = {v: eval_runs[v] for v in order}
     step_time_ratios(train_runs)
-    first = read[0]["record"]["stages"]
+    first = read[0]["record"]["jobs"]
     train = {**first["train"]["summary"], "runs": train_runs, "full_timing": None}  # per part: merged_from
     ev = {**first["eval"]["summary"], "runs": eval_runs}
     ev.pop("reset", None)
@@ -426,17 +426,17 @@ def merge_demos(parts: Sequence[str | Path], out: str | Path, *, profile: str | 
         ev["reset"] = reset_effect(train_runs, eval_runs)
     now = time.strftime("%Y-%m-%d %H:%M:%S")
 
-    def merged_stage(name: str, summary: dict[str, Any]) -> dict[str, Any]:
+    def merged_job(name: str, summary: dict[str, Any]) -> dict[str, Any]:
         return {"fingerprint": "merged", "done": True, "finished": now,
-                "seconds": round(sum((p["record"]["stages"][name].get("seconds") or 0) for p in read), 1),
-                "seconds_all_attempts": round(sum(stage_seconds_all_attempts(p["record"]["stages"])[name]
+                "seconds": round(sum((p["record"]["jobs"][name].get("seconds") or 0) for p in read), 1),
+                "seconds_all_attempts": round(sum(job_seconds_all_attempts(p["record"]["jobs"])[name]
                                                   for p in read), 1),
                 "summary": summary}
 
     record: dict[str, Any] = {
         "model": s.model, "settings": asdict(s),
-        "stages": {"corpus": first.get("corpus") or {}, "pack": first["pack"], "train": merged_stage("train", train),
-                   "eval": merged_stage("eval", ev)},
+        "jobs": {"corpus": first.get("corpus") or {}, "pack": first["pack"], "train": merged_job("train", train),
+                 "eval": merged_job("eval", ev)},
         "ran": [], "reused": [], "selected": ["train", "eval"],
         "left_out": sorted({x for p in read for x in p["record"].get("left_out", [])})
         + ([f"runs in no part: {', '.join(absent)}"] if absent else []),
@@ -445,18 +445,18 @@ def merge_demos(parts: Sequence[str | Path], out: str | Path, *, profile: str | 
                                                                       if "dtype_choice" in p["record"]), None)) else {}),
         "merged_from": [{"folder": str(p["dir"]), "runs": p["runs"], "machine": p["machine"],
                          "devices": sorted({train_runs[v].get("device") or "?" for v in p["runs"]}),
-                         "full_timing": p["record"]["stages"]["train"]["summary"].get("full_timing"),
+                         "full_timing": p["record"]["jobs"]["train"]["summary"].get("full_timing"),
                          "seconds": p["record"].get("seconds"), "finished": p["record"].get("finished"),
-                         "stages_s_all_attempts": round(sum(stage_seconds_all_attempts(
-                             p["record"]["stages"]).values()), 1)}
+                         "jobs_s_all_attempts": round(sum(job_seconds_all_attempts(
+                             p["record"]["jobs"]).values()), 1)}
                         for p in read]}
     # --out: a new or empty folder, or an earlier merge (MERGE_VERB in its marker): never a demo that ran its
-    # stages, nor another verb's output (anchor_core.outdir.guard_out, under the lock)
+    # jobs, nor another verb's output (anchor_core.outdir.guard_out, under the lock)
     with staging_dir(out, MERGE_VERB, inputs=[p["dir"] for p in read]) as tmp:
         work = tmp / "merged"
-        for stage in ("train", "eval"):
-            (work / stage).mkdir(parents=True)
-            write_marker(work / stage, "demo")
+        for job in ("train", "eval"):
+            (work / job).mkdir(parents=True)
+            write_marker(work / job, "demo")
         for p in read:  # what was read and checked, under names the merge makes (run names of the profile)
             for v in p["runs"]:
                 (work / "eval" / v).mkdir()

@@ -1,5 +1,5 @@
 """The top-5 check: the oracle's next-token top-5 on a prompt next to transformers' own (GGUF loaded by
-transformers itself, eager attention, fp32): the demo's `top5` stage."""
+transformers itself, eager attention, fp32): the demo's `top5` job."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The demo's page and figures: `index.html` (a section per finished stage, tables and figures inline,
+"""The demo's page and figures: `index.html` (a section per finished job, tables and figures inline,
 every link relative) and `summary.png` (the run's results in one grid of panels at the page's width).
 
-The summary figure and `save_figure` are `anchor.demo.figures`'s, and the section of each stage is
+The summary figure and `save_figure` are `anchor.demo.figures`'s, and the section of each job is
 `anchor.demo.sections`'s; this module puts the page together (`index_page`) and imports their names that other
 code imports from here.
 """
@@ -27,7 +27,7 @@ from anchor.demo.sections import (  # noqa: F401 (re-exported)
     num,
     score_cell,
 )
-from anchor.demo.settings import DEMO_JSON, STAGES, TITLES
+from anchor.demo.settings import DEMO_JSON, JOBS, TITLES
 from anchor_core.atomic import write_text_atomic
 
 _CSS = ("body{font:15px/1.45 system-ui,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em;color:#222}"
@@ -38,13 +38,13 @@ _CSS = ("body{font:15px/1.45 system-ui,sans-serif;max-width:1000px;margin:2em au
 
 
 def index_page(out: Path, record: dict[str, Any], fps: dict[str, str] | None = None) -> None:
-    """`index.html`: a section per finished stage, tables and figures inline, every link relative."""
+    """`index.html`: a section per finished job, tables and figures inline, every link relative."""
     p = _Page(out, record)
-    done = [st for st in STAGES if record["stages"].get(st, {}).get("done")]
+    done = [st for st in JOBS if record["jobs"].get(st, {}).get("done")]
     p.add(f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>anchor demo — {_esc(record['model'])}"
           f"</title><style>{_CSS}</style></head><body>")
     p.add(f"<h1>anchor demo — {_esc(record['model'])}</h1>")
-    p.add(f"<p>The paper's experiment end to end: {', '.join(done) or 'no stage finished yet'}. "
+    p.add(f"<p>The paper's experiment end to end: {', '.join(done) or 'no job finished yet'}. "
           f"This run: {record.get('seconds', 0):.0f} s; ran {', '.join(record.get('ran', [])) or 'nothing'}; "
           f"reused {', '.join(record.get('reused', [])) or 'nothing'}. {p.link(DEMO_JSON, DEMO_JSON)}</p>")
     for part in record.get("merged_from") or []:
@@ -57,7 +57,7 @@ def index_page(out: Path, record: dict[str, Any], fps: dict[str, str] | None = N
         p.add(f"<p>Summary of the runs: {p.link(record['summary_json'], record['summary_json'])} (machine, seconds, "
               "per run and evaluation checkpoint: RULER per task and length with standard errors, held-out loss "
               "by position, step times).</p>")
-    pack = (record["stages"].get("pack") or {}).get("summary") if "pack" in done else None
+    pack = (record["jobs"].get("pack") or {}).get("summary") if "pack" in done else None
     facts = docs_sentence(pack) if isinstance(pack, dict) else ""
     if record.get("dtype_choice"):
         c = record["dtype_choice"]
@@ -70,7 +70,7 @@ def index_page(out: Path, record: dict[str, Any], fps: dict[str, str] | None = N
               "(one legend: the runs), attention time against the FLOP ratio</figcaption></figure>")
     p.add("<ul>" + "".join(f"<li><a href='#{st}'>{_esc(TITLES[st])}</a></li>" for st in done) + "</ul>")
     for st in done:
-        rec = record["stages"][st]
+        rec = record["jobs"][st]
         p.add(f"<h2 id='{st}'>{_esc(TITLES[st])}</h2>")
         stale = fps is not None and rec.get("fingerprint") != fps.get(st)
         p.add(f"<p>Finished {_esc(rec.get('finished'))} in {num(rec.get('seconds'), '.0f')} s"

@@ -1,8 +1,8 @@
-"""The sections of the demo's page: one per stage, written from that stage's summary in demo.json as HTML.
+"""The sections of the demo's page: one per job, written from that job's summary in demo.json as HTML.
 
-`SECTIONS` maps each stage name to the function that adds its section to a `_Page` (the page's parts, with
+`SECTIONS` maps each job name to the function that adds its section to a `_Page` (the page's parts, with
 relative links and inline figures for the files that exist): tables of the summary's numbers with what they
-mean, and the figures the stage saved. `num`, `score_cell` and `docs_sentence` format the numbers the same
+mean, and the figures the job saved. `num`, `score_cell` and `docs_sentence` format the numbers the same
 way on the page and in the profile's summary.
 """
 
@@ -97,7 +97,7 @@ def _section_corpus(p: _Page, s: dict[str, Any]) -> None:
 
 def docs_sentence(s: dict[str, Any]) -> str:
     """Documents per window (median, quartiles, range) and the share of slots whose visible keys differ
-    between the anchor mask and full attention, from the pack stage's summary ('' without them)."""
+    between the anchor mask and full attention, from the pack job's summary ('' without them)."""
     d, share = s.get("docs_per_window"), s.get("keys_differ_share")
     if not isinstance(d, dict) or share is None:
         return ""

@@ -1,9 +1,9 @@
-"""The demo's settings and stage names: what every other module of `anchor.demo` reads.
+"""The demo's settings and job names: what every other module of `anchor.demo` reads.
 
-`STAGES` in the pipeline's order, `NEEDS` (the stages each one reads), `TITLES` (the page's headings),
-`DemoSettings` (everything a stage's result depends on besides its inputs), `PROFILES` (`--profile`) and
+`JOBS` in the pipeline's order, `NEEDS` (the jobs each one reads), `TITLES` (the page's headings),
+`DemoSettings` (everything a job's result depends on besides its inputs), `PROFILES` (`--profile`) and
 `run_names` / `parse_run` (the training runs of a profile: its variants, and short float32 runs named
-`<variant>@fp32`).
+`<variant>@fp32`), and `upgrade_record` (demo.json as an earlier version wrote it, read as this one writes it).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from anchor_core.errors import InputError
 
 DEFAULT_PROMPT = "The quick brown fox jumps over the lazy dog. The capital of France is"
-STAGES = ("top5", "corpus", "pack", "audit", "train", "parity", "eval", "bench")
+JOBS = ("top5", "corpus", "pack", "audit", "train", "parity", "eval", "bench")
 NEEDS = {"pack": ("corpus",), "audit": ("corpus",), "train": ("pack",), "parity": ("train",), "eval": ("train",),
          "bench": ("corpus",)}
 TITLES = {"top5": "Next-token top-5: the oracle against transformers", "corpus": "The embedded corpus",
@@ -23,11 +23,31 @@ TITLES = {"top5": "Next-token top-5: the oracle against transformers", "corpus":
           "parity": "Parity of the trained checkpoint: the trainer against the oracle",
           "eval": "Evaluation: RULER averaged over the last checkpoints", "bench": "Speed: anchor against full"}
 DEMO_JSON = "demo.json"
+# demo.json as versions before the demo's pipeline units were named jobs wrote it: the same record, its jobs under
+# this key and the settings' `jobs` under this name (`upgrade_record` reads it; the next write uses the new names)
+OLD_JOBS_KEY = "stages"
+
+
+def _renamed(d: Any, old: str, new: str) -> Any:
+    """`d` with its key `old` named `new` in its place, where it has `old` and not `new`; else `d` as it is."""
+    if not isinstance(d, dict) or old not in d or new in d:
+        return d
+    return {(new if k == old else k): v for k, v in d.items()}
+
+
+def upgrade_record(d: Any) -> Any:
+    """A demo.json object as this version writes it: one an earlier version wrote has its jobs and the settings'
+    `jobs` under `OLD_JOBS_KEY`, renamed here, nothing else changed (a job's fingerprint hashes the bytes it hashed
+    before the rename: a finished job of such a folder is reused); anything else is returned as it is."""
+    d = _renamed(d, OLD_JOBS_KEY, "jobs")
+    if isinstance(d, dict) and isinstance(d.get("settings"), dict):
+        d = {**d, "settings": _renamed(d["settings"], OLD_JOBS_KEY, "jobs")}
+    return d
 
 
 @dataclass(frozen=True)
 class DemoSettings:
-    """Everything a stage's result depends on (besides its inputs): the fingerprints hash these."""
+    """Everything a job's result depends on (besides its inputs): the fingerprints hash these."""
 
     model: str = "default"
     prompt: str = DEFAULT_PROMPT
@@ -43,7 +63,7 @@ class DemoSettings:
     train_engine: str = "varlen"              # costs what the mask says, trains on CPU
     train_dtype: str = "float32"              # or `auto`: bf16 where the machine has bf16 units (CUDA, a CPU with
                                               # avx512_bf16 or AMX), fp32 elsewhere; evaluation follows it
-                                              # (planning.choose_dtype)
+                                              # (checks.choose_dtype)
     eval_every: int = 2                       # evaluation checkpoints: every eval_every steps ...
     eval_window: int = 4                      # ... over the last eval_window (paper: 10 over 50)
     parity_seq_len: int = 97
@@ -61,8 +81,8 @@ class DemoSettings:
     bench_windows: int = 1
     bench_repeats: int = 2
     seed: int = 0
-    # The settings `paper-gpu` sets; at these defaults the demo behaves, and fingerprints its stages, as
-    # without them (planning._KEYS_IF_SET: a key enters a stage's fingerprint only when it differs from its
+    # The settings `paper-gpu` sets; at these defaults the demo behaves, and fingerprints its jobs, as
+    # without them (pipeline._KEYS_IF_SET: a key enters a job's fingerprint only when it differs from its
     # default).
     train_rope_theta: float | None = None     # the runs' RoPE base (train config `rope.theta`); None: the model's
     zero_stage: int = 0                       # DeepSpeed ZeRO stage of the runs (bf16 needs >= 1)
@@ -80,8 +100,8 @@ class DemoSettings:
                                               # these alone; `anchor demo --merge` joins the parts (demo/merge.py)
     timing_steps: int = 0                     # a part without `full`: full trained this many steps beside its
                                               # runs, timed only, the step time they are set against
-    # Not results: what runs when --steps is not given, and the summary JSON written into the demo folder
-    stages: tuple[str, ...] = STAGES
+    # Not results: what runs when --jobs is not given, and the summary JSON written into the demo folder
+    jobs: tuple[str, ...] = JOBS
     summary_json: str = ""
 
 
@@ -161,7 +181,7 @@ PROFILES = {
         fp32_variants=("intra_doc", "intra_doc_reset"), fp32_steps=40, fp32_eval_window=1,
         eval_tasks=("niah_single_1", "niah_multikey_1", "vt"), eval_lengths=(4096, 8192, 16384), eval_samples=34,
         eval_batch_size=68, eval_group_by_budget=True, eval_engine="varlen", perplexity_windows=8, perplexity_docs="long",
-        perplexity_bucket=2048, timing_steps=20, stages=("corpus", "pack", "train", "eval"),
+        perplexity_bucket=2048, timing_steps=20, jobs=("corpus", "pack", "train", "eval"),
         summary_json="paper_gpu.json"),
 }
 # `paper-gpu-short`: a quick check of a GPU machine before paper-gpu's long runs, and a first look at the
@@ -173,7 +193,7 @@ PROFILES = {
 # alone; no fp32 pair. Its length is an estimate: the steps take 4 x 100 x 0.317 s = 127 s on an H100 by
 # anchor/varlen's median step at 16K, 197 s by its mean of 0.492 s (4 timed steps, the last 3x the median;
 # results/gpu/train_gpu_h100.json); each run's start, its checkpoint and
-# the evaluation are not measured on a GPU yet (the summary records every stage's seconds).
+# the evaluation are not measured on a GPU yet (the summary records every job's seconds).
 PROFILES["paper-gpu-short"] = replace(
     PROFILES["paper-gpu"], train_steps=100, eval_window=1, fp32_variants=(), fp32_steps=0, timing_steps=0,
     summary_json="paper_gpu_short.json")

@@ -100,17 +100,17 @@ def _checkpoint_details(result: dict[str, Any], label: str) -> dict[str, Any]:
     return {"ruler": ruler, "ruler_mean_of_tasks": mean, "heldout": heldout}
 
 
-def stage_seconds_all_attempts(stages: dict[str, Any]) -> dict[str, float]:
-    """Each finished stage's seconds over all its attempts (planning: the attempts a signal stopped, then the
+def job_seconds_all_attempts(jobs: dict[str, Any]) -> dict[str, float]:
+    """Each finished job's seconds over all its attempts (pipeline: the attempts a signal stopped, then the
     one that finished)."""
-    return {st: rec.get("seconds_all_attempts", rec.get("seconds")) or 0.0 for st, rec in stages.items()
+    return {st: rec.get("seconds_all_attempts", rec.get("seconds")) or 0.0 for st, rec in jobs.items()
             if rec.get("done")}
 
 
 def build_summary(out: Path, record: dict[str, Any], s: DemoSettings) -> dict[str, Any]:
     """The summary JSON's content from the demo record and each run's eval.json (module docstring)."""
-    stages = record["stages"]
-    train, ev = stages["train"]["summary"], stages["eval"]["summary"]
+    jobs = record["jobs"]
+    train, ev = jobs["train"]["summary"], jobs["eval"]["summary"]
     runs: dict[str, Any] = {}
     for v, t in train["runs"].items():
         e = ev["runs"].get(v) or {}
@@ -127,8 +127,8 @@ def build_summary(out: Path, record: dict[str, Any], s: DemoSettings) -> dict[st
         runs[v]["mean_over_checkpoints"] = {
             "ruler_mean_of_tasks": e.get("scores"), "ruler_tasks": e.get("tasks"), "heldout_nll": e.get("nll"),
             "perplexity": e.get("perplexity"), "buckets": e.get("buckets")}
-    stage_s = {st: rec.get("seconds") for st, rec in stages.items() if rec.get("done")}
-    all_s = stage_seconds_all_attempts(stages)
+    job_s = {st: rec.get("seconds") for st, rec in jobs.items() if rec.get("done")}
+    all_s = job_seconds_all_attempts(jobs)
     parts = record.get("merged_from") or []
     return {
         "what": ("`anchor demo` with these settings: per run its training (step times against full's beside the "
@@ -141,12 +141,12 @@ def build_summary(out: Path, record: dict[str, Any], s: DemoSettings) -> dict[st
         # a merged folder (anchor/demo/merge.py): the first part's machine, every part's in `parts`
         "machine": record["merged_from"][0]["machine"] if record.get("merged_from") else machine(),
         "parts": record.get("merged_from"),
-        "seconds": {"this_invocation": record.get("seconds"), "stages_last_attempt": stage_s,
-                    "stages_total": round(sum(x for x in stage_s.values() if x), 1),
+        "seconds": {"this_invocation": record.get("seconds"), "jobs_last_attempt": job_s,
+                    "jobs_total": round(sum(x for x in job_s.values() if x), 1),
                     # with the attempts a signal stopped (a part resumed after `timeout`); a merge: every part's
-                    # stages, corpus and packing included (each part ran them on its machine)
-                    "stages_all_attempts": all_s,
-                    "on_machines": round(sum(p.get("stages_s_all_attempts") or 0 for p in parts), 1) if parts
+                    # jobs, corpus and packing included (each part ran them on its machine)
+                    "jobs_all_attempts": all_s,
+                    "on_machines": round(sum(p.get("jobs_s_all_attempts") or 0 for p in parts), 1) if parts
                     else round(sum(all_s.values()), 1),
                     "train_runs": {v: t.get("elapsed_s") for v, t in train["runs"].items()},
                     "eval_runs": {v: e.get("runtime_s") for v, e in ev["runs"].items()}},
@@ -178,7 +178,7 @@ def summary_markdown(summary: dict[str, Any], figure: str | None = None) -> str:
     secs = (summary.get("seconds") or {}).get("on_machines")
     lines = [f"`{summary.get('model')}`, windows of {summary['rope']['seq_len']} tokens, RoPE base "
              f"{summary['rope']['theta']:g}; on {', '.join(devices) or '?'}"
-             + (f" in {len(parts)} parts" if parts else "") + (f", {secs / 60:.1f} minutes there (every stage and attempt)" if secs else "")
+             + (f" in {len(parts)} parts" if parts else "") + (f", {secs / 60:.1f} minutes there (every job and attempt)" if secs else "")
              + ". RULER " + ", ".join(ruler.get("tasks") or []) + f", {ruler.get('samples')} samples a task and "
              "length: the mean of the tasks, mean ± std over each run's evaluation checkpoints, (SE) the "
              "standard error over samples. Held-out NLL: nats per token on documents no run saw.", ""]
@@ -229,8 +229,8 @@ def write_summary(out: Path, record: dict[str, Any], s: DemoSettings) -> Path | 
     profile names one and `train` and `eval` are done (else None)."""
     if not s.summary_json:
         return None
-    stages = record["stages"]
-    if not all(stages.get(st, {}).get("done") for st in ("train", "eval")):
+    jobs = record["jobs"]
+    if not all(jobs.get(st, {}).get("done") for st in ("train", "eval")):
         return None
     path = out / s.summary_json
     summary = build_summary(out, record, s)

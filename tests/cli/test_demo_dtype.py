@@ -9,7 +9,7 @@ import pytest
 
 from anchor.demo import PROFILES, DemoSettings, fingerprints
 from anchor.demo.page import index_page
-from anchor.demo.planning import choose_dtype, resolve_dtype
+from anchor.demo.pipeline import choose_dtype, resolve_dtype
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def test_a_given_dtype_is_kept(cpu):
 def test_the_page_says_which_dtype_and_why(tmp_path, cpu, units, dtype):
     cpu(*units)
     choice = choose_dtype()
-    record = {"model": "m", "stages": {}, "dtype_choice": choice}
+    record = {"model": "m", "jobs": {}, "dtype_choice": choice}
     index_page(tmp_path, record)
     html = (tmp_path / "index.html").read_text()
     assert f"Training and evaluation in {dtype}: " in html

@@ -28,17 +28,17 @@ def test_one_legend_per_group_of_curves(tmp_path):
 
 
 def test_step_times_of_a_busy_machine_are_flagged(tmp_path, monkeypatch):
-    import anchor.demo.stages as stages
-    import anchor.demo.train_stage as train_stage
+    import anchor.demo.jobs as jobs
+    import anchor.demo.train_job as train_job
 
-    monkeypatch.setattr(train_stage.os, "cpu_count", lambda: 2)
-    assert stages.busy_machine(1.5) and not stages.busy_machine(0.4) and not stages.busy_machine(None)
+    monkeypatch.setattr(train_job.os, "cpu_count", lambda: 2)
+    assert jobs.busy_machine(1.5) and not jobs.busy_machine(0.4) and not jobs.busy_machine(None)
     run = {"steps": 2, "loss_first": 3.0, "loss_last": 2.9, "step_s_median": 1.0, "tokens_per_s_median": 100.0,
            "step_time_vs_full": 1.0, "eval_checkpoints": ["step-2"], "loss": [3.0, 2.9]}
     summary = {"model": "m", "seq_len": 128, "engine": "varlen", "dtype": "float32",
                "runs": {"full": {**run, "load_average": {"before": 0.1, "after": 1.1, "cores": 2}, "busy": False},
                         "anchor": {**run, "load_average": {"before": 2.4, "after": 3.0, "cores": 2}, "busy": True}}}
-    record = {"model": "m", "stages": {"train": {"done": True, "summary": summary, "finished": "now", "seconds": 1}}}
+    record = {"model": "m", "jobs": {"train": {"done": True, "summary": summary, "finished": "now", "seconds": 1}}}
     index_page(tmp_path, record)
     html = (tmp_path / "index.html").read_text()
     assert "2.40 → 3.00 (2 cores) busy" in html and "0.10 → 1.10 (2 cores)</td>" in html
@@ -48,12 +48,12 @@ def test_step_times_of_a_busy_machine_are_flagged(tmp_path, monkeypatch):
 def test_the_load_is_sampled_while_a_run_trains(monkeypatch):
     import time
 
-    import anchor.demo.stages as stages
-    import anchor.demo.train_stage as train_stage
+    import anchor.demo.jobs as jobs
+    import anchor.demo.train_job as train_job
 
     loads = iter([1.0, 3.0, 2.0] + [2.0] * 100)
-    monkeypatch.setattr(train_stage, "_load_average", lambda: next(loads))
-    with stages.LoadSampler(every_s=0.01) as s:
+    monkeypatch.setattr(train_job, "_load_average", lambda: next(loads))
+    with jobs.LoadSampler(every_s=0.01) as s:
         time.sleep(0.2)
     got = s.summary()
     assert got["samples"] >= 3 and got["min"] == 1.0 and got["max"] == 3.0, got

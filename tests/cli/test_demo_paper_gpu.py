@@ -1,4 +1,4 @@
-"""`anchor demo --profile paper-gpu` (`make paper-gpu`) dry-run on the CPU: the profile's own stages (corpus, pack,
+"""`anchor demo --profile paper-gpu` (`make paper-gpu`) dry-run on the CPU: the profile's own jobs (corpus, pack,
 train, eval) at tiny sizes on `random:llama` (windows of 128 with the profile's RoPE override, 2 steps per run,
 two samples per RULER task and length), and every field the page and the summary JSON (paper_gpu.json) must hold:
 RULER per run x length with the spread over checkpoints and the standard error over samples, per task and
@@ -46,13 +46,13 @@ def one_thread():
 def test_the_profile_settings():
     from torchtrain.config import load_train_config
 
-    from anchor.demo.planning import unlisted_settings
-    from anchor.demo.stages import _train_overrides
+    from anchor.demo.pipeline import unlisted_settings
+    from anchor.demo.jobs import _train_overrides
 
     s = PROFILES["paper-gpu"]
     assert s.model == "default" and s.seq_len == 16384 and s.train_rope_theta == 5e5
     assert (s.train_dtype, s.zero_stage, s.train_engine) == ("bfloat16", 1, "auto")
-    assert run_names(s) == RUNS and s.stages == ("corpus", "pack", "train", "eval")
+    assert run_names(s) == RUNS and s.jobs == ("corpus", "pack", "train", "eval")
     assert s.eval_lengths == (4096, 8192, 16384) and s.eval_tasks == ("niah_single_1", "niah_multikey_1", "vt")
     # the standard error of a 0-100 score averaged over n samples is at most 50 / sqrt(n): below 5 points for a
     # length's mean of the three tasks
@@ -91,7 +91,7 @@ def test_paper_gpu_dry_run(tmp_path, capsys):
     cfg = yaml.safe_load((out / "train" / "anchor" / "config.yaml").read_text())
     assert cfg["model"]["rope"] == {"theta": 2e4} and cfg["parallel"]["zero_stage"] == 1
     assert cfg["model"]["dtype"] == "bfloat16"
-    train = record["stages"]["train"]["summary"]
+    train = record["jobs"]["train"]["summary"]
     assert tuple(train["runs"]) == RUNS and train["rope_theta"] == 2e4
     for v, r in train["runs"].items():
         assert r["dtype"] == ("float32" if v.endswith("@fp32") else "bfloat16") and len(r["step_s"]) == r["steps"]
@@ -125,8 +125,8 @@ def test_paper_gpu_dry_run(tmp_path, capsys):
 
     # the summary JSON: machine, seconds, per run and checkpoint RULER with standard errors, buckets, step times
     summary = json.loads((out / "paper_gpu.json").read_text())
-    assert summary["machine"]["cpu_count"] and summary["seconds"]["stages_total"] > 0
-    assert summary["seconds"]["on_machines"] == round(sum(summary["seconds"]["stages_all_attempts"].values()), 1) > 0
+    assert summary["machine"]["cpu_count"] and summary["seconds"]["jobs_total"] > 0
+    assert summary["seconds"]["on_machines"] == round(sum(summary["seconds"]["jobs_all_attempts"].values()), 1) > 0
     assert set(summary["seconds"]["train_runs"]) == set(RUNS) == set(summary["seconds"]["eval_runs"])
     assert summary["rope"]["theta"] == 2e4 and summary["rope"]["paper_gpu_16k"] == 5e5
     assert summary["ruler"]["se_bound_of_task_mean"] == pytest.approx(50 / math.sqrt(2 * 2))  # two tasks (vt left out), two samples
@@ -167,7 +167,7 @@ def test_paper_gpu_dry_run(tmp_path, capsys):
     assert reset["size"] + "." in md and "| run | 0–256 | 256–512 | 512–768 | 768–1024 |" in md
     assert "](results/gpu/paper_gpu_position_loss.png)" in md and (out / "eval" / "position_loss.png").is_file()
 
-    # a second run reuses every stage (the new settings keep the fingerprints stable) and rewrites the summary
+    # a second run reuses every job (the new settings keep the fingerprints stable) and rewrites the summary
     again = run_demo(MODEL, out, settings=TINY, progress=False, say=lambda _: None)
     assert again["ran"] == [] and again["reused"] == ["corpus", "pack", "train", "eval"]
     assert read_record(out)["summary_json"] == "paper_gpu.json" and (out / "paper_gpu.json").is_file()
@@ -188,7 +188,7 @@ def test_paper_gpu_dry_run(tmp_path, capsys):
         assert r["loss"] == whole["runs"][v]["loss"] and r["checkpoints"] == whole["runs"][v]["checkpoints"]
         assert r["device"] == whole["runs"][v]["device"]
     # step times against full's within a part only (one sitting): the part without full timed its first steps
-    t = json.loads((parts[1] / "demo.json").read_text())["stages"]["train"]["summary"]["full_timing"]
+    t = json.loads((parts[1] / "demo.json").read_text())["jobs"]["train"]["summary"]["full_timing"]
     assert t["steps"] == 3 and len(t["step_s"]) == 3 and (parts[1] / "train" / "full-timing" / "metrics.jsonl").is_file()
     r = joined["runs"]["intra_doc"]
     assert r["step_time_vs_full"] == pytest.approx(r["step_s_median"] / t["step_s_median"], rel=1e-12)
@@ -197,9 +197,9 @@ def test_paper_gpu_dry_run(tmp_path, capsys):
     assert not (parts[0] / "train" / "full-timing").exists()  # part a has full itself
     assert [p["runs"] for p in joined["parts"]] == [["full"], ["intra_doc", "intra_doc@fp32"]]
     assert joined["machine"]["cpu_count"] and joined["reset_effect"]["pairs"] == []  # no pair is complete
-    part_s = [sum(st.get("seconds_all_attempts", 0) for st in json.loads((p / "demo.json").read_text())["stages"].values())
+    part_s = [sum(st.get("seconds_all_attempts", 0) for st in json.loads((p / "demo.json").read_text())["jobs"].values())
               for p in parts]
-    assert joined["seconds"]["on_machines"] == pytest.approx(sum(part_s), abs=0.15)  # every part's stages
+    assert joined["seconds"]["on_machines"] == pytest.approx(sum(part_s), abs=0.15)  # every part's jobs
     md = (merged / "paper_gpu.md").read_text()
     assert f"{joined['seconds']['on_machines'] / 60:.1f} minutes there" in md
     assert " in 2 parts, " in md and "| intra_doc@fp32 | float32 |" in md and "The reset" not in md
@@ -224,7 +224,7 @@ def test_paper_gpu_dry_run(tmp_path, capsys):
     assert_usage_error(code, err, "demo", "setting seed is 1 here and 0 in")
     code, _, err = run_cli(["demo", "--profile", "paper-gpu", "--merge", parts[0], "--runs", "full",
                             "--out", tmp_path / "bad"], capsys)
-    assert_usage_error(code, err, "demo", "--merge joins finished parts: it takes no --runs or --steps")
+    assert_usage_error(code, err, "demo", "--merge joins finished parts: it takes no --runs or --jobs")
     code, _, err = run_cli(["demo", "--profile", "paper-gpu", "--runs", "full,sliding", "--out", tmp_path / "bad"],
                            capsys)
     assert_usage_error(code, err, "demo", "--runs: unknown run 'sliding' (this profile's runs: full, intra_doc")
@@ -235,14 +235,14 @@ def test_checkpoints_that_do_not_fit_the_disk_are_refused_before_any_work(tmp_pa
     from collections import namedtuple
 
     from anchor_core.errors import InputError
-    from anchor.demo import planning
+    from anchor.demo import pipeline
     from tests.cli.helpers import assert_usage_error, run_cli
 
     # the real profile: 20 bf16 checkpoints (ZeRO-1: 18 bytes a parameter) and 2 fp32 ones (20) of SmolLM2-135M
-    assert planning.checkpoint_bytes(replace(PROFILES["paper-gpu"], model="random:llama")) > 0
-    assert planning.bytes_per_param("bfloat16", 1) == 16 and planning.bytes_per_param("float32", 0) == 16
+    assert pipeline.checkpoint_bytes(replace(PROFILES["paper-gpu"], model="random:llama")) > 0
+    assert pipeline.bytes_per_param("bfloat16", 1) == 16 and pipeline.bytes_per_param("float32", 0) == 16
     # a part: its runs' checkpoints, and a part without full the one of full's timing run
-    one = {run: planning.checkpoint_bytes(replace(PROFILES["paper-gpu"], model="random:llama", only_runs=(run,)))
+    one = {run: pipeline.checkpoint_bytes(replace(PROFILES["paper-gpu"], model="random:llama", only_runs=(run,)))
            for run in ("full", "anchor", "intra_doc@fp32")}
     assert one["anchor"] == one["full"] * 6 // 5  # five evaluation checkpoints, and the timing run's last
     assert one["intra_doc@fp32"] < one["full"]  # fp32 runs alone: one checkpoint, no timing run
@@ -266,7 +266,7 @@ def test_the_profile_fits_one_h100():
 
     from anchor_core.errors import InputError
     from anchor_core.weights import load_spec
-    from anchor.demo.planning import checkpoint_bytes
+    from anchor.demo.pipeline import checkpoint_bytes
     from torchtrain.training.memory import forward_memory, step_memory
 
     s = PROFILES["paper-gpu"]
@@ -285,12 +285,12 @@ def test_the_profile_fits_one_h100():
 
 
 def test_the_short_profile_is_paper_gpu_in_one_sitting():
-    """paper-gpu-short: paper-gpu's windows (the same corpus, pack and seed: the pack stage's fingerprint is equal),
+    """paper-gpu-short: paper-gpu's windows (the same corpus, pack and seed: the pack job's fingerprint is equal),
     its four bf16 runs for 100 steps evaluated at their last checkpoint alone, the same RULER samples; no fp32
     runs and no timing run; its own summary JSON."""
     from torchtrain.config import load_train_config
 
-    from anchor.demo.stages import _train_overrides
+    from anchor.demo.jobs import _train_overrides
 
     short, full = PROFILES["paper-gpu-short"], PROFILES["paper-gpu"]
     assert fingerprints(short)["pack"] == fingerprints(full)["pack"]

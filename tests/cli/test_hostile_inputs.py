@@ -6,7 +6,7 @@ experiment with the others (mixed resolved evaluation dtypes, a truncated or for
 shaped demo.json) is one line, exit 2, and nothing written. Kept parts are keyed by the bytes of the model
 they were computed from (`default` resolves to a file); one verb never removes another's parts; an
 interrupted `anchor parity` exits 130 or 143 every time with its kept parts whole; a folder `anchor corpus`
-wrote is a corpus for every verb that reads one; a demo part of any runs completes its stages; the refusal of
+wrote is a corpus for every verb that reads one; a demo part of any runs completes its jobs; the refusal of
 a planted pickle is its one line alone.
 """
 
@@ -36,7 +36,7 @@ MODEL = "random:llama"
 
 
 # ---------------------------------------------------------------------------------------------
-# Demo parts: two folders of the runs (`--runs full`, `--runs anchor`), each through every stage it selects
+# Demo parts: two folders of the runs (`--runs full`, `--runs anchor`), each through every job it selects
 
 
 def _settings():
@@ -45,7 +45,7 @@ def _settings():
     return DemoSettings(model=MODEL, seq_len=128, budget=20_000, train_steps=2, global_batch=1, lr=1e-3,
                         eval_every=1, eval_window=1, parity_seq_len=17, parity_policies=("fp32",),
                         parity_grad_layers=1, eval_tasks=("niah_single_1",), eval_lengths=(1024,), eval_samples=2,
-                        perplexity_windows=1, stages=("corpus", "pack", "train", "parity", "eval"))
+                        perplexity_windows=1, jobs=("corpus", "pack", "train", "parity", "eval"))
 
 
 WITH_PARITY = ("corpus", "pack", "train", "parity", "eval")
@@ -54,14 +54,14 @@ WITHOUT_PARITY = ("corpus", "pack", "train", "eval")
 
 @pytest.fixture(scope="module")
 def demo_parts(tmp_path_factory):
-    """Two demo parts of one experiment: `full` alone through every stage, the parity stage included (it checks
+    """Two demo parts of one experiment: `full` alone through every job, the parity job included (it checks
     the checkpoint of a run the part has: anchor's is not there), and `anchor` alone without parity."""
     from anchor.demo import run_demo
 
     root = tmp_path_factory.mktemp("parts")
     records = {}
-    for run, steps in (("full", WITH_PARITY), ("anchor", WITHOUT_PARITY)):
-        records[run] = run_demo(MODEL, root / run, steps=steps, settings=replace(_settings(), only_runs=(run,)),
+    for run, jobs in (("full", WITH_PARITY), ("anchor", WITHOUT_PARITY)):
+        records[run] = run_demo(MODEL, root / run, jobs=jobs, settings=replace(_settings(), only_runs=(run,)),
                                 progress=False, say=lambda _: None)
     return root, records
 
@@ -84,11 +84,11 @@ def merge(capsys, *parts: Path, out: Path, extra: tuple[str, ...] = ()) -> tuple
     return run_cli(["demo", *[x for p in parts for x in ("--merge", p)], *extra, "--out", out], capsys)
 
 
-def test_a_part_without_anchor_completes_its_parity_stage(demo_parts):
+def test_a_part_without_anchor_completes_its_parity_job(demo_parts):
     _, records = demo_parts
     rec = records["full"]
     assert rec["ran"] == list(WITH_PARITY), rec["ran"]
-    par = rec["stages"]["parity"]["summary"]
+    par = rec["jobs"]["parity"]["summary"]
     assert par["model"].startswith("train/full/checkpoints/") and par["cases"] > 0, par
 
 
@@ -100,10 +100,39 @@ def test_the_merge_of_the_parts_holds_their_runs(demo_parts, tmp_path, capsys):
     rec = json.loads((out / "demo.json").read_text())
     _, records = demo_parts
     for run, part in (("full", a), ("anchor", b)):
-        mine = records[run]["stages"]
-        assert rec["stages"]["train"]["summary"]["runs"][run]["loss"] == mine["train"]["summary"]["runs"][run]["loss"]
-        assert rec["stages"]["eval"]["summary"]["runs"][run]["scores"] == mine["eval"]["summary"]["runs"][run]["scores"]
+        mine = records[run]["jobs"]
+        assert rec["jobs"]["train"]["summary"]["runs"][run]["loss"] == mine["train"]["summary"]["runs"][run]["loss"]
+        assert rec["jobs"]["eval"]["summary"]["runs"][run]["scores"] == mine["eval"]["summary"]["runs"][run]["scores"]
         assert (out / "eval" / run / "eval.json").read_bytes() == (part / "eval" / run / "eval.json").read_bytes()
+
+
+def test_parts_an_earlier_version_wrote_merge_as_this_versions_do(demo_parts, tmp_path, capsys):
+    """Parts whose demo.json an earlier version wrote (its jobs under `stages`, the settings' `jobs` as `stages`:
+    the record before the demo's pipeline units were named jobs), both or one of them, merge into what the
+    merge of this version's parts holds; the merged record uses the new names."""
+    a, b = copy_parts(demo_parts, tmp_path)
+    code, _, err = merge(capsys, a, b, out=tmp_path / "new")
+    assert code == 0, err
+    new = json.loads((tmp_path / "new" / "demo.json").read_text())
+
+    def as_before(d):
+        d["stages"] = d.pop("jobs")
+        d["settings"]["stages"] = d["settings"].pop("jobs")
+    edit_json(a / "demo.json", as_before)
+    for parts, out in (((a, b), tmp_path / "one-old"), ((b, a), tmp_path / "one-old-second")):
+        code, _, err = merge(capsys, *parts, out=out)
+        assert code == 0, err
+    edit_json(b / "demo.json", as_before)
+    code, _, err = merge(capsys, a, b, out=tmp_path / "old")
+    assert code == 0, err
+    def runs(rec, job):  # each run's summary but for the part it came from (the parts' order)
+        return {v: {k: x for k, x in r.items() if k != "part"} for v, r in rec["jobs"][job]["summary"]["runs"].items()}
+    for out in ("one-old", "one-old-second", "old"):
+        rec = json.loads((tmp_path / out / "demo.json").read_text())
+        assert "stages" not in rec and "stages" not in rec["settings"] and rec["settings"] == new["settings"], out
+        for job in ("train", "eval"):
+            assert runs(rec, job) == runs(new, job), (out, job)
+        assert (tmp_path / out / "index.html").is_file()
 
 
 def test_the_merge_carries_the_dtype_choice_its_parts_made(demo_parts, tmp_path, capsys):
@@ -123,25 +152,25 @@ def test_the_merge_carries_the_dtype_choice_its_parts_made(demo_parts, tmp_path,
 
 
 @pytest.mark.slow
-def test_parts_of_either_run_complete_every_stage_and_merge_to_the_whole_demo(tmp_path, capsys):
-    """`--runs full` and `--runs anchor`, each through every stage (parity on the run it has), merged: each
+def test_parts_of_either_run_complete_every_job_and_merge_to_the_whole_demo(tmp_path, capsys):
+    """`--runs full` and `--runs anchor`, each through every job (parity on the run it has), merged: each
     run's losses and scores are those of the demo that trained both."""
     from anchor.demo import run_demo
 
-    whole = run_demo(MODEL, tmp_path / "whole", steps=WITH_PARITY, settings=_settings(), progress=False,
+    whole = run_demo(MODEL, tmp_path / "whole", jobs=WITH_PARITY, settings=_settings(), progress=False,
                      say=lambda _: None)
     parts = []
     for run in ("full", "anchor"):
-        rec = run_demo(MODEL, tmp_path / run, steps=WITH_PARITY, settings=replace(_settings(), only_runs=(run,)),
+        rec = run_demo(MODEL, tmp_path / run, jobs=WITH_PARITY, settings=replace(_settings(), only_runs=(run,)),
                        progress=False, say=lambda _: None)
-        assert rec["ran"] == list(WITH_PARITY) and rec["stages"]["parity"]["summary"]["cases"] > 0
+        assert rec["ran"] == list(WITH_PARITY) and rec["jobs"]["parity"]["summary"]["cases"] > 0
         parts.append(tmp_path / run)
     code, _, err = merge(capsys, *parts, out=tmp_path / "merged")
     assert code == 0, err
-    merged = json.loads((tmp_path / "merged" / "demo.json").read_text())["stages"]
+    merged = json.loads((tmp_path / "merged" / "demo.json").read_text())["jobs"]
     for run in ("full", "anchor"):
-        for stage, field in (("train", "loss"), ("eval", "scores")):
-            assert merged[stage]["summary"]["runs"][run][field] == whole["stages"][stage]["summary"]["runs"][run][field]
+        for job, field in (("train", "loss"), ("eval", "scores")):
+            assert merged[job]["summary"]["runs"][run][field] == whole["jobs"][job]["summary"]["runs"][run][field]
 
 
 @pytest.mark.parametrize("where", ["relative", "absolute"])
@@ -166,12 +195,12 @@ def test_a_planted_summary_path_writes_nothing_outside_out(demo_parts, tmp_path,
 def test_parts_whose_evaluation_resolved_to_other_dtypes_are_refused(demo_parts, tmp_path, capsys):
     """`--eval-dtype auto` resolved to bf16 in one part, fp32 in the other: not one experiment."""
     a, b = copy_parts(demo_parts, tmp_path)
-    mine = json.loads((a / "demo.json").read_text())["stages"]["eval"]["summary"]["dtype"]
+    mine = json.loads((a / "demo.json").read_text())["jobs"]["eval"]["summary"]["dtype"]
     other = {"bfloat16": "float32", "float32": "bfloat16"}[mine]
 
     def resolved_otherwise(d):
-        d["stages"]["eval"]["summary"]["dtype"] = other
-        d["stages"]["eval"]["summary"]["dtype_choice"] = {"dtype": other, "why": "another machine"}
+        d["jobs"]["eval"]["summary"]["dtype"] = other
+        d["jobs"]["eval"]["summary"]["dtype_choice"] = {"dtype": other, "why": "another machine"}
     edit_json(b / "demo.json", resolved_otherwise)
     edit_json(b / "eval" / "anchor" / "eval.json", lambda d: d["settings"].__setitem__("dtype", other))
     code, _, err = merge(capsys, a, b, out=tmp_path / "merged")
@@ -181,12 +210,12 @@ def test_parts_whose_evaluation_resolved_to_other_dtypes_are_refused(demo_parts,
 
 @pytest.mark.parametrize("how", ["another model", "unrecorded here", "unrecorded in the first"])
 def test_parts_trained_from_other_model_bytes_are_refused(demo_parts, tmp_path, capsys, how):
-    """Parts are one experiment only from the same model bytes; a part whose train stage does not say
+    """Parts are one experiment only from the same model bytes; a part whose train job does not say
     which (`model_identity`) is named as the one to run again, not as another model."""
     a, b = copy_parts(demo_parts, tmp_path)
 
     def summary(d):
-        return d["stages"]["train"]["summary"]
+        return d["jobs"]["train"]["summary"]
     if how == "another model":
         edit_json(b / "demo.json", lambda d: summary(d).__setitem__("model_identity", {"sha256": "0" * 64}))
         needles = ("another model file", str(a))
@@ -217,10 +246,10 @@ def test_an_eval_json_that_is_not_the_parts_evaluation_is_refused(demo_parts, tm
 
 @pytest.mark.parametrize("edit, needle", [
     (lambda d: d["settings"].__setitem__("train_steps", "two"), "train_steps"),
-    (lambda d: d.__setitem__("stages", []), "stages"),
-    (lambda d: d["stages"]["train"]["summary"]["runs"].__setitem__("anchor", 3), "train run 'anchor'"),
+    (lambda d: d.__setitem__("jobs", []), "jobs"),
+    (lambda d: d["jobs"]["train"]["summary"]["runs"].__setitem__("anchor", 3), "train run 'anchor'"),
     (lambda d: d["settings"].__setitem__("train_variants", ["../../x", "full"]), "attention variant"),
-], ids=["setting type", "stages", "run", "variant"])
+], ids=["setting type", "jobs", "run", "variant"])
 def test_a_wrongly_shaped_part_is_one_line(demo_parts, tmp_path, capsys, edit, needle):
     a, b = copy_parts(demo_parts, tmp_path)
     edit_json(b / "demo.json", edit)
@@ -377,7 +406,7 @@ def test_pack_train_audit_and_eval_read_a_corpus_folder(corpus_folder, tmp_path,
                             "768", "--samples", "1", "--perplexity-windows", "0", "--no-progress",
                             "--out", tmp_path / "eval"], capsys)
     assert code == 0, err
-    code, _, err = run_cli(["demo", "--model", MODEL, "--heldout", x, "--steps", "corpus", "--no-progress",
+    code, _, err = run_cli(["demo", "--model", MODEL, "--heldout", x, "--jobs", "corpus", "--no-progress",
                             "--out", tmp_path / "demo"], capsys)
     assert code == 0, err
     from anchor.eval.ruler.common import load_haystack

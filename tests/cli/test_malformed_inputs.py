@@ -248,7 +248,7 @@ class Case:
 
 
 PACK_MODEL = ("pack", "--model", "{fx}/model", "--data", "{fx}/corpus.jsonl", "--seq-len", "16")
-TOP5 = ("demo", "--steps", "top5", "--model", "{fx}/model")
+TOP5 = ("demo", "--jobs", "top5", "--model", "{fx}/model")
 PACK_DATA = ("pack", "--model", "random:llama", "--data", "{fx}/pack", "--seq-len", "16")
 PACK_STORE = ("pack", "--model", "random:llama", "--data", "{fx}/pack/store", "--seq-len", "16")
 CFG = "config.json"

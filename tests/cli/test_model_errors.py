@@ -40,7 +40,7 @@ def hf_dir(tmp_path: Path) -> Path:
 
 
 def demo(model: str, out: Path, *extra: str) -> list[str]:
-    return ["demo", "--steps", "top5", "--model", model, "--out", str(out), *extra]
+    return ["demo", "--jobs", "top5", "--model", model, "--out", str(out), *extra]
 
 
 def test_missing_weight_file(tmp_path, capsys):

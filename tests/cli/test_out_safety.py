@@ -35,7 +35,7 @@ def argv(verb: str, out: str, corpus: Path, model: str = "random:llama") -> list
         "parity": ["parity", "--model", model, "--variants", "full", "--engines", "eager", "--policies", "fp32",
                    "--no-progress"],
         "corpus": ["corpus", "--max-docs", "1", "--no-progress"],
-        "demo": ["demo", "--model", model, "--steps", "top5", "--no-progress"],
+        "demo": ["demo", "--model", model, "--jobs", "top5", "--no-progress"],
         "train": ["train", "--config", str(TINY), f"model.name={model}", f"data.path={corpus}", "--no-progress"],
         "bench": ["bench", "--model", model, "--data", str(corpus), "--seq-len", "64", "--windows", "1",
                   "--no-progress"],

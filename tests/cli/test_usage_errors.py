@@ -34,7 +34,7 @@ def _takes_arguments(verb: str) -> bool:
 BASE = {
     "audit": ["--model", "random:llama", "--quick", "--no-progress", "--out", "{out}"],
     "corpus": ["--max-docs", "1", "--no-progress", "--out", "{out}"],
-    "demo": ["--model", "random:llama", "--steps", "top5", "--no-progress", "--out", "{out}"],
+    "demo": ["--model", "random:llama", "--jobs", "top5", "--no-progress", "--out", "{out}"],
     "pack": ["--model", "random:llama", "--data", "{corpus}", "--seq-len", "16", "--no-progress", "--out", "{out}"],
     "parity": ["--model", "random:llama", "--variants", "full", "--engines", "eager", "--policies", "fp32",
                "--no-progress", "--out", "{out}"],
@@ -80,8 +80,8 @@ def _cases() -> list:
                               ["--seed"]))
     cases += [
         ("corpus", "max-docs-0", lambda f: ["corpus", "--max-docs", "0", "--out", f["out"]], ["--max-docs"]),
-        ("demo", "steps-empty", lambda f: ["demo", *_set(BASE["demo"], "--steps", "")], ["--steps", "no step"]),
-        ("demo", "steps-unknown", lambda f: ["demo", *_set(BASE["demo"], "--steps", "top5,bake")], ["bake"]),
+        ("demo", "jobs-empty", lambda f: ["demo", *_set(BASE["demo"], "--jobs", "")], ["--jobs", "no job"]),
+        ("demo", "jobs-unknown", lambda f: ["demo", *_set(BASE["demo"], "--jobs", "top5,bake")], ["bake"]),
         ("pack", "budget-0", lambda f: ["pack", *BASE["pack"], "--budget", "0"], ["--budget"]),
         ("pack", "long-threshold-0", lambda f: ["pack", *BASE["pack"], "--long-threshold", "0"], ["--long-threshold"]),
         ("pack", "upsample-factor-inf", lambda f: ["pack", *BASE["pack"], "--upsample-factor", "inf"],

@@ -508,14 +508,14 @@ class Scratch:
 
 _SHARED: dict[str, Path] = {}
 # A folder that stands for every block's `runs/` when set, kept between pytest runs: the blocks that take hours on a
-# CPU (README's paper-small line) resume their finished stages and their training where a killed pytest left them,
+# CPU (README's paper-small line) resume their finished jobs and their training where a killed pytest left them,
 # as the demo does in a user's checkout.
 KEEP_RUNS = "ANCHOR_RECIPES_RUNS"
 
 
 def shared_demo() -> Path:
     """The `runs/demo` every block of this process sees: a page's second `make demo` reuses the first's finished
-    stages, as it does in a user's checkout (the demo's runs take minutes each)."""
+    jobs, as it does in a user's checkout (the demo's runs take minutes each)."""
     if "demo" not in _SHARED:
         import atexit
         import tempfile

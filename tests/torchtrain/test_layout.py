@@ -1,6 +1,6 @@
 """torchtrain's layout: its named parts (sub-folders, and any module left at its top) form at most four layers by
 their imports of each other, a part importing only parts of a lower layer; no imports continued by backslash; the
-modules' old flat paths still import, with a DeprecationWarning."""
+modules' old paths (and the length schedule's old names) still import, with a DeprecationWarning."""
 
 from __future__ import annotations
 
@@ -104,7 +104,8 @@ def test_no_import_is_continued_by_a_backslash():
 
 
 @pytest.mark.parametrize("old", ["torchtrain.trainer", "torchtrain.engines", "torchtrain.hf_ulysses",
-                                 "torchtrain.sequence_parallel", "torchtrain.memory"])
+                                 "torchtrain.sequence_parallel", "torchtrain.memory", "torchtrain.stages",
+                                 "torchtrain.training.stages"])
 def test_an_old_module_path_imports_the_moved_module_and_warns(old):
     import torchtrain
 
@@ -112,6 +113,36 @@ def test_an_old_module_path_imports_the_moved_module_and_warns(old):
     with pytest.warns(DeprecationWarning, match=f"{old} moved to {torchtrain.MOVED[old]}"):
         module = importlib.import_module(old)
     assert module is importlib.import_module(torchtrain.MOVED[old])
+
+
+def test_every_moved_path_imports_its_module():
+    """Each entry of MOVED names a module that imports, and no old path is a file still there (which would be
+    imported in place of the moved module)."""
+    import torchtrain
+
+    for old, new in torchtrain.MOVED.items():
+        assert importlib.import_module(new).__name__ == new
+        assert not (ROOT / (old.replace(".", "/") + ".py")).exists(), old
+
+
+def test_the_length_schedules_old_names_are_its_new_ones_with_a_warning():
+    """torchtrain.training.stages (torchtrain.training.phases as an earlier release named it): its old names import
+    as the new ones, with a DeprecationWarning naming the new name; so does torchtrain.config.StageConfig."""
+    from torchtrain.training import phases
+
+    for old, new in phases.OLD_NAMES.items():
+        with pytest.warns(DeprecationWarning, match=f"{old} is now torchtrain.training.phases.{new}"):
+            assert getattr(phases, old) is getattr(phases, new)
+    sys.modules.pop("torchtrain.training.stages", None)
+    with pytest.warns(DeprecationWarning):
+        from torchtrain.training.stages import StagedLoader, run_stages
+    assert (StagedLoader, run_stages) == (phases.PhasedLoader, phases.run_phases)
+    with pytest.warns(DeprecationWarning, match="StageConfig is now torchtrain.config.PhaseConfig"):
+        from torchtrain.config import StageConfig
+    from torchtrain.config import PhaseConfig
+    assert StageConfig is PhaseConfig
+    with pytest.raises(AttributeError):
+        phases.no_such_name  # noqa: B018
 
 
 def test_the_parts_names_import_without_a_warning():
@@ -161,7 +192,7 @@ def cfg_returns(cfg, run: Path) -> list[tuple[str, str, str]]:
     return back_into
 
 
-@pytest.mark.parametrize("config,overrides", [("tiny", ["schedule.steps=2"]), ("tiny_stages", [])])
+@pytest.mark.parametrize("config,overrides", [("tiny", ["schedule.steps=2"]), ("tiny_phases", [])])
 def test_prepare_runs_cfg_returns_to_a_module_already_left_at_most_ten_times(tmp_path, config, overrides):
     from torchtrain.config import load_train_config
 

@@ -60,13 +60,13 @@ def test_every_shipped_config_resolves(path, monkeypatch):
         assert trained.max_position == cfg.data.seq_len and trained.rope.base == PAPER_BASE[cfg.data.seq_len]
         assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas, cfg.schedule.steps, cfg.data.global_batch) == (2e-5, 0.1, (0.9, 0.95), 2000, 8)
         assert (cfg.model.dtype, cfg.parallel.zero_stage, cfg.parallel.sequence_parallel) == ("bfloat16", 3, 8)
-    else:  # every stage of a length schedule (one without), as prepare_run checks them
+    else:  # every phase of a length schedule (one without), as prepare_run checks them
         from torchtrain.training.fit import model_spec
-        from torchtrain.training.stages import run_stages
+        from torchtrain.training.phases import run_phases
 
-        for stage in run_stages(cfg):
-            trained = check_model(stage.cfg, model_spec(stage.cfg), stage.seq_len)
-            assert trained.max_position >= stage.seq_len
+        for phase in run_phases(cfg):
+            trained = check_model(phase.cfg, model_spec(phase.cfg), phase.seq_len)
+            assert trained.max_position >= phase.seq_len
 
 
 def test_paper_runs_cover_the_study():

@@ -244,7 +244,7 @@ def speed_page(records: Records) -> str:
             how = [k for k in ("tags", "interleave") if p.get(k)]
             rows.append([f"packing at T={p.get('seq_len')}" + (f" ({', '.join(how)})" if how else ""),
                          num(rate) + " tokens/s"])
-        return table(["stage", "throughput (one run)"], rows)
+        return table(["what", "throughput (one run)"], rows)
 
     def oracle(rel, rec):
         rows = []

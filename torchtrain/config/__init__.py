@@ -12,8 +12,9 @@ pydantic model whose fields are its keys, and `deepspeed`, further DeepSpeed key
               came from (an override, a file's line), named in every error
   keys        what the declarations give: every dotted key, those a resume may change, what each accepts in words;
               the helpers on dotted keys (the pairs of a nested mapping, a config by dotted key, a deep merge)
-  validation  reading a file and the `key=value` overrides over it; pydantic's first error as one line; the nested
-              mappings; the checks across keys; the world size
+  validation  reading a file and the `key=value` overrides over it; the keys renamed since an earlier release
+              (`RENAMED`, read under their new names for one release); pydantic's first error as one line; the
+              nested mappings; the checks across keys; the world size
   deepspeed_json  the DeepSpeed config a run gets: the trainer's keys, the `deepspeed:` section merged and checked
 
 pydantic validates; an error is one line (an InputError) naming the key's dotted path and where its value came
@@ -25,6 +26,9 @@ Batch arithmetic: `data.global_batch` windows per optimizer step = `data.micro_b
 data-parallel rank x `grad_accum` micro-steps x `dp` data-parallel ranks, with
 `dp = world / parallel.sequence_parallel`.
 """
+
+import warnings
+from typing import Any
 
 from torchtrain.config.keys import (
     KEYS,
@@ -47,16 +51,26 @@ from torchtrain.config.schema import (
     ModelConfig,
     OptimConfig,
     ParallelConfig,
+    PhaseConfig,
     RopeConfig,
     ScheduleConfig,
-    StageConfig,
     TrainConfig,
 )
-from torchtrain.config.validation import check_world, load_train_config, parse_overrides, validate, with_changes
+from torchtrain.config.validation import (RENAMED, check_world, current_keys, load_train_config, parse_overrides,
+                                          validate, with_changes)
 
 __all__ = [
-    "KEYS", "NESTED", "PACK_KEYS", "PACK_OPTIONS", "RESUMABLE_CHANGES", "SECTIONS", "CheckpointConfig", "DataConfig",
-    "EvalConfig", "LoggingConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "RopeConfig", "ScheduleConfig",
-    "Sources", "StageConfig", "TrainConfig", "by_dotted_key", "check_declarations", "check_world", "describe_keys",
-    "expected", "load_train_config", "parse_overrides", "validate", "with_changes",
+    "KEYS", "NESTED", "PACK_KEYS", "PACK_OPTIONS", "RENAMED", "RESUMABLE_CHANGES", "SECTIONS", "CheckpointConfig",
+    "DataConfig", "EvalConfig", "LoggingConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "PhaseConfig",
+    "RopeConfig", "ScheduleConfig", "Sources", "TrainConfig", "by_dotted_key", "check_declarations", "check_world",
+    "current_keys", "describe_keys", "expected", "load_train_config", "parse_overrides", "validate", "with_changes",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """`StageConfig`, the name of `PhaseConfig` in earlier releases, for one release (with a DeprecationWarning)."""
+    if name != "StageConfig":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn("torchtrain.config.StageConfig is now torchtrain.config.PhaseConfig; the old name goes in the next "
+                  "release", DeprecationWarning, stacklevel=2)
+    return PhaseConfig

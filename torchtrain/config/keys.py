@@ -133,7 +133,7 @@ def dotted_items(x: Any, prefix: str = "", *, depth: int | None = None, parents:
 
     depth: the levels walked (1: the keys of `x` only; None: all).
     parents: also the mappings walked into (False: only the values below them; an empty mapping gives nothing).
-    lists: also walk lists, an item named by its place from 1 (`schedule.stages[2].seq_len`).
+    lists: also walk lists, an item named by its place from 1 (`schedule.phases[2].seq_len`).
     string_keys: the kind of mapping whose keys must be strings (`DeepSpeed`): another key is an InputError naming
       the mapping it is in. Without it, a key is named as str() writes it.
     """

@@ -154,6 +154,15 @@ class Sources:
             return next(iter(places), self.file)
         return " and ".join(f"{p} ({k})" if p.startswith(f"{self.file}:") else p for p, k in places.items())
 
+    def renamed(self, old: str, new: str) -> "Sources":
+        """These sources with the key `old` (and what lies below it) given as `new`: an old name read as the new one
+        (torchtrain.config.validation.RENAMED), so that an error about the key names where the old name was given."""
+        def name(k: str) -> str:
+            return new + k[len(old):] if k == old or k.startswith((old + ".", old + "[")) else k
+
+        return Sources(self.file, {name(k): v for k, v in self.lines.items()},
+                       {name(k): v for k, v in self.overrides.items()})
+
     def without(self, keys: Sequence[str]) -> "Sources":
         """These sources with `keys` (and what lies below them) given by no one: changed by the program."""
         def kept(k: str) -> bool:
@@ -235,24 +244,24 @@ class OptimConfig(_Section):
     grad_clip: Number = _key(1.0, "clip the global gradient norm to this (0 = off)", ge=0.0)
 
 
-class StageConfig(_Section):
-    """One stage of `schedule.stages` (torchtrain.training.stages): its steps train on windows of its length, packed
+class PhaseConfig(_Section):
+    """One phase of `schedule.phases` (torchtrain.training.phases): its steps train on windows of its length, packed
     for it, with its RoPE base and peak learning rate."""
 
-    steps: StrictInt = _key(..., "optimizer steps of this stage", ge=1)
-    seq_len: StrictInt = _key(..., "slots per window of this stage (its windows packed from data.path)", ge=2)
-    rope_theta: Optional[Number] = _key(None, "RoPE base in this stage (omitted: model.rope.theta, or the model's)",
+    steps: StrictInt = _key(..., "optimizer steps of this phase", ge=1)
+    seq_len: StrictInt = _key(..., "slots per window of this phase (its windows packed from data.path)", ge=2)
+    rope_theta: Optional[Number] = _key(None, "RoPE base in this phase (omitted: model.rope.theta, or the model's)",
                                         gt=1.0)
-    lr: Optional[Number] = _key(None, "peak learning rate in this stage, under the schedule's shape (omitted: "
+    lr: Optional[Number] = _key(None, "peak learning rate in this phase, under the schedule's shape (omitted: "
                                 "optim.lr)", gt=0.0)
 
     def given(self) -> dict[str, Any]:
-        """The stage as the config gives it (the optional keys only where given)."""
+        """The phase as the config gives it (the optional keys only where given)."""
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
-Stages = tuple[StageConfig, ...]
-EXPECTED_BY_TYPE[Stages] = "a list of stages, each a mapping {steps, seq_len} with optional rope_theta and lr"
+Phases = tuple[PhaseConfig, ...]
+EXPECTED_BY_TYPE[Phases] = "a list of phases, each a mapping {steps, seq_len} with optional rope_theta and lr"
 
 
 class ScheduleConfig(_Section):
@@ -262,8 +271,8 @@ class ScheduleConfig(_Section):
     warmup_steps: StrictInt = _key(0, "linear warmup steps (from lr/warmup_steps)", ge=0)
     kind: Schedule = _key("constant", "after warmup: constant, cosine or linear decay")
     min_lr_ratio: Number = _key(0.0, "cosine/linear: the final learning rate as a fraction of optim.lr", ge=0.0, le=1.0)
-    stages: Stages = _key((), "a length schedule: stages run one after the other in one run, their steps summing "
-                          "to schedule.steps (data.path a corpus, data.seq_len omitted; torchtrain.training.stages)")
+    phases: Phases = _key((), "a length schedule: phases run one after the other in one run, their steps summing "
+                          "to schedule.steps (data.path a corpus, data.seq_len omitted; torchtrain.training.phases)")
 
 
 class ParallelConfig(_Section):
@@ -411,7 +420,7 @@ ROPE_FIELD = {"theta": "base", "scaling": "kind"}  # `model.rope:` names -> anch
 
 def plain(v: Any) -> Any:
     """A key's value as YAML-able data: `model.rope` as the overrides it gives, tuples as lists."""
-    if isinstance(v, (RopeConfig, StageConfig)):
+    if isinstance(v, (RopeConfig, PhaseConfig)):
         return v.given()
     if isinstance(v, tuple):
         return [plain(x) for x in v]

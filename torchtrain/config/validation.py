@@ -4,6 +4,11 @@ merged over it (`load_train_config`), then the mapping checked against the decla
 the nested mappings (`model.rope`, `data.pack`); the checks across keys that need neither the world size nor a
 model; then, with the world size, `check_world`.
 
+A key renamed since an earlier release (`RENAMED`: `schedule.stages` is now `schedule.phases`) is read under its new
+name for one release, with one warning line on stderr naming the new one and where the old one was given; both names
+given is an InputError naming both. A run folder's config.yaml written before the rename is read the same way,
+without the line (`current_keys`).
+
 Overrides are `key=value` with the dotted key (`optim.lr=1e-5`, `data.pack.budget=20000`); values are read as
 YAML, bounded as a file is (anchor_core.yamlfile: `true`, `0.1`, `[0.9, 0.95]`; `yes` is a string). An override
 wins over the file; a key given twice, in the file or by two overrides, is refused in one line naming it, both
@@ -22,7 +27,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from anchor_core.data.config import PACK_SCHEMA, check_pack_options, validate_pack_config
-from anchor_core.errors import InputError
+from anchor_core.errors import InputError, warn_line
 from anchor_core.export import shard_size_bytes
 from anchor_core.limits import clip, excerpt
 from anchor_core.shipped import resolve
@@ -114,6 +119,7 @@ def validate(d: Any, *, source: str = "config", origins: Mapping[str, str] | Non
     # every section present (an empty one, `optim:` alone, is None in YAML), so a missing required key is
     # named by its dotted path
     d = {**{s: {} for s in SECTIONS}, **{k: {} if k in SECTIONS and v is None else v for k, v in d.items()}}
+    d, sources = _read_renamed(d, sources, warn=True)
     d = _fold_tensorboard(d, sources)
     try:
         cfg = TrainConfig.model_validate(d)
@@ -143,8 +149,8 @@ def validate(d: Any, *, source: str = "config", origins: Mapping[str, str] | Non
         shard_size_bytes(cfg.checkpoint.max_shard_size, option="checkpoint.max_shard_size")
     except InputError as e:
         raise InputError(str(e), path=cfg.where("checkpoint.max_shard_size")) from None
-    _check_stages(cfg)
-    for seq_len in [s.seq_len for s in cfg.schedule.stages] or [cfg.data.seq_len]:
+    _check_phases(cfg)
+    for seq_len in [p.seq_len for p in cfg.schedule.phases] or [cfg.data.seq_len]:
         if seq_len is not None:  # else the packed data gives it: prepare_run checks it then
             check_heldout_buckets(cfg, seq_len)
     check_deepspeed_section(cfg)  # last: it imports DeepSpeed when the section is given
@@ -187,22 +193,55 @@ def _fold_tensorboard(d: dict[str, Any], sources: Sources) -> dict[str, Any]:
     return {**d, "logging": section}
 
 
-def _check_stages(cfg: TrainConfig) -> None:
-    """`schedule.stages` covers `schedule.steps`, and each stage gives its own length (torchtrain.training.stages)."""
-    stages = cfg.schedule.stages
-    if not stages:
+# A key's name in earlier releases -> its name now, each read under its new name for one release (module docstring).
+RENAMED = {"schedule.stages": "schedule.phases"}
+
+
+def current_keys(d: Any) -> Any:
+    """A config by section (a run folder's config.yaml) with the old names of RENAMED under their new ones, without
+    a word: anchor wrote it, the user has nothing to rename."""
+    return _read_renamed(d, Sources("config"), warn=False)[0]
+
+
+def _read_renamed(d: Any, sources: Sources, *, warn: bool) -> tuple[Any, Sources]:
+    """`d` with each old name of RENAMED it gives under the new name, and `sources` likewise (an error about the key
+    names where the old name was given); with `warn`, one line on stderr for each. Both names given is an
+    InputError naming both."""
+    if not isinstance(d, dict):
+        return d, sources
+    for old, new in RENAMED.items():
+        section, old_key = old.split(".")
+        new_key = new.split(".")[1]
+        keys = d.get(section)
+        if not isinstance(keys, dict) or old_key not in keys:
+            continue
+        if new_key in keys:
+            raise InputError(f"{old} and {new} are both given; {old} is the older name of {new}: give {new} only",
+                             path=sources.where(old, new))
+        if warn:
+            warn_line(f"{old} is the older name of {new}, read as {new} for one release: rename the key",
+                      path=sources.where(old))
+        d = {**d, section: {new_key if k == old_key else k: v for k, v in keys.items()}}
+        sources = sources.renamed(old, new)
+    return d, sources
+
+
+def _check_phases(cfg: TrainConfig) -> None:
+    """`schedule.phases` covers `schedule.steps`, and each phase gives its own length (torchtrain.training.phases)."""
+    phases = cfg.schedule.phases
+    if not phases:
         return
-    total = sum(s.steps for s in stages)
+    total = sum(p.steps for p in phases)
     if total != cfg.schedule.steps:
-        raise InputError(f"the steps of schedule.stages sum to {total}, schedule.steps is {cfg.schedule.steps}: they "
-                         "must be equal", path=cfg.where("schedule.stages", "schedule.steps"))
+        raise InputError(f"the steps of schedule.phases sum to {total}, schedule.steps is {cfg.schedule.steps}: they "
+                         "must be equal", path=cfg.where("schedule.phases", "schedule.steps"))
     if cfg.data.seq_len is not None:
-        raise InputError(f"data.seq_len {cfg.data.seq_len} with schedule.stages: each stage gives its own seq_len; "
-                         "omit data.seq_len", path=cfg.where("data.seq_len", "schedule.stages"))
+        raise InputError(f"data.seq_len {cfg.data.seq_len} with schedule.phases: each phase gives its own seq_len; "
+                         "omit data.seq_len", path=cfg.where("data.seq_len", "schedule.phases"))
     if cfg.eval.heldout_data is not None:
-        raise InputError("eval.heldout_data holds windows of one length, schedule.stages trains on several: hold out "
-                         "eval.heldout_windows of each stage's windows instead",
-                         path=cfg.where("eval.heldout_data", "schedule.stages"))
+        raise InputError("eval.heldout_data holds windows of one length, schedule.phases trains on several: hold out "
+                         "eval.heldout_windows of each phase's windows instead",
+                         path=cfg.where("eval.heldout_data", "schedule.phases"))
 
 
 def _check_nested(cfg: TrainConfig, sources: Sources) -> None:
@@ -263,8 +302,8 @@ def check_world(cfg: TrainConfig, world: int) -> None:
 
 def _field_path(loc: Sequence[Any]) -> tuple[list[str], FieldInfo | None, Any]:
     """The longest prefix of a pydantic error location that names a key (or a section), its field, and the model
-    whose keys come next; an item of a list of mappings (`schedule.stages`) is named by its index from 1:
-    `schedule.stages[2].seq_len`."""
+    whose keys come next; an item of a list of mappings (`schedule.phases`) is named by its index from 1:
+    `schedule.phases[2].seq_len`."""
     cls: Any = TrainConfig
     path: list[str] = []
     field = None
@@ -290,14 +329,14 @@ def _lookup(d: Any, path: Sequence[str]) -> Any:
     for p in path:
         key, _, index = p.partition("[")
         d = d.get(key) if isinstance(d, dict) else None
-        if index:  # an item of a list: `stages[2]` (from 1)
+        if index:  # an item of a list: `phases[2]` (from 1)
             i = int(index.rstrip("]")) - 1
             d = d[i] if isinstance(d, list) and i < len(d) else None
     return d
 
 
 def _key_of(dotted: str) -> str:
-    """The declared key a dotted name lies under: `schedule.stages` for `schedule.stages[2].seq_len`."""
+    """The declared key a dotted name lies under: `schedule.phases` for `schedule.phases[2].seq_len`."""
     return re.sub(r"\[\d+\].*$", "", dotted)
 
 

@@ -113,8 +113,8 @@ def set_engine(model: nn.Module, engine: Engine) -> nn.Module:
 
 
 def set_rope(model: nn.Module, spec: ModelSpec) -> dict[str, torch.Tensor]:
-    """Make `model`'s rotary embeddings those of `spec` (a stage of a length schedule changes its RoPE base and
-    length: torchtrain.training.stages): every module holding an `inv_freq` buffer takes the scaling, type, lengths and
+    """Make `model`'s rotary embeddings those of `spec` (a phase of a length schedule changes its RoPE base and
+    length: torchtrain.training.phases): every module holding an `inv_freq` buffer takes the scaling, type, lengths and
     config a fresh one built for `spec` has, and `model.anchor_spec` becomes `spec`. Returns the fresh modules'
     float32 buffers by name (inv_freq, original_inv_freq), which the caller writes into the model's own (the
     trainer's `_restore_rope_buffers`: DeepSpeed's bf16 mode casts buffers, and a checkpoint's load is followed by

@@ -237,7 +237,7 @@ def lm_head_cross_entropy(head: nn.Module, hidden: torch.Tensor, targets: torch.
     weight gathered with `deepspeed.zero.GatheredParameters` around the loss instead would be released
     before the backward, which needs it whole. DeepSpeed's `TiledFusedLogitsLoss` runs its backward inside
     its forward with an incoming gradient of 1, so the weight's gradient would miss the factor the trainer
-    multiplies the loss by, `world / global count`.) The arithmetic is the same at every stage.
+    multiplies the loss by, `world / global count`.) The arithmetic is the same at every ZeRO stage.
     """
     bias = getattr(head, "bias", None)
     if not hasattr(head.weight, "ds_id"):

@@ -51,7 +51,7 @@ from torchtrain.training.export import export_model  # looked up here: a test ho
 from torchtrain.training.state import read_trainer_state, rng_state, safe_loads, seed_rng, set_rng_state
 
 if TYPE_CHECKING:
-    from torchtrain.training.stages import StagedLoader
+    from torchtrain.training.phases import PhasedLoader
     from anchor_core.spec import ModelSpec
     from torchtrain.config import TrainConfig
     from torchtrain.parallel.distributed import World
@@ -319,7 +319,7 @@ class Checkpointer:
     spec: ModelSpec
     engine: Any
     world: World
-    loader: StagedLoader
+    loader: PhasedLoader
     config_file: str
     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE
     export_dtype: str = "auto"

@@ -1,15 +1,15 @@
 """What a run trains on: its data, recorded, packed and checked.
 
     RUN/data/             the corpus packed on the fly, when `data.path` is not an `anchor pack` output
-    RUN/data-<seq_len>/   with `schedule.stages`: the corpus packed for each stage's length (torchtrain.training.stages)
+    RUN/data-<seq_len>/   with `schedule.phases`: the corpus packed for each phase's length (torchtrain.training.phases)
     RUN/data_source.json  `data.path` resolved, a fingerprint of its content, and the settings RUN/data was packed
                           with; RUN/data is reused only when they still hold (`clear_stale_packs`), and a resume
                           whose data changed is refused (torchtrain.training.resume); `eval.heldout_data` resolved
                           and fingerprinted the same way (`heldout`)
 
     check_data(cfg, spec)                     before the run folder is touched: the data exists, and every length
-                                              (each stage's) fits the model and the memory
-    pack_run_data(cfg, stages, run, ...)      the packed windows of every stage, each checked against its config
+                                              (each phase's) fits the model and the memory
+    pack_run_data(cfg, phases, run, ...)      the packed windows of every phase, each checked against its config
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from torchtrain.config import TrainConfig, with_changes
 from torchtrain.config.validation import check_heldout_buckets
 from torchtrain.training.fit import check_model, model_spec
 from torchtrain.training.heldout import check_heldout_data
-from torchtrain.training.stages import Stage, named_stage, run_stages
+from torchtrain.training.phases import Phase, named_phase, run_phases
 
 if TYPE_CHECKING:
     from anchor_core.spec import ModelSpec
@@ -42,44 +42,44 @@ SOURCE_FILE = "data_source.json"
 _EDGE = 1 << 20  # bytes of each end of a file read by the fingerprint
 
 
-def check_data(cfg: TrainConfig, spec: ModelSpec) -> tuple[list[Stage], int | None]:
+def check_data(cfg: TrainConfig, spec: ModelSpec) -> tuple[list[Phase], int | None]:
     """Before any packing and before the run folder is touched: `data.path` exists, and each length the run
-    trains (every stage's, or `data.seq_len`, or the packed data's) fits the model and the memory, with its
-    held-out settings. Returns the run's stages and its length (None: a corpus packed at a length only packing
+    trains (every phase's, or `data.seq_len`, or the packed data's) fits the model and the memory, with its
+    held-out settings. Returns the run's phases and its length (None: a corpus packed at a length only packing
     gives)."""
     data_path = Path(cfg.data.path)
     if cfg.data.path != "corpus" and not data_path.exists():
         raise InputError("no such data file or folder (an `anchor pack` output, a corpus, or `corpus`)",
                          path=data_path)
     seq_len = cfg.data.seq_len
-    stages = run_stages(cfg)  # one, without schedule.stages
-    if cfg.schedule.stages:
+    phases = run_phases(cfg)  # one, without schedule.phases
+    if cfg.schedule.phases:
         if (data_path / "pack.json").is_file():
-            raise InputError(f"data.path {data_path} is an `anchor pack` output of one length; schedule.stages packs "
-                             "each stage's windows from a corpus (a JSONL file or folder, or `corpus`)",
-                             path=cfg.where("data.path", "schedule.stages"))
-        for stage in stages:  # each length against the model and the memory, before any packing
-            with named_stage(stage, cfg):
-                check_model(stage.cfg, model_spec(stage.cfg), stage.seq_len)
-        return stages, seq_len
+            raise InputError(f"data.path {data_path} is an `anchor pack` output of one length; schedule.phases packs "
+                             "each phase's windows from a corpus (a JSONL file or folder, or `corpus`)",
+                             path=cfg.where("data.path", "schedule.phases"))
+        for phase in phases:  # each length against the model and the memory, before any packing
+            with named_phase(phase, cfg):
+                check_model(phase.cfg, model_spec(phase.cfg), phase.seq_len)
+        return phases, seq_len
     if seq_len is None and (data_path / "pack.json").is_file():
         seq_len = PackedData.open(data_path).seq_len
     if seq_len is not None:
         check_model(cfg, spec, seq_len)  # before packing and before the run folder: a bad length fails fast
         check_heldout_buckets(cfg, seq_len)
         check_heldout_data(cfg, seq_len)
-    return stages, seq_len
+    return phases, seq_len
 
 
-def pack_run_data(cfg: TrainConfig, stages: list[Stage], run: Path, spec: ModelSpec, seq_len: int | None,
+def pack_run_data(cfg: TrainConfig, phases: list[Phase], run: Path, spec: ModelSpec, seq_len: int | None,
                   source: dict[str, Any], progress: bool) -> PackedData:
-    """RUN/data_source.json (`source`, data_source's) and every stage's packed windows (`stage_data`: packed on
-    the fly when needed, reused when packed with these settings); returns the last stage's."""
+    """RUN/data_source.json (`source`, data_source's) and every phase's packed windows (`phase_data`: packed on
+    the fly when needed, reused when packed with these settings); returns the last phase's."""
     clear_stale_packs(run, source)
     write_text_atomic(run / SOURCE_FILE, json.dumps(source, indent=1) + "\n")
-    for stage in stages:
-        with named_stage(stage, cfg):
-            packed = stage_data(cfg, stage, run, spec, seq_len, progress)
+    for phase in phases:
+        with named_phase(phase, cfg):
+            packed = phase_data(cfg, phase, run, spec, seq_len, progress)
     return packed
 
 
@@ -121,7 +121,7 @@ def data_source(cfg: TrainConfig) -> dict[str, Any]:
         record["heldout"] = {"data": held, "fingerprint": content_fingerprint(Path(held))}
     if not (Path(data) / "pack.json").is_file():
         d = cfg.data
-        lengths = [s.seq_len for s in cfg.schedule.stages]
+        lengths = [s.seq_len for s in cfg.schedule.phases]
         record["packed_with"] = {"model": cfg.model.name, "seq_len": lengths or d.seq_len, "tags": d.tags,
                                  "interleave": d.interleave, "seed": d.seed,
                                  "pack": {k: d.pack[k] for k in sorted(d.pack)}}
@@ -138,15 +138,15 @@ def read_source(run: Path) -> dict[str, Any] | None:
 
 def data_dir(cfg: TrainConfig, run: Path, seq_len: int | None = None) -> Path:
     """The packed folder of a prepared run: `data.path` itself when it is an `anchor pack` output, else RUN/data;
-    with `schedule.stages`, the stage of `seq_len`'s, RUN/data-<seq_len>."""
-    if cfg.schedule.stages:
+    with `schedule.phases`, the phase of `seq_len`'s, RUN/data-<seq_len>."""
+    if cfg.schedule.phases:
         return run / f"{DATA_DIR}-{seq_len}"
     return Path(cfg.data.path) if (Path(cfg.data.path) / "pack.json").is_file() else run / DATA_DIR
 
 
 def pack_data(cfg: TrainConfig, run: Path, progress: bool, target: Path) -> Path:
     """The packed folder to train on: `data.path` itself when it is an `anchor pack` output (checked
-    against the config), else `target` (RUN/data, or a stage's RUN/data-<seq_len>), packed from the corpus once
+    against the config), else `target` (RUN/data, or a phase's RUN/data-<seq_len>), packed from the corpus once
     and reused on resume (`clear_stale_packs` removed any packed with other settings)."""
     data = Path(cfg.data.path)
     if (data / "pack.json").is_file():
@@ -169,7 +169,7 @@ def pack_data(cfg: TrainConfig, run: Path, progress: bool, target: Path) -> Path
 
     source: str | Path = cfg.data.path
     if cfg.data.path == "corpus":
-        if not (run / "corpus" / CORPUS_FILE).is_file():  # written whole or not at all; one for every stage
+        if not (run / "corpus" / CORPUS_FILE).is_file():  # written whole or not at all; one for every phase
             write_default_corpus(run / "corpus", progress=progress)
         source = run / "corpus" / CORPUS_FILE
     d, p = cfg.data, cfg.data.pack
@@ -194,7 +194,7 @@ def check_tokenizer(cfg: TrainConfig, meta: dict[str, Any], where: Path) -> None
 
 
 def clear_stale_packs(run: Path, source: dict[str, Any]) -> None:
-    """RUN/data and every stage's RUN/data-<seq_len> removed when RUN/data_source.json records other data or other
+    """RUN/data and every phase's RUN/data-<seq_len> removed when RUN/data_source.json records other data or other
     packing settings than `source`: packed by an earlier attempt with another config that stopped before config.yaml
     (a resume with other settings is refused before this), packed again, never trained on silently."""
     old = read_source(run) or {}
@@ -205,18 +205,18 @@ def clear_stale_packs(run: Path, source: dict[str, Any]) -> None:
             shutil.rmtree(folder)
 
 
-def stage_data(run_cfg: TrainConfig, stage: Stage, run: Path, spec: ModelSpec, seq_len: int | None,
+def phase_data(run_cfg: TrainConfig, phase: Phase, run: Path, spec: ModelSpec, seq_len: int | None,
                 progress: bool) -> PackedData:
-    """A stage's packed windows (`pack_data`: packed on the fly when needed), checked against its config: the
+    """A phase's packed windows (`pack_data`: packed on the fly when needed), checked against its config: the
     model's vocabulary and positions (and, for a length only the packed data gave, `seq_len` None, the memory), one
     global batch left once its held-out windows are held out, eval.heldout_data's length."""
-    cfg = stage.cfg
-    data = pack_data(cfg, run, progress, data_dir(run_cfg, run, stage.seq_len))
+    cfg = phase.cfg
+    data = pack_data(cfg, run, progress, data_dir(run_cfg, run, phase.seq_len))
     packed = PackedData.open(data)
     if cfg.data.seq_len is None:
         cfg = with_changes(cfg, {"data.seq_len": packed.seq_len})
-    staged = bool(run_cfg.schedule.stages)  # a stage's own RoPE; its memory was checked before packing
-    spec = check_model(cfg, model_spec(cfg) if staged else spec, packed.seq_len, memory=seq_len is None and not staged)
+    phased = bool(run_cfg.schedule.phases)  # a phase's own RoPE; its memory was checked before packing
+    spec = check_model(cfg, model_spec(cfg) if phased else spec, packed.seq_len, memory=seq_len is None and not phased)
     vocab = (packed.meta.get("tokenizer") or {}).get("vocab_size")
     if vocab is not None and vocab > spec.vocab_size:
         raise InputError(f"the packed data's tokenizer has {vocab} tokens, the model only {spec.vocab_size}", path=data)

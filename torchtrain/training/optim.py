@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from anchor_core.errors import UnavailableError
 from anchor_core.limits import clip
 from torchtrain.config.deepspeed_json import quiet_deepspeed_import
-from torchtrain.training.stages import stage_index
+from torchtrain.training.phases import phase_index
 
 if TYPE_CHECKING:
     import torch
@@ -29,10 +29,10 @@ if TYPE_CHECKING:
 def lr_factor(cfg: TrainConfig, step: int) -> float:
     """Multiplier of `optim.lr` for the update of optimizer step `step` (0-based): linear warmup from
     lr/schedule.warmup_steps, then `schedule.kind`: constant, cosine or linear decay to
-    `schedule.min_lr_ratio * lr` at the last step; with `schedule.stages`, times the stage's lr / optim.lr for the
-    steps of a stage that gives its own lr (the shape spans the whole run: torchtrain.training.stages)."""
-    stages = cfg.schedule.stages
-    peak = stages[stage_index([s.steps for s in stages], step + 1)].lr if stages else None
+    `schedule.min_lr_ratio * lr` at the last step; with `schedule.phases`, times the phase's lr / optim.lr for the
+    steps of a phase that gives its own lr (the shape spans the whole run: torchtrain.training.phases)."""
+    phases = cfg.schedule.phases
+    peak = phases[phase_index([p.steps for p in phases], step + 1)].lr if phases else None
     return _shape(cfg, step) * (1.0 if peak is None else peak / cfg.optim.lr)
 
 

@@ -2,7 +2,7 @@
 numbers to the trackers (torchtrain.training.trackers) and the progress bar.
 
     report = StepReport(cfg, run, world, start=..., elapsed0=..., logged=..., peak=..., built=..., progress=True)
-    row = report.step(step, stage, loss=..., tokens=..., lr=..., grad_norm=..., flops=..., seconds=..., extra={})
+    row = report.step(step, phase, loss=..., tokens=..., lr=..., grad_norm=..., flops=..., seconds=..., extra={})
     report.close(finished=True)
 
 Every rank builds the row (the first line gathers every rank's memory peaks: a collective); rank 0 writes it.
@@ -25,7 +25,7 @@ from torchtrain.training.throughput import Peak
 from torchtrain.training.trackers import Trackers
 
 if TYPE_CHECKING:
-    from torchtrain.training.stages import Stage
+    from torchtrain.training.phases import Phase
 
 
 def gathered(world: World, value: Any) -> list[Any]:
@@ -59,17 +59,17 @@ class StepReport:
             self.bar.advance(start)
         self.t_start = time.perf_counter() - elapsed0
 
-    def step(self, step: int, stage: Stage, *, loss: float, tokens: int, lr: float, grad_norm: float | None,
+    def step(self, step: int, phase: Phase, *, loss: float, tokens: int, lr: float, grad_norm: float | None,
              flops: float, seconds: float, extra: dict[str, Any]) -> dict[str, Any]:
         """Report one step (`seconds`: its time; `extra`: more numbers of its line, such as the held-out loss);
         returns its line."""
         cfg, world, peak = self.cfg, self.world, self.peak
         row = {"step": step, "loss": loss, "tokens": tokens, "lr": lr, "grad_norm": grad_norm,
-               "tokens_per_s": cfg.data.global_batch * stage.seq_len / seconds, "flops": flops,
+               "tokens_per_s": cfg.data.global_batch * phase.seq_len / seconds, "flops": flops,
                "flops_per_s": flops / seconds, "mfu": flops / seconds / (peak.flops_per_s * world.size),
                "elapsed_s": time.perf_counter() - self.t_start, **peak_memory(world.device)}
-        if cfg.schedule.stages:
-            row.update(stage=stage.index, seq_len=stage.seq_len)
+        if cfg.schedule.phases:
+            row.update(phase=phase.index, seq_len=phase.seq_len)
         row.update(extra)
         if step == self.start + 1:  # this process's first line: what building the engine and the first step held
             row.update(peak_flops_per_s=peak.flops_per_s, build_peak_gib=self.built[0],

@@ -17,7 +17,7 @@ from typing import Any
 from anchor_core.atomic import write_text_atomic
 from anchor_core.errors import InputError
 from anchor_core.yamlfile import read_yaml
-from torchtrain.config import KEYS, RESUMABLE_CHANGES, TrainConfig, by_dotted_key, validate
+from torchtrain.config import KEYS, RESUMABLE_CHANGES, TrainConfig, by_dotted_key, current_keys, validate
 from torchtrain.config.schema import plain
 from torchtrain.training import checkpoint as ckpt
 from torchtrain.training import universal
@@ -54,14 +54,15 @@ def prepare_resume(cfg: TrainConfig, run: Path, world: int, source: dict[str, An
 
 
 def saved_config(run: Path) -> dict[str, Any] | None:
-    """RUN/config.yaml as sections (None: no such file)."""
+    """RUN/config.yaml as sections, a key an earlier release wrote under its new name (current_keys; None: no such
+    file)."""
     path = run / CONFIG_FILE
     if not path.is_file():
         return None
     saved = read_yaml(path)
     if not isinstance(saved, dict):
         raise InputError("not a run's config (not a mapping)", path=path)
-    return saved
+    return current_keys(saved)
 
 
 def load_run_config(run: Path) -> TrainConfig:

@@ -32,7 +32,7 @@ from torchtrain.training.fit import model_spec, resolved_engine
 from torchtrain.training.memory import parameters
 from torchtrain.training.metrics import read_log
 from torchtrain.training.resume import CONFIG_FILE, check_resume, prepare_resume
-from torchtrain.training.stages import Stage
+from torchtrain.training.phases import Phase
 from torchtrain.training.tracker_checks import check_trackers
 from torchtrain.training.trackers import prepare_trackers
 
@@ -55,7 +55,7 @@ def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, 
     check_trackers(cfg)  # each tracker installed, MLflow's store answering
     weights = stream_weights(cfg.model.name, seed=cfg.data.seed)  # names and shapes from the files' headers, no
     # data: weights that do not fit the model are refused here, not in a rank that has started building it
-    stages, seq_len = check_data(cfg, spec)  # the data, and every length against the model and the memory
+    phases, seq_len = check_data(cfg, spec)  # the data, and every length against the model and the memory
     guard_out(run, "train", inputs=[cfg.data.path, cfg.model.name], replace=False)
     source = data_source(cfg)  # the data's fingerprint: read once, for the resume's check and data_source.json
     saved = check_resume(cfg, run, source, asked_engine=asked)  # a rerun trains the config and data it started with
@@ -64,10 +64,10 @@ def prepare_run(cfg: TrainConfig, run: str | Path, *, world: int | None = None, 
         weights.check_finite()  # checkpoint over them), read a tensor at a time: a NaN would make every loss NaN
     del weights  # its reader maps the model's file: unmapped now, not when this frame goes (packing is next)
     run.mkdir(parents=True, exist_ok=True)
-    _fill_run(cfg, stages, run, spec, seq_len, source, saved is not None, world, progress)
+    _fill_run(cfg, phases, run, spec, seq_len, source, saved is not None, world, progress)
 
 
-def _fill_run(cfg: TrainConfig, stages: list[Stage], run: Path, spec: ModelSpec, seq_len: int | None,
+def _fill_run(cfg: TrainConfig, phases: list[Phase], run: Path, spec: ModelSpec, seq_len: int | None,
               source: dict[str, Any], resumed: bool, world: int, progress: bool) -> None:
     """The run folder's marker, the resume's conversions, the data (packed on the fly when needed), then
     config.yaml, the DeepSpeed config and the trackers' runs."""
@@ -75,8 +75,8 @@ def _fill_run(cfg: TrainConfig, stages: list[Stage], run: Path, spec: ModelSpec,
     ckpt.clear_staging(run)
     if resumed:
         prepare_resume(cfg, run, world, source, progress)
-    packed = pack_run_data(cfg, stages, run, spec, seq_len, source, progress)
-    if cfg.data.seq_len is None and not cfg.schedule.stages:
+    packed = pack_run_data(cfg, phases, run, spec, seq_len, source, progress)
+    if cfg.data.seq_len is None and not cfg.schedule.phases:
         cfg = with_changes(cfg, {"data.seq_len": packed.seq_len})
     write_run_config(cfg, run)
     (run / DS_CONFIG_FILE).write_text(json.dumps(deepspeed_config(cfg, world), indent=1))

@@ -60,7 +60,7 @@ from torchtrain.training.optim import allocate_state, build_optimizer, load_cpu_
 from torchtrain.training.report import StepReport, rank_peaks
 from torchtrain.training.resume import CONFIG_FILE, load_run_config
 from torchtrain.training.run_folder import prepare_run
-from torchtrain.training.stages import Stage, StagedLoader, run_stages, stage_at
+from torchtrain.training.phases import Phase, PhasedLoader, phase_at, run_phases
 from torchtrain.training.throughput import batch_flops, device_peak
 
 if TYPE_CHECKING:
@@ -215,8 +215,8 @@ def worker(run_str: str, progress: bool = True) -> int:
     run = Path(run_str)
     cfg = load_run_config(run)
     world = _start_rank(cfg)
-    stages = run_stages(cfg)  # one, without schedule.stages
-    specs = [check_model(s.cfg, model_spec(s.cfg), s.seq_len, memory=False) for s in stages]  # memory: prepare_run
+    phases = run_phases(cfg)  # one, without schedule.phases
+    specs = [check_model(p.cfg, model_spec(p.cfg), p.seq_len, memory=False) for p in phases]  # memory: prepare_run
     logged, upto = _read_logged(run, world)
     universal = ckpt.universal_step(run, upto, world.size, cfg.parallel.zero_stage) is not None
     release_memory()  # what preparing the run left (prepare_run, in this process with one): not under the step
@@ -226,7 +226,7 @@ def worker(run_str: str, progress: bool = True) -> int:
         ranks = f" (ranks 0-{len(built) - 1})" if len(built) > 1 else ""
         print(f"model built: host memory peak {_gib_list(built)} GiB{ranks}; engine built: "
               f"{_gib_list(engine_built)} GiB", file=sys.stderr, flush=True)
-    loader = StagedLoader(stages, lambda stage: _open_loader(cfg, run, stage, world))
+    loader = PhasedLoader(phases, lambda phase: _open_loader(cfg, run, phase, world))
     checkpointer = ckpt.Checkpointer(run, cfg, specs[0], engine, world, loader, config_file=CONFIG_FILE,
                                      max_shard_size=cfg.checkpoint.max_shard_size,
                                      export_dtype=cfg.checkpoint.export_dtype)
@@ -241,11 +241,11 @@ def worker(run_str: str, progress: bool = True) -> int:
               file=sys.stderr, flush=True)
     report = StepReport(cfg, run, world, start=start, elapsed0=elapsed0, logged=logged, peak=peak, built=built,
                         engine_built=engine_built, progress=progress)
-    step, stage, held = start, None, None
+    step, phase, held = start, None, None
     try:
         for step in range(start + 1, cfg.schedule.steps + 1):
-            if stage is not (stage := stage_at(stages, step)):  # its RoPE after DeepSpeed's initialize and the load
-                held, checkpointer = _enter_stage(stages, stage, specs[stage.index - 1], engine, checkpointer, step)
+            if phase is not (phase := phase_at(phases, step)):  # its RoPE after DeepSpeed's initialize and the load
+                held, checkpointer = _enter_phase(phases, phase, specs[phase.index - 1], engine, checkpointer, step)
             t0, lr = time.perf_counter(), scheduler.get_last_lr()[0]
             batch = next(loader)
             share = batch_flops(checkpointer.spec, batch.doc_ids, cfg.model.variant) / world.sp  # an SP group's
@@ -253,8 +253,8 @@ def worker(run_str: str, progress: bool = True) -> int:
             check_step(run, step, loss, norm)  # the same on every rank (reduced): all stop before any log or checkpoint
             seconds = time.perf_counter() - t0
             evaluate = held is not None and step % cfg.eval.every == 0
-            extra = heldout_loss(stage.cfg, world, engine, held) if evaluate else {}
-            row = report.step(step, stage, loss=loss, tokens=count, lr=lr, grad_norm=norm, flops=flops,
+            extra = heldout_loss(phase.cfg, world, engine, held) if evaluate else {}
+            row = report.step(step, phase, loss=loss, tokens=count, lr=lr, grad_norm=norm, flops=flops,
                               seconds=seconds, extra=extra)
             if cfg.is_checkpoint_step(step):
                 checkpointer.save(step, row["elapsed_s"])
@@ -278,25 +278,25 @@ def check_step(run: Path, step: int, loss: float, norm: float | None) -> None:
                     f"checkpointing this step ({last})")
 
 
-def _open_loader(cfg: TrainConfig, run: Path, stage: Stage, world: World) -> Loader:
-    """This rank's Loader of a stage's windows (RUN/data, or the stage's RUN/data-<seq_len>), at its first window,
+def _open_loader(cfg: TrainConfig, run: Path, phase: Phase, world: World) -> Loader:
+    """This rank's Loader of a phase's windows (RUN/data, or the phase's RUN/data-<seq_len>), at its first window,
     its held-out windows left out."""
-    return Loader(PackedData.open(data_dir(cfg, run, stage.seq_len)), variant=cfg.model.variant,
+    return Loader(PackedData.open(data_dir(cfg, run, phase.seq_len)), variant=cfg.model.variant,
                   batch_size=cfg.data.micro_batch * cfg.grad_accum(world.size), seed=cfg.data.seed,
                   rank=world.dp_rank, world_size=world.dp, mask_cross_doc_loss=cfg.model.mask_cross_doc_loss,
                   held_out=0 if cfg.eval.heldout_data else cfg.eval.heldout_windows)
 
 
-def _enter_stage(stages: list[Stage], stage: Stage, spec: ModelSpec, engine: Any,
+def _enter_phase(phases: list[Phase], phase: Phase, spec: ModelSpec, engine: Any,
                  checkpointer: ckpt.Checkpointer, step: int) -> tuple[HeldOut | None, ckpt.Checkpointer]:
-    """Before the first step of `stage` this process trains (its first, or the first after a resume): the model's
-    RoPE set to the stage's (torchtrain.training.stages), its held-out windows, and the checkpointer's spec (hf/'s config:
-    the stage's RoPE and length). Returns the held-out set and the checkpointer."""
+    """Before the first step of `phase` this process trains (its first, or the first after a resume): the model's
+    RoPE set to the phase's (torchtrain.training.phases), its held-out windows, and the checkpointer's spec (hf/'s config:
+    the phase's RoPE and length). Returns the held-out set and the checkpointer."""
     _restore_rope_buffers(engine.module, set_rope(engine.module, spec))
-    if checkpointer.world.is_main and checkpointer.cfg.schedule.stages:
-        print(f"{stage.describe(len(stages), spec.rope.base)}{' (resumed)' if step > stage.first else ''}", file=sys.stderr,
+    if checkpointer.world.is_main and checkpointer.cfg.schedule.phases:
+        print(f"{phase.describe(len(phases), spec.rope.base)}{' (resumed)' if step > phase.first else ''}", file=sys.stderr,
               flush=True)
-    held = heldout_set(stage.cfg, PackedData.open(data_dir(checkpointer.cfg, checkpointer.run, stage.seq_len)))
+    held = heldout_set(phase.cfg, PackedData.open(data_dir(checkpointer.cfg, checkpointer.run, phase.seq_len)))
     return held, dataclasses.replace(checkpointer, spec=spec)
 
 
@@ -373,7 +373,7 @@ def _build_engine(cfg: TrainConfig, spec: ModelSpec, world: World,
     """The model (the same seed on every rank; Ulysses over the SP group; activation checkpointing as
     configured) under DeepSpeed with AdamW and the schedule: (engine, scheduler, and every rank's host memory
     peak once the model was built, before the engine: `rank_peaks`). Its RoPE buffers, which DeepSpeed's bf16 mode
-    casts, are set in float32 before each stage's first step (`_enter_stage`), after the checkpoint's load.
+    casts, are set in float32 before each phase's first step (`_enter_phase`), after the checkpoint's load.
     `universal`: the run resumes from a checkpoint in DeepSpeed's universal format (another process count:
     torchtrain.training.universal)."""
     import deepspeed

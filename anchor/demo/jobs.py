@@ -1,10 +1,10 @@
-"""The demo's stages: each takes the stage context and returns a small JSON summary (kept in demo.json).
+"""The demo's jobs: each takes the job context and returns a small JSON summary (kept in demo.json).
 
-`RUNNERS` maps each stage name of `STAGES` to its function; `anchor.demo.planning` runs them in order.
+`RUNNERS` maps each job name of `JOBS` to its function; `anchor.demo.pipeline` runs them in order.
 
-The stages that take long, with their summaries and figures, have modules of their own beside this one:
-`train_stage` (`stage_train`) and `eval_stage` (`stage_eval`); the context every stage reads is
-`stage_context`'s. Their names that other code imports from here are imported here.
+The jobs that take long, with their summaries and figures, have modules of their own beside this one:
+`train_job` (`job_train`) and `eval_job` (`job_eval`); the context every job reads is
+`job_context`'s. Their names that other code imports from here are imported here.
 """
 
 from __future__ import annotations
@@ -16,22 +16,22 @@ from anchor.bench.report import write_bench
 from anchor.bench.run import run_bench
 from anchor.bench.step import cut_model
 from anchor.demo.documents import pack_pieces, pack_windows
-from anchor.demo.eval_stage import (  # noqa: F401 (re-exported)
+from anchor.demo.eval_job import (  # noqa: F401 (re-exported)
     _run_scores,
     eval_figures,
-    stage_eval,
+    job_eval,
 )
+from anchor.demo.job_context import JobContext
 from anchor.demo.next_token import print_top5, top5
 from anchor.demo.settings import FP32_SUFFIX
-from anchor.demo.stage_context import StageContext
-from anchor.demo.train_stage import (  # noqa: F401 (re-exported)
+from anchor.demo.train_job import (  # noqa: F401 (re-exported)
     TIMING_RUN,
     LoadSampler,
     _train_overrides,
     busy_machine,
     device_name,
     flop_ratios,
-    stage_train,
+    job_train,
     step_time_ratios,
     train_figures,
 )
@@ -46,38 +46,39 @@ from parity_tests.report import write_report
 from parity_tests.suite import build_cases, run_parity
 
 
-def stage_top5(ctx: StageContext) -> dict[str, Any]:
+def job_top5(ctx: JobContext) -> dict[str, Any]:
     s = ctx.settings
-    with staging_dir(ctx.stage("top5"), "demo") as tmp:
+    with staging_dir(ctx.folder("top5"), "demo") as tmp:
         result = top5(s.model, s.prompt, s.policy, tmp / "top5")
-        publish(tmp / "top5", ctx.stage("top5"), "demo")
+        publish(tmp / "top5", ctx.folder("top5"), "demo")
     print_top5(result)
     return result
 
 
-def stage_corpus(ctx: StageContext) -> dict[str, Any]:
-    return write_default_corpus(ctx.stage("corpus"), progress=ctx.progress)
+def job_corpus(ctx: JobContext) -> dict[str, Any]:
+    return write_default_corpus(ctx.folder("corpus"), progress=ctx.progress)
 
 
-def stage_pack(ctx: StageContext) -> dict[str, Any]:
+def job_pack(ctx: JobContext) -> dict[str, Any]:
     s = ctx.settings
     if s.pack_docs == "pieces":  # the files cut at their functions and sections: several documents a window
-        return pack_pieces(s.model, ctx.stage("corpus"), ctx.stage("pack"), s.seq_len, s.budget, progress=ctx.progress)
+        return pack_pieces(s.model, ctx.folder("corpus"), ctx.folder("pack"), s.seq_len, s.budget,
+                           progress=ctx.progress)
     cfg = PackConfig(seq_len=s.seq_len, mixture=MixtureSpec(kind="upsample_long", budget=s.budget,
                                                             long_threshold=s.seq_len))
-    stats = pack_corpus(s.model, ctx.stage("corpus") / "corpus.jsonl", ctx.stage("pack"), cfg, progress=ctx.progress)
+    stats = pack_corpus(s.model, ctx.folder("corpus") / "corpus.jsonl", ctx.folder("pack"), cfg, progress=ctx.progress)
     return {**{k: stats[k] for k in ("windows", "tokens", "documents", "seq_len") if k in stats},
-            **pack_windows(ctx.stage("pack"))}
+            **pack_windows(ctx.folder("pack"))}
 
 
-def stage_audit(ctx: StageContext) -> dict[str, Any]:
-    result = run_audit(ctx.settings.model, data=str(ctx.stage("corpus") / "corpus.jsonl"), quick=True,
+def job_audit(ctx: JobContext) -> dict[str, Any]:
+    result = run_audit(ctx.settings.model, data=str(ctx.folder("corpus") / "corpus.jsonl"), quick=True,
                        progress=ctx.progress)
-    write_audit(result, ctx.stage("audit"))
+    write_audit(result, ctx.folder("audit"))
     return {"runtime_s": result.get("runtime_s"), "policies": sorted(result.get("shift_curve", {}))}
 
 
-def stage_parity(ctx: StageContext) -> dict[str, Any]:
+def job_parity(ctx: JobContext) -> dict[str, Any]:
     """The trained checkpoint forward (whole model, fp32 and bf16) and its gradients and AdamW steps (fp32,
     on its first `parity_grad_layers` layers: the gradient cases of a 135M model hold some twenty copies of
     its parameters in fp64, 22 GB)."""
@@ -113,7 +114,7 @@ def stage_parity(ctx: StageContext) -> dict[str, Any]:
     result.update(grad_cases=grad["grad_cases"], optimizer=grad["optimizer"], model=model, grad_model=label,
                   runtime_s=round(result["runtime_s"] + grad["runtime_s"], 2),
                   **{"pass": bool(result["pass"] and grad["pass"])})
-    write_report(result, ctx.stage("parity"))
+    write_report(result, ctx.folder("parity"))
     grads = result["grad_cases"]
     return {"model": rel, "grad_model": label, "trained_dtype": trained_dtype, "policies": policies,
             "cases": len(result["cases"]),
@@ -122,13 +123,13 @@ def stage_parity(ctx: StageContext) -> dict[str, Any]:
             "ids": [[c["id"], bool(c["pass"])] for c in result["cases"] + grads]}
 
 
-def stage_bench(ctx: StageContext) -> dict[str, Any]:
+def job_bench(ctx: JobContext) -> dict[str, Any]:
     s = ctx.settings
     result = run_bench(model=s.model, seq_lens=list(s.bench_seq_lens), variants=["full", "anchor"],
-                       distributions=["corpus"], data=str(ctx.stage("corpus") / "corpus.jsonl"),
+                       distributions=["corpus"], data=str(ctx.folder("corpus") / "corpus.jsonl"),
                        windows=s.bench_windows, repeats=s.bench_repeats, step=False, seed=s.seed,
                        progress=ctx.progress)
-    write_bench(result, ctx.stage("bench"))
+    write_bench(result, ctx.folder("bench"))
     rows = [{k: r.get(k) for k in ("engine", "variant", "seq_len", "ms", "flop_ratio", "time_ratio")}
             for r in result["attention"]]
     paper = [{k: e.get(k) for k in ("model", "seq_len", "gpus", "variant", "distribution", "days_per_1b_tokens",
@@ -137,6 +138,6 @@ def stage_bench(ctx: StageContext) -> dict[str, Any]:
             "runtime_s": result["runtime_s"]}
 
 
-RUNNERS: dict[str, Callable[[StageContext], dict[str, Any]]] = {
-    "top5": stage_top5, "corpus": stage_corpus, "pack": stage_pack, "audit": stage_audit, "train": stage_train,
-    "parity": stage_parity, "eval": stage_eval, "bench": stage_bench}
+RUNNERS: dict[str, Callable[[JobContext], dict[str, Any]]] = {
+    "top5": job_top5, "corpus": job_corpus, "pack": job_pack, "audit": job_audit, "train": job_train,
+    "parity": job_parity, "eval": job_eval, "bench": job_bench}

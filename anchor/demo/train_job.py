@@ -1,4 +1,4 @@
-"""The demo's `train` stage: one `anchor train` run per name of `run_names`, with what its step times mean.
+"""The demo's `train` job: one `anchor train` run per name of `run_names`, with what its step times mean.
 
 Each run is trained on the packed windows (resumed where a killed demo left it) and summarised from its
 metrics: loss, median step time and tokens/s, the evaluation checkpoints, its FLOP ratio to full attention
@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from anchor.demo.figures import save_figure
+from anchor.demo.job_context import JobContext, _container
 from anchor.demo.settings import FP32_SUFFIX, DemoSettings, parse_run, run_names, times_full
-from anchor.demo.stage_context import StageContext, _container
 from anchor_core import flops
 from anchor_core.data.packed import Loader, PackedData
 from anchor_core.machine import cpu_model
@@ -108,10 +108,10 @@ def busy_machine(load_before: float | None) -> bool:
     return load_before is not None and load_before > 0.5 * (os.cpu_count() or 1)
 
 
-def stage_train(ctx: StageContext) -> dict[str, Any]:
+def job_train(ctx: JobContext) -> dict[str, Any]:
     """One run per variant on the packed windows, then the float32 runs (resumed where a killed demo left them)."""
     s = ctx.settings
-    root = ctx.stage("train")
+    root = ctx.folder("train")
     _container(root)
     runs: dict[str, Any] = {}
     names = run_names(s)
@@ -120,7 +120,7 @@ def stage_train(ctx: StageContext) -> dict[str, Any]:
         r = parse_run(s, v)
         ctx.say(f"    run {i}/{len(names)}: {v}: variant {r['variant']}, {r['steps']} steps of "
                 f"{s.global_batch} x {s.seq_len} slots, {r['dtype']}, engine {s.train_engine}")
-        cfg = load_train_config(None, _train_overrides(s, ctx.stage("pack").resolve(), v))
+        cfg = load_train_config(None, _train_overrides(s, ctx.folder("pack").resolve(), v))
         load_before = _load_average()  # other work on the machine, before this run adds its own
         with LoadSampler() as load:
             train(cfg, root / v, progress=ctx.progress)
@@ -140,7 +140,7 @@ def stage_train(ctx: StageContext) -> dict[str, Any]:
                    "device": device,
                    "step_s": [round(x, 5) for x in step_s],
                    "engine": load_run_config(root / v).model.engine,
-                   "flop_ratio": flop_ratios(ctx.stage("pack"), s.model, r["variant"], r["steps"], s.global_batch,
+                   "flop_ratio": flop_ratios(ctx.folder("pack"), s.model, r["variant"], r["steps"], s.global_batch,
                                              s.seed)}
     timing = None
     if times_full(s):
@@ -161,13 +161,13 @@ def stage_train(ctx: StageContext) -> dict[str, Any]:
 TIMING_RUN = "full-timing"  # train/<this>: no run of a profile has this name (variants have no '-')
 
 
-def _time_full(ctx: StageContext) -> dict[str, Any]:
+def _time_full(ctx: JobContext) -> dict[str, Any]:
     """`full` for `timing_steps` steps on the same windows, dtype, engine and machine as the part's runs, no
     evaluation checkpoint (resumed like them): its median step time after the first."""
     s = ctx.settings
     cfg = load_train_config(None, _train_overrides(replace(s, train_steps=s.timing_steps, eval_window=0),
-                                                   ctx.stage("pack").resolve(), "full"))
-    folder = ctx.stage("train") / TIMING_RUN
+                                                   ctx.folder("pack").resolve(), "full"))
+    folder = ctx.folder("train") / TIMING_RUN
     load_before = _load_average()
     train(cfg, folder, progress=ctx.progress)
     release_memory()

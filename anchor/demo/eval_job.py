@@ -1,4 +1,4 @@
-"""The demo's `eval` stage: RULER and held-out perplexity on every run, averaged over its evaluation checkpoints.
+"""The demo's `eval` job: RULER and held-out perplexity on every run, averaged over its evaluation checkpoints.
 
 Each run's checkpoints are evaluated with `anchor eval` (an evaluation a stopped demo already published with
 the same settings is reused: `_finished_eval`), and summarised per length: the task-averaged score with its
@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from anchor.demo.figures import save_figure
+from anchor.demo.job_context import JobContext, _container
 from anchor.demo.settings import FP32_SUFFIX, DemoSettings, run_names
-from anchor.demo.stage_context import StageContext, _container
 from anchor.demo.summary import reset_effect
 from anchor.eval.runner import checkpoints_of_run, parts_dir, resolve_dtype, run_eval, standard_error, write_eval
 from anchor_core.outdir import read_marker
@@ -69,8 +69,8 @@ def _finished_eval(folder: Path, s: DemoSettings, sources: list[tuple[str, str]]
     """The evaluation a stopped demo published for one run (`eval.json`, written whole by write_eval), when
     it evaluated these checkpoints with these settings; None otherwise (it is then run again).
 
-    Only read when the stage resumes, i.e. its fingerprint (settings and the training it reads) is the
-    unfinished stage's: within a run, finished checkpoints come back from their parts (`run_eval(parts=...)`)."""
+    Only read when the job resumes, i.e. its fingerprint (settings and the training it reads) is the
+    unfinished job's: within a run, finished checkpoints come back from their parts (`run_eval(parts=...)`)."""
     if read_marker(folder) is None:
         return None
     try:
@@ -91,15 +91,15 @@ def _finished_eval(folder: Path, s: DemoSettings, sources: list[tuple[str, str]]
     return r if same else None
 
 
-def stage_eval(ctx: StageContext) -> dict[str, Any]:
+def job_eval(ctx: JobContext) -> dict[str, Any]:
     s = ctx.settings
-    root = ctx.stage("eval")
+    root = ctx.folder("eval")
     _container(root)
     runs: dict[str, Any] = {}
     choice: dict[str, Any] = {}
     names = run_names(s)
     for i, v in enumerate(names, 1):
-        sources = checkpoints_of_run(ctx.stage("train") / v)
+        sources = checkpoints_of_run(ctx.folder("train") / v)
         result = _finished_eval(root / v, s, sources)
         if result is not None:
             ctx.say(f"    run {i}/{len(names)}: {v}: evaluated before the demo stopped, reused")

@@ -1,18 +1,21 @@
-"""Planning, fingerprints and stage reuse: which stages run, which are reused, and the record (demo.json).
+"""The demo's pipeline: which jobs run (`jobs_to_run`), which are reused, their fingerprints and the record
+(demo.json), and `run_demo`.
 
-Every stage is recorded in `demo.json` with a fingerprint of its settings, its inputs' fingerprints and
-anchor's version, the content of its folder when it finished (`stage_content`) and the files it wrote
-(`files`), an id of that execution (`ran_id`) and the ids of the stages it read (`read`). A stage writes into
-its own folder alone. A stage is reused where its fingerprint still matches, its folder still holds what it
-wrote (files added since are kept), and the stages it reads have not run since it read them: a stage folder
+Every job is recorded in `demo.json` (under `jobs`) with a fingerprint of its settings, its inputs'
+fingerprints and anchor's version, the content of its folder when it finished (`job_content`) and the files it
+wrote (`files`), an id of that execution (`ran_id`) and the ids of the jobs it read (`read`). A job writes into
+its own folder alone. A job is reused where its fingerprint still matches, its folder still holds what it
+wrote (files added since are kept), and the jobs it reads have not run since it read them: a job folder
 another verb replaced (`anchor corpus --out DEMO/corpus`) or whose files changed runs again, and so does
-every stage that reads it, in this demo or the next that selects it. A stage is redone only where that
+every job that reads it, in this demo or the next that selects it. A job is redone only where that
 removes nothing the demo did not write (`anchor train --out DEMO/train/anchor` adding a checkpoint): such
-files are named and the demo stops before any work, unless `--fresh` asks for the stage anew. `train` and
-`eval` resume where a killed demo left them (`RESUMABLE`) when the stages they read have not run since.
+files are named and the demo stops before any work, unless `--fresh` asks for the job anew. `train` and
+`eval` resume where a killed demo left them (`RESUMABLE`) when the jobs they read have not run since.
+A demo.json an earlier version wrote (its jobs under the old key, `settings.OLD_JOBS_KEY`) is read as this
+version's (`settings.upgrade_record`) and its finished jobs reused: their fingerprints are unchanged.
 
-Stage reuse (the folder scans, the decision, what a redo would remove) is `anchor.demo.reuse`'s, and the checks
-before any work with the choice of dtype are `anchor.demo.checks`'s; this module holds the plan, the
+Job reuse (the folder scans, the decision, what a redo would remove) is `anchor.demo.reuse`'s, and the checks
+before any work with the choice of dtype are `anchor.demo.checks`'s; this module holds the selection, the
 fingerprints, the record and `run_demo`, and imports their names that other code imports from here.
 """
 
@@ -36,6 +39,7 @@ from anchor.demo.checks import (  # noqa: F401 (re-exported)
     feasible,
     resolve_dtype,
 )
+from anchor.demo.jobs import RUNNERS, JobContext
 from anchor.demo.page import index_page, summary_figure
 from anchor.demo.reuse import (  # noqa: F401 (re-exported)
     RESUMABLE,
@@ -47,18 +51,18 @@ from anchor.demo.reuse import (  # noqa: F401 (re-exported)
     _preflight,
     _Scans,
     added_files,
-    scan_stage,
-    stage_content,
+    job_content,
+    scan_job,
 )
 from anchor.demo.settings import (
     DEMO_JSON,
     NEEDS,
     PROFILES,
-    STAGES,
+    JOBS,
     TITLES,
     DemoSettings,
+    upgrade_record,
 )
-from anchor.demo.stages import RUNNERS, StageContext
 from anchor.demo.summary import write_summary
 from anchor_core import __version__
 from anchor_core.atomic import write_text_atomic
@@ -66,7 +70,7 @@ from anchor_core.errors import InputError
 from anchor_core.outdir import MARKER, guard_out, out_lock, read_marker, remove_stale_staging, rmtree, write_marker
 from anchor_core.paths import resolve_model_name
 
-# The settings each stage's result depends on (besides its inputs' fingerprints and the model file).
+# The settings each job's result depends on (besides its inputs' fingerprints and the model file).
 _KEYS = {"top5": ("model", "prompt", "policy"), "corpus": (), "pack": ("model", "seq_len", "budget"),
          "audit": ("model",),
          "train": ("model", "seq_len", "train_variants", "train_steps", "global_batch", "lr", "train_engine",
@@ -75,7 +79,7 @@ _KEYS = {"top5": ("model", "prompt", "policy"), "corpus": (), "pack": ("model", 
          "eval": ("eval_tasks", "eval_lengths", "eval_samples", "eval_dtype", "eval_engine", "perplexity_windows",
                   "seed"),
          "bench": ("model", "bench_seq_lens", "bench_windows", "bench_repeats", "seed")}
-# Settings hashed into a stage's fingerprint only where they differ from their default, so that a demo folder
+# Settings hashed into a job's fingerprint only where they differ from their default, so that a demo folder
 # written by a version without them keeps its fingerprints (and is reused) while any other value changes them.
 # Every field of DemoSettings is in _KEYS, here, or in _NOT_RESULTS (`unlisted_settings()`, tested).
 _KEYS_IF_SET = {"pack": ("pack_docs",),
@@ -83,24 +87,29 @@ _KEYS_IF_SET = {"pack": ("pack_docs",),
                           "fp32_eval_window", "only_runs", "timing_steps"),
                 "eval": ("eval_batch_size", "eval_group_by_budget", "perplexity_docs", "perplexity_bucket",
                          "perplexity_data", "only_runs")}
-# Fields that change no stage's result: what runs by default, and where the summary goes.
-_NOT_RESULTS = ("stages", "summary_json")
+# Fields that change no job's result: what runs by default, and where the summary goes.
+_NOT_RESULTS = ("jobs", "summary_json")
+# The key under which a fingerprint hashes its job's name: the name it had before the demo's pipeline units were
+# named jobs, so that the hashed bytes, and with them the fingerprints of every demo folder written before, stay
+# as they were (tests/test_demo_old_folders.py)
+_FINGERPRINT_NAME_KEY = "stage"
 
 
-def check_steps(steps: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    """`--steps` as a tuple of known stage names, in the pipeline's order; none or an unknown one is an InputError."""
-    items = [x.strip() for x in steps.split(",")] if isinstance(steps, str) else [str(x).strip() for x in steps]
+def check_jobs(jobs: str | tuple[str, ...] | list[str], option: str = "--jobs") -> tuple[str, ...]:
+    """`--jobs` as a tuple of known job names, in the pipeline's order; none or an unknown one is an InputError
+    (naming `option`: the option the names came with)."""
+    items = [x.strip() for x in jobs.split(",")] if isinstance(jobs, str) else [str(x).strip() for x in jobs]
     items = [x for x in items if x]
     if not items:
-        raise InputError(f"--steps: no step given: select at least one stage ({', '.join(STAGES)})")
-    unknown = [x for x in items if x not in STAGES]
+        raise InputError(f"{option}: no job given: select at least one job ({', '.join(JOBS)})")
+    unknown = [x for x in items if x not in JOBS]
     if unknown:
-        raise InputError(f"--steps: unknown demo stage {unknown[0]!r} (stages: {', '.join(STAGES)})")
-    return tuple(x for x in STAGES if x in items)
+        raise InputError(f"{option}: unknown demo job {unknown[0]!r} (jobs: {', '.join(JOBS)})")
+    return tuple(x for x in JOBS if x in items)
 
 
-def plan(steps: tuple[str, ...]) -> tuple[str, ...]:
-    """The selected stages and every stage they need, in the pipeline's order."""
+def jobs_to_run(jobs: tuple[str, ...]) -> tuple[str, ...]:
+    """The selected jobs and every job they need, in the pipeline's order."""
     want: set[str] = set()
 
     def add(x: str) -> None:
@@ -109,15 +118,15 @@ def plan(steps: tuple[str, ...]) -> tuple[str, ...]:
             for y in NEEDS.get(x, ()):
                 add(y)
 
-    for x in steps:
+    for x in jobs:
         add(x)
-    return tuple(x for x in STAGES if x in want)
+    return tuple(x for x in JOBS if x in want)
 
 
 def _model_identity(model: str) -> dict[str, Any]:
     try:
         path = Path(resolve_model_name(model))
-    except Exception:  # noqa: BLE001 - the stages report a bad model themselves
+    except Exception:  # noqa: BLE001 - the jobs report a bad model themselves
         return {"name": model}
     if path.is_file():
         st = path.stat()
@@ -130,25 +139,25 @@ def _model_identity(model: str) -> dict[str, Any]:
 
 
 def fingerprints(settings: DemoSettings) -> dict[str, str]:
-    """sha256 (16 hex) per stage of its settings, its inputs' fingerprints, the model file and anchor's version."""
+    """sha256 (16 hex) per job of its settings, its inputs' fingerprints, the model file and anchor's version."""
     d = asdict(settings)
     default = asdict(DemoSettings())
     ident = _model_identity(settings.model)
     fps: dict[str, str] = {}
-    for stage in STAGES:
-        keys = {k: d[k] for k in _KEYS[stage]}
-        keys.update({k: d[k] for k in _KEYS_IF_SET.get(stage, ()) if d[k] != default[k]})
-        blob = {"stage": stage, "version": __version__, "settings": keys,
-                "needs": {x: fps[x] for x in NEEDS.get(stage, ())}}
-        if "model" in _KEYS[stage]:
+    for job in JOBS:
+        keys = {k: d[k] for k in _KEYS[job]}
+        keys.update({k: d[k] for k in _KEYS_IF_SET.get(job, ()) if d[k] != default[k]})
+        blob = {_FINGERPRINT_NAME_KEY: job, "version": __version__, "settings": keys,
+                "needs": {x: fps[x] for x in NEEDS.get(job, ())}}
+        if "model" in _KEYS[job]:
             blob["model"] = ident
         text = json.dumps(blob, sort_keys=True, default=list)
-        fps[stage] = hashlib.sha256(text.encode()).hexdigest()[:16]
+        fps[job] = hashlib.sha256(text.encode()).hexdigest()[:16]
     return fps
 
 
 def unlisted_settings() -> list[str]:
-    """Fields of DemoSettings that no stage's fingerprint names and that are not marked as changing no
+    """Fields of DemoSettings that no job's fingerprint names and that are not marked as changing no
     result ([] when the fingerprints are complete)."""
     from dataclasses import fields
 
@@ -157,27 +166,28 @@ def unlisted_settings() -> list[str]:
 
 
 def read_record(out: Path) -> dict[str, Any]:
-    """demo.json of an earlier demo in `out` ({} when none or unreadable)."""
+    """demo.json of an earlier demo in `out`, as this version writes it (`upgrade_record`: one an earlier version
+    wrote has its jobs under the old key); {} when none or unreadable."""
     try:
-        d = json.loads((out / DEMO_JSON).read_text(encoding="utf-8"))
+        d = upgrade_record(json.loads((out / DEMO_JSON).read_text(encoding="utf-8")))
     except (OSError, ValueError):
         return {}
-    return d if isinstance(d, dict) and isinstance(d.get("stages"), dict) else {}
+    return d if isinstance(d, dict) and isinstance(d.get("jobs"), dict) else {}
 
 
-def run_demo(model: str = "default", out: str | Path = "runs/demo", *, steps: tuple[str, ...] | None = None,
+def run_demo(model: str = "default", out: str | Path = "runs/demo", *, jobs: tuple[str, ...] | None = None,
              settings: DemoSettings | None = None, fresh: bool = False, say: Callable[[str], None] = print,
              progress: bool = True, **overrides: Any) -> dict[str, Any]:
-    """Run (or reuse) the selected stages into the demo folder `out`. Returns the record written to demo.json.
+    """Run (or reuse) the selected jobs into the demo folder `out`. Returns the record written to demo.json.
 
-    `steps`: the stages to run (None: the profile's, `settings.stages`). `overrides` replace fields of
+    `jobs`: the jobs to run (None: the profile's, `settings.jobs`). `overrides` replace fields of
     `settings` (default: the `demo` profile), e.g. seq_len=512."""
     s = replace(settings or PROFILES["demo"], model=model, **overrides)
     s, dtype_choice = resolve_dtype(s)  # before the fingerprints: a run in bf16 is another result than in fp32
-    steps = check_steps(s.stages if steps is None else steps)
+    jobs = check_jobs(s.jobs if jobs is None else jobs)
     pol_file = s.policy if s.policy.endswith((".yaml", ".yml")) else None
     out = guard_out(out, "demo", inputs=(model, pol_file), replace=False)
-    todo = plan(steps)
+    todo = jobs_to_run(jobs)
     t0 = time.time()
     _check_model(s.model)  # a bad model fails before the folder exists
     s, left_out = feasible(s, todo)  # and a task that cannot run is left out before any work
@@ -189,22 +199,22 @@ def run_demo(model: str = "default", out: str | Path = "runs/demo", *, steps: tu
     created = not out.exists() or not any(out.iterdir())
     with out_lock(out, "demo"):
         try:
-            return _run_stages(out, s, steps, todo, fps, fresh, say, progress, t0, left_out, dtype_choice)
+            return _run_jobs(out, s, jobs, todo, fps, fresh, say, progress, t0, left_out, dtype_choice)
         except BaseException:
-            if created and not any(r.get("done") for r in read_record(out).get("stages", {}).values()):
+            if created and not any(r.get("done") for r in read_record(out).get("jobs", {}).values()):
                 _remove_own_files(out)  # nothing finished: leave no half-written demo folder behind
             raise
 
 
 def _remove_own_files(out: Path) -> None:
-    """Remove what this demo wrote in `out` (its record, page, figure, marker, stage folders with their
+    """Remove what this demo wrote in `out` (its record, page, figure, marker, job folders with their
     markers, staging leftovers), then `out` itself if nothing else is left: files a user put there
     meanwhile stay, and so does the folder holding them."""
     if not out.is_dir():
         return
     for p in out.iterdir():
         own = (p.name in (DEMO_JSON, "index.html", "summary.png", MARKER) or p.name in _summary_names()
-               or (p.is_dir() and p.name in STAGES and read_marker(p) is not None)
+               or (p.is_dir() and p.name in JOBS and read_marker(p) is not None)
                or (p.name.startswith(".") and (".tmp-" in p.name or p.name.startswith(".parity-model-"))))
         if own:
             rmtree(p) if p.is_dir() else p.unlink()
@@ -217,62 +227,62 @@ def _summary_names() -> set[str]:
     return {p.summary_json for p in PROFILES.values() if p.summary_json}
 
 
-def _run_stages(out: Path, s: DemoSettings, steps: tuple[str, ...], todo: tuple[str, ...], fps: dict[str, str],
-                fresh: bool, say: Callable[[str], None], progress: bool, t0: float,
-                left_out: list[str], dtype_choice: dict[str, Any] | None = None) -> dict[str, Any]:
+def _run_jobs(out: Path, s: DemoSettings, jobs: tuple[str, ...], todo: tuple[str, ...], fps: dict[str, str],
+              fresh: bool, say: Callable[[str], None], progress: bool, t0: float,
+              left_out: list[str], dtype_choice: dict[str, Any] | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     write_marker(out, "demo")
-    for stage in STAGES:
-        remove_stale_staging(out / stage)
-    for tmp in out.glob(".parity-model-*"):  # the cut model of a killed parity stage
+    for job in JOBS:
+        remove_stale_staging(out / job)
+    for tmp in out.glob(".parity-model-*"):  # the cut model of a killed parity job
         shutil.rmtree(tmp, ignore_errors=True)
     old = read_record(out)
-    record: dict[str, Any] = {"model": s.model, "settings": asdict(s), "stages": dict(old.get("stages", {})),
-                              "ran": [], "reused": [], "selected": list(steps), "left_out": left_out}
+    record: dict[str, Any] = {"model": s.model, "settings": asdict(s), "jobs": dict(old.get("jobs", {})),
+                              "ran": [], "reused": [], "selected": list(jobs), "left_out": left_out}
     if dtype_choice:
         record["dtype_choice"] = dtype_choice
         say(f"dtype: {dtype_choice['dtype']} ({dtype_choice['reason']})")
-    ctx = StageContext(out, s, progress, say, record["stages"])
+    ctx = JobContext(out, s, progress, say, record["jobs"])
     scans = _Scans(out)
-    _preflight(out, todo, record["stages"], fps, fresh, scans)
-    for i, stage in enumerate(todo, 1):
-        rec = record["stages"].get(stage)
-        # the executions of the stages this one reads (earlier in `todo`: run or reused by now)
-        read = {n: (record["stages"].get(n) or {}).get("ran_id") for n in NEEDS.get(stage, ())}
-        action, changed, added = _decide(out, stage, rec, fps[stage], read, fresh, scans)
+    _preflight(out, todo, record["jobs"], fps, fresh, scans)
+    for i, job in enumerate(todo, 1):
+        rec = record["jobs"].get(job)
+        # the executions of the jobs this one reads (earlier in `todo`: run or reused by now)
+        read = {n: (record["jobs"].get(n) or {}).get("ran_id") for n in NEEDS.get(job, ())}
+        action, changed, added = _decide(out, job, rec, fps[job], read, fresh, scans)
         if action == "reuse":
             kept = f"; kept what was added since: {_name_files(added)}" if added else ""
-            say(f"[{i}/{len(todo)}] {stage}: reused (finished {rec['finished']}, settings unchanged{kept})")
-            record["reused"].append(stage)
+            say(f"[{i}/{len(todo)}] {job}: reused (finished {rec['finished']}, settings unchanged{kept})")
+            record["reused"].append(job)
             continue
         if changed is not None:
-            say(f"[{i}/{len(todo)}] {stage}: not reused: {changed}")
+            say(f"[{i}/{len(todo)}] {job}: not reused: {changed}")
         resumable = action == "resume"
         if not resumable:
-            _check_nothing_added(out, stage, rec, changed, fresh, say, scans(stage))
-            _clear(out, stage)
-        scans.forget(stage)  # written from here on
-        say(f"[{i}/{len(todo)}] {stage}: {TITLES[stage]}")
+            _check_nothing_added(out, job, rec, changed, fresh, say, scans(job))
+            _clear(out, job)
+        scans.forget(job)  # written from here on
+        say(f"[{i}/{len(todo)}] {job}: {TITLES[job]}")
         # the seconds of the attempts a signal stopped (SIGTERM, Ctrl-C: they unwind) that this one resumes
         earlier = list(rec.get("stopped_attempts_s", [])) if resumable else []
-        record["stages"][stage] = {"fingerprint": fps[stage], "done": False, "started": _now(),
-                                   "stopped_attempts_s": earlier, "read": read}
+        record["jobs"][job] = {"fingerprint": fps[job], "done": False, "started": _now(),
+                               "stopped_attempts_s": earlier, "read": read}
         _write_record(out, record, t0)
         t = time.time()
         try:
-            summary = RUNNERS[stage](ctx)
+            summary = RUNNERS[job](ctx)
         except BaseException:
-            record["stages"][stage]["stopped_attempts_s"] = [*earlier, round(time.time() - t, 1)]
+            record["jobs"][job]["stopped_attempts_s"] = [*earlier, round(time.time() - t, 1)]
             _write_record(out, record, t0)
             raise
         seconds = round(time.time() - t, 1)
-        content, files = scans(stage) or (None, None)
-        record["stages"][stage] = {"fingerprint": fps[stage], "done": True, "started": record["stages"][stage]["started"],
-                                   "finished": _now(), "seconds": seconds, "stopped_attempts_s": earlier,
-                                   "seconds_all_attempts": round(seconds + sum(earlier), 1), "summary": summary,
-                                   "read": read, "content": content, "files": files,
-                                   "ran_id": secrets.token_hex(8)}
-        record["ran"].append(stage)
+        content, files = scans(job) or (None, None)
+        record["jobs"][job] = {"fingerprint": fps[job], "done": True, "started": record["jobs"][job]["started"],
+                               "finished": _now(), "seconds": seconds, "stopped_attempts_s": earlier,
+                               "seconds_all_attempts": round(seconds + sum(earlier), 1), "summary": summary,
+                               "read": read, "content": content, "files": files,
+                               "ran_id": secrets.token_hex(8)}
+        record["ran"].append(job)
         _write_record(out, record, t0)
         index_page(out, record, fps)
     record["seconds"] = round(time.time() - t0, 1)
