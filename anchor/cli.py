@@ -61,7 +61,7 @@ app = typer.Typer(
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs one verb and exits 0 (success), 1 (a verb's own failure,
     e.g. a parity FAIL), 2 (usage or input error), 130 (SIGINT) or 143 (SIGTERM)."""
-    from anchor_core.outdir import set_current_verb
+    from anchor_core.errors import set_current_verb
 
     args = list(sys.argv[1:] if argv is None else argv)
     process = argv is None
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
 def _run(args: list[str]) -> object:
     """Load the verbs and run the one `args` names; its return value, or SystemExit (a usage or input error:
     one line, exit 2). Interrupts are raised here and in what it calls (`Signals`)."""
-    from anchor_core.outdir import set_current_verb
+    from anchor_core.errors import set_current_verb
 
     load_commands()
     verb = args[0] if args and args[0] in _verbs() else None

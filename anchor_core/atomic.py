@@ -28,10 +28,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from anchor_core.errors import InputError
+from anchor_core.errors import InputError, current_verb
 from anchor_core.outdir import (
     MARKER,
-    current_verb,
     guard_out,
     out_lock,
     pid_alive,

@@ -4,6 +4,7 @@ for what a run reads on, such as a name renamed since an earlier release."""
 from __future__ import annotations
 
 import re
+import sys
 
 # A run of more characters than any file name may have (255 bytes), between spaces, slashes or quotes: an
 # over-long path component, shown as its start and its length so that the line stays short.
@@ -47,14 +48,24 @@ class RunFailed(Exception):
         super().__init__(bound_names(" ".join(message.split())))
 
 
+_current_verb: str | None = None
+
+
+def set_current_verb(verb: str | None) -> None:
+    """The verb `anchor.cli.main` runs: it names the errors and warnings, and is the output marker's `verb` when a
+    writer does not name one (anchor_core.outdir)."""
+    global _current_verb
+    _current_verb = verb
+
+
+def current_verb() -> str:
+    return _current_verb or "anchor"
+
+
 def warn_line(message: str, *, path: object | None = None) -> None:
     """One line on stderr, as the CLI words an error's: `anchor VERB: warning: PATH: message` (`anchor: warning: ...`
     outside a verb), for what the run reads on, such as a config key or a shipped config's name of an earlier
     release."""
-    import sys
-
-    from anchor_core.outdir import current_verb
-
     verb = current_verb()
     text = f"{path}: {message}" if path is not None else message
     print(f"{'anchor' if verb == 'anchor' else 'anchor ' + verb}: warning: {bound_names(' '.join(text.split()))}",

@@ -41,17 +41,6 @@ from anchor_core.paths import check_path_length
 MARKER = ".anchor-output.json"
 PARTS_VERBS = ("audit", "eval", "parity")  # the verbs that keep finished parts in `.<name>.parts` (anchor_core.parts)
 
-_current_verb: str | None = None
-
-
-def set_current_verb(verb: str | None) -> None:
-    """The verb `anchor.cli.main` runs (the marker's `verb` when a writer does not name one)."""
-    global _current_verb
-    _current_verb = verb
-
-
-def current_verb() -> str:
-    return _current_verb or "anchor"
 
 _STAGING_RE = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)(?:-[^/]*)?$")
 _LEGACY_TMP_RE = re.compile(r"^\.(?P<name>.+)\.tmp-[a-z0-9_]{8}$")  # mkdtemp names of anchor < 0.1.1

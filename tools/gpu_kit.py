@@ -194,7 +194,9 @@ CALLS = {  # tools/gpu_parity.sh's plan: what each copy holds beside the working
 # the first command installs the wheels without starting the CUDA tests (they would share the GPU with the
 # timed runs); the second is the same in both.
 GPU = "export ANCHOR_COMMIT={commit}; G='bash tools/gpu_parity.sh /tmp/res'; "
-BACK = "; tar czf $OUT/r.tgz -C /tmp/res ."
+# The tests started in the background may still be writing their log: tar's "file changed as we read it" (exit 1)
+# still leaves a whole archive of what was there, and only a fatal error (exit 2) fails the command.
+BACK = "; tar --warning=no-file-changed -czf $OUT/r.tgz -C /tmp/res . || [ $? -eq 1 ]"
 COMMANDS = {
     "1: wheels": (GPU + "$G start" + BACK, 120),
     "1 (paper-gpu): wheels": (GPU + "$G seed" + BACK, 120),

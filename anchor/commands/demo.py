@@ -65,20 +65,13 @@ def demo(
     if profile not in PROFILES:
         raise InputError(f"--profile: unknown profile {profile!r} (profiles: {', '.join(PROFILES)})")
     if merge:
-        if runs is not None or jobs is not None:
-            raise InputError("--merge joins finished parts: it takes no --runs or --jobs")
         # what a merge would ignore is refused (the parts ran with their own model and settings); --profile
         # names the profile the parts ran with (the summary JSON they carry)
-        ignored = [name for name, given in (("--model", model != "default"), ("--train-steps", train_steps is not None),
-                                            ("--seq-len", seq_len is not None), ("--heldout", heldout is not None),
-                                            ("--prompt", bool(prompt)), ("--policy", policy != "fp32"),
-                                            ("--fresh", fresh)) if given]
-        if ignored:
-            raise InputError(f"--merge joins finished parts, which ran with their own settings: it takes no {ignored[0]}")
-        from anchor.demo.merge import merge_demos
-
-        merge_demos(merge, out, profile=profile, say=typer.echo)
-        typer.echo(f"open {out / 'index.html'}")
+        given = (("--runs", runs is not None), ("--jobs", jobs is not None), ("--model", model != "default"),
+                 ("--train-steps", train_steps is not None), ("--seq-len", seq_len is not None),
+                 ("--heldout", heldout is not None), ("--prompt", bool(prompt)), ("--policy", policy != "fp32"),
+                 ("--fresh", fresh))
+        _merge(merge, out, profile, [name for name, g in given if g])
         return
     job_list = check_jobs(PROFILES[profile].jobs if jobs is None else jobs,
                           "--jobs" if old_steps is None else "--steps")
@@ -119,6 +112,20 @@ def demo(
         typer.echo(f"parity: {par['cases'] - par['passed']} forward and {par['grad_cases'] - par['grad_passed']} "
                    "gradient case(s) failed", err=True)
         raise typer.Exit(1)
+
+
+def _merge(parts: list[Path], out: Path, profile: str, ignored: list[str]) -> None:
+    """`--merge PART ...`: one demo folder of finished parts; an option the merge would ignore is refused."""
+    from anchor_core.errors import InputError
+
+    if ignored[:1] in (["--runs"], ["--jobs"]):
+        raise InputError("--merge joins finished parts: it takes no --runs or --jobs")
+    if ignored:
+        raise InputError(f"--merge joins finished parts, which ran with their own settings: it takes no {ignored[0]}")
+    from anchor.demo.merge import merge_demos
+
+    merge_demos(parts, out, profile=profile, say=typer.echo)
+    typer.echo(f"open {out / 'index.html'}")
 
 
 def _jobs_or_old_steps(jobs: str | None, old_steps: str | None) -> str | None:

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Iterator
 
 from anchor_core.data.corpus import corpus_folder_file
 from anchor_core.errors import InputError
-from anchor_core.outdir import current_verb
+from anchor_core.errors import current_verb
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".jsonl.zst", ".json.zst", ".jsonl.gz", ".json.gz", ".zst")
 PARQUET_SUFFIXES = (".parquet",)
