@@ -128,6 +128,7 @@ def test_every_finished_job_of_a_folder_the_earlier_version_wrote_is_reused(demo
     assert d["jobs"] == old["stages"]
 
 
+@pytest.mark.slow  # minutes; make test keeps the reuse of such a folder and its fingerprints
 def test_a_stopped_eval_job_of_a_folder_the_earlier_version_wrote_resumes(demo, tmp_path, old_version):
     """As a demo of the earlier version killed while evaluating its second run leaves it: the first run's
     evaluation is reused, the second's made. In the module's folder itself (an evaluation resumes on the
@@ -145,6 +146,7 @@ def test_a_stopped_eval_job_of_a_folder_the_earlier_version_wrote_resumes(demo, 
     assert (out / "eval" / second / "eval.json").is_file()
 
 
+@pytest.mark.slow  # minutes; make test keeps the reuse of such a folder and its fingerprints
 def test_a_stopped_train_job_of_a_folder_the_earlier_version_wrote_resumes(demo, tmp_path, old_version):
     """As a demo of the earlier version killed during the full run's last step leaves it: the job started, not
     done, the run's newest checkpoint not written. This version resumes the job (its folder is not cleared: the
