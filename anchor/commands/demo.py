@@ -133,12 +133,12 @@ def _jobs_or_old_steps(jobs: str | None, old_steps: str | None) -> str | None:
     naming the new one; both given is a usage error."""
     if old_steps is None:
         return jobs
-    from anchor_core.errors import InputError
+    from anchor_core.errors import InputError, warn_line
 
     if jobs is not None:
         raise InputError("--steps is the old name of --jobs: give --jobs alone")
-    typer.echo("anchor demo: warning: --steps is now --jobs (the demo's jobs to run; --steps means optimizer steps "
-               "elsewhere): give --jobs, --steps goes in a later release", err=True)
+    warn_line("--steps is now --jobs (the demo's jobs to run; --steps means optimizer steps elsewhere): give --jobs, "
+              "--steps goes in a later release")
     return old_steps
 
 
