@@ -63,6 +63,23 @@ def test_segments_imply_the_dense_mask(variant, T):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("T,degree", [(194, 2), (1028, 4)])
+def test_a_ranks_segments_imply_its_rows_of_the_dense_mask(variant, T, degree):
+    """Context parallelism: each rank's segments (its balanced slots as queries, every slot as a key) imply
+    exactly its rows of the dense mask, with documents cut by every rank boundary and interleaved chunks."""
+    from torchtrain.parallel.context import balanced_slots
+
+    batch = packed_batch(variant, T, layouts=LAYOUTS, seed=T + degree)
+    B = batch.doc_ids.shape[0]
+    for rank in range(degree):
+        rows = torch.as_tensor(balanced_slots(T, degree, rank))
+        seg = varlen_segments(batch.doc_ids, variant, rows)
+        implied = segment_mask(seg, B, T, len(rows))
+        assert torch.equal(implied, dense_mask(batch.doc_ids, variant, rows)), (variant, rank)
+        assert sorted(seg.q_index.tolist()) == list(range(B * len(rows)))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("T", [97, 1025])
 def test_varlen_attention_equals_dense(variant, T):
     """The gathered segments through the emulation equal dense masked attention (fp32, GQA)."""

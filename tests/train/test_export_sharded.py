@@ -1,4 +1,4 @@
-"""A checkpoint's hf/ as transformers writes it, exported from ZeRO-3 on 2 processes (torchtrain.training.checkpoint
+"""A checkpoint's hf/ as transformers writes it, exported from ZeRO-3 on 2 processes (torchtrain.training.export
 `export_model`): sharded safetensors with an index past max_shard_size, in the training dtype, gathered one
 layer at a time, loaded by transformers' own `from_pretrained` (no custom code) with the logits of the
 trainer's forward, every shard under the checkpoint's manifest.

@@ -57,10 +57,13 @@ _HOOK_ATTR = "_torchtrain_prepare_hook"
 class AttnMeta:
     """Mask metadata of one forward step, shared by all layers.
 
-    doc_ids int64 [B, T]; exactly one of: dense bool [B,1,T,T] (eager, sdpa), block_mask
-    (flex), segments (flash_varlen*, varlen; with varlen also `plan`, its buckets). `sp`: under sequence parallelism the
+    doc_ids int64 [B, T]; exactly one of: dense bool [B,1,R,T] (eager, sdpa), block_mask
+    (flex), segments (flash_varlen*, varlen; with varlen also `plan`, its buckets). `rows`: int64 [R]
+    the query slots the masks are built for (None: all T, R = T); under context parallelism a rank's
+    slots, its queries attending to the whole window's keys. `sp`: under sequence parallelism the
     `torchtrain.parallel.ulysses.Ulysses` that runs each layer's attention (T is then the whole
-    window, the layers see T / degree slots); None otherwise.
+    window, the layers see T / degree slots); None otherwise. `cp`: under context parallelism the
+    `torchtrain.parallel.context.ContextParallel` that gathers each layer's keys and values.
     """
 
     engine: Engine
@@ -70,7 +73,9 @@ class AttnMeta:
     block_mask: Any = None
     segments: VarlenSegments | None = None
     plan: VarlenPlan | None = None
+    rows: torch.Tensor | None = None
     sp: Any = None
+    cp: Any = None
 
 
 @functools.cache
@@ -170,22 +175,42 @@ def engine_of(model_or_config: Any) -> Engine | None:
     return next((e for e, n in _ATTN_NAMES.items() if n == name), None)  # type: ignore[return-value]
 
 
-def prepare_meta(engine: Engine, doc_ids: torch.Tensor, variant: Variant) -> AttnMeta:
-    """Build the engine's mask metadata for a batch (once per forward step). Args: doc_ids int [B, T]."""
+def prepare_meta(engine: Engine, doc_ids: torch.Tensor, variant: Variant, rows: Any = None) -> AttnMeta:
+    """Build the engine's mask metadata for a batch (once per forward step).
+
+    Args:
+      doc_ids: int [B, T].
+      rows: int [R] ascending query slots (context parallelism: a rank's slots; their queries attend to
+        all T keys), or None for every slot.
+    """
     variant = check_variant(variant)
     check_doc_ids(doc_ids, variant)
+    B, T = doc_ids.shape
+    if rows is not None:
+        rows = torch.as_tensor(rows, dtype=torch.long, device=doc_ids.device)
+        if engine == "varlen":
+            raise UnavailableError(
+                "engine 'varlen' does not run a rank's share of the queries (context parallelism): "
+                "use sdpa or eager on the CPU, flash_varlen or flex on CUDA")
     if engine in ("eager", "sdpa"):
-        return AttnMeta(engine, variant, doc_ids, dense=dense_mask(doc_ids, variant)[:, None])
+        return AttnMeta(engine, variant, doc_ids, dense=dense_mask(doc_ids, variant, rows)[:, None], rows=rows)
     if engine == "flex":
         from torch.nn.attention.flex_attention import create_block_mask
 
-        B, T = doc_ids.shape
-        block_mask = create_block_mask(
-            mask_predicate(doc_ids, variant), B, None, T, T, device=doc_ids.device, _compile=doc_ids.is_cuda
-        )
-        return AttnMeta(engine, variant, doc_ids, block_mask=block_mask)
-    segments = varlen_segments(doc_ids, variant)
-    return AttnMeta(engine, variant, doc_ids, segments=segments, plan=plan(segments) if engine == "varlen" else None)
+        allowed = mask_predicate(doc_ids, variant)
+        if rows is not None:
+            slot_of = rows
+
+            def allowed_rows(b, h, q_idx, kv_idx, _allowed=allowed):
+                return _allowed(b, h, slot_of[q_idx], kv_idx)
+
+            allowed = allowed_rows
+        R = T if rows is None else int(rows.shape[0])
+        block_mask = create_block_mask(allowed, B, None, R, T, device=doc_ids.device, _compile=doc_ids.is_cuda)
+        return AttnMeta(engine, variant, doc_ids, block_mask=block_mask, rows=rows)
+    segments = varlen_segments(doc_ids, variant, rows)
+    return AttnMeta(engine, variant, doc_ids, segments=segments, plan=plan(segments) if engine == "varlen" else None,
+                    rows=rows)
 
 
 def compute_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.dtype:

@@ -96,10 +96,10 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: Var
     varlen_fn: `flash_attn_varlen_func`-compatible; gets q [Nq,N,D], k/v [Nk,K,D] and returns [Nq,N,D].
     """
     B, N, T, D = q.shape
-    K = k.shape[1]
+    K, S = k.shape[1], k.shape[2]  # S = T, or the whole window's under context parallelism (T its rows)
     q_rows = q.transpose(1, 2).reshape(B * T, N, D).index_select(0, seg.q_index)
-    k_rows = k.transpose(1, 2).reshape(B * T, K, D).index_select(0, seg.kv_index)
-    v_rows = v.transpose(1, 2).reshape(B * T, K, D).index_select(0, seg.kv_index)
+    k_rows = k.transpose(1, 2).reshape(B * S, K, D).index_select(0, seg.kv_index)
+    v_rows = v.transpose(1, 2).reshape(B * S, K, D).index_select(0, seg.kv_index)
     out = varlen_fn(
         q_rows, k_rows, v_rows, seg.cu_seqlens_q, seg.cu_seqlens_k, seg.max_seqlen_q, seg.max_seqlen_k,
         dropout_p=0.0, softmax_scale=scale, causal=True,

@@ -14,6 +14,8 @@ segment with `Lq` queries and `Lk` keys sees keys `j <= i + Lk - Lq`). Per row o
 The anchor's k/v are gathered once more in front of every document, so a document of `L` queries
 has `L + 1` keys and bottom-right alignment lets its query `i` see the anchor and doc slots `<= i`.
 A document's slots are gathered in slot order, so interleaved chunks of one document (§2) work too.
+Under context parallelism (`rows`: a rank's query slots) each run of the rank's slots consecutive in a
+group is a segment of its own, its keys the group's slots up to the run's last (and the anchor).
 Which slots are grouped is the variant's rule of `torchtrain.attention.variants`; `segment_mask` gives the
 mask the segments imply so tests hold it against `variants.dense_mask`.
 """
@@ -47,32 +49,59 @@ class VarlenSegments:
     max_seqlen_k: int
 
 
-def _row_segments(doc: np.ndarray, variant: Variant) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(query slots, key slots) per segment of one row. doc: int [T]."""
+def _runs(group: np.ndarray, asked: np.ndarray) -> list[tuple[np.ndarray, int]]:
+    """The asked slots of a group (slots ascending) as runs consecutive in the group: (run, end) where
+    `group[:end]` are the keys whose last the run's last query is."""
+    at = np.flatnonzero(asked[group])
+    if at.size == 0:
+        return []
+    cuts = np.flatnonzero(np.diff(at) != 1) + 1
+    return [(group[run], int(run[-1]) + 1) for run in np.split(at, cuts)]
+
+
+def _row_segments(doc: np.ndarray, variant: Variant, asked: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(query slots, key slots) per segment of one row. doc: int [T]; asked: bool [T], the query slots.
+
+    With every slot asked a group (the real slots, or one document) is one segment; with some (context
+    parallelism) each run of asked slots consecutive in the group is one, its keys the group up to the
+    run's last slot: bottom-right alignment then lets each query see its group's slots up to itself."""
     slots = np.arange(doc.shape[0])
     real = doc >= 0
     segs: list[tuple[np.ndarray, np.ndarray]] = []
     if variant == "full":
         if real.any():
-            segs.append((slots[real], slots[real]))
+            segs.extend((q, slots[real][:end]) for q, end in _runs(slots[real], asked))
     else:
         anchor = variant == "anchor"
         for d in np.unique(doc[real]):  # sorted: the anchor (0) comes first
-            q = slots[doc == d]
-            k = np.concatenate([[0], q]) if anchor and d != 0 else q
-            segs.append((q, k))
-    segs.extend((slots[p : p + 1], slots[p : p + 1]) for p in np.flatnonzero(~real))
+            group = slots[doc == d]
+            for q, end in _runs(group, asked):
+                k = np.concatenate([[0], group[:end]]) if anchor and d != 0 else group[:end]
+                segs.append((q, k))
+    segs.extend((slots[p : p + 1], slots[p : p + 1]) for p in np.flatnonzero(~real & asked))
     return segs
 
 
-def varlen_segments(doc_ids: torch.Tensor, variant: Variant) -> VarlenSegments:
-    """Build the segments of a batch (on the host, once per step). Args: doc_ids int [B, T]."""
+def varlen_segments(doc_ids: torch.Tensor, variant: Variant, rows: torch.Tensor | None = None) -> VarlenSegments:
+    """Build the segments of a batch (on the host, once per step).
+
+    Args:
+      doc_ids: int [B, T].
+      rows: int [R] ascending query slots (context parallelism), or None for all T. Query rows are then
+        numbered `b*R + i` for the i-th of `rows` (`q_index` a permutation of 0..B*R-1), key rows `b*T + t`.
+    """
     variant = check_variant(variant)
     B, T = doc_ids.shape
+    wanted = np.arange(T) if rows is None else rows.detach().cpu().numpy().astype(np.int64)
+    R = wanted.shape[0]
+    asked = np.zeros(T, dtype=bool)
+    asked[wanted] = True
+    local = np.full(T, -1, dtype=np.int64)
+    local[wanted] = np.arange(R)
     q_parts, k_parts, q_lens, k_lens = [], [], [], []
     for b, doc in enumerate(doc_ids.detach().cpu().numpy()):
-        for q, k in _row_segments(doc, variant):
-            q_parts.append(q + b * T)
+        for q, k in _row_segments(doc, variant, asked):
+            q_parts.append(local[q] + b * R)
             k_parts.append(k + b * T)
             q_lens.append(len(q))
             k_lens.append(len(k))
@@ -95,9 +124,11 @@ def varlen_segments(doc_ids: torch.Tensor, variant: Variant) -> VarlenSegments:
     )
 
 
-def segment_mask(seg: VarlenSegments, B: int, T: int) -> torch.Tensor:
-    """The mask the segments imply under bottom-right causal alignment: bool [B, T, T], `[b, i, j]`."""
-    out = torch.zeros(B * T, B * T, dtype=torch.bool)
+def segment_mask(seg: VarlenSegments, B: int, T: int, R: int | None = None) -> torch.Tensor:
+    """The mask the segments imply under bottom-right causal alignment: bool [B, R, T], `[b, i, j]`: the i-th
+    query row (the i-th of `varlen_segments`' rows; R = T and slot i without them) sees key slot j."""
+    R = T if R is None else R
+    out = torch.zeros(B * R, B * T, dtype=torch.bool)
     cq, ck = seg.cu_seqlens_q.tolist(), seg.cu_seqlens_k.tolist()
     for s in range(len(cq) - 1):
         qs = seg.q_index[cq[s] : cq[s + 1]].cpu()
@@ -105,7 +136,7 @@ def segment_mask(seg: VarlenSegments, B: int, T: int) -> torch.Tensor:
         lq, lk = len(qs), len(ks)
         see = torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + (lk - lq)
         out[qs[:, None].expand(lq, lk)[see], ks[None, :].expand(lq, lk)[see]] = True
-    blocks = out.view(B, T, B, T)
+    blocks = out.view(B, R, B, T)
     cross = blocks.sum() - sum(blocks[b, :, b, :].sum() for b in range(B))
     if cross:
         raise AssertionError(f"{int(cross)} segment pairs cross batch rows")
