@@ -50,6 +50,7 @@ _ATTN_NAMES: dict[str, str] = {
 }
 TAP_ATTR = "_torchtrain_tap"  # set on attention modules by torchtrain.model.taps while capturing
 SP_ATTR = "_torchtrain_sequence_parallel"  # set on the decoder stack by torchtrain.parallel.ulysses
+CP_ATTR = "_torchtrain_context_parallel"  # set on the decoder stack by torchtrain.parallel.context
 _HOOK_ATTR = "_torchtrain_prepare_hook"
 
 
@@ -290,10 +291,11 @@ def _attention_function(engine: Engine):
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
         tap = getattr(module, TAP_ATTR, None)
         query, key, value = in_compute_dtype(query, key, value)  # under autocast: its dtype (compute_dtype)
-        if attn_meta.sp is not None:
+        split = attn_meta.sp if attn_meta.sp is not None else attn_meta.cp  # Ulysses runs context parallel inside
+        if split is not None:
             if tap is not None:
-                raise InputError("taps are not captured under sequence parallelism: capture them in one process")
-            return attn_meta.sp.attend(engine, query, key, value, attn_meta, scale), None
+                raise InputError("taps are not captured under sequence or context parallelism: capture them in one process")
+            return split.attend(engine, query, key, value, attn_meta, scale), None
         out = attend(engine, query, key, value, attn_meta, scale)
         if tap is not None:
             tap.attention(module.layer_idx, query, key, scale, attn_meta)
@@ -333,8 +335,9 @@ def _prepare_hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, 
             kwargs[key] = torch.as_tensor(kwargs[key], dtype=torch.long, device=device)
     x = kwargs["input_ids"] if kwargs.get("input_ids") is not None else kwargs["inputs_embeds"]
     B, T = x.shape[:2]
-    sp = getattr(module, SP_ATTR, None)  # sequence parallel: the input is this rank's shard, doc_ids the whole window
-    T_all = T if sp is None else T * sp.degree
+    # sequence / context parallel: the input is this rank's slots, doc_ids the whole window
+    sp, cp = getattr(module, SP_ATTR, None), getattr(module, CP_ATTR, None)
+    T_all = T * (1 if sp is None else sp.degree) * (1 if cp is None else cp.degree)
     doc_ids, variant = kwargs.get("doc_ids"), kwargs.get("variant")
     if doc_ids is None:
         if variant not in (None, "full"):
@@ -344,11 +347,11 @@ def _prepare_hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, 
         raise InputError("doc_ids given without variant= (one of full, intra_doc, intra_doc_reset, anchor)")
     doc_ids = torch.as_tensor(doc_ids, device=x.device)
     if tuple(doc_ids.shape) != (B, T_all):
-        whole = "" if sp is None else f" (sequence parallel over {sp.degree} ranks: doc_ids are the whole window, {(B, T_all)})"
+        whole = "" if T_all == T else f" (split over {T_all // T} ranks: doc_ids are the whole window, {(B, T_all)})"
         raise InputError(f"doc_ids has shape {tuple(doc_ids.shape)}, the input ids {(B, T)}{whole}")
     kwargs["doc_ids"] = doc_ids.long()
-    meta = prepare_meta(engine, kwargs["doc_ids"], variant)
-    kwargs["attn_meta"] = meta if sp is None else dataclasses.replace(meta, sp=sp)
+    meta = prepare_meta(engine, kwargs["doc_ids"], variant, rows=None if cp is None else cp.slots(T_all))
+    kwargs["attn_meta"] = dataclasses.replace(meta, sp=sp, cp=cp)
     return args, kwargs
 
 

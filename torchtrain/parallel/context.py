@@ -38,8 +38,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from anchor_core.errors import InputError
+from torchtrain.attention import engines
 
 
 def _degree(degree: object, key: str) -> int:
@@ -164,17 +166,44 @@ class ContextParallel:
         """One layer's attention of this rank's queries: q [B,N,s,D], k/v [B,K,s,D] -> out [B,s,N,D].
 
         `meta` holds the mask rows of this rank's slots against the whole window's keys."""
-        from torchtrain.attention import engines
-
         return engines.attend(engine, q, self.gather(k), self.gather(v), meta, scale)  # type: ignore[arg-type]
 
 
-def context_parallel_group(group: Any) -> ContextParallel | None:
-    """The ContextParallel of `group` (None for no group or a group of one)."""
+def rank_slots(T: int, context: int = 1, context_rank: int = 0, ulysses: int = 1, ulysses_rank: int = 0) -> np.ndarray:
+    """int64 [T / (context * ulysses)]: the slots of a T-slot window one rank holds under Ulysses × context
+    parallelism. Context parallelism splits the window into balanced shares (`balanced_slots`); Ulysses splits
+    the rank's share into `ulysses` contiguous parts, its all-to-all gathering the share back in slot order."""
+    share = balanced_slots(T, context, context_rank) if context > 1 else np.arange(T)
+    if len(share) % ulysses:
+        raise InputError(f"sequence_parallel {ulysses} does not divide the {len(share)} slots of a context-parallel share")
+    part = len(share) // ulysses
+    return share[ulysses_rank * part:(ulysses_rank + 1) * part]
+
+
+def context_parallel_of(model: nn.Module) -> ContextParallel | None:
+    """The model's context-parallel group, or None when context parallelism is off."""
+    return getattr(model.base_model, engines.CP_ATTR, None)
+
+
+def enable_context_parallel(model: nn.Module, group: Any) -> nn.Module:
+    """Run the model's attention context-parallel over `group` (None or a group of one: off). Returns the model.
+
+    After it, each rank calls `model(input_ids=<its slots of the window>, position_ids=<the positions at those
+    slots>, doc_ids=<the WHOLE [B, T]>, variant=...)` with the slots of `rank_slots` and gets the logits of its
+    slots. Works with every engine but `varlen`, and inside Ulysses (`enable_sequence_parallel` on the other
+    axis of the ranks); idempotent."""
+    if engines.engine_of(model) is None:
+        raise InputError("context parallelism needs a model running a torchtrain engine (torchtrain.build_model)")
+    decoder = model.base_model
     degree = 1 if group is None else dist.get_world_size(group)
     if degree <= 1:
-        return None
+        if hasattr(decoder, engines.CP_ATTR):
+            delattr(decoder, engines.CP_ATTR)
+        return model
     rank = dist.get_rank(group)
     if rank < 0:
         raise InputError("this process is not in the context-parallel group")
-    return ContextParallel(group, degree, rank)
+    current = getattr(decoder, engines.CP_ATTR, None)
+    if current is None or current.group is not group:
+        setattr(decoder, engines.CP_ATTR, ContextParallel(group, degree, rank))
+    return model

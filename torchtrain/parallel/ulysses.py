@@ -122,19 +122,29 @@ def counted_predictions(loss_mask: torch.Tensor) -> torch.Tensor:
     return torch.cat([loss_mask[:, :-1].bool(), torch.zeros_like(loss_mask[:, :1], dtype=torch.bool)], dim=1)
 
 
+def _mine(x: Any, rank: int, degree: int, slots: Any) -> Any:
+    """This rank's slots of x [B, T]: `slots` where given (context parallelism: `torchtrain.parallel.context.rank_slots`),
+    else its contiguous `shard`."""
+    if slots is None:
+        return shard(x, rank, degree)
+    if isinstance(x, torch.Tensor):
+        return x.index_select(1, torch.as_tensor(np.asarray(slots), dtype=torch.long, device=x.device))
+    return np.take(x, np.asarray(slots), axis=1)
+
+
 def rank_inputs(batch: Any, tokens: torch.Tensor, rows: slice, rank: int, degree: int, device: torch.device,
-                variant: str) -> dict[str, Any]:
+                variant: str, slots: Any = None) -> dict[str, Any]:
     """The model's keyword inputs for this rank's slice of windows `rows` of a make_batch Batch: its shard of the
-    tokens and positions, the whole windows' doc_ids (the attention gathers nothing: every rank holds them)."""
-    return {"input_ids": shard(tokens[rows], rank, degree).to(device),
-            "position_ids": torch.as_tensor(shard(batch.positions[rows], rank, degree), dtype=torch.long).to(device),
+    tokens and positions (its `slots` under context parallelism), the whole windows' doc_ids (every rank holds them)."""
+    return {"input_ids": _mine(tokens[rows], rank, degree, slots).to(device),
+            "position_ids": torch.as_tensor(_mine(batch.positions[rows], rank, degree, slots), dtype=torch.long).to(device),
             "doc_ids": torch.as_tensor(batch.doc_ids[rows], dtype=torch.long).to(device),
             "variant": variant}
 
 
 def next_token_loss_shard(
     states: torch.Tensor, tokens: torch.Tensor, loss_mask: torch.Tensor, rank: int, degree: int,
-    lm_head: nn.Module | None = None,
+    lm_head: nn.Module | None = None, slots: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's part of the next-token loss of docs/DESIGN.md §1 under sequence parallelism.
 
@@ -150,18 +160,20 @@ def next_token_loss_shard(
       tokens, loss_mask: int [B, T], the whole window.
       rank, degree: this rank in the SP group, and P, the group's size.
       lm_head: the model's output projection (`model.get_output_embeddings()`, tied or not), or None.
+      slots: under context parallelism the window slots this rank holds (`torchtrain.parallel.context.rank_slots`),
+        its shard otherwise.
     Returns:
       (ce_sum, count): float32 sum of cross-entropy over this shard's counted predictions (with a
       graph), and the int64 count of counted predictions of the whole window (the same on every
       rank). The window's mean loss is the sum over the SP group of ce_sum, divided by count.
     """
-    ce, mine, count = next_token_ce_shard(states, tokens, loss_mask, rank, degree, lm_head)
+    ce, mine, count = next_token_ce_shard(states, tokens, loss_mask, rank, degree, lm_head, slots)
     return (ce * mine).sum(), count
 
 
 def next_token_ce_shard(
     states: torch.Tensor, tokens: torch.Tensor, loss_mask: torch.Tensor, rank: int, degree: int,
-    lm_head: nn.Module | None = None,
+    lm_head: nn.Module | None = None, slots: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`next_token_loss_shard` slot by slot: (ce [B, s] float32, this shard's counted predictions [B, s], the
     whole window's count). The held-out loss by position reads it (torchtrain.training.heldout)."""
@@ -169,13 +181,13 @@ def next_token_ce_shard(
     loss_mask = torch.as_tensor(loss_mask, device=states.device)
     targets = torch.cat([tokens[:, 1:], tokens[:, -1:]], dim=1).long()  # the last slot never counts
     counted = counted_predictions(loss_mask)
-    mine_targets = shard(targets, rank, degree)
+    mine_targets = _mine(targets, rank, degree, slots)
     if lm_head is None:
         ce = token_cross_entropy(states, mine_targets)  # [B, s], the same rows as the whole window's
     else:
         B, s, H = states.shape
         ce = lm_head_cross_entropy(lm_head, states.reshape(B * s, H), mine_targets.reshape(B * s)).view(B, s)
-    return ce, shard(counted, rank, degree), counted.sum()
+    return ce, _mine(counted, rank, degree, slots), counted.sum()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,8 +219,10 @@ class _AllToAll(torch.autograd.Function):
 
 def _local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, engine: str, meta: engines.AttnMeta,
                      scale: float) -> torch.Tensor:
-    """The engine on head shards of the whole window: q [B,T,N/P,D], k/v [B,T,K'/P,D] -> [B,T,N/P,D]."""
-    return engines.attend(engine, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), meta, scale)  # type: ignore[arg-type]
+    """The engine on head shards of the whole window: q [B,T,N/P,D], k/v [B,T,K'/P,D] -> [B,T,N/P,D]. Under
+    context parallelism too, T is the context-parallel rank's share, whose keys and values `meta.cp` gathers."""
+    attend = engines.attend if meta.cp is None else meta.cp.attend
+    return attend(engine, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), meta, scale)  # type: ignore[arg-type]
 
 
 def _deepspeed_comm_ready() -> bool:
