@@ -112,15 +112,20 @@ def check_engine(engine: object, dtype: torch.dtype | None = None) -> Engine:
     return engine  # type: ignore[return-value]
 
 
-def resolve_engine(name: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> str:
+def resolve_engine(name: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+                   context_parallel: int = 1) -> str:
     """The engine `name` runs as on `device` with this parameter dtype: `auto` is flash_varlen where
     flash-attn imports, the device is CUDA and the dtype is not float32 (FlashAttention has no fp32
-    kernel), else varlen; both cost memory linear in T. Any other name is returned unchanged
-    (check_engine judges it). The one place `auto` is decided: the trainer records its result."""
+    kernel), else varlen; both cost memory linear in T. Under context parallelism (degree > 1), where varlen
+    does not run a rank's share of the queries, sdpa instead of varlen (its mask: the rank's rows, T/degree x T).
+    Any other name is returned unchanged (check_engine judges it). The one place `auto` is decided: the trainer
+    records its result."""
     if name != AUTO:
         return name
     cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
-    return "flash_varlen" if cuda and dtype != torch.float32 and flash_attn_kernel() is not None else "varlen"
+    if cuda and dtype != torch.float32 and flash_attn_kernel() is not None:
+        return "flash_varlen"
+    return "varlen" if context_parallel <= 1 else "sdpa"
 
 
 def dense_attention_bytes(engine: str, *, seq_len: int, batch: int, layers: int, heads: int,

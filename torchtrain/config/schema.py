@@ -279,7 +279,12 @@ class ParallelConfig(_Section):
     """Processes and how the model and the batch are split over them."""
 
     nproc: StrictInt = _key(1, "processes started on this machine (1 = this process)", ge=1, resumable=True)
-    sequence_parallel: StrictInt = _key(1, "Ulysses sequence-parallel degree", ge=1, resumable=True)
+    sequence_parallel: StrictInt = _key(1, "Ulysses sequence-parallel degree: attention heads split over this many "
+                                        "ranks (it must divide the query heads)", ge=1, resumable=True)
+    context_parallel: StrictInt = _key(1, "context-parallel degree: each window's slots split over this many ranks, "
+                                       "keys and values all-gathered (any head count; torchtrain.parallel.context). "
+                                       "A window is split over sequence_parallel x context_parallel ranks", ge=1,
+                                       resumable=True)
     zero_stage: StrictInt = _key(0, "DeepSpeed ZeRO stage", ge=0, le=3)
     offload_optimizer: StrictBool = _key(False, "ZeRO 1-3: the optimizer states and fp32 master weights in host "
                                          "memory, stepped there by DeepSpeed's CPU Adam (built once, C++)")
@@ -391,9 +396,13 @@ class TrainConfig(_Section):
                 {k: plain(getattr(values, k)) for k in type(values).model_fields}
         return out
 
+    def sequence_degree(self) -> int:
+        """The ranks one window is split over: Ulysses x context parallel."""
+        return self.parallel.sequence_parallel * self.parallel.context_parallel
+
     def dp(self, world: int) -> int:
         """Data-parallel ranks of a world of `world` processes."""
-        return world // self.parallel.sequence_parallel
+        return world // self.sequence_degree()
 
     def grad_accum(self, world: int) -> int:
         """Micro-steps per optimizer step on each rank."""

@@ -284,20 +284,23 @@ def _pack_expected(key: str) -> str:
 
 
 def check_world(cfg: TrainConfig, world: int) -> None:
-    """The config fits a world of `world` processes: SP divides it, the global batch splits over it."""
-    sp, mb, gb = cfg.parallel.sequence_parallel, cfg.data.micro_batch, cfg.data.global_batch
+    """The config fits a world of `world` processes: a window's ranks (Ulysses x context parallel) divide it, the
+    global batch splits over the rest."""
+    sp, mb, gb = cfg.sequence_degree(), cfg.data.micro_batch, cfg.data.global_batch
+    cp = cfg.parallel.context_parallel
+    keys = ("parallel.sequence_parallel", "parallel.context_parallel") if cp > 1 else ("parallel.sequence_parallel",)
+    what = (f"parallel.sequence_parallel {cfg.parallel.sequence_parallel} x parallel.context_parallel {cp}" if cp > 1
+            else f"parallel.sequence_parallel {sp}")
     if world < sp:
-        raise InputError(f"parallel.sequence_parallel {sp} needs at least {sp} processes, this run has {world} "
-                         f"(set parallel.nproc, or launch more ranks)",
-                         path=cfg.where("parallel.sequence_parallel", "parallel.nproc"))
+        raise InputError(f"{what} needs at least {sp} processes, this run has {world} "
+                         f"(set parallel.nproc, or launch more ranks)", path=cfg.where(*keys, "parallel.nproc"))
     if world % sp:
-        raise InputError(f"{world} processes do not split into sequence-parallel groups of {sp}",
-                         path=cfg.where("parallel.nproc", "parallel.sequence_parallel"))
+        raise InputError(f"{world} processes do not split into groups of {sp} ranks a window ({what})",
+                         path=cfg.where("parallel.nproc", *keys))
     dp = world // sp
     if gb % (mb * dp):
         raise InputError(f"data.global_batch {gb} does not split into data.micro_batch {mb} x {dp} data-parallel "
-                         f"ranks", path=cfg.where("data.global_batch", "data.micro_batch", "parallel.nproc",
-                                                   "parallel.sequence_parallel"))
+                         f"ranks", path=cfg.where("data.global_batch", "data.micro_batch", "parallel.nproc", *keys))
 
 
 def _field_path(loc: Sequence[Any]) -> tuple[list[str], FieldInfo | None, Any]:

@@ -2,7 +2,10 @@
 
 Rank layout: `rank = dp_rank * sp + sp_rank`, so each sequence-parallel group is `sp` consecutive
 ranks (they share one data-parallel slice of the batch and split its windows along the sequence),
-and the data-parallel peers of a rank are the ranks with its `sp_rank`.
+and the data-parallel peers of a rank are the ranks with its `sp_rank`. A window's `sp` ranks are
+Ulysses x context parallel: `sp_rank = cp_rank * ulysses + ulysses_rank`, so a Ulysses group (its
+all-to-all, the heavier exchange) is consecutive ranks, and the context-parallel peers of a rank are
+those with its `ulysses_rank` (`window_groups`); the slots a rank holds are `World.slots`.
 
 Gradients: every rank holds a full replica of the parameters (ZeRO partitions the optimizer
 state, gradients or parameters over the same ranks), and SP ranks hold *partial* gradients (each
@@ -35,21 +38,25 @@ from dataclasses import dataclass
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable, NoReturn
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from anchor_core.errors import InputError
 from torchtrain.config.deepspeed_json import quiet_deepspeed_import
+from torchtrain.parallel.context import rank_slots
 
 
 @dataclass(frozen=True)
 class World:
-    """This process's place in the run: global rank and size, DP and SP coordinates, device."""
+    """This process's place in the run: global rank and size, DP and SP coordinates, device. `sp` counts the
+    ranks a window is split over (Ulysses x context parallel), `cp` the context-parallel degree among them."""
 
     rank: int
     size: int
     sp: int
     device: torch.device
+    cp: int = 1
 
     @property
     def dp(self) -> int:
@@ -62,6 +69,22 @@ class World:
     @property
     def sp_rank(self) -> int:
         return self.rank % self.sp
+
+    @property
+    def ulysses(self) -> int:
+        return self.sp // self.cp
+
+    @property
+    def cp_rank(self) -> int:
+        return self.sp_rank // self.ulysses
+
+    @property
+    def ulysses_rank(self) -> int:
+        return self.sp_rank % self.ulysses
+
+    def slots(self, T: int) -> np.ndarray:
+        """The slots of a T-slot window this rank holds (torchtrain.parallel.context.rank_slots)."""
+        return rank_slots(T, self.cp, self.cp_rank, self.ulysses, self.ulysses_rank)
 
     @property
     def is_main(self) -> bool:
@@ -110,10 +133,11 @@ def _quiet_deepspeed() -> None:
     sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None  # type: ignore[attr-defined]
 
 
-def init_world(sp: int, timeout_s: int = 600) -> World:
+def init_world(sp: int, timeout_s: int = 600, cp: int = 1) -> World:
     """Join (or, alone, create) the process group: gloo on CPU, NCCL on CUDA, its collectives waiting `timeout_s`
     seconds for the other ranks (`parallel.timeout_s`: a rank whose peer died stops then, not after torch's 30
-    minutes or never). Returns this rank's World."""
+    minutes or never). `sp`: the ranks a window is split over, `cp` the context-parallel degree among them.
+    Returns this rank's World."""
     quiet_deepspeed_import()
     import deepspeed
 
@@ -134,18 +158,28 @@ def init_world(sp: int, timeout_s: int = 600) -> World:
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=timeout)
     deepspeed.init_distributed(backend, timeout=timeout)
-    return World(rank=dist.get_rank(), size=dist.get_world_size(), sp=sp, device=device)
+    return World(rank=dist.get_rank(), size=dist.get_world_size(), sp=sp, device=device, cp=cp)
 
 
-def sequence_parallel_group(world: World):
-    """This rank's SP group (consecutive ranks); every rank creates every group, as torch requires."""
-    mine = None
+def window_groups(world: World) -> tuple[Any, Any]:
+    """(Ulysses group, context-parallel group) of this rank within its window's `sp` ranks (module docstring);
+    None for a degree of one. Every rank creates every group, as torch requires."""
+    ulysses = context = None
     for d in range(world.dp):
-        ranks = list(range(d * world.sp, (d + 1) * world.sp))
-        g = dist.new_group(ranks)
-        if world.rank in ranks:
-            mine = g
-    return mine
+        base = d * world.sp
+        if world.ulysses > 1:
+            for c in range(world.cp):
+                ranks = [base + c * world.ulysses + u for u in range(world.ulysses)]
+                g = dist.new_group(ranks)
+                if world.rank in ranks:
+                    ulysses = g
+        if world.cp > 1:
+            for u in range(world.ulysses):
+                ranks = [base + c * world.ulysses + u for c in range(world.cp)]
+                g = dist.new_group(ranks)
+                if world.rank in ranks:
+                    context = g
+    return ulysses, context
 
 
 class ParallelGroups:

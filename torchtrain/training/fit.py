@@ -17,6 +17,7 @@ from torchtrain.attention import engines
 from torchtrain.attention.engines import resolve_engine
 from torchtrain.config import TrainConfig
 from torchtrain.parallel.distributed import launched_externally
+from torchtrain.parallel.context import check_context_parallel
 from torchtrain.parallel.ulysses import check_sequence_parallel
 from torchtrain.training.memory import check_device, largest_term, step_memory, step_of
 
@@ -44,7 +45,8 @@ def resolved_engine(cfg: TrainConfig) -> str:
 
 
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
-    return resolve_engine(cfg.model.engine, "cuda" if torch.cuda.is_available() else "cpu", dtype)
+    return resolve_engine(cfg.model.engine, "cuda" if torch.cuda.is_available() else "cpu", dtype,
+                          context_parallel=cfg.parallel.context_parallel)
 
 
 def check_model(cfg: TrainConfig, spec: ModelSpec, seq_len: int, *, here: bool = True,
@@ -62,10 +64,21 @@ def check_model(cfg: TrainConfig, spec: ModelSpec, seq_len: int, *, here: bool =
                 f"the longer context (e.g. model.rope.theta: the paper uses 1e6 at 32K, 5e6 at 64K, 1e7 at 128K, 5e7 at 256K)",
                 path=cfg.where("data.seq_len", "model.name"))
         spec = spec.replace(max_position=seq_len)
+    cp = cfg.parallel.context_parallel
     try:
-        check_sequence_parallel(spec, seq_len, cfg.parallel.sequence_parallel)
+        check_context_parallel(seq_len, cp)
     except InputError as e:
-        raise InputError(str(e), path=cfg.where("parallel.sequence_parallel", "data.seq_len")) from None
+        raise InputError(str(e), path=cfg.where("parallel.context_parallel", "data.seq_len")) from None
+    ulysses = cfg.parallel.sequence_parallel
+    try:
+        check_sequence_parallel(spec, seq_len // cp, ulysses)
+    except InputError as e:
+        message, keys = str(e), ("parallel.sequence_parallel", "data.seq_len")
+        if cp > 1 and (seq_len // cp) % ulysses:
+            message = (f"parallel.sequence_parallel {ulysses} does not divide the {seq_len // cp} slots of a "
+                       f"context-parallel share (data.seq_len {seq_len} / parallel.context_parallel {cp})")
+            keys += ("parallel.context_parallel",)
+        raise InputError(message, path=cfg.where(*keys)) from None
     # dtype, engine and offloading against the device: the one check anchor plan makes too
     engine = check_device(cfg, ("cuda" if torch.cuda.is_available() else "cpu") if here else None)
     if here and memory:
@@ -114,7 +127,7 @@ def check_step_memory(cfg: TrainConfig, spec: ModelSpec, seq_len: int, engine: s
         levers = ["a shorter data.seq_len"]
         levers += [f"{k}: true" for k, on in (("model.activation_checkpointing", cfg.model.activation_checkpointing),
                                                 ("model.tiled_mlp", cfg.model.tiled_mlp)) if not on]
-        levers.append("parallel.sequence_parallel over more processes")
+        levers.append("parallel.sequence_parallel or parallel.context_parallel over more processes")
         name, _ = largest_term(need)
         hint = (f"{name} the largest term; " + ", ".join(levers[:-1]) + f" or {levers[-1]}"
                 + " (anchor plan shows each term)")

@@ -90,14 +90,14 @@ def _window_sums(cfg: TrainConfig, world: World, engine: Any, held: HeldOut, ind
     """[2k]: this rank's slots of one window, cross-entropy summed and predictions counted per bucket."""
     batch = held.data.batch(np.array([index]), cfg.model.variant, mask_cross_doc_loss=cfg.model.mask_cross_doc_loss)
     tokens = torch.as_tensor(batch.tokens, dtype=torch.long)
-    inputs = sp.rank_inputs(batch, tokens, slice(None), world.sp_rank, world.sp, world.device, cfg.model.variant)
+    slots = world.slots(tokens.shape[1])
+    inputs = sp.rank_inputs(batch, tokens, slice(None), world.sp_rank, world.sp, world.device, cfg.model.variant, slots)
     states = final_hidden_states(engine, engine.module, **inputs)
     ce, counted, _ = sp.next_token_ce_shard(states, tokens, torch.as_tensor(batch.loss_mask), world.sp_rank, world.sp,
-                                            lm_head=engine.module.get_output_embeddings())  # training's own loss
+                                            lm_head=engine.module.get_output_embeddings(),  # training's own loss
+                                            slots=slots)
     counted = counted.double().cpu()
     ce = (ce.double().cpu() * counted).sum(0)
-    s = counted.shape[1]
-    slots = np.arange(world.sp_rank * s, (world.sp_rank + 1) * s)
     bucket = torch.as_tensor(np.searchsorted(held.edges, slots, side="right") - 1)
     k = len(held.edges) - 1
     return torch.cat([torch.bincount(bucket, weights=ce, minlength=k),

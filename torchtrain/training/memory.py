@@ -40,6 +40,7 @@ from 8K to the longest window this machine trains, `benchmarks/bench_longest_win
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -85,7 +86,12 @@ def check_device(cfg: TrainConfig, device: str | None, *, here: bool = True) -> 
         raise InputError("model.dtype bfloat16 needs parallel.zero_stage >= 1 (DeepSpeed's stage-0 bf16 optimizer "
                          "drifts from the fp32 update; ZeRO-1 costs nothing extra on one process)",
                          path=cfg.where("model.dtype", "parallel.zero_stage"))
-    engine = engines.resolve_engine(cfg.model.engine, device if here and device else "cpu", dtype)
+    cp = cfg.parallel.context_parallel
+    engine = engines.resolve_engine(cfg.model.engine, device if here and device else "cpu", dtype, context_parallel=cp)
+    if cp > 1 and engine == "varlen":
+        raise InputError("engine 'varlen' does not run a rank's share of the queries under parallel.context_parallel "
+                         f"{cp}: use model.engine auto (sdpa on the CPU, flash_varlen on CUDA), sdpa, eager, "
+                         "flash_varlen or flex", path=cfg.where("model.engine", "parallel.context_parallel"))
     if device is None:
         return engine
     if here:
@@ -200,7 +206,7 @@ class StepMemory:
 
 
 def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch.dtype, engine: str,
-                zero_stage: int, procs: int, sequence_parallel: int = 1,
+                zero_stage: int, procs: int, sequence_parallel: int = 1, context_parallel: int = 1,
                 activation_checkpointing: bool = False, tiled_mlp: bool = False,
                 world: int | None = None, offload_checkpoints: bool = False, offload_optimizer: bool = False,
                 offload_params: bool = False, count_build: bool = False, device: str = "cpu") -> StepMemory:
@@ -216,7 +222,11 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
       loss         the fused loss's one chunk (`torchtrain.model.loss.chunk_working_bytes`; fused at every ZeRO
                    stage), which its backward holds at the backward's start before the last layer is
                    recomputed: the larger of the two is the peak's
-    `offload_checkpoints` (CUDA) moves the checkpoints to host memory: `host`, not on the device; so do
+      gathered kv  under context parallelism (C > 1) the whole window's keys and values each layer gathers
+                   ([B, K/U, T, D] twice, U the Ulysses degree; kept for the backward by every layer, by one
+                   under activation checkpointing) and, in the backward, their float32 gradients summed over
+                   the group (torchtrain.parallel.context)
+    A rank holds T / (U C) slots of each window; a dense engine's mask covers its T / C query rows of T keys.    `offload_checkpoints` (CUDA) moves the checkpoints to host memory: `host`, not on the device; so do
     `offload_optimizer` (the fp32 master weights, AdamW's moments and the fp32 gradients the CPU optimizer steps
     with) and `offload_params` (ZeRO-3's parameter partitions; the device then holds the layers it gathers).
 
@@ -252,7 +262,8 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
         module = 0
     gathered = 2 * layer_parameters(spec) * elem if zero_stage >= 3 else 0
     weights = module + master
-    slots = micro_batch * -(-seq_len // max(1, sequence_parallel))
+    split = max(1, sequence_parallel) * max(1, context_parallel)
+    slots = micro_batch * -(-seq_len // split)
     layer = activation_bytes_per_slot(spec, elem, layers=1)
     if tiled_mlp:
         layer -= elem * 4 * spec.intermediate_size
@@ -260,7 +271,13 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
     heads = -(-spec.num_heads // max(1, sequence_parallel))
     dense = engines.dense_attention_bytes(engine, seq_len=seq_len, batch=micro_batch,
                                           layers=1 if activation_checkpointing else spec.num_layers,
-                                          heads=heads, dtype=dtype)
+                                          heads=heads, dtype=dtype) // max(1, context_parallel)
+    gathered_kv = 0
+    if context_parallel > 1:
+        U = max(1, sequence_parallel)
+        kv_heads = -(-math.lcm(spec.num_kv_heads, U) // U)  # Ulysses repeats kv heads up to lcm(K, U)
+        kv = micro_batch * kv_heads * seq_len * spec.head_dim  # one layer's keys (or values) of the whole window
+        gathered_kv = 2 * kv * elem * (1 if activation_checkpointing else spec.num_layers) + 2 * kv * 4
     host = 0
     if offload_checkpoints:
         host, kept = int(kept * slots * spec.num_layers), 0
@@ -282,6 +299,8 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
     buckets = bucket_bytes(spec, zero_stage, elem)
     states = int(P * (weights + moments) + held_grads + buckets)
     parts = (("checkpoints", int(kept * slots * held_kept)), ("recompute", int(recompute)), ("loss", int(loss)))
+    if gathered_kv:
+        parts += (("gathered kv", int(gathered_kv)),)
     if gathered:
         parts += (("gathered", int(gathered)),)
     # DeepSpeed (ZeRO >= 1) steps AdamW on one flat fp32 partition, with every gradient held and no activation:
@@ -310,6 +329,7 @@ def step_of(cfg: TrainConfig, *, engine: str, dtype: torch.dtype, procs: int, wo
     (on a CPU the host's memory is the one planned for: they stay counted in it)."""
     return dict(micro_batch=cfg.data.micro_batch, dtype=dtype, engine=engine, zero_stage=cfg.parallel.zero_stage,
                 procs=procs, world=world, sequence_parallel=cfg.parallel.sequence_parallel,
+                context_parallel=cfg.parallel.context_parallel,
                 activation_checkpointing=cfg.model.activation_checkpointing, tiled_mlp=cfg.model.tiled_mlp,
                 offload_checkpoints=cfg.model.offload_checkpoints and on_gpu,
                 offload_optimizer=cfg.parallel.offload_optimizer and on_gpu,

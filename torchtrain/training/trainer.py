@@ -47,8 +47,9 @@ from torchtrain.model.build import build_model, set_rope
 from torchtrain.model.loss import final_hidden_states
 from torchtrain.model.tiling import tile_mlps
 from torchtrain.parallel import ulysses as sp
+from torchtrain.parallel.context import enable_context_parallel, take_slots
 from torchtrain.parallel.distributed import (ParallelGroups, Watchdog, World, check_same_config, init_world,
-                                             launch_local, launched_externally, sequence_parallel_group,
+                                             launch_local, launched_externally, window_groups,
                                              stop_for_lost_peer)
 from torchtrain.parallel.sharded_build import build_partitioned
 from torchtrain.training import checkpoint as ckpt
@@ -120,7 +121,7 @@ def _train_external(cfg: TrainConfig, run: Path, progress: bool) -> int:
     that it sees what rank 0 prepared (`check_shared_run`). A rank whose peers stopped or cannot be reached (a dead
     node) stops with one line naming the node, within a minute (torchtrain.parallel.distributed.Watchdog), or, where no
     watchdog runs, within `parallel.timeout_s`."""
-    world = init_world(cfg.parallel.sequence_parallel, cfg.parallel.timeout_s)
+    world = init_world(cfg.sequence_degree(), cfg.parallel.timeout_s, cp=cfg.parallel.context_parallel)
     watchdog, done = None, False
     try:
         check_same_config(cfg.to_dict(), world)  # before rank 0 prepares anything
@@ -323,7 +324,7 @@ def _read_logged(run: Path, world: World) -> tuple[Logged | None, int]:
 
 def _start_rank(cfg: TrainConfig) -> World:
     """Join the run's processes (checked against the config), then seed this rank's RNGs with `seed + rank`."""
-    world = init_world(cfg.parallel.sequence_parallel, cfg.parallel.timeout_s)
+    world = init_world(cfg.sequence_degree(), cfg.parallel.timeout_s, cp=cfg.parallel.context_parallel)
     check_world(cfg, world.size)
     if world.device.type == "cpu":
         return_freed_memory()
@@ -392,8 +393,10 @@ def _build_engine(cfg: TrainConfig, spec: ModelSpec, world: World,
     model.anchor_spec = spec
     release_memory()  # the weights as read (a GGUF's dequantised arrays), freed, not left in the heap
     built = rank_peaks(world)  # the model built (at ZeRO-3 partitioned and filled), before DeepSpeed's engine
-    if world.sp > 1:
-        sp.enable_sequence_parallel(model, sequence_parallel_group(world))
+    if world.sp > 1:  # Ulysses and context parallelism over the window's ranks (a degree of one: off)
+        ulysses, context = window_groups(world)
+        sp.enable_sequence_parallel(model, ulysses)
+        enable_context_parallel(model, context)
     if cfg.model.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.model.tiled_mlp:
@@ -426,7 +429,7 @@ def _train_step(cfg: TrainConfig, world: World, engine: Any, batch: Batch, step:
     gas = cfg.grad_accum(world.size)
     tokens = torch.as_tensor(batch.tokens, dtype=torch.long)
     mask = torch.as_tensor(batch.loss_mask)
-    local_count = sp.shard(sp.counted_predictions(mask), world.sp_rank, world.sp).sum(dtype=torch.float32)
+    local_count = take_slots(sp.counted_predictions(mask), world.slots(mask.shape[1])).sum(dtype=torch.float32)
     count = _all_reduce_sum(local_count, world.device)  # counted targets of the global batch
     total = torch.tensor([0.0, flops], dtype=torch.float64)  # the loss summed, the FLOPs: one reduction
     scale = loss_multiplier(local_count, count, world.size)
@@ -454,7 +457,8 @@ def _micro_batch_loss(cfg: TrainConfig, world: World, engine: Any, batch: Batch,
     """The cross-entropy summed over the counted targets of this rank's slice of the windows `rows`
     (`next_token_loss_shard`: the targets are the whole windows' tokens shifted by one, then sharded).
     `fused=False` (tests only: the reference the fused loss is held to) computes it from the whole logits."""
-    inputs = sp.rank_inputs(batch, tokens, rows, world.sp_rank, world.sp, world.device, cfg.model.variant)
+    slots = world.slots(tokens.shape[1])
+    inputs = sp.rank_inputs(batch, tokens, rows, world.sp_rank, world.sp, world.device, cfg.model.variant, slots)
     # The lm-head fused with the loss: no [B, T, V] logits (or their gradient), at every ZeRO stage (under
     # ZeRO-3 the fused loss runs as the lm-head's own call, where the weight is gathered: lm_head_cross_entropy).
     # Offloaded checkpoints: every tensor the forward saves for the backward (under activation checkpointing the
@@ -466,7 +470,8 @@ def _micro_batch_loss(cfg: TrainConfig, world: World, engine: Any, batch: Batch,
             states, head = final_hidden_states(engine, engine.module, **inputs), engine.module.get_output_embeddings()
         else:
             states, head = engine(**inputs).logits, None
-        local, _ = sp.next_token_loss_shard(states, tokens[rows], mask[rows], world.sp_rank, world.sp, lm_head=head)
+        local, _ = sp.next_token_loss_shard(states, tokens[rows], mask[rows], world.sp_rank, world.sp, lm_head=head,
+                                            slots=slots)
     return local
 
 
