@@ -43,6 +43,10 @@ def plan(
                               "for a named --device, unchecked); at most 1000000.", show_default=False)] = None,
     start: Annotated[int, typer.Option("--start", help="The first window length; each next one doubles it, up to "
                                                        "16777216 (2^24) slots, where the plan stops.")] = 8192,
+    window: Annotated[Optional[int], typer.Option(
+        "--window", help="Instead of doubling windows: the smallest split of a window of this many slots over "
+                         "ranks (parallel.sequence_parallel x parallel.context_parallel) that fits the device, "
+                         "and why each smaller one does not.", show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Predict one training step's peak memory (torchtrain.training.memory.step_memory, the model `anchor train` refuses
@@ -55,14 +59,21 @@ def plan(
     from anchor_core.hardware import SHAPES
     from anchor_core.weights import load_spec
     from torchtrain.config import check_world, load_train_config
-    from torchtrain.training.memory import PLAN_STOP, check_device, plan_windows, step_of
+    from anchor_core.limits import check_int
+    from torchtrain.parallel.context import check_context_parallel
     from torchtrain.parallel.ulysses import check_sequence_parallel
+    from torchtrain.training.memory import PLAN_STOP, check_device, plan_windows, step_of
 
     _check_options(start, memory, host_memory, shape, device)
+    if window is not None:
+        check_int(window, "--window", lo=1, hi=PLAN_STOP)
     cfg = load_train_config(config, overrides or [])
     check_world(cfg, cfg.parallel.nproc)
     spec = SHAPES[shape].spec if shape else load_spec(cfg.model.name)
-    check_sequence_parallel(spec, start, cfg.parallel.sequence_parallel)  # every doubling of start then divides too
+    cp = cfg.parallel.context_parallel
+    if window is None:  # every doubling of start then divides too
+        check_context_parallel(start, cp)
+        check_sequence_parallel(spec, start // cp, cfg.parallel.sequence_parallel)
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     on_gpu = device != "here" or torch.cuda.is_available()
     # what anchor train refuses on this device (dtype, engine, offloading), refused by the same check
@@ -73,6 +84,8 @@ def plan(
     offload = on_gpu and (cfg.model.offload_checkpoints or p.offload_optimizer or p.offload_params)
     host_budget = _host_budget(host_memory, offload, device)
     step = step_of(cfg, engine=engine, dtype=dtype, procs=procs, world=cfg.parallel.nproc, on_gpu=on_gpu)
+    if window is not None:
+        return _echo_split(cfg, spec, window, budget, device_name, step, as_json, shape or cfg.model.name)
     rows = plan_windows(spec, budget=budget, start=start, host_budget=host_budget, host_procs=cfg.parallel.nproc,
                         **step)
     phases = _plan_phases(cfg, spec, budget=budget, host_budget=host_budget, **step)
@@ -86,6 +99,7 @@ def plan(
             "model": model, "device": device, "budget_bytes": budget, "dtype": cfg.model.dtype, "engine": engine,
             "activation_checkpointing": cfg.model.activation_checkpointing, "tiled_mlp": cfg.model.tiled_mlp,
             "zero_stage": cfg.parallel.zero_stage, "sequence_parallel": cfg.parallel.sequence_parallel,
+            "context_parallel": cp,
             "procs": procs, "world": cfg.parallel.nproc, "micro_batch": cfg.data.micro_batch, "longest": longest,
             "offload_checkpoints": cfg.model.offload_checkpoints, "offload_optimizer": cfg.parallel.offload_optimizer,
             "offload_params": cfg.parallel.offload_params, "host_budget_bytes": host_budget, "stop": PLAN_STOP,
@@ -98,7 +112,8 @@ def plan(
     typer.echo(f"{model}: {cfg.model.variant}, {engine}, {cfg.model.dtype}, activation checkpointing "
                f"{'on' if cfg.model.activation_checkpointing else 'off'}, tiled MLP "
                f"{'on' if cfg.model.tiled_mlp else 'off'}, ZeRO-{cfg.parallel.zero_stage}, sequence parallel "
-               f"{cfg.parallel.sequence_parallel}, {cfg.parallel.nproc} process(es), {procs} per device, micro-batch "
+               f"{cfg.parallel.sequence_parallel}{f', context parallel {cp}' if cp > 1 else ''}, "
+               f"{cfg.parallel.nproc} process(es), {procs} per device, micro-batch "
                f"{cfg.data.micro_batch}")
     typer.echo(f"device: {device_name}, {budget / g:.1f} GiB")
     typer.echo(f"GiB per process, term by term; total: the device's, all {procs} process(es) on it"
@@ -120,6 +135,59 @@ def plan(
     elif capped:
         typer.echo(f"the plan stops at {PLAN_STOP} (2^24) slots: longer windows are not planned")
     _echo_phases(phases, budget)
+
+
+def _echo_split(cfg: TrainConfig, spec: ModelSpec, window: int, budget: int, device_name: str,
+                step: dict, as_json: bool, model: str) -> None:
+    """`--window`: the smallest split of one window that fits (torchtrain.training.window_split), by number of ranks:
+    each one's best split that runs, then why the other splits over a number of ranks that divides the window
+    cannot run."""
+    from torchtrain.training.window_split import propose_split
+
+    step = {k: v for k, v in step.items() if k not in ("sequence_parallel", "context_parallel")}
+    plan = propose_split(spec, window, budget=budget, context_engine=context_engine(cfg, step), **step)
+    best = plan.proposal
+    if as_json:
+        typer.echo(json.dumps({
+            "model": model, "window": window, "budget_bytes": budget, "engine": step["engine"],
+            "zero_stage": cfg.parallel.zero_stage, "dtype": cfg.model.dtype,
+            "proposal": None if best is None else {"sequence_parallel": best.ulysses, "context_parallel": best.context,
+                                                   "ranks": best.ranks, "total_bytes": best.need.total},
+            "splits": [{"ranks": d, "sequence_parallel": x.ulysses, "context_parallel": x.context,
+                        "refused": x.refused or None, "fits": x.fits,
+                        "total_bytes": None if x.need is None else x.need.total}
+                       for d, xs in plan.by_ranks.items() for x in xs]}, indent=1))
+        return
+    g = 2**30
+    typer.echo(f"{model}: a window of {window} slots, {cfg.model.variant}, {step['engine']}, {cfg.model.dtype}, "
+               f"ZeRO-{cfg.parallel.zero_stage}; device: {device_name}, {budget / g:.1f} GiB")
+    typer.echo(f"  {'ranks':>5}  {'split':<34}  {'GiB per process':>15}  fits")
+    refused = []
+    for d, splits in plan.by_ranks.items():
+        runs = [x for x in splits if not x.refused]
+        refused += [x for x in splits if x.refused and window % d == 0]  # not the many that do not divide it
+        if not runs:
+            continue
+        x = next((r for r in runs if r.fits), min(runs, key=lambda r: r.need.total))
+        name = f"sequence_parallel {x.ulysses} x context_parallel {x.context}"
+        typer.echo(f"  {d:>5}  {name:<34}  {x.need.total / g:>15.2f}  {'yes' if x.fits else 'no'}")
+    for x in refused[:12]:
+        typer.echo(f"  refused: sequence_parallel {x.ulysses} x context_parallel {x.context}: {x.refused}")
+    if len(refused) > 12:
+        typer.echo(f"  refused: {len(refused) - 12} more splits")
+    if best is None:
+        typer.echo(f"no split over up to {max(plan.by_ranks)} ranks fits")
+    else:
+        typer.echo(f"proposed: parallel.sequence_parallel={best.ulysses} parallel.context_parallel={best.context} "
+                   f"({best.ranks} rank(s) a window; {best.need.total / g:.1f} of {budget / g:.1f} GiB)")
+
+
+def context_engine(cfg: TrainConfig, step: dict) -> str | None:
+    """The engine a context-parallel split of this config runs: `auto` resolves to flash_varlen on a GPU in bf16,
+    else sdpa (torchtrain.attention.engines.resolve_engine); varlen runs none (None); any other as configured."""
+    if cfg.model.engine == "auto":
+        return "flash_varlen" if step.get("device") == "cuda" and cfg.model.dtype == "bfloat16" else "sdpa"
+    return None if cfg.model.engine == "varlen" else cfg.model.engine
 
 
 def _plan_phases(cfg: TrainConfig, spec: ModelSpec, *, budget: int, host_budget: int | None,

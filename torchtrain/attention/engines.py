@@ -352,6 +352,11 @@ def _prepare_hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, 
         raise InputError("doc_ids given without variant= (one of full, intra_doc, intra_doc_reset, anchor)")
     doc_ids = torch.as_tensor(doc_ids, device=x.device)
     if tuple(doc_ids.shape) != (B, T_all):
+        if T_all == T and doc_ids.ndim == 2 and doc_ids.shape[0] == B and doc_ids.shape[1] > T and doc_ids.shape[1] % T == 0:
+            raise InputError(  # e.g. accelerate's context parallelism (cp_size): each rank would attend in its share only
+                f"the input ids hold {T} of the window's {doc_ids.shape[1]} slots: a window split by something other "
+                "than torchtrain drops the document and anchor masks across the split; split it with Ulysses "
+                "(torchtrain.hf.ulysses, sp_size) or anchor train's parallel.context_parallel")
         whole = "" if T_all == T else f" (split over {T_all // T} ranks: doc_ids are the whole window, {(B, T_all)})"
         raise InputError(f"doc_ids has shape {tuple(doc_ids.shape)}, the input ids {(B, T)}{whole}")
     kwargs["doc_ids"] = doc_ids.long()

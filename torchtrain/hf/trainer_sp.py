@@ -162,6 +162,10 @@ class UlyssesGradients(TrainerCallback):
 
     def on_init_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         pc = getattr(args, "parallelism_config", None)
+        if (getattr(pc, "cp_size", 1) or 1) > 1:
+            raise InputError(f"parallelism_config cp_size {pc.cp_size}: accelerate's context parallelism drops the "
+                             "document and anchor masks of the anchor_* attention; split a window with sp_size "
+                             "(torchtrain.hf.ulysses) or anchor train's parallel.context_parallel")
         if getattr(pc, "sp_backend", None) == "deepspeed" and getattr(pc, "sp_size", 1) > 1:
             if model is not None:
                 check_heads(getattr(model, "config", None), pc.sp_size)

@@ -75,8 +75,11 @@ def check_model(cfg: TrainConfig, spec: ModelSpec, seq_len: int, *, here: bool =
     except InputError as e:
         message, keys = str(e), ("parallel.sequence_parallel", "data.seq_len")
         if cp > 1 and (seq_len // cp) % ulysses:
-            message = (f"parallel.sequence_parallel {ulysses} does not divide the {seq_len // cp} slots of a "
-                       f"context-parallel share (data.seq_len {seq_len} / parallel.context_parallel {cp})")
+            share = seq_len // cp
+            fits = [d for d in range(2, 2 * ulysses + 1) if share % d == 0 and spec.num_heads % d == 0 and d != ulysses]
+            works = f"; parallel.sequence_parallel {min(fits, key=lambda d: abs(d - ulysses))} fits" if fits else ""
+            message = (f"parallel.sequence_parallel {ulysses} does not divide the {share} slots of a context-parallel "
+                       f"share (data.seq_len {seq_len} / parallel.context_parallel {cp}){works}")
             keys += ("parallel.context_parallel",)
         raise InputError(message, path=cfg.where(*keys)) from None
     # dtype, engine and offloading against the device: the one check anchor plan makes too
