@@ -295,8 +295,8 @@ def check_world(cfg: TrainConfig, world: int) -> None:
         raise InputError(f"{what} needs at least {sp} processes, this run has {world} "
                          f"(set parallel.nproc, or launch more ranks)", path=cfg.where(*keys, "parallel.nproc"))
     if world % sp:
-        raise InputError(f"{world} processes do not split into groups of {sp} ranks a window ({what})",
-                         path=cfg.where("parallel.nproc", *keys))
+        groups = f"groups of {sp} ranks a window ({what})" if cp > 1 else f"sequence-parallel groups of {sp}"
+        raise InputError(f"{world} processes do not split into {groups}", path=cfg.where("parallel.nproc", *keys))
     dp = world // sp
     if gb % (mb * dp):
         raise InputError(f"data.global_batch {gb} does not split into data.micro_batch {mb} x {dp} data-parallel "

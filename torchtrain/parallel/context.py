@@ -207,3 +207,26 @@ def enable_context_parallel(model: nn.Module, group: Any) -> nn.Module:
     if current is None or current.group is not group:
         setattr(decoder, engines.CP_ATTR, ContextParallel(group, degree, rank))
     return model
+
+
+def window_groups(world: Any) -> tuple[Any, Any]:
+    """(Ulysses group, context-parallel group) of this rank within its window's `sp` ranks; None for a degree of
+    one. `world`: a torchtrain.parallel.distributed.World (whose docstring gives the layout: a Ulysses group is
+    consecutive ranks, the context-parallel peers of a rank share its `ulysses_rank`). Every rank creates every
+    group, as torch requires."""
+    ulysses = context = None
+    for d in range(world.dp):
+        base = d * world.sp
+        if world.ulysses > 1:
+            for c in range(world.cp):
+                ranks = [base + c * world.ulysses + u for u in range(world.ulysses)]
+                g = dist.new_group(ranks)
+                if world.rank in ranks:
+                    ulysses = g
+        if world.cp > 1:
+            for u in range(world.ulysses):
+                ranks = [base + c * world.ulysses + u for c in range(world.cp)]
+                g = dist.new_group(ranks)
+                if world.rank in ranks:
+                    context = g
+    return ulysses, context

@@ -5,7 +5,7 @@ ranks (they share one data-parallel slice of the batch and split its windows alo
 and the data-parallel peers of a rank are the ranks with its `sp_rank`. A window's `sp` ranks are
 Ulysses x context parallel: `sp_rank = cp_rank * ulysses + ulysses_rank`, so a Ulysses group (its
 all-to-all, the heavier exchange) is consecutive ranks, and the context-parallel peers of a rank are
-those with its `ulysses_rank` (`window_groups`); the slots a rank holds are `World.slots`.
+those with its `ulysses_rank` (torchtrain.parallel.context.window_groups); the slots a rank holds are `World.slots`.
 
 Gradients: every rank holds a full replica of the parameters (ZeRO partitions the optimizer
 state, gradients or parameters over the same ranks), and SP ranks hold *partial* gradients (each
@@ -159,27 +159,6 @@ def init_world(sp: int, timeout_s: int = 600, cp: int = 1) -> World:
         dist.init_process_group(backend, timeout=timeout)
     deepspeed.init_distributed(backend, timeout=timeout)
     return World(rank=dist.get_rank(), size=dist.get_world_size(), sp=sp, device=device, cp=cp)
-
-
-def window_groups(world: World) -> tuple[Any, Any]:
-    """(Ulysses group, context-parallel group) of this rank within its window's `sp` ranks (module docstring);
-    None for a degree of one. Every rank creates every group, as torch requires."""
-    ulysses = context = None
-    for d in range(world.dp):
-        base = d * world.sp
-        if world.ulysses > 1:
-            for c in range(world.cp):
-                ranks = [base + c * world.ulysses + u for u in range(world.ulysses)]
-                g = dist.new_group(ranks)
-                if world.rank in ranks:
-                    ulysses = g
-        if world.cp > 1:
-            for u in range(world.ulysses):
-                ranks = [base + c * world.ulysses + u for c in range(world.cp)]
-                g = dist.new_group(ranks)
-                if world.rank in ranks:
-                    context = g
-    return ulysses, context
 
 
 class ParallelGroups:

@@ -47,9 +47,9 @@ from torchtrain.model.build import build_model, set_rope
 from torchtrain.model.loss import final_hidden_states
 from torchtrain.model.tiling import tile_mlps
 from torchtrain.parallel import ulysses as sp
-from torchtrain.parallel.context import enable_context_parallel, take_slots
+from torchtrain.parallel.context import enable_context_parallel, take_slots, window_groups
 from torchtrain.parallel.distributed import (ParallelGroups, Watchdog, World, check_same_config, init_world,
-                                             launch_local, launched_externally, window_groups,
+                                             launch_local, launched_externally,
                                              stop_for_lost_peer)
 from torchtrain.parallel.sharded_build import build_partitioned
 from torchtrain.training import checkpoint as ckpt
