@@ -145,11 +145,13 @@ def _echo_split(cfg: TrainConfig, spec: ModelSpec, window: int, budget: int, dev
     from torchtrain.training.window_split import propose_split
 
     step = {k: v for k, v in step.items() if k not in ("sequence_parallel", "context_parallel")}
-    plan = propose_split(spec, window, budget=budget, context_engine=context_engine(cfg, step), **step)
+    split_engine = context_engine(cfg, step)
+    plan = propose_split(spec, window, budget=budget, context_engine=split_engine, **step)
     best = plan.proposal
     if as_json:
         typer.echo(json.dumps({
             "model": model, "window": window, "budget_bytes": budget, "engine": step["engine"],
+            "context_parallel_engine": split_engine,
             "zero_stage": cfg.parallel.zero_stage, "dtype": cfg.model.dtype,
             "proposal": None if best is None else {"sequence_parallel": best.ulysses, "context_parallel": best.context,
                                                    "ranks": best.ranks, "total_bytes": best.need.total},
@@ -159,7 +161,9 @@ def _echo_split(cfg: TrainConfig, spec: ModelSpec, window: int, budget: int, dev
                        for d, xs in plan.by_ranks.items() for x in xs]}, indent=1))
         return
     g = 2**30
-    typer.echo(f"{model}: a window of {window} slots, {cfg.model.variant}, {step['engine']}, {cfg.model.dtype}, "
+    engine = step["engine"] if split_engine in (None, step["engine"]) else \
+        f"{step['engine']} ({split_engine} under context parallelism)"
+    typer.echo(f"{model}: a window of {window} slots, {cfg.model.variant}, {engine}, {cfg.model.dtype}, "
                f"ZeRO-{cfg.parallel.zero_stage}; device: {device_name}, {budget / g:.1f} GiB")
     typer.echo(f"  {'ranks':>5}  {'split':<34}  {'GiB per process':>15}  fits")
     refused = []
