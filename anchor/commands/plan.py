@@ -145,13 +145,11 @@ def _echo_split(cfg: TrainConfig, spec: ModelSpec, window: int, budget: int, dev
     from torchtrain.training.window_split import propose_split
 
     step = {k: v for k, v in step.items() if k not in ("sequence_parallel", "context_parallel")}
-    split_engine = context_engine(cfg, step)
-    plan = propose_split(spec, window, budget=budget, context_engine=split_engine, **step)
+    plan = propose_split(spec, window, budget=budget, **step)
     best = plan.proposal
     if as_json:
         typer.echo(json.dumps({
             "model": model, "window": window, "budget_bytes": budget, "engine": step["engine"],
-            "context_parallel_engine": split_engine,
             "zero_stage": cfg.parallel.zero_stage, "dtype": cfg.model.dtype,
             "proposal": None if best is None else {"sequence_parallel": best.ulysses, "context_parallel": best.context,
                                                    "ranks": best.ranks, "total_bytes": best.need.total},
@@ -161,9 +159,7 @@ def _echo_split(cfg: TrainConfig, spec: ModelSpec, window: int, budget: int, dev
                        for d, xs in plan.by_ranks.items() for x in xs]}, indent=1))
         return
     g = 2**30
-    engine = step["engine"] if split_engine in (None, step["engine"]) else \
-        f"{step['engine']} ({split_engine} under context parallelism)"
-    typer.echo(f"{model}: a window of {window} slots, {cfg.model.variant}, {engine}, {cfg.model.dtype}, "
+    typer.echo(f"{model}: a window of {window} slots, {cfg.model.variant}, {step['engine']}, {cfg.model.dtype}, "
                f"ZeRO-{cfg.parallel.zero_stage}; device: {device_name}, {budget / g:.1f} GiB")
     typer.echo(f"  {'ranks':>5}  {'split':<34}  {'GiB per process':>15}  fits")
     refused = []
@@ -184,14 +180,6 @@ def _echo_split(cfg: TrainConfig, spec: ModelSpec, window: int, budget: int, dev
     else:
         typer.echo(f"proposed: parallel.sequence_parallel={best.ulysses} parallel.context_parallel={best.context} "
                    f"({best.ranks} rank(s) a window; {best.need.total / g:.1f} of {budget / g:.1f} GiB)")
-
-
-def context_engine(cfg: TrainConfig, step: dict) -> str | None:
-    """The engine a context-parallel split of this config runs: `auto` resolves to flash_varlen on a GPU in bf16,
-    else sdpa (torchtrain.attention.engines.resolve_engine); varlen runs none (None); any other as configured."""
-    if cfg.model.engine == "auto":
-        return "flash_varlen" if step.get("device") == "cuda" and cfg.model.dtype == "bfloat16" else "sdpa"
-    return None if cfg.model.engine == "varlen" else cfg.model.engine
 
 
 def _plan_phases(cfg: TrainConfig, spec: ModelSpec, *, budget: int, host_budget: int | None,

@@ -360,7 +360,7 @@ def test_a_window_past_one_gpu_is_split_by_the_smallest_count_that_fits(capsys):
     assert "does not divide the model's 9 attention heads" in refused[(2, 1)]
     cfg = load_train_config("smollm2_2k", list(SPLIT[4:]))
     need = step_memory(load_spec(cfg.model.name), seq_len=4194304, micro_batch=1, dtype=torch.bfloat16,
-                       engine="flash_varlen", zero_stage=1, procs=1, world=best["ranks"], activation_checkpointing=True,
+                       engine=plan["engine"], zero_stage=1, procs=1, world=best["ranks"], activation_checkpointing=True,
                        sequence_parallel=best["sequence_parallel"], context_parallel=best["context_parallel"],
                        device="cuda")
     assert need.total == best["total_bytes"] <= plan["budget_bytes"]
@@ -370,17 +370,9 @@ def test_context_parallelism_divides_a_ranks_activations_and_counts_the_gathered
     """At context parallel C a rank's slots, and with them its checkpoints, are 1/C of the window's; the gathered
     keys and values of the whole window are the one term that does not shrink."""
     spec = load_spec("default")
-    kw = dict(seq_len=1 << 20, micro_batch=1, dtype=torch.bfloat16, engine="flash_varlen", zero_stage=1, procs=1,
+    kw = dict(seq_len=1 << 20, micro_batch=1, dtype=torch.bfloat16, engine="varlen", zero_stage=1, procs=1,
               activation_checkpointing=True, device="cuda")
     one, four = (step_memory(spec, context_parallel=c, **kw).terms() for c in (1, 4))
     assert four["checkpoints"] * 4 == pytest.approx(one["checkpoints"], rel=1e-6)
     kv = spec.num_kv_heads * (1 << 20) * spec.head_dim
     assert four["gathered kv"] == 2 * kv * 2 + 2 * kv * 4 and "gathered kv" not in one
-
-
-def test_varlen_runs_no_context_parallel_split(capsys):
-    plan = _plan(capsys, *SPLIT, "model.engine=varlen", "--window", "4194304")
-    shape_ok = [s for s in plan["splits"] if s["context_parallel"] > 1
-                and not (s["refused"] and ("does not divide" in s["refused"] or "does not split" in s["refused"]))]
-    assert shape_ok and all(s["refused"] and "engine 'varlen'" in s["refused"] for s in shape_ok)
-    assert plan["proposal"] is None or plan["proposal"]["context_parallel"] == 1

@@ -1,7 +1,7 @@
 """Context parallelism at the attention level (torchtrain.parallel.context) against the fp64 oracle.
 
 At degree 2 and 4 (gloo on the CPU), in float32 and bfloat16, for every variant and the CPU engines
-with a backward, one layer's output and its dq, dk, dv (the anchor's dk and dv among them) are held
+with a backward (varlen among them: its calls skip the chunks of a segment that hold only keys), one layer's output and its dq, dk, dv (the anchor's dk and dv among them) are held
 against jaxref's attention in float64 on the same rounded inputs, under the 2x-baseline rule: the
 relative L2 error of the context-parallel result is at most twice that of the same engine in one
 process in the same dtype (its error against the same truth). The window (tests/torchtrain/cp_worker.py)
@@ -26,9 +26,9 @@ from torchtrain.attention import engines
 from torchtrain.parallel.context import balanced_slots, check_context_parallel, slot_order
 
 VARIANTS = ("full", "intra_doc", "intra_doc_reset", "anchor")
-ENGINES = ("sdpa", "eager", "flash_varlen_emulated")
+ENGINES = ("sdpa", "eager", "flash_varlen_emulated", "varlen")
 DEGREES = (2, 4)
-FAST = {Case(2, dt, "anchor", "sdpa") for dt in ("float32", "bfloat16")}  # make test's; the rest under make test-all
+FAST = {Case(C, dt, "anchor", e) for C, e in ((2, "sdpa"), (4, "varlen")) for dt in ("float32", "bfloat16")}  # make test's
 CASES = [pytest.param(c, marks=() if c in FAST else pytest.mark.slow, id=c.key)
          for c in (Case(C, dt, v, e) for C in DEGREES for dt in ("float32", "bfloat16") for v in VARIANTS for e in ENGINES)]
 DEFECTS = [pytest.param(c, marks=() if c.degree == 2 and c.dtype == "float32" else pytest.mark.slow, id=c.key)
@@ -158,3 +158,21 @@ def test_the_layout_covers_the_window_once_and_balances_the_causal_work(T_, C):
     work = [int(s.sum()) for s in shares]  # causal work of a rank's queries: the sum of its slots
     s = T_ // C
     assert max(work) - min(work) <= (0 if s % 2 == 0 else s * (C - 1)), work
+
+
+@pytest.mark.parametrize("C", DEGREES)
+def test_a_ranks_varlen_calls_skip_the_chunks_of_keys_alone(C):
+    """The varlen engine under context parallelism computes each rank's own query rows and fewer than CHUNK more
+    per segment, where running every segment whole would compute all its keys' rows (the whole prefix of a
+    document before the rank's queries)."""
+    from torchtrain.attention.varlen_plan import CHUNK
+
+    ids = doc_ids("anchor")
+    for rank in range(C):
+        meta = engines.prepare_meta("varlen", ids, "anchor", rows=balanced_slots(T, C, rank))
+        computed = sum(c.n * c.lq for c in meta.plan.calls)
+        segments = len(meta.segments.cu_seqlens_q) - 1
+        keys = int(meta.segments.cu_seqlens_k[-1])
+        R = ids.shape[0] * T // C
+        print(f"degree {C} rank {rank}: {R} query rows, {computed} computed, {keys} key rows, {segments} segments")
+        assert R <= computed < R + CHUNK * segments and computed < keys

@@ -15,10 +15,10 @@ VARIANTS = ("full", "intra_doc", "intra_doc_reset", "anchor")
 # sums also run over the ranks' parts of each key's gradient (each rank's queries), summed back to its owner
 TOL, GRAD_TOL = 1e-6, 1e-5
 CP2 = ([Case("mistral", "sdpa", v, layout, 194) for v in VARIANTS for layout in ("plain", "tags_interleaved")]
-       + [Case("mistral", e, "anchor", "interleaved", 194) for e in ("eager", "flash_varlen_emulated")]
+       + [Case("mistral", e, "anchor", "interleaved", 194) for e in ("eager", "flash_varlen_emulated", "varlen")]
        + [Case("mistral", "sdpa", "anchor", "plain", 194, broken="contiguous_inputs")])
 U3C2 = [Case("kv1", "sdpa", v, "tags_interleaved", 222) for v in ("intra_doc_reset", "anchor")]
-FAST = {CP2[6], CP2[-1]}  # anchor with tags and interleaved chunks, and the broken layout: make test's
+FAST = {CP2[6], CP2[-2], CP2[-1]}  # sdpa and varlen on the anchor, and the broken layout: make test's
 
 
 def _params(cases):

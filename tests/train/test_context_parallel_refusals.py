@@ -1,7 +1,7 @@
 """What parallel.context_parallel refuses, each in one line naming the keys, exit 2, before any work (no run
 folder made, nothing packed): a degree that does not split the window into equal shares (naming degrees that
-do), a Ulysses degree that does not split a share, the one engine that cannot run a rank's share of the
-queries; and a model fed a share of a window split by something else (accelerate's context parallelism, which
+do), a Ulysses degree that does not split a share (naming one that does), a process count the window's ranks do
+not divide; and a model fed a share of a window split by something else (accelerate's context parallelism, which
 drops the document and anchor masks) is refused rather than attending within the share."""
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ REFUSED = {
     "share": (["parallel.nproc=6", "parallel.context_parallel=2", "parallel.sequence_parallel=3"],
               "parallel.sequence_parallel 3 does not divide the 64 slots of a context-parallel share (data.seq_len 128 / "
               "parallel.context_parallel 2); parallel.sequence_parallel 2 fits"),
-    "engine": (["parallel.nproc=2", "parallel.context_parallel=2", "model.engine=varlen"],
-               "engine 'varlen' does not run a rank's share of the queries under parallel.context_parallel 2"),
     "processes": (["parallel.nproc=3", "parallel.context_parallel=2"], "3 processes do not split into groups of 2"),
 }
 

@@ -35,7 +35,8 @@ def _compare(one: Path, split: Path, what: str, first: int = 0) -> None:
 @pytest.mark.model
 @pytest.mark.parametrize("variant", ["anchor", "intra_doc_reset"])
 def test_smollm2_at_context_parallel_2_equals_one_process(tmp_path, variant):
-    steps = ("schedule.steps=3", "data.global_batch=2", "data.micro_batch=2", f"model.variant={variant}")
+    steps = ("schedule.steps=3", "data.global_batch=2", "data.micro_batch=1", f"model.variant={variant}",
+             "model.activation_checkpointing=true")
     one, two = tmp_path / "one", tmp_path / "cp2"
     run_train(one, *COMMON, *steps, config=SMOLLM2)
     run_train(two, *COMMON, *steps, f"data.path={one / 'data'}", "parallel.nproc=2", "parallel.context_parallel=2",
@@ -69,3 +70,37 @@ def test_a_killed_context_parallel_run_resumes_on_another_degree(packed, tmp_pat
     rows = metrics(out)
     assert [r["step"] for r in rows] == list(range(1, 7))
     _compare(ref, out, "context parallel 2 killed at step 3, resumed on 1 process", first=2)
+
+
+# (name, overrides of both runs, the split run's own): each holds one process's losses and gradient norms
+COMPOSED = {
+    "zero3": (("parallel.zero_stage=3",), ()),
+    "activation_checkpointing_tiled_mlp": (("model.activation_checkpointing=true", "model.tiled_mlp=true"), ()),
+    "data_parallel_2_x_context_parallel_2": ((), ("parallel.nproc=4",)),
+    "tags_interleaved_anchor": (("data.tags=true", "data.interleave=true", "data.path=corpus"), ()),
+    "eager": (("model.engine=eager",), ()),
+    "varlen": (("model.engine=varlen",), ()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMPOSED))
+def test_context_parallelism_composes(packed, tmp_path, name):
+    """Context parallel 2 with ZeRO-3, activation checkpointing and the tiled MLP, data parallelism beside it, domain
+    tags with interleaved chunks, the eager and varlen engines: 3 steps with one process's losses and gradient norms; the
+    held-out loss (every 2 steps, by position bucket) is one process's too."""
+    both, own = COMPOSED[name]
+    data = () if any(o.startswith("data.path=") for o in both) else (f"data.path={packed}",)
+    common = (*COMMON, "schedule.steps=4", "data.global_batch=4", "data.micro_batch=1", "eval.every=2",
+              "eval.heldout_windows=3", *data, *both)
+    one, split = tmp_path / "one", tmp_path / "split"
+    run_train(one, *common)
+    if not data:
+        common = tuple(o if not o.startswith("data.path=") else f"data.path={one / 'data'}" for o in common)
+    run_train(split, *common, "parallel.nproc=2", "parallel.context_parallel=2", *own)
+    _compare(one, split, f"context parallel 2, {name}")
+    held = [(a["heldout_loss"], b["heldout_loss"], a["heldout_loss_by_position"], b["heldout_loss_by_position"])
+            for a, b in zip(metrics(one), metrics(split)) if "heldout_loss" in a]
+    assert len(held) == 2
+    for a, b, by_a, by_b in held:
+        assert abs(a - b) <= 1e-6 * abs(a)
+        np.testing.assert_allclose(by_b, by_a, rtol=1e-6)

@@ -112,20 +112,16 @@ def check_engine(engine: object, dtype: torch.dtype | None = None) -> Engine:
     return engine  # type: ignore[return-value]
 
 
-def resolve_engine(name: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                   context_parallel: int = 1) -> str:
+def resolve_engine(name: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> str:
     """The engine `name` runs as on `device` with this parameter dtype: `auto` is flash_varlen where
     flash-attn imports, the device is CUDA and the dtype is not float32 (FlashAttention has no fp32
-    kernel), else varlen; both cost memory linear in T. Under context parallelism (degree > 1), where varlen
-    does not run a rank's share of the queries, sdpa instead of varlen (its mask: the rank's rows, T/degree x T).
-    Any other name is returned unchanged (check_engine judges it). The one place `auto` is decided: the trainer
-    records its result."""
+    kernel), else varlen; both cost memory linear in T (under context parallelism too: a rank's share of the
+    queries against the whole window's keys). Any other name is returned unchanged (check_engine judges it).
+    The one place `auto` is decided: the trainer records its result."""
     if name != AUTO:
         return name
     cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
-    if cuda and dtype != torch.float32 and flash_attn_kernel() is not None:
-        return "flash_varlen"
-    return "varlen" if context_parallel <= 1 else "sdpa"
+    return "flash_varlen" if cuda and dtype != torch.float32 and flash_attn_kernel() is not None else "varlen"
 
 
 def dense_attention_bytes(engine: str, *, seq_len: int, batch: int, layers: int, heads: int,
@@ -194,10 +190,6 @@ def prepare_meta(engine: Engine, doc_ids: torch.Tensor, variant: Variant, rows: 
     B, T = doc_ids.shape
     if rows is not None:
         rows = torch.as_tensor(rows, dtype=torch.long, device=doc_ids.device)
-        if engine == "varlen":
-            raise UnavailableError(
-                "engine 'varlen' does not run a rank's share of the queries (context parallelism): "
-                "use sdpa or eager on the CPU, flash_varlen or flex on CUDA")
     if engine in ("eager", "sdpa"):
         return AttnMeta(engine, variant, doc_ids, dense=dense_mask(doc_ids, variant, rows)[:, None], rows=rows)
     if engine == "flex":
@@ -215,8 +207,11 @@ def prepare_meta(engine: Engine, doc_ids: torch.Tensor, variant: Variant, rows: 
         block_mask = create_block_mask(allowed, B, None, R, T, device=doc_ids.device, _compile=doc_ids.is_cuda)
         return AttnMeta(engine, variant, doc_ids, block_mask=block_mask, rows=rows)
     segments = varlen_segments(doc_ids, variant, rows)
-    return AttnMeta(engine, variant, doc_ids, segments=segments, plan=plan(segments) if engine == "varlen" else None,
-                    rows=rows)
+    buckets = None
+    if engine == "varlen":
+        q_slots = None if rows is None else (np.arange(B)[:, None] * T + rows.cpu().numpy()[None, :]).reshape(-1)
+        buckets = plan(segments, q_slots=q_slots, keys=B * T)
+    return AttnMeta(engine, variant, doc_ids, segments=segments, plan=buckets, rows=rows)
 
 
 def compute_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.dtype:
@@ -360,7 +355,8 @@ def _prepare_hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, 
         whole = "" if T_all == T else f" (split over {T_all // T} ranks: doc_ids are the whole window, {(B, T_all)})"
         raise InputError(f"doc_ids has shape {tuple(doc_ids.shape)}, the input ids {(B, T)}{whole}")
     kwargs["doc_ids"] = doc_ids.long()
-    meta = prepare_meta(engine, kwargs["doc_ids"], variant, rows=None if cp is None else cp.slots(T_all))
+    meta = (prepare_meta(engine, kwargs["doc_ids"], variant) if cp is None
+            else prepare_meta(engine, kwargs["doc_ids"], variant, rows=cp.slots(T_all)))
     kwargs["attn_meta"] = dataclasses.replace(meta, sp=sp, cp=cp)
     return args, kwargs
 

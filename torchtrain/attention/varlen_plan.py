@@ -6,6 +6,13 @@ runs it; its docstring says how segments become calls and why).
 Segments are batched by shape: whole segments (L <= CHUNK or L >= LONG) one `is_causal` call per bucket of equal
 lengths (`bucket_lengths`: lengths merged greedily while the padding stays under PAD_AREA), longer ones in query
 chunks of CHUNK rows.
+
+A rank's share of the queries (context parallelism, `plan(seg, q_slots=...)`): a segment's queries are then the
+last Lq of its Lk keys, the keys before them a prefix with no query of this rank. Such a segment longer than CHUNK
+runs chunked whatever its length, and the chunks that hold only prefix rows are not called: the rank computes its
+own queries' rows and at most CHUNK - 1 more per segment. Queries are gathered from the rank's rows (a zero row
+for a prefix row), outputs go to the rank's rows, and key gradients to every slot of the window (zero for a slot
+no segment of the rank holds).
 """
 
 from __future__ import annotations
@@ -42,7 +49,9 @@ class VarlenPlan:
     """How one batch's segments run (built once per step on the host, shared by all layers).
 
     rows int64 [R]: flattened slot (`b*T + t`) of each gathered row. calls: the SDPA calls.
-    out_index int64 [B*T]: the gathered row holding each slot's output. dst: per call, int64
+    out_index int64 [B*T]: the gathered row holding each slot's output (under context parallelism [B*R'] for the
+    rank's R' query rows, and `q_gather` int64 [R]: the query row each gathered row reads, B*R' for a zero row;
+    `key_index` then names R, a zero row, for a slot whose key no segment holds). dst: per call, int64
     [n*lq] the slot each query row's output goes to (B*T for a dropped row: padding, the
     anchor's copies). key_index int64 [B*T]: one gathered row per slot whose key gradient counts; extra_rows /
     extra_slots int64: its other such rows (the anchor's copies) and their slots. mask bool
@@ -69,6 +78,7 @@ class VarlenPlan:
     square_first: torch.Tensor
     square_dups: torch.Tensor | None
     square_dup_slots: torch.Tensor | None
+    q_gather: torch.Tensor | None = None
     _flex_mask: dict = field(default_factory=dict, repr=False)
     _additive: dict = field(default_factory=dict, repr=False)
 
@@ -109,9 +119,12 @@ def bucket_lengths(lengths: np.ndarray, pad_area: int = PAD_AREA) -> dict[int, i
     return out
 
 
-def plan(seg: VarlenSegments, chunk: int = CHUNK, long: int = LONG, pad_area: int = PAD_AREA) -> VarlenPlan:
+def plan(seg: VarlenSegments, chunk: int = CHUNK, long: int = LONG, pad_area: int = PAD_AREA,
+         q_slots: np.ndarray | None = None, keys: int | None = None) -> VarlenPlan:
     """Square segments, gathered rows and calls for a batch (host work, once per step).
 
+    q_slots: under context parallelism, the flattened window slot (`b*T + t`) of each of the rank's query rows
+    (the rows `varlen.varlen_segments(rows=)` numbers), and `keys` the window's B*T slots (module docstring).
     Raises AssertionError where a segment's queries are not the last of its keys (no variant
     of `torchtrain.attention.varlen` makes such a segment).
     """
@@ -124,20 +137,25 @@ def plan(seg: VarlenSegments, chunk: int = CHUNK, long: int = LONG, pad_area: in
     S = lq.shape[0]
     seg_of_q = np.repeat(np.arange(S), lq)
     square_of_q = ck[seg_of_q] + (lk - lq)[seg_of_q] + (np.arange(q_index.shape[0]) - cq[seg_of_q])
-    if (lk < lq).any() or not np.array_equal(kv_index[square_of_q], q_index):
+    split = q_slots is not None
+    q_slot = q_index if not split else np.asarray(q_slots)[q_index]
+    if (lk < lq).any() or not np.array_equal(kv_index[square_of_q], q_slot):
         raise AssertionError("a varlen segment's queries are not the last of its keys")
+    n_out = q_index.shape[0]  # every slot (a rank's every query row) is one segment's query once
     square_out = np.empty_like(q_index)
     square_out[q_index] = square_of_q  # slot -> square row of its output
+    # under context parallelism the prefix rows (keys only) of each segment; its first chunk holding a query
+    prefix = lk - lq if split else np.zeros_like(lk)
 
     # Groups of segments, longest first; each segment at `base + i*stride`, padded to `stride`
     # rows by repeating its last row.
-    whole = (lk <= chunk) | (lk >= long)
+    whole = (lk <= chunk) | ((lk >= long) & (prefix == 0))
     to_bucket = bucket_lengths(lk[whole], pad_area) if whole.any() else {}
     bucket = np.array([to_bucket.get(int(l), 0) for l in lk], dtype=np.int64)
     groups = [(np.flatnonzero(whole & (bucket == L)), L, True) for L in sorted(set(bucket[whole].tolist()), reverse=True)]
-    full_chunks = lk // chunk
-    for m in sorted(set(full_chunks[~whole].tolist()), reverse=True):
-        segs = np.flatnonzero(~whole & (full_chunks == m))
+    full_chunks, first_chunk = lk // chunk, prefix // chunk
+    for m, j0 in sorted(set(zip(full_chunks[~whole].tolist(), first_chunk[~whole].tolist())), reverse=True):
+        segs = np.flatnonzero(~whole & (full_chunks == m) & (first_chunk == j0))
         segs = segs[np.argsort(-lk[segs], kind="stable")]  # equal tails adjacent
         groups.append((segs, int(lk[segs].max()), False))
 
@@ -152,8 +170,8 @@ def plan(seg: VarlenSegments, chunk: int = CHUNK, long: int = LONG, pad_area: in
         if is_whole:
             calls.append(Call(n, stride, base, stride, base, stride))
         else:
-            m = int(lk[segs[0]]) // chunk
-            calls += [Call(n, stride, base + j * chunk, chunk, base, (j + 1) * chunk) for j in range(m)]
+            m, j0 = int(lk[segs[0]]) // chunk, int(first_chunk[segs[0]])  # chunks before j0: no query of this rank
+            calls += [Call(n, stride, base + j * chunk, chunk, base, (j + 1) * chunk) for j in range(j0, m)]
             tails = lk[segs] - m * chunk
             for r in sorted(set(tails.tolist()), reverse=True):
                 if r:
@@ -163,8 +181,8 @@ def plan(seg: VarlenSegments, chunk: int = CHUNK, long: int = LONG, pad_area: in
     rows = np.concatenate(parts)
 
     out_index = pos[square_out]
-    slot_of_row = np.full(base, out_index.shape[0], dtype=np.int64)  # B*T: dropped
-    slot_of_row[out_index] = np.arange(out_index.shape[0])
+    slot_of_row = np.full(base, n_out, dtype=np.int64)  # B*T: dropped
+    slot_of_row[out_index] = np.arange(n_out)
     dst = [slot_of_row[c.q0 + np.arange(c.n)[:, None] * c.stride + np.arange(c.lq)[None, :]].reshape(-1) for c in calls]
     # Key gradients: padded rows get exactly none (no real query sees them, and the outputs of
     # the queries that do are dropped); a slot with several real rows (the anchor) sums them.
@@ -172,7 +190,7 @@ def plan(seg: VarlenSegments, chunk: int = CHUNK, long: int = LONG, pad_area: in
     slots = rows[real_rows]
     order = np.argsort(slots, kind="stable")
     first = np.r_[True, slots[order][1:] != slots[order][:-1]]
-    key_index = np.empty(out_index.shape[0], dtype=np.int64)
+    key_index = np.full(n_out if not split else int(keys), base, dtype=np.int64)  # base: a zero row (split only)
     key_index[slots[order][first]] = real_rows[order][first]
 
     masked = [c.lk for c in calls if c.lq != c.lk]
@@ -184,6 +202,13 @@ def plan(seg: VarlenSegments, chunk: int = CHUNK, long: int = LONG, pad_area: in
     def t(x: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64)).to(dev)
 
+    if split:  # the rank's query rows, a zero row (n_out) for the prefix and padded rows; no fused-kernel packing
+        return VarlenPlan(
+            rows=t(rows), calls=tuple(calls), out_index=t(out_index), dst=tuple(t(d) for d in dst),
+            key_index=t(key_index), extra_rows=t(real_rows[order][~first]), extra_slots=t(slots[order][~first]),
+            mask=mask, square_rows=seg.kv_index, cu_seqlens=seg.cu_seqlens_k, max_seqlen=seg.max_seqlen_k,
+            square_out=t(square_out), square_first=t(np.zeros(0)), square_dups=None, square_dup_slots=None,
+            q_gather=t(slot_of_row))
     sq_first, sq_dups, sq_dup_slots = _duplicates(kv_index, out_index.shape[0])
     return VarlenPlan(
         rows=t(rows), calls=tuple(calls), out_index=t(out_index), dst=tuple(t(d) for d in dst),

@@ -127,6 +127,15 @@ def _forward(p: VarlenPlan, qg: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor
     return out[:-1], saved if graph else []
 
 
+def _gathered(p: VarlenPlan, q_r: torch.Tensor, k_r: torch.Tensor, v_r: torch.Tensor):
+    """The rows the calls read: q, k and v at `p.rows`; under context parallelism q from the rank's rows
+    (`p.q_gather`, a zero row for the keys-only rows), k and v from the whole window's."""
+    kg, vg = k_r.index_select(0, p.rows), v_r.index_select(0, p.rows)
+    if p.q_gather is None:
+        return q_r.index_select(0, p.rows), kg, vg
+    return torch.cat([q_r, q_r.new_zeros((1, *q_r.shape[1:]))]).index_select(0, p.q_gather), kg, vg
+
+
 def _rows_of(x: torch.Tensor) -> torch.Tensor:
     """[n, H, L, D] -> [n*L, H, D] (a view where x is [n, L, H, D] in memory, as the kernel's outputs)."""
     return x.transpose(1, 2).reshape(-1, x.shape[1], x.shape[3])
@@ -140,7 +149,7 @@ class _Calls(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q_r, k_r, v_r, p: VarlenPlan, scale: float):  # type: ignore[override]
-        qg, kg, vg = (x.index_select(0, p.rows) for x in (q_r, k_r, v_r))
+        qg, kg, vg = _gathered(p, q_r, k_r, v_r)
         out, per_call = _forward(p, qg, kg, vg, scale, graph=True)
         ctx.plan, ctx.scale = p, scale
         if _use_cpu_kernel(qg):
@@ -162,7 +171,8 @@ class _Calls(torch.autograd.Function):
         BT, N, D = grad.shape
         grad = torch.cat([grad, grad.new_zeros(1, N, D)])  # dropped rows get no gradient
         dq = grad.new_empty(grad.shape)  # every slot is one call's query row exactly once
-        dk, dv = torch.zeros_like(kg), torch.zeros_like(vg)  # key rows are shared by chunks
+        # key rows are shared by chunks; one more zero row: the gradient of a slot no segment holds (a rank's share)
+        dk, dv = (x.new_zeros((x.shape[0] + 1, *x.shape[1:])) for x in (kg, vg))
         cpu = _use_cpu_kernel(qg)
         for c, dst, saved in zip(p.calls, p.dst, per_call):
             g = grad.index_select(0, dst).view(c.n, c.lq, N, D).transpose(1, 2)
@@ -185,13 +195,14 @@ class _Calls(torch.autograd.Function):
 
 
 def calls_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: VarlenPlan, scale: float) -> torch.Tensor:
-    """The plan's SDPA calls. q [B,N,T,D], k/v [B,K,T,D] -> [B,T,N,D]; differentiable."""
+    """The plan's SDPA calls. q [B,N,T,D], k/v [B,K,T,D] -> [B,T,N,D] (under context parallelism q [B,N,R,D] the
+    rank's rows, k/v the whole window's, out [B,R,N,D]); differentiable."""
     B, N, T, D = q.shape
     q_r, k_r, v_r = _rows(q), _rows(k), _rows(v)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         out = _Calls.apply(q_r, k_r, v_r, p, scale)
     else:
-        out = _forward(p, *(x.index_select(0, p.rows) for x in (q_r, k_r, v_r)), scale, graph=False)[0]
+        out = _forward(p, *_gathered(p, q_r, k_r, v_r), scale, graph=False)[0]
     return out.view(B, T, N, D)
 
 
@@ -320,7 +331,7 @@ def varlen_sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: 
 
     backend: None picks `cuda_backend(q)`; tests force one (`flex` runs forward-only on CPU).
     """
-    backend = backend or cuda_backend(q)
+    backend = backend or (cuda_backend(q) if p.q_gather is None else "calls")  # a rank's share: the calls only
     if backend == "torch_varlen":
         return _torch_varlen(q, k, v, p, scale)
     if backend == "flex":

@@ -190,7 +190,7 @@ def enable_context_parallel(model: nn.Module, group: Any) -> nn.Module:
 
     After it, each rank calls `model(input_ids=<its slots of the window>, position_ids=<the positions at those
     slots>, doc_ids=<the WHOLE [B, T]>, variant=...)` with the slots of `rank_slots` and gets the logits of its
-    slots. Works with every engine but `varlen`, and inside Ulysses (`enable_sequence_parallel` on the other
+    slots. Works with every engine, and inside Ulysses (`enable_sequence_parallel` on the other
     axis of the ranks); idempotent."""
     if engines.engine_of(model) is None:
         raise InputError("context parallelism needs a model running a torchtrain engine (torchtrain.build_model)")

@@ -45,8 +45,7 @@ def resolved_engine(cfg: TrainConfig) -> str:
 
 
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
-    return resolve_engine(cfg.model.engine, "cuda" if torch.cuda.is_available() else "cpu", dtype,
-                          context_parallel=cfg.parallel.context_parallel)
+    return resolve_engine(cfg.model.engine, "cuda" if torch.cuda.is_available() else "cpu", dtype)
 
 
 def check_model(cfg: TrainConfig, spec: ModelSpec, seq_len: int, *, here: bool = True,

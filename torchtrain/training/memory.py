@@ -86,14 +86,7 @@ def check_device(cfg: TrainConfig, device: str | None, *, here: bool = True) -> 
         raise InputError("model.dtype bfloat16 needs parallel.zero_stage >= 1 (DeepSpeed's stage-0 bf16 optimizer "
                          "drifts from the fp32 update; ZeRO-1 costs nothing extra on one process)",
                          path=cfg.where("model.dtype", "parallel.zero_stage"))
-    cp = cfg.parallel.context_parallel
-    engine = engines.resolve_engine(cfg.model.engine, device if here and device else "cpu", dtype, context_parallel=cp)
-    if cp > 1 and not here and device == "cuda" and cfg.model.engine == engines.AUTO:
-        engine = "flash_varlen" if dtype != torch.float32 else "sdpa"  # auto on a GPU with flash-attn, as planned
-    if cp > 1 and engine == "varlen":
-        raise InputError("engine 'varlen' does not run a rank's share of the queries under parallel.context_parallel "
-                         f"{cp}: use model.engine auto (sdpa on the CPU, flash_varlen on CUDA), sdpa, eager, "
-                         "flash_varlen or flex", path=cfg.where("model.engine", "parallel.context_parallel"))
+    engine = engines.resolve_engine(cfg.model.engine, device if here and device else "cpu", dtype)
     if device is None:
         return engine
     if here:

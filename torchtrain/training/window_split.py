@@ -60,21 +60,13 @@ class SplitPlan:
     proposal: Split | None = None
 
 
-def judge_split(spec: ModelSpec, seq_len: int, ulysses: int, context: int, *, budget: int,
-                context_engine: str | None = None, **step: Any) -> Split:
-    """One split: refused in the words `anchor train` uses, else planned against `budget`. `context_engine`: the
-    engine a context-parallel split runs (`model.engine: auto` resolves to another under it; None: the configured
-    engine cannot run one)."""
+def judge_split(spec: ModelSpec, seq_len: int, ulysses: int, context: int, *, budget: int, **step: Any) -> Split:
+    """One split: refused in the words `anchor train` uses, else planned against `budget`."""
     try:
         check_context_parallel(seq_len, context)
         check_sequence_parallel(spec, seq_len // context, ulysses)
     except InputError as e:
         return Split(ulysses, context, refused=str(e))
-    if context > 1:
-        if context_engine is None:
-            return Split(ulysses, context, refused=f"engine {step.get('engine')!r} does not run a rank's share of "
-                                                   "the queries under context parallelism")
-        step["engine"] = context_engine
     procs = step.pop("procs", 1)
     world = max(int(step.pop("world", 1) or 1), ulysses * context)
     on_cpu = step.get("device", "cpu") == "cpu"
@@ -83,14 +75,12 @@ def judge_split(spec: ModelSpec, seq_len: int, ulysses: int, context: int, *, bu
     return Split(ulysses, context, need=need, fits=need.total <= budget)
 
 
-def propose_split(spec: ModelSpec, seq_len: int, *, budget: int, max_ranks: int = MAX_RANKS,
-                  context_engine: str | None = None, **step: Any) -> SplitPlan:
+def propose_split(spec: ModelSpec, seq_len: int, *, budget: int, max_ranks: int = MAX_RANKS, **step: Any) -> SplitPlan:
     """The smallest number of ranks whose best split fits (module docstring). `step`: step_memory's keywords
-    but `seq_len`, `sequence_parallel` and `context_parallel` (`step_of`'s, without those); `context_engine` as
-    for `judge_split`."""
+    but `seq_len`, `sequence_parallel` and `context_parallel` (`step_of`'s, without those)."""
     plan = SplitPlan(seq_len, budget)
     for d in range(1, max_ranks + 1):
-        splits = [judge_split(spec, seq_len, u, d // u, budget=budget, context_engine=context_engine, **dict(step))
+        splits = [judge_split(spec, seq_len, u, d // u, budget=budget, **dict(step))
                   for u in range(d, 0, -1) if d % u == 0]
         plan.by_ranks[d] = splits
         fitting = [s for s in splits if s.fits]
