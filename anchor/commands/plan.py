@@ -59,21 +59,17 @@ def plan(
     from anchor_core.hardware import SHAPES
     from anchor_core.weights import load_spec
     from torchtrain.config import check_world, load_train_config
-    from anchor_core.limits import check_int
     from torchtrain.parallel.context import check_context_parallel
     from torchtrain.parallel.ulysses import check_sequence_parallel
     from torchtrain.training.memory import PLAN_STOP, check_device, plan_windows, step_of
 
-    _check_options(start, memory, host_memory, shape, device)
-    if window is not None:
-        check_int(window, "--window", lo=1, hi=PLAN_STOP)
+    _check_options(start, memory, host_memory, shape, device, window)
     cfg = load_train_config(config, overrides or [])
     check_world(cfg, cfg.parallel.nproc)
     spec = SHAPES[shape].spec if shape else load_spec(cfg.model.name)
     cp = cfg.parallel.context_parallel
     if window is None:  # every doubling of start then divides too
-        check_context_parallel(start, cp)
-        check_sequence_parallel(spec, start // cp, cfg.parallel.sequence_parallel)
+        check_sequence_parallel(spec, start // check_context_parallel(start, cp), cfg.parallel.sequence_parallel)
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     on_gpu = device != "here" or torch.cuda.is_available()
     # what anchor train refuses on this device (dtype, engine, offloading), refused by the same check
@@ -95,19 +91,8 @@ def plan(
     capped = stopped is None and rows[-1].seq_len * 2 > PLAN_STOP  # every window fits up to the plan's limit
     model = shape or cfg.model.name
     if as_json:
-        typer.echo(json.dumps({
-            "model": model, "device": device, "budget_bytes": budget, "dtype": cfg.model.dtype, "engine": engine,
-            "activation_checkpointing": cfg.model.activation_checkpointing, "tiled_mlp": cfg.model.tiled_mlp,
-            "zero_stage": cfg.parallel.zero_stage, "sequence_parallel": cfg.parallel.sequence_parallel,
-            "context_parallel": cp,
-            "procs": procs, "world": cfg.parallel.nproc, "micro_batch": cfg.data.micro_batch, "longest": longest,
-            "offload_checkpoints": cfg.model.offload_checkpoints, "offload_optimizer": cfg.parallel.offload_optimizer,
-            "offload_params": cfg.parallel.offload_params, "host_budget_bytes": host_budget, "stop": PLAN_STOP,
-            "capped": capped,
-            "rows": [{"seq_len": r.seq_len, "fits": r.fits, "total_bytes": r.need.total, "procs": r.need.procs,
-                      "terms_bytes": r.need.terms(), "host_bytes": r.need.host, "host_total_bytes": r.host_total,
-                      "host_fits": r.host_fits} for r in rows], **_phases_json(phases)}, indent=1))
-        return
+        return _echo_json(cfg, rows, phases, model=model, device=device, budget=budget, engine=engine, procs=procs,
+                          longest=longest, host_budget=host_budget, capped=capped)
     g = 2**30
     typer.echo(f"{model}: {cfg.model.variant}, {engine}, {cfg.model.dtype}, activation checkpointing "
                f"{'on' if cfg.model.activation_checkpointing else 'off'}, tiled MLP "
@@ -135,6 +120,26 @@ def plan(
     elif capped:
         typer.echo(f"the plan stops at {PLAN_STOP} (2^24) slots: longer windows are not planned")
     _echo_phases(phases, budget)
+
+
+def _echo_json(cfg: TrainConfig, rows: list, phases: list, *, model: str, device: str, budget: int, engine: str,
+               procs: int, longest: int | None, host_budget: int | None, capped: bool) -> None:
+    """The plan as JSON (`--json`)."""
+    from torchtrain.training.memory import PLAN_STOP
+
+    cp = cfg.parallel.context_parallel
+    typer.echo(json.dumps({
+        "model": model, "device": device, "budget_bytes": budget, "dtype": cfg.model.dtype, "engine": engine,
+        "activation_checkpointing": cfg.model.activation_checkpointing, "tiled_mlp": cfg.model.tiled_mlp,
+        "zero_stage": cfg.parallel.zero_stage, "sequence_parallel": cfg.parallel.sequence_parallel,
+        "context_parallel": cp,
+        "procs": procs, "world": cfg.parallel.nproc, "micro_batch": cfg.data.micro_batch, "longest": longest,
+        "offload_checkpoints": cfg.model.offload_checkpoints, "offload_optimizer": cfg.parallel.offload_optimizer,
+        "offload_params": cfg.parallel.offload_params, "host_budget_bytes": host_budget, "stop": PLAN_STOP,
+        "capped": capped,
+        "rows": [{"seq_len": r.seq_len, "fits": r.fits, "total_bytes": r.need.total, "procs": r.need.procs,
+                  "terms_bytes": r.need.terms(), "host_bytes": r.need.host, "host_total_bytes": r.host_total,
+                  "host_fits": r.host_fits} for r in rows], **_phases_json(phases)}, indent=1))
 
 
 def _echo_split(cfg: TrainConfig, spec: ModelSpec, window: int, budget: int, device_name: str,
@@ -226,7 +231,7 @@ def _echo_phases(phases: list[tuple[int, PlanRow]], budget: int) -> None:
 
 
 def _check_options(start: int, memory: float | None, host_memory: float | None, shape: str | None,
-                   device: str) -> None:
+                   device: str, window: int | None = None) -> None:
     """The options' values in their ranges and among the known shapes and devices, before any work."""
     from anchor_core.errors import InputError
     from anchor_core.hardware import GPUS, SHAPES
@@ -234,6 +239,8 @@ def _check_options(start: int, memory: float | None, host_memory: float | None, 
     from torchtrain.training.memory import PLAN_STOP
 
     check_int(start, "--start", lo=1, hi=PLAN_STOP)
+    if window is not None:
+        check_int(window, "--window", lo=1, hi=PLAN_STOP)
     if memory is not None:
         check_float(memory, "--memory", lo=0.001, hi=MAX_GIB)
     if host_memory is not None:

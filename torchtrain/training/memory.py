@@ -217,11 +217,8 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
       loss         the fused loss's one chunk (`torchtrain.model.loss.chunk_working_bytes`; fused at every ZeRO
                    stage), which its backward holds at the backward's start before the last layer is
                    recomputed: the larger of the two is the peak's
-      gathered kv  under context parallelism (C > 1) the whole window's keys and values each layer gathers
-                   ([B, K/U, T, D] twice, U the Ulysses degree; kept for the backward by every layer, by one
-                   under activation checkpointing) and, in the backward, their float32 gradients summed over
-                   the group (torchtrain.parallel.context)
-    A rank holds T / (U C) slots of each window; a dense engine's mask covers its T / C query rows of T keys.    `offload_checkpoints` (CUDA) moves the checkpoints to host memory: `host`, not on the device; so do
+      gathered kv  under context parallelism, the whole window's keys and values (`gathered_kv`)
+    `offload_checkpoints` (CUDA) moves the checkpoints to host memory: `host`, not on the device; so do
     `offload_optimizer` (the fp32 master weights, AdamW's moments and the fp32 gradients the CPU optimizer steps
     with) and `offload_params` (ZeRO-3's parameter partitions; the device then holds the layers it gathers).
 
@@ -234,13 +231,11 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
     DeepSpeed's optimizer step (ZeRO >= 1, not offloaded) is a peak of its own, with every gradient and no
     activation: the fp32 gradient of the flat partition and AdamW's two temporaries of its size, 12 / N bytes a
     parameter (`optimizer step`; at ZeRO-0 `zero0_stepping` on `device`); the larger of it and the backward's is
-    the step's. `count_build` (the host's
-    memory, where the engine is built: `step_of` on a CPU) makes the engine's build (`build_memory`) the floor."""
+    the step's. `count_build` (the host's memory, where the engine is built: `step_of` on a CPU) makes the
+    engine's build (`build_memory`) the floor."""
     P = parameters(spec)
-    n = max(1, procs)
-    shards = max(1, world if world is not None else procs)
-    bf16 = dtype == torch.bfloat16
-    elem = 2 if bf16 else 4
+    n, shards = max(1, procs), max(1, world if world is not None else procs)
+    elem = 2 if dtype == torch.bfloat16 else 4
     module, master, moments, grads = elem, (4 if zero_stage >= 1 else 0), 8, elem  # bytes per parameter
     if zero_stage >= 1:
         master, moments = master / shards, moments / shards
@@ -257,8 +252,7 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
         module = 0
     gathered = 2 * layer_parameters(spec) * elem if zero_stage >= 3 else 0
     weights = module + master
-    split = max(1, sequence_parallel) * max(1, context_parallel)
-    slots = micro_batch * -(-seq_len // split)
+    slots = micro_batch * -(-seq_len // (max(1, sequence_parallel) * max(1, context_parallel)))
     layer = activation_bytes_per_slot(spec, elem, layers=1)
     if tiled_mlp:
         layer -= elem * 4 * spec.intermediate_size
@@ -267,12 +261,6 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
     dense = engines.dense_attention_bytes(engine, seq_len=seq_len, batch=micro_batch,
                                           layers=1 if activation_checkpointing else spec.num_layers,
                                           heads=heads, dtype=dtype) // max(1, context_parallel)
-    gathered_kv = 0
-    if context_parallel > 1:
-        U = max(1, sequence_parallel)
-        kv_heads = -(-math.lcm(spec.num_kv_heads, U) // U)  # Ulysses repeats kv heads up to lcm(K, U)
-        kv = micro_batch * kv_heads * seq_len * spec.head_dim  # one layer's keys (or values) of the whole window
-        gathered_kv = 2 * kv * elem * (1 if activation_checkpointing else spec.num_layers) + 2 * kv * 4
     host = 0
     if offload_checkpoints:
         host, kept = int(kept * slots * spec.num_layers), 0
@@ -294,8 +282,7 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
     buckets = bucket_bytes(spec, zero_stage, elem)
     states = int(P * (weights + moments) + held_grads + buckets)
     parts = (("checkpoints", int(kept * slots * held_kept)), ("recompute", int(recompute)), ("loss", int(loss)))
-    if gathered_kv:
-        parts += (("gathered kv", int(gathered_kv)),)
+    parts += gathered_kv(spec, seq_len, micro_batch, elem, sequence_parallel, context_parallel, activation_checkpointing)
     if gathered:
         parts += (("gathered", int(gathered)),)
     # DeepSpeed (ZeRO >= 1) steps AdamW on one flat fp32 partition, with every gradient held and no activation:
@@ -313,6 +300,22 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
     built = build_memory(spec, dtype=dtype, zero_stage=zero_stage, world=shards)[1] if count_build else 0
     return StepMemory(base=BASE_PROCESS_BYTES, states=states, activations=activations + margin,
                       dense=int(dense), procs=n, parts=parts, host=host + int(P * host_states), built=built)
+
+
+def gathered_kv(spec: ModelSpec, seq_len: int, micro_batch: int, elem: int, sequence_parallel: int,
+                context_parallel: int, activation_checkpointing: bool) -> tuple[tuple[str, int], ...]:
+    """`step_memory`'s term "gathered kv" under context parallelism (C > 1; none without): the whole window's keys
+    and values a rank gathers, kept for the backward by every layer (by one under activation checkpointing)
+    ([B, K/U, T, D] twice, Ulysses repeating the kv heads up to lcm(K, U)), and one layer's float32 gradients of
+    them summed over the group (torchtrain.parallel.context). The rank's other terms count its T / (U C) slots, and
+    a dense engine's mask its T / C query rows of the T keys."""
+    if context_parallel <= 1:
+        return ()
+    U = max(1, sequence_parallel)
+    kv_heads = -(-math.lcm(spec.num_kv_heads, U) // U)
+    kv = micro_batch * kv_heads * seq_len * spec.head_dim  # one layer's keys (or values) of the whole window
+    layers = 1 if activation_checkpointing else spec.num_layers
+    return (("gathered kv", 2 * kv * elem * layers + 2 * kv * 4),)
 
 
 def step_of(cfg: TrainConfig, *, engine: str, dtype: torch.dtype, procs: int, world: int,
