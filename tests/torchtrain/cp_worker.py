@@ -26,6 +26,7 @@ B, N, K, D = 2, 6, 2, 16
 T = 1028  # 514 slots a rank at degree 2, 257 (odd halves 128 + 129) at degree 4
 PAD = 4
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+FORWARD_ONLY = ("flex",)  # FlexAttention has no backward on the CPU: its output alone is held
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,10 @@ def run_case(case: Case, group, rank: int) -> dict[str, torch.Tensor]:
     slots = torch.as_tensor(cp.slots(T))
     x = window(case.dtype)
     meta = prepare_meta(case.engine, doc_ids(case.variant), case.variant, rows=slots)
-    q, k, v = (x[n].index_select(2, slots).clone().requires_grad_() for n in ("q", "k", "v"))
+    q, k, v = (x[n].index_select(2, slots) for n in ("q", "k", "v"))
+    if case.engine in FORWARD_ONLY:
+        return {"slots": slots, "out": cp.attend(case.engine, q, k, v, meta, D**-0.5)}
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
     out = cp.attend(case.engine, q, k, v, meta, D**-0.5)
     out.backward(x["dout"].index_select(1, slots))
     return {"slots": slots, "out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
@@ -120,7 +124,8 @@ def worker(rank: int, C: int, folder: str, cases: list[Case]) -> None:
 
 
 def run_pool(C: int, folder: Path, cases: list[Case]) -> dict[str, dict[str, torch.Tensor]]:
-    """Spawn C ranks over `cases`; per case the output [B,T,N,D] and dq [B,N,T,D], dk/dv [B,K,T,D] in slot order."""
+    """Spawn C ranks over `cases`; per case the output [B,T,N,D] and dq [B,N,T,D], dk/dv [B,K,T,D] in slot order
+    (the output alone for an engine of FORWARD_ONLY)."""
     import torch.multiprocessing as mp
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -137,6 +142,7 @@ def run_pool(C: int, folder: Path, cases: list[Case]) -> dict[str, dict[str, tor
         inverse[slots] = torch.arange(T)
         whole[case.key] = {
             "out": torch.cat([p["out"] for p in parts], dim=1).index_select(1, inverse),
-            **{g: torch.cat([p[g] for p in parts], dim=2).index_select(2, inverse) for g in ("dq", "dk", "dv")},
+            **{g: torch.cat([p[g] for p in parts], dim=2).index_select(2, inverse) for g in ("dq", "dk", "dv")
+               if g in parts[0]},
         }
     return whole
