@@ -92,10 +92,11 @@ def unregister(name: str) -> None:
 
 
 # Families of runners built on demand from a name's prefix (`hf:IMPLEMENTATION@STYLE`: transformers' own
-# implementations, parity_tests.hf_stack.runner.StackRunner). The module of a family registers its builder when it is
+# implementations, parity_tests.hf_stack.runner.StackRunner; `cp<C>:ENGINE`: a torchtrain engine at context-parallel
+# degree C, parity_tests.context_runner). The module of a family registers its builder when it is
 # imported (`register_family`); the registry loads it by name on the first use of its prefix, as plug-ins are
 # loaded, so the registry depends on none of the families it serves.
-FAMILIES: dict[str, str] = {"hf:": "parity_tests.hf_stack.runner"}
+FAMILIES: dict[str, str] = {"hf:": "parity_tests.hf_stack.runner", "cp": "parity_tests.context_runner"}
 _BUILDERS: dict[str, Callable[[str], Runner]] = {}
 
 
@@ -107,7 +108,8 @@ def register_family(prefix: str, build: Callable[[str], Runner]) -> None:
 def get_runner(name: str) -> Runner:
     """The runner registered as `name`, or one of a family's built on demand (FAMILIES: transformers' own
     attention implementations as `hf:IMPLEMENTATION[@INPUT_STYLE]`: eager, sdpa, flex_attention,
-    flash_attention_2 in each input style); an InputError listing them otherwise."""
+    flash_attention_2 in each input style; a torchtrain engine at context-parallel degree C as `cp<C>:ENGINE`); an
+    InputError listing them otherwise."""
     if name in RUNNERS:
         return RUNNERS[name]
     for prefix, module in FAMILIES.items():
@@ -116,7 +118,8 @@ def get_runner(name: str) -> Runner:
                 importlib.import_module(module)  # registers its builder
             return _BUILDERS[prefix](name)
     raise InputError(f"unknown engine {name!r} (registered: {', '.join(RUNNERS)}; transformers' own: "
-                     "hf:IMPLEMENTATION[@INPUT_STYLE], e.g. hf:sdpa@mask4d-float)")
+                     "hf:IMPLEMENTATION[@INPUT_STYLE], e.g. hf:sdpa@mask4d-float; context-parallel: cp<C>:ENGINE, "
+                     "e.g. cp2:varlen)")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -90,13 +90,15 @@ def test_context_parallelism_composes(packed, tmp_path, name):
     held-out loss (every 2 steps, by position bucket) is one process's too."""
     both, own = COMPOSED[name]
     data = () if any(o.startswith("data.path=") for o in both) else (f"data.path={packed}",)
-    common = (*COMMON, "schedule.steps=4", "data.global_batch=4", "data.micro_batch=1", "eval.every=2",
+    engine = () if any(o.startswith("model.engine=") for o in both) else COMMON[-1:]
+    common = (*COMMON[:-1], *engine, "schedule.steps=4", "data.global_batch=4", "data.micro_batch=1", "eval.every=2",
               "eval.heldout_windows=3", *data, *both)
     one, split = tmp_path / "one", tmp_path / "split"
     run_train(one, *common)
     if not data:
         common = tuple(o if not o.startswith("data.path=") else f"data.path={one / 'data'}" for o in common)
-    run_train(split, *common, "parallel.nproc=2", "parallel.context_parallel=2", *own)
+    nproc = next((o for o in own if o.startswith("parallel.nproc=")), "parallel.nproc=2")
+    run_train(split, *common, nproc, "parallel.context_parallel=2", *(o for o in own if o != nproc))
     _compare(one, split, f"context parallel 2, {name}")
     held = [(a["heldout_loss"], b["heldout_loss"], a["heldout_loss_by_position"], b["heldout_loss_by_position"])
             for a, b in zip(metrics(one), metrics(split)) if "heldout_loss" in a]

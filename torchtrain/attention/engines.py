@@ -293,8 +293,11 @@ def _attention_function(engine: Engine):
         query, key, value = in_compute_dtype(query, key, value)  # under autocast: its dtype (compute_dtype)
         split = attn_meta.sp if attn_meta.sp is not None else attn_meta.cp  # Ulysses runs context parallel inside
         if split is not None:
-            if tap is not None:
-                raise InputError("taps are not captured under sequence or context parallelism: capture them in one process")
+            if tap is not None and (attn_meta.sp is not None or tap.rows):
+                raise InputError("taps are not captured under sequence parallelism, nor scores and probs under "
+                                 "context parallelism: capture them in one process")
+            if tap is not None:  # a context-parallel rank's q and k: its own slots, as the other taps are
+                tap.attention(module.layer_idx, query, key, scale, attn_meta)
             return split.attend(engine, query, key, value, attn_meta, scale), None
         out = attend(engine, query, key, value, attn_meta, scale)
         if tap is not None:
