@@ -27,6 +27,8 @@ from anchor_core.errors import InputError
 from parity_tests.cases import Case, CaseInputs
 from parity_tests.emulations import emulation as emulation_of
 from parity_tests.runners import Runner, Taps, as_arrays, device, register_family
+from torchtrain.model.taps import capture_taps
+from torchtrain.parallel.context import check_context_parallel, enable_context_parallel, rank_slots
 
 RUNNER_PREFIX = "cp"
 _NAME = re.compile(r"cp(\d+):(\w+)$")
@@ -58,8 +60,6 @@ class ContextParallelRunner(Runner):
         import torch
         import torch.multiprocessing as mp
 
-        from torchtrain.parallel.context import check_context_parallel
-
         T = inputs.shape[1]
         check_context_parallel(T, self.degree)
         with tempfile.TemporaryDirectory(prefix="parity-cp-") as folder:
@@ -86,9 +86,6 @@ def _rank(rank: int, runner: ContextParallelRunner, case: Case, inputs: CaseInpu
     its taps ([L, B, T/C, ...] each) to `folder/rank<r>.pt`."""
     import torch
     import torch.distributed as dist
-
-    from torchtrain.model.taps import capture_taps
-    from torchtrain.parallel.context import enable_context_parallel, rank_slots
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // runner.degree))
     out: dict = {}

@@ -40,9 +40,8 @@ def parity(
     variants: Annotated[str, typer.Option(
         "--variants", help="Comma-separated attention variants.")] = "full,intra_doc,intra_doc_reset,anchor",
     engines: Annotated[str | None, typer.Option(
-        "--engines", help="Comma-separated engines (torchtrain engines, cp<C>:ENGINE for one at context-parallel "
-                          "degree C, and registered parity runners; default eager,sdpa,flash_varlen_emulated). "
-                          "--stack torch only.")] = None,
+        "--engines", help="Comma-separated engines (torchtrain engines, cp<C>:ENGINE at context-parallel degree C, "
+                          "registered parity runners; default eager,sdpa,flash_varlen_emulated). --stack torch only.")] = None,
     policies: Annotated[str, typer.Option(
         "--policies", help="Comma-separated: fp32 (trainer in float32, held within 1e-5 of fp64), bf16 (trainer in "
                            "bfloat16, held against the oracle's emulation of its engine), or a bf16 preset "
