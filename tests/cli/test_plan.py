@@ -143,19 +143,20 @@ def test_offloaded_checkpoints_leave_the_device_exactly():
     kw = dict(seq_len=131071, micro_batch=1, dtype=torch.bfloat16, engine="varlen", zero_stage=1, procs=1,
               activation_checkpointing=True, tiled_mlp=True)
     kept, offloaded = step_memory(spec, **kw), step_memory(spec, offload_checkpoints=True, **kw)
-    assert offloaded.host == dict(kept.parts)["checkpoints"] == 2 * spec.hidden_size * spec.num_layers * 131071
-    assert dict(offloaded.parts)["checkpoints"] == 0
-    # with no checkpoints on the device its peak is the backward's end, where every gradient is held
-    full = step_memory(spec, **{**kw, "seq_len": 1})
-    assert offloaded.states == full.states
+    head = (3 * spec.hidden_size * 2 + 2 * spec.head_dim * 4) * 131071  # the final norm's and the rotary tables
+    assert offloaded.host == dict(kept.parts)["checkpoints"] - head == 2 * spec.hidden_size * spec.num_layers * 131071
+    # the device keeps what is not a layer's checkpoint: the final norm's tensors and the rotary tables; the peak stays
+    # the backward's start, with the same gradients held, so the device's tensors fall by exactly what went to the host
+    assert dict(offloaded.parts)["checkpoints"] == head
+    assert offloaded.states == kept.states
     tensors = [need.states + sum(b for k, b in need.parts if k != "allocator") for need in (kept, offloaded)]
-    assert tensors[0] - tensors[1] == offloaded.host - (offloaded.states - kept.states)
+    assert tensors[0] - tensors[1] == offloaded.host
 
 
 def test_the_peak_is_the_backwards_start_or_its_end():
     """The estimate is the larger of the backward's two ends, each held term by term: at its start every layer's
-    checkpoint, the head's and one layer's gradients, and the larger of the fused loss's chunk and the last
-    layer's recomputation; at its end every gradient, the first layer's checkpoint and its recomputation; and at
+    checkpoint with the final norm's input, product and output and the rotary tables, the head's and one layer's
+    gradients, and the larger of the fused loss's chunk and the last layer's recomputation; at its end every gradient, the first layer's checkpoint and its recomputation; and at
     ZeRO-0 the optimizer step, every gradient beside the larger of DeepSpeed's flat copy of them (its all-reduce)
     and torch's AdamW temporaries (two of the largest parameter's size on the CPU). Short windows peak at the
     optimizer step, long ones at the backward's start."""
@@ -167,12 +168,13 @@ def test_the_peak_is_the_backwards_start_or_its_end():
               activation_checkpointing=True, tiled_mlp=True)
     P, early, L = parameters(spec), spec.vocab_size * spec.hidden_size + layer_parameters(spec), spec.num_layers
     kept = 4 * spec.hidden_size  # fp32 bytes of one layer's checkpoint per slot
+    head = 3 * 4 * spec.hidden_size + 2 * 4 * spec.head_dim  # the final norm's three and the rotary tables, a slot
     layer = activation_bytes_per_slot(spec, 4, layers=1) - 4 * 4 * spec.intermediate_size  # the tiled MLP's
     stepping = P * 16 + max(2 * 4 * largest_parameter(spec), 4 * P)
     peaks = []
     for T in (97, 1025, 4097, 8193, 65537, 131071):
         need = step_memory(spec, seq_len=T, **kw)
-        start = early * 4 + kept * L * T + max(layer * T, chunk_working_bytes(T, spec.vocab_size, 4))
+        start = early * 4 + (kept * L + head) * T + max(layer * T, chunk_working_bytes(T, spec.vocab_size, 4))
         end = P * 4 + kept * T + layer * T
         backward = P * (4 + 8) + max(start, end)
         tensors = max(backward, stepping)
@@ -182,7 +184,7 @@ def test_the_peak_is_the_backwards_start_or_its_end():
         if peaks[-1] == "step":
             assert held["optimizer step"] == stepping - P * 16 and need.states == P * 16
             continue
-        assert held["checkpoints"] == kept * T * (L if start >= end else 1)
+        assert held["checkpoints"] == (kept * L + head) * T if start >= end else kept * T
         assert need.states == P * (4 + 8) + (early if start >= end else P) * 4
     assert peaks[0] == "step" and peaks[-1] == "start"
 

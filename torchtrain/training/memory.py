@@ -209,8 +209,9 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
     share this memory (the local ones on a CPU, 1 on a CUDA device), `world` the processes ZeRO shards over
     (default `procs`: every process on this machine). Its activations by term:
       checkpoints  what the backward keeps of every layer: the layer inputs under activation
-                   checkpointing, else every layer's activations; all of them at the backward's start, the
-                   first layer's at its end (whichever end is the peak, with the gradients held there)
+                   checkpointing, else every layer's activations; all of them at the backward's start (with
+                   the final norm's tensors and the rotary tables), the first layer's at its end (whichever end
+                   is the peak, with the gradients held there)
       recompute    one layer's activations while its backward runs (recomputed under checkpointing: its
                    backward frees them as it goes); a tiled MLP keeps one tile of its intermediate
                    instead of the window's (torchtrain.model.tiling)
@@ -273,15 +274,19 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
     recompute = layer * slots
     loss = chunk_working_bytes(slots, spec.vocab_size, elem)  # the larger of the two, the other not held then
     recompute, loss = (recompute, 0) if recompute >= loss else (0, loss)
-    start = early * grads + kept * slots * spec.num_layers + recompute + loss
+    # Beyond the layers' checkpoints the start holds the final norm's input, its normalised product and its output
+    # (the head's input, which the loss keeps for the head's gradient), and the float32 rotary tables (cos, sin)
+    # every layer reads: 3 H elements and 2 D floats a slot.
+    head = (3 * spec.hidden_size * elem + 2 * spec.head_dim * 4) * slots
+    start = early * grads + kept * slots * spec.num_layers + head + recompute + loss
     end = P * grads + kept * slots + layer * slots
     if start >= end:
         held_grads, held_kept = early * grads, spec.num_layers
     else:
-        held_grads, held_kept, recompute, loss = P * grads, 1, layer * slots, 0
+        held_grads, held_kept, head, recompute, loss = P * grads, 1, 0, layer * slots, 0
     buckets = bucket_bytes(spec, zero_stage, elem)
     states = int(P * (weights + moments) + held_grads + buckets)
-    parts = (("checkpoints", int(kept * slots * held_kept)), ("recompute", int(recompute)), ("loss", int(loss)))
+    parts = (("checkpoints", int(kept * slots * held_kept + head)), ("recompute", int(recompute)), ("loss", int(loss)))
     parts += gathered_kv(spec, seq_len, micro_batch, elem, sequence_parallel, context_parallel, activation_checkpointing)
     if gathered:
         parts += (("gathered", int(gathered)),)
