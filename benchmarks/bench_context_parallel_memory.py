@@ -137,7 +137,9 @@ def main() -> None:
             for C in degrees:
                 rows.append(one_step(T, C, data, tmp / f"run-{C}"))
                 print(json.dumps(rows[-1]), flush=True)
-        result = {"model": "default (SmolLM2-135M-Instruct)", "seq_len": T, "dtype": "float32", "engine": "varlen",
+        result = {"benchmark": f"each rank's peak RSS at context parallel {args.degrees} (one `anchor train` step of "
+                               "one window) against the plan",
+                  "model": "default (SmolLM2-135M-Instruct)", "seq_len": T, "dtype": "float32", "engine": "varlen",
                   "activation_checkpointing": checkpointing,
                   "command": ["anchor", "train", "--config", CONFIG, *RUN, f"data.seq_len={T}",
                               "parallel.nproc=C", "parallel.context_parallel=C", *rope(T)],
