@@ -163,6 +163,13 @@ def activation_bytes_per_slot(spec: ModelSpec, elem: int, *, layers: int) -> int
     return elem * per_layer * layers
 
 
+def beyond_the_layers_per_slot(spec: ModelSpec, elem: int) -> int:
+    """Bytes a slot keeps for the backward outside the layers, held at its start: the final norm's input, its
+    normalised product and its output (the head's input, which the loss keeps for the head's gradient), and the
+    float32 rotary tables (cos, sin) every layer reads: 3 H elements and 2 D floats."""
+    return 3 * spec.hidden_size * elem + 2 * spec.head_dim * 4
+
+
 @dataclass(frozen=True)
 class StepMemory:
     base: int
@@ -254,9 +261,7 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
     gathered = 2 * layer_parameters(spec) * elem if zero_stage >= 3 else 0
     weights = module + master
     slots = micro_batch * -(-seq_len // (max(1, sequence_parallel) * max(1, context_parallel)))
-    layer = activation_bytes_per_slot(spec, elem, layers=1)
-    if tiled_mlp:
-        layer -= elem * 4 * spec.intermediate_size
+    layer = activation_bytes_per_slot(spec, elem, layers=1) - (elem * 4 * spec.intermediate_size if tiled_mlp else 0)
     kept = elem * spec.hidden_size if activation_checkpointing else layer  # per layer: its input, or everything
     heads = -(-spec.num_heads // max(1, sequence_parallel))
     dense = engines.dense_attention_bytes(engine, seq_len=seq_len, batch=micro_batch,
@@ -274,10 +279,7 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
     recompute = layer * slots
     loss = chunk_working_bytes(slots, spec.vocab_size, elem)  # the larger of the two, the other not held then
     recompute, loss = (recompute, 0) if recompute >= loss else (0, loss)
-    # Beyond the layers' checkpoints the start holds the final norm's input, its normalised product and its output
-    # (the head's input, which the loss keeps for the head's gradient), and the float32 rotary tables (cos, sin)
-    # every layer reads: 3 H elements and 2 D floats a slot.
-    head = (3 * spec.hidden_size * elem + 2 * spec.head_dim * 4) * slots
+    head = beyond_the_layers_per_slot(spec, elem) * slots
     start = early * grads + kept * slots * spec.num_layers + head + recompute + loss
     end = P * grads + kept * slots + layer * slots
     if start >= end:
