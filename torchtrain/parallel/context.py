@@ -214,19 +214,15 @@ def window_groups(world: Any) -> tuple[Any, Any]:
     one. `world`: a torchtrain.parallel.distributed.World (whose docstring gives the layout: a Ulysses group is
     consecutive ranks, the context-parallel peers of a rank share its `ulysses_rank`). Every rank creates every
     group, as torch requires."""
+    def mine(ranks: list[int], held: Any) -> Any:  # every rank makes the group; it is this rank's where it is in it
+        group = dist.new_group(ranks)
+        return group if world.rank in ranks else held
+
     ulysses = context = None
     for d in range(world.dp):
         base = d * world.sp
-        if world.ulysses > 1:
-            for c in range(world.cp):
-                ranks = [base + c * world.ulysses + u for u in range(world.ulysses)]
-                g = dist.new_group(ranks)
-                if world.rank in ranks:
-                    ulysses = g
-        if world.cp > 1:
-            for u in range(world.ulysses):
-                ranks = [base + c * world.ulysses + u for c in range(world.cp)]
-                g = dist.new_group(ranks)
-                if world.rank in ranks:
-                    context = g
+        for c in range(world.cp if world.ulysses > 1 else 0):
+            ulysses = mine([base + c * world.ulysses + u for u in range(world.ulysses)], ulysses)
+        for u in range(world.ulysses if world.cp > 1 else 0):
+            context = mine([base + c * world.ulysses + u for c in range(world.cp)], context)
     return ulysses, context
