@@ -444,10 +444,11 @@ class Watchdog:
         done: set[int] = set()
         while not self._stop.wait(BEAT_S):
             now = time.monotonic()
+            # `tick` is taken after the last round's store calls: a round that waited on the store (a connection to a
+            # dead store retries for STORE_TIMEOUT_S) is the store failing, not this process held.
             if now - tick > 3 * BEAT_S:  # this process was held: what it did not see, it does not count
                 changed = dict.fromkeys(changed, now)
                 failing_since = None
-            tick = now
             if self.parent > 1 and os.getppid() != self.parent:
                 with contextlib.suppress(Exception):
                     (self._client or _store_client(*self.address)).set(self._key(self.node), f"{_LOST} {self.parent}")
@@ -461,14 +462,16 @@ class Watchdog:
                     self._client.set(self._key(self.node), str(beats))
                 got = self._client.multi_get([self._key(n) for n in self.others]) if self.others else []
             except Exception as e:  # noqa: BLE001 (the store's errors share no class narrower than RuntimeError)
+                tick = time.monotonic()
                 self._client = None
                 if self.store_node.index in done:
                     return  # rank 0's node finished: its launcher, and the store, may be gone, rightly
-                failing_since = now if failing_since is None else failing_since
-                if asked is not None or now - failing_since >= STORE_GRACE_S:
+                failing_since = tick if failing_since is None else failing_since
+                if asked is not None or tick - failing_since >= STORE_GRACE_S:
                     self._die(f"{self.store_node} stopped or cannot be reached: the job's store it holds "
                               f"({self.address[0]}:{self.address[1]}) does not answer ({_first_line(e)})")
                 continue
+            tick = time.monotonic()
             failing_since = None
             for node, raw in zip(self.others, got):
                 value = bytes(raw).decode(errors="replace")
