@@ -30,6 +30,7 @@ import os
 import pkgutil
 import signal
 import sys
+from typing import Any
 
 from anchor.interrupts import EXIT_INTERRUPTED, Interrupted, Signals
 
@@ -108,7 +109,7 @@ def _run(args: list[str]) -> object:
     if not args:
         _fail(prefix, f"no verb given (verbs: {', '.join(_verbs())}); see `anchor --help`")
     try:
-        return app(args=args, prog_name="anchor", standalone_mode=False)
+        return _click_command()(args=args, prog_name="anchor", standalone_mode=False)
     except InputError as e:
         _fail(prefix, str(e))
     except RunFailed as e:
@@ -179,6 +180,22 @@ def load_commands() -> None:
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if not info.name.startswith("_"):
             importlib.import_module(f"anchor.commands.{info.name}")
+
+
+_CLICK: dict[int, Any] = {}
+
+
+def _click_command() -> Any:
+    """The click command typer makes of `app`, made once per process for its set of verbs: making it reads every
+    verb's signature and type hints, a tenth of a second that a process calling `main` many times (a notebook, the
+    test suite) would pay at each call."""
+    import typer.main
+
+    key = len(app.registered_commands)
+    if key not in _CLICK:
+        _CLICK.clear()
+        _CLICK[key] = typer.main.get_command(app)
+    return _CLICK[key]
 
 
 def _verbs() -> list[str]:

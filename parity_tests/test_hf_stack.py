@@ -77,6 +77,7 @@ def test_stock_asked_for_anchor_computes_intra_doc_reset(implementation):
     assert _first(row) == (0, "q")
 
 
+@pytest.mark.slow  # compiling flex on the CPU: tests/torchtrain/test_engines.py's flex cases run it in make test
 def test_flex_attention_computes_intra_doc_reset_for_intra_doc_and_anchor():
     """flex_attention builds its BlockMask from the same mask function as eager and sdpa (forward only on
     the CPU; compiling it takes most of this test): the same two findings. The variant it computes, at a

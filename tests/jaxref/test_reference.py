@@ -1,6 +1,6 @@
 """The executor (`jaxref.forward`, jaxref/executor.py) held to the reference decoder (jaxref/reference.py):
-every preset of `jaxref.policy.PRESETS` × every variant, on random Llama-family models (Qwen2's biases and
-Qwen3's per-head q/k norms in make test-all), with several documents (some one token long), padding, and
+every preset of `jaxref.policy.PRESETS` × every variant, on random Llama-family models (make test: a diagonal through
+presets × variants; Qwen2's biases and Qwen3's per-head q/k norms in make test-all), with several documents (some one token long), padding, and
 the anchor at slot 0; every tap (q, k, attn_out, mlp_out, hidden, embed, final_norm, logits, and the
 scores and probabilities of 14 query rows).
 
@@ -50,6 +50,7 @@ import jaxref
 from jaxref import reference
 from jaxref.policy import PRESETS
 from tests.jaxref.layouts import random_layout
+from tests.spread import product_cases
 
 T_EXACT = 61  # below jaxref.attention.ROW_BLOCK: the executor's attention is one block of rows
 T = 97
@@ -58,7 +59,9 @@ VARIANTS = ("full", "intra_doc", "intra_doc_reset", "anchor")
 U64_OVER_U32 = 2.0 ** -29  # fp64's unit roundoff over fp32's
 
 
-CASES = ([pytest.param("random:llama", v, p, id=f"llama-{v}-{p}") for v in VARIANTS for p in PRESETS]
+# random:llama, every variant x every preset: make test runs a diagonal through them (each variant and each preset at
+# least once, tests/spread.py), make test-all all of them
+CASES = (product_cases(["random:llama"], VARIANTS, list(PRESETS), ids=lambda m, v, p: f"llama-{v}-{p}")
          # Qwen2 (q/k/v biases, 2 kv heads) and Qwen3 (per-head q/k norms): the anchor variant, in make test-all
          + [pytest.param(m, "anchor", p, id=f"{m.split(':')[1]}-anchor-{p}", marks=pytest.mark.slow)
             for m in ("random:qwen2", "random:qwen3") for p in PRESETS])
