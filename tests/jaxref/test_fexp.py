@@ -24,6 +24,7 @@ import jaxref
 from jaxref.attention import fexp_u20, online_attention
 from jaxref.policy import CPU_KERNEL_POLICIES, PRESETS, NoEmulation, cpu_kernel_policy, get_policy
 from tests import capability as cap
+from tests.spread import on_the_diagonal
 
 
 def kernel(q, k, v, mask, scale):
@@ -101,10 +102,16 @@ def _oracle(T: int, N: int, K: int, D: int, policy_name: str) -> np.ndarray:
 
 # Sizes whose last key block ends 13 keys past a multiple of 16: keys 8-12 of that stretch are in a
 # whole AVX2 vector but past the last AVX512 one, so the capabilities' kernels differ there. T = 1037 runs in
-# `make test-all` (the CI budget on 2 cores).
-@pytest.mark.parametrize("T,N,K,D", [(109, 4, 2, 64), (525, 3, 1, 64),
-                                     pytest.param(1037, 2, 2, 32, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("capability", cap.params())
+# `make test-all` (the CI budget on 2 cores), and so do the pairs of capability and size off a diagonal through
+# them (tests/spread.py: each capability and each size at least once in make test).
+_FOLLOW_SIZES = [(109, 4, 2, 64), (525, 3, 1, 64), (1037, 2, 2, 32)]
+_FOLLOW_FAST = on_the_diagonal([[c.values[0] for c in cap.params()], _FOLLOW_SIZES[:2]])
+FOLLOW_CASES = [pytest.param(c.values[0], *size, id=f"{c.values[0]}-{'-'.join(map(str, size))}",
+                             marks=[*c.marks, *([] if (c.values[0], size) in _FOLLOW_FAST else [pytest.mark.slow])])
+                for size in _FOLLOW_SIZES for c in cap.params()]
+
+
+@pytest.mark.parametrize("capability,T,N,K,D", FOLLOW_CASES)
 def test_sdpa_cpu_bf16_follows_the_kernel(capability, T, N, K, D):
     """Given the same bf16 q/k/v and an anchor mask: the emulation of the capability torch runs equals
     the kernel's attention in all but a few outputs (fp32 summation order); another exponential misses

@@ -54,10 +54,10 @@ SHAPES = [(1, 1, 2, 1, 16), (2, 5, 4, 2, 24), (2, 97, 9, 3, 64), (1, 515, 8, 2, 
           (1, 1025, 6, 6, 17)]
 
 
-# At T = 1025 all but anchor run in `make test-all` (the CI budget on 2 cores); `make test` keeps 1025 for
-# anchor, and every variant up to 515.
+# At T = 1025 all but anchor at B = 2 run in `make test-all` (the CI budget on 2 cores); `make test` keeps 1025
+# for anchor at B = 2, and every variant up to 515.
 DENSE_CASES = [pytest.param(s, v, id="B{}_T{}_N{}_K{}_D{}-{}".format(*s, v),
-                            marks=[pytest.mark.slow] if s[1] == 1025 and v != "anchor" else [])
+                            marks=[pytest.mark.slow] if s[1] == 1025 and (v != "anchor" or s[0] == 1) else [])
                for s in SHAPES for v in VARIANTS]
 
 
@@ -148,9 +148,9 @@ def _policy_id(n) -> str:
 
 
 def _bf16_in_make_test(name, variant: str, T: int) -> bool:
-    """`make test` (the CI budget on 2 cores) keeps fa2_bf16 at every size and variant, the other policies
-    every variant at 97 and anchor at 515; the rest runs in `make test-all`."""
-    return name == "fa2_bf16" or T == 97 or (T == 515 and variant == "anchor")
+    """`make test` (the CI budget on 2 cores) keeps fa2_bf16 at every variant up to 515 and anchor at 1025, the
+    other policies every variant at 97 and anchor at 515; the rest runs in `make test-all`."""
+    return (name == "fa2_bf16" and (T < 1025 or variant == "anchor")) or T == 97 or (T == 515 and variant == "anchor")
 
 
 BF16_CASES = [pytest.param(n, s, v, id="{}-B{}_T{}_N{}_K{}_D{}-{}".format(_policy_id(n), *s, v),

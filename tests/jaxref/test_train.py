@@ -69,9 +69,14 @@ def rel(a, b) -> float:
 # fp64 against torch's double for every variant on Llama and two on Qwen2 (tied embeddings, qkv
 # biases) and Qwen3 (q/k norms); fp32 against torch's float32 where the loss must equal torchtrain's to
 # its rounding.
-CASES = ([("random:llama", v, "fp64", "float64") for v in jaxref.VARIANTS]
+# make test: every variant on Llama in fp64, each family once in fp64 and Llama in fp32; the rest in make test-all.
+_FAST = {("random:llama", v, "fp64") for v in jaxref.VARIANTS} | {("random:qwen2", "full", "fp64"),
+                                                                  ("random:qwen3", "anchor", "fp64"),
+                                                                  ("random:llama", "anchor", "fp32")}
+CASES = [pytest.param(*c, marks=[] if c[:3] in _FAST else [pytest.mark.slow]) for c in
+         [("random:llama", v, "fp64", "float64") for v in jaxref.VARIANTS]
          + [(name, v, "fp64", "float64") for name in ("random:qwen2", "random:qwen3") for v in ("full", "anchor")]
-         + [(name, "anchor", "fp32", "float32") for name in ("random:llama", "random:qwen2", "random:qwen3")])
+         + [(name, "anchor", "fp32", "float32") for name in ("random:llama", "random:qwen2", "random:qwen3")]]
 
 
 @pytest.mark.parametrize("name,variant,policy,torch_dtype", CASES)
@@ -202,8 +207,9 @@ def ce_loss_np(logits, tokens, loss_mask) -> float:
     return float(nll[counted].sum() / counted.sum())
 
 
-@pytest.mark.parametrize("name,variant", [("random:llama", "anchor"), ("random:qwen2", "intra_doc_reset"),
-                                          ("random:qwen3", "intra_doc")])
+@pytest.mark.parametrize("name,variant", [("random:llama", "anchor"),  # the other two in make test-all
+                                          pytest.param("random:qwen2", "intra_doc_reset", marks=pytest.mark.slow),
+                                          pytest.param("random:qwen3", "intra_doc", marks=pytest.mark.slow)])
 def test_fp64_grads_match_finite_differences(name, variant):
     """fp64 truth without torch's float32 internals: the gradient's derivative along a random
     direction against a central difference of `jaxref.forward`'s fp64 loss (step 1e-6: truncation
@@ -248,7 +254,7 @@ def test_bf16_policy_grads_carry_the_rounding():
     assert errs["fp32"] < 1e-5 < errs["hf_bf16"] < 0.5
 
 
-@pytest.mark.parametrize("policy", ["fp64", "fa2_bf16"])
+@pytest.mark.parametrize("policy", ["fp64", pytest.param("fa2_bf16", marks=pytest.mark.slow)])
 def test_remat_recomputes_layers_and_gives_the_same_gradients(policy):
     """`remat` (the default) recomputes each layer in the backward: the differentiated program runs
     the layer's products again (more dot_generals than when every layer's activations are kept),
