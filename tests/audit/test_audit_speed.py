@@ -47,7 +47,9 @@ def batched(maps, toks, policy):
     return {k: np.concatenate([o[k] for o in outs], axis=1) for k in ("col", "first")}
 
 
-@pytest.mark.parametrize("policy", ["fp32", "hf_bf16", "fa2_bf16", "paper_bf16", "sdpa_cpu_bf16", "fp64"])
+@pytest.mark.parametrize("policy", [pytest.param("fp32", marks=pytest.mark.slow), "hf_bf16",  # make test: three
+                                    pytest.param("fa2_bf16", marks=pytest.mark.slow),
+                                    pytest.param("paper_bf16", marks=pytest.mark.slow), "sdpa_cpu_bf16", "fp64"])
 def test_batched_shifts_equal_the_per_shift_path(model, policy):
     params, spec, toks = model
     pol = jaxref.get_policy(policy)

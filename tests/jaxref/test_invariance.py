@@ -12,7 +12,9 @@ from tests.jaxref.numerics import rel
 T = 515
 
 
-@pytest.fixture(scope="module", params=["random:llama", "random:qwen2", "random:smollm2"])
+# make test: SmolLM2's shape (the default model's); Llama and Qwen2 in make test-all
+@pytest.fixture(scope="module", params=[pytest.param("random:llama", marks=pytest.mark.slow),
+                                        pytest.param("random:qwen2", marks=pytest.mark.slow), "random:smollm2"])
 def model(request):
     params, spec = jaxref.load_model(request.param)
     return request.param, params, spec

@@ -226,7 +226,7 @@ def test_metrics_never_hold_a_bare_nan(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # A longer schedule on resume
 
-@pytest.mark.parametrize("zero", [0, 1])
+@pytest.mark.parametrize("zero", [0, pytest.param(1, marks=pytest.mark.slow)])  # ZeRO-1's optimizer state: make test-all
 def test_a_resume_with_more_steps_follows_the_new_schedule_from_its_first_step(zero, packed, tmp_path):
     from torchtrain.config import load_train_config
     from torchtrain.training.optim import lr_factor
