@@ -37,14 +37,33 @@ def _free_port() -> int:
     return free_port()
 
 
+def _listening(port: int) -> bool:
+    """Some process of this machine listens on TCP `port` (/proc/net/tcp, tcp6: state 0A), no connection made."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                    return True
+    return False
+
+
 def _launch(node: int, out: Path, port: int, log: Path, *overrides: str, env: dict | None = None) -> subprocess.Popen:
     """One node's launcher, as the guide writes it, in a process group of its own (torchrun starts its rank in
-    another: killing the launcher's group leaves the rank running, as a launcher killed alone would)."""
+    another: killing the launcher's group leaves the rank running, as a launcher killed alone would).
+
+    Node 0's launcher returns once it listens on the rendezvous port: on several hosts only the endpoint's host
+    (node 0's) can hold the job's store, but here every launcher is on that host and the first to bind the port
+    holds it, so node 1 must not start before node 0 holds it (else a frozen node 1 would freeze the store too)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
            "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "anchor-test",
            "-m", "anchor", "train", "--config", str(TINY), "--out", str(out), "--no-progress", *COMMON, *overrides]
-    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env or ENV,
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env or ENV,
                             start_new_session=True)
+    deadline = time.monotonic() + 120
+    while node == 0 and proc.poll() is None and not _listening(port) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return proc
 
 
 def _descendants(pid: int) -> list[int]:
