@@ -37,12 +37,12 @@ def fast(monkeypatch):
         monkeypatch.setattr(dist_mod, name, getattr(dist_mod, name) * SCALE)
 
 
-def _watch(monkeypatch, connect) -> tuple[list[str], float]:
-    """Run a watchdog of rank 1 (node 1) whose store, held by node 0, is dead; `connect` stands for a new
-    connection's attempt. What it ends with and after how many (scaled) seconds, or nothing within 60."""
-    monkeypatch.setattr(dist_mod, "_store_client", connect)
+def _run(client, limit_s: float, held_round: int | None = None) -> tuple[list[str], float]:
+    """Run a watchdog of rank 1 (node 1) whose store (held by node 0) is `client`, until it names a lost node or
+    `limit_s` pass; with `held_round`, that round's wait lasts 1.5 x STALE_S longer, as a suspended process's does.
+    What it ended with and after how many seconds."""
     nodes = [Node(0, "a", (0,)), Node(1, "b", (1,))]
-    dog = Watchdog(_World(), nodes, _DeadStore(), ("a", 1), "anchor/watchdog/0/")
+    dog = Watchdog(_World(), nodes, client, ("a", 1), "anchor/watchdog/0/")
     dog.parent = 0  # no launcher to watch
     said: list[str] = []
     ended = threading.Event()
@@ -53,12 +53,29 @@ def _watch(monkeypatch, connect) -> tuple[list[str], float]:
         dog._stop.set()  # the round ends and the thread with it, as os._exit ends the process
 
     dog._die = die
+    rounds, waits = [], dog._stop.wait
+
+    def wait(timeout):
+        rounds.append(timeout)
+        if len(rounds) == held_round:
+            time.sleep(1.5 * dist_mod.STALE_S)
+        return waits(timeout)
+
+    dog._stop.wait = wait
     start = time.monotonic()
     dog._thread.start()
-    ended.wait(600 * SCALE)
+    ended.wait(limit_s)
     dog._stop.set()
     dog._thread.join()
-    return said, (time.monotonic() - start) / SCALE
+    return said, time.monotonic() - start
+
+
+def _watch(monkeypatch, connect) -> tuple[list[str], float]:
+    """The watchdog with a dead store; `connect` stands for a new connection's attempt. What it ends with and after
+    how many (scaled) seconds, or nothing within 600."""
+    monkeypatch.setattr(dist_mod, "_store_client", connect)
+    said, took = _run(_DeadStore(), 600 * SCALE)
+    return said, took / SCALE
 
 
 def test_a_dead_store_that_refuses_at_once_ends_the_rank_after_its_grace(fast, monkeypatch):
@@ -91,34 +108,8 @@ def test_a_process_held_between_rounds_restarts_the_ages(fast, monkeypatch):
         def multi_get(self, keys):
             return [b"7" for _ in keys]  # node 0's counter, never changing
 
-    nodes = [Node(0, "a", (0,)), Node(1, "b", (1,))]
-    dog = Watchdog(_World(), nodes, Quiet(), ("a", 1), "anchor/watchdog/0/")
-    dog.parent = 0
-    said: list[str] = []
-    ended = threading.Event()
-
-    def die(what):
-        said.append(what)
-        ended.set()
-        dog._stop.set()
-
-    dog._die = die
-    rounds = []
-    waits = dog._stop.wait
-
-    def wait_held_once(timeout):
-        rounds.append(timeout)
-        if len(rounds) == 2:  # the second round's wait outlasts the stale limit, as a suspended process's does
-            time.sleep(1.5 * dist_mod.STALE_S)
-        return waits(timeout)
-
-    dog._stop.wait = wait_held_once
-    start = time.monotonic()
-    dog._thread.start()
-    ended.wait(20 * dist_mod.STALE_S)
-    dog._stop.set()
-    dog._thread.join()
-    took = time.monotonic() - start
+    # node 0's counter is first read in round 1; round 2 is held
+    said, took = _run(Quiet(), 20 * dist_mod.STALE_S, held_round=2)
     assert said and "no heartbeat from it" in said[0], said
     # node 0's counter was first read in round 1; the hold (1.5 x STALE_S) did not count towards its age
     assert took >= 1.5 * dist_mod.STALE_S + dist_mod.STALE_S * 0.9, took
