@@ -75,6 +75,17 @@ def pytest_unconfigure(config):
         os.environ.pop(_OWNED)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    """Everything alive once the tests are collected (the imported libraries, the test modules, the items) lives
+    for the whole process: `gc.freeze()` takes it out of the cyclic collector's reach, so each collection (the
+    collector's own, and `_release_module_memory`'s at every module's end) walks only what the tests made since,
+    about 7 ms where the whole heap of torch, transformers, JAX and DeepSpeed takes 0.3 s. Objects are still freed by
+    their reference counts; only cycles among the frozen objects are never collected."""
+    gc.collect()
+    gc.freeze()
+
+
 def module_caches(module) -> list[functools._lru_cache_wrapper]:
     """The functools caches a test module defines (those it imports from a conftest or the library are shared
     with other modules and keep their own bounds)."""

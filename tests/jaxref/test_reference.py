@@ -149,8 +149,15 @@ def test_executor_jax_path_is_the_reference_bit_for_bit(model, variant, policy):
                    TAPS)
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["jax_path", "kernels"])
-@pytest.mark.parametrize("model,variant,policy", CASES)
+# the same diagonal with the executor's two attention paths as one more factor: each path under several policies
+ERROR_CASES = (product_cases(["random:llama"], VARIANTS, list(PRESETS), [False, True],
+                             ids=lambda m, v, p, f: f"llama-{v}-{p}-{('jax_path', 'kernels')[f]}")
+               + [pytest.param(m, "anchor", p, f, id=f"{m.split(':')[1]}-anchor-{p}-{('jax_path', 'kernels')[f]}",
+                               marks=pytest.mark.slow)
+                  for m in ("random:qwen2", "random:qwen3") for p in PRESETS for f in (False, True)])
+
+
+@pytest.mark.parametrize("model,variant,policy,fused", ERROR_CASES)
 def test_executor_is_within_its_policy_error(model, variant, policy, fused):
     """Bound: per tap, d <= 2 · err_ref and err_exec <= 2 · err_ref at T = 97 (err_ref: the reference's
     relative L2 distance to fp64; under fp64, fp32's × 2^-29); derived and measured in the module docstring."""

@@ -31,7 +31,9 @@ def _expected(packed, overrides) -> list[float]:
     return out
 
 
-@pytest.mark.parametrize("nproc,sp", [(2, 1), pytest.param(2, 2, marks=pytest.mark.slow)])
+# make test: one process; two processes (their shares summed) and an SP group in make test-all
+@pytest.mark.parametrize("nproc,sp", [(1, 1), pytest.param(2, 1, marks=pytest.mark.slow),
+                                      pytest.param(2, 2, marks=pytest.mark.slow)])
 def test_every_step_logs_its_flops_and_mfu(packed, tmp_path, nproc, sp):
     overrides = (*COMMON, f"parallel.nproc={nproc}", f"parallel.sequence_parallel={sp}")
     done = run_train(tmp_path / "run", *overrides, f"data.path={packed}")
@@ -41,5 +43,5 @@ def test_every_step_logs_its_flops_and_mfu(packed, tmp_path, nproc, sp):
     for r in rows:
         assert 0 < r["mfu"] < 1 and r["flops_per_s"] > 0
         assert r["mfu"] == pytest.approx(r["flops_per_s"] / (rows[0]["peak_flops_per_s"] * nproc), rel=1e-12)
-    assert "mfu: model FLOPs per second over 2 x the peak of one process's device" in done.stderr
+    assert f"mfu: model FLOPs per second over {nproc} x the peak of one process's device" in done.stderr
     assert "measured here: a 512^3 float32 matmul" in done.stderr

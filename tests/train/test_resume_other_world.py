@@ -4,7 +4,8 @@ an uninterrupted run on the new count, within the fp32 rule of tests/train/test_
 themselves agree to it). What a conversion killed by `kill -9` leaves (its temporary folder; the converted folder
 renamed into place before the manifest that lists it) is removed and made again: the resume is the same.
 The sequence-parallel degree may change too (2 processes at degree 2 -> 2 at degree 1, or -> 1 process), with the
-same result. `make test` runs 2 -> 1 at ZeRO-1 and 3 and one killed conversion; `make test-all` every case."""
+same result. Every case starts several runs of 2 processes (half a minute to minutes on 2 cores): `make test-all` runs
+them all, `make test` none (tests/train/test_zero.py holds ZeRO-3 on 2 processes there)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from tests.train.conftest import metrics, run_train
 
 COMMON = ("data.global_batch=4", "data.micro_batch=1", "eval.window=0", "checkpoint.save_every=4", "schedule.kind=constant",
           "optim.grad_clip=1.0", "logging.report_to=[]", "checkpoint.keep_last=0")
-STAGES = [pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow), 3]
+STAGES = [pytest.param(stage, marks=pytest.mark.slow) for stage in (1, 2, 3)]
 
 
 def _run(out, packed, stage, nproc, steps, check=True):

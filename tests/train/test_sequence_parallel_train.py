@@ -15,7 +15,9 @@ STEPS = 5
 COMMON = (f"schedule.steps={STEPS}", "data.global_batch=4", "eval.window=0", "checkpoint.save_every=0",
           "optim.grad_clip=1.0")
 CASES = [  # (variant, layout, extra overrides)
-    ("anchor", "plain", ()),
+    # each case trains `anchor train` on 2 processes (half a minute on 2 cores): make test-all; make test holds the
+    # sequence-parallel model against one process in tests/torchtrain/test_sequence_parallel.py
+    pytest.param("anchor", "plain", (), marks=pytest.mark.slow),
     pytest.param("full", "plain", (), marks=pytest.mark.slow),
     pytest.param("intra_doc", "plain", (), marks=pytest.mark.slow),
     pytest.param("intra_doc_reset", "plain", (), marks=pytest.mark.slow),

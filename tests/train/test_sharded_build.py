@@ -73,6 +73,7 @@ def test_a_sharded_user_folder_trains_at_zero3_as_one_process_does(single, shard
     assert np.allclose([r["grad_norm"] for r in single], [r["grad_norm"] for r in got], rtol=1e-5)
 
 
+@pytest.mark.slow  # the sharded run of 2 processes (half a minute on 2 cores): make test-all
 def test_the_build_peaks_are_logged_for_every_rank(sharded):
     rows, done = sharded
     first = rows[0]
