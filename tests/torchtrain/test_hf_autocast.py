@@ -201,10 +201,9 @@ ON_CUDA = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), r
 
 
 @pytest.mark.parametrize("device, name", [
-    # anchor_flex has no backward on the CPU. On the CPU both run in make test-all (each compiles the oracle's fp64 and
-    # emulated programs: most of a minute on 2 cores); varlen with the check that the rule fails against the wrong
-    # variant's truth. make test holds bf16 autocast in Trainer through TRL's default SFTConfig on anchor_varlen below.
-    pytest.param("cpu", "anchor_varlen", marks=pytest.mark.slow), pytest.param("cpu", "anchor_sdpa", marks=pytest.mark.slow),
+    # anchor_flex has no backward on the CPU. make test runs sdpa; varlen, with the check that the rule fails
+    # against the wrong variant's truth (whose fp64 and emulated programs double the oracle's compiling), in make test-all
+    pytest.param("cpu", "anchor_varlen", marks=pytest.mark.slow), ("cpu", "anchor_sdpa"),
     *(pytest.param("cuda", n, marks=ON_CUDA) for n in ("anchor_varlen", "anchor_flex", "anchor_sdpa")),
 ])
 def test_trainer_bf16_steps_hold_against_the_oracle(device: str, name: str, tmp_path, monkeypatch) -> None:
