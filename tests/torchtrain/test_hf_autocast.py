@@ -147,15 +147,30 @@ def autocast_emulation(name: str = "anchor_varlen", device: str = "cpu"):
     return kernel.with_stages(rope_table="float32", rope_apply="float32")
 
 
+ROWS = 8  # the oracle's batches are padded to a multiple of this many windows
+
+
 def oracle_step(spec, step: dict, policy, variant: str | None = None) -> tuple[float, dict[str, np.ndarray]]:
-    """The oracle's loss and gradients on one recorded step's weights and batch (its variant, or `variant`)."""
+    """The oracle's loss and gradients on one recorded step's weights and batch (its variant, or `variant`).
+
+    The collator packs a step's documents into as many windows as they fill (4, 5, 7, ...), and each number of
+    windows is another program for the oracle to compile. So the batch is padded to a multiple of ROWS windows with
+    copies of its first window whose slots count for nothing (loss mask 0): windows do not see one another, so the
+    loss and every gradient are those of the batch as it was."""
     b = step["batch"]
     labels = b["labels"].numpy()
     loss_mask = np.zeros(labels.shape, dtype=np.int64)
     loss_mask[:, :-1] = labels[:, 1:] != -100  # the prediction at slot t is of labels[t + 1]
+    pad = -len(labels) % ROWS
+
+    def padded(x: np.ndarray) -> np.ndarray:
+        return np.concatenate([x, np.repeat(x[:1], pad, axis=0)])
+
     params = jaxref.params_from_state(spec, step["params"], np.float64 if policy == "fp64" else np.float32)
-    loss, grads = jaxref.value_and_grad(params, spec, b["input_ids"].numpy(), positions=b["position_ids"].numpy(),
-                                        doc_ids=b["doc_ids"].numpy(), loss_mask=loss_mask,
+    loss, grads = jaxref.value_and_grad(params, spec, padded(b["input_ids"].numpy()),
+                                        positions=padded(b["position_ids"].numpy()),
+                                        doc_ids=padded(b["doc_ids"].numpy()),
+                                        loss_mask=np.concatenate([loss_mask, np.zeros((pad, labels.shape[1]), np.int64)]),
                                         variant=variant or hf.variant_name(b["variant"]), policy=policy)
     return float(loss), grads
 
