@@ -5,7 +5,7 @@ themselves agree to it). What a conversion killed by `kill -9` leaves (its tempo
 renamed into place before the manifest that lists it) is removed and made again: the resume is the same.
 The sequence-parallel degree may change too (2 processes at degree 2 -> 2 at degree 1, or -> 1 process), with the
 same result. Every case starts several runs of 2 processes (half a minute to minutes on 2 cores): `make test-all` runs
-them all, `make test` none (tests/train/test_zero.py holds ZeRO-3 on 2 processes there)."""
+them all, `make test` none."""
 
 from __future__ import annotations
 

@@ -59,9 +59,10 @@ def test_gradient_accumulation_equals_one_batch(single, packed, tmp_path):
     _same_weights(single[1], out, "accumulation x4")
 
 
-# `make test` keeps ZeRO-3 (partitioned parameters, gathered for the export); 0-2 run in `make test-all`
-# (two processes each: the CI budget on 2 cores).
-@pytest.mark.parametrize("stage", [pytest.param(s, marks=pytest.mark.slow) for s in (0, 1, 2)] + [3])
+# Two processes each (half a minute on 2 cores): `make test-all`; `make test` holds DeepSpeed's engine in one process
+# (the accumulation above) and the model over 2 gloo processes in tests/torchtrain/test_sequence_parallel.py and
+# test_context_parallel.py.
+@pytest.mark.parametrize("stage", [pytest.param(s, marks=pytest.mark.slow) for s in (0, 1, 2, 3)])
 def test_zero_two_processes_equal_one(single, packed, tmp_path, stage):
     out = tmp_path / "run"
     run_train(out, *COMMON, "data.micro_batch=1", "parallel.nproc=2", f"parallel.zero_stage={stage}", f"data.path={packed}")
