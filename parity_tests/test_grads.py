@@ -1,8 +1,8 @@
 """Gradient and optimizer-step parity (parity_tests.grads): the trainer's backward pass and AdamW
 steps against the oracle's, per parameter, and two injected defects each caught and named.
 
-The fast subset runs in `make test` (two of its four cases; all four in `make test-all`); every family x variant in fp32, SmolLM2 at T=515 and the bf16
-cases are `parity_full` (`make parity-all`).
+The fast subset runs in `make test` (two of its four cases; all four in `make test-all`); every family x variant
+in fp32, SmolLM2 at T=515 and the bf16 cases are `parity_full` (`make parity-all`).
 """
 
 from __future__ import annotations

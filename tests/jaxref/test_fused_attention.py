@@ -155,7 +155,8 @@ def _bf16_in_make_test(i: int, variant: str, T: int) -> bool:
         return T < 1025 or variant == "anchor"
     if T == 97:
         return VARIANTS.index(variant) == i % len(VARIANTS)
-    return T == 515 and variant == "anchor" and isinstance(KERNEL_POLICIES[i], dict) and "kv_block" in KERNEL_POLICIES[i]
+    policy = KERNEL_POLICIES[i]
+    return T == 515 and variant == "anchor" and isinstance(policy, dict) and "kv_block" in policy
 
 
 BF16_CASES = [pytest.param(n, s, v, id="{}-B{}_T{}_N{}_K{}_D{}-{}".format(_policy_id(n), *s, v),

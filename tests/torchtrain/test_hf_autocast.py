@@ -155,22 +155,18 @@ def oracle_step(spec, step: dict, policy, variant: str | None = None) -> tuple[f
 
     The collator packs a step's documents into as many windows as they fill (4, 5, 7, ...), and each number of
     windows is another program for the oracle to compile. So the batch is padded to a multiple of ROWS windows with
-    copies of its first window whose slots count for nothing (loss mask 0): windows do not see one another, so the
+    copies of its last window whose slots count for nothing (loss mask 0): windows do not see one another, so the
     loss and every gradient are those of the batch as it was."""
     b = step["batch"]
     labels = b["labels"].numpy()
     loss_mask = np.zeros(labels.shape, dtype=np.int64)
     loss_mask[:, :-1] = labels[:, 1:] != -100  # the prediction at slot t is of labels[t + 1]
-    pad = -len(labels) % ROWS
-
-    def padded(x: np.ndarray) -> np.ndarray:
-        return np.concatenate([x, np.repeat(x[:1], pad, axis=0)])
-
+    rows = ((0, -len(labels) % ROWS), (0, 0))
+    ids, positions, doc_ids = (np.pad(b[k].numpy(), rows, mode="edge")
+                               for k in ("input_ids", "position_ids", "doc_ids"))
     params = jaxref.params_from_state(spec, step["params"], np.float64 if policy == "fp64" else np.float32)
-    loss, grads = jaxref.value_and_grad(params, spec, padded(b["input_ids"].numpy()),
-                                        positions=padded(b["position_ids"].numpy()),
-                                        doc_ids=padded(b["doc_ids"].numpy()),
-                                        loss_mask=np.concatenate([loss_mask, np.zeros((pad, labels.shape[1]), np.int64)]),
+    loss, grads = jaxref.value_and_grad(params, spec, ids, positions=positions, doc_ids=doc_ids,
+                                        loss_mask=np.pad(loss_mask, rows),
                                         variant=variant or hf.variant_name(b["variant"]), policy=policy)
     return float(loss), grads
 

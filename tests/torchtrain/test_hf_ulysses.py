@@ -103,7 +103,9 @@ def _refused_on_each_rank(tmp: Path, plant: str, words: str) -> None:
         assert f"ulysses_worker.py: error (rank {rank}): " in lines[0] and words in lines[0], lines[0]
 
 
-@pytest.mark.slow  # two processes under torchrun: make test-all; in-process, make test holds each check (test_the_heads_check_*, test_the_world_check_*)
+# two processes under torchrun each: make test-all; make test holds each check in-process (test_the_heads_check_*,
+# test_the_world_check_*)
+@pytest.mark.slow
 def test_the_guides_arguments_without_use_cpu_on_a_cpu_are_refused(tmp_path):
     """accelerate on a CPU without use_cpu counts one process on every rank: each would read the whole dataset,
     and the adapter would train every window twice (windows 0, 0, 1, 1, ...)."""
