@@ -48,6 +48,8 @@ from jaxref.attention_core import (  # noqa: F401 (re-exported)
     _qk,
     _row_block_plan,
     _ungroup,
+    fp8_operands,
+    round_probs,
     scale_logits,
     scores,
     softmax_probs,

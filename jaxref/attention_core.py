@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxref import fp8
 from jaxref.policy import DtypePolicy
 from jaxref.variants import Variant, allowed
 
@@ -86,6 +87,24 @@ def scores(q, k, policy: DtypePolicy, scale: float):
     """Scaled attention logits. q [B,T,N,D], k [B,S,K,D] → [B,K,G,T,S] in the `logits` dtype."""
     qk_in = policy.dtype("qk_in")
     return _qk(_group_queries(q.astype(qk_in), k.shape[2]), _heads_first(k.astype(qk_in)), policy, scale)
+
+
+def fp8_operands(q, k, v, policy: DtypePolicy):
+    """q and k rounded through FP8 where `qk_in` is FP8, v where `pv_in` is (`jaxref.fp8.fake_quant` with the
+    policy's scaling: rowwise along each product's contraction axis, D for q and k, the keys for v), read
+    back in float32; the others as they are. Done once per layer, before any attention path or probe reads them."""
+    if fp8.is_fp8(policy.qk_in):
+        q, k = (fp8.fake_quant(x, policy.qk_in, policy.scaling, -1) for x in (q, k))
+    if fp8.is_fp8(policy.pv_in):
+        v = fp8.fake_quant(v, policy.pv_in, policy.scaling, 1)
+    return q, k, v
+
+
+def round_probs(p, policy: DtypePolicy):
+    """The probabilities as p·v reads them: through FP8 where `probs` (or, unset, `pv_in`) is FP8
+    (`jaxref.fp8.probs`), else rounded to `pv_in`."""
+    d = policy.probs_dtype()
+    return fp8.probs(p, d) if fp8.is_fp8(d) else p.astype(policy.dtype("pv_in"))
 
 
 def _mask(doc_ids, q_slots, k_slots, variant: Variant):

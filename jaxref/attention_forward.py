@@ -22,6 +22,7 @@ from jaxref.attention_core import (
     _mask,
     _pv,
     _qk,
+    round_probs,
     _ungroup,
     softmax_probs,
 )
@@ -41,13 +42,13 @@ def kernel_args(q, k, policy: DtypePolicy, fused: bool | None = None) -> dict | 
     It applies when `fused` allows it (None: the user's default, `kernels.enabled()`), the kernel is
     built, the attention is self-attention (as many keys as queries), and either the attention is
     dense with every attention stage fp32, or online with every stage one the kernel rounds to (fp32
-    softmax and accumulators; operands and logits fp32 or bf16), the exact exponential and a key
-    block that is a multiple of 16 or the whole window. Returns {logits_bf16, pv_bf16, kv_block}
+    softmax and accumulators; operands and logits fp32 or bf16; no FP8, whose probabilities it cannot
+    round), the exact exponential and a key block that is a multiple of 16 or the whole window. Returns {logits_bf16, pv_bf16, kv_block}
     (kv_block 0: dense).
     """
     if fused is None:
         fused = kernels.enabled()
-    if not (fused and q.shape[1] == k.shape[1]
+    if not (fused and q.shape[1] == k.shape[1] and policy.probs is None
             and all(getattr(policy, s) in ok for s, ok in _KERNEL_DTYPES.items())):
         return None
     kv_block = 0
@@ -105,7 +106,7 @@ def blocked_dense_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePol
         def block(r0):
             s = _qk(jax.lax.dynamic_slice_in_dim(qg, r0, R, axis=3), kc, policy, scale)
             p = softmax_probs(s, _mask(doc_ids, r0 + jnp.arange(R), k_slots, variant), policy)
-            return _pv(p, vc, pv_in, pv_acc)
+            return _pv(round_probs(p, policy), vc, pv_in, pv_acc)
 
         return block
 
@@ -168,7 +169,7 @@ def blocked_online_attention(q, k, v, doc_ids, variant: Variant, policy: DtypePo
                 p = _softmax_exp(s - m_safe[..., None], policy, jnp.minimum(blk, T - b * blk))
                 corr = jnp.exp(jnp.where(jnp.isfinite(m), m, m_safe) - m_safe)
                 l = l * corr + jnp.sum(p, axis=-1)
-                acc = acc * corr[..., None].astype(acc_t) + _pv(p, vb, pv, acc_t)
+                acc = acc * corr[..., None].astype(acc_t) + _pv(round_probs(p, policy), vb, pv, acc_t)
                 return (m_new, l, acc), None
 
             G = N // K

@@ -40,7 +40,8 @@ import numpy as np
 from anchor_core.spec import ModelSpec
 from jaxref import kernels
 from jaxref import rope as rope_lib
-from jaxref.attention import attention, full_probs, row_scores_probs, wide, wide_einsum
+from jaxref import fp8
+from jaxref.attention import attention, fp8_operands, full_probs, row_scores_probs, wide, wide_einsum
 from jaxref.policy import DtypePolicy, get_policy
 from jaxref.reference import Params, embed, rms_norm, silu_mul, window_inputs
 from jaxref.variants import Variant, check_variant
@@ -111,7 +112,9 @@ def linear_many(requests, fused: bool = False) -> list:
     groups: dict[tuple, list[int]] = {}
     share = kernels.blas_position_exact()
     for i, (x, w, b, act, param) in enumerate(requests):
-        if share and _blas_ok(act, param, fused) and x.ndim >= 2:
+        if isinstance(param, fp8.Linear8):  # an FP8 policy's projection: in XLA, alone
+            out[i] = param(x, w, b, act)
+        elif share and _blas_ok(act, param, fused) and x.ndim >= 2:
             groups.setdefault((*blas_share_key(act, param), x.shape[1:]), []).append(i)
         else:
             out[i] = linear(x, w, b, act, param, fused)
@@ -170,7 +173,8 @@ def layer_steps(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Variant
     products handed out to be run together with others' (`decoder_layer` drives one).
 
     It yields its projections in rounds, a tuple of requests (x, w, b, act, param) at a time (q, k
-    and v of one x; o; gate and up of one x; down), and is sent their products,
+    and v of one x; o; gate and up of one x; down; `param` is a `jaxref.fp8.Linear8` where the policy's
+    projections are FP8, `jaxref.reference.projection`), and is sent their products,
     `linear(x, w, b, act, param, fused)` each; it returns what `decoder_layer` returns.
     `layers_in_step` runs the rounds of one layer or of several policies' layers in step, each
     round's requests through `linear_many` (shared BLAS calls: one x against several weights, one
@@ -190,12 +194,14 @@ def layer_steps(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Variant
       (the scan stacks them to `forward`'s [L, ...]).
     """
     act, param, norm = policy.dtype("act"), policy.dtype("param"), policy.dtype("norm")
+    lin = param if policy.linear_in is None else fp8.Linear8(param, policy.linear_in, policy.linear_grad,
+                                                              policy.scaling)
     B, T, _ = h.shape
     N, K, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
     scale = spec.head_dim ** -0.5
     x = rms_norm(h, lp["attn_norm"], spec.rms_norm_eps, norm, act, param)
-    q, k, v = yield ((x, lp["wq"], lp.get("bq"), act, param), (x, lp["wk"], lp.get("bk"), act, param),
-                     (x, lp["wv"], lp.get("bv"), act, param))
+    q, k, v = yield ((x, lp["wq"], lp.get("bq"), act, lin), (x, lp["wk"], lp.get("bk"), act, lin),
+                     (x, lp["wv"], lp.get("bv"), act, lin))
     q, k, v = q.reshape(B, T, N, D), k.reshape(B, T, K, D), v.reshape(B, T, K, D)
     if spec.qk_norm:  # Qwen3: each head's q and k RMS-normed over D before RoPE (Qwen3Attention)
         q = rms_norm(q, lp["q_norm"], spec.rms_norm_eps, norm, act, param)
@@ -203,13 +209,14 @@ def layer_steps(h, lp, *, spec: ModelSpec, policy: DtypePolicy, variant: Variant
     rope_dt = policy.dtype("rope_apply")
     q = rope_lib.apply(q, cos, sin, spec.rope.layout, rope_dt)
     k = rope_lib.apply(k, cos, sin, spec.rope.layout, rope_dt)
+    q, k, v = fp8_operands(q, k, v, policy)
     ctx = attention(q, k, v, doc_ids, variant, policy, scale, fused=fused).astype(act)
-    a, = yield ((ctx.reshape(B, T, N * D), lp["wo"], None, act, param),)
+    a, = yield ((ctx.reshape(B, T, N * D), lp["wo"], None, act, lin),)
     h = (h + a).astype(act)
     x = rms_norm(h, lp["mlp_norm"], spec.rms_norm_eps, norm, act, param)
-    gate, up = yield ((x, lp["w_gate"], None, act, param), (x, lp["w_up"], None, act, param))
+    gate, up = yield ((x, lp["w_gate"], None, act, lin), (x, lp["w_up"], None, act, lin))
     m = silu_mul(gate, up, act)
-    m, = yield ((m, lp["w_down"], None, act, param),)
+    m, = yield ((m, lp["w_down"], None, act, lin),)
     h = (h + m).astype(act)
     out: dict[str, Any] = {}
     if tap:

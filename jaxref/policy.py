@@ -12,6 +12,10 @@ FlashAttention-2 bf16 and the paper's bf16 recipe). A policy can also be written
     exp: exact             # exact | fexp_u20 (the online softmax's exponential, see jaxref.attention)
     lanes: 8               # fexp_u20's vector lanes: a key block's keys past its last whole vector take exp
     backward: autodiff     # autodiff | fa2 | flex | cpu (the online attention's backward, see jaxref.attention)
+    linear_in: float8_e4m3fn    # optional: FP8 operands of the decoder layers' linear products (not the lm-head)
+    linear_grad: float8_e5m2    # optional, with linear_in: their backward's gradient operand (the recipe's backward)
+    probs: float8_e4m3fn        # optional: the probabilities before p·v, when they differ from pv_in
+    scaling: rowwise            # tensorwise | rowwise: how FP8 stages are scaled (jaxref.fp8)
 
 Stages, in docs/DESIGN.md §4 order:
   param       weights as stored
@@ -27,6 +31,10 @@ Stages, in docs/DESIGN.md §4 order:
   pv_in       operands of p·v (the probabilities are rounded to this)
   pv_acc      its accumulator
   head        final norm and lm-head
+
+FP8 (`float8_e4m3fn`, `float8_e5m2`; jaxref.fp8) goes on the stages FP8 recipes put it on: `qk_in`, `pv_in`
+and the optional `linear_in`, `linear_grad`, `probs`, each rounded through a scale (`scaling`); the arithmetic
+after such a stage holds the dequantized values in float32 (`DtypePolicy.dtype` gives float32 for it).
 """
 
 from __future__ import annotations
@@ -44,12 +52,18 @@ from anchor_core.errors import InputError
 from anchor_core.machine import cpu_capability
 from anchor_core import shipped
 from anchor_core.yamlfile import read_yaml_mapping
+from jaxref.fp8 import CARRIER, FP8_DTYPES, SCALINGS
 
 STAGES: tuple[str, ...] = (
     "param", "act", "norm", "rope_angle", "rope_table", "rope_apply",
     "qk_in", "qk_acc", "logits", "softmax", "pv_in", "pv_acc", "head",
 )
 DTYPES: tuple[str, ...] = ("float64", "float32", "bfloat16", "float16")
+OPTIONAL_STAGES: tuple[str, ...] = ("linear_in", "linear_grad", "probs")
+"""Stages a policy may leave unset: FP8 only (unset: the linear products' operands in `act`/`param` with
+autodiff's backward; the probabilities rounded to `pv_in`)."""
+FP8_STAGES: tuple[str, ...] = ("linear_in", "linear_grad", "qk_in", "pv_in", "probs")
+"""The stages that may hold an FP8 dtype: where FP8 training and attention recipes use it."""
 ATTENTIONS: tuple[str, ...] = ("dense", "online")
 # Spellings accepted on input; a policy always stores the canonical name.
 _ALIASES: dict[str, str] = {
@@ -57,14 +71,18 @@ _ALIASES: dict[str, str] = {
     "fp32": "float32", "f32": "float32", "float": "float32",
     "bf16": "bfloat16",
     "fp16": "float16", "f16": "float16", "half": "float16",
+    "e4m3": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "float8_e4m3": "float8_e4m3fn",
+    "e5m2": "float8_e5m2", "fp8_e5m2": "float8_e5m2",
 }
-_EXTRA_KEYS: tuple[str, ...] = ("name", "attention", "kv_block", "exp", "lanes", "backward")
+_EXTRA_KEYS: tuple[str, ...] = ("name", "attention", "kv_block", "exp", "lanes", "backward", *OPTIONAL_STAGES,
+                                "scaling")
 EXPS: tuple[str, ...] = ("exact", "fexp_u20")
 BACKWARDS: tuple[str, ...] = ("autodiff", "fa2", "flex", "cpu")
 
 
-def _dtype_name(value: object, *, what: str, path: object | None = None) -> str:
-    """Canonical dtype name of `value` (a name, an alias or a numpy/JAX dtype); InputError otherwise."""
+def _dtype_name(value: object, *, what: str, path: object | None = None, stage: str | None = None) -> str:
+    """Canonical dtype name of `value` (a name, an alias or a numpy/JAX dtype) for `stage`; InputError
+    otherwise (an FP8 dtype only on FP8_STAGES, and only an FP8 dtype on OPTIONAL_STAGES)."""
     if isinstance(value, (np.dtype, type)):
         try:
             value = jnp.dtype(value).name
@@ -73,8 +91,11 @@ def _dtype_name(value: object, *, what: str, path: object | None = None) -> str:
     elif not isinstance(value, str):  # None (an empty YAML value), numbers, lists: never a dtype
         value = repr(value)
     name = _ALIASES.get(str(value).lower(), str(value).lower())
-    if name not in DTYPES:
-        raise InputError(f"unknown dtype {value!r} for {what} (valid: {', '.join(DTYPES)})", path=path)
+    valid = FP8_DTYPES if stage in OPTIONAL_STAGES else DTYPES + FP8_DTYPES if stage in FP8_STAGES else DTYPES
+    if name not in valid:
+        if name in FP8_DTYPES:
+            raise InputError(f"{what} cannot be {name}: FP8 goes on the stages {', '.join(FP8_STAGES)}", path=path)
+        raise InputError(f"unknown dtype {value!r} for {what} (valid: {', '.join(valid)})", path=path)
     return name
 
 
@@ -117,10 +138,26 @@ class DtypePolicy:
     exp: Literal["exact", "fexp_u20"] = "exact"
     lanes: int = 8
     backward: Literal["autodiff", "fa2", "flex", "cpu"] = "autodiff"
+    linear_in: str | None = None
+    linear_grad: str | None = None
+    probs: str | None = None
+    scaling: Literal["tensorwise", "rowwise"] = "tensorwise"
 
     def __post_init__(self) -> None:
         for stage in STAGES:
-            object.__setattr__(self, stage, _dtype_name(getattr(self, stage), what=f"stage {stage!r}"))
+            object.__setattr__(self, stage, _dtype_name(getattr(self, stage), what=f"stage {stage!r}", stage=stage))
+        for stage in OPTIONAL_STAGES:
+            if getattr(self, stage) is not None:
+                object.__setattr__(self, stage, _dtype_name(getattr(self, stage), what=f"stage {stage!r}",
+                                                            stage=stage))
+        if self.linear_grad is not None and self.linear_in is None:
+            raise InputError("linear_grad (the FP8 backward of the linear products) needs linear_in")
+        if self.scaling not in SCALINGS:
+            raise InputError(f"unknown scaling {self.scaling!r} (valid: {', '.join(SCALINGS)})")
+        if self.backward != "autodiff" and self.fp8_attention:
+            raise InputError(f"backward {self.backward!r} is a bf16 kernel's; FP8 attention stages "
+                             f"({', '.join(s for s in ('qk_in', 'pv_in', 'probs') if getattr(self, s) in FP8_DTYPES)})"
+                             " take backward: autodiff")
         if self.attention not in ATTENTIONS:
             raise InputError(f"unknown attention {self.attention!r} (valid: {', '.join(ATTENTIONS)})")
         if isinstance(self.kv_block, bool) or not isinstance(self.kv_block, int) or self.kv_block < 1:
@@ -135,11 +172,27 @@ class DtypePolicy:
             raise InputError(f"backward {self.backward!r} is an online attention's (attention: online), "
                              f"not {self.attention!r}'s")
 
+    @property
+    def fp8_attention(self) -> bool:
+        """Whether q·kᵀ's or p·v's operands or the probabilities are FP8."""
+        return any(getattr(self, s) in FP8_DTYPES for s in ("qk_in", "pv_in", "probs"))
+
+    @property
+    def fp8(self) -> bool:
+        """Whether any stage is FP8."""
+        return any(getattr(self, s) in FP8_DTYPES for s in FP8_STAGES)
+
     def dtype(self, stage: str) -> jnp.dtype:
-        """The JAX dtype of `stage` (one of STAGES)."""
+        """The JAX dtype the arithmetic holds `stage` (one of STAGES) in: its dtype, float32 for an FP8 stage
+        (the dequantized values, `jaxref.fp8`)."""
         if stage not in STAGES:
             raise InputError(f"unknown policy stage {stage!r} (valid: {', '.join(STAGES)})")
-        return jnp.dtype(getattr(self, stage))
+        name = getattr(self, stage)
+        return CARRIER if name in FP8_DTYPES else jnp.dtype(name)
+
+    def probs_dtype(self) -> str:
+        """The dtype name the probabilities are rounded to before p·v: `probs` where set, else `pv_in`."""
+        return self.probs or self.pv_in
 
     def with_stages(self, **stages: object) -> DtypePolicy:
         """A copy with some stages changed; the name records the change, e.g. "hf_bf16[softmax=float64]"."""
@@ -147,23 +200,27 @@ class DtypePolicy:
             return self
         changes = {}
         for stage, value in stages.items():
-            if stage not in STAGES:
-                raise InputError(f"unknown policy stage {stage!r} (valid: {', '.join(STAGES)})")
-            changes[stage] = _dtype_name(value, what=f"stage {stage!r}")
+            if stage not in STAGES + OPTIONAL_STAGES:
+                raise InputError(f"unknown policy stage {stage!r} (valid: {', '.join(STAGES + OPTIONAL_STAGES)})")
+            changes[stage] = _dtype_name(value, what=f"stage {stage!r}", stage=stage)
         note = ",".join(f"{k}={v}" for k, v in changes.items())
         return dataclasses.replace(self, name=f"{self.name}[{note}]", **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain mapping (name, every stage, attention, kv_block, exp, lanes, backward) that `get_policy` reads back."""
+        """Plain mapping (name, every stage, attention, kv_block, exp, lanes, backward; the optional stages set
+        and, with an FP8 stage, scaling) that `get_policy` reads back."""
+        fp8 = {s: getattr(self, s) for s in OPTIONAL_STAGES if getattr(self, s) is not None}
+        if self.fp8:
+            fp8["scaling"] = self.scaling
         return {"name": self.name, **{s: getattr(self, s) for s in STAGES},
                 "attention": self.attention, "kv_block": self.kv_block, "exp": self.exp, "lanes": self.lanes,
-                "backward": self.backward}
+                "backward": self.backward, **fp8}
 
 
 def _preset(name: str, attention: Literal["dense", "online"] = "dense", kv_block: int = 128, exp: str = "exact",
-            lanes: int = 8, backward: str = "autodiff", **stages: str) -> DtypePolicy:
+            lanes: int = 8, backward: str = "autodiff", scaling: str = "tensorwise", **stages: str) -> DtypePolicy:
     return DtypePolicy(name=name, attention=attention, kv_block=kv_block, exp=exp, lanes=lanes,  # type: ignore[arg-type]
-                       backward=backward, **stages)  # type: ignore[arg-type]
+                       backward=backward, scaling=scaling, **stages)  # type: ignore[arg-type]
 
 
 ONE_BLOCK = 1 << 30
@@ -182,6 +239,13 @@ _HF_BF16 = dict(
     qk_in="bfloat16", qk_acc="float32", logits="bfloat16", softmax="float32",
     pv_in="bfloat16", pv_acc="float32", head="bfloat16",
 )
+
+FLOAT8_RECIPES: dict[str, dict[str, str]] = {
+    "rowwise": {"linear_in": "float8_e4m3fn", "linear_grad": "float8_e4m3fn", "scaling": "rowwise"},
+    "tensorwise": {"linear_in": "float8_e4m3fn", "linear_grad": "float8_e5m2", "scaling": "tensorwise"},
+}
+"""torchao's float8 training recipes (`Float8LinearRecipeName`) as a policy's keys: `<policy>+float8_<recipe>` (a
+name `get_policy` reads) is that policy with its linear products in the recipe's FP8 (torchtrain's `model.float8`)."""
 
 PRESETS: dict[str, DtypePolicy] = {
     "fp64": _preset("fp64", **_uniform("float64")),
@@ -212,6 +276,18 @@ PRESETS: dict[str, DtypePolicy] = {
         "paper_bf16", "online", backward="fa2", **{**_HF_BF16, "rope_table": "float32", "rope_apply": "float32",
                                                     "logits": "float32"},
     ),
+    # torchao's float8 training (torchao.float8, Float8LinearRecipeName) on every linear of the decoder layers,
+    # the lm-head and the attention (FlashAttention-2) in bf16 as fa2_bf16. rowwise: e4m3 operands and
+    # gradients, one power-of-two scale per row; tensorwise: e4m3 operands, e5m2 gradients, one scale per tensor.
+    "torchao_rowwise_bf16": _preset("torchao_rowwise_bf16", "online", backward="fa2",
+                                    **FLOAT8_RECIPES["rowwise"], **{**_HF_BF16, "logits": "float32"}),
+    "torchao_tensorwise_bf16": _preset("torchao_tensorwise_bf16", "online", backward="fa2",
+                                       **FLOAT8_RECIPES["tensorwise"], **{**_HF_BF16, "logits": "float32"}),
+    # TransformerEngine's FP8 with FP8 attention (Float8CurrentScaling, HYBRID format): e4m3 operands of the
+    # linears, of q·kᵀ and of p·v (the probabilities scaled by their bound 1), e5m2 gradients of the linears,
+    # one scale per tensor; fp32 logits, softmax and accumulators in an online softmax over key blocks.
+    "te_fp8": _preset("te_fp8", "online", linear_in="float8_e4m3fn", linear_grad="float8_e5m2",
+                      **{**_HF_BF16, "logits": "float32", "qk_in": "float8_e4m3fn", "pv_in": "float8_e4m3fn"}),
 }
 
 
@@ -249,39 +325,30 @@ def _from_mapping(d: Mapping[str, Any], *, path: object | None = None, default_n
         raise InputError(
             f"unknown policy key {unknown[0]!r} (valid: base, {', '.join(STAGES + _EXTRA_KEYS)})", path=path
         )
-    stages = {s: _dtype_name(d[s], what=f"stage {s!r}", path=path) for s in STAGES if s in d}
-    if "base" in d:
+    stages = {s: _dtype_name(d[s], what=f"stage {s!r}", path=path, stage=s) for s in STAGES + OPTIONAL_STAGES
+              if s in d}
+    extras = {k: d[k] for k in ("attention", "kv_block", "exp", "lanes", "backward", "scaling") if k in d}
+    if "name" in d:
+        extras["name"] = str(d["name"])
+    elif default_name is not None:
+        extras["name"] = default_name
+    try:
+        if "base" not in d:
+            missing = [s for s in STAGES if s not in stages]
+            if missing:
+                raise InputError(f"policy without `base` must give every stage; missing: {', '.join(missing)}")
+            return DtypePolicy(**{"name": "custom", **stages, **extras})
         base = d["base"]
         if base == CPU_KERNEL_ALIAS:
-            policy = cpu_kernel_policy().with_stages(**stages)
+            policy = cpu_kernel_policy()
         elif not isinstance(base, str) or base not in PRESETS:
-            raise InputError(f"unknown base preset {base!r} (valid: {', '.join(PRESETS)})", path=path)
+            raise InputError(f"unknown base preset {base!r} (valid: {', '.join(PRESETS)})")
         else:
-            policy = PRESETS[base].with_stages(**stages)
-    else:
-        missing = [s for s in STAGES if s not in stages]
-        if missing:
-            raise InputError(
-                f"policy without `base` must give every stage; missing: {', '.join(missing)}", path=path
-            )
-        policy = DtypePolicy(name=default_name or "custom", **stages)
-    changes: dict[str, Any] = {}
-    if "name" in d:
-        changes["name"] = str(d["name"])
-    elif default_name is not None:
-        changes["name"] = default_name
-    if "attention" in d:
-        changes["attention"] = d["attention"]
-    if "kv_block" in d:
-        changes["kv_block"] = d["kv_block"]
-    if "exp" in d:
-        changes["exp"] = d["exp"]
-    if "lanes" in d:
-        changes["lanes"] = d["lanes"]
-    if "backward" in d:
-        changes["backward"] = d["backward"]
-    try:
-        return dataclasses.replace(policy, **changes)
+            policy = PRESETS[base]
+        # every change at once: a base's backward and the FP8 stages that refuse it may change together
+        note = ",".join(f"{k}={v}" for k, v in stages.items())
+        name = f"{policy.name}[{note}]" if note else policy.name
+        return dataclasses.replace(policy, **{"name": name, **stages, **extras})
     except InputError as e:
         raise InputError(str(e), path=path) from None
 
@@ -296,7 +363,8 @@ def load_policy(path: str | Path) -> DtypePolicy:
 def get_policy(x: DtypePolicy | str | Path | Mapping[str, Any]) -> DtypePolicy:
     """A policy from a DtypePolicy, a preset name, a path to a YAML file, the name of a shipped policy file
     (`hf_bf16_rope_fp32`: anchor_core.shipped), or a mapping (YAML form). `sdpa_cpu_bf16` names the emulation
-    of torch's CPU kernel of this process's capability. A value ending in .yaml/.yml or holding a `/` is a path."""
+    of torch's CPU kernel of this process's capability; `<name>+float8_rowwise` (or `_tensorwise`) is that policy with
+    torchao's recipe on its linear products (FLOAT8_RECIPES). A value ending in .yaml/.yml or holding a `/` is a path."""
     if isinstance(x, DtypePolicy):
         return x
     if isinstance(x, Mapping):
@@ -306,6 +374,13 @@ def get_policy(x: DtypePolicy | str | Path | Mapping[str, Any]) -> DtypePolicy:
     if isinstance(x, str):
         if x in PRESETS:
             return PRESETS[x]
+        base, plus, recipe = x.rpartition("+float8_")
+        if plus:
+            if recipe not in FLOAT8_RECIPES:
+                raise InputError(f"unknown float8 recipe {recipe!r} in {x!r} (valid: "
+                                 f"{', '.join('float8_' + r for r in FLOAT8_RECIPES)})")
+            policy = get_policy(base)
+            return dataclasses.replace(policy, name=f"{policy.name}+float8_{recipe}", **FLOAT8_RECIPES[recipe])
         if x == CPU_KERNEL_ALIAS:
             return cpu_kernel_policy()
         if (path := shipped.find("policies", x)) is not None:

@@ -28,6 +28,9 @@ What the presets do at each stage, read from the functions below (`jaxref.policy
   fa2_bf16_1pass  fa2_bf16 with every key of a row in one block.
   sdpa_cpu_bf16_*  fa2_bf16 over key blocks of 512 whose exponential is torch's fast `fexp_u20` on whole
                vectors of 8 (avx2) or 16 (avx512) lanes, exp on the rest (`softmax_exp`).
+  torchao_*_bf16  fa2_bf16 with the decoder layers' linear products in FP8 (`projection`, `jaxref.fp8`).
+  te_fp8       FP8 linear products and FP8 q, k, v and probabilities (`fp8_operands`, `pv`) around an online
+               softmax in fp32.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from anchor_core.spec import ModelSpec
+from jaxref import fp8
 from jaxref import rope as rope_lib
 from jaxref.attention import fexp_u20, wide, wide_einsum
 from jaxref.policy import DtypePolicy, get_policy
@@ -138,6 +142,27 @@ def linear(x_BTI, w_OI, b_O, act, param):
     return y.astype(act)
 
 
+def projection(x_BTI, w_OI, b_O, policy: DtypePolicy):
+    """A decoder layer's linear product: `linear` in `act`/`param`, or, where the policy sets `linear_in`, its
+    FP8 form (`jaxref.fp8.linear`: both operands through FP8 with the policy's scaling, the product of the
+    dequantized values in fp32, rounded to `act`; `linear_grad` gives it the recipe's backward)."""
+    act, param = policy.dtype("act"), policy.dtype("param")
+    if policy.linear_in is None:
+        return linear(x_BTI, w_OI, b_O, act, param)
+    return fp8.linear(x_BTI, w_OI, b_O, act, param, policy.linear_in, policy.linear_grad, policy.scaling)
+
+
+def fp8_operands(q_BTND, k_BTKD, v_BTKD, policy: DtypePolicy):
+    """q and k through FP8 where `qk_in` is FP8, v where `pv_in` is (`jaxref.fp8.fake_quant`; rowwise scales
+    run along each product's contraction axis: D for q and k, the keys for v), read in fp32 after."""
+    if policy.qk_in in fp8.FP8_DTYPES:
+        q_BTND = fp8.fake_quant(q_BTND, policy.qk_in, policy.scaling, -1)
+        k_BTKD = fp8.fake_quant(k_BTKD, policy.qk_in, policy.scaling, -1)
+    if policy.pv_in in fp8.FP8_DTYPES:
+        v_BTKD = fp8.fake_quant(v_BTKD, policy.pv_in, policy.scaling, 1)
+    return q_BTND, k_BTKD, v_BTKD
+
+
 def rope(x_BTND, cos_BTD, sin_BTD, spec: ModelSpec, policy: DtypePolicy):
     """RoPE's rotation `x·cos + rotate(x)·sin` in `rope_apply` (docs/DESIGN.md §3); the tables come from
     `rope_tables` (angles in `rope_angle`, cos/sin in `rope_table`)."""
@@ -179,12 +204,14 @@ def softmax(s_BKGRS, mask, policy: DtypePolicy):
 
 def pv(p_BKGTS, v_BSKD, policy: DtypePolicy):
     """p·v: probabilities and values rounded to `pv_in`, accumulated in `pv_acc` (as `scores`, the G query
-    heads of a kv head as G·T rows of one product). Returns [B,T,K,G,D]."""
+    heads of a kv head as G·T rows of one product). Where the probabilities are FP8 (`probs`, or unset,
+    `pv_in`), they go through FP8 scaled by their bound 1 (`jaxref.fp8.probs`). Returns [B,T,K,G,D]."""
     pv_in = policy.dtype("pv_in")
     B, K, G, T, S = p_BKGTS.shape
     v_BKSD = jnp.transpose(v_BSKD.astype(pv_in), (0, 2, 1, 3))
-    ctx_BKMD = wide_einsum("BKMS,BKSD->BKMD", p_BKGTS.astype(pv_in).reshape(B, K, G * T, S), v_BKSD,
-                           policy.dtype("pv_acc"))
+    probs = policy.probs_dtype()
+    p = fp8.probs(p_BKGTS, probs) if probs in fp8.FP8_DTYPES else p_BKGTS.astype(pv_in)
+    ctx_BKMD = wide_einsum("BKMS,BKSD->BKMD", p.reshape(B, K, G * T, S), v_BKSD, policy.dtype("pv_acc"))
     return jnp.transpose(ctx_BKMD.reshape(B, K, G, T, -1), (0, 3, 1, 2, 4))
 
 
@@ -257,10 +284,9 @@ def silu_mul(g, u, act):
 
 def mlp(x_BTH, lp: Params, policy: DtypePolicy):
     """SwiGLU: `down(silu(gate(x)) * up(x))`, every product and result in `act`. Returns [B,T,H]."""
-    act, param = policy.dtype("act"), policy.dtype("param")
-    gate = linear(x_BTH, lp["w_gate"], None, act, param)
-    up = linear(x_BTH, lp["w_up"], None, act, param)
-    return linear(silu_mul(gate, up, act), lp["w_down"], None, act, param)
+    gate = projection(x_BTH, lp["w_gate"], None, policy)
+    up = projection(x_BTH, lp["w_up"], None, policy)
+    return projection(silu_mul(gate, up, policy.dtype("act")), lp["w_down"], None, policy)
 
 
 def head(h_BTH, params: Params, spec: ModelSpec, policy: DtypePolicy):
@@ -285,7 +311,7 @@ def layer(h_BTH, lp: Params, spec: ModelSpec, policy: DtypePolicy, variant: Vari
       cos, sin: RoPE tables [B,T,D]; doc_ids_BT: int; tap_rows: query slots R to tap, or None.
 
     Returns:
-      (h [B,T,H], taps): q [B,T,N,D], k [B,T,K,D] after RoPE; attn_out, mlp_out, hidden [B,T,H]; with
+      (h [B,T,H], taps): q [B,T,N,D], k [B,T,K,D] after RoPE (and FP8, as attention reads them); attn_out, mlp_out, hidden [B,T,H]; with
       tap_rows, scores [B,N,R,S] (unmasked) and probs [B,N,R,S] (the dense softmax, 0 where masked).
     """
     act, param, norm, eps = policy.dtype("act"), policy.dtype("param"), policy.dtype("norm"), spec.rms_norm_eps
@@ -293,15 +319,16 @@ def layer(h_BTH, lp: Params, spec: ModelSpec, policy: DtypePolicy, variant: Vari
     N, K, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
     scale = D ** -0.5
     x = rms_norm(h_BTH, lp["attn_norm"], eps, norm, act, param)
-    q = linear(x, lp["wq"], lp.get("bq"), act, param).reshape(B, T, N, D)
-    k = linear(x, lp["wk"], lp.get("bk"), act, param).reshape(B, T, K, D)
-    v = linear(x, lp["wv"], lp.get("bv"), act, param).reshape(B, T, K, D)
+    q = projection(x, lp["wq"], lp.get("bq"), policy).reshape(B, T, N, D)
+    k = projection(x, lp["wk"], lp.get("bk"), policy).reshape(B, T, K, D)
+    v = projection(x, lp["wv"], lp.get("bv"), policy).reshape(B, T, K, D)
     if spec.qk_norm:  # Qwen3: each head's q and k RMS-normed over D before RoPE (Qwen3Attention)
         q = rms_norm(q, lp["q_norm"], eps, norm, act, param)
         k = rms_norm(k, lp["k_norm"], eps, norm, act, param)
     q, k = rope(q, cos, sin, spec, policy), rope(k, cos, sin, spec, policy)
+    q, k, v = fp8_operands(q, k, v, policy)
     ctx = attention(q, k, v, doc_ids_BT, variant, policy, scale).astype(act)
-    attn_out = linear(ctx.reshape(B, T, N * D), lp["wo"], None, act, param)
+    attn_out = projection(ctx.reshape(B, T, N * D), lp["wo"], None, policy)
     h = (h_BTH + attn_out).astype(act)
     mlp_out = mlp(rms_norm(h, lp["mlp_norm"], eps, norm, act, param), lp, policy)
     h = (h + mlp_out).astype(act)

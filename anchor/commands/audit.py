@@ -26,7 +26,8 @@ def audit(
         "--model", help="HF folder, .gguf file, random:<preset> or default.")] = "default",
     policies: Annotated[Optional[str], typer.Option(
         "--policies", help="Comma-separated dtype policies of the oracle: presets (fp64, fp32, hf_bf16, fa2_bf16, "
-                           "paper_bf16, sdpa_cpu_bf16, fa2_bf16_1pass), shipped policy files by name "
+                           "paper_bf16, sdpa_cpu_bf16, fa2_bf16_1pass; FP8: torchao_rowwise_bf16, "
+                           "torchao_tensorwise_bf16, te_fp8), shipped policy files by name "
                            "(hf_bf16_rope_fp32, fa2_bf16_fp64_softmax) or YAML files "
                            "(default: fp32,hf_bf16,fa2_bf16,paper_bf16).")] = None,
     stack: Annotated[str, typer.Option(

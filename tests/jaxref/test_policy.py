@@ -37,7 +37,7 @@ def test_stage_order_is_the_contract_order() -> None:
     assert fields[: len(STAGES)] == list(STAGES)
 
 
-@pytest.mark.parametrize("name", list(PRESETS))
+@pytest.mark.parametrize("name", [n for n, p in PRESETS.items() if not p.fp8])  # FP8's: tests/jaxref/test_fp8.py
 def test_presets_have_every_stage(name: str) -> None:
     policy = PRESETS[name]
     print(f"\n{name}: {policy.to_dict()}")
