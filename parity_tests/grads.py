@@ -129,8 +129,11 @@ def backward_order(names) -> list[str]:
 
 
 def torch_training(case: Case, inputs: CaseInputs, dtype: str, engine: str, steps: int,
-                   opt: Optimizer = OPTIMIZER) -> dict[str, Any]:
+                   opt: Optimizer = OPTIMIZER, build: Callable[[str, str], Any] | None = None) -> dict[str, Any]:
     """The trainer's loss, gradients (step 0) and parameters after each of `steps` AdamW steps.
+
+    build: `f(model name, dtype)` -> the model on the parity device (a runner's own, e.g. with FP8 linears);
+      default `torchtrain.build_model` with `engine`.
 
     Returns {"loss": [float per step], "grads": {name: float32 array}, "step_grads": [per step],
     "params": {k: {name: float32 array}}} with params[0] the starting point (in bf16 the fp32 masters).
@@ -139,7 +142,11 @@ def torch_training(case: Case, inputs: CaseInputs, dtype: str, engine: str, step
 
 
     on = device()
-    model = torchtrain.build_model(case.model, engine=engine, dtype=dtype).train().to(on)  # fresh: the steps change it
+    if build is None:
+        model = torchtrain.build_model(case.model, engine=engine, dtype=dtype).to(on)
+    else:
+        model = build(case.model, dtype)
+    model.train()  # fresh: the steps change it
     params = dict(model.named_parameters())
     bf16 = dtype == "bfloat16"
     # bf16: the optimizer steps fp32 master copies, which are rounded into the model after each step
@@ -359,7 +366,7 @@ def run_grad_case(case: Case, rule: Rule = RULE, *, runner: Runner | None = None
     inputs = case_inputs(case)
     truth = oracle_training(case, inputs, TRUTH, steps, opt)
     base = oracle_training(case, inputs, baseline_policy, steps, opt)
-    test = torch_training(case, inputs, dtype, runner.engine, steps, opt)
+    test = torch_training(case, inputs, dtype, runner.engine, steps, opt, build=getattr(runner, "build", None))
     names = backward_order(truth["grads"])
     if sorted(names) != sorted(test["grads"]):
         raise AssertionError(f"parameter names differ: trainer {sorted(set(test['grads']) ^ set(names))[:4]}")

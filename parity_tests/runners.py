@@ -96,7 +96,8 @@ def unregister(name: str) -> None:
 # degree C, parity_tests.context_runner). The module of a family registers its builder when it is
 # imported (`register_family`); the registry loads it by name on the first use of its prefix, as plug-ins are
 # loaded, so the registry depends on none of the families it serves.
-FAMILIES: dict[str, str] = {"hf:": "parity_tests.hf_stack.runner", "cp": "parity_tests.context_runner"}
+FAMILIES: dict[str, str] = {"hf:": "parity_tests.hf_stack.runner", "cp": "parity_tests.context_runner",
+                             "float8_": "parity_tests.float8_runner"}
 _BUILDERS: dict[str, Callable[[str], Runner]] = {}
 
 
@@ -108,8 +109,8 @@ def register_family(prefix: str, build: Callable[[str], Runner]) -> None:
 def get_runner(name: str) -> Runner:
     """The runner registered as `name`, or one of a family's built on demand (FAMILIES: transformers' own
     attention implementations as `hf:IMPLEMENTATION[@INPUT_STYLE]`: eager, sdpa, flex_attention,
-    flash_attention_2 in each input style; a torchtrain engine at context-parallel degree C as `cp<C>:ENGINE`); an
-    InputError listing them otherwise."""
+    flash_attention_2 in each input style; a torchtrain engine at context-parallel degree C as `cp<C>:ENGINE`; one
+    with FP8 linears as `float8_<RECIPE>:ENGINE`); an InputError listing them otherwise."""
     if name in RUNNERS:
         return RUNNERS[name]
     for prefix, module in FAMILIES.items():
@@ -119,7 +120,7 @@ def get_runner(name: str) -> Runner:
             return _BUILDERS[prefix](name)
     raise InputError(f"unknown engine {name!r} (registered: {', '.join(RUNNERS)}; transformers' own: "
                      "hf:IMPLEMENTATION[@INPUT_STYLE], e.g. hf:sdpa@mask4d-float; context-parallel: cp<C>:ENGINE, "
-                     "e.g. cp2:varlen)")
+                     "e.g. cp2:varlen; FP8 linears: float8_<RECIPE>:ENGINE, e.g. float8_rowwise:varlen)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,11 +191,14 @@ class TorchRunner(Runner):
             return "engine 'flash_varlen' runs on CUDA: run the parity cases with --device cuda (or use flash_varlen_emulated)"
         return None
 
+    def model_for(self, case: Case, dtype: str):
+        """The model the forward runs: the shared cached one, its engine switched to this runner's."""
+        return torchtrain.set_engine(torch_model(case.model, dtype), self.engine)
+
     def run(self, case: Case, inputs: CaseInputs, dtype: str) -> Taps:
         import torch
 
-
-        model = torchtrain.set_engine(torch_model(case.model, dtype), self.engine)
+        model = self.model_for(case, dtype)
         on = device()
         feed = {
             "input_ids": torch.from_numpy(inputs.tokens).to(on),

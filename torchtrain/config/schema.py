@@ -213,6 +213,12 @@ class ModelConfig(_Section):
                                  "(torchtrain.model.tiling): its intermediate never held for the whole window")
     offload_checkpoints: StrictBool = _key(False, "CUDA, with activation_checkpointing: keep the layer inputs in "
                                            "pinned host memory between the forward and the backward")
+    float8: Optional[Literal["rowwise", "tensorwise"]] = _key(
+        None, "FP8 linear layers (torchao's float8 training recipe) in the decoder layers; the lm-head, attention "
+              "and RoPE as without (torchtrain.model.float8)")
+    float8_emulation: StrictBool = _key(False, "with float8: train torchao's emulation of the FP8 matmuls (the same "
+                                        "numbers, slower), where the device has none (the CPU, a GPU before "
+                                        "compute capability 8.9)")
     rope: RopeConfig = _key(RopeConfig(), "RoPE overrides: theta, scaling, factor, original_max_position, ...")
 
 

@@ -50,6 +50,7 @@ from anchor_core.errors import InputError, UnavailableError
 from anchor_core.spec import ModelSpec
 from torchtrain.attention import engines
 from torchtrain.config.deepspeed_json import bucket_sizes
+from torchtrain.model import float8
 from torchtrain.model.loss import chunk_working_bytes
 
 if TYPE_CHECKING:
@@ -97,10 +98,27 @@ def check_device(cfg: TrainConfig, device: str | None, *, here: bool = True) -> 
     if device == "cpu" and cfg.model.offload_checkpoints:
         raise InputError("model.offload_checkpoints moves the checkpoints from a GPU to host memory; this machine "
                          "trains on the CPU, where they already are", path=cfg.where("model.offload_checkpoints"))
+    if cfg.model.float8 is not None or cfg.model.float8_emulation:
+        _check_float8(cfg, device if here or device == "cpu" else None)
     if device == "cpu" and engine == "flex":
         raise InputError("engine 'flex' has no backward on CPU (FlexAttention); train with varlen, sdpa, eager "
                          "or flash_varlen_emulated on CPU", path=cfg.where("model.engine"))
     return engine
+
+
+def _check_float8(cfg: TrainConfig, device: str | None) -> None:
+    """model.float8 on `device` ("cpu", "cuda" here, or None: a plan for a named GPU, not checked: FP8 came with
+    the L40S and H100), its emulation asked for without it, and the ZeRO stages it trains under."""
+    if cfg.model.float8 is None:
+        raise InputError("model.float8_emulation emulates FP8 linear layers: set model.float8 (rowwise or tensorwise)",
+                         path=cfg.where("model.float8_emulation"))
+    if cfg.parallel.zero_stage == 3:
+        raise InputError("model.float8 trains under ZeRO 0-2: ZeRO-3's partitioned build does not convert its "
+                         "linears to torchao's Float8Linear", path=cfg.where("model.float8", "parallel.zero_stage"))
+    try:
+        float8.check(cfg.model.float8, device, cfg.model.float8_emulation)
+    except InputError as e:
+        raise InputError(str(e).removeprefix("model.float8: "), path=cfg.where("model.float8")) from None
 
 
 def layer_parameters(spec: ModelSpec) -> int:

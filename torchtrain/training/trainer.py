@@ -43,6 +43,7 @@ from anchor_core.errors import InputError, RunFailed
 from anchor_core.outdir import guard_out, missing_folders, out_lock, remove_created
 from torchtrain.config import TrainConfig, check_world
 from torchtrain.config.deepspeed_json import deepspeed_config
+from torchtrain.model import float8
 from torchtrain.model.build import build_model, set_rope
 from torchtrain.model.loss import final_hidden_states
 from torchtrain.model.tiling import tile_mlps
@@ -401,6 +402,8 @@ def _build_engine(cfg: TrainConfig, spec: ModelSpec, world: World,
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.model.tiled_mlp:
         tile_mlps(model)
+    if cfg.model.float8 is not None:  # torchao's Float8Linear in the decoder layers, before DeepSpeed wraps them
+        float8.convert(model, cfg.model.float8, emulate=cfg.model.float8_emulation)
     if cfg.parallel.zero_stage < 3:
         model.to(world.device)
     optimizer, scheduler = build_optimizer(model, cfg)
