@@ -27,6 +27,8 @@ Directives (arguments in double quotes where they hold spaces; `;` separates dir
   torchrun N                 the Python block runs under `torchrun --nproc_per_node N`
   nodes N                    the (one-command) bash block is started N times at once: one launcher per node
   stand-ins FOLDER           the executables in FOLDER come first on PATH (a cluster's commands, stood in for)
+  extra fp8                  the block needs the `fp8` extra (torchao): the checkout's .cache/fp8, where make install
+                             puts it beside the venv, goes on PYTHONPATH
   config train "K=V" ...     a YAML block: loaded by torchtrain.config.load_train_config with these overrides
                              added (the least that makes the excerpt a config)
   excerpt-of FILE            a YAML block: every key and value it holds is FILE's
@@ -66,6 +68,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests import fp8
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = ("README.md", "docs/guides/*.md", "docs/verbs/*.md")
@@ -222,6 +226,11 @@ def parse_declaration(text: str) -> dict:
             need(1)
             if not (ROOT / args[0]).exists():
                 raise DeclarationError(f"{kind}: no such file {args[0]}")
+            out[kind] = args[0]
+        elif kind == "extra":
+            need(1)
+            if args[0] != "fp8":
+                raise DeclarationError(f"extra: only fp8 is installed beside the venv, got {args[0]!r}")
             out[kind] = args[0]
         elif kind in ("torchrun", "nodes"):
             need(1)
@@ -547,6 +556,8 @@ def make_scratch(folder: Path, block: Block) -> Scratch:
         env.pop(key, None)
     env.update({"PATH": os.pathsep.join([*path, env.get("PATH", "")]), "ANCHOR_CACHE": str(ROOT / ".cache"),
                 "OMP_NUM_THREADS": "1", "PET_MASTER_PORT": str(free_port()), "PYTHONUNBUFFERED": "1"})
+    if block.directives.get("extra") == "fp8":
+        env = fp8.env(env)
     return Scratch(folder, free_port(), env)
 
 

@@ -124,3 +124,64 @@ def test_what_fp8_cannot_do_here_is_one_line(overrides, message):
         check_device(cfg, "cpu")
     assert message in str(e.value) and "\n" not in str(e.value)
     assert "model.float8" in str(e.value) or "model.float8" in " ".join(overrides)
+
+
+class _LiveBytes:
+    """The bytes of the plain tensors alive that were made inside the block, and their peak (a dispatch mode that
+    counts each new storage until it is freed)."""
+
+    def __init__(self):
+        import weakref
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+        self.live = self.peak = 0
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                import torch
+
+                out = func(*args, **(kwargs or {}))
+                for t in out if isinstance(out, (tuple, list)) else [out]:
+                    if type(t) is torch.Tensor and not t._is_view():  # torchao's wrappers hold plain tensors
+                        n = t.untyped_storage().nbytes()
+                        counter.live += n
+                        counter.peak = max(counter.peak, counter.live)
+                        weakref.finalize(t.untyped_storage(), counter._freed, n)
+                return out
+
+        self.mode = Mode()
+
+    def _freed(self, n: int) -> None:
+        self.live -= n
+
+
+@pytest.mark.parametrize("recipe", ["rowwise", "tensorwise"])
+def test_the_plans_float8_term_bounds_what_a_linears_fp8_backward_holds(recipe):
+    """The plan's "float8 casts" (torchtrain.training.memory.float8_casts) against the bytes torchao's emulated
+    backward of the largest linears holds at once beyond the gradients it returns (its casts, their float32 copies,
+    the products): at least that, and within 50% of it."""
+    import torch
+
+    from anchor_core.weights import load_spec
+    from torchtrain.model import float8
+    from torchtrain.training.memory import float8_casts
+
+    spec, slots = load_spec("random:llama"), 515
+    term = float8_casts(spec, slots, emulation=True)
+    peaks = []
+    for out, inp in ((spec.intermediate_size, spec.hidden_size), (spec.hidden_size, spec.intermediate_size)):
+        model = torch.nn.Module()
+        model.layers = torch.nn.ModuleList([torch.nn.Linear(inp, out, bias=False, dtype=torch.bfloat16)])
+        float8.convert(model, recipe, emulate=True)
+        assert float8.converted(model) == 1
+        x = torch.randn(slots, inp, dtype=torch.bfloat16, requires_grad=True)
+        y = model.layers[0](x)
+        counter = _LiveBytes()
+        with counter.mode:
+            y.backward(torch.randn_like(y))
+        returned = x.grad.nbytes + model.layers[0].weight.grad.nbytes  # the gradients: the plan's other terms
+        peaks.append(counter.peak - returned)
+    print(f"\n{recipe}: backward peaks {peaks} bytes beyond the gradients, the plan's term {term}")
+    assert max(peaks) <= term <= 1.5 * max(peaks)

@@ -229,7 +229,8 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
                 zero_stage: int, procs: int, sequence_parallel: int = 1, context_parallel: int = 1,
                 activation_checkpointing: bool = False, tiled_mlp: bool = False,
                 world: int | None = None, offload_checkpoints: bool = False, offload_optimizer: bool = False,
-                offload_params: bool = False, count_build: bool = False, device: str = "cpu") -> StepMemory:
+                offload_params: bool = False, count_build: bool = False, device: str = "cpu",
+                float8: str | None = None, float8_emulation: bool = False) -> StepMemory:
     """The estimate of one training step's peak memory (module docstring); `procs` the processes that
     share this memory (the local ones on a CPU, 1 on a CUDA device), `world` the processes ZeRO shards over
     (default `procs`: every process on this machine). Its activations by term:
@@ -244,6 +245,8 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
                    stage), which its backward holds at the backward's start before the last layer is
                    recomputed: the larger of the two is the peak's
       gathered kv  under context parallelism, the whole window's keys and values (`gathered_kv`)
+      float8 casts with FP8 linear layers (`float8`), the FP8 copies of the largest linear's operands its backward
+                   casts (`float8_casts`)
     `offload_checkpoints` (CUDA) moves the checkpoints to host memory: `host`, not on the device; so do
     `offload_optimizer` (the fp32 master weights, AdamW's moments and the fp32 gradients the CPU optimizer steps
     with) and `offload_params` (ZeRO-3's parameter partitions; the device then holds the layers it gathers).
@@ -308,6 +311,8 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
     states = int(P * (weights + moments) + held_grads + buckets)
     parts = (("checkpoints", int(kept * slots * held_kept + head)), ("recompute", int(recompute)), ("loss", int(loss)))
     parts += gathered_kv(spec, seq_len, micro_batch, elem, sequence_parallel, context_parallel, activation_checkpointing)
+    if float8 is not None:
+        parts += (("float8 casts", float8_casts(spec, slots, float8_emulation)),)
     if gathered:
         parts += (("gathered", int(gathered)),)
     # DeepSpeed (ZeRO >= 1) steps AdamW on one flat fp32 partition, with every gradient held and no activation:
@@ -325,6 +330,23 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
     built = build_memory(spec, dtype=dtype, zero_stage=zero_stage, world=shards)[1] if count_build else 0
     return StepMemory(base=BASE_PROCESS_BYTES, states=states, activations=activations + margin,
                       dense=int(dense), procs=n, parts=parts, host=host + int(P * host_states), built=built)
+
+
+def float8_casts(spec: ModelSpec, slots: int, emulation: bool) -> int:
+    """`step_memory`'s term "float8 casts" (model.float8, torchtrain.model.float8): torchao casts a linear's operands
+    to FP8 anew in each product and frees them after it (its autograd saves the operands as they were, so the
+    checkpoints do not change). The backward of one linear holds the most at once: the incoming gradient cast twice
+    (along its rows for grad_input, along its columns for grad_weight), the weight and the input cast once each, a
+    byte an element; torchao's emulation also reads each cast operand back in float32 and forms the product in
+    float32 before rounding it (4 bytes an element more for each, and the product). The largest of the decoder
+    layers' linears: the MLP's gate or up projection (out = intermediate) or its down projection (in = intermediate)."""
+    h, i = spec.hidden_size, spec.intermediate_size
+
+    def backward(out: int, inp: int) -> int:
+        casts = 2 * slots * out + slots * inp + out * inp  # grad_output twice, the input, the weight: a byte each
+        return casts * 5 + 4 * max(slots * inp, out * inp) if emulation else casts
+
+    return int(max(backward(i, h), backward(h, i)))
 
 
 def gathered_kv(spec: ModelSpec, seq_len: int, micro_batch: int, elem: int, sequence_parallel: int,
@@ -357,7 +379,7 @@ def step_of(cfg: TrainConfig, *, engine: str, dtype: torch.dtype, procs: int, wo
                 offload_checkpoints=cfg.model.offload_checkpoints and on_gpu,
                 offload_optimizer=cfg.parallel.offload_optimizer and on_gpu,
                 offload_params=cfg.parallel.offload_params and on_gpu, count_build=not on_gpu,
-                device="cuda" if on_gpu else "cpu")
+                device="cuda" if on_gpu else "cpu", float8=cfg.model.float8, float8_emulation=cfg.model.float8_emulation)
 
 
 def forward_memory(spec: ModelSpec, *, seq_len: int, batch: int, dtype: torch.dtype, engine: str) -> StepMemory:
