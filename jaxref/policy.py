@@ -16,6 +16,7 @@ FlashAttention-2 bf16 and the paper's bf16 recipe). A policy can also be written
     linear_grad: float8_e5m2    # optional, with linear_in: their backward's gradient operand (the recipe's backward)
     probs: float8_e4m3fn        # optional: the probabilities before p·v, when they differ from pv_in
     scaling: rowwise            # tensorwise | rowwise: how FP8 stages are scaled (jaxref.fp8)
+    rope_phase: mod2pi          # plain | mod2pi: RoPE's angle reduced mod 2π in fp64 before rope_angle (jaxref.rope)
 
 Stages, in docs/DESIGN.md §4 order:
   param       weights as stored
@@ -75,7 +76,8 @@ _ALIASES: dict[str, str] = {
     "e5m2": "float8_e5m2", "fp8_e5m2": "float8_e5m2",
 }
 _EXTRA_KEYS: tuple[str, ...] = ("name", "attention", "kv_block", "exp", "lanes", "backward", *OPTIONAL_STAGES,
-                                "scaling")
+                                "scaling", "rope_phase")
+ROPE_PHASES: tuple[str, ...] = ("plain", "mod2pi")
 EXPS: tuple[str, ...] = ("exact", "fexp_u20")
 BACKWARDS: tuple[str, ...] = ("autodiff", "fa2", "flex", "cpu")
 
@@ -142,6 +144,7 @@ class DtypePolicy:
     linear_grad: str | None = None
     probs: str | None = None
     scaling: Literal["tensorwise", "rowwise"] = "tensorwise"
+    rope_phase: Literal["plain", "mod2pi"] = "plain"
 
     def __post_init__(self) -> None:
         for stage in STAGES:
@@ -152,6 +155,8 @@ class DtypePolicy:
                                                             stage=stage))
         if self.linear_grad is not None and self.linear_in is None:
             raise InputError("linear_grad (the FP8 backward of the linear products) needs linear_in")
+        if self.rope_phase not in ROPE_PHASES:
+            raise InputError(f"unknown rope_phase {self.rope_phase!r} (valid: {', '.join(ROPE_PHASES)})")
         if self.scaling not in SCALINGS:
             raise InputError(f"unknown scaling {self.scaling!r} (valid: {', '.join(SCALINGS)})")
         if self.backward != "autodiff" and self.fp8_attention:
@@ -212,6 +217,8 @@ class DtypePolicy:
         fp8 = {s: getattr(self, s) for s in OPTIONAL_STAGES if getattr(self, s) is not None}
         if self.fp8:
             fp8["scaling"] = self.scaling
+        if self.rope_phase != "plain":
+            fp8["rope_phase"] = self.rope_phase
         return {"name": self.name, **{s: getattr(self, s) for s in STAGES},
                 "attention": self.attention, "kv_block": self.kv_block, "exp": self.exp, "lanes": self.lanes,
                 "backward": self.backward, **fp8}
@@ -327,7 +334,7 @@ def _from_mapping(d: Mapping[str, Any], *, path: object | None = None, default_n
         )
     stages = {s: _dtype_name(d[s], what=f"stage {s!r}", path=path, stage=s) for s in STAGES + OPTIONAL_STAGES
               if s in d}
-    extras = {k: d[k] for k in ("attention", "kv_block", "exp", "lanes", "backward", "scaling") if k in d}
+    extras = {k: d[k] for k in ("attention", "kv_block", "exp", "lanes", "backward", "scaling", "rope_phase") if k in d}
     if "name" in d:
         extras["name"] = str(d["name"])
     elif default_name is not None:

@@ -171,18 +171,24 @@ def inv_freq(rope: RopeSpec, head_dim: int, *, dtype: DTypeLike, seq_len: int | 
     raise AssertionError(kind)
 
 
-def angles(positions: jax.Array | np.ndarray, inv_freq: jax.Array, dtype: DTypeLike) -> jax.Array:
+def angles(positions: jax.Array | np.ndarray, inv_freq: jax.Array, dtype: DTypeLike, phase: str = "plain") -> jax.Array:
     """`position * inv_freq` in `dtype` (stage `rope_angle`).
 
     Args:
       positions: int [..., T], any values (shifted, reset per document, up to 2^24 exactly in fp32).
       inv_freq: [F].
       dtype: the dtype both operands are cast to and the product is computed in.
+      phase: "plain", or "mod2pi": the product formed in float64 (exact for positions below 2^29 times a float32
+        inv_freq: 24 + 29 bits) and reduced to [-π, π) there, then rounded to `dtype` (the remedy for long
+        positions: the angle's rounding is then an ulp of π, not of position · inv_freq).
 
     Returns:
       [..., T, F] in `dtype`.
     """
     positions = jnp.asarray(positions)
+    if phase == "mod2pi":
+        a = positions[..., None].astype(jnp.float64) * jnp.asarray(inv_freq).astype(jnp.float64)
+        return (jnp.remainder(a + np.pi, 2 * np.pi) - np.pi).astype(dtype)
     return positions[..., None].astype(dtype) * jnp.asarray(inv_freq).astype(dtype)
 
 
@@ -270,4 +276,5 @@ def rope_tables(
     if rope.kind == "dynamic" and seq_len is None:
         seq_len = int(np.max(np.asarray(positions))) + 1
     freqs, attention_factor = inv_freq(rope, head_dim, dtype=freq_dtype, seq_len=seq_len)
-    return table(angles(positions, freqs, angle_dtype), attention_factor, rope.layout, policy.dtype("rope_table"))
+    return table(angles(positions, freqs, angle_dtype, policy.rope_phase), attention_factor, rope.layout,
+                 policy.dtype("rope_table"))

@@ -28,7 +28,7 @@ def audit(
         "--policies", help="Comma-separated dtype policies of the oracle: presets (fp64, fp32, hf_bf16, fa2_bf16, "
                            "paper_bf16, sdpa_cpu_bf16, fa2_bf16_1pass; FP8: torchao_rowwise_bf16, "
                            "torchao_tensorwise_bf16, te_fp8), shipped policy files by name "
-                           "(hf_bf16_rope_fp32, fa2_bf16_fp64_softmax) or YAML files "
+                           "(hf_bf16_rope_fp32, fa2_bf16_fp64_softmax, paper_bf16_phase32, paper_bf16_phase64) or YAML files "
                            "(default: fp32,hf_bf16,fa2_bf16,paper_bf16).")] = None,
     stack: Annotated[str, typer.Option(
         "--stack", help="oracle: jaxref under each --policies; torch: torchtrain's model itself on --engine in "

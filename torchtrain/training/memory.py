@@ -245,8 +245,7 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
                    stage), which its backward holds at the backward's start before the last layer is
                    recomputed: the larger of the two is the peak's
       gathered kv  under context parallelism, the whole window's keys and values (`gathered_kv`)
-      float8 casts with FP8 linear layers (`float8`), the FP8 copies of the largest linear's operands its backward
-                   casts (`float8_casts`)
+      float8 casts with FP8 linear layers (`float8`), what the largest linear's backward casts (`float8_casts`)
     `offload_checkpoints` (CUDA) moves the checkpoints to host memory: `host`, not on the device; so do
     `offload_optimizer` (the fp32 master weights, AdamW's moments and the fp32 gradients the CPU optimizer steps
     with) and `offload_params` (ZeRO-3's parameter partitions; the device then holds the layers it gathers).
@@ -261,7 +260,8 @@ def step_memory(spec: ModelSpec, *, seq_len: int, micro_batch: int, dtype: torch
     activation: the fp32 gradient of the flat partition and AdamW's two temporaries of its size, 12 / N bytes a
     parameter (`optimizer step`; at ZeRO-0 `zero0_stepping` on `device`); the larger of it and the backward's is
     the step's. `count_build` (the host's memory, where the engine is built: `step_of` on a CPU) makes the
-    engine's build (`build_memory`) the floor."""
+    engine's build (`build_memory`) the floor. It is longer than 100 lines because this docstring states each term
+    beside the one function that forms them all, so that a term and its account are read together."""
     P = parameters(spec)
     n, shards = max(1, procs), max(1, world if world is not None else procs)
     elem = 2 if dtype == torch.bfloat16 else 4
