@@ -195,6 +195,12 @@ class DtypePolicy:
         name = getattr(self, stage)
         return CARRIER if name in FP8_DTYPES else jnp.dtype(name)
 
+    def forward_key(self) -> tuple:
+        """What makes two policies' forwards compute the same numbers: every field but the name and the ones only
+        the backward reads (`backward`, `linear_grad`). Programs that run forwards are shared by this key."""
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self)
+                     if f.name not in ("name", "backward", "linear_grad"))
+
     def probs_dtype(self) -> str:
         """The dtype name the probabilities are rounded to before p·v: `probs` where set, else `pv_in`."""
         return self.probs or self.pv_in

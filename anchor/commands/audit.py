@@ -42,6 +42,10 @@ def audit(
     data: Annotated[Optional[str], typer.Option(
         "--data", help="JSONL (or any `anchor pack` source) with a `text` field; default: the embedded corpus.")
     ] = None,
+    shifts: Annotated[Optional[str], typer.Option(
+        "--shifts", help="Comma-separated position shifts of the shift curve (default: the paper's 0 to 2000; quick: "
+                         "six), or `million`: some short ones and every power of two from 4096 to 2^20 (the windows "
+                         "stay --seq-len long).")] = None,
     seq_len: Annotated[Optional[int], typer.Option(
         "--seq-len", help="Window length of the shift curve (default 256, quick 64; the paper: 4096).")] = None,
     num_seqs: Annotated[Optional[int], typer.Option(
@@ -80,10 +84,14 @@ def audit(
         from anchor_core.errors import InputError
 
         check_seed(seed)
+        from parity_tests.audit.settings import parse_shifts
+
+        shift_list = parse_shifts(shifts) if shifts is not None else None
         if stack not in ("oracle", "torch"):
             raise InputError(f"--stack: unknown stack {stack!r} (known: oracle, torch)")
         if stack == "torch":
-            given = [flag for flag, v in (("--policies", policies), ("--random-init", random_init or None),
+            given = [flag for flag, v in (("--policies", policies), ("--shifts", shifts),
+                                          ("--random-init", random_init or None),
                                           ("--budget-policy", budget_policy), ("--budget", budget)) if v is not None]
             if given:
                 raise InputError(f"{given[0]} applies to --stack oracle; --stack torch is held against its engine's "
@@ -102,6 +110,7 @@ def audit(
                          seed, where, compile_cache)
             return
         overrides = {"seq_len": seq_len, "num_seqs": num_seqs, "max_len": max_len, "length_seqs": length_seqs,
+                     "shifts": shift_list,
                      "budget_policy": budget_policy,
                      "random_init": random_init, "seed": seed}
         if budget is not None or budget_policy is not None:

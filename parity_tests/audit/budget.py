@@ -28,8 +28,8 @@ BUDGET_STAGES: tuple[str, ...] = tuple(s for s in STAGES if s != "head")
 
 
 def policy_key(p: DtypePolicy) -> tuple:
-    """What makes two policies compute the same (their name aside)."""
-    return tuple(getattr(p, s) for s in STAGES) + (p.attention, p.kv_block, p.exp, p.lanes)
+    """What makes two policies compute the same forward (their name aside: `DtypePolicy.forward_key`)."""
+    return p.forward_key()
 
 
 def budget_plan(base: DtypePolicy, stages: Sequence[str] = BUDGET_STAGES) -> dict[str, Any]:

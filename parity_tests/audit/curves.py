@@ -74,7 +74,8 @@ def restrict_vocab(params: Params, spec: ModelSpec, windows: Iterable[np.ndarray
 def shift_curve(params: Params, spec: ModelSpec, windows: np.ndarray, policy: DtypePolicy, shifts: Sequence[int],
                 ref_shift: int, tick: Callable[[int], None] = lambda n: None, *,
                 maps: MapsRunner | None = None) -> dict[str, Any]:
-    """D(X, Δ1, ref) for each Δ1 (mean over windows), per-token and per-layer D at Δ1 = 0, D_logit per Δ1.
+    """D(X, Δ1, ref) for each Δ1 (mean over windows), per-token and per-layer D at Δ1 = 0, D_logit per Δ1, and
+    per Δ1 the first key token's share of the per-token difference (mean over windows).
 
     Each window goes through one call with the reference and every shift (as many shifts as fit in
     memory; `shifts_per_call`), on `maps` (a MapsRunner over the same params; one is made if None).
@@ -87,6 +88,7 @@ def shift_curve(params: Params, spec: ModelSpec, windows: np.ndarray, policy: Dt
     k = shifts_per_call(spec, T, len(shifts))
     D = np.zeros((n, len(shifts)))
     d_logit = np.zeros((n, len(shifts)))
+    first = np.zeros((n, len(shifts)))  # the first key token's share of the per-token difference, per shift
     per_token = np.zeros((n, T))
     by_layer = np.zeros((n, spec.num_layers))
     zero = shifts.index(0)
@@ -99,6 +101,8 @@ def shift_curve(params: Params, spec: ModelSpec, windows: np.ndarray, policy: Dt
                 col = r["col"][:, 0, b]  # [L, T]
                 D[s, c + b] = metrics.d_from_colsums(col)
                 d_logit[s, c + b] = metrics.d_logit_from_rows(r["first"][:, 0, b].sum(axis=0))
+                pt = metrics.per_token_from_colsums(col)
+                first[s, c + b] = pt[0] / pt.sum() if pt.sum() > 0 else 0.0
                 if c + b == zero:
                     per_token[s] = metrics.per_token_from_colsums(col)
                     by_layer[s] = (col * metrics.column_norm(T)).sum(axis=1)
@@ -106,6 +110,7 @@ def shift_curve(params: Params, spec: ModelSpec, windows: np.ndarray, policy: Dt
     return {
         "shifts": [int(x) for x in shifts], "ref_shift": int(ref_shift), "seq_len": int(T), "num_seqs": int(n),
         "D": D.mean(axis=0).tolist(), "D_per_seq": D.tolist(), "D_logit": d_logit.mean(axis=0).tolist(),
+        "first_token_share": first.mean(axis=0).tolist(),
         "_per_token": per_token.mean(axis=0), "_by_layer": by_layer.mean(axis=0),
     }
 

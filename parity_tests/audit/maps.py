@@ -50,7 +50,7 @@ from jaxref import kernels
 from jaxref import rope as rope_lib
 from jaxref.attention import full_probs
 from jaxref.executor import decoder_layer, layer_steps, layers_in_step
-from jaxref.policy import STAGES, DtypePolicy
+from jaxref.policy import DtypePolicy
 from jaxref.reference import Params
 
 # Working memory one forward call may take for its attention maps and probe (batch sizing).
@@ -212,7 +212,7 @@ class MapsRunner:
 
     @staticmethod
     def _policy_key(policy: DtypePolicy) -> tuple:
-        return (tuple(getattr(policy, s) for s in STAGES), policy.attention, policy.kv_block, policy.exp, policy.lanes)
+        return policy.forward_key()
 
     @staticmethod
     def _key(policy: DtypePolicy | tuple[DtypePolicy, ...], B: int, T: int, group: int, first_only: bool,

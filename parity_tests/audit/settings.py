@@ -27,6 +27,22 @@ REF_SHIFT = 16
 DEFAULT_POLICIES: tuple[str, ...] = ("fp32", "hf_bf16", "fa2_bf16", "paper_bf16")
 ANGLE_POSITIONS: tuple[int, ...] = (1024, 4096, 16384, 32768, 65536, 131072, 262144, 524288, 1_000_000)
 QUICK_SHIFTS: tuple[int, ...] = (0, 8, 15, 17, 100, 2000)
+MILLION_SHIFTS: tuple[int, ...] = (0, 8, 100, 2000, *(1 << k for k in range(12, 21)))
+"""`--shifts million`: a few of the paper's short shifts, then every power of two from 4096 to 2^20 (windows stay
+--seq-len long: only their positions move)."""
+
+
+def parse_shifts(text: str) -> tuple[int, ...]:
+    """`--shifts`: comma-separated non-negative integers, or `million` (MILLION_SHIFTS); InputError otherwise."""
+    if text.strip() == "million":
+        return MILLION_SHIFTS
+    try:
+        shifts = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise InputError(f"--shifts: {text!r} is not a comma-separated list of integers (or `million`)") from None
+    if not shifts or min(shifts) < 0:
+        raise InputError(f"--shifts: {text!r}: give at least one shift, each >= 0")
+    return shifts
 
 
 @dataclass(frozen=True)

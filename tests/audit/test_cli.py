@@ -44,6 +44,9 @@ def test_quick_audit_writes_everything(tmp_path, jsonl, capsys):
     sc = res["shift_curve"]["hf_bf16"]
     assert sc["shifts"] == [0, 8, 15, 17, 100, 2000] and len(sc["D"]) == 6
     assert len(res["per_token"]["hf_bf16"]["values"]) == 64
+    # the first token's share at every shift; at shift 0 the per-token curve's (one window: the same number)
+    assert len(sc["first_token_share"]) == 6 and all(0 <= x <= 1 for x in sc["first_token_share"])
+    assert sc["first_token_share"][0] == pytest.approx(res["per_token"]["hf_bf16"]["first_token_share"], rel=1e-12)
     assert res["length_curve"]["fp32"]["lengths"] == [64, 128, 256]
     for f in ("report.md", "shift_curve.png", "per_token.png", "length_curve.png", "figure1.png"):
         assert (out / f).stat().st_size > 0
@@ -63,6 +66,9 @@ def test_quick_audit_writes_everything(tmp_path, jsonl, capsys):
     (["--model", "random:llama", "--data", "EMPTY"], "no non-empty"),
     (["--model", "random:llama", "--data", "/no/such.jsonl"], "no such file"),
     (["--model", "random:llama", "--oracle-device", "tpu"], "--oracle-device: expected cpu or cuda, got 'tpu'"),
+    (["--model", "random:llama", "--shifts", "0,8,x"], "--shifts: '0,8,x' is not a comma-separated list of integers"),
+    (["--model", "random:llama", "--shifts", "8,-1"], "--shifts: '8,-1': give at least one shift, each >= 0"),
+    (["--model", "random:llama", "--stack", "torch", "--shifts", "8"], "--shifts applies to --stack oracle"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, needle):
     empty = tmp_path / "empty.jsonl"

@@ -54,3 +54,19 @@ def test_rope_phase_is_a_policy_key():
     assert "rope_phase" not in get_policy("paper_bf16").to_dict()  # records of other policies unchanged
     with pytest.raises(InputError, match="unknown rope_phase 'exact'"):
         get_policy({"base": "paper_bf16", "rope_phase": "exact"})
+
+
+def test_the_forward_key_tells_apart_what_changes_a_forward_and_only_that():
+    """Programs that run forwards (the audit's maps and error budget) are shared by `DtypePolicy.forward_key`: the
+    RoPE phase and FP8 linears change the forward; the backward and linear_grad do not."""
+    from parity_tests.audit.budget import policy_key
+    from parity_tests.audit.maps import MapsRunner
+
+    key = get_policy
+    for a, b in (("paper_bf16", "paper_bf16_phase32"), ("fa2_bf16", "torchao_rowwise_bf16"),
+                 ("torchao_rowwise_bf16", "torchao_tensorwise_bf16")):
+        assert MapsRunner._policy_key(key(a)) != MapsRunner._policy_key(key(b)), (a, b)
+        assert policy_key(key(a)) != policy_key(key(b)), (a, b)
+    assert MapsRunner._policy_key(key("fa2_bf16")) == MapsRunner._policy_key(key("flex_bf16"))  # backward only
+    same_forward = key({"base": "torchao_rowwise_bf16", "linear_grad": "e5m2"})
+    assert MapsRunner._policy_key(same_forward) == MapsRunner._policy_key(key("torchao_rowwise_bf16"))
