@@ -16,6 +16,7 @@ import jaxref
 from anchor_core.errors import InputError
 from jaxref import fp8
 from jaxref.policy import PRESETS, STAGES, get_policy
+from tests.spread import product_cases
 
 E4M3, E5M2 = "float8_e4m3fn", "float8_e5m2"
 SUB_E4M3 = 2.0 ** -9  # e4m3fn's smallest subnormal
@@ -177,8 +178,8 @@ ONE_STAGE = {
 }
 
 
-@pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
-@pytest.mark.parametrize("stage", list(ONE_STAGE))
+# make test: each stage under one scaling, each scaling at least once (tests/spread.py); make test-all: every pair
+@pytest.mark.parametrize("stage,scaling", product_cases(list(ONE_STAGE), ["tensorwise", "rowwise"]))
 def test_each_fp8_stage_runs_forward_and_backward_and_moves_the_numbers(stage, scaling):
     params, spec = jaxref.load_model("random:llama")
     T = 97

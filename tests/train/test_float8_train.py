@@ -15,6 +15,7 @@ def _torchao():
     fp8.use_torchao()
 
 
+@pytest.mark.slow  # a fresh interpreter (torchao on its path); the check itself: tests/torchtrain/test_float8.py
 def test_fp8_without_emulation_on_the_cpu_is_refused_in_one_line(packed, tmp_path):
     p = run_train(tmp_path / "run", f"data.path={packed}", "model.float8=rowwise", check=False, env=fp8.env(ENV))
     lines = p.stderr.strip().splitlines()
