@@ -6,6 +6,8 @@ The executor is held to the reference under the FP8 presets by tests/jaxref/test
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -178,24 +180,30 @@ ONE_STAGE = {
 }
 
 
+@functools.lru_cache(maxsize=1)
+def _fp32_and_truth():
+    """random:llama at T = 97 (anchor): params, spec, tokens, fp32's and fp64's logits, fp32's loss and gradients."""
+    params, spec = jaxref.load_model("random:llama")
+    tokens = np.random.default_rng(3).integers(3, spec.vocab_size, (1, 97))
+    base = np.asarray(jaxref.forward(params, spec, tokens, variant="anchor", policy="fp32"), np.float64)
+    truth = np.asarray(jaxref.forward(params, spec, tokens, variant="anchor", policy="fp64"))
+    loss32, grads32 = jaxref.value_and_grad(params, spec, tokens, variant="anchor", policy="fp32")
+    return params, spec, tokens, base, truth, loss32, grads32
+
+
 # make test: each stage under one scaling, each scaling at least once (tests/spread.py); make test-all: every pair
 @pytest.mark.parametrize("stage,scaling", product_cases(list(ONE_STAGE), ["tensorwise", "rowwise"]))
 def test_each_fp8_stage_runs_forward_and_backward_and_moves_the_numbers(stage, scaling):
-    params, spec = jaxref.load_model("random:llama")
-    T = 97
-    tokens = np.random.default_rng(3).integers(3, spec.vocab_size, (1, T))
+    params, spec, tokens, base, truth, loss32, grads32 = _fp32_and_truth()
     pol = get_policy({"base": "fp32", "scaling": scaling, **ONE_STAGE[stage]})
     assert pol.fp8 and getattr(pol, stage) in fp8.FP8_DTYPES
     logits = np.asarray(jaxref.forward(params, spec, tokens, variant="anchor", policy=pol), np.float64)
-    base = np.asarray(jaxref.forward(params, spec, tokens, variant="anchor", policy="fp32"), np.float64)
-    truth = np.asarray(jaxref.forward(params, spec, tokens, variant="anchor", policy="fp64"))
     assert np.isfinite(logits).all()
     err = np.linalg.norm(logits - truth) / np.linalg.norm(truth)
     err32 = np.linalg.norm(base - truth) / np.linalg.norm(truth)
     print(f"\n{stage} {scaling}: error vs fp64 {err:.3e}; fp32's {err32:.3e}")
     assert err > 100 * err32  # the stage rounds to 8 bits, not 24
     loss, grads = jaxref.value_and_grad(params, spec, tokens, variant="anchor", policy=pol)
-    loss32, grads32 = jaxref.value_and_grad(params, spec, tokens, variant="anchor", policy="fp32")
     assert np.isfinite(float(loss)) and abs(float(loss) - float(loss32)) < 0.1 * abs(float(loss32))
     for name, g in grads.items():
         g, g32 = np.asarray(g, np.float64), np.asarray(grads32[name], np.float64)
