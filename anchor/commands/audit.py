@@ -46,6 +46,9 @@ def audit(
         "--shifts", help="Comma-separated position shifts of the shift curve (default: the paper's 0 to 2000; quick: "
                          "six), or `million`: some short ones and every power of two from 4096 to 2^20 (the windows "
                          "stay --seq-len long).")] = None,
+    rope_base: Annotated[Optional[float], typer.Option(
+        "--rope-base", help="Audit the model under this RoPE base (default its own; the paper's question at long "
+                            "positions depends on it: 1e4, 5e5, 5e6, 1e8). The weights stay the model's.")] = None,
     seq_len: Annotated[Optional[int], typer.Option(
         "--seq-len", help="Window length of the shift curve (default 256, quick 64; the paper: 4096).")] = None,
     num_seqs: Annotated[Optional[int], typer.Option(
@@ -90,7 +93,7 @@ def audit(
         if stack not in ("oracle", "torch"):
             raise InputError(f"--stack: unknown stack {stack!r} (known: oracle, torch)")
         if stack == "torch":
-            given = [flag for flag, v in (("--policies", policies), ("--shifts", shifts),
+            given = [flag for flag, v in (("--policies", policies), ("--shifts", shifts), ("--rope-base", rope_base),
                                           ("--random-init", random_init or None),
                                           ("--budget-policy", budget_policy), ("--budget", budget)) if v is not None]
             if given:
@@ -110,7 +113,7 @@ def audit(
                          seed, where, compile_cache)
             return
         overrides = {"seq_len": seq_len, "num_seqs": num_seqs, "max_len": max_len, "length_seqs": length_seqs,
-                     "shifts": shift_list,
+                     "shifts": shift_list, "rope_base": rope_base,
                      "budget_policy": budget_policy,
                      "random_init": random_init, "seed": seed}
         if budget is not None or budget_policy is not None:

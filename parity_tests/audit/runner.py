@@ -265,6 +265,8 @@ def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy
     # sizes are checked against the model's positions and this machine's memory before any weight is read
     settings, lengths, notes = resolve_settings(load_spec(model), settings)
     spec, state = load_weights(model, seed=settings.seed)
+    if settings.rope_base is not None:  # the same weights under another RoPE base: how precision meets the base
+        spec = spec.with_rope(base=float(settings.rope_base))
     base = _budget_base(settings, pols, notes)
     windows = _audit_windows(model, data, settings, spec, notes)
     kinds = [("pretrained", state)]

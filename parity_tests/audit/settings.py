@@ -56,6 +56,7 @@ class AuditSettings:
     budget_policy: the bf16 policy of the error budget (None: the first low-precision policy).
     budget_seq_len, budget_seqs: windows of the error budget. budget: run it at all.
     random_init: also audit the architecture with PyTorch's default init (seeded by `seed`).
+    rope_base: the RoPE base the model is audited under (None: its own); the weights stay the model's.
     """
 
     seq_len: int = 256
@@ -70,6 +71,7 @@ class AuditSettings:
     budget: bool = True
     random_init: bool = False
     seed: int = 0
+    rope_base: float | None = None
 
     @classmethod
     def quick(cls, **overrides: Any) -> AuditSettings:
@@ -123,6 +125,8 @@ def resolve_settings(spec: ModelSpec, settings: AuditSettings) -> tuple[AuditSet
     if settings.max_len > spec.max_position:
         raise InputError(f"--max-len {settings.max_len} is longer than the model supports "
                          f"(max position {spec.max_position})")
+    if settings.rope_base is not None and not (math.isfinite(settings.rope_base) and settings.rope_base > 1):
+        raise InputError(f"--rope-base must be a finite number above 1, got {settings.rope_base!r}")
     if any(s < 0 for s in settings.shifts) or settings.ref_shift < 0:
         raise InputError("shifts must be >= 0")
     _check_ranges(spec, settings)

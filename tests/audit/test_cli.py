@@ -69,6 +69,8 @@ def test_quick_audit_writes_everything(tmp_path, jsonl, capsys):
     (["--model", "random:llama", "--shifts", "0,8,x"], "--shifts: '0,8,x' is not a comma-separated list of integers"),
     (["--model", "random:llama", "--shifts", "8,-1"], "--shifts: '8,-1': give at least one shift, each >= 0"),
     (["--model", "random:llama", "--stack", "torch", "--shifts", "8"], "--shifts applies to --stack oracle"),
+    (["--model", "random:llama", "--rope-base", "0.5"], "--rope-base must be a finite number above 1, got 0.5"),
+    (["--model", "random:llama", "--rope-base", "inf"], "--rope-base must be a finite number above 1, got inf"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, needle):
     empty = tmp_path / "empty.jsonl"
@@ -143,3 +145,24 @@ def test_a_killed_audit_resumes_at_the_policy_it_was_on(tmp_path, jsonl, capsys,
         return [strip(v) for v in x] if isinstance(x, list) else x
 
     assert strip(resumed) == strip(json.loads((whole / "audit.json").read_text()))
+
+
+def test_the_rope_base_and_long_shifts_are_the_audits(tmp_path, capsys):
+    """--rope-base audits the same weights under another base (the record's spec and settings say which) and
+    --shifts million moves the positions to 2^20: fp32's change at 2^20 is many times its change at 0 (its angles,
+    position x inv_freq, rounded to an ulp of the product), and the curve differs under the other base."""
+    runs = {}
+    for base in (None, 5e6):
+        out = tmp_path / f"base-{base}"
+        args = ["audit", "--model", "random:llama", "--policies", "fp32", "--quick", "--shifts", "million",
+                "--out", str(out), "--no-progress"] + (["--rope-base", str(base)] if base else [])
+        code, _, err = run_cli(args, capsys)
+        assert code == 0, err
+        runs[base] = json.loads((out / "audit.json").read_text())
+    assert runs[None]["spec"]["rope"]["base"] != 5e6 and runs[5e6]["spec"]["rope"]["base"] == 5e6
+    assert runs[5e6]["settings"]["rope_base"] == 5e6
+    for res in runs.values():
+        sc = res["shift_curve"]["fp32"]
+        assert sc["shifts"][-1] == 2 ** 20 and len(sc["first_token_share"]) == len(sc["shifts"])
+        assert sc["D"][-1] > 10 * sc["D"][0]  # fp32's angles at 2^20 are rounded far coarser than near 0
+    assert runs[None]["shift_curve"]["fp32"]["D"] != runs[5e6]["shift_curve"]["fp32"]["D"]
