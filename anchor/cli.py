@@ -45,6 +45,21 @@ def _is_the_command() -> bool:
 # torch later): a Ctrl-C from now on is reported as the interrupt, never as a traceback of an import.
 _COMMAND_SIGNALS = Signals().install() if _is_the_command() else None
 
+
+
+def _quiet_library_imports() -> None:
+    """torchao (the `fp8` extra) logs at its import where its CUDA kernels cannot load (a CPU torch) and torch notes
+    the enums torchao registers; transformers imports torchao in every process that builds a model once it is
+    installed, so every command would print those lines. They say nothing about the run: errors still show."""
+    import logging
+
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+if _is_the_command():
+    _quiet_library_imports()
+
 import typer  # noqa: E402  (after the signals are taken over: see above)
 
 from anchor_core.errors import InputError, RunFailed, bound_names  # noqa: E402

@@ -45,3 +45,13 @@ def test_an_fp8_run_killed_resumes_exactly(packed, tmp_path):
     assert [{k: r[k] for k in DETERMINISTIC} for r in a] == [{k: r[k] for k in DETERMINISTIC} for r in b]
     wa, wb = final_weights(whole, steps), final_weights(resumed, steps)
     assert wa.keys() == wb.keys() and all(np.array_equal(wa[n], wb[n]) for n in wa)
+
+
+@pytest.mark.slow  # a fresh interpreter with torchao on its path
+def test_with_torchao_installed_a_refusal_is_still_one_line(tmp_path):
+    """transformers imports torchao wherever it is installed, and torchao's import logs on a CPU torch: the command
+    prints its one line of error and nothing else."""
+    p = run_train(tmp_path / "run", "model.float8=blockwise", check=False, env=fp8.env(ENV))
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [p.stderr.strip()], p.stderr[-2000:]
+    assert "model.float8: expected one of rowwise, tensorwise" in p.stderr
