@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxref import rope as rope_lib
+from jaxref.policy import get_policy
 from anchor_core.spec import RopeSpec
 
 
@@ -106,3 +107,19 @@ def angle_error(rope: RopeSpec, head_dim: int, positions, shift: int = 16) -> di
         "mean_abs": err.mean(axis=1).tolist(),
         "relative_max_abs": rel.max(axis=1).tolist(),
     }
+def phase_error(rope: RopeSpec, head_dim: int, positions, policies) -> dict[str, dict[str, list[float]]]:
+    """Each policy's RoPE table against fp64's at the given positions (`jaxref.rope.rope_tables`): the error of
+    cos and sin as the policy's `rope_table` holds them, which takes in its angle's rounding (`rope_angle`,
+    `rope_phase`) and its frequencies'. A policy's error at a position is what RoPE feeds its attention there.
+
+    Returns {policy name: {"positions": [...], "max_abs": [...] (over the D frequencies, cos and sin)}}."""
+    pos = np.asarray(positions, dtype=np.int64)
+    truth = [np.asarray(t) for t in rope_lib.rope_tables(rope, head_dim, pos, get_policy("fp64"))]
+    out = {}
+    for policy in policies:
+        got = [np.asarray(t, np.float64) for t in rope_lib.rope_tables(rope, head_dim, pos, policy)]
+        err = np.maximum(np.abs(got[0] - truth[0]), np.abs(got[1] - truth[1])).max(axis=-1)
+        out[policy.name] = {"positions": [int(p) for p in pos], "max_abs": err.tolist()}
+    return out
+
+

@@ -280,6 +280,9 @@ def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy
                "jax_backend": jax.default_backend()}
     out = _measure(spec, kinds, pols, base, settings, lengths, windows, progress, parts, key)
     out["angle_error"] = metrics.angle_error(spec.rope, spec.head_dim, ANGLE_POSITIONS, shift=settings.ref_shift)
+    # each policy's RoPE table against fp64's where the shift curve puts its windows' last slots, and to 1M
+    ends = sorted({*ANGLE_POSITIONS, *(s + settings.seq_len - 1 for s in settings.shifts)})
+    out["phase_error"] = metrics.phase_error(spec.rope, spec.head_dim, ends, pols)
     settings_d = _settings_record(settings, lengths, base, windows, data)
     return {
         "model": model, "spec": {**dataclasses.asdict(spec)}, "settings": settings_d, "machine": machine(jax_backend=jax.default_backend()),

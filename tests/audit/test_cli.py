@@ -166,3 +166,6 @@ def test_the_rope_base_and_long_shifts_are_the_audits(tmp_path, capsys):
         assert sc["shifts"][-1] == 2 ** 20 and len(sc["first_token_share"]) == len(sc["shifts"])
         assert sc["D"][-1] > 10 * sc["D"][0]  # fp32's angles at 2^20 are rounded far coarser than near 0
     assert runs[None]["shift_curve"]["fp32"]["D"] != runs[5e6]["shift_curve"]["fp32"]["D"]
+    # fp32's RoPE table against fp64's at the windows' last slots: it grows with the position
+    pe = runs[None]["phase_error"]["fp32"]
+    assert 2 ** 20 + 63 in pe["positions"] and pe["max_abs"][-1] > 100 * pe["max_abs"][0]
