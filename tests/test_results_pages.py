@@ -256,5 +256,5 @@ def test_make_demos_disk_use_is_the_estimate_checkpoint_bytes_gives():
     gb = f"{checkpoint_bytes(PROFILES['demo']) / 1e9:.1f} GB"
     readme = (ROOT / "README.md").read_text()
     demo = (ROOT / "docs" / "verbs" / "demo.md").read_text()
-    assert f"`make demo`\nwrites an estimated {gb}" in readme and "checkpoint_bytes" in readme
+    assert f"`make demo` writes an estimated {gb}" in " ".join(readme.split()) and "checkpoint_bytes" in readme
     assert f"Disk: an estimated {gb}" in demo
