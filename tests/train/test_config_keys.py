@@ -56,7 +56,7 @@ def test_every_key_is_in_every_list():
                               "deepspeed"]
     assert not SECTIONS["deepspeed"].model_fields and dumped["deepspeed"] == {}
     assert set(NESTED) == {"model.rope", "data.pack"} and set(NESTED) <= set(KEYS)
-    assert len(KEYS) == 49
+    assert len(KEYS) == 51
     assert set(RESUMABLE_CHANGES) == {"schedule.steps", "parallel.nproc", "parallel.timeout_s", "parallel.sequence_parallel",
                                       "parallel.context_parallel",
                                       "eval.heldout_buckets", "logging.report_to", "checkpoint.save_every",
