@@ -45,7 +45,7 @@ import numpy as np
 from anchor_core.spec import ModelSpec
 from jaxref import fp8
 from jaxref import rope as rope_lib
-from jaxref.attention import fexp_u20, wide, wide_einsum
+from jaxref.attention import fexp_u20, fp8_operands, round_probs, wide, wide_einsum
 from jaxref.policy import DtypePolicy, get_policy
 from jaxref.variants import Variant, allowed, check_variant
 from jaxref.variants import positions as variant_positions
@@ -152,17 +152,6 @@ def projection(x_BTI, w_OI, b_O, policy: DtypePolicy):
     return fp8.linear(x_BTI, w_OI, b_O, act, param, policy.linear_in, policy.linear_grad, policy.scaling)
 
 
-def fp8_operands(q_BTND, k_BTKD, v_BTKD, policy: DtypePolicy):
-    """q and k through FP8 where `qk_in` is FP8, v where `pv_in` is (`jaxref.fp8.fake_quant`; rowwise scales
-    run along each product's contraction axis: D for q and k, the keys for v), read in fp32 after."""
-    if policy.qk_in in fp8.FP8_DTYPES:
-        q_BTND = fp8.fake_quant(q_BTND, policy.qk_in, policy.scaling, -1)
-        k_BTKD = fp8.fake_quant(k_BTKD, policy.qk_in, policy.scaling, -1)
-    if policy.pv_in in fp8.FP8_DTYPES:
-        v_BTKD = fp8.fake_quant(v_BTKD, policy.pv_in, policy.scaling, 1)
-    return q_BTND, k_BTKD, v_BTKD
-
-
 def rope(x_BTND, cos_BTD, sin_BTD, spec: ModelSpec, policy: DtypePolicy):
     """RoPE's rotation `x·cos + rotate(x)·sin` in `rope_apply` (docs/DESIGN.md §3); the tables come from
     `rope_tables` (angles in `rope_angle`, cos/sin in `rope_table`)."""
@@ -209,8 +198,7 @@ def pv(p_BKGTS, v_BSKD, policy: DtypePolicy):
     pv_in = policy.dtype("pv_in")
     B, K, G, T, S = p_BKGTS.shape
     v_BKSD = jnp.transpose(v_BSKD.astype(pv_in), (0, 2, 1, 3))
-    probs = policy.probs_dtype()
-    p = fp8.probs(p_BKGTS, probs) if probs in fp8.FP8_DTYPES else p_BKGTS.astype(pv_in)
+    p = round_probs(p_BKGTS, policy)
     ctx_BKMD = wide_einsum("BKMS,BKSD->BKMD", p.reshape(B, K, G * T, S), v_BKSD, policy.dtype("pv_acc"))
     return jnp.transpose(ctx_BKMD.reshape(B, K, G, T, -1), (0, 3, 1, 2, 4))
 
