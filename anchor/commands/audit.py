@@ -46,9 +46,11 @@ def audit(
         "--shifts", help="Comma-separated position shifts of the shift curve (default: the paper's 0 to 2000; quick: "
                          "six), or `million`: some short ones and every power of two from 4096 to 2^20 (the windows "
                          "stay --seq-len long).")] = None,
-    rope_base: Annotated[Optional[float], typer.Option(
-        "--rope-base", help="Audit the model under this RoPE base (default its own; the paper's question at long "
-                            "positions depends on it: 1e4, 5e5, 5e6, 1e8). The weights stay the model's.")] = None,
+    rope_base: Annotated[Optional[str], typer.Option(
+        "--rope-base", help="Comma-separated RoPE bases (e.g. 1e4,5e5,5e6,1e8) under which the shift curve is "
+                            "measured again, the weights staying the model's: per base, each policy's D, the first "
+                            "shift where it passes twice fp32's and twice its own floor, and its phase error. The "
+                            "rest of the audit runs under the model's own base.")] = None,
     seq_len: Annotated[Optional[int], typer.Option(
         "--seq-len", help="Window length of the shift curve (default 256, quick 64; the paper: 4096).")] = None,
     num_seqs: Annotated[Optional[int], typer.Option(
@@ -87,9 +89,10 @@ def audit(
         from anchor_core.errors import InputError
 
         check_seed(seed)
-        from parity_tests.audit.settings import parse_shifts
+        from parity_tests.audit.settings import parse_rope_bases, parse_shifts
 
         shift_list = parse_shifts(shifts) if shifts is not None else None
+        bases = parse_rope_bases(rope_base) if rope_base is not None else None
         if stack not in ("oracle", "torch"):
             raise InputError(f"--stack: unknown stack {stack!r} (known: oracle, torch)")
         if stack == "torch":
@@ -113,7 +116,7 @@ def audit(
                          seed, where, compile_cache)
             return
         overrides = {"seq_len": seq_len, "num_seqs": num_seqs, "max_len": max_len, "length_seqs": length_seqs,
-                     "shifts": shift_list, "rope_base": rope_base,
+                     "shifts": shift_list, "rope_bases": bases,
                      "budget_policy": budget_policy,
                      "random_init": random_init, "seed": seed}
         if budget is not None or budget_policy is not None:

@@ -16,6 +16,8 @@ construction (and a test holds them against plain loops).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from jaxref import rope as rope_lib
@@ -123,3 +125,40 @@ def phase_error(rope: RopeSpec, head_dim: int, positions, policies) -> dict[str,
     return out
 
 
+
+
+WALL_FACTOR = 2.0
+"""A policy's D has left a baseline once it passes this many times the baseline's D (`walls`)."""
+
+
+def walls(shift_curve: dict[str, dict[str, Any]], reference: str = "fp32") -> dict[str, dict[str, Any]]:
+    """Per policy of a shift curve, the first shift (in increasing order) where its D passes WALL_FACTOR × a
+    baseline, in two readings:
+
+      over_reference  the reference policy's D at the same shift: "past what `reference` does here". A bf16
+                      policy passes it at its smallest shift (its noise is bf16's at every shift); a remedy in
+                      fp32 arithmetic passes it where fp32's own angles lose more than the remedy's.
+      over_floor      the policy's own D at its smallest shift, where every angle is most exact: "the shift
+                      itself now adds error", where rounding position × inv_freq starts to move the maps.
+
+    Each is None when D never passes (and over_reference when `reference` was not audited). `ratio_to_reference`
+    is D ÷ the reference's D per shift (None without it).
+
+    Returns {policy: {"shifts", "over_reference", "over_floor", "floor", "ratio_to_reference", "reference"}}.
+    """
+    ref = shift_curve.get(reference)
+    out = {}
+    for name, c in shift_curve.items():
+        order = sorted(range(len(c["shifts"])), key=lambda i: c["shifts"][i])
+        shifts = [int(c["shifts"][i]) for i in order]
+        d = [float(c["D"][i]) for i in order]
+        floor = d[0]
+        over_floor = next((s for s, x in zip(shifts, d) if x > WALL_FACTOR * floor), None)
+        ratio = over_ref = None
+        if ref is not None and list(ref["shifts"]) == list(c["shifts"]):
+            r = [float(ref["D"][i]) for i in order]
+            ratio = [x / y if y > 0 else (None if x > 0 else 1.0) for x, y in zip(d, r)]  # None: over a zero
+            over_ref = next((s for s, x, y in zip(shifts, d, r) if x > WALL_FACTOR * y), None)
+        out[name] = {"shifts": shifts, "floor": floor, "over_floor": over_floor, "over_reference": over_ref,
+                     "ratio_to_reference": ratio, "reference": reference if ratio is not None else None}
+    return out

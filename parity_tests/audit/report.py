@@ -4,7 +4,8 @@
 numbers and the criterion used; nothing is forced: a finding that does not hold is reported so.
 
     write_audit(result, "runs/audit")   # audit.json, report.md, shift_curve.png, per_token.png,
-                                        # length_curve.png, figure1.png, error_budget.png
+                                        # length_curve.png, figure1.png, error_budget.png (and
+                                        # rope_bases.png with the result's rope_bases)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from anchor_core.atomic import publish, staging_dir
 from jaxref.policy import STAGES
+from parity_tests.audit import metrics
 
 # Criteria: stated in the report next to each verdict.
 RATIO_MUCH_GREATER = 10.0     # "bf16 D ≫ fp32 D": at least an order of magnitude
@@ -231,6 +233,7 @@ def render_report(result: dict[str, Any], figures: list[str]) -> str:
     for i, d in enumerate(sc[pols[0]]["shifts"]):
         row = [_g(sc[p]["D"][i]) for p in pols] + ([_g(ri["shift_curve"][p]["D"][i]) for p in pols] if ri else [])
         lines.append(f"| {d} | " + " | ".join(row) + " |")
+    lines += _walls_lines(result) + _bases_lines(result)
     lines += ["", "## Per-token difference (Δ1 = 0, Δ2 = 16): the largest key slots", ""]
     for p, v in result["per_token"].items():
         v = np.asarray(v["values"])
@@ -282,6 +285,54 @@ def render_report(result: dict[str, Any], figures: list[str]) -> str:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in result["notes"]]
     lines += ["", "## Figures", ""] + [f"![{Path(f).stem}]({f})" for f in figures]
     return "\n".join(lines) + "\n"
+
+
+def _wall(x: int | None) -> str:
+    return "never" if x is None else f"{x:,}"
+
+
+def _walls_lines(result: dict[str, Any]) -> list[str]:
+    """Per policy: where D passes twice its own floor and twice fp32's, and the first key token's share of the
+    change at the smallest and the largest shift."""
+    walls, sc = result.get("walls"), result["shift_curve"]
+    if not walls:
+        return []
+    lines = ["", f"## Where D leaves its baseline (factor {metrics.WALL_FACTOR:g})", "",
+             "The first shift where a policy's D passes twice its own D at the smallest shift (the shift itself now "
+             "adds error) and twice fp32's D at the same shift; the first key token's share of the change at the "
+             "smallest and the largest shift.", "",
+             "| policy | D at the smallest shift | first Δ past 2× its floor | first Δ past 2× fp32's | first token's "
+             "share, smallest Δ | largest Δ |", "|---|---|---|---|---|---|"]
+    for p, w in walls.items():
+        c = sc[p]
+        lo, hi = int(np.argmin(c["shifts"])), int(np.argmax(c["shifts"]))
+        lines.append(f"| {p} | {_g(w['floor'])} | {_wall(w['over_floor'])} | "
+                     f"{'–' if w['reference'] is None or p == w['reference'] else _wall(w['over_reference'])} | "
+                     f"{100 * c['first_token_share'][lo]:.1f}% | {100 * c['first_token_share'][hi]:.1f}% |")
+    return lines
+
+
+def _bases_lines(result: dict[str, Any]) -> list[str]:
+    """The shift curve under each RoPE base of `rope_bases`: per policy and base, D at the largest shift, the two
+    walls and the phase error of the RoPE table at the last slot."""
+    bases = result.get("rope_bases")
+    if not bases:
+        return []
+    lines = ["", "## RoPE bases", "",
+             "The same weights and windows under each RoPE base; per policy and base: D at the largest shift, the "
+             "first Δ past twice its floor, the first Δ past twice fp32's, and the largest error of its RoPE table "
+             "(cos and sin against fp64) at the last slot of the farthest-shifted window.", "",
+             "| policy | base | D at the largest Δ | past 2× its floor | past 2× fp32's | RoPE table error |",
+             "|---|---|---|---|---|---|"]
+    for p in result["shift_curve"]:
+        for key, b in bases.items():
+            c, w = b["shift_curve"][p], b["walls"][p]
+            pe = b["phase_error"][p]["max_abs"][-1]
+            lines.append(f"| {p} | {key}{' (own)' if b['own'] else ''} | {_g(c['D'][int(np.argmax(c['shifts']))])} | "
+                         f"{_wall(w['over_floor'])} | "
+                         f"{'–' if w['reference'] is None or p == w['reference'] else _wall(w['over_reference'])} | "
+                         f"{_g(pe)} |")
+    return lines
 
 
 def plot_figures(result: dict[str, Any], out: Path) -> list[str]:
@@ -350,6 +401,8 @@ def plot_figures(result: dict[str, Any], out: Path) -> list[str]:
     fig.savefig(out / "figure1.png", dpi=110)
     plt.close(fig)
     files.append("figure1.png")
+    if result.get("rope_bases"):
+        files.append(_plot_bases(result, out, colors, plt))
     for name, eb in result.get("error_budget", {}).items():
         st = [s for s in eb["stages"] if s != "head"]
         y = np.arange(len(st))
@@ -370,6 +423,33 @@ def plot_figures(result: dict[str, Any], out: Path) -> list[str]:
         files.append("error_budget.png")
         break
     return files
+
+
+def _plot_bases(result: dict[str, Any], out: Path, colors: dict[str, str], plt) -> str:
+    """rope_bases.png: one panel per RoPE base, D against the shift (log-log, the shift plus one) per policy,
+    each policy's first shift past twice its floor marked."""
+    bases = result["rope_bases"]
+    fig, axes = plt.subplots(1, len(bases), figsize=(4.2 * len(bases), 3.8), sharey=True, squeeze=False)
+    for ax, (key, b) in zip(axes[0], bases.items()):
+        for p, c in b["shift_curve"].items():
+            order = np.argsort(c["shifts"])
+            x = np.asarray(c["shifts"])[order] + 1
+            ax.plot(x, np.maximum(np.asarray(c["D"])[order], 1e-300), "o-", color=colors.get(p), label=p, ms=3)
+            wall = b["walls"][p]["over_floor"]
+            if wall is not None:
+                ax.axvline(wall + 1, color=colors.get(p), lw=0.8, ls=":")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("Δ1 + 1")
+        ax.set_title(f"RoPE base {key}{' (own)' if b['own'] else ''}")
+    axes[0][0].set_ylabel("attention difference D")
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle(f"The shift curve under each RoPE base (T = {result['settings']['seq_len']}; dotted: first Δ past "
+                 f"{metrics.WALL_FACTOR:g}× the policy's floor)", fontsize=9)
+    fig.subplots_adjust(left=0.06, right=0.99, top=0.85, bottom=0.14, wspace=0.08)
+    fig.savefig(out / "rope_bases.png", dpi=110)
+    plt.close(fig)
+    return "rope_bases.png"
 
 
 def _json_default(x: Any) -> Any:

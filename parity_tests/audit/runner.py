@@ -23,6 +23,9 @@ What is measured (docs/DESIGN.md §5):
                 cumulatively (pipeline order; the increments add up to D_bf16 − D_fp64 exactly),
                 and each stage lowered alone from fp32 to the policy's dtype
   angle_error   fp32 RoPE angles against exact ones at long positions (to 1M)
+  walls         per policy, the first shift where D passes twice fp32's D there and twice its own D at the
+                smallest shift (metrics.walls)
+  rope_bases    with `rope_bases`: the shift curve, walls and RoPE tables' phase error under each base
 The logits' vocabulary is cut to the tokens the windows use: the audit reads only attention maps,
 which do not depend on the lm-head.
 
@@ -187,8 +190,11 @@ def _measure(spec: ModelSpec, kinds: list[tuple[str, dict]], pols: list[DtypePol
     """
     S = len(settings.shifts)
     k = shifts_per_call(spec, settings.seq_len, S)
-    per_policy = settings.num_seqs * math.ceil(S / k) * (k + 1) + 2 * settings.length_seqs
+    per_shift_curve = settings.num_seqs * math.ceil(S / k) * (k + 1)
+    per_policy = per_shift_curve + 2 * settings.length_seqs
     total = len(kinds) * len(pols) * per_policy
+    swept = [b for b in settings.rope_bases if b != spec.rope.base]  # the model's own base: the main curves
+    total += len(swept) * len(pols) * per_shift_curve
     budget_pols = budget_runs(budget_plan(base)) if base is not None else []
     total += 2 * settings.budget_seqs * len(budget_pols)
     bar = ProgressBar("audit", total, progress, unit="forward passes")
@@ -207,6 +213,10 @@ def _measure(spec: ModelSpec, kinds: list[tuple[str, dict]], pols: list[DtypePol
             block = _curves(params, spec, kind, pols, settings, lengths, windows, remap, bar, maps, kept, per_policy)
             if kind == "pretrained":
                 out.update(block)
+                out["walls"] = metrics.walls(block["shift_curve"])
+                if settings.rope_bases:
+                    out["rope_bases"] = _base_sweep(params, spec, pols, settings, windows, remap, bar, kept,
+                                                    block["shift_curve"], per_shift_curve)
                 out["error_budget"] = {}
                 if base is not None:
                     bar.describe(f"error budget of {base.name} (T={windows.budget_len})")
@@ -216,13 +226,46 @@ def _measure(spec: ModelSpec, kinds: list[tuple[str, dict]], pols: list[DtypePol
                                              bar.advance, maps=maps))
             else:
                 out["random_init"] = {"init": "pytorch-default (kaiming_uniform a=sqrt(5), embedding N(0,1), norms 1)",
-                                      "seed": settings.seed, **block}
+                                      "seed": settings.seed, **block, "walls": metrics.walls(block["shift_curve"])}
     finally:
         bar.close()
         if maps is not None:
             maps.close()
     if kept.taken:
         out["reused"] = {"pieces": kept.taken, "note": "finished by a killed audit with the same settings"}
+    return out
+
+
+def _base_sweep(params: Params, spec: ModelSpec, pols: list[DtypePolicy], settings: AuditSettings,
+                windows: _Windows, remap: Callable, bar: ProgressBar, kept: _Kept, own_curves: dict[str, Any],
+                per_shift_curve: int) -> dict[str, Any]:
+    """The result's "rope_bases": per base of `settings.rope_bases` (keyed by `f"{base:g}"`), each policy's shift
+    curve on the same windows and weights under that RoPE base, its walls (metrics.walls) and its RoPE table's
+    phase error at the windows' last slots. The model's own base takes the audit's main curves; each other base
+    runs on a MapsRunner of its own (the base is compiled into the programs), each policy's curve kept as a piece
+    of `kept`."""
+    out: dict[str, Any] = {}
+    ends = sorted({s + settings.seq_len - 1 for s in settings.shifts})
+    for base in settings.rope_bases:
+        spec_b = spec.with_rope(base=float(base))
+        if base == spec.rope.base:
+            curves = own_curves
+        else:
+            curves = {}
+            maps = MapsRunner(params, spec_b)
+            try:
+                for i, pol in enumerate(pols):
+                    bar.describe(f"RoPE base {base:g} {pol.name}: shift curve (T={settings.seq_len})")
+                    curves[pol.name] = kept(f"base-{base:g}-{i}-{pol.name}", per_shift_curve, lambda pol=pol: {
+                        k: v for k, v in shift_curve(params, spec_b, remap(windows.shift), pol, settings.shifts,
+                                                     settings.ref_shift, bar.advance, maps=maps).items()
+                        if not k.startswith("_")})
+            finally:
+                maps.close()
+        out[f"{base:g}"] = {"base": float(base), "own": base == spec.rope.base,
+                            "shift_curve": curves,
+                            "walls": metrics.walls(curves),
+                            "phase_error": metrics.phase_error(spec_b.rope, spec.head_dim, ends, pols)}
     return out
 
 
@@ -265,8 +308,6 @@ def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy
     # sizes are checked against the model's positions and this machine's memory before any weight is read
     settings, lengths, notes = resolve_settings(load_spec(model), settings)
     spec, state = load_weights(model, seed=settings.seed)
-    if settings.rope_base is not None:  # the same weights under another RoPE base: how precision meets the base
-        spec = spec.with_rope(base=float(settings.rope_base))
     base = _budget_base(settings, pols, notes)
     windows = _audit_windows(model, data, settings, spec, notes)
     kinds = [("pretrained", state)]

@@ -45,6 +45,18 @@ def parse_shifts(text: str) -> tuple[int, ...]:
     return shifts
 
 
+def parse_rope_bases(text: str) -> tuple[float, ...]:
+    """`--rope-base`: comma-separated numbers (1e4,5e5,5e6,1e8); InputError otherwise (the range is checked by
+    `resolve_settings`)."""
+    try:
+        bases = tuple(float(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise InputError(f"--rope-base: {text!r} is not a comma-separated list of numbers") from None
+    if not bases:
+        raise InputError("--rope-base: give at least one base")
+    return bases
+
+
 @dataclass(frozen=True)
 class AuditSettings:
     """What the audit measures and on how much data. Defaults fit a 2-core CPU in < 15 min on SmolLM2.
@@ -56,7 +68,9 @@ class AuditSettings:
     budget_policy: the bf16 policy of the error budget (None: the first low-precision policy).
     budget_seq_len, budget_seqs: windows of the error budget. budget: run it at all.
     random_init: also audit the architecture with PyTorch's default init (seeded by `seed`).
-    rope_base: the RoPE base the model is audited under (None: its own); the weights stay the model's.
+    rope_bases: RoPE bases under which the shift curve is measured again, the weights staying the model's
+      (`rope_bases` in the result: per base, each policy's shift curve, its walls and its RoPE table's phase
+      error); the rest of the audit runs under the model's own base. () for none.
     """
 
     seq_len: int = 256
@@ -71,7 +85,7 @@ class AuditSettings:
     budget: bool = True
     random_init: bool = False
     seed: int = 0
-    rope_base: float | None = None
+    rope_bases: tuple[float, ...] = ()
 
     @classmethod
     def quick(cls, **overrides: Any) -> AuditSettings:
@@ -125,8 +139,9 @@ def resolve_settings(spec: ModelSpec, settings: AuditSettings) -> tuple[AuditSet
     if settings.max_len > spec.max_position:
         raise InputError(f"--max-len {settings.max_len} is longer than the model supports "
                          f"(max position {spec.max_position})")
-    if settings.rope_base is not None and not (math.isfinite(settings.rope_base) and settings.rope_base > 1):
-        raise InputError(f"--rope-base must be a finite number above 1, got {settings.rope_base!r}")
+    for b in settings.rope_bases:
+        if not (isinstance(b, (int, float)) and math.isfinite(b) and b > 1):
+            raise InputError(f"--rope-base: each base must be a finite number above 1, got {b!r}")
     if any(s < 0 for s in settings.shifts) or settings.ref_shift < 0:
         raise InputError("shifts must be >= 0")
     _check_ranges(spec, settings)
@@ -141,7 +156,8 @@ def resolve_settings(spec: ModelSpec, settings: AuditSettings) -> tuple[AuditSet
     lengths = [L for L in PAPER_LENGTHS if L <= max_len] or [max_len]
     if lengths[-1] != max_len and max_len not in PAPER_LENGTHS and max_len > lengths[-1]:
         lengths.append(max_len)
-    return dataclasses.replace(settings, shifts=tuple(shifts), max_len=max_len), lengths, notes
+    bases = tuple(float(b) for b in dict.fromkeys(settings.rope_bases))
+    return dataclasses.replace(settings, shifts=tuple(shifts), max_len=max_len, rope_bases=bases), lengths, notes
 
 
 def _audit_settings(settings: AuditSettings | None, quick: bool, overrides: dict[str, Any]) -> AuditSettings:

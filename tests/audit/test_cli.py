@@ -9,6 +9,7 @@ import pytest
 
 from anchor.cli import main
 from anchor_core.outdir import write_marker
+from parity_tests.audit import metrics
 
 
 def run_cli(argv, capsys):
@@ -69,8 +70,9 @@ def test_quick_audit_writes_everything(tmp_path, jsonl, capsys):
     (["--model", "random:llama", "--shifts", "0,8,x"], "--shifts: '0,8,x' is not a comma-separated list of integers"),
     (["--model", "random:llama", "--shifts", "8,-1"], "--shifts: '8,-1': give at least one shift, each >= 0"),
     (["--model", "random:llama", "--stack", "torch", "--shifts", "8"], "--shifts applies to --stack oracle"),
-    (["--model", "random:llama", "--rope-base", "0.5"], "--rope-base must be a finite number above 1, got 0.5"),
-    (["--model", "random:llama", "--rope-base", "inf"], "--rope-base must be a finite number above 1, got inf"),
+    (["--model", "random:llama", "--rope-base", "1e4,0.5"], "--rope-base: each base must be a finite number above 1, got 0.5"),
+    (["--model", "random:llama", "--rope-base", "inf"], "--rope-base: each base must be a finite number above 1, got inf"),
+    (["--model", "random:llama", "--rope-base", "1e4,x"], "--rope-base: '1e4,x' is not a comma-separated list of numbers"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, needle):
     empty = tmp_path / "empty.jsonl"
@@ -147,25 +149,80 @@ def test_a_killed_audit_resumes_at_the_policy_it_was_on(tmp_path, jsonl, capsys,
     assert strip(resumed) == strip(json.loads((whole / "audit.json").read_text()))
 
 
-def test_the_rope_base_and_long_shifts_are_the_audits(tmp_path, capsys):
-    """--rope-base audits the same weights under another base (the record's spec and settings say which) and
-    --shifts million moves the positions to 2^20: fp32's change at 2^20 is many times its change at 0 (its angles,
-    position x inv_freq, rounded to an ulp of the product), and the curve differs under the other base."""
-    runs = {}
-    for base in (None, 5e6):
-        out = tmp_path / f"base-{base}"
-        args = ["audit", "--model", "random:llama", "--policies", "fp32", "--quick", "--shifts", "million",
-                "--out", str(out), "--no-progress"] + (["--rope-base", str(base)] if base else [])
-        code, _, err = run_cli(args, capsys)
-        assert code == 0, err
-        runs[base] = json.loads((out / "audit.json").read_text())
-    assert runs[None]["spec"]["rope"]["base"] != 5e6 and runs[5e6]["spec"]["rope"]["base"] == 5e6
-    assert runs[5e6]["settings"]["rope_base"] == 5e6
-    for res in runs.values():
-        sc = res["shift_curve"]["fp32"]
+def test_the_rope_bases_and_long_shifts_are_the_audits(tmp_path, capsys):
+    """--shifts million moves the positions to 2^20 and --rope-base measures the shift curve again under each base
+    (the weights the model's): fp32's change at 2^20 is many times its change at 0 (its angles, position x inv_freq,
+    rounded to an ulp of the product), the curve differs under another base, the model's own base is the audit's
+    main curve, and the walls (the first shift past twice fp32's D, past twice the policy's own floor) are those
+    its curves give."""
+    out = tmp_path / "audit"
+    args = ["audit", "--model", "random:llama", "--policies", "fp32,hf_bf16", "--quick", "--shifts", "million",
+            "--rope-base", "10000,5e6", "--out", str(out), "--no-progress"]
+    code, _, err = run_cli(args, capsys)
+    assert code == 0, err
+    res = json.loads((out / "audit.json").read_text())
+    assert res["spec"]["rope"]["base"] == 10000.0 and res["settings"]["rope_bases"] == [10000.0, 5e6]
+    own, other = res["rope_bases"]["10000"], res["rope_bases"]["5e+06"]
+    assert own["own"] and not other["own"] and other["base"] == 5e6
+    assert own["shift_curve"] == res["shift_curve"]
+    for block in (own, other):
+        sc = block["shift_curve"]["fp32"]
         assert sc["shifts"][-1] == 2 ** 20 and len(sc["first_token_share"]) == len(sc["shifts"])
         assert sc["D"][-1] > 10 * sc["D"][0]  # fp32's angles at 2^20 are rounded far coarser than near 0
-    assert runs[None]["shift_curve"]["fp32"]["D"] != runs[5e6]["shift_curve"]["fp32"]["D"]
-    # fp32's RoPE table against fp64's at the windows' last slots: it grows with the position
-    pe = runs[None]["phase_error"]["fp32"]
+        assert block["walls"] == metrics.walls(block["shift_curve"])
+        w32, wbf = block["walls"]["fp32"], block["walls"]["hf_bf16"]
+        assert w32["over_reference"] is None and set(w32["ratio_to_reference"]) == {1.0}
+        assert w32["over_floor"] is not None and 0 < w32["over_floor"] <= 2 ** 20
+        assert wbf["over_reference"] == 0  # bf16's noise is past fp32's at every shift, the smallest first
+        # the phase error of fp32's RoPE table grows with the position
+        pe = block["phase_error"]["fp32"]
+        assert pe["positions"][-1] == 2 ** 20 + 63 and pe["max_abs"][-1] > 100 * pe["max_abs"][0]
+    assert other["shift_curve"]["fp32"]["D"] != own["shift_curve"]["fp32"]["D"]
+    assert res["walls"] == own["walls"]
+    report = (out / "report.md").read_text()
+    assert "## RoPE bases" in report and "| hf_bf16 | 5e+06 |" in report and (out / "rope_bases.png").stat().st_size
+    pe = res["phase_error"]["fp32"]
     assert 2 ** 20 + 63 in pe["positions"] and pe["max_abs"][-1] > 100 * pe["max_abs"][0]
+
+
+@pytest.mark.slow  # three audits: make test-all
+def test_a_killed_base_sweep_resumes_at_the_base_and_policy_it_was_on(tmp_path, capsys, monkeypatch):
+    """Each base's policy curves are kept as they finish: cut inside the second base's sweep, the same command
+    computes only the curves not finished, and writes the audit.json an uninterrupted audit writes."""
+    from parity_tests.audit import runner
+
+    calls: list[str] = []
+    real_shift = runner.shift_curve
+
+    def patch(dies: int | None = None) -> None:
+        calls.clear()
+
+        def shift(params, spec, windows, policy, *args, **kwargs):
+            calls.append(f"{spec.rope.base:g}/{policy.name}")
+            if len(calls) == dies:
+                raise KeyboardInterrupt
+            return real_shift(params, spec, windows, policy, *args, **kwargs)
+
+        monkeypatch.setattr(runner, "shift_curve", shift)
+
+    argv = lambda o: ["audit", "--model", "random:llama", "--policies", "fp32,hf_bf16", "--quick",  # noqa: E731
+                      "--shifts", "0,8,4096,65536", "--rope-base", "5e6,1e8", "--out", str(o), "--no-progress"]
+    out = tmp_path / "audit"
+    patch(dies=4)  # the main curves (base 1e4), base 5e6's fp32, then cut in base 5e6's hf_bf16
+    assert run_cli(argv(out), capsys)[0] == 130
+    assert calls == ["10000/fp32", "10000/hf_bf16", "5e+06/fp32", "5e+06/hf_bf16"]
+    patch()
+    code, _, err = run_cli(argv(out), capsys)
+    assert code == 0, err
+    assert calls == ["5e+06/hf_bf16", "1e+08/fp32", "1e+08/hf_bf16"]
+    resumed = json.loads((out / "audit.json").read_text())
+    patch()
+    assert run_cli(argv(tmp_path / "whole"), capsys)[0] == 0 and len(calls) == 6
+
+    def strip(x):
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if k not in ("runtime_s", "machine", "reused")}
+        return [strip(v) for v in x] if isinstance(x, list) else x
+
+    assert strip(resumed) == strip(json.loads((tmp_path / "whole" / "audit.json").read_text()))
+    assert list(resumed["rope_bases"]) == ["5e+06", "1e+08"]

@@ -146,3 +146,26 @@ def test_windows_start_with_bos_and_differ():
     assert (w[:, 0] == 1).all()
     assert w[0, 1:].tolist() == [5, 6, 7, 2, 8] and w[1, 1:].tolist() == [8, 9, 2, 5, 6]
     assert len({tuple(r) for r in w}) == 5
+
+
+def test_walls_are_the_first_shifts_past_twice_the_baselines():
+    """Hand curves, shifts out of order: the floor is D at the smallest shift, the walls are the first shifts (in
+    increasing order) strictly past twice a baseline, None when never, and the reference reading is absent without
+    the reference policy."""
+    sc = {
+        "fp32": {"shifts": [0, 4096, 8, 65536], "D": [1.0, 2.5, 1.0, 8.0]},
+        "bf16": {"shifts": [0, 4096, 8, 65536], "D": [5.0, 5.0, 6.0, 10.0]},
+        "flat": {"shifts": [0, 4096, 8, 65536], "D": [2.0, 4.0, 2.0, 2.0]},  # exactly twice: not past
+    }
+    w = metrics.walls(sc)
+    assert w["fp32"]["shifts"] == [0, 8, 4096, 65536] and w["fp32"]["floor"] == 1.0
+    assert w["fp32"]["over_floor"] == 4096 and w["fp32"]["over_reference"] is None
+    assert w["fp32"]["ratio_to_reference"] == [1.0] * 4
+    assert w["bf16"]["over_floor"] is None and w["bf16"]["over_reference"] == 0
+    assert w["bf16"]["ratio_to_reference"] == [5.0, 6.0, 2.0, 1.25]
+    assert w["flat"]["over_floor"] is None and w["flat"]["over_reference"] is None
+    alone = metrics.walls({"bf16": sc["bf16"]})
+    assert alone["bf16"]["over_reference"] is None and alone["bf16"]["reference"] is None
+    zero = metrics.walls({"fp32": {"shifts": [0, 8], "D": [0.0, 0.0]}, "x": {"shifts": [0, 8], "D": [0.0, 1.0]}})
+    assert zero["x"]["ratio_to_reference"] == [1.0, None] and zero["x"]["over_reference"] == 8
+    assert zero["x"]["over_floor"] == 8
