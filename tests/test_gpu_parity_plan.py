@@ -10,6 +10,10 @@ import os
 import shutil
 import subprocess
 import time
+
+import pytest
+
+pytestmark = pytest.mark.slow  # the GPU session's plan, dry-run with stand-ins: make test-all
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]

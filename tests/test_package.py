@@ -40,7 +40,7 @@ _CONFIG = ("from transformers import LlamaConfig; cfg = LlamaConfig(vocab_size=9
            "num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)")
 
 
-@pytest.mark.parametrize("order", ["anchor first", "transformers' models first"])
+@pytest.mark.parametrize("order", ["anchor first", pytest.param("transformers' models first", marks=pytest.mark.slow)])
 def test_import_anchor_registers_the_attention_functions(order):
     """`import anchor` then `from_config(..., attn_implementation="anchor_varlen")` works, whichever of anchor and
     transformers' models is imported first; anchor.check_step and anchor.PackingCollator are offered beside."""

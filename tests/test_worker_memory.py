@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 _FIRST = '''
@@ -63,6 +65,7 @@ def test_programs_were_dropped_after_the_test_that_passed_half_the_limit():
 '''
 
 
+@pytest.mark.slow  # a parity worker filled past half its limit: make test-all
 def test_a_worker_drops_module_caches_and_programs_past_half_the_map_limit(tmp_path):
     for name, text in (("test_a_first.py", _FIRST), ("test_b_second.py", _SECOND), ("test_c_maps.py", _MAPS)):
         (tmp_path / name).write_text(textwrap.dedent(text))

@@ -121,6 +121,7 @@ def test_bad_model_names(tmp_path, make, message):
 
 
 @pytest.mark.model
+@pytest.mark.slow  # transformers' tokenizer built from the GGUF twice: make test-all
 @pytest.mark.parametrize("pre, arch", [("qwen2", "qwen2")])  # llama-bpe goes the same way
 def test_gguf_pre_tokenizer_splits_match_transformers(gguf_path, tmp_path, pre, arch):
     """A GGUF whose `tokenizer.ggml.pre` selects a split regex (and with a user-defined token) builds

@@ -3,6 +3,11 @@ same loss and gradients as jaxref.value_and_grad, and an optax step through nnx.
 
 from __future__ import annotations
 
+import pytest
+
+pytestmark = pytest.mark.slow  # half a minute of compiling on 2 cores: make test-all (the pure functions it wraps
+#                                are held in make test)
+
 import jax
 import numpy as np
 import optax
