@@ -264,15 +264,15 @@ def check_kind(block: Block) -> None:
     if block.lang == "text" and "ran-by" not in d:
         raise DeclarationError("a block of output (no language) needs `ran-by` the test that holds that output")
     if block.lang == "yaml" and "config" not in d and "ran-by" not in d:
-        raise DeclarationError(f"a YAML block needs `config train` (it is checked as a config)")
+        raise DeclarationError("a YAML block needs `config train` (it is checked as a config)")
     if block.lang != "yaml" and ("config" in d or "excerpt-of" in d):
-        raise DeclarationError(f"config and excerpt-of are for YAML blocks")
+        raise DeclarationError("config and excerpt-of are for YAML blocks")
     if block.lang != "python" and ({"pytest", "torchrun", "prelude"} & set(d)):
-        raise DeclarationError(f"pytest, torchrun and prelude are for Python blocks")
+        raise DeclarationError("pytest, torchrun and prelude are for Python blocks")
     if "usage" in d and set(d) - {"usage"}:
-        raise DeclarationError(f"a usage block is only checked: it takes no other directive")
+        raise DeclarationError("a usage block is only checked: it takes no other directive")
     if "ran-by" in d and set(d) - {"ran-by"}:
-        raise DeclarationError(f"a block another test runs takes no other directive here")
+        raise DeclarationError("a block another test runs takes no other directive here")
     for _, a, _ in d.get("sub", []):
         if a not in block.text:
             raise DeclarationError(f"sub: {a!r} is not in the block")

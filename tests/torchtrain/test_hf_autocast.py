@@ -29,7 +29,6 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainerCall
 import jaxref
 import torchtrain.hf as hf
 from anchor_core.spec import from_hf_config
-from anchor_core.variants import VARIANTS
 from jaxref.policy import cpu_kernel_policy
 from parity_tests.core import RULE
 from parity_tests.grads import errors
