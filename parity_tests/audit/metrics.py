@@ -144,7 +144,8 @@ def walls(shift_curve: dict[str, dict[str, Any]], reference: str = "fp32") -> di
     Each is None when D never passes (and over_reference when `reference` was not audited). `ratio_to_reference`
     is D ÷ the reference's D per shift (None without it).
 
-    Returns {policy: {"shifts", "over_reference", "over_floor", "floor", "ratio_to_reference", "reference"}}.
+    Returns {policy: {"shifts", "over_reference", "over_floor", "floor", "ratio_to_reference", "reference",
+    "factor"}}.
     """
     ref = shift_curve.get(reference)
     out = {}
@@ -160,5 +161,6 @@ def walls(shift_curve: dict[str, dict[str, Any]], reference: str = "fp32") -> di
             ratio = [x / y if y > 0 else (None if x > 0 else 1.0) for x, y in zip(d, r)]  # None: over a zero
             over_ref = next((s for s, x, y in zip(shifts, d, r) if x > WALL_FACTOR * y), None)
         out[name] = {"shifts": shifts, "floor": floor, "over_floor": over_floor, "over_reference": over_ref,
-                     "ratio_to_reference": ratio, "reference": reference if ratio is not None else None}
+                     "ratio_to_reference": ratio, "reference": reference if ratio is not None else None,
+                     "factor": WALL_FACTOR}
     return out
