@@ -47,10 +47,9 @@ def audit(
                          "six), or `million`: some short ones and every power of two from 4096 to 2^20 (the windows "
                          "stay --seq-len long).")] = None,
     rope_base: Annotated[Optional[str], typer.Option(
-        "--rope-base", help="Comma-separated RoPE bases (e.g. 1e4,5e5,5e6,1e8) under which the shift curve is "
-                            "measured again, the weights staying the model's: per base, each policy's D, the first "
-                            "shift where it passes twice fp32's and twice its own floor, and its phase error. The "
-                            "rest of the audit runs under the model's own base.")] = None,
+        "--rope-base", help="Comma-separated RoPE bases (e.g. 1e4,5e5,5e6,1e8), each measuring the shift curve "
+                            "again with the model's weights (its walls, its phase error); the rest runs under the "
+                            "model's own base.")] = None,
     seq_len: Annotated[Optional[int], typer.Option(
         "--seq-len", help="Window length of the shift curve (default 256, quick 64; the paper: 4096).")] = None,
     num_seqs: Annotated[Optional[int], typer.Option(
