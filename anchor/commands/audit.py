@@ -43,9 +43,8 @@ def audit(
         "--data", help="JSONL (or any `anchor pack` source) with a `text` field; default: the embedded corpus.")
     ] = None,
     shifts: Annotated[Optional[str], typer.Option(
-        "--shifts", help="Comma-separated position shifts of the shift curve (default: the paper's 0 to 2000; quick: "
-                         "six), or `million`: some short ones and every power of two from 4096 to 2^20 (the windows "
-                         "stay --seq-len long).")] = None,
+        "--shifts", help="Comma-separated shifts of the shift curve (default: the paper's 0 to 2000), or `million`: "
+                         "a few short ones and every power of two from 4096 to 2^20 (the windows stay short).")] = None,
     rope_base: Annotated[Optional[str], typer.Option(
         "--rope-base", help="Comma-separated RoPE bases (e.g. 1e4,5e5,5e6,1e8), each measuring the shift curve "
                             "again with the model's weights (its walls, its phase error); the rest runs under the "
