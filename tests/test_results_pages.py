@@ -258,3 +258,25 @@ def test_make_demos_disk_use_is_the_estimate_checkpoint_bytes_gives():
     demo = (ROOT / "docs" / "verbs" / "demo.md").read_text()
     assert f"`make demo` writes an estimated {gb}" in " ".join(readme.split()) and "checkpoint_bytes" in readme
     assert f"Disk: an estimated {gb}" in demo
+
+
+def test_the_million_audits_walls_are_recomputed_from_its_curves(copy_of_the_records: Path):
+    """The precision page's walls (per RoPE base and policy, the first shift past twice a baseline) are recomputed
+    from the record's shift curves by the audit's own rule: a stored wall moved, or a wall stored as never where
+    the curve passes, stops the render naming the field."""
+    root = copy_of_the_records
+    path = root / results_pages.AUDIT_MILLION
+
+    def moved(data):
+        next(iter(data["rope_bases"].values()))["walls"]["fp32"]["over_floor"] = 8
+
+    _edit(path, moved)
+    with pytest.raises(results_pages.Refused, match=r"rope_bases\.[^.]+\.walls\.fp32\.over_floor"):
+        results_pages.render_all(root)
+
+    def never(data):
+        next(iter(data["rope_bases"].values()))["walls"]["fp32"]["over_floor"] = None
+
+    _edit(path, never)
+    with pytest.raises(results_pages.Refused, match=r"rope_bases\.[^.]+\.walls\.fp32\.over_floor"):
+        results_pages.render_all(root)
