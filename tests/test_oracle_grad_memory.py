@@ -5,9 +5,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 
+@pytest.mark.slow  # two gradient programs of SmolLM2 compiled: make test-all
 def test_the_plan_holds_the_fp64_gradients_and_grows_with_the_window():
     import jax
     import numpy as np
