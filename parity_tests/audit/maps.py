@@ -287,6 +287,14 @@ class MapsRunner:
         other._programs, other._lock, other._pool = self._programs, self._lock, self._pool
         return other
 
+    def with_spec(self, spec: ModelSpec) -> MapsRunner:
+        """A runner of the same params under another spec (another RoPE base): programs of its own (the spec is
+        compiled into them) on the same compile thread, queued behind this runner's. Closed by closing this one."""
+        other = MapsRunner.__new__(MapsRunner)
+        other.params, other.spec, other.fused = self.params, spec, self.fused
+        other._programs, other._lock, other._pool = {}, self._lock, self._pool
+        return other
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)

@@ -121,13 +121,19 @@ def _audit_windows(model: str, data: str | None, settings: AuditSettings, spec: 
 
 
 def _prefetch_programs(maps: MapsRunner, settings: AuditSettings, k: int, pols: list[DtypePolicy],
-                       budget_pols: list[DtypePolicy], budget_len: int) -> None:
+                       budget_pols: list[DtypePolicy], budget_len: int,
+                       base_maps: dict[float, MapsRunner] | None = None) -> None:
     """Start compiling every program the audit runs, in the order it needs them, on the runner's
-    background thread while the previous one executes (the random-init model reuses them)."""
+    background thread while the previous one executes (the random-init model reuses them): each policy's
+    curves, the shift curves under each other RoPE base (`base_maps`, runners sharing the thread), the budget."""
     for pol in pols:
         for B, T, group, first_only, max_pos in _shift_programs(settings, k):
             maps.prefetch(pol, B, T, group, first_only, max_pos)
         maps.prefetch(pol, 2, settings.max_len, 2, True, settings.max_len - 1 + settings.ref_shift)
+    for runner in (base_maps or {}).values():
+        for pol in pols:
+            for call in _shift_programs(settings, k):
+                runner.prefetch(pol, *call)
     for group in budget_groups(maps.spec, budget_pols, budget_len, settings.budget_seqs):
         maps.prefetch(group, 2 * settings.budget_seqs, budget_len, 2, False, budget_len - 1 + settings.ref_shift)
 
@@ -201,13 +207,15 @@ def _measure(spec: ModelSpec, kinds: list[tuple[str, dict]], pols: list[DtypePol
     out: dict[str, Any] = {}
     kept = _Kept(parts, key, bar)  # each policy's curves and the budget, through `parts` when given
     maps: MapsRunner | None = None
+    base_maps: dict[float, MapsRunner] = {}  # the base sweep's runners, on the pretrained weights
     try:
         for kind, st in kinds:
             params, remap = restrict_vocab(params_from_state(spec, st), spec,
                                            [windows.shift, windows.length, windows.budget])
             if maps is None:
                 maps = MapsRunner(params, spec)
-                _prefetch_programs(maps, settings, k, pols, budget_pols, windows.budget_len)
+                base_maps = {b: maps.with_spec(spec.with_rope(base=float(b))) for b in swept}
+                _prefetch_programs(maps, settings, k, pols, budget_pols, windows.budget_len, base_maps)
             else:
                 maps = maps.with_params(params)
             block = _curves(params, spec, kind, pols, settings, lengths, windows, remap, bar, maps, kept, per_policy)
@@ -215,8 +223,8 @@ def _measure(spec: ModelSpec, kinds: list[tuple[str, dict]], pols: list[DtypePol
                 out.update(block)
                 out["walls"] = metrics.walls(block["shift_curve"])
                 if settings.rope_bases:
-                    out["rope_bases"] = _base_sweep(params, spec, pols, settings, windows, remap, bar, kept,
-                                                    block["shift_curve"], per_shift_curve)
+                    out["rope_bases"] = _base_sweep(spec, pols, settings, windows, remap, bar, kept,
+                                                    block["shift_curve"], per_shift_curve, base_maps)
                 out["error_budget"] = {}
                 if base is not None:
                     bar.describe(f"error budget of {base.name} (T={windows.budget_len})")
@@ -236,14 +244,14 @@ def _measure(spec: ModelSpec, kinds: list[tuple[str, dict]], pols: list[DtypePol
     return out
 
 
-def _base_sweep(params: Params, spec: ModelSpec, pols: list[DtypePolicy], settings: AuditSettings,
-                windows: _Windows, remap: Callable, bar: ProgressBar, kept: _Kept, own_curves: dict[str, Any],
-                per_shift_curve: int) -> dict[str, Any]:
+def _base_sweep(spec: ModelSpec, pols: list[DtypePolicy], settings: AuditSettings, windows: _Windows,
+                remap: Callable, bar: ProgressBar, kept: _Kept, own_curves: dict[str, Any], per_shift_curve: int,
+                base_maps: dict[float, MapsRunner]) -> dict[str, Any]:
     """The result's "rope_bases": per base of `settings.rope_bases` (keyed by `f"{base:g}"`), each policy's shift
     curve on the same windows and weights under that RoPE base, its walls (metrics.walls) and its RoPE table's
     phase error at the windows' last slots. The model's own base takes the audit's main curves; each other base
-    runs on a MapsRunner of its own (the base is compiled into the programs), each policy's curve kept as a piece
-    of `kept`."""
+    runs on its runner of `base_maps` (the base is compiled into the programs, prefetched behind the main ones),
+    each policy's curve kept as a piece of `kept`."""
     out: dict[str, Any] = {}
     ends = sorted({s + settings.seq_len - 1 for s in settings.shifts})
     for base in settings.rope_bases:
@@ -251,17 +259,13 @@ def _base_sweep(params: Params, spec: ModelSpec, pols: list[DtypePolicy], settin
         if base == spec.rope.base:
             curves = own_curves
         else:
-            curves = {}
-            maps = MapsRunner(params, spec_b)
-            try:
-                for i, pol in enumerate(pols):
-                    bar.describe(f"RoPE base {base:g} {pol.name}: shift curve (T={settings.seq_len})")
-                    curves[pol.name] = kept(f"base-{base:g}-{i}-{pol.name}", per_shift_curve, lambda pol=pol: {
-                        k: v for k, v in shift_curve(params, spec_b, remap(windows.shift), pol, settings.shifts,
-                                                     settings.ref_shift, bar.advance, maps=maps).items()
-                        if not k.startswith("_")})
-            finally:
-                maps.close()
+            curves, maps = {}, base_maps[base]
+            for i, pol in enumerate(pols):
+                bar.describe(f"RoPE base {base:g} {pol.name}: shift curve (T={settings.seq_len})")
+                curves[pol.name] = kept(f"base-{base:g}-{i}-{pol.name}", per_shift_curve, lambda pol=pol: {
+                    k: v for k, v in shift_curve(maps.params, spec_b, remap(windows.shift), pol, settings.shifts,
+                                                 settings.ref_shift, bar.advance, maps=maps).items()
+                    if not k.startswith("_")})
         out[f"{base:g}"] = {"base": float(base), "own": base == spec.rope.base,
                             "shift_curve": curves,
                             "walls": metrics.walls(curves),

@@ -149,17 +149,31 @@ def test_a_killed_audit_resumes_at_the_policy_it_was_on(tmp_path, jsonl, capsys,
     assert strip(resumed) == strip(json.loads((whole / "audit.json").read_text()))
 
 
-def test_the_rope_bases_and_long_shifts_are_the_audits(tmp_path, capsys):
+def test_the_rope_bases_and_long_shifts_are_the_audits(tmp_path, capsys, monkeypatch):
     """--shifts million moves the positions to 2^20 and --rope-base measures the shift curve again under each base
     (the weights the model's): fp32's change at 2^20 is many times its change at 0 (its angles, position x inv_freq,
     rounded to an ulp of the product), the curve differs under another base, the model's own base is the audit's
     main curve, and the walls (the first shift past twice fp32's D, past twice the policy's own floor) are those
     its curves give."""
+    import threading
+
+    from parity_tests.audit.maps import MapsRunner
+
+    compiled_on, real_compile = [], MapsRunner._compile
+
+    def compile_(self, *args):
+        compiled_on.append((threading.current_thread().name, self.spec.rope.base))
+        return real_compile(self, *args)
+
+    monkeypatch.setattr(MapsRunner, "_compile", compile_)
     out = tmp_path / "audit"
     args = ["audit", "--model", "random:llama", "--policies", "fp32,hf_bf16", "--quick", "--shifts", "million",
-            "--rope-base", "10000,5e6", "--out", str(out), "--no-progress"]
+            "--rope-base", "10000,5e6", "--out", str(out), "--no-progress", "--no-compile-cache"]
     code, _, err = run_cli(args, capsys)
     assert code == 0, err
+    # every program, the other base's too, compiled ahead on the audit's compile thread
+    assert {b for _, b in compiled_on} == {10000.0, 5e6}
+    assert all(name.startswith("audit-compile") for name, _ in compiled_on), compiled_on
     res = json.loads((out / "audit.json").read_text())
     assert res["spec"]["rope"]["base"] == 10000.0 and res["settings"]["rope_bases"] == [10000.0, 5e6]
     own, other = res["rope_bases"]["10000"], res["rope_bases"]["5e+06"]
