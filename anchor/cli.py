@@ -46,7 +46,6 @@ def _is_the_command() -> bool:
 _COMMAND_SIGNALS = Signals().install() if _is_the_command() else None
 
 
-
 def _quiet_library_imports() -> None:
     """torchao (the `fp8` extra) logs at its import where its CUDA kernels cannot load (a CPU torch) and torch notes
     the enums torchao registers; transformers imports torchao in every process that builds a model once it is

@@ -32,14 +32,19 @@ MILLION_SHIFTS: tuple[int, ...] = (0, 8, 100, 2000, *(1 << k for k in range(12, 
 --seq-len long: only their positions move)."""
 
 
+def _comma_list(text: str, convert, what: str, option: str) -> tuple:
+    """`text` split at commas, each item through `convert`; InputError naming `option` when one is not `what`."""
+    try:
+        return tuple(convert(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise InputError(f"{option}: {text!r} is not a comma-separated list of {what}") from None
+
+
 def parse_shifts(text: str) -> tuple[int, ...]:
     """`--shifts`: comma-separated non-negative integers, or `million` (MILLION_SHIFTS); InputError otherwise."""
     if text.strip() == "million":
         return MILLION_SHIFTS
-    try:
-        shifts = tuple(int(s) for s in text.split(",") if s.strip())
-    except ValueError:
-        raise InputError(f"--shifts: {text!r} is not a comma-separated list of integers (or `million`)") from None
+    shifts = _comma_list(text, int, "integers (or `million`)", "--shifts")
     if not shifts or min(shifts) < 0:
         raise InputError(f"--shifts: {text!r}: give at least one shift, each >= 0")
     return shifts
@@ -48,10 +53,7 @@ def parse_shifts(text: str) -> tuple[int, ...]:
 def parse_rope_bases(text: str) -> tuple[float, ...]:
     """`--rope-base`: comma-separated numbers (1e4,5e5,5e6,1e8); InputError otherwise (the range is checked by
     `resolve_settings`)."""
-    try:
-        bases = tuple(float(s) for s in text.split(",") if s.strip())
-    except ValueError:
-        raise InputError(f"--rope-base: {text!r} is not a comma-separated list of numbers") from None
+    bases = _comma_list(text, float, "numbers", "--rope-base")
     if not bases:
         raise InputError("--rope-base: give at least one base")
     return bases

@@ -87,7 +87,8 @@ def million_section(rel: str, rec: dict[str, Any]) -> list[str]:
     pols = list(rec["shift_curve"])
     s = rec["settings"]
     lo, hi = min(s["shifts"]), max(s["shifts"])
-    factor = num(next(iter(next(iter(walls.values())).values()))["factor"]) if walls else "—"
+    any_wall = next((w for per_base in walls.values() for w in per_base.values()), None)
+    factor = num(any_wall["factor"]) if any_wall else "—"
     took = f"{num(rec['runtime_s'])} s" + (f" ({num(rec['runtime_s'] / 60)} min)" if rec["runtime_s"] >= 120 else "")
     out = [f"The audit took {took}: {num(len(pols))} policies, {num(len(s['shifts']))} shifts from {num(lo)} to "
            f"{num(hi)} on {num(s['num_seqs'])} window{'s' if s['num_seqs'] != 1 else ''} of {num(s['seq_len'])} "
