@@ -373,7 +373,7 @@ def run_grad_case(case: Case, rule: Rule = RULE, *, runner: Runner | None = None
     if bf16:
         tol = lambda b: rule.factor * b + rule.floor  # noqa: E731
     else:  # fp32 rounding through a deep backward exceeds 1e-5 (see the module docstring): the oracle's own fp32 bounds it
-        tol = lambda b: max(rule.fp32_tol, rule.factor * b)  # noqa: E731
+        tol = rule.fp32
     report_only = lambda b: float("inf")  # noqa: E731  (reported, not judged)
     # bf16: the emulation's error over the rule's summation orders (one order is one draw; the module's docstring)
     base_grads = [base["grads"], *oracle_grad_draws(case, inputs, baseline_policy, rule.grad_orders)] if bf16 \

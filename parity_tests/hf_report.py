@@ -69,7 +69,8 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"What it computes: its float32 taps (embeddings, q and k after RoPE, attention and MLP outputs, hidden "
         f"states, logits; every layer) against the oracle's fp64 taps of each variant on the same tokens and "
         f"documents, at that variant's positions; a variant is computed when every tap is within "
-        f"{rule['fp32_tol']:g} (relative L2). bf16 rule, where it computes the variant asked: relative L2 against "
+        f"{rule['fp32_tol']:g} (relative L2) or {rule['factor']:g} x the oracle's own fp32 error, whichever is "
+        f"larger. bf16 rule, where it computes the variant asked: relative L2 against "
         f"fp64 <= {rule['factor']:g} x the emulation's (RMS over {rule['orders']} summation orders) + "
         f"{rule['floor']:g} per tap and layer (logits: also mean KL); the number in brackets is the worst "
         f"error / tolerance (< 1 passes).",

@@ -70,8 +70,9 @@ How it is judged, per variant asked (`hold`):
      the same tokens and doc_ids (each with its own positions, §2); a variant is computed when every
      tap of every layer (embeddings, q, k, attention and MLP outputs, hidden states, logits; the
      attention rows are the harness's own reading, left out here) is within the fp32 rule
-     (parity_tests.core.RULE.fp32_tol). `computes` is the variant asked when it is within, else the
-     closest one within, else none (`closest` names the nearest);
+     (parity_tests.core.Rule.fp32: 1e-5, or 2 x the oracle's own fp32 error where larger). `computes` is
+     the variant asked when it is within, else the closest one within, else none (`closest` names the
+     nearest);
   2. where it computes the variant asked, its bfloat16 taps against fp64 truth by the suite's bf16
      rule: 2 x the emulation's error (RMS over summation orders) + the floor, the emulation of each
      implementation in parity_tests.emulations.HF_EMULATIONS (a user's function names its own).

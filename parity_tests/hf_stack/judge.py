@@ -38,11 +38,12 @@ def only(taps: Taps, names: Sequence[str]) -> Taps:
 
 def identify(test: Taps, subject: Subject, inputs: CaseInputs, asked: str, rule: Rule = RULE) -> dict[str, Any]:
     """Which variant float32 taps compute: each variant's fp64 truth on the same inputs (at that variant's
-    positions), judged by the fp32 rule on the IDENTIFYING taps. Returns {"computes", "closest",
+    positions), judged by the fp32 rule (against the oracle's own fp32 error) on the IDENTIFYING taps. Returns {"computes", "closest",
     "candidates": {variant: {"pass", "worst_margin", "first_divergence"}}}."""
     candidates = {}
     for variant in VARIANTS:
-        v = judged(only(test, IDENTIFYING), oracle(subject, inputs, variant, TRUTH), inputs, bf16=False, rule=rule)
+        v = judged(only(test, IDENTIFYING), oracle(subject, inputs, variant, TRUTH), inputs, bf16=False,
+                   baseline=[oracle(subject, inputs, variant, "fp32")], rule=rule)
         candidates[variant] = {"pass": v["pass"], "worst_margin": v["worst_margin"],
                                "first_divergence": v["first_divergence"]}
     within = sorted((c["worst_margin"], v) for v, c in candidates.items() if c["pass"])
