@@ -231,7 +231,7 @@ def render_markdown(result: dict[str, Any]) -> str:
                          f"{c['runtime_s']:.1f} |")
     lines += ["", "`worst margin`: max over taps of error / tolerance (< 1 passes). `fidelity`: distance between the "
               "trainer in bf16 and the oracle's emulation of the same stack, over the larger of their distances to fp64.",
-              f"", f"Total {result['runtime_s']:.0f} s."]
+              "", f"Total {result['runtime_s']:.0f} s."]
     if result.get("reused"):
         r = result["reused"]
         lines[-1] += (f" {r['cases']} case(s) and {r['grad_cases']} gradient case(s) were finished by an earlier "
