@@ -8,7 +8,9 @@ Errors are measured on real slots only (padding attends only to itself and is ne
   kl       (logits) per-token KL(truth ‖ x) of the output distributions: mean and max over tokens
 
 The rule (flash-attention's tests: tolerances relative to a measured baseline):
-  fp32  rel_l2(trainer, fp64) <= 1e-5 for every tap of every layer;
+  fp32  rel_l2(trainer, fp64) <= max(1e-5, 2 · rel_l2(oracle in fp32, fp64)) for every tap of every
+        layer (`Rule.fp32`; the oracle's fp32 run passes 1e-5 only where fp32 rounding through the
+        stack does, at an outlier activation deep in a trained model);
   bf16  rel_l2(trainer, fp64) <= 2 · rel_l2(emulation, fp64) + floor, where the emulation is the
         oracle running the same stack's arithmetic (runners.EMULATIONS: hf_bf16 for eager, torch's
         fused CPU kernel for sdpa, FlashAttention-2 for flash and flex); for the logits also mean
