@@ -236,16 +236,18 @@ def _describe_docs(docs: dict[str, Any]) -> dict[str, Any]:
 
 def _documents_off(test: Taps, subject, inputs: CaseInputs, variant: str, first: dict[str, Any] | None,
                    rule: Rule) -> list[dict[str, Any]]:
-    """The documents over the fp32 tolerance at the first diverging tap (else the logits) against the
-    variant's oracle: [{"row", "document", "first_slot", "rel_l2"}] in order of row and document."""
-    truth = oracle(subject, inputs, variant, TRUTH)  # cached: the run identify held the taps against
+    """The documents over the fp32 rule (`Rule.fp32`, against the oracle's own fp32 error on that document) at the
+    first diverging tap (else the logits) against the variant's oracle: [{"row", "document", "first_slot",
+    "rel_l2"}] in order of row and document."""
+    truth = oracle(subject, inputs, variant, TRUTH)  # cached: the runs identify held the taps against
+    fp32 = oracle(subject, inputs, variant, "fp32")
     name, label = (first["tap"], first["layer"]) if first else ("logits", HEAD)
     i = 0 if label in (EMBED, HEAD) else int(label)
     out = []
     for r, row in enumerate(inputs.doc_ids):
         for d in range(1, int(row.max(initial=0)) + 1):
             err = tap_errors(test[name][i][r], truth[name][i][r], row == d)["rel_l2"]
-            if err > rule.fp32_tol:
+            if err > rule.fp32(tap_errors(fp32[name][i][r], truth[name][i][r], row == d)["rel_l2"]):
                 out.append({"row": r, "document": d, "first_slot": int(np.argmax(row == d)), "rel_l2": err})
     return out
 
@@ -261,7 +263,8 @@ def _read_positions(test: Taps, subject, inputs: CaseInputs, batch: Mapping, rul
         if any(np.array_equal(pos, jaxref.positions(inputs.doc_ids, v)) for v in own):
             continue  # that is a variant, already held
         reading = only(oracle(subject, inputs, mask, TRUTH, positions=pos), IDENTIFYING)  # the mask at those positions
-        v = judged(test, reading, inputs, bf16=False, rule=rule)
+        v = judged(test, reading, inputs, bf16=False, baseline=[oracle(subject, inputs, mask, "fp32", positions=pos)],
+                   rule=rule)
         if v["pass"]:
             return {"mask": mask, "positions": "the batch's position_ids", "worst_margin": v["worst_margin"]}
     return None

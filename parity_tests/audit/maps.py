@@ -282,17 +282,18 @@ class MapsRunner:
     def with_params(self, params: Params) -> MapsRunner:
         """A runner over other params of the same shapes and dtypes (the random-init model), sharing the
         compiled programs (params are an argument of each program, not a constant in it) and the thread."""
-        other = MapsRunner.__new__(MapsRunner)
-        other.params, other.spec, other.fused = params, self.spec, self.fused
-        other._programs, other._lock, other._pool = self._programs, self._lock, self._pool
-        return other
+        return self._sibling(params, self.spec, self._programs)
 
     def with_spec(self, spec: ModelSpec) -> MapsRunner:
         """A runner of the same params under another spec (another RoPE base): programs of its own (the spec is
         compiled into them) on the same compile thread, queued behind this runner's. Closed by closing this one."""
+        return self._sibling(self.params, spec, {})
+
+    def _sibling(self, params: Params, spec: ModelSpec, programs: dict) -> MapsRunner:
+        """A runner on this one's compile thread and lock, with the params, spec and program cache given."""
         other = MapsRunner.__new__(MapsRunner)
-        other.params, other.spec, other.fused = self.params, spec, self.fused
-        other._programs, other._lock, other._pool = {}, self._lock, self._pool
+        other.params, other.spec, other.fused = params, spec, self.fused
+        other._programs, other._lock, other._pool = programs, self._lock, self._pool
         return other
 
     def close(self) -> None:

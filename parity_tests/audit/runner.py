@@ -303,7 +303,8 @@ def run_audit(model: str = "default", policies: str | Sequence[str | DtypePolicy
       a JSON-ready dict: model, spec, settings, machine, policies, shift_curve, per_token,
       length_curve, error_budget, walls (each keyed by policy name), angle_error, phase_error, random_init
       (when asked: shift_curve, per_token, length_curve and walls of the randomly initialised architecture),
-      rope_bases (with `rope_bases`: per base, shift_curve, walls, phase_error), runtime_s, notes; `parity_tests.audit.report.findings(result)` states the paper's findings from it.
+      rope_bases (with `rope_bases`: per base, shift_curve, walls, phase_error), runtime_s, notes;
+      `parity_tests.audit.report.findings(result)` states the paper's findings from it.
     """
     t0 = time.time()
     settings = _audit_settings(settings, quick, overrides)
